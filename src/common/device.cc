@@ -1,0 +1,100 @@
+// Host side of device.h; the CUDA branches compile only in CUDA builds.
+#include "common/device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/check.h"
+
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#define CUDA_CHECK(expr)                                                              \
+  do {                                                                                \
+    cudaError_t ncf_e_ = (expr);                                                      \
+    if (ncf_e_ != cudaSuccess)                                                        \
+      NCF_FAIL("CUDA error ", cudaGetErrorString(ncf_e_), ": " #expr);                \
+  } while (0)
+#endif
+
+namespace ncf {
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  NCF_FAIL("unknown device '", name, "' (expected cpu or cuda)");
+}
+
+const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+bool cuda_available(std::string* why) {
+#ifdef NCF_WITH_CUDA
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  return true;
+#else
+  if (why) *why = "this build has no CUDA backend (configured with NCF_CUDA=OFF or without nvcc)";
+  return false;
+#endif
+}
+
+void* device_alloc(Device d, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (d == Device::kCpu) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    NCF_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+    return p;
+  }
+#ifdef NCF_WITH_CUDA
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+#else
+  NCF_FAIL("device_alloc on cuda in a build without CUDA");
+#endif
+}
+
+void device_free(Device d, void* p) {
+  if (!p) return;
+  if (d == Device::kCpu) {
+    std::free(p);
+    return;
+  }
+#ifdef NCF_WITH_CUDA
+  cudaFree(p);
+#endif
+}
+
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::kCpu && src_dev == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef NCF_WITH_CUDA
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+#else
+  NCF_FAIL("device_copy involving cuda in a build without CUDA");
+#endif
+}
+
+void device_zero(Device d, void* p, size_t bytes) {
+  if (bytes == 0) return;
+  if (d == Device::kCpu) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+#ifdef NCF_WITH_CUDA
+  CUDA_CHECK(cudaMemset(p, 0, bytes));
+#endif
+}
+
+}  // namespace ncf

@@ -1,0 +1,79 @@
+// Where data lives and where kernels run. A Buffer<T> knows its device; every op
+// takes an ExecContext and dispatches once per call (never per element) to its
+// CPU implementation (*.cc) or its CUDA twin (*.cu, same name and arguments).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ncf {
+
+enum class Device { kCpu, kCuda };
+
+Device parse_device(const std::string& name);  // "cpu" | "cuda"
+const char* device_name(Device d);
+// True when this build has CUDA and at least one GPU answers cudaGetDeviceCount.
+bool cuda_available(std::string* why = nullptr);
+
+// Execution context of one rank: the device, the CPU thread count for CPU
+// kernels, and (CUDA builds) the compute stream and BLAS handle.
+struct ExecContext {
+  Device device = Device::kCpu;
+  int threads = 1;               // CPU kernels split rows over this many threads
+  void* stream = nullptr;        // cudaStream_t on kCuda
+  void* cublas = nullptr;        // cublasHandle_t on kCuda
+};
+
+// Raw allocation on a device (64-byte aligned on the CPU).
+void* device_alloc(Device d, size_t bytes);
+void device_free(Device d, void* p);
+// Copies between any two devices (host<->device via cudaMemcpy).
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
+void device_zero(Device d, void* p, size_t bytes);
+
+// An owning, typed, device-tagged array. Move-only.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device d, size_t n) : dev_(d), n_(n) {
+    if (n) p_ = static_cast<T*>(device_alloc(d, n * sizeof(T)));
+  }
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      dev_ = o.dev_; p_ = o.p_; n_ = o.n_;
+      o.p_ = nullptr; o.n_ = 0;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void reset() {
+    if (p_) device_free(dev_, p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  // Grows (never shrinks) to at least n elements; contents are not kept.
+  void reserve(size_t n) {
+    if (n > n_) *this = Buffer(dev_, n);
+  }
+  void zero() { if (n_) device_zero(dev_, p_, n_ * sizeof(T)); }
+
+  Device device() const { return dev_; }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  Device dev_ = Device::kCpu;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace ncf

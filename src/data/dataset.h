@@ -1,0 +1,147 @@
+// A prepared dataset directory (shared/DESIGN.md): metadata.json, train-* and
+// eval-* record shards, and positives.bin, the per-user positive lists (CSR)
+// that online negative sampling needs. DatasetWriter makes one from any source;
+// DatasetMeta describes one; verify_dataset() walks one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ncf {
+
+constexpr uint32_t kFormatVersion = 1;
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kPositivesFile = "positives.bin";
+
+struct ShardInfo {
+  std::string name;        // file name inside the dataset directory
+  std::string kind;        // "train" or "eval"
+  uint64_t first_record = 0;
+  uint64_t num_records = 0;
+  uint64_t num_valid_rows = 0;
+  uint64_t bytes = 0;      // file size
+  uint32_t crc32c = 0;     // CRC-32C of the whole file
+};
+
+struct DatasetMeta {
+  uint32_t format_version = kFormatVersion;
+  std::string dataset_id;       // random-looking id tying shards to this metadata
+  std::string source;           // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
+  uint64_t num_users = 0;       // U: user ids are 0 .. U-1
+  uint64_t num_items = 0;       // I: item ids are 0 .. I-1
+  uint64_t num_train = 0;       // positive training pairs
+  uint64_t num_positives = 0;   // entries of positives.bin (train + test)
+  uint64_t num_eval_users = 0;  // eval records (one per user)
+  uint32_t eval_negatives = 0;  // E
+  uint32_t train_record_rows = 0;  // R
+  uint64_t train_frame_bytes = 0;  // every train record frame has this size
+  uint64_t eval_frame_bytes = 0;   // every eval record frame has this size
+  uint64_t dropped_users = 0;   // users with too few interactions to split
+  uint64_t seed = 0;
+  nlohmann::json generator;     // generator / source parameters, free form
+  std::vector<ShardInfo> shards;
+  uint64_t positives_bytes = 0;
+  uint32_t positives_crc32c = 0;
+
+  uint64_t num_train_records() const;
+  uint64_t num_eval_records() const { return num_eval_users; }
+  std::vector<const ShardInfo*> shards_of(const std::string& kind) const;
+
+  nlohmann::json to_json() const;
+  // Parses and checks types/ranges; errors name the file and the field.
+  static DatasetMeta from_json(const nlohmann::json& j, const std::string& path);
+  static DatasetMeta load(const std::string& dir);
+  void save(const std::string& dir) const;
+};
+
+// What a source tells the writer before the first user.
+struct DatasetPlan {
+  std::string source;
+  uint64_t num_users = 0;     // users that will be added (after drops)
+  uint64_t num_items = 0;
+  uint64_t num_train = 0;     // total training pairs that will be added
+  uint64_t num_positives = 0; // total positives (train + test) that will be added
+  uint32_t eval_negatives = 999;
+  uint32_t record_rows = 65536;  // R: positives per train record
+  uint32_t num_shards = 4;
+  uint64_t seed = 0;
+  uint64_t dropped_users = 0;
+  uint64_t shuffle_buffer_bytes = 256ull << 20;  // external shuffle bucket bound
+  nlohmann::json generator;
+};
+
+// Streams a dataset to disk with memory bounded by the shuffle buffer, not by
+// the number of interactions: eval records and positive lists are written as
+// users arrive; train pairs are spread over shuffle buckets (temporary files
+// when they exceed the buffer), each shuffled in memory at finish().
+class DatasetWriter {
+ public:
+  DatasetWriter(const std::string& dir, const DatasetPlan& plan);
+  ~DatasetWriter();
+
+  // Users arrive in id order 0, 1, …, U-1, each exactly once.
+  //  positives: every item of the user (train + test), sorted ascending, distinct;
+  //  train:     the user's training items, any order;
+  //  eval:      1 + E items, eval[0] the held-out positive.
+  void add_user(uint64_t user, const int32_t* positives, size_t num_positives,
+                const int32_t* train, size_t num_train, const int32_t* eval, size_t num_eval);
+  // Shuffles and writes the train shards, then metadata.json. Returns the metadata.
+  DatasetMeta finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Eval negatives: E distinct items, uniform over the items not in `positives`
+// (sorted ascending), drawn from a counter-based stream keyed by (seed, user),
+// so the result depends on nothing else. Throws when fewer than E items remain.
+// `scratch` is a per-thread bitmap of num_items bits, all zero on entry and exit.
+void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_positives,
+                         uint64_t num_items, uint32_t E, uint64_t seed,
+                         std::vector<uint64_t>& scratch, int32_t* out);
+
+// Duplicate mask of an eval list: mask[j] = 0 when items[j] equals an earlier item.
+void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask);
+
+struct VerifySummary {
+  uint64_t train_records = 0, train_rows = 0, eval_records = 0, bytes = 0;
+  uint64_t num_shards = 0;
+  double seconds = 0;
+};
+
+// Walks every record of every shard: framing, CRCs, headers, versions, counts,
+// id ranges, whole-file CRCs and sizes against the metadata; checks positives.bin.
+// Throws ncf::Error naming the file and byte offset of the first problem.
+VerifySummary verify_dataset(const std::string& dir, bool show_progress = false);
+
+// positives.bin, memory-mapped: offsets[U+1] (int64) and items[nnz] (int32),
+// each user's items sorted ascending.
+class PositiveLists {
+ public:
+  // Opens and checks sizes against the metadata; does not read every page.
+  PositiveLists(const std::string& dir, const DatasetMeta& meta);
+  ~PositiveLists();
+  PositiveLists(const PositiveLists&) = delete;
+  PositiveLists& operator=(const PositiveLists&) = delete;
+
+  uint64_t num_users() const { return num_users_; }
+  uint64_t nnz() const { return nnz_; }
+  const int64_t* offsets() const { return offsets_; }
+  const int32_t* items() const { return items_; }
+  const int32_t* begin(uint64_t u) const { return items_ + offsets_[u]; }
+  const int32_t* end(uint64_t u) const { return items_ + offsets_[u + 1]; }
+
+ private:
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  uint64_t num_users_ = 0, nnz_ = 0;
+  const int64_t* offsets_ = nullptr;
+  const int32_t* items_ = nullptr;
+};
+
+}  // namespace ncf
