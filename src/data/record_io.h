@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 namespace ncf {
@@ -13,6 +14,11 @@ namespace ncf {
 // CRC-32C of data, continuing from crc (0 for a fresh CRC). Uses SSE4.2 when the
 // CPU has it, a table otherwise; both give the same value.
 uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n);
+// The table (slicing-by-8) path, always available; exposed so tests and
+// bench_crc can hold the two paths against each other.
+uint32_t crc32c_extend_portable(uint32_t crc, const void* data, size_t n);
+// True when crc32c_extend runs on the SSE4.2 crc32 instruction.
+bool crc32c_hardware_available();
 inline uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, data, n); }
 inline uint32_t mask_crc(uint32_t c) { return ((c >> 15) | (c << 17)) + 0xa282ead8u; }
 inline uint32_t unmask_crc(uint32_t m) {
@@ -46,6 +52,7 @@ class RecordWriter {
   void put(const void* p, size_t n);
   std::string path_;
   std::FILE* f_ = nullptr;
+  std::unique_ptr<char[]> buf_;  // stdio buffer; must outlive f_
   uint64_t bytes_ = 0;
   uint32_t file_crc_ = 0;
 };
@@ -63,7 +70,9 @@ class RecordReader {
   // Returns false at a clean end of file; throws ncf::Error naming the file and
   // byte offset on truncation, bad length CRC or bad payload CRC.
   // max_len bounds the length field (a corrupt length must not allocate GBs).
+  // After a throw, seek() before reading again.
   bool read(std::string* payload, uint64_t max_len = (1ull << 31));
+  // Positions the reader at a record boundary (offset <= file_size()).
   void seek(uint64_t offset);
   uint64_t offset() const { return offset_; }
   uint64_t file_size() const { return size_; }
@@ -72,6 +81,7 @@ class RecordReader {
  private:
   std::string path_;
   std::FILE* f_ = nullptr;
+  std::unique_ptr<char[]> buf_;  // stdio buffer; must outlive f_
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
 };

@@ -1,0 +1,160 @@
+// Start-up, communicator choice and the error path of the mains: see bootstrap.h.
+#include "comm/bootstrap.h"
+
+// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "comm/single_communicator.h"
+#include "common/check.h"
+
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace ncf {
+
+RankInfo bootstrap_mpi(int* argc, char*** argv) {
+  int initialized = 0, finalized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  MPI_CHECK(MPI_Finalized(&finalized));
+  NCF_CHECK(!finalized, "bootstrap_mpi after MPI_Finalize: MPI cannot be started twice");
+  if (!initialized) {
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    NCF_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
+              ", need MPI_THREAD_FUNNELED (", MPI_THREAD_FUNNELED, ")");
+  }
+  RankInfo info;
+  info.mpi = true;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &info.rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &info.world));
+  set_error_rank(info.rank);
+  // Ranks that can share memory are the ranks of one node: what GPU choice needs,
+  // without trusting launcher-specific variables (OMPI_*, SLURM_LOCALID, PMIX_*).
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL,
+                                &node));
+  MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &info.local_world));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return info;
+}
+
+RankInfo bootstrap_single() { return RankInfo{}; }
+
+void finalize(const RankInfo& info) {
+  if (!info.mpi) return;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_CHECK(MPI_Finalize());
+}
+
+int select_local_gpu(const RankInfo& info) {
+#ifdef NCF_WITH_CUDA
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  NCF_CHECK(e == cudaSuccess && count > 0, "no usable GPU on this node for local rank ",
+            info.local_rank, ": ", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+  const int gpu = info.local_rank % count;
+  e = cudaSetDevice(gpu);
+  NCF_CHECK(e == cudaSuccess, "cudaSetDevice(", gpu, "): ", cudaGetErrorString(e));
+  return gpu;
+#else
+  NCF_FAIL("select_local_gpu: this build has no CUDA backend (configure with -DNCF_CUDA=ON)");
+#endif
+}
+
+std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device device,
+                                                const std::string& kind, void* stream) {
+  std::string k = kind;
+  if (k == "auto") {
+    if (device == Device::kCuda)
+      k = "nccl";
+    else
+      k = info.world == 1 ? "single" : "mpi";
+  }
+  if (k == "single") {
+    NCF_CHECK(info.world == 1, "communicator 'single' needs W = 1, this job has W = ",
+              info.world);
+    return std::make_unique<SingleCommunicator>(device, stream);
+  }
+  if (k == "mpi") {
+    NCF_CHECK(info.mpi, "communicator 'mpi' needs MPI: start the process with bootstrap_mpi");
+    return std::make_unique<MpiCommunicator>(info);
+  }
+  if (k == "nccl") {
+    NCF_CHECK(device == Device::kCuda, "communicator 'nccl' needs device cuda, got ",
+              device_name(device));
+#ifdef NCF_WITH_CUDA
+    NCF_CHECK(info.world == 1 || info.mpi,
+              "communicator 'nccl' with W = ", info.world, " needs MPI to share the NCCL id");
+    select_local_gpu(info);
+    return make_nccl_communicator(info, stream);
+#else
+    NCF_FAIL("communicator 'nccl': this build has no CUDA backend (configure with -DNCF_CUDA=ON)");
+#endif
+  }
+  NCF_FAIL("unknown communicator kind '", kind, "' (expected auto, mpi, nccl or single)");
+}
+
+namespace {
+
+int mpi_world_if_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return 0;
+  int w = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  return w;
+}
+
+// The one way out after a failure: with W > 1 the peers may be blocked in a collective
+// that this rank will never join, so only MPI_Abort ends the job promptly.
+int fail(const char* program, const std::string& what, int code) {
+  if (!what.empty()) {
+    // ncf::Error carries the rank already; other exceptions get it here.
+    if (error_rank() >= 0 && what.rfind("[rank ", 0) != 0)
+      std::fprintf(stderr, "%s: error: [rank %d] %s\n", program, error_rank(), what.c_str());
+    else
+      std::fprintf(stderr, "%s: error: %s\n", program, what.c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int w = mpi_world_if_running();
+  if (w > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  if (w == 1) MPI_Finalize();
+  return code;
+}
+
+}  // namespace
+
+int run_main(int argc, char** argv, const std::function<int(int& argc, char**& argv)>& body,
+             const char* program) {
+  int code = 0;
+  try {
+    code = body(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(program, e.what(), 1);
+  } catch (...) {
+    return fail(program, "unknown exception", 1);
+  }
+  if (code != 0) return fail(program, "", code);
+  if (mpi_world_if_running() > 0) MPI_Finalize();
+  return 0;
+}
+
+}  // namespace ncf

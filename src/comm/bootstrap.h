@@ -1,0 +1,72 @@
+// Process start-up and shut-down for every ncf_dist main: MPI initialisation, rank and
+// node-local rank, GPU choice, the Communicator for a run, and the error path that
+// takes a multi-rank job down instead of leaving ranks waiting in a collective.
+//
+//   int main(int argc, char** argv) {
+//     return ncf::run_main(argc, argv, [](int& argc, char**& argv) {
+//       ncf::RankInfo info = ncf::bootstrap_mpi(&argc, &argv);
+//       auto comm = ncf::make_communicator(info, ncf::Device::kCpu, "auto");
+//       ...                       // throw ncf::Error on any rank: the job stops
+//       return 0;                 // run_main finalizes MPI after the body returns
+//     });
+//   }
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "common/device.h"
+
+namespace ncf {
+
+struct RankInfo {
+  int rank = 0;
+  int world = 1;        // W
+  int local_rank = 0;   // rank among the ranks sharing this node (picks the GPU)
+  int local_world = 1;  // ranks on this node
+  bool mpi = false;     // MPI is initialised (bootstrap_mpi), so MPI communicators work
+};
+
+// MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) unless MPI is
+// already up, then world rank/size and the node-local rank from
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Works under mpirun, srun --mpi=pmix, and
+// as a plain process (Open MPI's singleton init gives W = 1). Sets the rank shown in
+// ncf::Error messages. argc/argv may be null.
+RankInfo bootstrap_mpi(int* argc, char*** argv);
+// W = 1 without touching MPI.
+RankInfo bootstrap_single();
+// MPI_Finalize when info.mpi and MPI is still up. Destroy communicators first.
+void finalize(const RankInfo& info);
+
+// Makes the current CUDA device local_rank % (GPUs on the node) and returns it; call
+// it before creating the streams and buffers that the NCCL communicator will use.
+// Throws in builds without CUDA or when no GPU answers.
+int select_local_gpu(const RankInfo& info);
+
+// kind:
+//   "single"  W = 1 only; buffers on `device`.
+//   "mpi"     host buffers (device() is kCpu whatever `device` is: GPU ranks stage
+//             through the host); needs bootstrap_mpi.
+//   "nccl"    CUDA builds, device kCuda: selects the local GPU, rank 0 makes the NCCL
+//             id, MPI_Bcast, ncclCommInitRank; collectives run on `stream`
+//             (a cudaStream_t, nullptr = default stream).
+//   "auto"    kCuda -> nccl; kCpu -> single when W = 1, else mpi.
+std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device device,
+                                                const std::string& kind = "auto",
+                                                void* stream = nullptr);
+
+// Runs body(argc, argv) and turns every way it can fail into one clear stop:
+//  - an exception (ncf::Error or other) is printed once as "<program>: error: <what>"
+//    on stderr by the rank that threw; with W > 1 that rank calls
+//    MPI_Abort(MPI_COMM_WORLD, 1) so that the ranks waiting for it do not hang;
+//    with W = 1 the result is exit code 1;
+//  - a non-zero return with W > 1 also aborts the job (the other ranks may be inside a
+//    collective), with that code;
+//  - on success MPI is finalized if the body left it initialised.
+// Returns the exit code for main.
+int run_main(int argc, char** argv, const std::function<int(int& argc, char**& argv)>& body,
+             const char* program = "ncf_dist");
+
+}  // namespace ncf

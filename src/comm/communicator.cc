@@ -1,0 +1,113 @@
+// Argument checks shared by every Communicator, done once here so that the MPI,
+// NCCL and single implementations only move data.
+#include "comm/communicator.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/check.h"
+
+namespace ncf {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kFloat64: return 8;
+    case DType::kUInt8: return 1;
+  }
+  NCF_FAIL("unknown DType ", static_cast<int>(t));
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kFloat64: return "float64";
+    case DType::kUInt8: return "uint8";
+  }
+  return "unknown";
+}
+
+Communicator::Communicator(int rank, int world, int local_rank, int local_world)
+    : rank_(rank), world_(world), local_rank_(local_rank), local_world_(local_world) {
+  NCF_CHECK(world >= 1 && rank >= 0 && rank < world, "bad rank ", rank, " of world ", world);
+  NCF_CHECK(local_world >= 1 && local_rank >= 0 && local_rank < local_world, "bad local rank ",
+            local_rank, " of local world ", local_world);
+}
+
+namespace {
+
+// Counts and displacements come from bucketing code; a negative one is a bug there,
+// and passing it on would let MPI or NCCL read or write outside the buffers.
+void check_layout(const char* side, const int64_t* counts, const int64_t* displs, int W,
+                  const void* data) {
+  NCF_CHECK(counts != nullptr && displs != nullptr, "all_to_all_v: null ", side,
+            " counts or displacements");
+  for (int p = 0; p < W; ++p) {
+    NCF_CHECK(counts[p] >= 0, "all_to_all_v: ", side, "_counts[", p, "] = ", counts[p],
+              " is negative");
+    NCF_CHECK(displs[p] >= 0, "all_to_all_v: ", side, "_displs[", p, "] = ", displs[p],
+              " is negative");
+    NCF_CHECK(counts[p] == 0 || data != nullptr, "all_to_all_v: ", side, "_counts[", p,
+              "] = ", counts[p], " but the ", side, " buffer is null");
+  }
+}
+
+}  // namespace
+
+void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
+                                const int64_t* send_displs, void* recv,
+                                const int64_t* recv_counts, const int64_t* recv_displs,
+                                DType t) {
+  check_layout("send", send_counts, send_displs, world_, send);
+  check_layout("recv", recv_counts, recv_displs, world_, recv);
+  do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+}
+
+void Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {
+  NCF_CHECK(send_counts != nullptr && recv_counts != nullptr, "exchange_counts: null array");
+  for (int p = 0; p < world_; ++p)
+    NCF_CHECK(send_counts[p] >= 0, "exchange_counts: send_counts[", p, "] = ", send_counts[p],
+              " is negative");
+  do_exchange_counts(send_counts, recv_counts);
+}
+
+void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
+  if (n == 0) return;
+  NCF_CHECK(buf != nullptr, "all_reduce_sum: null buffer for ", n, " elements");
+  do_all_reduce_sum(buf, n, t);
+}
+
+void Communicator::broadcast(void* buf, size_t n, DType t, int root) {
+  NCF_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " outside [0, ", world_, ")");
+  if (n == 0) return;
+  NCF_CHECK(buf != nullptr, "broadcast: null buffer for ", n, " elements");
+  do_broadcast(buf, n, t, root);
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t n, DType t) {
+  if (n == 0) return;
+  NCF_CHECK(send != nullptr && recv != nullptr, "all_gather: null buffer for ", n, " elements");
+  do_all_gather(send, recv, n, t);
+}
+
+void Communicator::barrier() { do_barrier(); }
+
+void Communicator::abort(int code, const std::string& message) {
+  // ncf::Error messages already carry the rank; do not print it twice.
+  if (message.rfind("[rank ", 0) == 0)
+    std::fprintf(stderr, "ncf_dist: error: %s\n", message.c_str());
+  else
+    std::fprintf(stderr, "ncf_dist: error: [rank %d] %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  do_abort(code);
+  _exit(code);
+}
+
+}  // namespace ncf

@@ -1,0 +1,98 @@
+// The collectives a rank needs — all-to-all-v for the embedding exchanges, allreduce
+// for the dense gradients and eval sums, broadcast, all-gather, barrier — behind one
+// interface with three implementations: SingleCommunicator (W = 1, no MPI),
+// MpiCommunicator (host buffers) and the NCCL one (device buffers, CUDA builds).
+//
+// Conventions shared by every implementation:
+//  - Data pointers live on device(); counts and displacements are HOST arrays of W
+//    entries, in elements (not bytes), because they steer host-side calls.
+//  - Calls are collective: every rank makes the same calls in the same order.
+//  - On the MPI and single communicators a call has completed when it returns. On
+//    NCCL it is enqueued on the communicator's stream; later work on that stream sees
+//    the result, the host sees it after synchronize().
+//  - Public methods validate their arguments (throwing ncf::Error naming the bad
+//    value) and then dispatch once to the implementation's do_* method.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/device.h"
+
+namespace ncf {
+
+enum class DType { kFloat32, kInt32, kInt64, kFloat64, kUInt8 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+// dtype_of<float>() == DType::kFloat32 etc., so callers need not spell the tag.
+template <typename T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kUInt8; }
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual const char* name() const = 0;  // "single" | "mpi" | "nccl"
+  int rank() const { return rank_; }
+  int world() const { return world_; }              // W
+  int local_rank() const { return local_rank_; }    // rank among the ranks of this node
+  int local_world() const { return local_world_; }  // ranks on this node
+  // Where the data buffers of every collective must live.
+  virtual Device device() const = 0;
+
+  // Rank r sends send_counts[p] elements starting at send + send_displs[p] to peer p,
+  // and receives recv_counts[p] elements from peer p at recv + recv_displs[p].
+  // send_counts[p] on rank r must equal recv_counts[r] on rank p (exchange_counts
+  // tells each side). Zero counts are allowed; send and recv must not overlap.
+  void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                    void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
+                    DType t);
+  // All-to-all of one int64 per peer, host arrays of W entries:
+  // recv_counts[p] on rank r = send_counts[r] on rank p.
+  void exchange_counts(const int64_t* send_counts, int64_t* recv_counts);
+  // In place: buf[i] = sum over ranks of buf[i]. For a fixed W and implementation the
+  // float result is reproducible run to run and identical on every rank (see the
+  // implementation notes); it does depend on W, like any change of summation order.
+  void all_reduce_sum(void* buf, size_t n, DType t);
+  // In place: buf on every rank = buf on root.
+  void broadcast(void* buf, size_t n, DType t, int root);
+  // recv[r*n .. r*n+n) = send of rank r; recv holds W*n elements.
+  void all_gather(const void* send, void* recv, size_t n, DType t);
+  // Returns once every rank has entered it (after this rank's queued work finished).
+  void barrier();
+  // Waits until the collectives issued so far have completed (no-op on host).
+  virtual void synchronize() {}
+  // Prints "ncf_dist: error: [rank r] <message>" to stderr and takes the whole job
+  // down (MPI_Abort on multi-rank communicators) so that no rank is left waiting.
+  [[noreturn]] void abort(int code, const std::string& message);
+
+ protected:
+  Communicator(int rank, int world, int local_rank, int local_world);
+
+  virtual void do_all_to_all_v(const void* send, const int64_t* send_counts,
+                               const int64_t* send_displs, void* recv,
+                               const int64_t* recv_counts, const int64_t* recv_displs,
+                               DType t) = 0;
+  virtual void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) = 0;
+  virtual void do_all_reduce_sum(void* buf, size_t n, DType t) = 0;
+  virtual void do_broadcast(void* buf, size_t n, DType t, int root) = 0;
+  virtual void do_all_gather(const void* send, void* recv, size_t n, DType t) = 0;
+  virtual void do_barrier() = 0;
+  // Must not return; the base falls back to _Exit(code) if it does.
+  virtual void do_abort(int code) = 0;
+
+ private:
+  int rank_, world_, local_rank_, local_world_;
+};
+
+}  // namespace ncf

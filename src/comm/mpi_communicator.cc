@@ -1,0 +1,110 @@
+// MpiCommunicator: see mpi_communicator.h.
+#include "comm/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+
+#include "comm/bootstrap.h"
+#include "common/check.h"
+
+namespace ncf {
+
+namespace {
+// Allreduce and broadcast act element-wise, so a buffer beyond INT_MAX elements can
+// go in pieces with the same result; 2^30 keeps every piece well inside an int.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+}  // namespace
+
+int to_mpi_count(int64_t value, const char* what) {
+  NCF_CHECK(value >= 0 && value <= INT_MAX, what, " = ", value,
+            " does not fit the int that MPI 3.1 takes (max ", INT_MAX,
+            "); Open MPI 4.1 has no large-count MPI_Alltoallv_c: exchange in smaller steps");
+  return static_cast<int>(value);
+}
+
+MPI_Datatype mpi_dtype(DType t) {
+  switch (t) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kUInt8: return MPI_UINT8_T;
+  }
+  NCF_FAIL("unknown DType ", static_cast<int>(t));
+}
+
+MpiCommunicator::MpiCommunicator(const RankInfo& info, MPI_Comm comm)
+    : Communicator(info.rank, info.world, info.local_rank, info.local_world) {
+  NCF_CHECK(info.mpi, "MpiCommunicator needs MPI: start through bootstrap_mpi()");
+  int size = 0, rank = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  NCF_CHECK(size == info.world && rank == info.rank, "RankInfo says rank ", info.rank, " of ",
+            info.world, " but the MPI communicator has rank ", rank, " of ", size);
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  sc_.resize(size);
+  sd_.resize(size);
+  rc_.resize(size);
+  rd_.resize(size);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // Freeing after MPI_Finalize is erroneous; Open MPI frees a communicator locally,
+  // so this does not wait for other ranks even on an error path.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::do_all_to_all_v(const void* send, const int64_t* send_counts,
+                                      const int64_t* send_displs, void* recv,
+                                      const int64_t* recv_counts, const int64_t* recv_displs,
+                                      DType t) {
+  const int W = world();
+  for (int p = 0; p < W; ++p) {
+    sc_[p] = to_mpi_count(send_counts[p], "all_to_all_v send count");
+    sd_[p] = to_mpi_count(send_displs[p], "all_to_all_v send displacement");
+    rc_[p] = to_mpi_count(recv_counts[p], "all_to_all_v recv count");
+    rd_[p] = to_mpi_count(recv_displs[p], "all_to_all_v recv displacement");
+  }
+  MPI_CHECK(MPI_Alltoallv(send, sc_.data(), sd_.data(), mpi_dtype(t), recv, rc_.data(),
+                          rd_.data(), mpi_dtype(t), comm_));
+}
+
+void MpiCommunicator::do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {
+  MPI_CHECK(MPI_Alltoall(send_counts, 1, MPI_INT64_T, recv_counts, 1, MPI_INT64_T, comm_));
+}
+
+void MpiCommunicator::do_all_reduce_sum(void* buf, size_t n, DType t) {
+  const size_t es = dtype_size(t);
+  for (size_t off = 0; off < n; off += kMaxChunk) {
+    const int c = static_cast<int>(std::min(kMaxChunk, n - off));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + off * es, c, mpi_dtype(t),
+                            MPI_SUM, comm_));
+  }
+}
+
+void MpiCommunicator::do_broadcast(void* buf, size_t n, DType t, int root) {
+  const size_t es = dtype_size(t);
+  for (size_t off = 0; off < n; off += kMaxChunk) {
+    const int c = static_cast<int>(std::min(kMaxChunk, n - off));
+    MPI_CHECK(MPI_Bcast(static_cast<char*>(buf) + off * es, c, mpi_dtype(t), root, comm_));
+  }
+}
+
+void MpiCommunicator::do_all_gather(const void* send, void* recv, size_t n, DType t) {
+  // All-gather is meant for metadata blocks, so one int count is plenty.
+  const int c = to_mpi_count(static_cast<int64_t>(n), "all_gather block size");
+  MPI_CHECK(MPI_Allgather(send, c, mpi_dtype(t), recv, c, mpi_dtype(t), comm_));
+}
+
+void MpiCommunicator::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+void MpiCommunicator::do_abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace ncf

@@ -1,0 +1,62 @@
+// Collectives over MPI on host buffers: the CPU backend's communicator, and the one for
+// GPU ranks that stage through the host (several ranks sharing one GPU, no NCCL).
+#pragma once
+
+// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ncf {
+
+struct RankInfo;
+
+// The int that MPI's count and displacement arguments need, or an ncf::Error naming
+// `what` and the value when it does not fit: Open MPI 4.1 implements MPI 3.1, which has
+// no large-count collectives (MPI_Alltoallv_c is MPI 4.0).
+int to_mpi_count(int64_t value, const char* what);
+MPI_Datatype mpi_dtype(DType t);
+
+// Determinism of all_reduce_sum on floats: Open MPI picks its allreduce algorithm
+// from W and the message size only, and its algorithms (recursive doubling, ring,
+// Rabenseifner) combine the same partial sums in the same order on every call and
+// every rank, so the result is reproducible for a fixed W and identical across ranks.
+// The MPI standard only recommends this; the multi-rank test checks it bitwise.
+class MpiCommunicator : public Communicator {
+ public:
+  // Works on a duplicate of `comm`, so its messages never match the caller's; the
+  // duplicate reports errors (MPI_ERRORS_RETURN) so that they become ncf::Error.
+  MpiCommunicator(const RankInfo& info, MPI_Comm comm = MPI_COMM_WORLD);
+  ~MpiCommunicator() override;
+
+  const char* name() const override { return "mpi"; }
+  Device device() const override { return Device::kCpu; }
+  MPI_Comm comm() const { return comm_; }
+
+ protected:
+  void do_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                       void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
+                       DType t) override;
+  void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override;
+  void do_all_reduce_sum(void* buf, size_t n, DType t) override;
+  void do_broadcast(void* buf, size_t n, DType t, int root) override;
+  void do_all_gather(const void* send, void* recv, size_t n, DType t) override;
+  void do_barrier() override;
+  [[noreturn]] void do_abort(int code) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  // int copies of the int64 counts/displacements, kept to avoid allocating per call.
+  std::vector<int> sc_, sd_, rc_, rd_;  // [W] each
+};
+
+}  // namespace ncf

@@ -1,0 +1,187 @@
+// The NCCL communicator: collectives on device buffers, one GPU per rank, enqueued on
+// the stream given at construction. Compiled only in CUDA builds.
+//
+// Choices:
+//  - all_to_all_v is a group of ncclSend/ncclRecv, one pair per peer with a non-zero
+//    count; the rank's own block is a cudaMemcpyAsync on the same stream instead of a
+//    send to itself.
+//  - exchange_counts goes over MPI on host arrays, not NCCL: the counts steer the
+//    host-side ncclSend/ncclRecv calls and size the receive buffers, so they must reach
+//    the host anyway; an NCCL exchange would add a device round trip and a stream sync
+//    for W int64s. barrier is MPI too (after the stream drains).
+//  - all_reduce_sum is ncclAllReduce: for a fixed W, node topology, NCCL version and
+//    algorithm/protocol choice the float sums are reproducible and identical on every
+//    rank; pin NCCL_ALGO / NCCL_PROTO to keep them so across machines.
+#ifdef NCF_WITH_CUDA
+
+#include "comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <exception>
+
+#include "comm/bootstrap.h"
+#include "common/check.h"
+
+#define NCCL_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    ncclResult_t ncf_nccl_rc_ = (expr);                                                    \
+    if (ncf_nccl_rc_ != ncclSuccess)                                                       \
+      NCF_FAIL("NCCL error '", ncclGetErrorString(ncf_nccl_rc_), "' (",                    \
+               ncclGetLastError(nullptr), "): " #expr);                                    \
+  } while (0)
+
+#ifndef CUDA_CHECK
+#define CUDA_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t ncf_cuda_rc_ = (expr);                                                     \
+    if (ncf_cuda_rc_ != cudaSuccess)                                                       \
+      NCF_FAIL("CUDA error '", cudaGetErrorString(ncf_cuda_rc_), "': " #expr);             \
+  } while (0)
+#endif
+
+namespace ncf {
+namespace {
+
+ncclDataType_t nccl_dtype(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kUInt8: return ncclUint8;
+  }
+  NCF_FAIL("unknown DType ", static_cast<int>(t));
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(const RankInfo& info, cudaStream_t stream)
+      : Communicator(info.rank, info.world, info.local_rank, info.local_world),
+        stream_(stream) {
+    if (info.world > 1) {
+      NCF_CHECK(info.mpi, "NCCL with W = ", info.world, " needs MPI (bootstrap_mpi)");
+      MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_));
+      MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
+    }
+    // NCCL refuses two ranks of one communicator on one GPU; say what to do instead.
+    int gpus = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&gpus));
+    NCF_CHECK(info.local_world <= gpus, "NCCL needs one GPU per rank, but this node runs ",
+              info.local_world, " ranks on ", gpus,
+              " GPUs; use --comm mpi (host-staged) to share GPUs");
+    ncclUniqueId id;
+    if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (info.world > 1) MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
+    NCCL_CHECK(ncclCommInitRank(&comm_, info.world, id, info.rank));
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) {
+      // While unwinding after an error the peers may never reach the matching calls;
+      // abort drops the in-flight work instead of waiting for it.
+      if (std::uncaught_exceptions() > 0)
+        ncclCommAbort(comm_);
+      else
+        ncclCommDestroy(comm_);
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && mpi_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_);
+  }
+
+  const char* name() const override { return "nccl"; }
+  Device device() const override { return Device::kCuda; }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ protected:
+  void do_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                       void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
+                       DType t) override {
+    const int W = world(), r = rank();
+    const size_t es = dtype_size(t);
+    const ncclDataType_t nt = nccl_dtype(t);
+    const char* s = static_cast<const char*>(send);
+    char* d = static_cast<char*>(recv);
+    NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ",
+              send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
+    ncclResult_t rc = ncclGroupStart();
+    // The group must be closed whatever happens inside it, so errors are collected
+    // and raised after ncclGroupEnd.
+    for (int p = 0; p < W && rc == ncclSuccess; ++p) {
+      if (p == r) continue;
+      if (send_counts[p] > 0)
+        rc = ncclSend(s + send_displs[p] * es, static_cast<size_t>(send_counts[p]), nt, p, comm_,
+                      stream_);
+      if (rc == ncclSuccess && recv_counts[p] > 0)
+        rc = ncclRecv(d + recv_displs[p] * es, static_cast<size_t>(recv_counts[p]), nt, p, comm_,
+                      stream_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    NCCL_CHECK(rc);
+    NCCL_CHECK(end);
+    if (send_counts[r] > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d + recv_displs[r] * es, s + send_displs[r] * es,
+                                 send_counts[r] * es, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override {
+    if (world() == 1) {
+      recv_counts[0] = send_counts[0];
+      return;
+    }
+    MPI_CHECK(MPI_Alltoall(send_counts, 1, MPI_INT64_T, recv_counts, 1, MPI_INT64_T, mpi_));
+  }
+
+  void do_all_reduce_sum(void* buf, size_t n, DType t) override {
+    NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_dtype(t), ncclSum, comm_, stream_));
+  }
+
+  void do_broadcast(void* buf, size_t n, DType t, int root) override {
+    NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_dtype(t), root, comm_, stream_));
+  }
+
+  void do_all_gather(const void* send, void* recv, size_t n, DType t) override {
+    NCCL_CHECK(ncclAllGather(send, recv, n, nccl_dtype(t), comm_, stream_));
+  }
+
+  void do_barrier() override {
+    synchronize();
+    if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
+  }
+
+  void do_abort(int code) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;
+  MPI_Comm mpi_ = MPI_COMM_NULL;  // W > 1: counts, barrier
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const RankInfo& info, void* stream) {
+  return std::make_unique<NcclCommunicator>(info, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace ncf
+
+#endif  // NCF_WITH_CUDA

@@ -1,0 +1,210 @@
+// Per-rank prefetching readers: see reader.h for the stream definition.
+#include "data/reader.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/philox.h"
+#include "data/shard_format.h"
+
+namespace ncf {
+
+// ---------------------------------------------------------------- ShardSet ---
+
+ShardSet::ShardSet(const std::string& dir, const DatasetMeta& meta, const std::string& kind) {
+  auto shards = meta.shards_of(kind);
+  frame_ = kind == "train" ? meta.train_frame_bytes : meta.eval_frame_bytes;
+  std::string payload;
+  for (uint32_t s = 0; s < shards.size(); ++s) {
+    const ShardInfo& si = *shards[s];
+    File f;
+    f.reader = std::make_unique<RecordReader>(dir + "/" + si.name);
+    const std::string& path = f.reader->path();
+    if (f.reader->file_size() != si.bytes)
+      NCF_FAIL(path, ": file has ", f.reader->file_size(), " bytes but the metadata says ",
+               si.bytes);
+    if (!f.reader->read(&payload, 1 << 20)) NCF_FAIL(path, ": empty shard file (no header)");
+    check_shard_header(payload, meta, si, s, static_cast<uint32_t>(shards.size()), path, 0);
+    f.first = si.first_record;
+    f.count = si.num_records;
+    f.data_offset = f.reader->offset();
+    if (f.data_offset + f.count * frame_ != si.bytes)
+      NCF_FAIL(path, ": ", f.count, " records of ", frame_, " bytes after a ", f.data_offset,
+               "-byte header do not fill the file's ", si.bytes, " bytes");
+    num_records_ += f.count;
+    files_.push_back(std::move(f));
+  }
+}
+
+uint64_t ShardSet::read(uint64_t g, std::string* payload, const std::string** path) {
+  auto it = std::upper_bound(files_.begin(), files_.end(), g,
+                             [](uint64_t v, const File& f) { return v < f.first; });
+  NCF_CHECK(it != files_.begin() && g < num_records_, "record ", g, " out of range");
+  File& f = *(it - 1);
+  uint64_t off = f.data_offset + (g - f.first) * frame_;
+  f.reader->seek(off);
+  *path = &f.reader->path();
+  if (!f.reader->read(payload, frame_))
+    NCF_FAIL(f.reader->path(), " at byte offset ", off, ": unexpected end of file");
+  if (frame_bytes(payload->size()) != frame_)
+    NCF_FAIL(f.reader->path(), " at byte offset ", off, ": record frame is ",
+             frame_bytes(payload->size()), " bytes, expected ", frame_);
+  return off;
+}
+
+// ------------------------------------------------------------- TrainReader ---
+
+TrainReader::TrainReader(const std::string& dir, const DatasetMeta& meta, int rank, int world,
+                         int64_t step_positives, uint64_t seed, bool shuffle_records,
+                         size_t prefetch)
+    : dir_(dir),
+      meta_(meta),
+      rank_(rank),
+      world_(world),
+      P_(step_positives),
+      T_(static_cast<int64_t>(meta.num_train)),
+      seed_(seed),
+      shuffle_(shuffle_records),
+      depth_(std::max<size_t>(1, prefetch)),
+      shards_(dir, meta, "train") {
+  NCF_CHECK(world > 0 && rank >= 0 && rank < world, "bad rank ", rank, " of ", world);
+  NCF_CHECK(P_ > 0, "positives per step must be > 0, got ", P_);
+}
+
+TrainReader::~TrainReader() { stop(); }
+
+void TrainReader::stop() {
+  if (queue_) queue_->cancel();
+  if (thread_.joinable()) thread_.join();
+  queue_.reset();
+}
+
+std::vector<uint64_t> TrainReader::record_order(int64_t epoch) const {
+  const uint64_t N = meta_.num_train_records();
+  std::vector<uint64_t> order(N);
+  for (uint64_t k = 0; k < N; ++k) order[k] = k;
+  if (shuffle_) {
+    CounterRng rng{seed_, kStreamEpochOrder, static_cast<uint64_t>(epoch)};
+    for (uint64_t i = N; i > 1; --i) std::swap(order[i - 1], order[rng.below(i, i)]);
+  }
+  return order;
+}
+
+void TrainReader::start_epoch(int64_t epoch) {
+  stop();
+  queue_ = std::make_unique<PrefetchQueue<TrainBatch>>(depth_);
+  thread_ = std::thread([this, epoch] { produce(epoch); });
+}
+
+bool TrainReader::next(TrainBatch* out) {
+  NCF_CHECK(queue_ != nullptr, "next() before start_epoch()");
+  return queue_->pop(out);
+}
+
+void TrainReader::produce(int64_t epoch) {
+  try {
+    const uint64_t N = meta_.num_train_records();
+    const int64_t R = meta_.train_record_rows;
+    const std::vector<uint64_t> order = record_order(epoch);
+    auto valid_of = [&](uint64_t g) {
+      return g + 1 < N ? R : static_cast<int64_t>(meta_.num_train) - static_cast<int64_t>(N - 1) * R;
+    };
+    // start[k]: stream position of the first row of the k-th record in order.
+    std::vector<int64_t> start(N + 1, 0);
+    for (uint64_t k = 0; k < N; ++k) start[k + 1] = start[k] + valid_of(order[k]);
+
+    std::vector<int32_t> users(R), items(R);
+    int64_t cached = -1;  // index k (in order) of the record held in users/items
+    std::string payload;
+    for (int64_t t = 0; t < steps_per_epoch(); ++t) {
+      TrainBatch b;
+      b.epoch = epoch;
+      b.step = t;
+      b.step_begin = t * P_;
+      b.step_count = std::min(P_, T_ - b.step_begin);
+      const int64_t lo = b.step_begin + b.step_count * rank_ / world_;
+      const int64_t hi = b.step_begin + b.step_count * (rank_ + 1) / world_;
+      b.slice_begin = lo;
+      b.users.resize(hi - lo);
+      b.items.resize(hi - lo);
+      int64_t p = lo;
+      while (p < hi) {
+        int64_t k = std::upper_bound(start.begin(), start.end(), p) - start.begin() - 1;
+        if (k != cached) {
+          const std::string* path;
+          uint64_t off = shards_.read(order[k], &payload, &path);
+          decode_train_record(payload, meta_, valid_of(order[k]), *path, off, users.data(),
+                              items.data());
+          cached = k;
+        }
+        int64_t from = p - start[k];
+        int64_t n = std::min(hi, start[k + 1]) - p;
+        std::copy_n(users.begin() + from, n, b.users.begin() + (p - lo));
+        std::copy_n(items.begin() + from, n, b.items.begin() + (p - lo));
+        p += n;
+      }
+      if (!queue_->push(std::move(b))) return;
+    }
+    queue_->close();
+  } catch (...) {
+    queue_->close(std::current_exception());
+  }
+}
+
+// -------------------------------------------------------------- EvalReader ---
+
+EvalReader::EvalReader(const std::string& dir, const DatasetMeta& meta, int rank, int world,
+                       int64_t batch_users, size_t prefetch)
+    : meta_(meta),
+      begin_(static_cast<int64_t>(meta.num_eval_users * rank / world)),
+      end_(static_cast<int64_t>(meta.num_eval_users * (rank + 1) / world)),
+      batch_(batch_users),
+      depth_(std::max<size_t>(1, prefetch)),
+      shards_(dir, meta, "eval") {
+  NCF_CHECK(world > 0 && rank >= 0 && rank < world, "bad rank ", rank, " of ", world);
+  NCF_CHECK(batch_users > 0, "eval batch must hold at least one user, got ", batch_users);
+}
+
+EvalReader::~EvalReader() { stop(); }
+
+void EvalReader::stop() {
+  if (queue_) queue_->cancel();
+  if (thread_.joinable()) thread_.join();
+  queue_.reset();
+}
+
+void EvalReader::start() {
+  stop();
+  queue_ = std::make_unique<PrefetchQueue<EvalBatch>>(depth_);
+  thread_ = std::thread([this] { produce(); });
+}
+
+bool EvalReader::next(EvalBatch* out) {
+  NCF_CHECK(queue_ != nullptr, "next() before start()");
+  return queue_->pop(out);
+}
+
+void EvalReader::produce() {
+  try {
+    const int64_t L = meta_.eval_negatives + 1;
+    std::string payload;
+    for (int64_t u0 = begin_; u0 < end_; u0 += batch_) {
+      EvalBatch b;
+      b.first_user = u0;
+      b.num_users = std::min(batch_, end_ - u0);
+      b.items.resize(b.num_users * L);
+      b.mask.resize(b.num_users * L);
+      for (int64_t k = 0; k < b.num_users; ++k) {
+        const std::string* path;
+        uint64_t off = shards_.read(u0 + k, &payload, &path);
+        decode_eval_record(payload, meta_, u0 + k, *path, off, &b.items[k * L], &b.mask[k * L]);
+      }
+      if (!queue_->push(std::move(b))) return;
+    }
+    queue_->close();
+  } catch (...) {
+    queue_->close(std::current_exception());
+  }
+}
+
+}  // namespace ncf

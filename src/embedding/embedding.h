@@ -1,0 +1,118 @@
+// Embedding tables sharded across ranks (shared/DESIGN.md steps 3 and 6).
+//
+// Placements:
+//   row-wise    owner(id) = id mod W, local row = id div W (default);
+//   table-wise  the whole table on one rank; every lookup goes there;
+//   replicated  every rank holds the table; lookups are local; the gradient is
+//               allreduced as a dense [N×D] buffer and every rank applies the
+//               same update (data parallel).
+// Forward (row/table-wise): optional de-duplication, bucketize ids by owner,
+// exchange counts, exchange ids (all-to-all-v), owners gather rows, exchange
+// vectors back, un-permute to batch order. Backward: gradient rows take the
+// reverse path; owners sort by row, sum duplicates and apply the optimizer.
+// Initial values depend on the global row id only, so every W starts alike.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/device.h"
+#include "model/optim.h"
+
+namespace ncf {
+
+enum class Placement { kRowWise, kTableWise, kReplicated };
+const char* placement_name(Placement p);
+Placement parse_placement(const std::string& s);  // "row", "table", "replicated"
+
+enum class EmbeddingOptimizer { kDenseAdam, kLazyAdam, kSgd, kAdagrad };
+const char* optimizer_name(EmbeddingOptimizer o);
+EmbeddingOptimizer parse_embedding_optimizer(const std::string& s);
+// Optimizer state floats per table element (Adam 2, Adagrad 1, SGD 0).
+int optimizer_state_per_element(EmbeddingOptimizer o);
+
+struct EmbeddingOptimizerConfig {
+  EmbeddingOptimizer kind = EmbeddingOptimizer::kDenseAdam;
+  AdamHyper adam;
+  AdagradHyper adagrad;
+  SgdHyper sgd;
+};
+
+struct TableSpec {
+  std::string name;        // "user", "item"
+  int64_t num_rows = 0;    // N: global rows
+  int D = 0;               // width
+  Placement placement = Placement::kRowWise;
+  int owner = 0;           // table-wise: the rank holding it
+  uint32_t init_tag = 0;   // separates the init streams of tables
+  float init_stddev = 0.01f;
+};
+
+// Bytes a table of this spec needs on `rank` of W (parameters + optimizer state).
+int64_t table_rank_rows(const TableSpec& t, int rank, int W);
+int64_t table_rank_bytes(const TableSpec& t, int rank, int W, EmbeddingOptimizer o);
+
+// Per-step traffic of one table on this rank, for the log.
+struct ExchangeStats {
+  int64_t ids_sent = 0;      // ids leaving this rank (to other ranks)
+  int64_t bytes_sent = 0;    // all payload bytes to other ranks (ids, vectors, gradients)
+  int64_t unique_ids = 0;    // after de-duplication
+};
+
+class ShardedEmbedding {
+ public:
+  ShardedEmbedding(const TableSpec& spec, Communicator& comm, const ExecContext& ctx,
+                   const EmbeddingOptimizerConfig& opt, bool dedup);
+
+  const TableSpec& spec() const { return spec_; }
+  int64_t local_rows() const { return local_rows_; }
+  // Global row id of local row k on this rank.
+  int64_t global_row(int64_t k) const;
+
+  // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
+  void init(uint64_t seed);
+
+  // out[k, :] = row ids[k] for k < n. Collective: every rank calls it, n may be 0.
+  // Remembers the routing for the following apply_gradients.
+  void lookup(const int32_t* ids, int64_t n, float* out);
+
+  // grads[n×D]: d loss / d out of the last lookup. Collective. Sends rows to
+  // their owners, which reduce duplicates and apply the optimizer (step t ≥ 1).
+  void apply_gradients(const float* grads, int64_t t);
+
+  // The whole table in global row order, gathered on every rank (tests, checkpoints).
+  std::vector<float> gather_full();
+
+  const ExchangeStats& last_stats() const { return stats_; }
+  int64_t bytes_on_rank() const;
+
+ private:
+  int owner_of(int64_t id) const;
+  int32_t local_of(int64_t id) const;
+
+  TableSpec spec_;
+  Communicator& comm_;
+  ExecContext ctx_;
+  EmbeddingOptimizerConfig opt_;
+  bool dedup_;
+  int W_, rank_;
+  int64_t local_rows_ = 0;
+
+  Buffer<float> table_, m_, v_;  // [local_rows × D]; m_ doubles as Adagrad's accumulator
+
+  // Routing of the last lookup.
+  int64_t n_ = 0;                        // batch ids
+  std::vector<int32_t> unique_ids_;      // U_b unique ids (or the batch ids without dedup)
+  std::vector<int64_t> inverse_;         // batch position → index into unique_ids_
+  std::vector<int64_t> perm_;            // owner-sorted order → index into unique_ids_
+  std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;
+  std::vector<int32_t> recv_local_;      // local rows requested from this rank
+  std::vector<float> send_vec_, recv_vec_, grad_unique_;
+  std::vector<int32_t> reduced_rows_;
+  std::vector<float> reduced_grads_;
+  ExchangeStats stats_;
+};
+
+}  // namespace ncf

@@ -1,0 +1,99 @@
+// The dense part of NeuMF (GMF + MLP tower + logit head), replicated on every
+// rank. All dense parameters live in ONE flat buffer with a matching flat
+// gradient buffer, so a step needs one allreduce and one optimizer call; the
+// embedding tables are owned elsewhere (embedding/) and enter as gathered rows.
+//
+// Per sample, with the gathered rows u, i of width D = mf_dim + h, h = layers[0]/2
+// (row layout [mf part | mlp part]):
+//   G  = u[:mf] ⊙ i[:mf]                                  GMF, width mf_dim
+//   X0 = [u[mf:] ; i[mf:]]                                 width layers[0]
+//   X_{l+1} = ReLU(X_l · W_l^T + b_l), l = 0 .. L-2        width layers[l+1]
+//   logit = w · [G ; X_{L-1}] + c                          head, width F = mf_dim + layers.back()
+// (with layers = {256, 256, 128, 64} there are three Linear+ReLU layers.)
+//
+// Flat layout (floats, no padding): for each tower layer l, W_l [out×in] then
+// b_l [out]; then the head w [F] and c [1].
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/device.h"
+
+namespace ncf {
+
+struct NeuMFConfig {
+  int mf_dim = 8;                       // GMF factors
+  std::vector<int> layers{64, 32, 16, 8};  // MLP widths; layers[0] is the concat input, even
+
+  int embedding_width() const { return mf_dim + layers.at(0) / 2; }  // D
+  int mlp_half() const { return layers.at(0) / 2; }                   // h
+  int head_width() const { return mf_dim + layers.back(); }           // F
+  // Throws naming the field and value: mf_dim >= 1, layers non-empty, all
+  // widths >= 1, layers[0] even.
+  void validate() const;
+};
+
+// Where one Linear layer's parameters sit in the flat buffer.
+struct DenseLayerView {
+  int in = 0, out = 0;
+  int64_t w_offset = 0;  // W [out×in]
+  int64_t b_offset = 0;  // b [out]
+};
+
+class NeuMF {
+ public:
+  // Allocates parameters and gradients on `device` (contents undefined until init).
+  NeuMF(const NeuMFConfig& config, Device device);
+
+  // Deterministic init from `seed` (CounterRng, stream kStreamInit, counter
+  // indices from kInitIndexBase up, one per tensor): tower weights Glorot
+  // uniform ±sqrt(6 / (in + out)), head w LeCun uniform ±sqrt(3 / F), biases and
+  // c zero (the TF Model Garden choices). Gradients are zeroed.
+  void init(uint64_t seed);
+  static constexpr uint64_t kInitIndexBase = uint64_t{1} << 48;
+
+  // logits[B] from the gathered rows user_rows[B×D], item_rows[B×D] (contiguous,
+  // on the parameters' device). Activations are kept in this object's
+  // workspace (grown to the largest B seen); the row pointers are kept too, so
+  // both must stay valid and unchanged until backward.
+  void forward(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t B,
+               float* logits);
+  // Scores for evaluation: the same computation as forward.
+  void score(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t B,
+             float* logits) {
+    forward(ctx, user_rows, item_rows, B, logits);
+  }
+  // Backward of the last forward: dlogits[B] → the dense gradients (overwritten
+  // in grads()) and d_user_rows[B×D], d_item_rows[B×D] (overwritten), the
+  // gradients w.r.t. the gathered rows, ready to be sent back to the owners.
+  void backward(const ExecContext& ctx, const float* dlogits, float* d_user_rows,
+                float* d_item_rows);
+
+  const NeuMFConfig& config() const { return config_; }
+  Device device() const { return params_.device(); }
+  int64_t num_params() const { return num_params_; }
+  Buffer<float>& params() { return params_; }
+  const Buffer<float>& params() const { return params_; }
+  Buffer<float>& grads() { return grads_; }
+  const Buffer<float>& grads() const { return grads_; }
+  const std::vector<DenseLayerView>& tower() const { return tower_; }  // L-1 layers
+  int64_t head_w_offset() const { return head_w_offset_; }            // w [F]
+  int64_t head_c_offset() const { return head_c_offset_; }            // c [1]
+
+ private:
+  NeuMFConfig config_;
+  std::vector<DenseLayerView> tower_;
+  int64_t head_w_offset_ = 0, head_c_offset_ = 0, num_params_ = 0;
+  Buffer<float> params_, grads_;
+
+  // Workspace of the last forward (B rows): X0 [B×layers[0]], acts_[l] [B×layers[l+1]],
+  // G [B×mf], H [B×F]; and their gradients.
+  int64_t B_ = -1;
+  const float* user_rows_ = nullptr;
+  const float* item_rows_ = nullptr;
+  Buffer<float> x0_, g_, h_, dx0_, dg_, dh_;
+  std::vector<Buffer<float>> acts_, dacts_;
+};
+
+}  // namespace ncf

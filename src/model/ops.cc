@@ -1,0 +1,369 @@
+// CPU side of ops.h: argument checks, the dispatch to the CUDA twins, and the
+// CPU kernels (OpenBLAS for GEMMs, parallel_for row loops for the rest).
+#include "model/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <vector>
+
+#include "common/check.h"
+#include "common/parallel.h"
+#include "model/dispatch.h"
+
+namespace ncf {
+namespace {
+
+// Rows per chunk so that each chunk touches at least ~16K floats: below that a
+// thread hand-off costs more than the work.
+int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+
+void check_rows(const char* op, int64_t B) { NCF_CHECK(B >= 0, op, ": negative row count B=", B); }
+
+void check_width(const char* op, const char* name, int64_t w) {
+  NCF_CHECK(w > 0 && w <= INT_MAX, op, ": width ", name, "=", w, " must be in [1, INT_MAX]");
+}
+
+void check_ptr(const char* op, const char* name, const void* p, int64_t B) {
+  NCF_CHECK(B == 0 || p != nullptr, op, ": ", name, " is null with B=", B);
+}
+
+void check_ld(const char* op, const char* name, int64_t ld, int64_t width) {
+  NCF_CHECK(ld >= width, op, ": stride ", name, "=", ld, " is smaller than the row width ", width);
+}
+
+void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS leaves this case to the implementation; spell it out
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        float& c = C[static_cast<int64_t>(i) * ldc + j];
+        c = beta == 0.0f ? 0.0f : beta * c;
+      }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// dW/db part of a linear backward, given dZ (already masked).
+void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float* dZ, float* dW,
+                            float* db, int64_t B, int in, int out, GradMode mode) {
+  float beta = mode == GradMode::kAccumulate ? 1.0f : 0.0f;
+  // dW[out×in] = dZ^T[out×B] · X[B×in]
+  cpu_gemm(true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta, dW, in);
+  if (!db) return;
+  std::vector<double> sums(out);
+  block_sums(ctx.threads, B, out,
+             [&](int64_t b0, int64_t b1, double* acc) {
+               for (int64_t b = b0; b < b1; ++b) {
+                 const float* row = dZ + b * out;
+                 for (int j = 0; j < out; ++j) acc[j] += row[j];
+               }
+             },
+             sums.data());
+  for (int j = 0; j < out; ++j) {
+    float s = static_cast<float>(sums[j]);
+    db[j] = mode == GradMode::kAccumulate ? db[j] + s : s;
+  }
+}
+
+}  // namespace
+
+void set_blas_threads(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
+}
+
+void fill(const ExecContext& ctx, float* x, int64_t n, float value) {
+  check_rows("fill", n);
+  check_ptr("fill", "x", x, n);
+  NCF_DISPATCH_CUDA(ctx, fill, ctx, x, n, value);
+  parallel_for(ctx.threads, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    std::fill(x + i0, x + i1, value);
+  });
+}
+
+void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  NCF_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  NCF_CHECK(lda >= std::max(1, trans_a ? M : K), "gemm: lda=", lda, " too small (M=", M, " K=", K,
+            trans_a ? ", A transposed)" : ")");
+  NCF_CHECK(ldb >= std::max(1, trans_b ? K : N), "gemm: ldb=", ldb, " too small (K=", K, " N=", N,
+            trans_b ? ", B transposed)" : ")");
+  NCF_CHECK(ldc >= std::max(1, N), "gemm: ldc=", ldc, " too small (N=", N, ")");
+  bool any = M > 0 && N > 0;
+  NCF_CHECK(!any || C != nullptr, "gemm: C is null");
+  NCF_CHECK(!any || K == 0 || (A != nullptr && B != nullptr), "gemm: A or B is null");
+  NCF_DISPATCH_CUDA(ctx, gemm, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  cpu_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+                    float* Y, int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_forward";
+  check_rows(op, B);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, B);
+  check_ptr(op, "W", W, B);
+  check_ptr(op, "Y", Y, B);
+  NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, W, bias, Y, B, in, out, relu);
+  if (B == 0) return;
+  // Y = X · W^T
+  cpu_gemm(false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y, out);
+  if (!bias && !relu) return;
+  parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* y = Y + b * out;
+      if (bias)
+        for (int j = 0; j < out; ++j) y[j] += bias[j];
+      if (relu)
+        for (int j = 0; j < out; ++j) y[j] = y[j] > 0.0f ? y[j] : 0.0f;
+    }
+  });
+}
+
+void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
+                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+                     bool relu, GradMode mode) {
+  const char* op = "linear_backward";
+  check_rows(op, B);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, B);
+  check_ptr(op, "W", W, B);
+  check_ptr(op, "dY", dY, B);
+  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, B);
+  NCF_CHECK(dW != nullptr, op, ": dW is null");
+  NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, W, Y, dY, dX, dW, db, B, in, out, relu, mode);
+  if (relu) {
+    parallel_for(ctx.threads, B * out, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        if (!(Y[i] > 0.0f)) dY[i] = 0.0f;
+    });
+  }
+  // dX[B×in] = dZ[B×out] · W[out×in]
+  if (dX && B > 0)
+    cpu_gemm(false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+  cpu_linear_param_grads(ctx, X, dY, dW, db, B, in, out, mode);
+}
+
+void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                 float* G, int64_t ldg, int64_t B, int mf) {
+  const char* op = "gmf_forward";
+  check_rows(op, B);
+  check_width(op, "mf", mf);
+  check_ld(op, "ldu", ldu, mf);
+  check_ld(op, "ldi", ldi, mf);
+  check_ld(op, "ldg", ldg, mf);
+  check_ptr(op, "U", U, B);
+  check_ptr(op, "I", I, B);
+  check_ptr(op, "G", G, B);
+  NCF_DISPATCH_CUDA(ctx, gmf_forward, ctx, U, ldu, I, ldi, G, ldg, B, mf);
+  parallel_for(ctx.threads, B, row_grain(mf), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* u = U + b * ldu;
+      const float* it = I + b * ldi;
+      float* g = G + b * ldg;
+      for (int k = 0; k < mf; ++k) g[k] = u[k] * it[k];
+    }
+  });
+}
+
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
+                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
+                  int64_t lddi, int64_t B, int mf) {
+  const char* op = "gmf_backward";
+  check_rows(op, B);
+  check_width(op, "mf", mf);
+  check_ld(op, "ldu", ldu, mf);
+  check_ld(op, "ldi", ldi, mf);
+  check_ld(op, "ldg", ldg, mf);
+  check_ld(op, "lddu", lddu, mf);
+  check_ld(op, "lddi", lddi, mf);
+  check_ptr(op, "U", U, B);
+  check_ptr(op, "I", I, B);
+  check_ptr(op, "dG", dG, B);
+  check_ptr(op, "dU", dU, B);
+  check_ptr(op, "dI", dI, B);
+  NCF_DISPATCH_CUDA(ctx, gmf_backward, ctx, U, ldu, I, ldi, dG, ldg, dU, lddu, dI, lddi, B, mf);
+  parallel_for(ctx.threads, B, row_grain(mf), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* u = U + b * ldu;
+      const float* it = I + b * ldi;
+      const float* g = dG + b * ldg;
+      float* du = dU + b * lddu;
+      float* di = dI + b * lddi;
+      for (int k = 0; k < mf; ++k) {
+        du[k] = g[k] * it[k];
+        di[k] = g[k] * u[k];
+      }
+    }
+  });
+}
+
+void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
+                 int64_t ldc, int wc, float* Y, int64_t B) {
+  const char* op = "concat_cols";
+  check_rows(op, B);
+  check_width(op, "wa", wa);
+  check_width(op, "wc", wc);
+  check_ld(op, "lda", lda, wa);
+  check_ld(op, "ldc", ldc, wc);
+  check_ptr(op, "A", A, B);
+  check_ptr(op, "C", C, B);
+  check_ptr(op, "Y", Y, B);
+  NCF_DISPATCH_CUDA(ctx, concat_cols, ctx, A, lda, wa, C, ldc, wc, Y, B);
+  const int64_t w = static_cast<int64_t>(wa) + wc;
+  parallel_for(ctx.threads, B, row_grain(w), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      std::copy(A + b * lda, A + b * lda + wa, Y + b * w);
+      std::copy(C + b * ldc, C + b * ldc + wc, Y + b * w + wa);
+    }
+  });
+}
+
+void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
+                float* dC, int64_t lddc, int64_t B) {
+  const char* op = "split_cols";
+  check_rows(op, B);
+  check_width(op, "wa", wa);
+  check_width(op, "wc", wc);
+  check_ld(op, "ldda", ldda, wa);
+  check_ld(op, "lddc", lddc, wc);
+  check_ptr(op, "dY", dY, B);
+  check_ptr(op, "dA", dA, B);
+  check_ptr(op, "dC", dC, B);
+  NCF_DISPATCH_CUDA(ctx, split_cols, ctx, dY, wa, wc, dA, ldda, dC, lddc, B);
+  const int64_t w = static_cast<int64_t>(wa) + wc;
+  parallel_for(ctx.threads, B, row_grain(w), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* y = dY + b * w;
+      std::copy(y, y + wa, dA + b * ldda);
+      std::copy(y + wa, y + w, dC + b * lddc);
+    }
+  });
+}
+
+void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
+                  float* logits, int64_t B, int F) {
+  const char* op = "head_forward";
+  check_rows(op, B);
+  check_width(op, "F", F);
+  check_ptr(op, "H", H, B);
+  check_ptr(op, "w", w, B);
+  check_ptr(op, "c", c, B);
+  check_ptr(op, "logits", logits, B);
+  NCF_DISPATCH_CUDA(ctx, head_forward, ctx, H, w, c, logits, B, F);
+  // A dot product per row in a fixed order: no GEMV, whose blocking may vary.
+  parallel_for(ctx.threads, B, row_grain(F), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* h = H + b * F;
+      float s = 0.0f;
+      for (int k = 0; k < F; ++k) s += h[k] * w[k];
+      logits[b] = s + c[0];
+    }
+  });
+}
+
+void head_backward(const ExecContext& ctx, const float* H, const float* w, const float* dlogits,
+                   float* dH, float* dw, float* dc, int64_t B, int F, GradMode mode) {
+  const char* op = "head_backward";
+  check_rows(op, B);
+  check_width(op, "F", F);
+  check_ptr(op, "H", H, B);
+  check_ptr(op, "w", w, B);
+  check_ptr(op, "dlogits", dlogits, B);
+  check_ptr(op, "dH", dH, B);
+  NCF_CHECK(dw != nullptr && dc != nullptr, op, ": dw or dc is null");
+  NCF_DISPATCH_CUDA(ctx, head_backward, ctx, H, w, dlogits, dH, dw, dc, B, F, mode);
+  parallel_for(ctx.threads, B, row_grain(F), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float g = dlogits[b];
+      float* dh = dH + b * F;
+      for (int k = 0; k < F; ++k) dh[k] = g * w[k];
+    }
+  });
+  // dw and dc together as F + 1 fixed-block sums.
+  std::vector<double> sums(static_cast<size_t>(F) + 1);
+  block_sums(ctx.threads, B, F + 1,
+             [&](int64_t b0, int64_t b1, double* acc) {
+               for (int64_t b = b0; b < b1; ++b) {
+                 double g = dlogits[b];
+                 const float* h = H + b * F;
+                 for (int k = 0; k < F; ++k) acc[k] += g * h[k];
+                 acc[F] += g;
+               }
+             },
+             sums.data());
+  bool add = mode == GradMode::kAccumulate;
+  for (int k = 0; k < F; ++k) dw[k] = (add ? dw[k] : 0.0f) + static_cast<float>(sums[k]);
+  dc[0] = (add ? dc[0] : 0.0f) + static_cast<float>(sums[F]);
+}
+
+namespace {
+
+void check_bce(const char* op, const float* logits, const float* labels, int64_t B,
+               int64_t n_valid, int64_t global_batch) {
+  check_rows(op, B);
+  NCF_CHECK(n_valid >= 0 && n_valid <= B, op, ": n_valid=", n_valid, " outside [0, B=", B, "]");
+  NCF_CHECK(global_batch > 0, op, ": global_batch=", global_batch, " must be positive");
+  check_ptr(op, "logits", logits, B);
+  check_ptr(op, "labels", labels, B);
+}
+
+}  // namespace
+
+void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const float* labels,
+                             const float* weights, double* loss, int64_t B, int64_t n_valid,
+                             int64_t global_batch) {
+  const char* op = "bce_with_logits_forward";
+  check_bce(op, logits, labels, B, n_valid, global_batch);
+  NCF_CHECK(loss != nullptr, op, ": loss is null");
+  NCF_DISPATCH_CUDA(ctx, bce_with_logits_forward, ctx, logits, labels, weights, loss, B, n_valid,
+                    global_batch);
+  double sum = 0.0;
+  block_sums(ctx.threads, n_valid, 1,
+             [&](int64_t b0, int64_t b1, double* acc) {
+               for (int64_t b = b0; b < b1; ++b) {
+                 double wb = weights ? weights[b] : 1.0;
+                 if (wb == 0.0) continue;  // a masked row may hold garbage logits
+                 double z = logits[b], y = labels[b];
+                 acc[0] += wb * (std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z))));
+               }
+             },
+             &sum);
+  *loss = sum / static_cast<double>(global_batch);
+}
+
+void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const float* labels,
+                              const float* weights, float* dlogits, int64_t B, int64_t n_valid,
+                              int64_t global_batch) {
+  const char* op = "bce_with_logits_backward";
+  check_bce(op, logits, labels, B, n_valid, global_batch);
+  check_ptr(op, "dlogits", dlogits, B);
+  NCF_DISPATCH_CUDA(ctx, bce_with_logits_backward, ctx, logits, labels, weights, dlogits, B,
+                    n_valid, global_batch);
+  const float inv_batch = static_cast<float>(1.0 / static_cast<double>(global_batch));
+  parallel_for(ctx.threads, B, 1 << 14, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float wb = b < n_valid ? (weights ? weights[b] : 1.0f) : 0.0f;
+      if (wb == 0.0f) {
+        dlogits[b] = 0.0f;
+        continue;
+      }
+      float z = logits[b];
+      // sigmoid without overflow: exp of a non-positive number only
+      float e = std::exp(-std::fabs(z));
+      float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      dlogits[b] = wb * (sig - labels[b]) * inv_batch;
+    }
+  });
+}
+
+}  // namespace ncf

@@ -1,0 +1,136 @@
+// Dense NeuMF math on row-major float arrays: GEMM, Linear(+ReLU), the GMF
+// product, column concat/split, the logit head and BCE-with-logits. Each op is a
+// free function (ctx, arrays…, dims…, flags) that checks its shapes and
+// dispatches once on ctx.device: the CPU code is in ops.cc, the CUDA twin (same
+// name and arguments) in ops.cu. Arrays live on ctx.device.
+//
+// Letters: B rows of the batch, D embedding width (mf_dim + layers[0]/2),
+// in/out layer widths, F head input width (mf_dim + layers.back()).
+// Strides ("ld…") count floats between consecutive rows.
+//
+// Determinism: every result is the same for any ctx.threads. Sums over the batch
+// (weight and bias gradients, the loss) are taken in a fixed order: BLAS GEMM
+// for weight gradients (OpenBLAS's own thread count, set once with
+// set_blas_threads, must not change between runs that are compared), and
+// fixed row blocks (parallel.h, block_sums) for biases, the head and the loss.
+#pragma once
+
+#include <cstdint>
+
+#include "common/device.h"
+
+namespace ncf {
+
+// How a backward op writes a parameter gradient: replace what is there, or add
+// to it (for parameters used more than once per step).
+enum class GradMode { kOverwrite, kAccumulate };
+
+// Thread count of OpenBLAS inside gemm (process-wide). Call once at startup with
+// the same value as ExecContext::threads; <= 0 leaves OpenBLAS's default.
+void set_blas_threads(int threads);
+
+// x[0..n) = value.
+void fill(const ExecContext& ctx, float* x, int64_t n, float value);
+
+// C[M×N] = alpha·op(A)·op(B) + beta·C, all row-major; op(A) is M×K, op(B) K×N.
+// beta == 0 overwrites C (NaNs in C do not leak). K == 0 gives C = beta·C.
+void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
+
+// Y[B×out] = act(X[B×in] · W^T + bias), W is [out×in] (the PyTorch nn.Linear
+// layout: row j holds the weights into output j), bias[out] may be null, act is
+// ReLU when relu, identity otherwise.
+void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+                    float* Y, int64_t B, int in, int out, bool relu);
+
+// Backward of linear_forward.
+//   Y   [B×out] the forward output (post-activation); read only when relu, for the
+//       mask Y > 0 (the gradient at Z = 0 is taken as 0), may be null otherwise.
+//   dY  [B×out] in: dL/dY; out: dL/dZ (the masked gradient) when relu, else unchanged.
+//   dX  [B×in]  dL/dX, always overwritten; null skips it.
+//   dW  [out×in], db [out] (db null when the layer has no bias): written as `mode` says.
+// dW = dZ^T·X (GEMM), db = column sums of dZ (block_sums: fixed row blocks).
+void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
+                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+                     bool relu, GradMode mode);
+
+// GMF: G[b, k] = U[b, k] · I[b, k] for k < mf. U and I are the gathered user and
+// item embedding rows; the GMF part is their first mf columns.
+void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                 float* G, int64_t ldg, int64_t B, int mf);
+// dU[b, k] = dG[b, k] · I[b, k], dI[b, k] = dG[b, k] · U[b, k] for k < mf,
+// overwritten; columns ≥ mf of dU/dI are not touched.
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
+                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
+                  int64_t lddi, int64_t B, int mf);
+
+// Y[B×(wa+wc)] = [A[B×wa] ; C[B×wc]] (column concat, Y contiguous).
+// The MLP input is concat_cols(U + mf, D, h, I + mf, D, h, X0, B) with h = layers[0]/2.
+void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
+                 int64_t ldc, int wc, float* Y, int64_t B);
+// Inverse of concat_cols for gradients: dA = dY[:, :wa], dC = dY[:, wa:], overwritten.
+void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
+                float* dC, int64_t lddc, int64_t B);
+
+// The logit head: logits[b] = w · H[b, :] + c[0], H[B×F] = [GMF ; MLP output].
+// c points at the scalar (inside the parameter buffer, on ctx.device).
+void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
+                  float* logits, int64_t B, int F);
+// dH[b, k] = dlogits[b] · w[k] (overwritten); dw[k] = Σ_b dlogits[b] · H[b, k] and
+// dc[0] = Σ_b dlogits[b], written as `mode` says.
+void head_backward(const ExecContext& ctx, const float* H, const float* w, const float* dlogits,
+                   float* dH, float* dw, float* dc, int64_t B, int F, GradMode mode);
+
+// Binary cross-entropy on logits z with labels y ∈ {0, 1} (any real in [0, 1]
+// works), per row: l = max(z, 0) − z·y + log(1 + exp(−|z|)) (no overflow).
+// Row b counts with weight w_b = (b < n_valid ? (weights ? weights[b] : 1) : 0):
+// rows at and past n_valid are padding; weights (may be null) is a per-row 0/1
+// mask (or any non-negative weight).
+//
+// The mean is over the GLOBAL batch, whose rows are spread over the ranks:
+//   *loss = Σ_b w_b · l_b / global_batch   (a double on ctx.device, overwritten)
+// is this rank's share — summing *loss over ranks gives the global mean loss;
+// with one rank and global_batch = number of valid rows it is the plain mean.
+void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const float* labels,
+                             const float* weights, double* loss, int64_t B, int64_t n_valid,
+                             int64_t global_batch);
+// dlogits[b] = w_b · (sigmoid(z_b) − y_b) / global_batch (0 for padding rows),
+// overwritten: the gradient of the global mean loss w.r.t. this rank's logits.
+void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const float* labels,
+                              const float* weights, float* dlogits, int64_t B, int64_t n_valid,
+                              int64_t global_batch);
+
+#ifdef NCF_WITH_CUDA
+// The CUDA twins (ops.cu); called through the dispatch in ops.cc only.
+namespace cuda {
+void fill(const ExecContext& ctx, float* x, int64_t n, float value);
+void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
+void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+                    float* Y, int64_t B, int in, int out, bool relu);
+void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
+                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+                     bool relu, GradMode mode);
+void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                 float* G, int64_t ldg, int64_t B, int mf);
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
+                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
+                  int64_t lddi, int64_t B, int mf);
+void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
+                 int64_t ldc, int wc, float* Y, int64_t B);
+void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
+                float* dC, int64_t lddc, int64_t B);
+void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
+                  float* logits, int64_t B, int F);
+void head_backward(const ExecContext& ctx, const float* H, const float* w, const float* dlogits,
+                   float* dH, float* dw, float* dc, int64_t B, int F, GradMode mode);
+void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const float* labels,
+                             const float* weights, double* loss, int64_t B, int64_t n_valid,
+                             int64_t global_batch);
+void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const float* labels,
+                              const float* weights, float* dlogits, int64_t B, int64_t n_valid,
+                              int64_t global_batch);
+}  // namespace cuda
+#endif
+
+}  // namespace ncf

@@ -1,0 +1,182 @@
+// Flag parsing for ncf_dist (CLI11) and the presets of shared/ANCHORS.md.
+#include "train/config.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace ncf {
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t batch_size;
+  double lr, beta1, beta2, eps;
+  int factors;
+  std::vector<int> layers;
+  int num_neg;
+  double hr_threshold;
+};
+
+const Preset kPresets[] = {
+    {"ml-20m-mlperf", 1048576, 0.0045, 0.25, 0.5, 1e-8, 64, {256, 256, 128, 64}, 4, 0.635},
+    {"ncf-paper", 256, 0.001, 0.9, 0.999, 1e-8, 8, {64, 32, 16, 8}, 4, -1},
+};
+
+}  // namespace
+
+bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) {
+  TrainConfig& c = *cfg;
+  CLI::App app{
+      "ncf_dist: NeuMF (GMF + MLP) training with embedding tables sharded over MPI ranks.\n"
+      "  ncf_dist --data_dir data/small --preset ncf-paper\n"
+      "  mpirun -np 8 ncf_dist --data_dir data/ml-20m --preset ml-20m-mlperf --device cuda"};
+  app.get_formatter()->column_width(34);
+  app.add_option("--data_dir", c.data_dir, "dataset directory written by ncf_prep")->required();
+  app.add_option("--preset", c.preset,
+                 "reference settings; explicit flags override them:\n"
+                 "ml-20m-mlperf: batch 1048576, lr 0.0045, betas 0.25/0.5, eps 1e-8, factors 64, "
+                 "layers 256,256,128,64, num_neg 4, hr_threshold 0.635\n"
+                 "ncf-paper: batch 256, lr 0.001, factors 8, layers 64,32,16,8, num_neg 4")
+      ->check(CLI::IsMember({"ml-20m-mlperf", "ncf-paper"}));
+  app.add_option("--batch_size", c.batch_size,
+                 "training samples per global step, over all ranks (positives x (1 + num_neg); "
+                 "rounded down to a multiple of 1 + num_neg)")
+      ->capture_default_str();
+  app.add_option("--eval_batch_size", c.eval_batch_size,
+                 "eval samples (users x (1 + E)) scored per batch on each rank")
+      ->capture_default_str();
+  app.add_option("--learning_rate", c.learning_rate, "Adam learning rate")->capture_default_str();
+  app.add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
+  app.add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
+  app.add_option("--epsilon", c.epsilon, "Adam epsilon")->capture_default_str();
+  app.add_option("--num_factors", c.num_factors, "GMF embedding width (mf_dim)")
+      ->capture_default_str();
+  app.add_option("--layers", c.layers,
+                 "MLP widths; layers[0] is the concatenated [user ; item] MLP embedding, so it "
+                 "must be even")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--num_neg", c.num_neg, "negatives sampled per positive")->capture_default_str();
+  app.add_option("--train_epochs", c.train_epochs, "epochs to train")->capture_default_str();
+  app.add_option("--hr_threshold", c.hr_threshold,
+                 "stop once HR@K reaches this value (negative: never)")
+      ->capture_default_str();
+  app.add_option("--seed", c.seed, "seed of initialisation, negatives and record order")
+      ->capture_default_str();
+  app.add_option("--topk", c.topk, "K of HR@K and NDCG@K")->capture_default_str();
+  app.add_option("--device", c.device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--threads", c.threads,
+                 "CPU kernel threads per rank (0: the node's cores divided among its ranks)")
+      ->capture_default_str();
+  app.add_option("--embedding_optimizer", c.embedding_optimizer,
+                 "dense_adam (every row's moments decay each step, as the references), "
+                 "lazy_adam (touched rows only), sgd, adagrad")
+      ->check(CLI::IsMember({"dense_adam", "lazy_adam", "sgd", "adagrad"}))
+      ->capture_default_str();
+  app.add_option("--embedding_lr", c.embedding_lr,
+                 "learning rate of the embedding optimizer (negative: --learning_rate)")
+      ->capture_default_str();
+  app.add_option("--l2_embedding", c.l2_embedding, "L2 coefficient on embedding rows (g += l2 p)")
+      ->capture_default_str();
+  app.add_option("--l2_dense", c.l2_dense, "L2 coefficient on tower and head weights")
+      ->capture_default_str();
+  app.add_option("--adagrad_init", c.adagrad_init, "Adagrad initial accumulator")
+      ->capture_default_str();
+  app.add_option("--comm", c.comm,
+                 "collectives: auto (single for one rank, mpi on cpu, nccl on cuda), mpi, nccl, "
+                 "single")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl", "single"}))
+      ->capture_default_str();
+  app.add_option("--shard_plan", c.shard_plan,
+                 "embedding placement: auto (cost model), row, table, replicated, or per table "
+                 "e.g. user=row,item=replicated")
+      ->capture_default_str();
+  app.add_flag("--dedup", c.dedup, "de-duplicate ids before the all-to-all exchange");
+  app.add_option("--memory_limit_gb", c.memory_limit_gb,
+                 "memory a rank may use for tables and state (0: the machine's available "
+                 "memory divided among the node's ranks)")
+      ->capture_default_str();
+  app.add_option("--max_steps", c.max_steps, "stop each epoch after this many global steps")
+      ->capture_default_str();
+  app.add_flag("!--no_shuffle", c.shuffle_records,
+               "read train records in file order every epoch (default: an order per epoch)");
+  app.add_flag("!--no_eval", c.eval_each_epoch, "skip evaluation after each epoch");
+  app.add_option("--metrics_json", c.metrics_json, "append one JSON line per epoch to this file");
+  app.add_flag("--mlperf_log", c.mlperf_log, "print MLPerf-style :::MLLOG lines");
+  app.add_option("--progress", c.progress,
+                 "live progress line: auto (when stdout is a terminal), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--save_params", c.save_params,
+                 "write the final parameters (tower, head, full tables) as raw float32 to this "
+                 "file");
+  app.add_flag("--step_log", c.step_log,
+               "log each step's time split (exchange, compute, allreduce) and bytes moved");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app.exit(e);
+    return false;
+  }
+
+  if (!c.preset.empty()) {
+    for (const Preset& p : kPresets) {
+      if (c.preset != p.name) continue;
+      auto unset = [&](const char* flag) { return app.count(flag) == 0; };
+      if (unset("--batch_size")) c.batch_size = p.batch_size;
+      if (unset("--learning_rate")) c.learning_rate = p.lr;
+      if (unset("--beta1")) c.beta1 = p.beta1;
+      if (unset("--beta2")) c.beta2 = p.beta2;
+      if (unset("--epsilon")) c.epsilon = p.eps;
+      if (unset("--num_factors")) c.num_factors = p.factors;
+      if (unset("--layers")) c.layers = p.layers;
+      if (unset("--num_neg")) c.num_neg = p.num_neg;
+      if (unset("--hr_threshold")) c.hr_threshold = p.hr_threshold;
+    }
+  }
+  validate_config(c);
+  return true;
+}
+
+void validate_config(const TrainConfig& c) {
+  auto positive = [](const char* flag, double v) {
+    if (!(v > 0)) NCF_FAIL("flag ", flag, " must be > 0, got ", v);
+  };
+  positive("--batch_size", double(c.batch_size));
+  positive("--eval_batch_size", double(c.eval_batch_size));
+  positive("--learning_rate", c.learning_rate);
+  positive("--epsilon", c.epsilon);
+  positive("--num_factors", c.num_factors);
+  positive("--train_epochs", c.train_epochs);
+  positive("--topk", c.topk);
+  if (c.num_neg < 0) NCF_FAIL("flag --num_neg must be >= 0, got ", c.num_neg);
+  if (c.num_neg > 1000) NCF_FAIL("flag --num_neg must be <= 1000, got ", c.num_neg);
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) NCF_FAIL("flag --beta1 must be in [0, 1), got ", c.beta1);
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) NCF_FAIL("flag --beta2 must be in [0, 1), got ", c.beta2);
+  if (c.layers.empty()) NCF_FAIL("flag --layers needs at least one width");
+  for (size_t k = 0; k < c.layers.size(); ++k)
+    if (c.layers[k] <= 0)
+      NCF_FAIL("flag --layers: width ", k, " must be > 0, got ", c.layers[k]);
+  if (c.layers[0] % 2 != 0)
+    NCF_FAIL("flag --layers: layers[0] = ", c.layers[0],
+             " must be even (it is the user and item MLP embeddings side by side)");
+  if (c.batch_size < c.num_neg + 1)
+    NCF_FAIL("flag --batch_size ", c.batch_size, " holds no positive: it must be at least 1 + "
+             "num_neg = ", c.num_neg + 1);
+  if (c.l2_embedding < 0 || c.l2_dense < 0)
+    NCF_FAIL("L2 coefficients must be >= 0, got --l2_embedding ", c.l2_embedding,
+             " --l2_dense ", c.l2_dense);
+  if (c.threads < 0) NCF_FAIL("flag --threads must be >= 0, got ", c.threads);
+  if (c.max_steps == 0) NCF_FAIL("flag --max_steps must be > 0 (or negative for whole epochs)");
+  if (c.device == "cpu" && c.comm == "nccl")
+    NCF_FAIL("flag --comm nccl needs --device cuda (NCCL exchanges device buffers)");
+}
+
+}  // namespace ncf

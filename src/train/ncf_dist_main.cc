@@ -1,0 +1,188 @@
+// ncf_dist: trains NeuMF on a dataset directory as one or many MPI ranks and
+// reports HR@K / NDCG@K after every epoch. The step itself is in trainer.cc.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/bootstrap.h"
+#include "common/check.h"
+#include "model/ops.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace ncf {
+namespace {
+
+// MLPerf-style log lines (rank 0 only).
+class MlLog {
+ public:
+  explicit MlLog(bool on) : on_(on) {}
+  void event(const char* key, const nlohmann::json& value, const nlohmann::json& meta = {},
+             const char* type = "POINT_IN_TIME") {
+    if (!on_) return;
+    nlohmann::json j = {{"namespace", ""},
+                        {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count()},
+                        {"event_type", type},
+                        {"key", key},
+                        {"value", value},
+                        {"metadata", meta.is_null() ? nlohmann::json::object() : meta}};
+    std::printf(":::MLLOG %s\n", j.dump().c_str());
+  }
+
+ private:
+  bool on_;
+};
+
+int train_main(int& argc, char**& argv) {
+  TrainConfig cfg;
+  int code = 0;
+  // Flags are checked before MPI starts, so --help and bad flags need no launcher.
+  if (!parse_train_flags(argc, argv, &cfg, &code)) return code;
+
+  Device device = parse_device(cfg.device);
+  if (device == Device::kCuda) {
+    std::string why;
+    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
+  }
+  RankInfo info = bootstrap_mpi(&argc, &argv);
+  std::unique_ptr<Communicator> comm = make_communicator(info, device, cfg.comm);
+  const bool lead = info.rank == 0;
+  ExecContext ctx;
+  ctx.device = device;
+  ctx.threads = cfg.threads > 0
+                    ? cfg.threads
+                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
+  set_blas_threads(ctx.threads);
+
+  MlLog mllog(cfg.mlperf_log && lead);
+  mllog.event("init_start", nullptr, {}, "INTERVAL_START");
+  Trainer trainer(cfg, *comm, ctx);
+  const DatasetMeta& meta = trainer.meta();
+  const int S = cfg.num_neg + 1;
+  if (lead) {
+    std::printf("ncf_dist: %s: %llu users, %llu items, %llu train positives, %llu eval users x "
+                "(1 + %u)\n",
+                cfg.data_dir.c_str(), (unsigned long long)meta.num_users,
+                (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
+                (unsigned long long)meta.num_eval_users, meta.eval_negatives);
+    std::printf("ncf_dist: %d rank(s), %s backend, %s comm, %d threads/rank; batch %lld samples "
+                "(%lld positives x %d), factors %d, layers",
+                info.world, device_name(device), comm->name(), ctx.threads,
+                (long long)(trainer.positives_per_step() * S),
+                (long long)trainer.positives_per_step(), S, cfg.num_factors);
+    for (size_t k = 0; k < cfg.layers.size(); ++k)
+      std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
+    std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
+                cfg.dedup ? ", dedup" : "");
+    const ShardPlan& p = trainer.plan();
+    std::printf("ncf_dist: shard plan: %s\n", p.reason.c_str());
+  }
+  // Every rank's placement bytes and memory estimate, gathered for the plan print.
+  {
+    const int W = info.world;
+    std::vector<int64_t> mine = {
+        table_rank_bytes(trainer.plan().user, info.rank, W,
+                         parse_embedding_optimizer(cfg.embedding_optimizer)),
+        table_rank_bytes(trainer.plan().item, info.rank, W,
+                         parse_embedding_optimizer(cfg.embedding_optimizer)),
+        trainer.memory_estimate_bytes()};
+    std::vector<int64_t> all(3 * W);
+    comm->all_gather(mine.data(), all.data(), 3, DType::kInt64);
+    if (lead)
+      for (int r = 0; r < W; ++r)
+        std::printf("ncf_dist:   rank %d: user table %s (%.1f MiB), item table %s (%.1f MiB), "
+                    "estimated memory %.1f MiB\n",
+                    r, placement_name(trainer.plan().user.placement), all[3 * r] / 1048576.0,
+                    placement_name(trainer.plan().item.placement), all[3 * r + 1] / 1048576.0,
+                    all[3 * r + 2] / 1048576.0);
+  }
+  mllog.event("global_batch_size", trainer.positives_per_step() * S);
+  mllog.event("opt_base_learning_rate", cfg.learning_rate);
+  mllog.event("opt_adam_beta_1", cfg.beta1);
+  mllog.event("opt_adam_beta_2", cfg.beta2);
+  mllog.event("opt_adam_epsilon", cfg.epsilon);
+  mllog.event("train_samples", meta.num_train);
+  mllog.event("eval_samples", meta.num_eval_users * (meta.eval_negatives + 1));
+  mllog.event("init_stop", nullptr, {}, "INTERVAL_END");
+  mllog.event("run_start", nullptr, {}, "INTERVAL_START");
+
+  std::ofstream metrics;
+  if (lead && !cfg.metrics_json.empty()) {
+    metrics.open(cfg.metrics_json, std::ios::app);
+    if (!metrics) NCF_FAIL("flag --metrics_json: cannot open ", cfg.metrics_json, " for writing");
+  }
+  if (lead)
+    std::printf("%6s %9s %8s %8s %9s %12s %8s\n", "epoch", "loss",
+                ("HR@" + std::to_string(cfg.topk)).c_str(),
+                ("NDCG@" + std::to_string(cfg.topk)).c_str(), "train_s", "samples/s", "eval_s");
+  bool reached = false;
+  for (int e = 0; e < cfg.train_epochs && !reached; ++e) {
+    mllog.event("epoch_start", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_START");
+    EpochResult r = trainer.train_epoch(e);
+    mllog.event("epoch_stop", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_END");
+    EvalResult ev;
+    if (cfg.eval_each_epoch) {
+      mllog.event("eval_start", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_START");
+      ev = trainer.evaluate();
+      mllog.event("eval_accuracy", ev.hr, {{"epoch_num", e + 1}});
+      mllog.event("eval_stop", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_END");
+      reached = cfg.hr_threshold >= 0 && ev.hr >= cfg.hr_threshold;
+    }
+    const double sps = r.train_seconds > 0 ? double(r.samples) / r.train_seconds : 0;
+    if (lead) {
+      std::printf("%6d %9.5f %8.4f %8.4f %9.2f %12.0f %8.2f\n", e + 1, r.loss, ev.hr, ev.ndcg,
+                  r.train_seconds, sps, ev.seconds);
+      if (cfg.step_log)
+        std::printf("  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
+                    "%.1f KiB sent per step\n",
+                    r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
+                    r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0);
+      std::fflush(stdout);
+      if (metrics.is_open()) {
+        nlohmann::json j = {{"epoch", e + 1},
+                            {"loss", r.loss},
+                            {"hr", ev.hr},
+                            {"ndcg", ev.ndcg},
+                            {"k", cfg.topk},
+                            {"train_seconds", r.train_seconds},
+                            {"samples_per_second", sps},
+                            {"eval_seconds", ev.seconds},
+                            {"steps", r.steps},
+                            {"samples", r.samples},
+                            {"exchange_seconds", r.exchange_seconds},
+                            {"compute_seconds", r.compute_seconds},
+                            {"allreduce_seconds", r.allreduce_seconds},
+                            {"bytes_sent_per_step", r.steps ? r.bytes_sent / r.steps : 0},
+                            {"world", info.world}};
+        metrics << j.dump() << "\n";
+        metrics.flush();
+      }
+    }
+  }
+  mllog.event("run_stop", nullptr, {{"status", reached || cfg.hr_threshold < 0 ? "success" : "aborted"}},
+              "INTERVAL_END");
+  if (reached && lead) std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk,
+                                   cfg.hr_threshold);
+
+  std::vector<float> params;
+  if (!cfg.save_params.empty()) params = trainer.gather_parameters();
+  if (lead && !cfg.save_params.empty()) {
+    std::ofstream f(cfg.save_params, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(params.data()), std::streamsize(params.size() * 4));
+    if (!f) NCF_FAIL("flag --save_params: cannot write ", cfg.save_params);
+  }
+  comm->barrier();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ncf
+
+int main(int argc, char** argv) { return ncf::run_main(argc, argv, ncf::train_main, "ncf_dist"); }

@@ -1,0 +1,351 @@
+// Step loop, evaluation and the shard planner: see trainer.h.
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/check.h"
+#include "data/negatives.h"
+#include "model/metrics.h"
+#include "model/ops.h"
+
+namespace ncf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(1) << 40;
+}
+
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GiB", b / double(1ull << 30));
+  return buf;
+}
+
+// Per-step bytes a rank sends for one table under a placement (the cost model):
+// row/table-wise move ids out and vectors back in the forward, gradients out in
+// the backward; replicated allreduces the dense [N×(D+1)] gradient.
+double step_bytes(Placement p, int64_t N, int D, int64_t samples_per_rank, int W) {
+  if (W == 1) return 0;
+  const double f = double(W - 1) / W;
+  switch (p) {
+    case Placement::kRowWise:
+      return samples_per_rank * f * (4.0 + 2.0 * D * 4);
+    case Placement::kTableWise:
+      // The owner receives everyone's ids: its link carries W times a rank's share.
+      return samples_per_rank * (W - 1) * (4.0 + 2.0 * D * 4);
+    case Placement::kReplicated:
+      return 2.0 * f * double(N) * (D + 1) * 4;
+  }
+  return 0;
+}
+
+}  // namespace
+
+ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
+                      EmbeddingOptimizer opt) {
+  const int D = cfg.num_factors + cfg.layers[0] / 2;
+  ShardPlan plan;
+  plan.user = {"user", int64_t(meta.num_users), D, Placement::kRowWise, 0, 1, 0.01f};
+  plan.item = {"item", int64_t(meta.num_items), D, Placement::kRowWise, W > 1 ? 1 % W : 0, 2,
+               0.01f};
+  const int64_t samples_per_rank =
+      (cfg.batch_size / (cfg.num_neg + 1)) * (cfg.num_neg + 1) / W + 1;
+
+  std::string forced_user, forced_item;
+  if (cfg.shard_plan == "auto") {
+  } else if (cfg.shard_plan.find('=') == std::string::npos) {
+    forced_user = forced_item = cfg.shard_plan;
+  } else {
+    std::stringstream ss(cfg.shard_plan);
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+      auto eq = part.find('=');
+      if (eq == std::string::npos)
+        NCF_FAIL("flag --shard_plan: '", part, "' is not TABLE=PLACEMENT (in '", cfg.shard_plan,
+                 "')");
+      std::string t = part.substr(0, eq), p = part.substr(eq + 1);
+      if (t == "user") forced_user = p;
+      else if (t == "item") forced_item = p;
+      else NCF_FAIL("flag --shard_plan: unknown table '", t, "' (expected user or item)");
+    }
+  }
+  std::ostringstream why;
+  for (TableSpec* t : {&plan.user, &plan.item}) {
+    const std::string& forced = t == &plan.user ? forced_user : forced_item;
+    if (!forced.empty()) {
+      try {
+        t->placement = parse_placement(forced);
+      } catch (const Error&) {
+        NCF_FAIL("flag --shard_plan: unknown placement '", forced, "' for table ", t->name,
+                 " (expected row, table or replicated)");
+      }
+      why << t->name << ": forced; ";
+      continue;
+    }
+    // Cost model: bytes per step on the busiest link; replicated also needs the
+    // whole table (and its state) on every rank, so it must be small.
+    double row = step_bytes(Placement::kRowWise, t->num_rows, D, samples_per_rank, W);
+    double rep = step_bytes(Placement::kReplicated, t->num_rows, D, samples_per_rank, W);
+    int64_t rep_bytes = table_rank_bytes({t->name, t->num_rows, D, Placement::kReplicated}, 0, W, opt);
+    if (W > 1 && rep < row && rep_bytes < (int64_t(256) << 20)) {
+      t->placement = Placement::kReplicated;
+      why << t->name << ": replicated (allreduce " << gib(rep) << "/step < exchange " << gib(row)
+          << "); ";
+    } else {
+      why << t->name << ": row-wise (exchange " << gib(row) << "/step";
+      if (W > 1) why << " vs allreduce " << gib(rep);
+      why << "); ";
+    }
+  }
+  plan.reason = why.str();
+  return plan;
+}
+
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx)
+    : cfg_(cfg), comm_(comm), ctx_(ctx) {
+  if (ctx.device != Device::kCpu)
+    NCF_FAIL("--device ", device_name(ctx.device), ": this build trains on the CPU backend only");
+  meta_ = DatasetMeta::load(cfg.data_dir);
+  const int W = comm.world(), r = comm.rank();
+  const int S = cfg.num_neg + 1;
+  P_ = cfg.batch_size / S;
+  if (P_ > int64_t(meta_.num_train))
+    NCF_FAIL("flag --batch_size ", cfg.batch_size, " asks for ", P_,
+             " positives per step but ", cfg.data_dir, " holds only ", meta_.num_train,
+             " training positives");
+  if (P_ < W)
+    NCF_FAIL("flag --batch_size ", cfg.batch_size, " gives ", P_, " positives per step, fewer "
+             "than the ", W, " ranks");
+
+  EmbeddingOptimizerConfig eopt;
+  eopt.kind = parse_embedding_optimizer(cfg.embedding_optimizer);
+  const float elr = float(cfg.embedding_lr > 0 ? cfg.embedding_lr : cfg.learning_rate);
+  eopt.adam = {elr, float(cfg.beta1), float(cfg.beta2), float(cfg.epsilon),
+               float(cfg.l2_embedding)};
+  eopt.adagrad = {elr, float(cfg.adagrad_init), 1e-7f, float(cfg.l2_embedding)};
+  eopt.sgd = {elr, float(cfg.l2_embedding)};
+  dense_hyper_ = {float(cfg.learning_rate), float(cfg.beta1), float(cfg.beta2),
+                  float(cfg.epsilon), float(cfg.l2_dense)};
+
+  plan_ = plan_shards(cfg, meta_, W, eopt.kind);
+
+  NeuMFConfig mc;
+  mc.mf_dim = cfg.num_factors;
+  mc.layers = cfg.layers;
+  mc.validate();
+
+  // Memory: tables and state, the tower with Adam state, step and eval buffers.
+  const int D = mc.embedding_width();
+  const int64_t local_samples = (P_ / W + 1) * S;
+  const int64_t L = meta_.eval_negatives + 1;
+  const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
+  int64_t widest = 0;
+  for (int w : cfg.layers) widest += w;
+  memory_bytes_ = table_rank_bytes(plan_.user, r, W, eopt.kind) +
+                  table_rank_bytes(plan_.item, r, W, eopt.kind) +
+                  local_samples * (8 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
+                  eval_users * L * (int64_t(D) * 4 * 3 + 2 * widest * 4 + 16);
+  const int64_t limit =
+      cfg.memory_limit_gb > 0 ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
+                              : available_memory_bytes() / std::max(1, comm.local_world());
+  if (memory_bytes_ > limit)
+    NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " (user table ",
+             gib(double(table_rank_bytes(plan_.user, r, W, eopt.kind))), ", item table ",
+             gib(double(table_rank_bytes(plan_.item, r, W, eopt.kind))),
+             ", step and eval buffers for ", local_samples, " samples) but may use ", gib(double(limit)),
+             ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
+             "--eval_batch_size, or raise --memory_limit_gb");
+
+  train_reader_ = std::make_unique<TrainReader>(cfg.data_dir, meta_, r, W, P_, cfg.seed,
+                                                cfg.shuffle_records);
+  eval_reader_ = std::make_unique<EvalReader>(cfg.data_dir, meta_, r, W, eval_users);
+  positives_ = std::make_unique<PositiveLists>(cfg.data_dir, meta_);
+
+  user_ = std::make_unique<ShardedEmbedding>(plan_.user, comm, ctx, eopt, cfg.dedup);
+  item_ = std::make_unique<ShardedEmbedding>(plan_.item, comm, ctx, eopt, cfg.dedup);
+  user_->init(cfg.seed);
+  item_->init(cfg.seed);
+  model_ = std::make_unique<NeuMF>(mc, Device::kCpu);
+  model_->init(cfg.seed);
+  adam_m_ = Buffer<float>(Device::kCpu, model_->num_params());
+  adam_v_ = Buffer<float>(Device::kCpu, model_->num_params());
+  adam_m_.zero();
+  adam_v_.zero();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
+  const int S = cfg_.num_neg + 1;
+  const int D = model_->config().embedding_width();
+  const int64_t n = int64_t(b.users.size());
+  const int64_t B = n * S;
+  const int64_t G = b.step_count * S;  // global samples of this step
+  auto t0 = Clock::now();
+
+  s_users_.resize(B);
+  s_items_.resize(B);
+  labels_.resize(B);
+  sample_negatives(ctx_, *positives_, meta_.num_items, b.users.data(), b.items.data(),
+                   b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
+                   s_items_.data(), labels_.data());
+  urows_.resize(size_t(B) * D);
+  irows_.resize(size_t(B) * D);
+  auto tx = Clock::now();
+  user_->lookup(s_users_.data(), B, urows_.data());
+  item_->lookup(s_items_.data(), B, irows_.data());
+  double exchange = seconds_since(tx);
+
+  logits_.resize(B);
+  dlogits_.resize(B);
+  durows_.resize(size_t(B) * D);
+  dirows_.resize(size_t(B) * D);
+  double local_loss = 0;
+  if (B > 0) {
+    model_->forward(ctx_, urows_.data(), irows_.data(), B, logits_.data());
+    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr, &local_loss, B, B, G);
+    bce_with_logits_backward(ctx_, logits_.data(), labels_.data(), nullptr, dlogits_.data(), B, B,
+                             G);
+    model_->backward(ctx_, dlogits_.data(), durows_.data(), dirows_.data());
+  } else {
+    model_->grads().zero();
+  }
+  *loss_sum += local_loss;
+
+  auto ta = Clock::now();
+  comm_.all_reduce_sum(model_->grads().data(), size_t(model_->num_params()), DType::kFloat32);
+  double allreduce = seconds_since(ta);
+
+  ++t_;
+  dense_adam_step(ctx_, model_->params().data(), model_->grads().data(), adam_m_.data(),
+                  adam_v_.data(), model_->num_params(), t_, dense_hyper_);
+  tx = Clock::now();
+  user_->apply_gradients(durows_.data(), t_);
+  item_->apply_gradients(dirows_.data(), t_);
+  exchange += seconds_since(tx);  // includes the owners' optimizer step
+
+  const double total = seconds_since(t0);
+  r->exchange_seconds += exchange;
+  r->allreduce_seconds += allreduce;
+  r->compute_seconds += total - exchange - allreduce;
+  const int64_t bytes = user_->last_stats().bytes_sent + item_->last_stats().bytes_sent +
+                        (comm_.world() > 1 ? model_->num_params() * 4 * 2 * (comm_.world() - 1) /
+                                                 comm_.world()
+                                           : 0);
+  r->bytes_sent += bytes;
+  r->samples += G;
+  if (cfg_.step_log && comm_.rank() == 0)
+    std::printf("step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
+                "%lld bytes sent by rank 0\n",
+                (long long)b.step, (long long)G, exchange * 1e3,
+                (total - exchange - allreduce) * 1e3, allreduce * 1e3, (long long)bytes);
+}
+
+EpochResult Trainer::train_epoch(int64_t epoch) {
+  EpochResult r;
+  r.epoch = epoch;
+  const bool show = comm_.rank() == 0 &&
+                    (cfg_.progress == "on" || (cfg_.progress == "auto" && isatty(1)));
+  int64_t steps = train_reader_->steps_per_epoch();
+  if (cfg_.max_steps > 0) steps = std::min(steps, cfg_.max_steps);
+  auto t0 = Clock::now();
+  auto last_print = t0;
+  train_reader_->start_epoch(epoch);
+  double loss_sum = 0;
+  TrainBatch batch;
+  for (int64_t s = 0; s < steps; ++s) {
+    NCF_CHECK(train_reader_->next(&batch), "train reader ended after ", s, " of ", steps,
+              " steps");
+    step(batch, &r, &loss_sum);
+    ++r.steps;
+    if (show && seconds_since(last_print) > 0.5) {
+      last_print = Clock::now();
+      double el = seconds_since(t0);
+      std::printf("\r  epoch %lld: step %lld/%lld  %.2fM samples/s  ", (long long)epoch + 1,
+                  (long long)s + 1, (long long)steps, double(r.samples) / el / 1e6);
+      std::fflush(stdout);
+    }
+  }
+  if (show) std::printf("\r%70s\r", "");
+  // Summed over ranks, each step's shares give that step's mean loss over its
+  // global batch; the epoch loss is the mean of the step losses.
+  double sums[1] = {loss_sum};
+  comm_.all_reduce_sum(sums, 1, DType::kFloat64);
+  r.train_seconds = seconds_since(t0);
+  r.loss = r.steps ? sums[0] / double(r.steps) : 0;
+  return r;
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult res;
+  auto t0 = Clock::now();
+  const int W = comm_.world();
+  const int64_t L = meta_.eval_negatives + 1;
+  const int D = model_->config().embedding_width();
+  const int64_t per_batch = std::max<int64_t>(1, cfg_.eval_batch_size / L);
+  // Every rank runs the same number of batches (the exchanges are collective).
+  const int64_t most = int64_t((meta_.num_eval_users + W - 1) / W);
+  const int64_t batches = (most + per_batch - 1) / per_batch;
+  eval_reader_->start();
+  EvalBatch b;
+  std::vector<int32_t> users;
+  std::vector<float> user_rows, scores;
+  double sums[2] = {0, 0};
+  for (int64_t k = 0; k < batches; ++k) {
+    if (!eval_reader_->next(&b)) b = EvalBatch{};
+    const int64_t n = b.num_users;
+    users.resize(n);
+    for (int64_t u = 0; u < n; ++u) users[u] = int32_t(b.first_user + u);
+    user_rows.resize(size_t(n) * D);
+    user_->lookup(users.data(), n, user_rows.data());
+    eval_user_rows_.resize(size_t(n * L) * D);
+    for (int64_t u = 0; u < n; ++u)
+      for (int64_t j = 0; j < L; ++j)
+        std::copy_n(&user_rows[size_t(u) * D], D, &eval_user_rows_[size_t(u * L + j) * D]);
+    irows_.resize(size_t(n * L) * D);
+    item_->lookup(b.items.data(), n * L, irows_.data());
+    if (n == 0) continue;
+    scores.resize(n * L);
+    model_->score(ctx_, eval_user_rows_.data(), irows_.data(), n * L, scores.data());
+    double hr = 0, ndcg = 0;
+    hit_ndcg(ctx_, scores.data(), b.mask.data(), n, int(L), cfg_.topk, &hr, &ndcg);
+    sums[0] += hr;
+    sums[1] += ndcg;
+  }
+  comm_.all_reduce_sum(sums, 2, DType::kFloat64);
+  res.users = int64_t(meta_.num_eval_users);
+  res.hr = sums[0] / double(res.users);
+  res.ndcg = sums[1] / double(res.users);
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+std::vector<float> Trainer::gather_parameters() {
+  std::vector<float> out(model_->params().data(),
+                         model_->params().data() + model_->num_params());
+  std::vector<float> u = user_->gather_full(), i = item_->gather_full();
+  out.insert(out.end(), u.begin(), u.end());
+  out.insert(out.end(), i.begin(), i.end());
+  return out;
+}
+
+}  // namespace ncf

@@ -1,0 +1,91 @@
+// The step and eval loops. One Trainer per rank: it owns the readers, the two
+// sharded tables (user, item), the replicated NeuMF tower and its optimizer
+// state. A global step (shared/DESIGN.md): read this rank's slice of positives
+// → sample negatives → look up user and item rows (all-to-all) → tower forward
+// and backward → one allreduce of the flat dense gradient → identical Adam step
+// on every rank → embedding gradients back to their owners, which update.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/device.h"
+#include "data/dataset.h"
+#include "data/reader.h"
+#include "embedding/embedding.h"
+#include "model/neumf.h"
+#include "model/optim.h"
+#include "train/config.h"
+
+namespace ncf {
+
+struct EpochResult {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  int64_t samples = 0;          // global training samples this epoch
+  double loss = 0;              // mean BCE over the epoch's samples
+  double train_seconds = 0;
+  double exchange_seconds = 0;  // embedding all-to-alls (this rank)
+  double allreduce_seconds = 0; // dense-gradient allreduce (this rank)
+  double compute_seconds = 0;   // everything else in the step (this rank)
+  int64_t bytes_sent = 0;       // payload bytes this rank sent to other ranks
+};
+
+struct EvalResult {
+  double hr = 0, ndcg = 0;
+  int64_t users = 0;
+  double seconds = 0;
+};
+
+// Placement of each table, decided by the planner or forced by --shard_plan.
+struct ShardPlan {
+  TableSpec user, item;
+  std::string reason;
+};
+
+ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
+                      EmbeddingOptimizer opt);
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx);
+  ~Trainer();
+
+  EpochResult train_epoch(int64_t epoch);
+  EvalResult evaluate();
+  const DatasetMeta& meta() const { return meta_; }
+  const ShardPlan& plan() const { return plan_; }
+  int64_t positives_per_step() const { return P_; }
+  // Dense parameters, then the full user and item tables (collective).
+  std::vector<float> gather_parameters();
+  int64_t memory_estimate_bytes() const { return memory_bytes_; }
+
+ private:
+  void step(const TrainBatch& batch, EpochResult* r, double* loss_sum);
+
+  TrainConfig cfg_;
+  Communicator& comm_;
+  ExecContext ctx_;
+  DatasetMeta meta_;
+  ShardPlan plan_;
+  int64_t P_ = 0;       // positives per global step
+  int64_t t_ = 0;       // optimizer steps taken
+  int64_t memory_bytes_ = 0;
+  std::unique_ptr<PositiveLists> positives_;
+  std::unique_ptr<TrainReader> train_reader_;
+  std::unique_ptr<EvalReader> eval_reader_;
+  std::unique_ptr<ShardedEmbedding> user_, item_;
+  std::unique_ptr<NeuMF> model_;
+  Buffer<float> adam_m_, adam_v_;
+  AdamHyper dense_hyper_;
+
+  // Step buffers (local samples S = n · (1 + num_neg)).
+  std::vector<int32_t> s_users_, s_items_;
+  std::vector<float> labels_, urows_, irows_, logits_, dlogits_, durows_, dirows_;
+  std::vector<float> eval_user_rows_;
+};
+
+}  // namespace ncf

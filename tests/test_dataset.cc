@@ -1,0 +1,367 @@
+// Dataset writer, --verify and the per-rank readers: round trips on a small
+// hand-built dataset, every corruption the format must catch, and the step
+// coverage of W = 1..4 readers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "common/check.h"
+#include "data/dataset.h"
+#include "data/ncf_record.pb.h"
+#include "data/reader.h"
+#include "data/record_io.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::TempDir;
+
+// A small dataset: user u has 3 + u % 8 distinct positives; the last one drawn
+// is the test item. Returned so tests can compare what they read back.
+struct Truth {
+  uint64_t U = 50, I = 40;
+  uint32_t E = 5;
+  std::vector<std::vector<int32_t>> positives;  // sorted
+  std::vector<int32_t> test_item;
+  std::multiset<std::pair<int32_t, int32_t>> train;
+};
+
+Truth write_small(const std::string& dir, uint32_t R = 7, uint32_t shards = 3,
+                  uint64_t shuffle_bytes = 256ull << 20, uint64_t seed = 5) {
+  Truth t;
+  std::mt19937 gen(1234);
+  DatasetPlan plan;
+  plan.source = "test";
+  plan.num_users = t.U;
+  plan.num_items = t.I;
+  plan.eval_negatives = t.E;
+  plan.record_rows = R;
+  plan.num_shards = shards;
+  plan.seed = seed;
+  plan.shuffle_buffer_bytes = shuffle_bytes;
+  std::vector<std::vector<int32_t>> drawn(t.U);
+  for (uint64_t u = 0; u < t.U; ++u) {
+    std::vector<int32_t> all(t.I);
+    for (uint64_t i = 0; i < t.I; ++i) all[i] = int32_t(i);
+    std::shuffle(all.begin(), all.end(), gen);
+    drawn[u].assign(all.begin(), all.begin() + 3 + u % 8);
+    plan.num_positives += drawn[u].size();
+    plan.num_train += drawn[u].size() - 1;
+  }
+  DatasetWriter w(dir, plan);
+  std::vector<uint64_t> scratch;
+  for (uint64_t u = 0; u < t.U; ++u) {
+    std::vector<int32_t> pos = drawn[u];
+    std::sort(pos.begin(), pos.end());
+    std::vector<int32_t> train(drawn[u].begin(), drawn[u].end() - 1);
+    std::vector<int32_t> eval(1 + t.E);
+    eval[0] = drawn[u].back();
+    draw_eval_negatives(u, pos.data(), pos.size(), t.I, t.E, seed, scratch, eval.data() + 1);
+    w.add_user(u, pos.data(), pos.size(), train.data(), train.size(), eval.data(), eval.size());
+    t.positives.push_back(pos);
+    t.test_item.push_back(eval[0]);
+    for (int32_t i : train) t.train.insert({int32_t(u), i});
+  }
+  w.finish();
+  return t;
+}
+
+std::string first_shard(const std::string& dir, const std::string& kind) {
+  DatasetMeta m = DatasetMeta::load(dir);
+  return dir + "/" + m.shards_of(kind)[0]->name;
+}
+
+// Rewrites record `index` (0 = header) of a shard file through `edit`, with
+// valid framing, so only the content is wrong.
+void rewrite_record(const std::string& path, int index,
+                    const std::function<std::string(const std::string&)>& edit) {
+  std::vector<std::string> recs;
+  {
+    RecordReader r(path);
+    std::string p;
+    while (r.read(&p)) recs.push_back(p);
+  }
+  recs.at(index) = edit(recs.at(index));
+  RecordWriter w(path);
+  for (const auto& p : recs) w.write(p);
+  w.close();
+}
+
+std::string verify_error(const std::string& dir) {
+  try {
+    verify_dataset(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EvalNegatives, DistinctNeverPositiveDeterministic) {
+  std::vector<int32_t> pos = {0, 3, 4, 9, 17};
+  std::vector<uint64_t> scratch;
+  std::vector<int32_t> a(12), b(12), c(12);
+  draw_eval_negatives(7, pos.data(), pos.size(), 20, 12, 99, scratch, a.data());
+  draw_eval_negatives(7, pos.data(), pos.size(), 20, 12, 99, scratch, b.data());
+  draw_eval_negatives(7, pos.data(), pos.size(), 20, 12, 100, scratch, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  std::set<int32_t> seen(a.begin(), a.end());
+  EXPECT_EQ(seen.size(), a.size());
+  for (int32_t x : a) {
+    EXPECT_FALSE(std::binary_search(pos.begin(), pos.end(), x)) << x;
+    EXPECT_TRUE(x >= 0 && x < 20);
+  }
+  for (uint64_t w : scratch) EXPECT_EQ(w, 0u);  // scratch left clean
+  // Exactly as many free items as asked: all of them, each once.
+  std::vector<int32_t> all(15);
+  draw_eval_negatives(7, pos.data(), pos.size(), 20, 15, 99, scratch, all.data());
+  EXPECT_EQ(std::set<int32_t>(all.begin(), all.end()).size(), 15u);
+  EXPECT_THROW(draw_eval_negatives(7, pos.data(), pos.size(), 20, 16, 99, scratch, all.data()),
+               Error);
+}
+
+TEST(DuplicateMask, MarksLaterRepeatsOnly) {
+  std::vector<int32_t> items = {5, 3, 5, 8, 3, 3, 9};
+  std::vector<uint8_t> m(items.size());
+  duplicate_mask(items.data(), items.size(), m.data());
+  EXPECT_EQ(m, (std::vector<uint8_t>{1, 1, 0, 1, 0, 0, 1}));
+}
+
+TEST(Dataset, RoundTripThroughReaders) {
+  TempDir d;
+  Truth t = write_small(d.path());
+  VerifySummary s = verify_dataset(d.path());
+  EXPECT_EQ(s.train_rows, t.train.size());
+  EXPECT_EQ(s.eval_records, t.U);
+  DatasetMeta m = DatasetMeta::load(d.path());
+  EXPECT_EQ(m.num_train, t.train.size());
+  EXPECT_EQ(m.shards_of("train").size(), 3u);
+
+  // Eval records: the positive first, negatives outside the user's positives.
+  EvalReader er(d.path(), m, 0, 1, 8);
+  er.start();
+  EvalBatch eb;
+  uint64_t users = 0;
+  while (er.next(&eb)) {
+    for (int64_t k = 0; k < eb.num_users; ++k) {
+      uint64_t u = eb.first_user + k;
+      const int32_t* it = &eb.items[k * (t.E + 1)];
+      EXPECT_EQ(it[0], t.test_item[u]);
+      for (uint32_t j = 1; j <= t.E; ++j)
+        EXPECT_FALSE(std::binary_search(t.positives[u].begin(), t.positives[u].end(), it[j]));
+      ++users;
+    }
+  }
+  EXPECT_EQ(users, t.U);
+
+  PositiveLists pl(d.path(), m);
+  for (uint64_t u = 0; u < t.U; ++u)
+    EXPECT_EQ(std::vector<int32_t>(pl.begin(u), pl.end(u)), t.positives[u]);
+
+  // The train stream of one epoch holds every pair exactly once.
+  TrainReader tr(d.path(), m, 0, 1, 10, 3);
+  tr.start_epoch(0);
+  std::multiset<std::pair<int32_t, int32_t>> got;
+  TrainBatch b;
+  while (tr.next(&b))
+    for (size_t k = 0; k < b.users.size(); ++k) got.insert({b.users[k], b.items[k]});
+  EXPECT_EQ(got, t.train);
+}
+
+TEST(Dataset, ExternalShuffleKeepsEveryPairAndIsDeterministic) {
+  TempDir a, b, c;
+  Truth t = write_small(a.path(), 7, 2, 64);  // 64-byte buffer: many spill buckets
+  write_small(b.path(), 7, 2, 64);
+  write_small(c.path(), 7, 2, 256ull << 20);
+  verify_dataset(a.path());
+  for (const char* f : {"train-00000-of-00002.tfrecord", "eval-00001-of-00002.tfrecord",
+                        "positives.bin", "metadata.json"})
+    EXPECT_EQ(test::read_file(a.file(f)), test::read_file(b.file(f))) << f;
+  // The in-memory path shuffles differently but holds the same pairs.
+  DatasetMeta m = DatasetMeta::load(a.path());
+  TrainReader tr(a.path(), m, 0, 1, 1000, 1, false);
+  tr.start_epoch(0);
+  TrainBatch batch;
+  ASSERT_TRUE(tr.next(&batch));
+  std::multiset<std::pair<int32_t, int32_t>> got;
+  for (size_t k = 0; k < batch.users.size(); ++k) got.insert({batch.users[k], batch.items[k]});
+  EXPECT_EQ(got, t.train);
+  // No temporary bucket left behind.
+  for (const auto& e : std::filesystem::directory_iterator(a.path()))
+    EXPECT_EQ(e.path().filename().string().find(".shuffle"), std::string::npos);
+}
+
+// Every global step holds the same positives for any W, and the W slices of a
+// step cover it exactly once.
+TEST(TrainReader, StepsCoveredExactlyOnceForAnyWorld) {
+  TempDir d;
+  write_small(d.path(), 7, 3);
+  DatasetMeta m = DatasetMeta::load(d.path());
+  const int64_t P = 23;
+  for (int64_t epoch : {0, 1}) {
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> reference;
+    for (int W = 1; W <= 4; ++W) {
+      std::vector<std::vector<std::pair<int32_t, int32_t>>> steps;
+      for (int r = 0; r < W; ++r) {
+        TrainReader tr(d.path(), m, r, W, P, 77, true, 2);
+        tr.start_epoch(epoch);
+        TrainBatch b;
+        int64_t t = 0;
+        while (tr.next(&b)) {
+          ASSERT_EQ(b.step, t);
+          if (r == 0) steps.emplace_back();
+          auto& s = steps.at(t);
+          EXPECT_EQ(b.slice_begin, b.step_begin + int64_t(s.size()));
+          for (size_t k = 0; k < b.users.size(); ++k) s.push_back({b.users[k], b.items[k]});
+          ++t;
+        }
+        EXPECT_EQ(t, tr.steps_per_epoch());
+      }
+      if (W == 1) {
+        reference = steps;
+        int64_t total = 0;
+        for (auto& s : steps) total += s.size();
+        EXPECT_EQ(uint64_t(total), m.num_train);
+      } else {
+        EXPECT_EQ(steps, reference) << "W=" << W << " epoch " << epoch;
+      }
+    }
+  }
+  // Epochs visit records in different orders.
+  TrainReader tr(d.path(), m, 0, 1, P, 77);
+  EXPECT_NE(tr.record_order(0), tr.record_order(1));
+}
+
+// ------------------------------------------------------------ bad input ---
+
+TEST(DatasetErrors, TruncatedShard) {
+  TempDir d;
+  write_small(d.path());
+  std::string path = first_shard(d.path(), "train");
+  std::string bytes = test::read_file(path);
+  test::write_file(path, bytes.substr(0, bytes.size() - 10));
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("byte offset"), std::string::npos) << e;
+  // The reader refuses it too, before training starts.
+  DatasetMeta m = DatasetMeta::load(d.path());
+  EXPECT_THROW(TrainReader(d.path(), m, 0, 1, 10, 1), Error);
+}
+
+TEST(DatasetErrors, FlippedByteIsACrcFailureAtItsRecord) {
+  TempDir d;
+  write_small(d.path());
+  DatasetMeta m = DatasetMeta::load(d.path());
+  std::string path = first_shard(d.path(), "eval");
+  std::string bytes = test::read_file(path);
+  // Second data record: header frame, one eval frame, then 20 bytes in.
+  RecordReader r(path);
+  std::string p;
+  r.read(&p);
+  uint64_t header_end = r.offset();
+  uint64_t rec2 = header_end + m.eval_frame_bytes;
+  bytes[rec2 + 20] ^= 0x40;
+  test::write_file(path, bytes);
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find("byte offset " + std::to_string(rec2)), std::string::npos) << e;
+  EXPECT_NE(e.find("CRC"), std::string::npos) << e;
+  EvalReader er(d.path(), m, 0, 1, 100);
+  er.start();
+  EvalBatch b;
+  try {
+    while (er.next(&b)) {
+    }
+    FAIL() << "reader accepted a corrupt record";
+  } catch (const Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("byte offset " + std::to_string(rec2)), std::string::npos)
+        << ex.what();
+  }
+}
+
+TEST(DatasetErrors, WrongFormatVersion) {
+  TempDir d;
+  write_small(d.path());
+  std::string path = first_shard(d.path(), "train");
+  rewrite_record(path, 0, [](const std::string& s) {
+    proto::ShardHeader h;
+    h.ParseFromString(s);
+    h.set_format_version(7);
+    return h.SerializeAsString();
+  });
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find("format version 7"), std::string::npos) << e;
+  EXPECT_NE(e.find(path + " at byte offset 0"), std::string::npos) << e;
+}
+
+TEST(DatasetErrors, IdOutOfRange) {
+  TempDir d;
+  Truth t = write_small(d.path());
+  std::string path = first_shard(d.path(), "train");
+  rewrite_record(path, 2, [&](const std::string& s) {
+    proto::TrainRecord r;
+    r.ParseFromString(s);
+    std::string items = r.items();
+    int32_t bad = int32_t(t.I) + 3;
+    std::memcpy(&items[4 * 1], &bad, 4);
+    r.set_items(items);
+    return r.SerializeAsString();
+  });
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("item id " + std::to_string(t.I + 3) + " out of range"), std::string::npos) << e;
+  DatasetMeta m = DatasetMeta::load(d.path());
+  TrainReader tr(d.path(), m, 0, 1, 1000, 1, false);
+  tr.start_epoch(0);
+  TrainBatch b;
+  EXPECT_THROW(tr.next(&b), Error);
+}
+
+TEST(DatasetErrors, MetadataDisagreesWithShards) {
+  TempDir d;
+  write_small(d.path());
+  std::string mp = d.file("metadata.json");
+  nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
+  j["num_items"] = 39;
+  test::write_file(mp, j.dump());
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find("num_items is 40 but the metadata says 39"), std::string::npos) << e;
+
+  j["num_items"] = 40;
+  j["num_train"] = j["num_train"].get<uint64_t>() + 1;
+  test::write_file(mp, j.dump());
+  e = verify_error(d.path());
+  EXPECT_NE(e.find("metadata.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("num_train"), std::string::npos) << e;
+
+  j["num_train"] = j["num_train"].get<uint64_t>() - 1;
+  j["shards"][0]["bytes"] = j["shards"][0]["bytes"].get<uint64_t>() + 16;
+  test::write_file(mp, j.dump());
+  e = verify_error(d.path());
+  EXPECT_NE(e.find("bytes but the metadata says"), std::string::npos) << e;
+
+  j = nlohmann::json::parse(R"({"format_version": 1})");
+  test::write_file(mp, j.dump());
+  e = verify_error(d.path());
+  EXPECT_NE(e.find("'dataset_id' is missing"), std::string::npos) << e;
+  test::write_file(mp, "{ not json");
+  e = verify_error(d.path());
+  EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
+}
+
+TEST(DatasetErrors, PositivesFileDamaged) {
+  TempDir d;
+  write_small(d.path());
+  std::string p = d.file("positives.bin");
+  std::string bytes = test::read_file(p);
+  test::write_file(p, bytes.substr(0, bytes.size() - 4));
+  std::string e = verify_error(d.path());
+  EXPECT_NE(e.find("positives.bin"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace ncf

@@ -1,0 +1,332 @@
+// Optimizers (model/optim.h) against their formulas written out here in double,
+// over several steps; the row gather and the sort-and-reduce against naive loops
+// and a map-based reduction (bit-exact: sums are in input order).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "common/check.h"
+#include "model/optim.h"
+
+namespace ncf {
+namespace {
+
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+
+Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+ExecContext cpu(int threads) {
+  ExecContext ctx;
+  ctx.threads = threads;
+  return ctx;
+}
+
+void expect_close(const Vec& got, const DVec& want, double atol, double rtol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    double err = std::fabs(static_cast<double>(got[k]) - want[k]);
+    if (!(err <= atol + rtol * std::fabs(want[k])) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << k << "]: got " << got[k] << ", want " << want[k];
+  }
+}
+
+// Float state vs double reference after a few steps: float rounding of each
+// step only (the update sizes are ~lr, so relative error stays ~1e-6).
+constexpr double kAtol = 1e-6, kRtol = 1e-5;
+
+// ---- the formulas, in double -------------------------------------------------------
+
+// TF-style Adam: lr_t = lr·sqrt(1−β2^t)/(1−β1^t); eps added to sqrt(v).
+void ref_adam(double& p, double& m, double& v, double g, int t, const AdamHyper& h) {
+  g += h.l2 * p;
+  double b1 = h.beta1, b2 = h.beta2;
+  m = b1 * m + (1 - b1) * g;
+  v = b2 * v + (1 - b2) * g * g;
+  double lr_t = h.lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+  p -= lr_t * m / (std::sqrt(v) + h.eps);
+}
+
+void ref_adagrad(double& p, double& acc, double g, const AdagradHyper& h) {
+  g += h.l2 * p;
+  acc += g * g;
+  p -= h.lr * g / (std::sqrt(acc) + h.eps);
+}
+
+void ref_sgd(double& p, double g, const SgdHyper& h) { p -= h.lr * (g + h.l2 * p); }
+
+AdamHyper tf_garden_adam(float l2) {
+  AdamHyper h;  // TF Model Garden ml-20m settings (shared/ANCHORS.md)
+  h.lr = 0.00382059f;
+  h.beta1 = 0.783529f;
+  h.beta2 = 0.909003f;
+  h.eps = 1.45439e-7f;
+  h.l2 = l2;
+  return h;
+}
+
+// ---- dense -------------------------------------------------------------------------
+
+TEST(DenseOptim, AdamFollowsFormulaOverSteps) {
+  for (float l2 : {0.0f, 0.05f}) {
+    SCOPED_TRACE(::testing::Message() << "l2=" << l2);
+    const int n = 37, steps = 5;
+    AdamHyper h = tf_garden_adam(l2);
+    Vec p = random_vec(n, 1), m(n, 0.0f), v(n, 0.0f);
+    DVec pd(p.begin(), p.end()), md(n, 0.0), vd(n, 0.0);
+    for (int t = 1; t <= steps; ++t) {
+      Vec g = random_vec(n, 100 + t, -0.1f, 0.1f);
+      g[3] = 0.0f;  // a zero gradient still moves p once m is nonzero
+      dense_adam_step(cpu(2), p.data(), g.data(), m.data(), v.data(), n, t, h);
+      for (int k = 0; k < n; ++k) ref_adam(pd[k], md[k], vd[k], g[k], t, h);
+    }
+    expect_close(p, pd, kAtol, kRtol, "p");
+    expect_close(m, md, kAtol, kRtol, "m");
+    expect_close(v, vd, 1e-9, kRtol, "v");
+  }
+}
+
+TEST(DenseOptim, AdamFirstStepMovesEachParamByAboutLr) {
+  // Hand-worked: at t = 1, m = (1−β1)g, v = (1−β2)g², lr_t = lr·sqrt(1−β2)/(1−β1),
+  // so the step is lr·g/|g| up to eps: every parameter moves by lr against its gradient.
+  AdamHyper h;
+  h.lr = 0.01f;
+  Vec p = {1.0f, 1.0f, 1.0f}, g = {0.5f, -2.0f, 1e-3f}, m(3, 0.0f), v(3, 0.0f);
+  dense_adam_step(cpu(1), p.data(), g.data(), m.data(), v.data(), 3, 1, h);
+  EXPECT_NEAR(p[0], 0.99f, 1e-6);
+  EXPECT_NEAR(p[1], 1.01f, 1e-6);
+  EXPECT_NEAR(p[2], 0.99f, 1e-5);
+}
+
+TEST(DenseOptim, AdagradAndSgdFollowFormula) {
+  const int n = 23, steps = 4;
+  AdagradHyper ha;
+  ha.lr = 0.05f;
+  ha.l2 = 0.01f;
+  SgdHyper hs;
+  hs.lr = 0.1f;
+  hs.l2 = 0.02f;
+  Vec pa = random_vec(n, 2), ps = random_vec(n, 3), acc(n);
+  adagrad_init(cpu(1), acc.data(), n, ha);
+  for (float a : acc) EXPECT_EQ(a, 0.1f);
+  DVec pad(pa.begin(), pa.end()), psd(ps.begin(), ps.end()), accd(n, 0.1);
+  for (int t = 1; t <= steps; ++t) {
+    Vec g = random_vec(n, 200 + t);
+    dense_adagrad_step(cpu(2), pa.data(), g.data(), acc.data(), n, ha);
+    dense_sgd_step(cpu(2), ps.data(), g.data(), n, hs);
+    for (int k = 0; k < n; ++k) {
+      ref_adagrad(pad[k], accd[k], g[k], ha);
+      ref_sgd(psd[k], g[k], hs);
+    }
+  }
+  expect_close(pa, pad, kAtol, kRtol, "adagrad p");
+  expect_close(acc, accd, kAtol, kRtol, "adagrad acc");
+  expect_close(ps, psd, kAtol, kRtol, "sgd p");
+}
+
+TEST(DenseOptim, AdamRejectsStepZero) {
+  Vec p(2), g(2), m(2), v(2);
+  EXPECT_THROW(dense_adam_step(cpu(1), p.data(), g.data(), m.data(), v.data(), 2, 0, AdamHyper{}),
+               Error);
+}
+
+// ---- embedding tables --------------------------------------------------------------
+
+struct SparseStep {
+  std::vector<RowId> rows;  // sorted, unique
+  uint32_t seed;
+};
+
+// R = 10 rows of width D = 5 (not a multiple of 4); three steps touching
+// {1, 4, 7}, then {4}, then nothing.
+constexpr int kR = 10, kD = 5;
+const std::vector<SparseStep> kSteps = {{{1, 4, 7}, 300}, {{4}, 301}, {{}, 302}};
+
+TEST(EmbeddingOptim, DenseAdamMovesUntouchedRowsWithMoments) {
+  for (float l2 : {0.0f, 0.01f}) {
+    SCOPED_TRACE(::testing::Message() << "l2=" << l2);
+    AdamHyper h = tf_garden_adam(l2);
+    Vec table = random_vec(kR * kD, 4), m(kR * kD, 0.0f), v(kR * kD, 0.0f);
+    DVec td(table.begin(), table.end()), md(kR * kD, 0.0), vd(kR * kD, 0.0);
+    Vec before_step2;
+    for (size_t s = 0; s < kSteps.size(); ++s) {
+      const int t = static_cast<int>(s) + 1;
+      const std::vector<RowId>& rows = kSteps[s].rows;
+      const int64_t n = static_cast<int64_t>(rows.size());
+      Vec g = random_vec(rows.size() * kD, kSteps[s].seed);
+      if (t == 2) before_step2 = table;
+      embedding_dense_adam(cpu(2), table.data(), m.data(), v.data(), rows.data(), g.data(), kR, n,
+                           kD, t, h);
+      for (int r = 0; r < kR; ++r)
+        for (int d = 0; d < kD; ++d) {
+          double gr = 0;
+          for (size_t k = 0; k < rows.size(); ++k)
+            if (rows[k] == r) gr = g[k * kD + d];
+          ref_adam(td[r * kD + d], md[r * kD + d], vd[r * kD + d], gr, t, h);
+        }
+    }
+    expect_close(table, td, kAtol, kRtol, "table");
+    expect_close(m, md, kAtol, kRtol, "m");
+    expect_close(v, vd, 1e-9, kRtol, "v");
+    // Row 1 got a gradient only at step 1, yet moved at step 2 (momentum).
+    for (int d = 0; d < kD; ++d) EXPECT_NE(table[1 * kD + d], before_step2[1 * kD + d]);
+    if (l2 == 0.0f) {  // row 0 never had a gradient: zero moments, no motion
+      Vec fresh = random_vec(kR * kD, 4);
+      for (int d = 0; d < kD; ++d) EXPECT_EQ(table[0 * kD + d], fresh[0 * kD + d]);
+    }
+  }
+}
+
+TEST(EmbeddingOptim, LazyAdamLeavesUntouchedRowsAndMomentsAlone) {
+  AdamHyper h = tf_garden_adam(0.01f);
+  Vec table = random_vec(kR * kD, 5), m(kR * kD, 0.0f), v(kR * kD, 0.0f);
+  DVec td(table.begin(), table.end()), md(kR * kD, 0.0), vd(kR * kD, 0.0);
+  for (size_t s = 0; s < kSteps.size(); ++s) {
+    const int t = static_cast<int>(s) + 1;
+    const std::vector<RowId>& rows = kSteps[s].rows;
+    Vec g = random_vec(rows.size() * kD, kSteps[s].seed);
+    Vec t_before = table, m_before = m, v_before = v;
+    embedding_lazy_adam(cpu(2), table.data(), m.data(), v.data(), rows.data(), g.data(), kR,
+                        static_cast<int64_t>(rows.size()), kD, t, h);
+    for (size_t k = 0; k < rows.size(); ++k)
+      for (int d = 0; d < kD; ++d) {
+        size_t i = rows[k] * kD + d;
+        ref_adam(td[i], md[i], vd[i], g[k * kD + d], t, h);
+      }
+    for (int r = 0; r < kR; ++r) {
+      bool touched = false;
+      for (RowId x : rows) touched |= x == r;
+      if (touched) continue;
+      EXPECT_EQ(std::memcmp(&table[r * kD], &t_before[r * kD], kD * sizeof(float)), 0) << r;
+      EXPECT_EQ(std::memcmp(&m[r * kD], &m_before[r * kD], kD * sizeof(float)), 0) << r;
+      EXPECT_EQ(std::memcmp(&v[r * kD], &v_before[r * kD], kD * sizeof(float)), 0) << r;
+    }
+  }
+  expect_close(table, td, kAtol, kRtol, "table");
+  expect_close(m, md, kAtol, kRtol, "m");
+}
+
+TEST(EmbeddingOptim, SgdAndAdagradTouchListedRowsOnly) {
+  SgdHyper hs;
+  hs.lr = 0.1f;
+  hs.l2 = 0.05f;
+  AdagradHyper ha;
+  ha.lr = 0.2f;
+  ha.l2 = 0.05f;
+  Vec ts = random_vec(kR * kD, 6), ta = random_vec(kR * kD, 7), acc(kR * kD);
+  adagrad_init(cpu(1), acc.data(), kR * kD, ha);
+  DVec tsd(ts.begin(), ts.end()), tad(ta.begin(), ta.end()), accd(kR * kD, 0.1);
+  for (const SparseStep& s : kSteps) {
+    Vec g = random_vec(s.rows.size() * kD, s.seed);
+    int64_t n = static_cast<int64_t>(s.rows.size());
+    embedding_sgd(cpu(2), ts.data(), s.rows.data(), g.data(), kR, n, kD, hs);
+    embedding_adagrad(cpu(2), ta.data(), acc.data(), s.rows.data(), g.data(), kR, n, kD, ha);
+    for (size_t k = 0; k < s.rows.size(); ++k)
+      for (int d = 0; d < kD; ++d) {
+        size_t i = s.rows[k] * kD + d;
+        ref_sgd(tsd[i], g[k * kD + d], hs);
+        ref_adagrad(tad[i], accd[i], g[k * kD + d], ha);
+      }
+  }
+  // The reference skips untouched rows, so exact agreement there proves "touched only".
+  expect_close(ts, tsd, kAtol, kRtol, "sgd table");
+  expect_close(ta, tad, kAtol, kRtol, "adagrad table");
+  expect_close(acc, accd, kAtol, kRtol, "adagrad acc");
+}
+
+TEST(EmbeddingOptim, RejectsUnsortedOrOutOfRangeRows) {
+  Vec table(kR * kD), m(kR * kD), v(kR * kD), g(2 * kD);
+  std::vector<RowId> unsorted = {4, 2}, dup = {3, 3}, out_of_range = {2, kR};
+  for (const auto* rows : {&unsorted, &dup, &out_of_range})
+    EXPECT_THROW(embedding_lazy_adam(cpu(1), table.data(), m.data(), v.data(), rows->data(),
+                                     g.data(), kR, 2, kD, 1, AdamHyper{}),
+                 Error);
+  try {
+    embedding_sgd(cpu(1), table.data(), out_of_range.data(), g.data(), kR, 2, kD, SgdHyper{});
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unique_rows[1]=10"), std::string::npos) << e.what();
+  }
+}
+
+// ---- gather and sort-reduce ------------------------------------------------------
+
+TEST(Rows, GatherMatchesLoop) {
+  for (int D : {1, 3, 8, 13}) {
+    const int R = 17, n = 40;
+    Vec table = random_vec(R * D, 8);
+    std::vector<RowId> ids(n);
+    std::mt19937 gen(9);
+    for (RowId& id : ids) id = static_cast<RowId>(gen() % R);
+    Vec out(n * D, -1.0f);
+    gather_rows(cpu(2), table.data(), ids.data(), out.data(), R, n, D);
+    for (int k = 0; k < n; ++k)
+      for (int d = 0; d < D; ++d) ASSERT_EQ(out[k * D + d], table[ids[k] * D + d]) << k;
+  }
+  Vec table(4), out(2);
+  std::vector<RowId> bad = {1, 4};
+  try {
+    gather_rows(cpu(1), table.data(), bad.data(), out.data(), 4, 2, 1);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids[1]=4"), std::string::npos) << e.what();
+  }
+  gather_rows(cpu(1), nullptr, nullptr, nullptr, 0, 0, 3);  // empty is fine
+}
+
+// Naive reduction: a map from id to the running sum, in input order.
+void check_sort_reduce(const std::vector<RowId>& ids, int D, int threads) {
+  SCOPED_TRACE(::testing::Message() << "n=" << ids.size() << " D=" << D << " threads=" << threads);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  Vec grads = random_vec(ids.size() * D, 10 + D);
+  std::map<RowId, Vec> want;
+  for (int64_t k = 0; k < n; ++k) {
+    auto [it, fresh] = want.try_emplace(ids[k], Vec(D, 0.0f));
+    for (int d = 0; d < D; ++d) it->second[d] += grads[k * D + d];
+  }
+  std::vector<RowId> rows(n + 1, -1);
+  Vec out((n + 1) * D, 7.0f);
+  int64_t n_unique = -1;
+  sort_reduce_rows(cpu(threads), ids.data(), grads.data(), n, D, rows.data(), out.data(),
+                   &n_unique);
+  ASSERT_EQ(n_unique, static_cast<int64_t>(want.size()));
+  int64_t u = 0;
+  for (const auto& [id, sum] : want) {
+    EXPECT_EQ(rows[u], id) << "unique row " << u;
+    for (int d = 0; d < D; ++d)
+      EXPECT_EQ(out[u * D + d], sum[d]) << "row " << id << " col " << d;  // bit-exact
+    ++u;
+  }
+  EXPECT_EQ(rows[n_unique], -1) << "wrote past n_unique";
+}
+
+TEST(Rows, SortReduceMatchesMapReduction) {
+  std::mt19937 gen(11);
+  std::vector<RowId> many(3000);
+  for (RowId& id : many) id = static_cast<RowId>(gen() % 50);  // many duplicates
+  std::vector<RowId> spread(500);
+  for (RowId& id : spread) id = static_cast<RowId>(gen() % 100000);
+  for (int D : {1, 3, 5, 8}) {
+    for (int threads : {1, 2}) {
+      check_sort_reduce(many, D, threads);
+      check_sort_reduce(spread, D, threads);
+      check_sort_reduce({}, D, threads);
+      check_sort_reduce({42}, D, threads);
+      check_sort_reduce({9, 3, 9, 0, 3, 9}, D, threads);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ncf

