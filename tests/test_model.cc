@@ -301,12 +301,12 @@ TEST(Ops, BceLossAndGradientWithPaddingAndWeights) {
   Vec z = {0.3f, -1.2f, 4.0f, -0.7f, 2.2f, 0.0f,
            std::numeric_limits<float>::quiet_NaN(), 1e30f};  // padding rows hold garbage
   Vec y = {1, 0, 1, 1, 0, 1, 1, 0};
-  Vec weights = {1, 1, 0, 1, 1, 1, 1, 1};  // row 2 masked too
+  Vec weights = {1, 1, 0, 1, 0.5f, 1, 1, 1};  // row 2 masked too; row 4 half weight
   DVec zd = to_double(z);
   auto loss_ref = [&] {
     double s = 0;
     for (int b = 0; b < n_valid; ++b)
-      if (weights[b] != 0) s += ref_bce(zd[b], y[b]);
+      s += weights[b] * ref_bce(zd[b], y[b]);
     return s / global_batch;
   };
   double loss = -1;

@@ -38,7 +38,8 @@ std::string error_of(Fn&& fn) {
 
 void expect_has(const std::string& msg, const std::vector<std::string>& parts) {
   EXPECT_FALSE(msg.empty()) << "expected an error";
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  for (const auto& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
 }
 
 // ---------------------------------------------------------- shard readers ---
@@ -139,7 +140,8 @@ TEST(Sources, FormatNames) {
 
 TEST(Sources, ReadsUDataWithCrlfAndNoFinalNewline) {
   TempDir d;
-  write_file(d.file("u.data"), "196\t242\t3\t881250949\r\n186\t302\t3\t891717742\r\n22\t377\t1\t878887116");
+  write_file(d.file("u.data"),
+             "196\t242\t3\t881250949\r\n186\t302\t3\t891717742\r\n22\t377\t1\t878887116");
   auto r = read_movielens(d.file("u.data"), InputFormat::kMl100k);
   ASSERT_EQ(r.size(), 3u);
   EXPECT_EQ(r[0].user, 196);
@@ -247,7 +249,8 @@ TEST(Sources, MalformedLinesNameFileLineAndText) {
     write_file(d.file(c.name), c.content);
     std::string msg = error_of([&] { read_movielens(d.file(c.name), c.fmt); });
     SCOPED_TRACE(c.content);
-    expect_has(msg, {d.file(c.name) + ":" + std::to_string(c.line) + ":", "\"" + c.text + "\"", c.why});
+    expect_has(msg,
+               {d.file(c.name) + ":" + std::to_string(c.line) + ":", "\"" + c.text + "\"", c.why});
   }
   // Long lines are cut in the message.
   write_file(d.file("u.data"), "1\t2\t3\t" + std::string(500, '9') + "x\n");
@@ -366,16 +369,16 @@ TEST(Sources, DetectionErrors) {
 TEST(Sources, PrepareMovielensHandWorked) {
   TempDir in, out;
   std::string text =
-      "3::50::4::5\n"       // line 1
-      "10::30::4::1\n"      // 2
-      "3::20::4::9\n"       // 3
-      "7::20::4::3\n"       // 4
-      "5::99::4::1\n"       // 5
-      "3::50::3::7\n"       // 6 duplicate of (3, 50)
-      "7::90::4::4\n"       // 7
-      "3::70::4::9\n"       // 8 ties line 3 at t=9: the later line wins
-      "7::20::2.5::8\n"     // 9 duplicate of (7, 20), now latest
-      "10::20::4::2\n";     // 10
+      "3::50::4::5\n"    // line 1
+      "10::30::4::1\n"   // 2
+      "3::20::4::9\n"    // 3
+      "7::20::4::3\n"    // 4
+      "5::99::4::1\n"    // 5
+      "3::50::3::7\n"    // 6 duplicate of (3, 50)
+      "7::90::4::4\n"    // 7
+      "3::70::4::9\n"    // 8 ties line 3 at t=9: the later line wins
+      "7::20::2.5::8\n"  // 9 duplicate of (7, 20), now latest
+      "10::20::4::2\n";  // 10
   for (int k = 0; k < 15; ++k) text += "10::" + std::to_string(200 + k) + "::1::0\n";
   write_file(in.file("ratings.dat"), text);
   PrepOptions opt = small_options(3);
@@ -432,16 +435,22 @@ TEST(Sources, PrepareMovielensErrors) {
   // Every user has one rating: nothing to split.
   write_file(in.file("u.data"), "1\t10\t4\t100\n2\t11\t4\t100\n3\t10\t4\t100\n");
   PrepOptions opt = small_options(1);
-  expect_has(error_of([&] { prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt); }),
+  expect_has(error_of([&] {
+               prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt);
+             }),
              {in.file("u.data"), "no usable user"});
   // Duplicates do not count as interactions.
   write_file(in.file("u.data"), "1\t10\t4\t100\n1\t10\t4\t101\n");
-  expect_has(error_of([&] { prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt); }),
+  expect_has(error_of([&] {
+               prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt);
+             }),
              {in.file("u.data"), "no usable user"});
   // Too few items for E negatives: the message names the input and the user.
   write_file(in.file("u.data"), "1\t10\t4\t100\n1\t11\t4\t101\n1\t12\t4\t102\n");
   opt.eval_negatives = 1;
-  expect_has(error_of([&] { prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt); }),
+  expect_has(error_of([&] {
+               prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt);
+             }),
              {in.file("u.data"), "raw user 1", "user 0", "eval negatives"});
   // A NCF-paper input is not MovieLens.
   TempDir n;
@@ -468,14 +477,14 @@ TEST(Sources, PrepareMovielensMatchesNaiveReference) {
   for (int k = 0; k < 30000; ++k) {
     int64_t u = 1 + static_cast<int64_t>(next() % 9000) * 3;  // sparse raw ids
     int64_t i = 5 + static_cast<int64_t>(next() % 400) * 7;
-    int64_t t = static_cast<int64_t>(next() % 50);            // many timestamp ties
+    int64_t t = static_cast<int64_t>(next() % 50);  // many timestamp ties
     rows.push_back({u, i, t});
     text += std::to_string(u) + "," + std::to_string(i) + ",3.5," + std::to_string(t) + "\r\n";
   }
   write_file(in.file("ratings.csv"), text);
 
   // Naive reference.
-  std::map<int64_t, std::map<int64_t, int>> items_of;  // user → item → count
+  std::map<int64_t, std::map<int64_t, int>> items_of;    // user → item → count
   std::map<int64_t, std::pair<int64_t, size_t>> latest;  // user → (t, row) of the latest
   for (size_t k = 0; k < rows.size(); ++k) {
     items_of[rows[k].u][rows[k].i]++;
@@ -536,10 +545,11 @@ TEST(Sources, PrepareNcfPaperKeepsSplitAndNegatives) {
   TempDir in, out;
   // 3 users, E = 4. User 1's negatives hold its own test item (5) and a repeat
   // (7, 7); item 12 appears only among negatives, so I = 13.
-  write_ncf(in.file("ml-1m"),
-            "0\t1\t5\t100\n0\t3\t4\t101\n1\t0\t3\t100\n1\t2\t3\t102\n1\t2\t3\t103\n2\t4\t1\t100\r\n",
-            "0\t2\t5\t200\n1\t5\t4\t201\n2\t0\t3\t202\n",
-            "(0,2)\t4\t5\t6\t12\n(1,5)\t5\t7\t7\t8\n(2,0)\t9\t10\t11\t1\n\n");
+  write_ncf(
+      in.file("ml-1m"),
+      "0\t1\t5\t100\n0\t3\t4\t101\n1\t0\t3\t100\n1\t2\t3\t102\n1\t2\t3\t103\n2\t4\t1\t100\r\n",
+      "0\t2\t5\t200\n1\t5\t4\t201\n2\t0\t3\t202\n",
+      "(0,2)\t4\t5\t6\t12\n(1,5)\t5\t7\t7\t8\n(2,0)\t9\t10\t11\t1\n\n");
   PrepOptions opt = small_options(4);
   DatasetMeta meta = prepare_ncf_paper(in.file("ml-1m"), out.path(), opt);
   EXPECT_EQ(meta.num_users, 3u);

@@ -33,10 +33,10 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kExcerptChars = 80;          // offending text shown in messages
-constexpr size_t kSniffBytes = 64 << 10;      // what detect_format reads of a file
+constexpr size_t kExcerptChars = 80;      // offending text shown in messages
+constexpr size_t kSniffBytes = 64 << 10;  // what detect_format reads of a file
 constexpr size_t kBytesPerParseThread = 8 << 20;
-constexpr uint64_t kDrawBlockUsers = 4096;    // users per parallel eval-negative block
+constexpr uint64_t kDrawBlockUsers = 4096;  // users per parallel eval-negative block
 constexpr double kMaxRating = 5.0;
 constexpr const char* kCsvHeader = "userId,movieId,rating,timestamp";
 constexpr const char* kNcfTrain = ".train.rating";
@@ -54,7 +54,8 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Printable, bounded copy of a piece of a line: separators stay visible.
@@ -190,7 +191,7 @@ struct LineFailure {
 // --------------------------------------------------------- field parsing ---
 
 struct RatingSyntax {
-  const char* sep;       // "\t", "::" or ","
+  const char* sep;  // "\t", "::" or ","
   size_t sep_len;
   const char* sep_desc;  // for messages
   bool header;           // a CSV header line may come first
@@ -199,10 +200,14 @@ struct RatingSyntax {
 RatingSyntax syntax_of(InputFormat f) {
   switch (f) {
     case InputFormat::kMl100k:
-    case InputFormat::kNcfPaper: return {"\t", 1, "TAB", false};
-    case InputFormat::kMlDat: return {"::", 2, "'::'", false};
-    case InputFormat::kMlCsv: return {",", 1, "','", true};
-    default: break;
+    case InputFormat::kNcfPaper:
+      return {"\t", 1, "TAB", false};
+    case InputFormat::kMlDat:
+      return {"::", 2, "'::'", false};
+    case InputFormat::kMlCsv:
+      return {",", 1, "','", true};
+    default:
+      break;
   }
   NCF_FAIL("no line syntax for format ", format_name(f));
 }
@@ -323,7 +328,8 @@ std::vector<Rating> parse_ratings(const std::string& file, const RatingSyntax& s
     const void* nl = std::memchr(b, '\n', static_cast<size_t>(e - b));
     const char* le = nl ? static_cast<const char*>(nl) : e;
     const char* te = trim_right(b, le);
-    const bool letter = te > b && ((*b >= 'A' && *b <= 'Z') || (*b >= 'a' && *b <= 'z') || *b == '"');
+    const bool letter =
+        te > b && ((*b >= 'A' && *b <= 'Z') || (*b >= 'a' && *b <= 'z') || *b == '"');
     if (s.header && letter) {
       if (std::string(b, te) != kCsvHeader) {
         LineFailure f{true, 1, detail::concat("expected the header ", kCsvHeader), excerpt(b, te)};
@@ -368,12 +374,16 @@ std::vector<Rating> parse_ratings(const std::string& file, const RatingSyntax& s
 
 const char* format_description(InputFormat f) {
   switch (f) {
-    case InputFormat::kMl100k: return "tab-separated user TAB item TAB rating TAB timestamp (u.data)";
-    case InputFormat::kMlDat: return "'::'-separated user::item::rating::timestamp (ratings.dat)";
-    case InputFormat::kMlCsv: return "comma-separated userId,movieId,rating,timestamp (ratings.csv)";
+    case InputFormat::kMl100k:
+      return "tab-separated user TAB item TAB rating TAB timestamp (u.data)";
+    case InputFormat::kMlDat:
+      return "'::'-separated user::item::rating::timestamp (ratings.dat)";
+    case InputFormat::kMlCsv:
+      return "comma-separated userId,movieId,rating,timestamp (ratings.csv)";
     case InputFormat::kNcfPaper:
       return "NCF-paper files NAME.train.rating, NAME.test.rating, NAME.test.negative";
-    default: return "auto-detected";
+    default:
+      return "auto-detected";
   }
 }
 
@@ -413,10 +423,14 @@ InputFormat classify_line(const std::string& line) {
 
 const char* looks_like(InputFormat f) {
   switch (f) {
-    case InputFormat::kMl100k: return "tab-separated (u.data or NCF-paper .rating)";
-    case InputFormat::kMlDat: return "'::'-separated (ratings.dat)";
-    case InputFormat::kMlCsv: return "comma-separated (ratings.csv)";
-    default: return "none of the known formats";
+    case InputFormat::kMl100k:
+      return "tab-separated (u.data or NCF-paper .rating)";
+    case InputFormat::kMlDat:
+      return "'::'-separated (ratings.dat)";
+    case InputFormat::kMlCsv:
+      return "comma-separated (ratings.csv)";
+    default:
+      return "none of the known formats";
   }
 }
 
@@ -519,13 +533,15 @@ InputFormat detect_dir(const std::string& dir, InputFormat want, std::string* re
                                               : "ratings.csv");
   }
   if (found.empty())
-    NCF_FAIL(dir, ": unknown input format: the directory holds none of u.data, ratings.dat, "
-                  "ratings.csv, NAME.train.rating");
+    NCF_FAIL(dir,
+             ": unknown input format: the directory holds none of u.data, ratings.dat, "
+             "ratings.csv, NAME.train.rating");
   if (found.size() > 1) {
     std::string names;
     for (const auto& c : found) names += (names.empty() ? "" : ", ") + c.path;
     NCF_FAIL(dir, ": several inputs in one directory (", names,
-             "); pass the file or NCF-paper prefix itself", want == InputFormat::kAuto ? " or --format" : "");
+             "); pass the file or NCF-paper prefix itself",
+             want == InputFormat::kAuto ? " or --format" : "");
   }
   if (found[0].fmt == InputFormat::kNcfPaper) {
     check_ncf_prefix(found[0].path);
@@ -629,11 +645,16 @@ InputFormat parse_input_format(const std::string& name) {
 
 const char* format_name(InputFormat f) {
   switch (f) {
-    case InputFormat::kAuto: return "auto";
-    case InputFormat::kMl100k: return "ml-100k";
-    case InputFormat::kMlDat: return "ml-1m/ml-10m";
-    case InputFormat::kMlCsv: return "ml-20m/ml-25m";
-    case InputFormat::kNcfPaper: return "ncf-paper";
+    case InputFormat::kAuto:
+      return "auto";
+    case InputFormat::kMl100k:
+      return "ml-100k";
+    case InputFormat::kMlDat:
+      return "ml-1m/ml-10m";
+    case InputFormat::kMlCsv:
+      return "ml-20m/ml-25m";
+    case InputFormat::kNcfPaper:
+      return "ncf-paper";
   }
   return "?";
 }
@@ -702,9 +723,9 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
     ++off[user_of[k] + 1];
   }
   for (uint64_t u = 0; u < U0; ++u) off[u + 1] += off[u];
-  std::vector<int64_t> grouped(N);        // raw items, user by user
-  std::vector<int64_t> raw_user(U0);      // dense (pre-drop) → raw user id
-  std::vector<int64_t> test_raw(U0);      // raw test item
+  std::vector<int64_t> grouped(N);    // raw items, user by user
+  std::vector<int64_t> raw_user(U0);  // dense (pre-drop) → raw user id
+  std::vector<int64_t> test_raw(U0);  // raw test item
   std::vector<int64_t> test_ts(U0, std::numeric_limits<int64_t>::min());
   {
     std::vector<uint64_t> cursor(off.begin(), off.end() - 1);
@@ -803,12 +824,9 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   plan.seed = opt.seed;
   plan.dropped_users = dropped;
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
-  plan.generator = {{"input", file},
-                    {"format", format_name(f)},
-                    {"ratings", N},
-                    {"duplicates_removed", duplicates},
-                    {"raw_users", U0},
-                    {"min_interactions", opt.min_interactions}};
+  plan.generator = {{"input", file},   {"format", format_name(f)},
+                    {"ratings", N},    {"duplicates_removed", duplicates},
+                    {"raw_users", U0}, {"min_interactions", opt.min_interactions}};
   DatasetWriter writer(out_dir, plan);
 
   // Eval lists for a block of users are drawn on T threads while the previous
@@ -877,10 +895,10 @@ namespace {
 
 // PREFIX.test.negative: "(user,item)" then TAB-separated negative item ids.
 struct NegativeFile {
-  uint64_t E = 0;                 // negatives per line (the same on every line)
+  uint64_t E = 0;  // negatives per line (the same on every line)
   std::vector<int64_t> user, item;
-  std::vector<uint64_t> line;     // 1-based line of each entry
-  std::vector<int32_t> negatives; // lines x E
+  std::vector<uint64_t> line;      // 1-based line of each entry
+  std::vector<int32_t> negatives;  // lines x E
 };
 
 bool parse_negative_line(const char* b, const char* e, int64_t* user, int64_t* item,
@@ -890,8 +908,9 @@ bool parse_negative_line(const char* b, const char* e, int64_t* user, int64_t* i
     return false;
   }
   const char* close = static_cast<const char*>(std::memchr(b, ')', static_cast<size_t>(e - b)));
-  const char* comma = close ? static_cast<const char*>(std::memchr(b, ',', static_cast<size_t>(close - b)))
-                            : nullptr;
+  const char* comma =
+      close ? static_cast<const char*>(std::memchr(b, ',', static_cast<size_t>(close - b)))
+            : nullptr;
   if (!close || !comma) {
     *why = "expected \"(user,item)\" as the first field";
     return false;
@@ -944,10 +963,10 @@ NegativeFile read_negative_file(const std::string& file) {
       if (nf.user.empty()) {
         nf.E = negs.size();
       } else if (negs.size() != nf.E) {
-        throw_line_failure(file, {true, line,
-                                  detail::concat(negs.size(), " negatives where line ", nf.line[0],
-                                                 " has ", nf.E),
-                                  excerpt(b, te)});
+        throw_line_failure(
+            file, {true, line,
+                   detail::concat(negs.size(), " negatives where line ", nf.line[0], " has ", nf.E),
+                   excerpt(b, te)});
       }
       nf.user.push_back(u);
       nf.item.push_back(i);
@@ -990,7 +1009,8 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   const NegativeFile neg = read_negative_file(neg_file);
   if (neg.E != opt.eval_negatives)
     NCF_FAIL(neg_file, ": has ", neg.E, " negatives per user but ", opt.eval_negatives,
-             " eval negatives were requested (pass --eval_negatives ", neg.E, " or leave it unset)");
+             " eval negatives were requested (pass --eval_negatives ", neg.E,
+             " or leave it unset)");
   for (uint64_t k = 0; k < neg.user.size(); ++k) {
     if (k >= U)
       NCF_FAIL(neg_file, ":", neg.line[k], ": user ", neg.user[k], " is not in ", test_file,
@@ -1003,9 +1023,8 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
                test_file, ":", test[k].line, " has ", test[k].item);
   }
   if (neg.user.size() < U)
-    NCF_FAIL(neg_file, ": has ", neg.user.size(), " users but ", test_file, " has ", U,
-             "; user ", neg.user.size(), " (", test_file, ":", test[neg.user.size()].line,
-             ") is missing");
+    NCF_FAIL(neg_file, ": has ", neg.user.size(), " users but ", test_file, " has ", U, "; user ",
+             neg.user.size(), " (", test_file, ":", test[neg.user.size()].line, ") is missing");
   for (int32_t v : neg.negatives) max_item = std::max<int64_t>(max_item, v);
 
   // Train pairs, grouped by user; a repeated pair is kept once.

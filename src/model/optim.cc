@@ -115,7 +115,7 @@ void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float*
       if (g) {
         for (int d = 0; d < D; ++d) adam_update(&p[d], &mr[d], &vr[d], g[d], s);
       } else {
-        
+        for (int d = 0; d < D; ++d) adam_update(&p[d], &mr[d], &vr[d], 0.0f, s);
       }
     }
   });

@@ -98,7 +98,7 @@ int train_main(int& argc, char**& argv) {
     if (lead)
       for (int r = 0; r < W; ++r)
         std::printf("ncf_dist:   rank %d: user table %s (%.1f MiB), item table %s (%.1f MiB), "
-                    "estimated memory %.1f MiB\n",
+                    "estimated memory %.3f MiB\n",
                     r, placement_name(trainer.plan().user.placement), all[3 * r] / 1048576.0,
                     placement_name(trainer.plan().item.placement), all[3 * r + 1] / 1048576.0,
                     all[3 * r + 2] / 1048576.0);

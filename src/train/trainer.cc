@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -263,8 +264,11 @@ void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
 EpochResult Trainer::train_epoch(int64_t epoch) {
   EpochResult r;
   r.epoch = epoch;
-  const bool show = comm_.rank() == 0 &&
-                    (cfg_.progress == "on" || (cfg_.progress == "auto" && isatty(1)));
+  // mpirun hands rank 0 a pseudo-terminal, so "auto" stays quiet under a launcher.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                        std::getenv("SLURM_STEP_ID");
+  const bool show = comm_.rank() == 0 && (cfg_.progress == "on" ||
+                                          (cfg_.progress == "auto" && isatty(1) && !launched));
   int64_t steps = train_reader_->steps_per_epoch();
   if (cfg_.max_steps > 0) steps = std::min(steps, cfg_.max_steps);
   auto t0 = Clock::now();

@@ -1,0 +1,143 @@
+// Trajectory invariance under real mpirun (oversubscribed on small machines):
+// the same job at W = 1, 2, 3, 4 gives the same per-epoch loss, HR and NDCG and
+// the same final parameters, for every placement, embedding optimizer and with
+// --dedup; and a rank that fails takes the whole job down with its message.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+// Stated tolerances: sums of duplicate rows and the allreduce run in another
+// order for each W, so values agree up to float rounding.
+constexpr double kLossRel = 1e-5;
+constexpr double kParamAbs = 2e-5;
+
+class Distributed : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto r = run(bin("ncf_prep") + " --synthetic custom --users 257 --items 131 "
+                 "--interactions 9000 --eval_negatives 50 --record_rows 300 --num_shards 3 "
+                 "--seed 11 --output " + data());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return dir_->file("data"); }
+  static TempDir* dir_;
+
+  struct Run {
+    std::vector<nlohmann::json> epochs;
+    std::vector<float> params;
+    std::string output;
+  };
+
+  Run train(int W, const std::string& flags) {
+    TempDir t;
+    std::string cmd = test::mpirun(W) + " " + bin("ncf_dist") + " --data_dir " + data() +
+                      " --batch_size 1005 --train_epochs 2 --threads 1 --learning_rate 0.01 " +
+                      flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " +
+                      t.file("p.bin");
+    auto r = run("timeout 300 " + cmd);
+    Run out;
+    out.output = r.output;
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    std::ifstream f(t.file("m.jsonl"));
+    std::string line;
+    while (std::getline(f, line)) out.epochs.push_back(nlohmann::json::parse(line));
+    std::string bytes = test::read_file(t.file("p.bin"));
+    out.params.resize(bytes.size() / 4);
+    std::memcpy(out.params.data(), bytes.data(), out.params.size() * 4);
+    return out;
+  }
+
+  void expect_same(const Run& a, const Run& b, const std::string& what) {
+    ASSERT_EQ(a.epochs.size(), b.epochs.size()) << what << "\n" << b.output;
+    ASSERT_EQ(a.epochs.size(), 2u) << what;
+    for (size_t e = 0; e < a.epochs.size(); ++e) {
+      double la = a.epochs[e]["loss"], lb = b.epochs[e]["loss"];
+      EXPECT_NEAR(la, lb, kLossRel * std::fabs(la)) << what << " epoch " << e;
+      // HR/NDCG: a float-rounding flip of one user's rank at most.
+      EXPECT_NEAR(double(a.epochs[e]["hr"]), double(b.epochs[e]["hr"]), 1.01 / 257) << what;
+      EXPECT_NEAR(double(a.epochs[e]["ndcg"]), double(b.epochs[e]["ndcg"]), 1.01 / 257) << what;
+      EXPECT_EQ(a.epochs[e]["samples"], b.epochs[e]["samples"]) << what;
+    }
+    ASSERT_EQ(a.params.size(), b.params.size()) << what;
+    ASSERT_GT(a.params.size(), 0u);
+    double worst = 0;
+    size_t at = 0;
+    for (size_t k = 0; k < a.params.size(); ++k) {
+      double d = std::fabs(double(a.params[k]) - b.params[k]);
+      if (d > worst) worst = d, at = k;
+    }
+    EXPECT_LE(worst, kParamAbs) << what << ": parameter " << at << " differs by " << worst;
+  }
+};
+TempDir* Distributed::dir_ = nullptr;
+
+TEST_F(Distributed, TrajectoryInvariantOverWorldSizes) {
+  Run one = train(1, "");
+  for (int W : {2, 3, 4}) expect_same(one, train(W, ""), "W=" + std::to_string(W));
+}
+
+TEST_F(Distributed, TrajectoryInvariantForEveryPlacement) {
+  for (std::string plan : {"table", "replicated", "user=row,item=replicated"}) {
+    Run one = train(1, "--shard_plan " + plan);
+    for (int W : {2, 3}) expect_same(one, train(W, "--shard_plan " + plan), plan + " W=" + std::to_string(W));
+  }
+}
+
+TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
+  for (std::string opt : {"lazy_adam", "sgd", "adagrad"}) {
+    std::string f = "--embedding_optimizer " + opt + (opt == "sgd" ? " --embedding_lr 0.5" : "");
+    Run one = train(1, f);
+    expect_same(one, train(3, f), opt);
+  }
+  Run one = train(1, "--dedup");
+  expect_same(one, train(1, ""), "dedup vs none at W=1");
+  for (int W : {2, 4}) expect_same(one, train(W, "--dedup"), "dedup W=" + std::to_string(W));
+}
+
+// Every rank prints nothing but rank 0, so the plan lines show each rank's bytes.
+TEST_F(Distributed, PlanIsPrintedWithBytesPerRank) {
+  Run r = train(2, "--shard_plan table");
+  EXPECT_NE(r.output.find("rank 0: user table table"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1: user table table (0.0 MiB)"), std::string::npos) << r.output;
+}
+
+// A plan that does not fit one rank: that rank throws while the other is already
+// waiting in a collective; the job must still end, non-zero, with the message.
+TEST_F(Distributed, FailingRankTakesTheJobDown) {
+  Run ok = train(2, "--shard_plan table");
+  std::smatch m;
+  std::regex re("rank 0: .* estimated memory ([0-9.]+) MiB\\s+ncf_dist:\\s+rank 1: .* estimated "
+                "memory ([0-9.]+) MiB");
+  ASSERT_TRUE(std::regex_search(ok.output, m, re)) << ok.output;
+  double r0 = std::stod(m[1]), r1 = std::stod(m[2]);
+  ASSERT_NE(r0, r1);
+  double limit_gb = (r0 + r1) / 2 / 1024;
+  auto r = run("timeout 120 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + data() +
+               " --batch_size 1005 --train_epochs 1 --threads 1 --shard_plan table "
+               "--memory_limit_gb " + std::to_string(limit_gb));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung until the timeout:\n" << r.output;
+  int bad = r0 > r1 ? 0 : 1;
+  EXPECT_NE(r.output.find("[rank " + std::to_string(bad) + "] rank " + std::to_string(bad) +
+                          " needs about"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace ncf
