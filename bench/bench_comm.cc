@@ -241,13 +241,13 @@ int bench_main(int& argc, char**& argv) {
     };
     for (const Op& op : ops)
       if (o.op == "all" || o.op == op.name) wrong += sweep(*comm, op, o, send.data(), recv.data());
-    if (comm->rank() == 0) std::printf("# %s\n", wrong ? "FAILED: wrong results" : "all results exact");
+    if (comm->rank() == 0)
+      std::printf("# %s\n", wrong ? "FAILED: wrong results" : "all results exact");
   }
 #ifdef NCF_WITH_CUDA
   if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 #endif
-  NCF_CHECK(wrong == 0, wrong, " wrong results");
-  return 0;
+  return wrong == 0 ? 0 : 1;  // rank 0 has said FAILED; every rank knows the same total
 }
 
 }  // namespace

@@ -2,17 +2,21 @@
 // precision references written here: forward values against naive loops,
 // gradients against central finite differences of those references (eps 1e-6
 // in double, so the FD error is far below the float error of the code under
-// test). Also GradMode, thread-count invariance (bit-exact), init, config checks.
+// test). Also GradMode, thread-count invariance (bit-exact), init, config checks,
+// and the parallel_for / block_sums helpers the CPU kernels stand on.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <vector>
 
 #include "common/check.h"
+#include "common/parallel.h"
 #include "model/neumf.h"
 #include "model/ops.h"
 
@@ -93,6 +97,64 @@ double ref_bce(double z, double y) {
   // log(1 + e^z) − z·y, written differently from the code under test
   double softplus = z > 0 ? z + std::log(1 + std::exp(-z)) : std::log(1 + std::exp(z));
   return softplus - z * y;
+}
+
+// ---- parallel helpers ------------------------------------------------------------
+
+TEST(Parallel, ChunksCoverRangeExactlyOnceInContiguousPieces) {
+  for (int threads : {1, 2, 3, 8})
+    for (int64_t n : {0, 1, 5, 1000, 4097})
+      for (int64_t grain : {1, 7, 5000}) {
+        std::vector<int> hits(n, 0);
+        std::vector<std::pair<int64_t, int64_t>> chunks;
+        std::mutex mu;
+        parallel_for(threads, n, grain, [&](int64_t b, int64_t e) {
+          std::lock_guard<std::mutex> lk(mu);
+          chunks.emplace_back(b, e);
+          for (int64_t i = b; i < e; ++i) ++hits[i];
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
+        int64_t max_chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+        EXPECT_LE(static_cast<int64_t>(chunks.size()), std::max<int64_t>(max_chunks, n ? 1 : 0));
+      }
+}
+
+TEST(Parallel, ExceptionsReachTheCallerAndNestedCallsRunInline) {
+  EXPECT_THROW(parallel_for(3, 100, 1,
+                            [](int64_t b, int64_t) {
+                              if (b > 0) NCF_FAIL("chunk at ", b);
+                            }),
+               Error);
+  std::atomic<int64_t> total{0};
+  parallel_for(2, 4, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      parallel_for(2, 10, 1, [&](int64_t b2, int64_t e2) { total += e2 - b2; });
+  });
+  EXPECT_EQ(total.load(), 40);
+}
+
+TEST(Parallel, BlockSumsMatchBlockwiseLoop) {
+  const int64_t n = 3 * kReduceBlock + 17;
+  Vec x = random_vec(n, 90);
+  double want = 0;  // blocks of kReduceBlock, each summed in order, then added in order
+  for (int64_t b0 = 0; b0 < n; b0 += kReduceBlock) {
+    double part = 0;
+    for (int64_t i = b0; i < std::min(n, b0 + kReduceBlock); ++i) part += x[i];
+    want += part;
+  }
+  for (int threads : {1, 2, 5}) {
+    double got[2];
+    block_sums(threads, n, 2,
+               [&](int64_t b, int64_t e, double* acc) {
+                 for (int64_t i = b; i < e; ++i) {
+                   acc[0] += x[i];
+                   acc[1] += 1;
+                 }
+               },
+               got);
+    EXPECT_EQ(got[0], want) << threads;
+    EXPECT_EQ(got[1], static_cast<double>(n));
+  }
 }
 
 // ---- GEMM ----------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "data/ncf_record.pb.h"
 #include "data/record_io.h"
+#include "data/shard_format.h"
 #include "data/sources.h"
 #include "test_util.h"
 
@@ -76,7 +77,8 @@ std::vector<EvalList> read_eval(const std::string& dir, const DatasetMeta& meta)
       e.user = r.user();
       e.items.resize(r.items().size() / 4);
       std::memcpy(e.items.data(), r.items().data(), e.items.size() * 4);
-      e.mask.assign(r.dup_mask().begin(), r.dup_mask().end());
+      e.mask.resize(e.items.size());
+      unpack_mask(r.dup_mask().data(), e.mask.size(), e.mask.data());
       out.push_back(std::move(e));
     }
   }

@@ -224,12 +224,21 @@ void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_pos
 }
 
 void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask) {
-  // Lists are short (1 + E ≤ a few thousand): sort a copy of (item, position).
-  std::vector<std::pair<int32_t, uint32_t>> v(n);
-  for (size_t j = 0; j < n; ++j) v[j] = {items[j], static_cast<uint32_t>(j)};
-  std::sort(v.begin(), v.end());
-  for (size_t j = 0; j < n; ++j)
-    mask[v[j].second] = (j > 0 && v[j].first == v[j - 1].first) ? 0 : 1;
+  // A bitmap over the ids present (set, test, then cleared): O(n) per list.
+  thread_local std::vector<uint64_t> seen;
+  int64_t top = 0;
+  for (size_t j = 0; j < n; ++j) {
+    NCF_CHECK(items[j] >= 0, "duplicate_mask: negative item id ", items[j], " at position ", j);
+    top = std::max<int64_t>(top, items[j]);
+  }
+  if (seen.size() < size_t(top / 64 + 1)) seen.resize(size_t(top / 64 + 1), 0);
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t i = uint64_t(uint32_t(items[j]));
+    const uint64_t bit = 1ull << (i & 63);
+    mask[j] = (seen[i >> 6] & bit) ? 0 : 1;
+    seen[i >> 6] |= bit;
+  }
+  for (size_t j = 0; j < n; ++j) seen[uint64_t(uint32_t(items[j])) >> 6] = 0;
 }
 
 // ------------------------------------------------------------------ writer ---
@@ -265,6 +274,7 @@ struct DatasetWriter::Impl {
   std::unique_ptr<RecordWriter> eval_writer;
   proto::EvalRecord eval_rec;
   std::vector<uint8_t> mask;
+  std::string mask_bits;
   std::string payload;
 
   // positives.bin
@@ -385,6 +395,7 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   }
   w.L = plan.eval_negatives + 1;
   w.mask.resize(w.L);
+  w.mask_bits.resize((w.L + 7) / 8);
 
   // Frame sizes are fixed per dataset: readers seek to record k directly.
   {
@@ -396,7 +407,7 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
     proto::EvalRecord e;
     e.set_user(0);
     e.set_items(std::string(size_t(w.L) * 4, '\0'));
-    e.set_dup_mask(std::string(w.L, '\0'));
+    e.set_dup_mask(std::string((w.L + 7) / 8, '\0'));
     m.eval_frame_bytes = frame_bytes(e.ByteSizeLong());
   }
 
@@ -453,9 +464,10 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   if (w.eval_shard + 1 < w.eval_shards && user >= w.eval_first(w.eval_shard + 1))
     w.open_eval_shard(w.eval_shard + 1);
   duplicate_mask(eval, num_eval, w.mask.data());
+  pack_mask(w.mask.data(), num_eval, w.mask_bits.data());
   w.eval_rec.set_user(static_cast<uint32_t>(user));
   w.eval_rec.set_items(reinterpret_cast<const char*>(eval), num_eval * 4);
-  w.eval_rec.set_dup_mask(reinterpret_cast<const char*>(w.mask.data()), num_eval);
+  w.eval_rec.set_dup_mask(w.mask_bits);
   w.eval_rec.SerializeToString(&w.payload);
   w.eval_writer->write(w.payload);
 

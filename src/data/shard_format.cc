@@ -90,6 +90,16 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
   }
 }
 
+void pack_mask(const uint8_t* mask, size_t n, char* bits) {
+  std::memset(bits, 0, (n + 7) / 8);
+  for (size_t j = 0; j < n; ++j)
+    if (mask[j]) bits[j >> 3] = char(uint8_t(bits[j >> 3]) | (1u << (j & 7)));
+}
+
+void unpack_mask(const char* bits, size_t n, uint8_t* mask) {
+  for (size_t j = 0; j < n; ++j) mask[j] = (uint8_t(bits[j >> 3]) >> (j & 7)) & 1;
+}
+
 void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
                         uint64_t expected_user, const std::string& path, uint64_t offset,
                         int32_t* items, uint8_t* mask) {
@@ -101,11 +111,12 @@ void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
   if (!rec.has_user() || rec.user() != expected_user)
     NCF_FAIL(path, " at byte offset ", offset, ": eval record is for user ", rec.user(), ", expected ",
              expected_user);
-  if (rec.items().size() != L * 4 || rec.dup_mask().size() != L)
+  if (rec.items().size() != L * 4 || rec.dup_mask().size() != (L + 7) / 8)
     NCF_FAIL(path, " at byte offset ", offset, ": eval record holds ", rec.items().size() / 4,
-             " items and ", rec.dup_mask().size(), " mask bytes, expected ", L);
+             " items and ", rec.dup_mask().size(), " mask bytes, expected ", L, " and ",
+             (L + 7) / 8);
   std::memcpy(items, rec.items().data(), L * 4);
-  std::memcpy(mask, rec.dup_mask().data(), L);
+  unpack_mask(rec.dup_mask().data(), L, mask);
   const int64_t I = static_cast<int64_t>(meta.num_items);
   for (uint64_t k = 0; k < L; ++k)
     if (items[k] < 0 || items[k] >= I)

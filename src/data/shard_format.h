@@ -41,6 +41,10 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
                          uint64_t expected_valid, const std::string& path, uint64_t offset,
                          int32_t* users, int32_t* items);
 
+// Duplicate masks are stored one bit per list entry, least significant first.
+void pack_mask(const uint8_t* mask, size_t n, char* bits);
+void unpack_mask(const char* bits, size_t n, uint8_t* mask);
+
 // Decodes an eval record of global index `expected_user`: sizes, user id, item
 // ranges and that the duplicate mask matches the items.
 void decode_eval_record(const std::string& payload, const DatasetMeta& meta,

@@ -532,13 +532,16 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   const int T = resolve_threads(opt.threads);
 
   const uint32_t cap = synthetic_max_per_user(params, E);
+  if (opt.progress)
+    std::fprintf(stderr, "synthetic %s: planning %llu users, %llu items, %llu interactions\n",
+                 sh.name.c_str(), (unsigned long long)U, (unsigned long long)I,
+                 (unsigned long long)N);
   const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, T);
   const ItemModel items = build_items(params, seed);
   const Mixture mix = mixture_of(params.preference);
   if (opt.progress)
-    std::fprintf(stderr, "synthetic %s: planned %llu users, %llu items, %llu interactions (%.1f s)\n",
-                 sh.name.c_str(), (unsigned long long)U, (unsigned long long)I,
-                 (unsigned long long)N, seconds());
+    std::fprintf(stderr, "synthetic %s: planned (%.1f s), max %u interactions per user\n",
+                 sh.name.c_str(), seconds(), cap);
 
   // Blocks of consecutive users; per user the buffer holds positives (n, sorted),
   // the draws (n: the n-1 train items then the test item) and E negatives.
@@ -672,9 +675,10 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
       }
       cv.notify_all();
       if (opt.progress && done_users >= next_report && done_users < U) {
-        std::fprintf(stderr, "synthetic %s: %3.0f%% users (%llu / %llu), %llu interactions, %.1f s\n",
-                     sh.name.c_str(), 100.0 * done_users / U, (unsigned long long)done_users,
-                     (unsigned long long)U, (unsigned long long)done_positives, seconds());
+        std::fprintf(stderr, "synthetic %s: %3d%% users (%llu / %llu), %llu interactions, %.1f s\n",
+                     sh.name.c_str(), static_cast<int>(100 * done_users / U),
+                     (unsigned long long)done_users, (unsigned long long)U,
+                     (unsigned long long)done_positives, seconds());
         next_report = done_users + U / 20;
       }
     }

@@ -40,7 +40,7 @@ struct SyntheticParams {
   double activity_alpha = 1.8;  // Pareto tail exponent of user activity
   double zipf_s = 1.0;          // item popularity ~ 1 / rank^s
   uint32_t rank = 16;           // latent dimension (topics) of the planted preferences
-  double preference = 0.8;      // share of a user's interactions drawn from the planted taste, [0, 1)
+  double preference = 0.8;      // share of draws from the planted taste, in [0, 1)
 };
 
 DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string& out_dir,
@@ -77,9 +77,8 @@ class PlantedModel {
   // The user's taste weight on topic t (sums to 1 over t).
   double user_taste(uint64_t user, uint32_t t) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
