@@ -182,6 +182,7 @@ int64_t sweep(Communicator& comm, const Op& op, const Options& o, float* send, f
       std::printf("  %12.0f %12lld %11.2f %12.3f %12.3f %8lld\n", real_bytes,
                   static_cast<long long>(n), s * 1e6, algbw, busbw,
                   static_cast<long long>(wrong));
+    std::fflush(stdout);  // rows appear as they are measured, also through mpirun
   }
   if (root)
     std::printf("# %s: avg busbw %.3f GB/s over %d sizes, %lld wrong\n", op.name,
@@ -241,8 +242,12 @@ int bench_main(int& argc, char**& argv) {
     };
     for (const Op& op : ops)
       if (o.op == "all" || o.op == op.name) wrong += sweep(*comm, op, o, send.data(), recv.data());
-    if (comm->rank() == 0)
+    if (comm->rank() == 0) {
       std::printf("# %s\n", wrong ? "FAILED: wrong results" : "all results exact");
+      std::fflush(stdout);
+    }
+    // A failed run ends in MPI_Abort (run_main), which would cut off rank 0's report.
+    comm->barrier();
   }
 #ifdef NCF_WITH_CUDA
   if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
