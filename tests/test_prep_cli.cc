@@ -1,0 +1,81 @@
+// ncf_prep as users run it: every bad input ends with a non-zero exit and one
+// message naming the file (and line or byte offset) and the offending value;
+// good runs print a summary and --verify accepts what was written.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+struct Case {
+  std::string what, setup_file, content, flags, message;
+};
+
+TEST(PrepCli, BadInputsStopWithFileLineAndValue) {
+  TempDir t;
+  const std::string out = " --output " + t.file("out");
+  std::vector<Case> cases = {
+      {"malformed line", "ratings.dat", "1::10::5::100\n1::11::x::101\n", "", "ratings.dat:2"},
+      {"mismatched format", "ratings.dat", "1::10::5::100\n", " --format ml-20m", "ratings.dat"},
+      {"unknown format", "notes.txt", "hello world\n", "", "notes.txt"},
+      {"empty file", "u.data", "", "", "empty"},
+      {"no usable user", "u.data", "1\t10\t5\t100\n2\t11\t4\t101\n", "", "no usable user"},
+  };
+  for (const auto& c : cases) {
+    std::string path = t.file(c.setup_file);
+    test::write_file(path, c.content);
+    auto r = run(bin("ncf_prep") + " --input " + path + c.flags + out);
+    EXPECT_NE(r.exit_code, 0) << c.what;
+    EXPECT_NE(r.output.find("ncf_prep: error:"), std::string::npos) << c.what << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.what << "\n" << r.output;
+    std::remove(path.c_str());
+  }
+  auto r = run(bin("ncf_prep") + " --input " + t.file("missing.csv") + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("missing.csv"), std::string::npos) << r.output;
+
+  r = run(bin("ncf_prep") + " --synthetic nosuchshape" + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("nosuchshape"), std::string::npos) << r.output;
+
+  r = run(bin("ncf_prep") + " --synthetic custom --users 10 --items 100 --interactions 50 --eval_negatives 10" + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("50"), std::string::npos) << r.output;
+
+  r = run(bin("ncf_prep") + " --num_shards 0 --synthetic small" + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--num_shards"), std::string::npos) << r.output;
+
+  r = run(bin("ncf_prep") + " --verify " + t.file("nowhere"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("nowhere/metadata.json"), std::string::npos) << r.output;
+}
+
+TEST(PrepCli, WritesThenVerifiesAndCorruptionIsCaught) {
+  TempDir t;
+  std::string d = t.file("d");
+  auto r = run(bin("ncf_prep") + " --synthetic custom --users 100 --items 80 --interactions 3000 "
+               "--eval_negatives 20 --record_rows 64 --num_shards 2 --output " + d);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("users 100"), std::string::npos) << r.output;
+  r = run(bin("ncf_prep") + " --verify " + d);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("OK"), std::string::npos) << r.output;
+  // Flip one byte in the middle of a train shard.
+  std::string shard = d + "/train-00001-of-00002.tfrecord";
+  std::string bytes = test::read_file(shard);
+  bytes[bytes.size() / 2] ^= 0x01;
+  test::write_file(shard, bytes);
+  r = run(bin("ncf_prep") + " --verify " + d);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train-00001-of-00002.tfrecord"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("byte offset"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ncf
