@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/bootstrap.h"
+#include "common/blas_setup.h"
 #include "common/check.h"
 #include "model/ops.h"
 #include "train/config.h"
@@ -72,9 +73,9 @@ int train_main(int& argc, char**& argv) {
                 cfg.data_dir.c_str(), (unsigned long long)meta.num_users,
                 (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
                 (unsigned long long)meta.num_eval_users, meta.eval_negatives);
-    std::printf("ncf_dist: %d rank(s), %s backend, %s comm, %d threads/rank; batch %lld samples "
+    std::printf("ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %d threads/rank; batch %lld samples "
                 "(%lld positives x %d), factors %d, layers",
-                info.world, device_name(device), comm->name(), ctx.threads,
+                info.world, device_name(device), blas_core_name(), comm->name(), ctx.threads,
                 (long long)(trainer.positives_per_step() * S),
                 (long long)trainer.positives_per_step(), S, cfg.num_factors);
     for (size_t k = 0; k < cfg.layers.size(); ++k)
@@ -185,4 +186,7 @@ int train_main(int& argc, char**& argv) {
 }  // namespace
 }  // namespace ncf
 
-int main(int argc, char** argv) { return ncf::run_main(argc, argv, ncf::train_main, "ncf_dist"); }
+int main(int argc, char** argv) {
+  ncf::upgrade_blas_kernels(argv);
+  return ncf::run_main(argc, argv, ncf::train_main, "ncf_dist");
+}
