@@ -122,15 +122,15 @@ inline uint32_t alias_draw(const AliasCell* cells, uint32_t n, uint32_t col_bits
 // -------------------------------------------------------------- item model ---
 
 struct ItemModel {
-  uint64_t I = 0;  // items
-  uint32_t K = 0;  // topics (rank)
-  std::vector<double> pop;         // I: 1 / rank^s
-  std::vector<uint32_t> topic1;    // I: primary topic
-  std::vector<uint32_t> topic2;    // I: secondary topic (may equal the primary)
-  std::vector<float> share1;       // I: factor on the primary topic, in [0.5, 1)
+  uint64_t I = 0;                // items
+  uint32_t K = 0;                // topics (rank)
+  std::vector<double> pop;       // I: 1 / rank^s
+  std::vector<uint32_t> topic1;  // I: primary topic
+  std::vector<uint32_t> topic2;  // I: secondary topic (may equal the primary)
+  std::vector<float> share1;     // I: factor on the primary topic, in [0.5, 1)
   double pop_total = 0;
-  std::vector<double> topic_mass;  // K: Z_t = sum_i v_i(t) pop(i)
-  std::vector<AliasCell> global;   // I: draws by popularity
+  std::vector<double> topic_mass;       // K: Z_t = sum_i v_i(t) pop(i)
+  std::vector<AliasCell> global;        // I: draws by popularity
   std::vector<uint64_t> member_off;     // K + 1
   std::vector<uint32_t> members;        // items of each topic, ascending
   std::vector<AliasCell> member_alias;  // per topic over its members: v_i(t) pop(i)
@@ -241,8 +241,8 @@ Taste taste_of(uint64_t seed, uint64_t user, uint32_t K) {
   double cum = 0;
   for (uint32_t j = 0; j < t.num; ++j) {
     cum += w[j];
-    t.cut[j] = (j + 1 == t.num) ? (1ull << 32)
-                                : static_cast<uint64_t>(std::llround(cum / total * kTwo32));
+    t.cut[j] =
+        (j + 1 == t.num) ? (1ull << 32) : static_cast<uint64_t>(std::llround(cum / total * kTwo32));
   }
   return t;
 }
@@ -325,8 +325,8 @@ struct Scratch {
 // the rest is sampled densely: ordering the items not yet drawn by Exp(1) / p_u(i)
 // continues the successive draws without repeats exactly (Efraimidis-Spirakis;
 // the exponentials are memoryless), at O(I) cost for that user.
-void draw_user_items(const ItemModel& m, const Mixture& x, uint64_t seed, uint64_t user,
-                     uint32_t n, Scratch& s, int32_t* order) {
+void draw_user_items(const ItemModel& m, const Mixture& x, uint64_t seed, uint64_t user, uint32_t n,
+                     Scratch& s, int32_t* order) {
   const Taste t = taste_of(seed, user, m.K);
   const CounterRng rng{seed, kStreamSynthUser, user};
   const uint64_t budget =
@@ -418,30 +418,31 @@ uint32_t synthetic_max_per_user(const SyntheticParams& params, uint32_t eval_neg
   check_params(params);
   const uint64_t I = params.shape.num_items;
   uint64_t cap = I / 2;
-  if (I < eval_negatives) cap = 0;
-  else if (I - eval_negatives < cap) cap = I - eval_negatives;
+  if (I < eval_negatives)
+    cap = 0;
+  else if (I - eval_negatives < cap)
+    cap = I - eval_negatives;
   if (cap < params.min_per_user)
-    NCF_FAIL("synthetic shape '", params.shape.name, "': num_items ", I,
-             " allows at most ", cap, " interactions per user (num_items / 2, and num_items - ",
-             eval_negatives, " eval negatives), below min_per_user ", params.min_per_user,
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
+             " interactions per user (num_items / 2, and num_items - ", eval_negatives,
+             " eval negatives), below min_per_user ", params.min_per_user,
              "; use more items or fewer eval negatives");
   return static_cast<uint32_t>(cap);
 }
 
-std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params,
-                                            uint32_t eval_negatives, uint64_t seed,
-                                            int threads) {
+std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint32_t eval_negatives,
+                                            uint64_t seed, int threads) {
   const uint32_t cap = synthetic_max_per_user(params, eval_negatives);
   const uint64_t U = params.shape.num_users;
   const uint64_t N = params.shape.num_interactions;
   const uint32_t m = params.min_per_user;
   if (N < uint64_t(m) * U)
-    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N,
-             " < min_per_user ", m, " x num_users ", U, " = ", uint64_t(m) * U);
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N, " < min_per_user ",
+             m, " x num_users ", U, " = ", uint64_t(m) * U);
   if (N > uint64_t(cap) * U)
     NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N,
-             " > the feasible maximum ", uint64_t(cap) * U, " = num_users ", U,
-             " x max_per_user ", cap, " (num_items ", params.shape.num_items, ")");
+             " > the feasible maximum ", uint64_t(cap) * U, " = num_users ", U, " x max_per_user ",
+             cap, " (num_items ", params.shape.num_items, ")");
   const int T = resolve_threads(threads);
 
   // One 32-bit slot per user: first the activity weight's float bits, then the

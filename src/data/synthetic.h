@@ -23,7 +23,7 @@
 namespace ncf {
 
 struct SyntheticShape {
-  std::string name;            // "ml-1m", "ml-20m", "small", or "custom"
+  std::string name;  // "ml-1m", "ml-20m", "small", or "custom"
   uint64_t num_users = 0;
   uint64_t num_items = 0;
   uint64_t num_interactions = 0;  // total, train + test
@@ -54,9 +54,8 @@ uint32_t synthetic_max_per_user(const SyntheticParams& params, uint32_t eval_neg
 // The per-user interaction counts generate_synthetic uses (U entries summing to
 // num_interactions), without generating items. Throws when num_interactions is
 // outside [min_per_user * U, max_per_user * U]. threads = 0: hardware concurrency.
-std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params,
-                                            uint32_t eval_negatives, uint64_t seed,
-                                            int threads = 0);
+std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint32_t eval_negatives,
+                                            uint64_t seed, int threads = 0);
 
 // The planted preferences, rebuilt from (params, seed) without the data: scores
 // an item for a user the way the generator draws it. Tests use it as the oracle.

@@ -76,13 +76,14 @@ int main(int argc, char** argv) {
   app.add_option("--rank", sp.rank, "synthetic: rank of the planted preferences")
       ->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--preference", sp.preference,
-                 "synthetic: share of interactions drawn from the planted taste")
-      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+                 "synthetic: share of interactions drawn from the planted taste, in [0, 1)")
+      ->capture_default_str()->check(CLI::Range(0.0, 0.999999));
   app.add_option("--min_per_user", sp.min_per_user, "synthetic: interactions per user, at least")
       ->capture_default_str()->check(CLI::Range(2, 1 << 20));
   app.add_option("--output,-o", output, "dataset directory to write");
   app.add_option("--eval_negatives", eval_negatives,
-                 "eval negatives per user, E (default 999; the NCF paper's files carry 99)")
+                 "eval negatives per user, E (default 999; 99 for the NCF paper's files and the "
+                 "small synthetic shape)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--record_rows", opt.record_rows, "positive pairs per train record")
       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
@@ -139,7 +140,8 @@ int main(int argc, char** argv) {
         if (items) sp.shape.num_items = items, sp.shape.name = "custom";
         if (interactions) sp.shape.num_interactions = interactions, sp.shape.name = "custom";
       }
-      opt.eval_negatives = eval_negatives ? eval_negatives : 999;
+      // The embedded "small" shape has 1,000 items: the paper's 99 negatives fit it.
+      opt.eval_negatives = eval_negatives ? eval_negatives : (synthetic == "small" ? 99 : 999);
       ncf::DatasetMeta m = ncf::generate_synthetic(sp, output, opt);
       print_meta_summary(m, output, elapsed());
       return 0;
