@@ -23,6 +23,7 @@ struct ExecContext {
   int threads = 1;               // CPU kernels split rows over this many threads
   void* stream = nullptr;        // cudaStream_t on kCuda
   void* cublas = nullptr;        // cublasHandle_t on kCuda
+  void* cuda_resources = nullptr;  // CudaResources* (common/cuda_context.h) on kCuda
 };
 
 // Raw allocation on a device (64-byte aligned on the CPU).

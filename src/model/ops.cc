@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -72,6 +73,13 @@ void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float*
 }
 
 }  // namespace
+
+namespace {
+std::atomic<MathMode> g_math_mode{MathMode::kTf32};
+}  // namespace
+
+void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
+MathMode math_mode() { return g_math_mode.load(); }
 
 void set_blas_threads(int threads) {
   if (threads > 0) openblas_set_num_threads(threads);

@@ -25,6 +25,14 @@ namespace ncf {
 // to it (for parameters used more than once per step).
 enum class GradMode { kOverwrite, kAccumulate };
 
+// Arithmetic of the CUDA GEMMs (gemm, linear_forward/backward), process-wide:
+// kTf32 (the default) lets cuBLAS round the inputs to TF32 on tensor cores
+// (~1e-3 relative error per product, several times faster); kFp32 keeps full
+// FP32 products, for parity tests against the CPU. The CPU path is always FP32.
+enum class MathMode { kTf32, kFp32 };
+void set_math_mode(MathMode mode);
+MathMode math_mode();
+
 // Thread count of OpenBLAS inside gemm (process-wide). Call once at startup with
 // the same value as ExecContext::threads; <= 0 leaves OpenBLAS's default.
 void set_blas_threads(int threads);

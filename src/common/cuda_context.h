@@ -1,0 +1,102 @@
+// The CUDA state of one rank's compute stream, beyond the stream itself: the
+// cuBLAS and cuBLASLt handles, the cuBLASLt workspace, a grow-only scratch arena
+// (CUB temporary storage, partial sums, row maps), pinned host staging for the
+// few results that must come back to the host, and a sticky device error record.
+//
+// make_cuda_context builds an ExecContext whose `cuda_resources` points at one
+// CudaResources; destroy_cuda_context frees it. One CudaResources serves one
+// stream: the scratch arena is reused by consecutive ops on that stream, which
+// is safe only because they are ordered on it.
+//
+// Kernels cannot throw, so a kernel that meets bad input (an id out of range,
+// unsorted rows) records the first such problem in the device error record and
+// skips the offending work; state-changing kernels (optimizers, scatters) do
+// nothing while a record is pending. The record is raised as ncf::Error by the
+// ops that synchronize anyway (sort_reduce_rows, unique_ids, bucketize_by_owner,
+// hit_ndcg) and by check_device_errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/device.h"
+
+#ifdef NCF_WITH_CUDA
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace ncf {
+
+// An ExecContext on GPU `device_id` (made current on the calling thread) with a
+// new stream and the handles above. The stream is a blocking stream, so plain
+// cudaMemcpy / cudaMemset (device_copy, Buffer::zero) on the legacy default
+// stream stay ordered with it. Throws when this build or machine has no GPU.
+ExecContext make_cuda_context(int device_id);
+// Frees what make_cuda_context made (waits for the stream first) and resets
+// ctx to a CPU context. A context not made by make_cuda_context is left alone.
+void destroy_cuda_context(ExecContext& ctx);
+
+// Waits for ctx's stream, then throws ncf::Error describing the first bad input
+// a kernel recorded since the last check (the op, the position, the value and
+// the bound it broke), clearing the record. No-op on CPU contexts.
+void check_device_errors(const ExecContext& ctx);
+
+// What a kernel found wrong (the device error record's code).
+enum class DeviceErrorCode : int {
+  kNone = 0,
+  kGatherRowOutOfRange = 1,      // gather_rows: ids[index] = value outside [0, bound)
+  kUniqueRowOutOfRange = 2,      // embedding optimizers: unique_rows[index] outside [0, bound)
+  kUniqueRowsNotIncreasing = 3,  // embedding optimizers: unique_rows[index] = value <= previous
+  kNegativesUserOutOfRange = 4,  // sample_negatives: users[index] = value outside [0, bound)
+  kNegativesNoFreeItem = 5,      // sample_negatives: user value has all bound items
+  kIndexOutOfRange = 6,          // permute_rows: idx[index] = value outside [0, bound)
+  kNotAPermutation = 7,          // unpermute_rows: perm[index] = value repeated or outside [0, bound)
+  kNegativeId = 8,               // bucketize_by_owner: ids[index] = value < 0
+};
+const char* device_error_text(DeviceErrorCode code);
+
+#ifdef NCF_WITH_CUDA
+// Written by the first failing kernel (atomicCAS on code), read by the host.
+struct DeviceErrorRecord {
+  int code;         // a DeviceErrorCode, 0 = none
+  int unused;
+  long long index;  // position in the op's input
+  long long value;  // the offending value
+  long long bound;  // the limit it broke
+};
+
+struct CudaResources {
+  int device_id = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;  // cuBLASLt matmul workspace
+  size_t lt_workspace_bytes = 0;
+  DeviceErrorRecord* error_dev = nullptr;   // device
+  DeviceErrorRecord* error_host = nullptr;  // pinned mirror for the check
+
+  // Grow-only scratch arena on the device. Growing frees the old arena;
+  // cudaFree waits for the device, so kernels still using it have finished.
+  void* scratch(size_t bytes);
+  // Grow-only pinned host staging for results copied back (counts, sums).
+  void* pinned(size_t bytes);
+
+  CudaResources() = default;
+  CudaResources(const CudaResources&) = delete;
+  CudaResources& operator=(const CudaResources&) = delete;
+  ~CudaResources();
+
+ private:
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+};
+
+// ctx's resources; throws naming `op` when ctx was not made by make_cuda_context.
+CudaResources& cuda_resources(const ExecContext& ctx, const char* op);
+#endif
+
+}  // namespace ncf

@@ -1,0 +1,275 @@
+// What every *.cu launcher shares (include from .cu files only): the CUDA and
+// cuBLAS checks, the one launch-grid helper, the scratch-arena layout, the
+// device error record writer, and the two deterministic reductions (scalar sums
+// and column sums over fixed chunks, combined in a fixed order — no float
+// atomics, so a result is the same bits on every run).
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/device.h"
+
+#ifndef CUDA_CHECK
+#define CUDA_CHECK(expr)                                                               \
+  do {                                                                                 \
+    cudaError_t ncf_cuda_e_ = (expr);                                                  \
+    if (ncf_cuda_e_ != cudaSuccess)                                                    \
+      ::ncf::throw_error(__FILE__, __LINE__,                                           \
+                         ::ncf::detail::concat("CUDA error ", cudaGetErrorString(ncf_cuda_e_), \
+                                               ": " #expr));                           \
+  } while (0)
+#endif
+
+#ifndef CUBLAS_CHECK
+#define CUBLAS_CHECK(expr)                                                               \
+  do {                                                                                   \
+    cublasStatus_t ncf_cublas_s_ = (expr);                                               \
+    if (ncf_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                          \
+      ::ncf::throw_error(__FILE__, __LINE__,                                             \
+                         ::ncf::detail::concat("cuBLAS error ",                          \
+                                               cublasGetStatusString(ncf_cublas_s_), ": " #expr)); \
+  } while (0)
+#endif
+
+namespace ncf::cuda {
+
+// ---- launching ----------------------------------------------------------------
+
+constexpr int kThreads = 256;              // threads per block of the 1-D kernels
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // more work loops inside the kernel
+
+// The launch grid of every 1-D kernel: one thread per work item, in blocks of
+// `threads`, capped at kMaxBlocks (kernels walk their range with a grid-stride
+// loop, so any count is covered). Callers skip the launch when work == 0.
+inline unsigned grid_for(int64_t work, int threads = kThreads) {
+  const int64_t blocks = (work + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
+}
+
+// First index and stride of a grid-stride loop (64-bit: B·D may pass 2^31).
+__device__ __forceinline__ int64_t thread_first() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t thread_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+inline cudaStream_t stream_of(const ExecContext& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
+
+// Raises a failed launch (bad configuration, no kernel image for this GPU).
+inline void check_launch(const char* op) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) NCF_FAIL(op, ": kernel launch failed: ", cudaGetErrorString(e));
+}
+
+// Vectorized (float4) paths need 16-byte aligned rows: the base pointer and
+// every row start (so the row stride is a multiple of 4 floats).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Device-side checks of sizes that CUB and the 2-D grids take as int.
+inline void check_int_range(const char* op, const char* what, int64_t v) {
+  NCF_CHECK(v >= 0 && v <= INT_MAX, op, ": ", what, "=", v,
+            " exceeds what the CUDA path supports (INT_MAX)");
+}
+
+// ---- scratch ------------------------------------------------------------------
+
+// Lays several arrays out in one scratch allocation. Run the same layout twice:
+// once on ScratchLayout(nullptr) to measure, then on the arena it returned.
+class ScratchLayout {
+ public:
+  explicit ScratchLayout(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* take(size_t count) {
+    used_ = (used_ + 255) / 256 * 256;  // every array 256-byte aligned (CUB, float4)
+    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += count * sizeof(T);
+    return p;
+  }
+  size_t used() const { return std::max<size_t>(used_, 1); }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+template <typename Layout>
+void carve_scratch(CudaResources& r, Layout&& layout) {
+  ScratchLayout measure(nullptr);
+  layout(measure);
+  ScratchLayout real(r.scratch(measure.used()));
+  layout(real);
+}
+
+// ---- the device error record ----------------------------------------------------
+
+// The first failing thread wins; later ones leave the record as it is.
+__device__ __forceinline__ void record_error(DeviceErrorRecord* rec, DeviceErrorCode code,
+                                             int64_t index, int64_t value, int64_t bound) {
+  if (atomicCAS(&rec->code, 0, static_cast<int>(code)) == 0) {
+    rec->index = index;
+    rec->value = value;
+    rec->bound = bound;
+  }
+}
+
+// True while a recorded error waits to be raised: state-changing kernels return
+// at once, so bad input never half-updates a table.
+__device__ __forceinline__ bool error_pending(const DeviceErrorRecord* rec) {
+  return *reinterpret_cast<const volatile int*>(&rec->code) != 0;
+}
+
+// The one wait of a synchronizing op (its own result copies already enqueued):
+// adds the copy of the error record, waits for the stream, and raises a
+// recorded error (check_device_errors clears it and throws).
+inline void sync_and_raise(const ExecContext& ctx, CudaResources& r) {
+  CUDA_CHECK(cudaMemcpyAsync(r.error_host, r.error_dev, sizeof(DeviceErrorRecord),
+                             cudaMemcpyDeviceToHost, stream_of(ctx)));
+  CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  if (r.error_host->code != 0) check_device_errors(ctx);
+}
+
+namespace {  // kernels and their templates: one private copy per .cu file
+
+// x[i] = i: the positions that a stable sort-by-key carries along.
+template <typename T>
+__global__ void iota_kernel(T* x, int64_t n) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) x[i] = static_cast<T>(i);
+}
+
+// ---- deterministic scalar sums ----------------------------------------------------
+// Pass 1: block c sums items [c·kSumChunk, (c+1)·kSumChunk) with a fixed
+// thread-to-item map and a fixed shared-memory tree. Pass 2: one block sums the
+// chunk partials, thread t taking chunks t, t+kThreads, … in order, then the
+// same tree. The order depends only on n, never on the GPU or the timing.
+
+constexpr int kSumItemsPerThread = 8;
+constexpr int64_t kSumChunk = int64_t{kThreads} * kSumItemsPerThread;  // 2048 items
+
+inline int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
+
+template <int K>
+__device__ void block_tree_sum(double (&acc)[K], double (*sh)[kThreads]) {
+  for (int k = 0; k < K; ++k) sh[k][threadIdx.x] = acc[k];
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (static_cast<int>(threadIdx.x) < s)
+      for (int k = 0; k < K; ++k) sh[k][threadIdx.x] += sh[k][threadIdx.x + s];
+    __syncthreads();
+  }
+}
+
+// op(i, acc) adds item i's K quantities into acc. partial is [chunks × K].
+template <int K, typename Op>
+__global__ void __launch_bounds__(kThreads) chunk_sums_kernel(Op op, int64_t n, double* partial) {
+  __shared__ double sh[K][kThreads];
+  double acc[K];
+  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kSumChunk;
+  for (int j = 0; j < kSumItemsPerThread; ++j) {
+    const int64_t i = base + static_cast<int64_t>(j) * kThreads + threadIdx.x;
+    if (i < n) op(i, acc);
+  }
+  block_tree_sum<K>(acc, sh);
+  if (threadIdx.x == 0)
+    for (int k = 0; k < K; ++k) partial[static_cast<int64_t>(blockIdx.x) * K + k] = sh[k][0];
+}
+
+// store(k, total) receives the K totals (zeros when there are no chunks).
+template <int K, typename Store>
+__global__ void __launch_bounds__(kThreads)
+    finish_sums_kernel(const double* partial, int64_t chunks, Store store) {
+  __shared__ double sh[K][kThreads];
+  double acc[K];
+  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  for (int64_t c = threadIdx.x; c < chunks; c += kThreads)
+    for (int k = 0; k < K; ++k) acc[k] += partial[c * K + k];
+  block_tree_sum<K>(acc, sh);
+  if (threadIdx.x == 0)
+    for (int k = 0; k < K; ++k) store(k, sh[k][0]);
+}
+
+// Σ over i < n of op's K quantities → store. `partial` holds sum_chunks(n)·K doubles.
+template <int K, typename Op, typename Store>
+void deterministic_sums(cudaStream_t stream, int64_t n, Op op, double* partial, Store store,
+                        const char* what) {
+  const int64_t chunks = sum_chunks(n);
+  check_int_range(what, "reduction chunks", chunks);
+  if (chunks > 0)
+    chunk_sums_kernel<K><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(op, n, partial);
+  finish_sums_kernel<K><<<1, kThreads, 0, stream>>>(partial, chunks, store);
+  check_launch(what);
+}
+
+// ---- deterministic column sums ------------------------------------------------------
+// Σ_b op(b, c) for each of C columns over B rows. Block (x, y) takes rows
+// [x·kColChunk, (x+1)·kColChunk) and columns [32y, 32y+32): lane tx owns column
+// 32y+tx (coalesced row reads), the 8 thread rows split the chunk's rows
+// ty, ty+8, … and are combined in ty order. A second pass adds the chunk
+// partials of each column in chunk order.
+
+constexpr int kColLanes = 32;
+constexpr int kColRows = 8;
+constexpr int64_t kColChunk = 256;  // rows per partial
+
+inline int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
+
+// op(b, c) returns the double to add (it may also write element (b, c) of an
+// output: each (b, c) is visited exactly once). partial is [chunks × C].
+template <typename Op>
+__global__ void __launch_bounds__(kColLanes* kColRows)
+    col_sums_kernel(Op op, int64_t B, int C, double* partial) {
+  __shared__ double sh[kColRows][kColLanes];
+  const int c = blockIdx.y * kColLanes + threadIdx.x;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
+  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
+  double acc = 0.0;
+  if (c < C)
+    for (int64_t b = b0 + threadIdx.y; b < b1; b += kColRows) acc += op(b, c);
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double s = 0.0;
+    for (int r = 0; r < kColRows; ++r) s += sh[r][threadIdx.x];
+    partial[static_cast<int64_t>(blockIdx.x) * C + c] = s;
+  }
+}
+
+// store(c, total) for each column; totals are 0 when B == 0.
+template <typename Store>
+__global__ void col_finish_kernel(const double* partial, int64_t chunks, int C, Store store) {
+  for (int64_t c = thread_first(); c < C; c += thread_stride()) {
+    double s = 0.0;
+    for (int64_t x = 0; x < chunks; ++x) s += partial[x * C + c];
+    store(static_cast<int>(c), s);
+  }
+}
+
+// `partial` holds col_chunks(B)·C doubles.
+template <typename Op, typename Store>
+void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double* partial,
+                            Store store, const char* what) {
+  const int64_t chunks = col_chunks(B);
+  const int64_t tiles = (static_cast<int64_t>(C) + kColLanes - 1) / kColLanes;
+  check_int_range(what, "row chunks", chunks);
+  NCF_CHECK(tiles <= 65535, what, ": C=", C, " columns exceed the grid's y range");
+  if (chunks > 0 && C > 0) {
+    dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
+    col_sums_kernel<<<grid, dim3(kColLanes, kColRows), 0, stream>>>(op, B, C, partial);
+  }
+  if (C > 0) col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, C, store);
+  check_launch(what);
+}
+
+}  // namespace
+}  // namespace ncf::cuda

@@ -1,0 +1,111 @@
+// CPU versions of the exchange helpers (embedding_kernels.h): argument checks,
+// the dispatch to the CUDA twins, and plain loops whose orders the CUDA code
+// reproduces exactly.
+#include "embedding/embedding_kernels.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "common/check.h"
+#include "common/parallel.h"
+#include "model/dispatch.h"
+
+namespace ncf {
+namespace {
+
+int64_t row_grain(int D) { return std::max<int64_t>(1, 16384 / std::max(D, 1)); }
+
+void check_rows_op(const char* op, const void* src, const void* idx, const void* out, int64_t n,
+                   int D) {
+  NCF_CHECK(n >= 0, op, ": negative row count n=", n);
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(n == 0 || (src && idx && out), op, ": an input or output array is null with n=", n);
+}
+
+}  // namespace
+
+void bucketize_by_owner(const ExecContext& ctx, const int32_t* ids, int64_t n,
+                        const OwnerRule& rule, int64_t* out_perm, int32_t* out_local_ids,
+                        int64_t* counts) {
+  const char* op = "bucketize_by_owner";
+  NCF_CHECK(n >= 0, op, ": negative count n=", n);
+  NCF_CHECK(rule.W >= 1, op, ": world size W=", rule.W, " must be >= 1");
+  NCF_CHECK(rule.row_wise || (rule.owner >= 0 && rule.owner < rule.W), op, ": owner ", rule.owner,
+            " outside [0, W=", rule.W, ")");
+  NCF_CHECK(counts != nullptr, op, ": counts is null");
+  NCF_CHECK(n == 0 || (ids && out_perm && out_local_ids), op,
+            ": an input or output array is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, bucketize_by_owner, ctx, ids, n, rule, out_perm, out_local_ids, counts);
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(ids[k] >= 0, op, ": ids[", k, "]=", ids[k], " is negative");
+  const int W = rule.W;
+  std::fill(counts, counts + W, int64_t{0});
+  if (!rule.row_wise) {
+    counts[rule.owner] = n;
+    for (int64_t k = 0; k < n; ++k) {
+      out_perm[k] = k;
+      out_local_ids[k] = ids[k];
+    }
+    return;
+  }
+  // A stable counting sort by owner.
+  for (int64_t k = 0; k < n; ++k) ++counts[ids[k] % W];
+  std::vector<int64_t> next(W, 0);
+  for (int p = 1; p < W; ++p) next[p] = next[p - 1] + counts[p - 1];
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t pos = next[ids[k] % W]++;
+    out_perm[pos] = k;
+    out_local_ids[pos] = ids[k] / W;
+  }
+}
+
+void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
+                int64_t* out_inverse, int64_t* n_unique) {
+  const char* op = "unique_ids";
+  NCF_CHECK(n >= 0, op, ": negative count n=", n);
+  NCF_CHECK(n_unique != nullptr, op, ": n_unique is null");
+  NCF_CHECK(n == 0 || (ids && out_unique && out_inverse), op,
+            ": an input or output array is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, unique_ids, ctx, ids, n, out_unique, out_inverse, n_unique);
+  std::vector<int32_t> sorted(ids, ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t nu = std::unique(sorted.begin(), sorted.end()) - sorted.begin();
+  std::copy_n(sorted.begin(), nu, out_unique);
+  parallel_for(ctx.threads, n, 4096, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      out_inverse[k] = std::lower_bound(out_unique, out_unique + nu, ids[k]) - out_unique;
+  });
+  *n_unique = nu;
+}
+
+void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const int64_t* idx,
+                  float* out, int64_t n, int D) {
+  const char* op = "permute_rows";
+  check_rows_op(op, src, idx, out, n, D);
+  NCF_CHECK(n_src >= 0, op, ": negative source row count n_src=", n_src);
+  NCF_DISPATCH_CUDA(ctx, permute_rows, ctx, src, n_src, idx, out, n, D);
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(idx[k] >= 0 && idx[k] < n_src, op, ": idx[", k, "]=", idx[k], " outside [0, ",
+              n_src, ")");
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) std::copy_n(src + idx[k] * D, D, out + k * D);
+  });
+}
+
+void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* perm, float* out,
+                    int64_t n, int D) {
+  const char* op = "unpermute_rows";
+  check_rows_op(op, src, perm, out, n, D);
+  NCF_DISPATCH_CUDA(ctx, unpermute_rows, ctx, src, perm, out, n, D);
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  for (int64_t k = 0; k < n; ++k) {
+    NCF_CHECK(perm[k] >= 0 && perm[k] < n && !seen[perm[k]], op, ": perm[", k, "]=", perm[k],
+              " is repeated or outside [0, ", n, "): not a permutation");
+    seen[perm[k]] = true;
+  }
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) std::copy_n(src + k * D, D, out + perm[k] * D);
+  });
+}
+
+}  // namespace ncf

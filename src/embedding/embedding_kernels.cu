@@ -1,0 +1,291 @@
+// CUDA twins of the exchange helpers (embedding_kernels.h). Orders match the
+// CPU exactly: bucketize is a stable CUB radix sort of (owner, position) pairs,
+// unique_ids a stable sort of (id, position) pairs with run heads scanned into
+// unique indices. Row moves read and write float4s when D % 4 == 0 and the
+// arrays are 16-byte aligned.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "common/cuda_util.cuh"
+#include "embedding/embedding_kernels.h"
+
+namespace ncf::cuda {
+namespace {
+
+// ---- bucketize ----------------------------------------------------------------------
+
+// keys[k] = owner of ids[k] (row-wise: id mod W); a negative id is recorded and
+// keyed 0. keys may be null (single owner: only the check).
+__global__ void owner_keys_kernel(const int32_t* ids, int64_t n, int W, int32_t* keys,
+                                  DeviceErrorRecord* err) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) {
+    const int32_t id = ids[k];
+    if (id < 0) record_error(err, DeviceErrorCode::kNegativeId, k, id, 0);
+    if (keys) keys[k] = id < 0 ? 0 : id % W;
+  }
+}
+
+// Owner order → out_perm (input index) and out_local (local row).
+__global__ void owner_order_kernel(const int32_t* ids, const int32_t* pos_sorted, int64_t n,
+                                   int W, bool row_wise, int64_t* out_perm, int32_t* out_local) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) {
+    const int32_t k = row_wise ? pos_sorted[i] : static_cast<int32_t>(i);
+    const int32_t id = ids[k];
+    out_perm[i] = k;
+    out_local[i] = row_wise && id >= 0 ? id / W : id;
+  }
+}
+
+// First index of sorted[0..n) that is >= x.
+__device__ int64_t lower_bound_of(const int32_t* sorted, int64_t n, int32_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// counts[p] = number of sorted owner keys equal to p (no atomics: two searches).
+__global__ void owner_counts_kernel(const int32_t* sorted_keys, int64_t n, int W, int64_t* counts) {
+  for (int64_t p = thread_first(); p < W; p += thread_stride())
+    counts[p] = lower_bound_of(sorted_keys, n, static_cast<int32_t>(p + 1)) -
+                lower_bound_of(sorted_keys, n, static_cast<int32_t>(p));
+}
+
+// ---- unique ---------------------------------------------------------------------------
+
+__global__ void run_heads_kernel(const int32_t* sorted, int64_t n, int32_t* head) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride())
+    head[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? 1 : 0;
+}
+
+// run[i] = 1-based index of the unique id at sorted position i.
+__global__ void unique_scatter_kernel(const int32_t* sorted, const int32_t* pos_sorted,
+                                      const int32_t* head, const int32_t* run, int64_t n,
+                                      int32_t* out_unique, int64_t* out_inverse) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) {
+    const int32_t u = run[i] - 1;
+    if (head[i]) out_unique[u] = sorted[i];
+    out_inverse[pos_sorted[i]] = u;
+  }
+}
+
+// ---- row moves -------------------------------------------------------------------------
+
+template <bool kVec>
+__device__ __forceinline__ void copy_row_part(const float* src, float* dst) {
+  if constexpr (kVec)
+    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+  else
+    *dst = *src;
+}
+
+template <bool kVec>
+__device__ __forceinline__ void zero_row_part(float* dst) {
+  if constexpr (kVec)
+    *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  else
+    *dst = 0.0f;
+}
+
+// out[k, :] = src[idx[k], :]; a bad idx gives a zero row and an error record.
+template <bool kVec>
+__global__ void permute_rows_kernel(const float* src, int64_t n_src, const int64_t* idx,
+                                    float* out, int64_t n, int D, DeviceErrorRecord* err) {
+  const int lanes = kVec ? D / 4 : D;
+  const int64_t total = n * lanes;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / lanes;
+    const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
+    const int64_t s = idx[k];
+    if (s >= 0 && s < n_src) {
+      copy_row_part<kVec>(src + s * D + d, out + k * D + d);
+    } else {
+      if (d == 0) record_error(err, DeviceErrorCode::kIndexOutOfRange, k, s, n_src);
+      zero_row_part<kVec>(out + k * D + d);
+    }
+  }
+}
+
+// marks[n] starts at 0; a target seen twice or outside [0, n) is recorded.
+__global__ void check_permutation_kernel(const int64_t* perm, int64_t n, int32_t* marks,
+                                         DeviceErrorRecord* err) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) {
+    const int64_t p = perm[k];
+    if (p < 0 || p >= n || atomicExch(&marks[p], 1) != 0)
+      record_error(err, DeviceErrorCode::kNotAPermutation, k, p, n);
+  }
+}
+
+// out[perm[k], :] = src[k, :]; nothing at all while an error is pending.
+template <bool kVec>
+__global__ void unpermute_rows_kernel(const float* src, const int64_t* perm, float* out, int64_t n,
+                                      int D, const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
+  const int lanes = kVec ? D / 4 : D;
+  const int64_t total = n * lanes;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / lanes;
+    const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
+    copy_row_part<kVec>(src + k * D + d, out + perm[k] * D + d);
+  }
+}
+
+// Bits needed to sort keys in [0, W): at least one.
+int key_bits(int W) {
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < W) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+void bucketize_by_owner(const ExecContext& ctx, const int32_t* ids, int64_t n,
+                        const OwnerRule& rule, int64_t* out_perm, int32_t* out_local_ids,
+                        int64_t* counts) {
+  const char* op = "bucketize_by_owner";
+  const int W = rule.W;
+  std::fill(counts, counts + W, int64_t{0});
+  if (n == 0) return;
+  check_int_range(op, "n", n);
+  const int N = static_cast<int>(n);
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+
+  if (!rule.row_wise) {
+    // One owner: the owner order is the input order.
+    owner_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, 1, nullptr, r.error_dev);
+    owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, nullptr, n, W, false, out_perm,
+                                                             out_local_ids);
+    check_launch(op);
+    sync_and_raise(ctx, r);  // raises a negative id, as the CPU does
+    counts[rule.owner] = n;
+    return;
+  }
+
+  size_t temp_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, key_bits(W),
+      stream));
+  int32_t* keys = nullptr;         // [n] owner of each input id
+  int32_t* sorted_keys = nullptr;  // [n] owners in owner order
+  int32_t* pos_in = nullptr;       // [n] 0..n-1
+  int32_t* pos_sorted = nullptr;   // [n] input index in owner order
+  int64_t* dev_counts = nullptr;   // [W]
+  void* temp = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    keys = s.take<int32_t>(n);
+    sorted_keys = s.take<int32_t>(n);
+    pos_in = s.take<int32_t>(n);
+    pos_sorted = s.take<int32_t>(n);
+    dev_counts = s.take<int64_t>(W);
+    temp = s.take<char>(temp_bytes);
+  });
+  owner_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, W, keys, r.error_dev);
+  iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
+  check_launch(op);
+  // LSD radix sort is stable: equal owners keep input order, like the CPU's counting sort.
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, pos_in,
+                                             pos_sorted, N, 0, key_bits(W), stream));
+  owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, pos_sorted, n, W, true, out_perm,
+                                                           out_local_ids);
+  owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_keys, n, W, dev_counts);
+  check_launch(op);
+  auto* host = static_cast<int64_t*>(r.pinned(sizeof(int64_t) * W));
+  CUDA_CHECK(cudaMemcpyAsync(host, dev_counts, sizeof(int64_t) * W, cudaMemcpyDeviceToHost, stream));
+  sync_and_raise(ctx, r);
+  std::copy_n(host, W, counts);
+}
+
+void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
+                int64_t* out_inverse, int64_t* n_unique) {
+  const char* op = "unique_ids";
+  if (n == 0) {
+    *n_unique = 0;
+    return;
+  }
+  check_int_range(op, "n", n);
+  const int N = static_cast<int>(n);
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+
+  size_t sort_bytes = 0, scan_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, 32, stream));
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+                                           static_cast<const int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), N, stream));
+  const size_t temp_bytes = std::max({sort_bytes, scan_bytes, size_t{1}});
+  int32_t* sorted = nullptr;      // [n] ids ascending
+  int32_t* pos_in = nullptr;      // [n] 0..n-1
+  int32_t* pos_sorted = nullptr;  // [n] input index of each sorted id
+  int32_t* head = nullptr;        // [n] 1 where a run of equal ids starts
+  int32_t* run = nullptr;         // [n] inclusive scan of head
+  void* temp = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    sorted = s.take<int32_t>(n);
+    pos_in = s.take<int32_t>(n);
+    pos_sorted = s.take<int32_t>(n);
+    head = s.take<int32_t>(n);
+    run = s.take<int32_t>(n);
+    temp = s.take<char>(temp_bytes);
+  });
+  iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
+  check_launch(op);
+  size_t bytes = temp_bytes;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, N, 0,
+                                             32, stream));
+  run_heads_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, n, head);
+  check_launch(op);
+  bytes = temp_bytes;
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, N, stream));
+  unique_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, pos_sorted, head, run, n,
+                                                              out_unique, out_inverse);
+  check_launch(op);
+  auto* host = static_cast<int32_t*>(r.pinned(sizeof(int32_t)));
+  CUDA_CHECK(cudaMemcpyAsync(host, run + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  sync_and_raise(ctx, r);
+  *n_unique = *host;
+}
+
+void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const int64_t* idx,
+                  float* out, int64_t n, int D) {
+  const char* op = "permute_rows";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  if (D % 4 == 0 && aligned16(src) && aligned16(out))
+    permute_rows_kernel<true><<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, n_src, idx, out,
+                                                                               n, D, r.error_dev);
+  else
+    permute_rows_kernel<false><<<grid_for(n * D), kThreads, 0, stream>>>(src, n_src, idx, out, n, D,
+                                                                         r.error_dev);
+  check_launch(op);
+}
+
+void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* perm, float* out,
+                    int64_t n, int D) {
+  const char* op = "unpermute_rows";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  int32_t* marks = nullptr;  // [n] targets seen
+  carve_scratch(r, [&](ScratchLayout& s) { marks = s.take<int32_t>(n); });
+  CUDA_CHECK(cudaMemsetAsync(marks, 0, sizeof(int32_t) * n, stream));
+  check_permutation_kernel<<<grid_for(n), kThreads, 0, stream>>>(perm, n, marks, r.error_dev);
+  if (D % 4 == 0 && aligned16(src) && aligned16(out))
+    unpermute_rows_kernel<true><<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, perm, out, n,
+                                                                                 D, r.error_dev);
+  else
+    unpermute_rows_kernel<false><<<grid_for(n * D), kThreads, 0, stream>>>(src, perm, out, n, D,
+                                                                           r.error_dev);
+  check_launch(op);
+}
+
+}  // namespace ncf::cuda

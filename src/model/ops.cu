@@ -1,0 +1,476 @@
+// CUDA twins of the dense ops in ops.h (same names and arguments; the CPU
+// functions check the arguments and forward here when ctx.device is kCuda).
+// GEMMs go to cuBLAS (gemm, the backward products) and cuBLASLt (the forward
+// Linear with its bias and ReLU fused into the epilogue); everything that sums
+// over the batch (bias gradients, the head, the loss) uses the fixed-order
+// reductions of cuda_util.cuh, so every result is the same bits on every run.
+// Everything runs on ctx.stream.
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "common/cuda_util.cuh"
+#include "model/ops.h"
+
+namespace ncf::cuda {
+namespace {
+
+// ---- element-wise kernels ---------------------------------------------------------
+
+__global__ void fill_kernel(float* x, int64_t n, float value) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) x[i] = value;
+}
+
+// C[M×N] = beta·C (beta == 0 writes zeros, so NaNs in C do not leak): GEMM with K == 0.
+__global__ void scale_rows_kernel(float* C, int64_t ldc, int M, int N, float beta) {
+  const int64_t total = static_cast<int64_t>(M) * N;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    float& c = C[(i / N) * ldc + i % N];
+    c = beta == 0.0f ? 0.0f : beta * c;
+  }
+}
+
+// Y[B×out] = act(Y + bias): the epilogue when cuBLASLt has no fused algorithm.
+__global__ void bias_act_kernel(float* Y, const float* bias, int64_t B, int out, bool relu) {
+  const int64_t total = B * out;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    float y = Y[i];
+    if (bias) y += bias[i % out];
+    if (relu) y = y > 0.0f ? y : 0.0f;
+    Y[i] = y;
+  }
+}
+
+// dY[i] = 0 where Y[i] <= 0 (or NaN): the ReLU mask when no bias gradient is wanted.
+__global__ void relu_mask_kernel(float* dY, const float* Y, int64_t n) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride())
+    if (!(Y[i] > 0.0f)) dY[i] = 0.0f;
+}
+
+// dst[b·ldd + k] = src[b·lds + k] for k < w; V is float or float4 (then w, lds
+// and ldd count float4s).
+template <typename V>
+__global__ void copy_cols_kernel(const V* src, int64_t lds, V* dst, int64_t ldd, int64_t B, int w) {
+  const int64_t total = B * w;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t b = i / w, k = i % w;
+    dst[b * ldd + k] = src[b * lds + k];
+  }
+}
+
+__global__ void gmf_forward_kernel(const float* U, int64_t ldu, const float* I, int64_t ldi,
+                                   float* G, int64_t ldg, int64_t B, int mf) {
+  const int64_t total = B * mf;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t b = i / mf, k = i % mf;
+    G[b * ldg + k] = U[b * ldu + k] * I[b * ldi + k];
+  }
+}
+
+__global__ void gmf_backward_kernel(const float* U, int64_t ldu, const float* I, int64_t ldi,
+                                    const float* dG, int64_t ldg, float* dU, int64_t lddu,
+                                    float* dI, int64_t lddi, int64_t B, int mf) {
+  const int64_t total = B * mf;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t b = i / mf, k = i % mf;
+    const float g = dG[b * ldg + k];
+    dU[b * lddu + k] = g * I[b * ldi + k];
+    dI[b * lddi + k] = g * U[b * ldu + k];
+  }
+}
+
+// One warp per row: lane l sums columns l, l+32, …; a butterfly combines the
+// lanes (a fixed order, so the logit is the same bits every run).
+__global__ void head_forward_kernel(const float* H, const float* w, const float* c, float* logits,
+                                    int64_t B, int F) {
+  const int lane = threadIdx.x & 31;
+  // thread_first() / 32 is the warp's index: uniform across the warp, so the
+  // shuffles below always see all 32 lanes.
+  for (int64_t b = thread_first() / 32; b < B; b += thread_stride() / 32) {
+    const float* h = H + b * F;
+    float s = 0.0f;
+    for (int k = lane; k < F; k += 32) s += h[k] * w[k];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) logits[b] = s + c[0];
+  }
+}
+
+__global__ void bce_backward_kernel(const float* logits, const float* labels, const float* weights,
+                                    float* dlogits, int64_t B, int64_t n_valid, float inv_batch) {
+  for (int64_t b = thread_first(); b < B; b += thread_stride()) {
+    const float wb = b < n_valid ? (weights ? weights[b] : 1.0f) : 0.0f;
+    if (wb == 0.0f) {
+      dlogits[b] = 0.0f;
+      continue;
+    }
+    const float z = logits[b];
+    const float e = expf(-fabsf(z));  // exp of a non-positive number: no overflow
+    const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    dlogits[b] = wb * (sig - labels[b]) * inv_batch;
+  }
+}
+
+// ---- reduction operands (functors: the build has no extended lambdas) ----------------
+
+// Bias gradient of a Linear: column sums of dZ, masking dY in place when relu.
+struct LinearBiasOp {
+  float* dY;
+  const float* Y;
+  int out;
+  bool relu;
+  __device__ double operator()(int64_t b, int c) const {
+    const int64_t i = b * out + c;
+    float g = dY[i];
+    if (relu && !(Y[i] > 0.0f)) {
+      g = 0.0f;
+      dY[i] = 0.0f;
+    }
+    return g;
+  }
+};
+
+struct GradStore {  // out[c] = (add ? out[c] : 0) + total
+  float* out;
+  bool add;
+  __device__ void operator()(int c, double total) const {
+    const float v = static_cast<float>(total);
+    out[c] = add ? out[c] + v : v;
+  }
+};
+
+// The head: columns 0..F-1 are dw (g·H[b, k], writing dH on the way), column F is dc (g).
+struct HeadBackwardOp {
+  const float* H;
+  const float* w;
+  const float* dlogits;
+  float* dH;
+  int F;
+  __device__ double operator()(int64_t b, int c) const {
+    const float g = dlogits[b];
+    if (c == F) return g;
+    dH[b * F + c] = g * w[c];
+    return static_cast<double>(g) * H[b * F + c];
+  }
+};
+
+struct HeadStore {
+  float* dw;
+  float* dc;
+  int F;
+  bool add;
+  __device__ void operator()(int c, double total) const {
+    float* dst = c < F ? dw + c : dc;
+    const float v = static_cast<float>(total);
+    *dst = add ? *dst + v : v;
+  }
+};
+
+struct BceLossOp {
+  const float* logits;
+  const float* labels;
+  const float* weights;
+  __device__ void operator()(int64_t b, double (&acc)[1]) const {
+    const double wb = weights ? weights[b] : 1.0;
+    if (wb == 0.0) return;  // a masked row may hold garbage logits
+    const double z = logits[b], y = labels[b];
+    acc[0] += wb * ((z < 0.0 ? 0.0 : z) - z * y + log1p(exp(-fabs(z))));
+  }
+};
+
+struct LossStore {
+  double* loss;
+  double global_batch;
+  __device__ void operator()(int, double total) const { *loss = total / global_batch; }
+};
+
+// ---- GEMM -------------------------------------------------------------------------
+
+cublasComputeType_t compute_type() {
+  return math_mode() == MathMode::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// Row-major C = alpha·op(A)·op(B) + beta·C through column-major cuBLAS: a
+// row-major matrix is its transpose in column-major, so cuBLAS computes
+// C^T = op(B)^T·op(A)^T with the operands swapped.
+void gemm_on(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+             const char* op) {
+  if (M == 0 || N == 0) return;
+  cudaStream_t stream = stream_of(ctx);
+  if (K == 0) {
+    scale_rows_kernel<<<grid_for(static_cast<int64_t>(M) * N), kThreads, 0, stream>>>(C, ldc, M, N,
+                                                                                       beta);
+    check_launch(op);
+    return;
+  }
+  NCF_CHECK(ctx.cublas != nullptr, op, ": ctx.cublas is null (make the context with "
+            "make_cuda_context)");
+  cublasHandle_t h = static_cast<cublasHandle_t>(ctx.cublas);
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
+                            ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, compute_type(),
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- cuBLASLt Linear forward ----------------------------------------------------------
+
+// The largest power of two <= 256 dividing the address: cuBLASLt's heuristic
+// assumes 256-byte aligned operands unless told otherwise, and the layers'
+// weights and biases sit at arbitrary float offsets in the flat parameter buffer.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 4 && a % al != 0) al >>= 1;
+  return al;
+}
+
+// Owns the cuBLASLt descriptors of one matmul.
+struct LtDescriptors {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtDescriptors() = default;
+  LtDescriptors(const LtDescriptors&) = delete;
+  LtDescriptors& operator=(const LtDescriptors&) = delete;
+  ~LtDescriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// The heuristic's pick, remembered per shape, alignment, epilogue and math mode
+// (asking costs tens of microseconds; a training run sees a handful of shapes).
+using LtKey = std::tuple<int, int64_t, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int>;
+struct LtChoice {
+  bool ok = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::mutex g_lt_mutex;
+std::map<LtKey, LtChoice> g_lt_choices;
+
+// Y = act(X·W^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
+// algorithm for this shape and alignment (the caller then runs GEMM + epilogue).
+// The heuristic filters algorithms by the operands' alignment, but users of the
+// bias epilogue report misaligned-address faults for biases below 16 bytes, so
+// such a bias (a layer width not a multiple of 4 in the flat parameter buffer)
+// takes the unfused path.
+bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, const float* X, const float* W,
+                       const float* bias, float* Y, int64_t B, int in, int out, bool relu) {
+  if (bias && !aligned16(bias)) return false;
+  const cublasComputeType_t compute = compute_type();
+  const cublasLtEpilogue_t epilogue =
+      bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+           : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  LtDescriptors m;
+  // Column-major view: D[out×B] = op(A)·B with A = W stored [in×out] (ld in),
+  // op(A) = A^T, and B = X stored [in×B] (ld in); D is Y stored [out×B] (ld out).
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof(epilogue)));
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.a, CUDA_R_32F, uint64_t(in), uint64_t(out), in));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, CUDA_R_32F, uint64_t(in), uint64_t(B), in));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(out), uint64_t(B), out));
+
+  const uint32_t al_w = alignment_of(W), al_x = alignment_of(X), al_y = alignment_of(Y);
+  const uint32_t al_b = bias ? alignment_of(bias) : 256;
+  const LtKey key{r.device_id, B, in, out, al_w, al_x, al_y, al_b, int(epilogue), int(compute)};
+  LtChoice choice;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(g_lt_mutex);
+    auto it = g_lt_choices.find(key);
+    if (it != g_lt_choices.end()) {
+      choice = it->second;
+      known = true;
+    }
+  }
+  if (!known) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&m.pref));
+    const uint64_t ws = r.lt_workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        m.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_w},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_x},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_y},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_y}};
+    for (const auto& [attr, value] : aligns)
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(m.pref, attr, &value, sizeof(value)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(r.lt, m.desc, m.a, m.b, m.d, m.d,
+                                                             m.pref, 1, &result, &found);
+    choice.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (choice.ok) choice.algo = result.algo;
+    std::lock_guard<std::mutex> lock(g_lt_mutex);
+    if (g_lt_choices.size() > 4096) g_lt_choices.clear();  // many batch sizes: start over
+    g_lt_choices[key] = choice;
+  }
+  if (!choice.ok) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, W, m.a, X, m.b, &beta, Y, m.d, Y, m.d,
+                              &choice.algo, r.lt_workspace, r.lt_workspace_bytes,
+                              stream_of(ctx)));
+  return true;
+}
+
+// Chooses the float4 path when widths, strides and pointers allow it.
+void copy_cols(cudaStream_t stream, const float* src, int64_t lds, float* dst, int64_t ldd,
+               int64_t B, int w, const char* op) {
+  if (B == 0) return;
+  const bool vec = w % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && aligned16(src) && aligned16(dst);
+  if (vec) {
+    copy_cols_kernel<<<grid_for(B * (w / 4)), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(src), lds / 4, reinterpret_cast<float4*>(dst), ldd / 4, B,
+        w / 4);
+  } else {
+    copy_cols_kernel<<<grid_for(B * w), kThreads, 0, stream>>>(src, lds, dst, ldd, B, w);
+  }
+  check_launch(op);
+}
+
+}  // namespace
+
+// ---- the twins -------------------------------------------------------------------------
+
+void fill(const ExecContext& ctx, float* x, int64_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(x, n, value);
+  check_launch("fill");
+}
+
+void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_on(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, "gemm");
+}
+
+void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+                    float* Y, int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_forward";
+  if (B == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  if (lt_linear_forward(ctx, r, X, W, bias, Y, B, in, out, relu)) return;
+  gemm_on(ctx, false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y, out, op);
+  if (bias || relu) {
+    bias_act_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Y, bias, B, out, relu);
+    check_launch(op);
+  }
+}
+
+void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
+                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+                     bool relu, GradMode mode) {
+  const char* op = "linear_backward";
+  cudaStream_t stream = stream_of(ctx);
+  const bool add = mode == GradMode::kAccumulate;
+  // 1. dZ: mask dY in place, fused with the bias column sums when there is a bias.
+  if (db) {
+    CudaResources& r = cuda_resources(ctx, op);
+    double* partial = nullptr;
+    carve_scratch(r, [&](ScratchLayout& s) {
+      partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
+    });
+    deterministic_col_sums(stream, B, out, LinearBiasOp{dY, Y, out, relu}, partial,
+                           GradStore{db, add}, op);
+  } else if (relu && B > 0) {
+    relu_mask_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(dY, Y, B * out);
+    check_launch(op);
+  }
+  // 2. dX[B×in] = dZ[B×out]·W[out×in].
+  if (dX && B > 0)
+    gemm_on(ctx, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f, dX, in,
+            op);
+  // 3. dW[out×in] = dZ^T·X (B == 0: K == 0, so dW = beta·dW).
+  gemm_on(ctx, true, false, out, in, static_cast<int>(B), 1.0f, dY, out, X, in, add ? 1.0f : 0.0f,
+          dW, in, op);
+}
+
+void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                 float* G, int64_t ldg, int64_t B, int mf) {
+  if (B == 0) return;
+  gmf_forward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(U, ldu, I, ldi, G, ldg, B,
+                                                                         mf);
+  check_launch("gmf_forward");
+}
+
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
+                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
+                  int64_t lddi, int64_t B, int mf) {
+  if (B == 0) return;
+  gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(
+      U, ldu, I, ldi, dG, ldg, dU, lddu, dI, lddi, B, mf);
+  check_launch("gmf_backward");
+}
+
+void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
+                 int64_t ldc, int wc, float* Y, int64_t B) {
+  const int64_t w = static_cast<int64_t>(wa) + wc;
+  check_int_range("concat_cols", "wa + wc", w);
+  copy_cols(stream_of(ctx), A, lda, Y, w, B, wa, "concat_cols");
+  copy_cols(stream_of(ctx), C, ldc, Y + wa, w, B, wc, "concat_cols");
+}
+
+void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
+                float* dC, int64_t lddc, int64_t B) {
+  const int64_t w = static_cast<int64_t>(wa) + wc;
+  check_int_range("split_cols", "wa + wc", w);
+  copy_cols(stream_of(ctx), dY, w, dA, ldda, B, wa, "split_cols");
+  copy_cols(stream_of(ctx), dY + wa, w, dC, lddc, B, wc, "split_cols");
+}
+
+void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
+                  float* logits, int64_t B, int F) {
+  if (B == 0) return;
+  head_forward_kernel<<<grid_for(B * 32), kThreads, 0, stream_of(ctx)>>>(H, w, c, logits, B, F);
+  check_launch("head_forward");
+}
+
+void head_backward(const ExecContext& ctx, const float* H, const float* w, const float* dlogits,
+                   float* dH, float* dw, float* dc, int64_t B, int F, GradMode mode) {
+  const char* op = "head_backward";
+  CudaResources& r = cuda_resources(ctx, op);
+  const int C = F + 1;  // dw's F columns and dc
+  check_int_range(op, "F + 1", static_cast<int64_t>(F) + 1);
+  double* partial = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * C);
+  });
+  deterministic_col_sums(stream_of(ctx), B, C, HeadBackwardOp{H, w, dlogits, dH, F}, partial,
+                         HeadStore{dw, dc, F, mode == GradMode::kAccumulate}, op);
+}
+
+void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const float* labels,
+                             const float* weights, double* loss, int64_t B, int64_t n_valid,
+                             int64_t global_batch) {
+  const char* op = "bce_with_logits_forward";
+  CudaResources& r = cuda_resources(ctx, op);
+  double* partial = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(sum_chunks(n_valid)));
+  });
+  deterministic_sums<1>(stream_of(ctx), n_valid, BceLossOp{logits, labels, weights}, partial,
+                        LossStore{loss, static_cast<double>(global_batch)}, op);
+}
+
+void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const float* labels,
+                              const float* weights, float* dlogits, int64_t B, int64_t n_valid,
+                              int64_t global_batch) {
+  if (B == 0) return;
+  const float inv_batch = static_cast<float>(1.0 / static_cast<double>(global_batch));
+  bce_backward_kernel<<<grid_for(B), kThreads, 0, stream_of(ctx)>>>(logits, labels, weights,
+                                                                      dlogits, B, n_valid,
+                                                                      inv_batch);
+  check_launch("bce_with_logits_backward");
+}
+
+}  // namespace ncf::cuda

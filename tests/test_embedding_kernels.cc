@@ -1,0 +1,255 @@
+// CPU side of the exchange helpers (embedding/embedding_kernels.h) against
+// naive per-owner filters, a std::map de-duplication and plain row loops; the
+// sampling path over DevicePositiveLists against the documented draw written
+// out here; and what the CUDA context API does in a build or machine without a
+// GPU. (The CUDA twins are compared with these in test_parity_gpu.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/philox.h"
+#include "data/negatives.h"
+#include "embedding/embedding_kernels.h"
+#include "model/ops.h"
+
+namespace ncf {
+namespace {
+
+using IVec = std::vector<int32_t>;
+using LVec = std::vector<int64_t>;
+using Vec = std::vector<float>;
+
+ExecContext cpu(int threads) {
+  ExecContext ctx;
+  ctx.threads = threads;
+  return ctx;
+}
+
+IVec random_ids(size_t n, int32_t hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> d(0, hi - 1);
+  IVec v(n);
+  for (int32_t& x : v) x = d(gen);
+  return v;
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Bucketize, RowWiseMatchesPerOwnerFilterInInputOrder) {
+  for (int W : {1, 2, 3, 8})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{9}, size_t{1000}}) {
+      IVec ids = random_ids(n, 50, uint32_t(7 * W + n));
+      LVec perm(n, -1), counts(W, -1);
+      IVec local(n, -1);
+      bucketize_by_owner(cpu(2), ids.data(), int64_t(n), OwnerRule::rows(W), perm.data(),
+                         local.data(), counts.data());
+      // Owner by owner, the ids it holds in input order.
+      LVec want_perm;
+      IVec want_local;
+      for (int p = 0; p < W; ++p) {
+        int64_t c = 0;
+        for (size_t k = 0; k < n; ++k)
+          if (ids[k] % W == p) {
+            want_perm.push_back(int64_t(k));
+            want_local.push_back(ids[k] / W);
+            ++c;
+          }
+        EXPECT_EQ(counts[p], c) << "W=" << W << " n=" << n << " owner " << p;
+      }
+      EXPECT_EQ(perm, want_perm) << "W=" << W << " n=" << n;
+      EXPECT_EQ(local, want_local) << "W=" << W << " n=" << n;
+    }
+}
+
+TEST(Bucketize, SingleOwnerKeepsInputOrder) {
+  IVec ids = {5, 0, 5, 17};
+  LVec perm(4), counts(3, -1);
+  IVec local(4);
+  bucketize_by_owner(cpu(1), ids.data(), 4, OwnerRule::single(3, 2), perm.data(), local.data(),
+                     counts.data());
+  EXPECT_EQ(perm, (LVec{0, 1, 2, 3}));
+  EXPECT_EQ(local, ids);
+  EXPECT_EQ(counts, (LVec{0, 0, 4}));
+}
+
+TEST(Bucketize, BadInputNamesTheProblem) {
+  IVec ids = {1, -4, 2};
+  LVec perm(3), counts(2);
+  IVec local(3);
+  std::string msg = error_of([&] {
+    bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::rows(2), perm.data(), local.data(),
+                       counts.data());
+  });
+  EXPECT_NE(msg.find("ids[1]=-4"), std::string::npos) << msg;
+  ids[1] = 0;
+  msg = error_of([&] {
+    bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::single(2, 2), perm.data(), local.data(),
+                       counts.data());
+  });
+  EXPECT_NE(msg.find("owner 2"), std::string::npos) << msg;
+  EXPECT_THROW(bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::rows(0), perm.data(),
+                                  local.data(), counts.data()),
+               Error);
+}
+
+TEST(UniqueIds, MatchesMapAndInverseRebuildsIds) {
+  for (int32_t range : {1, 5, 100000})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{5000}}) {
+      IVec ids = random_ids(n, range, uint32_t(range + n));
+      std::map<int32_t, int64_t> index;
+      for (int32_t id : ids) index[id] = 0;
+      IVec want;
+      for (auto& [id, pos] : index) {
+        pos = int64_t(want.size());
+        want.push_back(id);
+      }
+      for (int threads : {1, 3}) {
+        IVec uniq(n, -1);
+        LVec inv(n, -1);
+        int64_t nu = -1;
+        unique_ids(cpu(threads), ids.data(), int64_t(n), uniq.data(), inv.data(), &nu);
+        ASSERT_EQ(nu, int64_t(want.size()));
+        EXPECT_EQ(IVec(uniq.begin(), uniq.begin() + nu), want);
+        for (size_t k = 0; k < n; ++k) EXPECT_EQ(inv[k], index[ids[k]]) << k;
+      }
+    }
+}
+
+TEST(PermuteRows, GatherScatterAndRoundTrip) {
+  const int D = 3;
+  const int64_t n = 6, n_src = 4;
+  Vec src(size_t(std::max(n, n_src)) * D);
+  std::iota(src.begin(), src.end(), 0.0f);
+  LVec idx = {3, 0, 0, 2, 1, 3};
+  Vec out(size_t(n) * D, -1.0f);
+  permute_rows(cpu(2), src.data(), n_src, idx.data(), out.data(), n, D);
+  for (int64_t k = 0; k < n; ++k)
+    for (int d = 0; d < D; ++d) EXPECT_EQ(out[k * D + d], src[idx[k] * D + d]) << k << "," << d;
+
+  LVec perm = {4, 1, 5, 0, 3, 2};
+  Vec scattered(size_t(n) * D, -1.0f), back(size_t(n) * D, -1.0f);
+  unpermute_rows(cpu(2), src.data(), perm.data(), scattered.data(), n, D);
+  for (int64_t k = 0; k < n; ++k)
+    for (int d = 0; d < D; ++d) EXPECT_EQ(scattered[perm[k] * D + d], src[k * D + d]);
+  permute_rows(cpu(1), scattered.data(), n, perm.data(), back.data(), n, D);
+  EXPECT_EQ(back, Vec(src.begin(), src.begin() + n * D));
+}
+
+TEST(PermuteRows, BadIndicesNameThePosition) {
+  Vec src(6), out(6);
+  LVec idx = {0, 2};
+  std::string msg =
+      error_of([&] { permute_rows(cpu(1), src.data(), 2, idx.data(), out.data(), 2, 3); });
+  EXPECT_NE(msg.find("idx[1]=2"), std::string::npos) << msg;
+  LVec perm = {1, 1};
+  msg = error_of([&] { unpermute_rows(cpu(1), src.data(), perm.data(), out.data(), 2, 3); });
+  EXPECT_NE(msg.find("perm[1]=1"), std::string::npos) << msg;
+  EXPECT_EQ(out, Vec(6, 0.0f)) << "nothing written before the check";
+}
+
+// ---- sampling over DevicePositiveLists on the CPU --------------------------------------
+
+// Users' sorted positives as CSR: user 0 {1, 3}, user 1 {} , user 2 all but item 4.
+struct SmallLists {
+  uint64_t I = 6;
+  LVec offsets = {0, 2, 2, 7};
+  IVec items = {1, 3, 0, 1, 2, 3, 5};
+};
+
+TEST(DevicePositiveLists, CpuSamplingFollowsTheDocumentedDraw) {
+  SmallLists s;
+  DevicePositiveLists lists(Device::kCpu, s.offsets.data(), s.items.data(), 3);
+  IVec users = {0, 2, 1, 0}, items = {1, 0, 5, 3};
+  const int num_neg = 3, S = 1 + num_neg;
+  const uint64_t seed = 77;
+  const int64_t epoch = 2, slice_begin = 40;
+  IVec ou(users.size() * S), oi(users.size() * S);
+  Vec ol(users.size() * S);
+  sample_negatives(cpu(2), lists, s.I, users.data(), items.data(), slice_begin, 4, num_neg, seed,
+                   epoch, ou.data(), oi.data(), ol.data());
+  for (size_t k = 0; k < users.size(); ++k) {
+    // The draw written out: key (seed, train-negatives stream), counter (epoch<<40 | p).
+    CounterRng rng{seed, kStreamTrainNegatives, (uint64_t(epoch) << 40) | (slice_begin + k)};
+    const int32_t u = users[k];
+    IVec pos(s.items.begin() + s.offsets[u], s.items.begin() + s.offsets[u + 1]);
+    uint64_t d = 0;
+    EXPECT_EQ(oi[k * S], items[k]);
+    EXPECT_EQ(ol[k * S], 1.0f);
+    for (int j = 1; j < S; ++j) {
+      int32_t c;
+      do {
+        c = int32_t(rng.below(d++, s.I));
+      } while (std::find(pos.begin(), pos.end(), c) != pos.end());
+      EXPECT_EQ(oi[k * S + j], c) << "positive " << k << " negative " << j;
+      EXPECT_EQ(ol[k * S + j], 0.0f);
+      if (u == 2) {
+        EXPECT_EQ(c, 4) << "user 2 has one free item";
+      }
+    }
+    for (int j = 0; j < S; ++j) EXPECT_EQ(ou[k * S + j], u);
+  }
+}
+
+TEST(DevicePositiveLists, BadUsersAndListsAreErrors) {
+  SmallLists s;
+  DevicePositiveLists lists(Device::kCpu, s.offsets.data(), s.items.data(), 3);
+  IVec users = {3}, items = {0}, ou(2), oi(2);
+  Vec ol(2);
+  std::string msg = error_of([&] {
+    sample_negatives(cpu(1), lists, s.I, users.data(), items.data(), 0, 1, 1, 1, 0, ou.data(),
+                     oi.data(), ol.data());
+  });
+  EXPECT_NE(msg.find("users[0]=3"), std::string::npos) << msg;
+  users[0] = 2;  // 5 positives of 5 items: no negative
+  msg = error_of([&] {
+    sample_negatives(cpu(1), lists, 5, users.data(), items.data(), 0, 1, 1, 1, 0, ou.data(),
+                     oi.data(), ol.data());
+  });
+  EXPECT_NE(msg.find("interacted with all"), std::string::npos) << msg;
+  LVec bad = {0, 2, 1, 7};
+  msg = error_of([&] { DevicePositiveLists(Device::kCpu, bad.data(), s.items.data(), 3); });
+  EXPECT_NE(msg.find("decrease at user 1"), std::string::npos) << msg;
+  DevicePositiveLists empty;
+  EXPECT_THROW(sample_negatives(cpu(1), empty, s.I, users.data(), items.data(), 0, 1, 1, 1, 0,
+                                ou.data(), oi.data(), ol.data()),
+               Error);
+}
+
+// ---- the CUDA context API without a GPU ----------------------------------------------------
+
+TEST(CudaContext, MathModeIsProcessWideAndDefaultsToTf32) {
+  EXPECT_EQ(math_mode(), MathMode::kTf32);
+  set_math_mode(MathMode::kFp32);
+  EXPECT_EQ(math_mode(), MathMode::kFp32);
+  set_math_mode(MathMode::kTf32);
+}
+
+TEST(CudaContext, FailsClearlyWithoutGpuAndChecksAreNoOpsOnCpu) {
+  ExecContext c = cpu(1);
+  EXPECT_NO_THROW(check_device_errors(c));
+  destroy_cuda_context(c);  // not a CUDA context: left alone
+  EXPECT_EQ(c.threads, 1);
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present; test_cuda_build_gpu covers it";
+  std::string msg = error_of([] { make_cuda_context(0); });
+  EXPECT_NE(msg.find("make_cuda_context"), std::string::npos) << msg;
+  EXPECT_NE(device_error_text(DeviceErrorCode::kGatherRowOutOfRange), std::string());
+}
+
+}  // namespace
+}  // namespace ncf

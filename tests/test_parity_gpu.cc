@@ -1,0 +1,908 @@
+// Backend parity (shared/DESIGN.md): every CUDA op against its CPU twin on the
+// same seeded random inputs, over a sweep of shapes (empty, one row, duplicate-
+// heavy ids, widths 1, 3, 5, 8, 64, 192, misaligned rows), then one whole
+// NeuMF step (lookup, forward, loss, backward, Adam on the dense net and the
+// tables) on both devices. A value passes when |gpu − cpu| ≤ atol + rtol·|cpu|
+// with the tolerances written at each test; ids, counts, copies, the sort-and-
+// reduce sums and sampled negatives must match bit for bit.
+//
+// Every test skips, with the reason, where there is no usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/device.h"
+#include "data/dataset.h"
+#include "data/negatives.h"
+#include "embedding/embedding_kernels.h"
+#include "model/metrics.h"
+#include "model/neumf.h"
+#include "model/ops.h"
+#include "model/optim.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using Vec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+using LVec = std::vector<int64_t>;
+
+// ---- tolerances ----------------------------------------------------------------------
+// FP32 GEMMs: cuBLAS and OpenBLAS sum the K products in different orders; the
+// difference of two K-term float sums of values in [-1, 1] grows like sqrt(K).
+constexpr double kGemmRtol = 1e-5, kGemmAtolPerSqrtK = 1e-5;
+// TF32 rounds both factors to 10 mantissa bits (~5e-4 each): about 1e-3 per
+// product, again growing like sqrt(K).
+constexpr double kTf32Rtol = 2e-3, kTf32AtolPerSqrtK = 4e-3;
+// Element-wise float formulas: nvcc contracts a·b + c into one FMA (one rounding
+// fewer) and CUDA's expf is within 2 ulp, so results differ by a few ulp.
+constexpr double kElemRtol = 1e-5, kElemAtol = 1e-7;
+// Sums in double, rounded to float once at the end (head, bias gradients).
+constexpr double kDoubleSumRtol = 1e-6, kDoubleSumAtol = 1e-7;
+// Sums in double throughout (loss, NDCG).
+constexpr double kDoubleRtol = 1e-12, kDoubleAtol = 1e-15;
+
+// ---- helpers ---------------------------------------------------------------------------
+
+Vec random_vec(size_t n, std::mt19937& gen, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+IVec random_ids(size_t n, int32_t lo, int32_t hi, std::mt19937& gen) {  // [lo, hi)
+  std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
+  IVec v(n);
+  for (int32_t& x : v) x = dist(gen);
+  return v;
+}
+
+// n distinct rows of [0, R), ascending.
+IVec random_unique_rows(int64_t R, int64_t n, std::mt19937& gen) {
+  IVec all(static_cast<size_t>(R));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), gen);
+  all.resize(static_cast<size_t>(n));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+template <typename T>
+Buffer<T> up(const std::vector<T>& h) {
+  Buffer<T> b(Device::kCuda, h.size());
+  device_copy(Device::kCuda, b.data(), Device::kCpu, h.data(), h.size() * sizeof(T));
+  return b;
+}
+
+// The first n elements of a device buffer (cudaMemcpy on the legacy stream waits
+// for the context's blocking stream).
+template <typename T>
+std::vector<T> down(const Buffer<T>& b, size_t n) {
+  std::vector<T> h(n);
+  device_copy(Device::kCpu, h.data(), Device::kCuda, b.data(), n * sizeof(T));
+  return h;
+}
+template <typename T>
+std::vector<T> down(const Buffer<T>& b) {
+  return down(b, b.size());
+}
+
+// |gpu − cpu| ≤ atol + rtol·|cpu| element-wise; NaN must meet NaN.
+template <typename T>
+void expect_close(const std::vector<T>& gpu, const std::vector<T>& cpu, double atol, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  int reported = 0;
+  size_t bad = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    const double g = gpu[k], c = cpu[k];
+    bool ok = std::isnan(c) ? std::isnan(g) : std::fabs(g - c) <= atol + rtol * std::fabs(c);
+    if (!ok) {
+      ++bad;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << " [" << k << "]: gpu " << g << ", cpu " << c << " (|diff| "
+                      << std::fabs(g - c) << " > " << atol + rtol * std::fabs(c) << ")";
+    }
+  }
+  if (bad > 5) ADD_FAILURE() << what << ": " << bad << " elements out of tolerance in all";
+}
+
+// Bit-for-bit equality (floats compared as bits, so -0 vs 0 or NaN payloads count).
+template <typename T>
+void expect_same(const std::vector<T>& gpu, const std::vector<T>& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  int reported = 0;
+  size_t bad = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    if (std::memcmp(&gpu[k], &cpu[k], sizeof(T)) != 0) {
+      ++bad;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << " [" << k << "]: gpu " << +gpu[k] << ", cpu " << +cpu[k];
+    }
+  }
+  if (bad > 5) ADD_FAILURE() << what << ": " << bad << " elements differ in all";
+}
+
+std::string shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::ostringstream os;
+  for (const auto& [name, v] : dims) os << name << "=" << v << " ";
+  return os.str();
+}
+
+class Parity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+    gpu_ = make_cuda_context(0);
+    cpu_.threads = 2;
+    set_math_mode(MathMode::kFp32);
+  }
+  void TearDown() override {
+    set_math_mode(MathMode::kTf32);
+    if (gpu_.device != Device::kCuda) return;  // skipped
+    EXPECT_NO_THROW(check_device_errors(gpu_)) << "a kernel recorded bad input";
+    destroy_cuda_context(gpu_);
+  }
+
+  ExecContext cpu_;
+  ExecContext gpu_;
+  std::mt19937 gen_{20240611};
+};
+
+const int kWidths[] = {1, 3, 5, 8, 64, 192};
+const int64_t kBatches[] = {0, 1, 7, 1000};
+
+// ---- ops.h ------------------------------------------------------------------------------
+
+TEST_F(Parity, Fill) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, (int64_t{1} << 20) + 3}) {
+    Vec c(n, -1.0f);
+    Buffer<float> g = up(c);
+    fill(cpu_, c.data(), n, 2.5f);
+    fill(gpu_, g.data(), n, 2.5f);
+    expect_same(down(g), c, shape({{"n", n}}));
+  }
+}
+
+// C = alpha·op(A)·op(B) + beta·C, both devices, padded leading dimensions.
+void gemm_case(const ExecContext& cpu, const ExecContext& gpu, std::mt19937& gen, bool ta,
+               bool tb, int M, int N, int K, float beta, double atol_per_sqrt_k, double rtol) {
+  const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+  const int a_rows = ta ? K : M, b_rows = tb ? N : K;
+  Vec A = random_vec(size_t(a_rows) * lda, gen), Bm = random_vec(size_t(b_rows) * ldb, gen);
+  Vec C = random_vec(size_t(M) * ldc, gen);
+  if (beta == 0.0f) std::fill(C.begin(), C.end(), std::numeric_limits<float>::quiet_NaN());
+  Buffer<float> gA = up(A), gB = up(Bm), gC = up(C);
+  gemm(cpu, ta, tb, M, N, K, 1.5f, A.data(), lda, Bm.data(), ldb, beta, C.data(), ldc);
+  gemm(gpu, ta, tb, M, N, K, 1.5f, gA.data(), lda, gB.data(), ldb, beta, gC.data(), ldc);
+  const double atol = atol_per_sqrt_k * 1.5 * std::sqrt(std::max(K, 1));
+  expect_close(down(gC), C, atol, rtol,
+               shape({{"ta", ta}, {"tb", tb}, {"M", M}, {"N", N}, {"K", K}}) +
+                   "beta=" + std::to_string(beta));
+}
+
+const int kGemmShapes[][3] = {{0, 3, 4}, {3, 0, 4}, {5, 7, 0},   {1, 1, 1},
+                              {7, 5, 3}, {1000, 8, 64}, {64, 192, 1000}, {3, 5, 192}};
+
+TEST_F(Parity, GemmFp32AllTransposes) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const auto& s : kGemmShapes)
+        for (float beta : {0.0f, 0.5f})
+          gemm_case(cpu_, gpu_, gen_, ta, tb, s[0], s[1], s[2], beta, kGemmAtolPerSqrtK, kGemmRtol);
+}
+
+TEST_F(Parity, GemmTf32AllTransposes) {
+  set_math_mode(MathMode::kTf32);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const auto& s : kGemmShapes)
+        gemm_case(cpu_, gpu_, gen_, ta, tb, s[0], s[1], s[2], 0.5f, kTf32AtolPerSqrtK, kTf32Rtol);
+}
+
+const int kLayerShapes[][2] = {{1, 1}, {3, 5}, {5, 3}, {8, 64}, {64, 192}, {192, 64}};
+
+// W and bias sit at float offset `offset` of a flat buffer, as in NeuMF's
+// parameter buffer: offset 1 leaves them only 4-byte aligned.
+void linear_forward_sweep(const ExecContext& cpu, const ExecContext& gpu, std::mt19937& gen,
+                          double atol_per_sqrt_k, double rtol) {
+  for (const auto& s : kLayerShapes)
+    for (int64_t B : kBatches)
+      for (int offset : {0, 1})
+        for (bool with_bias : {false, true})
+          for (bool relu : {false, true}) {
+            const int in = s[0], out = s[1];
+            Vec X = random_vec(size_t(B) * in, gen);
+            Vec P = random_vec(size_t(offset) + size_t(out) * in + out, gen);
+            Vec Y(size_t(B) * out, 7.0f);
+            Buffer<float> gX = up(X), gP = up(P), gY = up(Y);
+            const float* W = P.data() + offset;
+            const float* bias = with_bias ? W + size_t(out) * in : nullptr;
+            const float* gW = gP.data() + offset;
+            const float* gbias = with_bias ? gW + size_t(out) * in : nullptr;
+            linear_forward(cpu, X.data(), W, bias, Y.data(), B, in, out, relu);
+            linear_forward(gpu, gX.data(), gW, gbias, gY.data(), B, in, out, relu);
+            expect_close(down(gY), Y, atol_per_sqrt_k * std::sqrt(in), rtol,
+                         shape({{"B", B}, {"in", in}, {"out", out}, {"offset", offset},
+                                {"bias", with_bias}, {"relu", relu}}));
+          }
+}
+
+TEST_F(Parity, LinearForwardFp32) { linear_forward_sweep(cpu_, gpu_, gen_, kGemmAtolPerSqrtK, kGemmRtol); }
+
+TEST_F(Parity, LinearForwardTf32) {
+  set_math_mode(MathMode::kTf32);
+  linear_forward_sweep(cpu_, gpu_, gen_, kTf32AtolPerSqrtK, kTf32Rtol);
+}
+
+TEST_F(Parity, LinearBackwardFp32) {
+  for (const auto& s : kLayerShapes)
+    for (int64_t B : kBatches)
+      for (GradMode mode : {GradMode::kOverwrite, GradMode::kAccumulate})
+        for (int variant = 0; variant < 4; ++variant) {
+          // 0: relu, dX and db; 1: no relu (Y null); 2: relu, no db (mask kernel); 3: relu, no dX.
+          const bool relu = variant != 1, with_db = variant != 2, with_dx = variant != 3;
+          const int in = s[0], out = s[1];
+          const std::string what = shape({{"B", B}, {"in", in}, {"out", out}, {"variant", variant},
+                                          {"accumulate", mode == GradMode::kAccumulate}});
+          Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_);
+          Vec Y = random_vec(size_t(B) * out, gen_);  // a post-ReLU output: about half zeros
+          for (float& y : Y) y = std::max(y, 0.0f);
+          Vec dY = random_vec(size_t(B) * out, gen_), dX(size_t(B) * in, 9.0f);
+          Vec dW = random_vec(size_t(out) * in, gen_), db = random_vec(out, gen_);
+          Buffer<float> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY), gdX = up(dX),
+                        gdW = up(dW), gdb = up(db);
+          linear_backward(cpu_, X.data(), W.data(), relu ? Y.data() : nullptr, dY.data(),
+                          with_dx ? dX.data() : nullptr, dW.data(), with_db ? db.data() : nullptr,
+                          B, in, out, relu, mode);
+          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() : nullptr, gdY.data(),
+                          with_dx ? gdX.data() : nullptr, gdW.data(),
+                          with_db ? gdb.data() : nullptr, B, in, out, relu, mode);
+          expect_same(down(gdY), dY, what + "dZ (masked dY)");
+          expect_close(down(gdX), dX, kGemmAtolPerSqrtK * std::sqrt(out), kGemmRtol, what + "dX");
+          expect_close(down(gdW), dW, kGemmAtolPerSqrtK * std::sqrt(std::max<int64_t>(B, 1)),
+                       kGemmRtol, what + "dW");
+          expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, what + "db");
+        }
+}
+
+TEST_F(Parity, GmfForwardBackwardOnStridedRows) {
+  for (int64_t B : kBatches)
+    for (int mf : kWidths) {
+      const int64_t ld = mf + 3;  // rows carry more columns than the GMF part
+      const std::string what = shape({{"B", B}, {"mf", mf}});
+      Vec U = random_vec(size_t(B) * ld, gen_), I = random_vec(size_t(B) * ld, gen_);
+      Vec G(size_t(B) * mf, 5.0f), dG = random_vec(size_t(B) * mf, gen_);
+      Vec dU(size_t(B) * ld, 5.0f), dI(size_t(B) * ld, 6.0f);
+      Buffer<float> gU = up(U), gI = up(I), gG = up(G), gdG = up(dG), gdU = up(dU), gdI = up(dI);
+      gmf_forward(cpu_, U.data(), ld, I.data(), ld, G.data(), mf, B, mf);
+      gmf_forward(gpu_, gU.data(), ld, gI.data(), ld, gG.data(), mf, B, mf);
+      gmf_backward(cpu_, U.data(), ld, I.data(), ld, dG.data(), mf, dU.data(), ld, dI.data(), ld,
+                   B, mf);
+      gmf_backward(gpu_, gU.data(), ld, gI.data(), ld, gdG.data(), mf, gdU.data(), ld, gdI.data(),
+                   ld, B, mf);
+      // One product per element: no rounding difference is possible.
+      expect_same(down(gG), G, what + "G");
+      expect_same(down(gdU), dU, what + "dU (columns >= mf untouched)");
+      expect_same(down(gdI), dI, what + "dI");
+    }
+}
+
+TEST_F(Parity, ConcatSplitScalarAndVectorPaths) {
+  // (wa, wc, pad): {4, 8, 0} and {64, 192, 4} take the float4 path.
+  const int cases[][3] = {{1, 1, 0}, {3, 5, 1}, {4, 8, 0}, {8, 3, 2}, {64, 192, 4}, {5, 64, 3}};
+  for (int64_t B : kBatches)
+    for (const auto& c : cases) {
+      const int wa = c[0], wc = c[1], pad = c[2];
+      const int64_t lda = wa + pad, ldc = wc + pad, w = wa + wc;
+      const std::string what = shape({{"B", B}, {"wa", wa}, {"wc", wc}, {"pad", pad}});
+      Vec A = random_vec(size_t(B) * lda, gen_), C = random_vec(size_t(B) * ldc, gen_);
+      Vec Y(size_t(B) * w, 0.0f), dA(size_t(B) * lda, 3.0f), dC(size_t(B) * ldc, 4.0f);
+      Buffer<float> gA = up(A), gC = up(C), gY = up(Y), gdA = up(dA), gdC = up(dC);
+      concat_cols(cpu_, A.data(), lda, wa, C.data(), ldc, wc, Y.data(), B);
+      concat_cols(gpu_, gA.data(), lda, wa, gC.data(), ldc, wc, gY.data(), B);
+      expect_same(down(gY), Y, what + "concat");
+      split_cols(cpu_, Y.data(), wa, wc, dA.data(), lda, dC.data(), ldc, B);
+      split_cols(gpu_, gY.data(), wa, wc, gdA.data(), lda, gdC.data(), ldc, B);
+      expect_same(down(gdA), dA, what + "split A");
+      expect_same(down(gdC), dC, what + "split C");
+    }
+}
+
+TEST_F(Parity, HeadForwardBackward) {
+  for (int64_t B : kBatches)
+    for (int F : kWidths)
+      for (GradMode mode : {GradMode::kOverwrite, GradMode::kAccumulate}) {
+        const std::string what =
+            shape({{"B", B}, {"F", F}, {"accumulate", mode == GradMode::kAccumulate}});
+        Vec H = random_vec(size_t(B) * F, gen_), wc = random_vec(size_t(F) + 1, gen_);
+        Vec logits(B, 0.0f), dlogits = random_vec(B, gen_), dH(size_t(B) * F, 2.0f);
+        Vec dwc = random_vec(size_t(F) + 1, gen_);  // dw [F] then dc, as in NeuMF's layout
+        Buffer<float> gH = up(H), gwc = up(wc), glogits = up(logits), gdlogits = up(dlogits),
+                      gdH = up(dH), gdwc = up(dwc);
+        head_forward(cpu_, H.data(), wc.data(), wc.data() + F, logits.data(), B, F);
+        head_forward(gpu_, gH.data(), gwc.data(), gwc.data() + F, glogits.data(), B, F);
+        // CPU: one sequential float sum; GPU: 32 lane sums and a butterfly.
+        expect_close(down(glogits), logits, 1e-6 * F, kElemRtol, what + "logits");
+        head_backward(cpu_, H.data(), wc.data(), dlogits.data(), dH.data(), dwc.data(),
+                      dwc.data() + F, B, F, mode);
+        head_backward(gpu_, gH.data(), gwc.data(), gdlogits.data(), gdH.data(), gdwc.data(),
+                      gdwc.data() + F, B, F, mode);
+        expect_same(down(gdH), dH, what + "dH");
+        expect_close(down(gdwc), dwc, kDoubleSumAtol, kDoubleSumRtol, what + "dw, dc");
+      }
+}
+
+TEST_F(Parity, BceWithLogitsPaddingWeightsAndExtremes) {
+  for (int64_t B : kBatches)
+    for (bool with_weights : {false, true})
+      for (int64_t n_valid : {B, B / 2}) {
+        const std::string what =
+            shape({{"B", B}, {"n_valid", n_valid}, {"weights", with_weights}});
+        Vec z = random_vec(B, gen_, -8.0f, 8.0f), y(B), wts(B);
+        std::bernoulli_distribution coin(0.5), keep(0.8);
+        for (int64_t b = 0; b < B; ++b) {
+          y[b] = coin(gen_) ? 1.0f : 0.0f;
+          wts[b] = keep(gen_) ? 1.0f : 0.0f;
+          if (b % 97 == 3) z[b] = (b % 2 ? 1.0f : -1.0f) * (b % 3 ? 100.0f : 1e4f);
+          if (with_weights && wts[b] == 0.0f && b % 5 == 0)
+            z[b] = std::numeric_limits<float>::quiet_NaN();  // masked rows may hold garbage
+          if (b >= n_valid && b % 7 == 0) z[b] = std::numeric_limits<float>::infinity();
+        }
+        const int64_t global = B + 5;
+        Buffer<float> gz = up(z), gy = up(y), gw = up(wts);
+        Buffer<double> gloss(Device::kCuda, 1);
+        double loss = -1.0;
+        const float* cw = with_weights ? wts.data() : nullptr;
+        const float* gwp = with_weights ? gw.data() : nullptr;
+        bce_with_logits_forward(cpu_, z.data(), y.data(), cw, &loss, B, n_valid, global);
+        bce_with_logits_forward(gpu_, gz.data(), gy.data(), gwp, gloss.data(), B, n_valid, global);
+        expect_close(down(gloss), std::vector<double>{loss}, kDoubleAtol, kDoubleRtol,
+                     what + "loss");
+        Vec dz(B, 3.0f);
+        Buffer<float> gdz = up(dz);
+        bce_with_logits_backward(cpu_, z.data(), y.data(), cw, dz.data(), B, n_valid, global);
+        bce_with_logits_backward(gpu_, gz.data(), gy.data(), gwp, gdz.data(), B, n_valid, global);
+        // sigmoid(z) − y in float: where sigmoid(z) ≈ y the difference keeps only the
+        // last bits of sigmoid, so a few ulp of 1 (1.2e-7 each), scaled by 1/global.
+        expect_close(down(gdz), dz, 4 * 1.2e-7 / double(global), kElemRtol, what + "dlogits");
+      }
+}
+
+// ---- optim.h ------------------------------------------------------------------------------
+
+TEST_F(Parity, DenseOptimizersOverSteps) {
+  AdamHyper adam;
+  adam.l2 = 1e-3f;
+  AdagradHyper adagrad;
+  adagrad.l2 = 1e-3f;
+  SgdHyper sgd;
+  sgd.l2 = 1e-3f;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{100003}}) {
+    Vec p = random_vec(n, gen_), m(n, 0.0f), v(n, 0.0f), acc(n, 0.0f), ps = p, pa = p;
+    Buffer<float> gp = up(p), gm = up(m), gv = up(v), gacc = up(acc), gps = up(ps), gpa = up(pa);
+    adagrad_init(cpu_, acc.data(), n, adagrad);
+    adagrad_init(gpu_, gacc.data(), n, adagrad);
+    for (int64_t t = 1; t <= 3; ++t) {
+      Vec g = random_vec(n, gen_, -0.1f, 0.1f);
+      Buffer<float> gg = up(g);
+      dense_adam_step(cpu_, p.data(), g.data(), m.data(), v.data(), n, t, adam);
+      dense_adam_step(gpu_, gp.data(), gg.data(), gm.data(), gv.data(), n, t, adam);
+      dense_adagrad_step(cpu_, pa.data(), g.data(), acc.data(), n, adagrad);
+      dense_adagrad_step(gpu_, gpa.data(), gg.data(), gacc.data(), n, adagrad);
+      dense_sgd_step(cpu_, ps.data(), g.data(), n, sgd);
+      dense_sgd_step(gpu_, gps.data(), gg.data(), n, sgd);
+    }
+    const std::string what = shape({{"n", n}});
+    expect_close(down(gp), p, kElemAtol, kElemRtol, what + "adam p");
+    expect_close(down(gm), m, kElemAtol, kElemRtol, what + "adam m");
+    expect_close(down(gv), v, kElemAtol, kElemRtol, what + "adam v");
+    expect_close(down(gpa), pa, kElemAtol, kElemRtol, what + "adagrad p");
+    expect_close(down(gacc), acc, kElemAtol, kElemRtol, what + "adagrad acc");
+    expect_close(down(gps), ps, kElemAtol, kElemRtol, what + "sgd p");
+  }
+}
+
+// All four table optimizers over two steps; offset 1 shifts every array by one
+// float, so D % 4 == 0 widths take the scalar path too.
+TEST_F(Parity, EmbeddingOptimizersOverSteps) {
+  AdamHyper adam;
+  adam.l2 = 1e-3f;
+  AdagradHyper adagrad;
+  SgdHyper sgd;
+  sgd.l2 = 1e-3f;
+  for (int64_t R : {int64_t{1}, int64_t{7}, int64_t{1000}})
+    for (int D : kWidths)
+      for (int64_t n : {int64_t{0}, int64_t{1}, R / 3, R})
+        for (int offset : {0, 1}) {
+          if (R == 1000 && D == 192 && offset == 1 && n != R) continue;  // keep the test fast
+          const std::string what = shape({{"R", R}, {"D", D}, {"n", n}, {"offset", offset}});
+          const size_t sz = size_t(R) * D + offset;
+          // [0] dense Adam, [1] lazy Adam, [2] SGD, [3] Adagrad: table and two states each.
+          std::vector<Vec> tab(4), s1(4), s2(4);
+          std::vector<Buffer<float>> gtab, gs1, gs2;
+          for (int o = 0; o < 4; ++o) {
+            tab[o] = random_vec(sz, gen_);
+            s1[o] = Vec(sz, o == 3 ? adagrad.initial_accumulator : 0.0f);
+            s2[o] = Vec(sz, 0.0f);
+            gtab.push_back(up(tab[o]));
+            gs1.push_back(up(s1[o]));
+            gs2.push_back(up(s2[o]));
+          }
+          auto cp = [&](std::vector<Vec>& v, int o) { return v[o].data() + offset; };
+          auto gp = [&](std::vector<Buffer<float>>& v, int o) { return v[o].data() + offset; };
+          for (int64_t t = 1; t <= 2; ++t) {
+            IVec rows = random_unique_rows(R, n, gen_);
+            Vec grads = random_vec(size_t(n) * D + offset, gen_, -0.1f, 0.1f);
+            Buffer<RowId> grows = up(rows);
+            Buffer<float> ggrads = up(grads);
+            const float* cg = grads.data() + offset;
+            const float* gg = ggrads.data() + offset;
+            embedding_dense_adam(cpu_, cp(tab, 0), cp(s1, 0), cp(s2, 0), rows.data(), cg, R, n, D,
+                                 t, adam);
+            embedding_dense_adam(gpu_, gp(gtab, 0), gp(gs1, 0), gp(gs2, 0), grows.data(), gg, R, n,
+                                 D, t, adam);
+            embedding_lazy_adam(cpu_, cp(tab, 1), cp(s1, 1), cp(s2, 1), rows.data(), cg, R, n, D,
+                                t, adam);
+            embedding_lazy_adam(gpu_, gp(gtab, 1), gp(gs1, 1), gp(gs2, 1), grows.data(), gg, R, n,
+                                D, t, adam);
+            embedding_sgd(cpu_, cp(tab, 2), rows.data(), cg, R, n, D, sgd);
+            embedding_sgd(gpu_, gp(gtab, 2), grows.data(), gg, R, n, D, sgd);
+            embedding_adagrad(cpu_, cp(tab, 3), cp(s1, 3), rows.data(), cg, R, n, D, adagrad);
+            embedding_adagrad(gpu_, gp(gtab, 3), gp(gs1, 3), grows.data(), gg, R, n, D, adagrad);
+          }
+          const char* names[] = {"dense_adam", "lazy_adam", "sgd", "adagrad"};
+          for (int o = 0; o < 4; ++o) {
+            expect_close(down(gtab[o]), tab[o], kElemAtol, kElemRtol, what + names[o] + " table");
+            expect_close(down(gs1[o]), s1[o], kElemAtol, kElemRtol, what + names[o] + " state 1");
+            expect_close(down(gs2[o]), s2[o], kElemAtol, kElemRtol, what + names[o] + " state 2");
+          }
+        }
+}
+
+TEST_F(Parity, GatherRowsExactWithDuplicates) {
+  for (int64_t R : {int64_t{1}, int64_t{7}, int64_t{1000}})
+    for (int D : kWidths)
+      for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}})
+        for (int offset : {0, 1}) {
+          Vec table = random_vec(size_t(R) * D, gen_);
+          IVec ids = random_ids(n, 0, int32_t(std::min<int64_t>(R, 5)), gen_);  // many repeats
+          if (n > 10) ids[n / 2] = int32_t(R - 1);
+          Vec out(size_t(n) * D + offset, 1.0f);
+          Buffer<float> gtable = up(table), gout = up(out);
+          Buffer<RowId> gids = up(ids);
+          gather_rows(cpu_, table.data(), ids.data(), out.data() + offset, R, n, D);
+          gather_rows(gpu_, gtable.data(), gids.data(), gout.data() + offset, R, n, D);
+          expect_same(down(gout), out, shape({{"R", R}, {"D", D}, {"n", n}, {"offset", offset}}));
+        }
+}
+
+// Sums of equal ids are taken in input order on both devices: bit-identical.
+TEST_F(Parity, SortReduceRowsBitExact) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{20000}})
+    for (int D : kWidths)
+      for (int32_t range : {1, 5, 1000000})
+        for (int offset : {0, 1}) {
+          if (n == 20000 && D == 192) continue;  // keep the test fast
+          const std::string what =
+              shape({{"n", n}, {"D", D}, {"id range", range}, {"offset", offset}});
+          IVec ids = random_ids(n, range > 5 ? -range : 0, range, gen_);  // negatives sort too
+          Vec grads = random_vec(size_t(n) * D + offset, gen_);
+          IVec urows(n, -7);
+          Vec rgrads(size_t(n) * D + offset, 0.0f);
+          Buffer<RowId> gids = up(ids), gurows = up(urows);
+          Buffer<float> ggrads = up(grads), grgrads = up(rgrads);
+          int64_t nu_cpu = -1, nu_gpu = -1;
+          sort_reduce_rows(cpu_, ids.data(), grads.data() + offset, n, D, urows.data(),
+                           rgrads.data() + offset, &nu_cpu);
+          sort_reduce_rows(gpu_, gids.data(), ggrads.data() + offset, n, D, gurows.data(),
+                           grgrads.data() + offset, &nu_gpu);
+          ASSERT_EQ(nu_gpu, nu_cpu) << what;
+          IVec gu = down(gurows, nu_cpu);
+          expect_same(gu, IVec(urows.begin(), urows.begin() + nu_cpu), what + "unique rows");
+          Vec gr = down(grgrads, size_t(nu_cpu) * D + offset);
+          expect_same(gr, Vec(rgrads.begin(), rgrads.begin() + nu_cpu * D + offset),
+                      what + "row sums");
+        }
+}
+
+// ---- metrics.h ------------------------------------------------------------------------------
+
+TEST_F(Parity, HitNdcgWithTiesNaNsAndMasks) {
+  for (int64_t U : kBatches)
+    for (int L : {1, 2, 33, 101})
+      for (int K : {1, 10})
+        for (bool with_mask : {false, true}) {
+          const std::string what = shape({{"U", U}, {"L", L}, {"K", K}, {"mask", with_mask}});
+          // Small integer scores: many ties with the positive.
+          std::uniform_int_distribution<int> score(0, 4);
+          std::bernoulli_distribution keep(0.8);
+          Vec s(size_t(U) * L);
+          std::vector<uint8_t> mask(size_t(U) * L);
+          for (size_t i = 0; i < s.size(); ++i) {
+            s[i] = float(score(gen_));
+            if (i % 53 == 7) s[i] = std::numeric_limits<float>::quiet_NaN();
+            mask[i] = keep(gen_) ? 1 : 0;
+          }
+          Buffer<float> gs = up(s);
+          Buffer<uint8_t> gm = up(mask);
+          double hr_c = -1, nd_c = -1, hr_g = -1, nd_g = -1;
+          hit_ndcg(cpu_, s.data(), with_mask ? mask.data() : nullptr, U, L, K, &hr_c, &nd_c);
+          hit_ndcg(gpu_, gs.data(), with_mask ? gm.data() : nullptr, U, L, K, &hr_g, &nd_g);
+          EXPECT_EQ(hr_g, hr_c) << what << "hits";  // a count: exact
+          expect_close(std::vector<double>{nd_g}, std::vector<double>{nd_c}, kDoubleAtol,
+                       kDoubleRtol, what + "ndcg");
+        }
+}
+
+// ---- negatives.h ---------------------------------------------------------------------------
+
+// A small dataset whose users hold from one item to all items but one, so the
+// rejection loop sometimes runs long; the CPU samples from the memory-mapped
+// lists, the GPU from their device copy.
+TEST_F(Parity, NegativesBitIdenticalToCpu) {
+  const uint64_t U = 40, I = 30;
+  test::TempDir dir;
+  DatasetPlan plan;
+  plan.source = "test";
+  plan.num_users = U;
+  plan.num_items = I;
+  plan.eval_negatives = 1;
+  plan.record_rows = 7;
+  plan.num_shards = 1;
+  std::vector<IVec> pos(U);
+  for (uint64_t u = 0; u < U; ++u) {
+    IVec all(I);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), gen_);
+    const size_t count = u == 0 ? I - 1 : 2 + (u * 7) % (I - 3);  // user 0: one free item
+    pos[u].assign(all.begin(), all.begin() + count);
+    plan.num_positives += count;
+    plan.num_train += count - 1;
+  }
+  {
+    DatasetWriter w(dir.path(), plan);
+    for (uint64_t u = 0; u < U; ++u) {
+      IVec sorted = pos[u];
+      std::sort(sorted.begin(), sorted.end());
+      IVec train(pos[u].begin(), pos[u].end() - 1);
+      IVec eval = {pos[u].back(), -1};
+      for (int32_t i = 0; i < int32_t(I); ++i)
+        if (!std::binary_search(sorted.begin(), sorted.end(), i)) eval[1] = i;
+      w.add_user(u, sorted.data(), sorted.size(), train.data(), train.size(), eval.data(),
+                 eval.size());
+    }
+    w.finish();
+  }
+  DatasetMeta meta = DatasetMeta::load(dir.path());
+  PositiveLists lists(dir.path(), meta);
+  DevicePositiveLists dlists(lists, Device::kCuda);
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
+    for (int num_neg : {0, 1, 4}) {
+      const std::string what = shape({{"n", n}, {"num_neg", num_neg}});
+      IVec users = random_ids(n, 0, int32_t(U), gen_), items = random_ids(n, 0, int32_t(I), gen_);
+      const size_t S = size_t(n) * (1 + num_neg);
+      IVec ou(S, -5), oi(S, -5);
+      Vec ol(S, -5.0f);
+      Buffer<int32_t> gusers = up(users), gitems = up(items), gou = up(ou), goi = up(oi);
+      Buffer<float> gol = up(ol);
+      sample_negatives(cpu_, lists, I, users.data(), items.data(), 12345, n, num_neg, 99, 3,
+                       ou.data(), oi.data(), ol.data());
+      sample_negatives(gpu_, dlists, I, gusers.data(), gitems.data(), 12345, n, num_neg, 99, 3,
+                       gou.data(), goi.data(), gol.data());
+      expect_same(down(gou), ou, what + "users");
+      expect_same(down(goi), oi, what + "items");
+      expect_same(down(gol), ol, what + "labels");
+    }
+}
+
+// ---- embedding_kernels.h ---------------------------------------------------------------------
+
+TEST_F(Parity, BucketizeByOwnerExact) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
+    for (int W : {1, 2, 3, 8})
+      for (bool row_wise : {true, false})
+        for (int32_t range : {3, 1000000}) {
+          const std::string what =
+              shape({{"n", n}, {"W", W}, {"row_wise", row_wise}, {"id range", range}});
+          const OwnerRule rule = row_wise ? OwnerRule::rows(W) : OwnerRule::single(W, W - 1);
+          IVec ids = random_ids(n, 0, range, gen_);
+          LVec perm(n, -1);
+          IVec local(n, -1);
+          std::vector<int64_t> counts(W, -1), gcounts(W, -1);
+          Buffer<int32_t> gids = up(ids), glocal = up(local);
+          Buffer<int64_t> gperm = up(perm);
+          bucketize_by_owner(cpu_, ids.data(), n, rule, perm.data(), local.data(), counts.data());
+          bucketize_by_owner(gpu_, gids.data(), n, rule, gperm.data(), glocal.data(),
+                             gcounts.data());
+          expect_same(gcounts, counts, what + "counts");
+          expect_same(down(gperm), perm, what + "perm");
+          expect_same(down(glocal), local, what + "local ids");
+        }
+}
+
+TEST_F(Parity, UniqueIdsExact) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{20000}})
+    for (int32_t range : {1, 5, 1000000}) {
+      const std::string what = shape({{"n", n}, {"id range", range}});
+      IVec ids = random_ids(n, 0, range, gen_);
+      IVec uniq(n, -1);
+      LVec inv(n, -1);
+      Buffer<int32_t> gids = up(ids), guniq = up(uniq);
+      Buffer<int64_t> ginv = up(inv);
+      int64_t nu = -1, gnu = -1;
+      unique_ids(cpu_, ids.data(), n, uniq.data(), inv.data(), &nu);
+      unique_ids(gpu_, gids.data(), n, guniq.data(), ginv.data(), &gnu);
+      ASSERT_EQ(gnu, nu) << what;
+      expect_same(down(guniq, nu), IVec(uniq.begin(), uniq.begin() + nu), what + "unique");
+      expect_same(down(ginv), inv, what + "inverse");
+    }
+}
+
+TEST_F(Parity, PermuteAndUnpermuteRowsExact) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
+    for (int D : kWidths)
+      for (int offset : {0, 1}) {
+        const std::string what = shape({{"n", n}, {"D", D}, {"offset", offset}});
+        const int64_t n_src = std::max<int64_t>(1, n / 3);
+        Vec src = random_vec(size_t(std::max(n, n_src)) * D + offset, gen_);
+        LVec idx(n), perm(n);
+        std::uniform_int_distribution<int64_t> pick(0, n_src - 1);
+        for (int64_t k = 0; k < n; ++k) idx[k] = pick(gen_);  // repeats: a gather
+        std::iota(perm.begin(), perm.end(), int64_t{0});
+        std::shuffle(perm.begin(), perm.end(), gen_);
+        Vec out(size_t(n) * D + offset, 2.0f), back(size_t(n) * D + offset, 3.0f);
+        Buffer<float> gsrc = up(src), gout = up(out), gback = up(back);
+        Buffer<int64_t> gidx = up(idx), gperm = up(perm);
+        permute_rows(cpu_, src.data() + offset, n_src, idx.data(), out.data() + offset, n, D);
+        permute_rows(gpu_, gsrc.data() + offset, n_src, gidx.data(), gout.data() + offset, n, D);
+        expect_same(down(gout), out, what + "permute");
+        unpermute_rows(cpu_, src.data() + offset, perm.data(), back.data() + offset, n, D);
+        unpermute_rows(gpu_, gsrc.data() + offset, gperm.data(), gback.data() + offset, n, D);
+        expect_same(down(gback), back, what + "unpermute");
+      }
+}
+
+// ---- bad input found by kernels -----------------------------------------------------------
+
+TEST_F(Parity, KernelErrorsAreRaisedAndLeaveTablesAlone) {
+  // An out-of-range id: recorded by the gather, raised by the check, then cleared.
+  Vec table = random_vec(4 * 3, gen_);
+  IVec ids = {0, 1, 2, 9, 3};
+  Buffer<float> gtable = up(table), gout(Device::kCuda, 5 * 3);
+  Buffer<RowId> gids = up(ids);
+  gather_rows(gpu_, gtable.data(), gids.data(), gout.data(), 4, 5, 3);
+  try {
+    check_device_errors(gpu_);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("gather_rows"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("index 3, value 9, bound 4"), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW(check_device_errors(gpu_));  // cleared
+
+  // A pending error is raised by the next synchronizing op.
+  gather_rows(gpu_, gtable.data(), gids.data(), gout.data(), 4, 5, 3);
+  int64_t nu = 0;
+  Buffer<RowId> gu(Device::kCuda, 5);
+  Buffer<float> gg(Device::kCuda, 5 * 3);
+  EXPECT_THROW(sort_reduce_rows(gpu_, gids.data(), gout.data(), 5, 3, gu.data(), gg.data(), &nu),
+               Error);
+
+  // Unsorted unique_rows: the update does nothing, the check names the problem.
+  IVec rows = {2, 1};
+  Vec grads(2 * 3, 0.5f);
+  Buffer<RowId> grows = up(rows);
+  Buffer<float> ggrads = up(grads);
+  SgdHyper sgd;
+  embedding_sgd(gpu_, gtable.data(), grows.data(), ggrads.data(), 4, 2, 3, sgd);
+  EXPECT_THROW(check_device_errors(gpu_), Error);
+  expect_same(down(gtable), table, "table after a rejected update");
+}
+
+// ---- one whole training step ---------------------------------------------------------------
+
+struct StepResult {
+  Vec logits, grads, params, user_table, item_table;
+  Vec user_table_grad, item_table_grad;  // reduced row gradients, scattered to [rows×D]
+  double loss = 0;
+};
+
+// Lookup, forward, loss, backward, dense Adam, sort-and-reduce and dense Adam on
+// the user table, lazy Adam on the item table — on one device.
+StepResult run_step(const ExecContext& ctx, const NeuMFConfig& cfg, const Vec& user_table,
+                    const Vec& item_table, const IVec& uids, const IVec& iids, const Vec& labels,
+                    const Vec& weights) {
+  const Device dev = ctx.device;
+  const int D = cfg.embedding_width();
+  const int64_t B = static_cast<int64_t>(uids.size());
+  const int64_t NU = static_cast<int64_t>(user_table.size()) / D;
+  const int64_t NI = static_cast<int64_t>(item_table.size()) / D;
+  auto put = [&](const auto& h) {
+    using T = typename std::decay_t<decltype(h)>::value_type;
+    Buffer<T> b(dev, h.size());
+    device_copy(dev, b.data(), Device::kCpu, h.data(), h.size() * sizeof(T));
+    return b;
+  };
+  auto get = [&](const auto& b, size_t n) {
+    using T = std::decay_t<decltype(*b.data())>;
+    std::vector<T> h(n);
+    device_copy(Device::kCpu, h.data(), dev, b.data(), n * sizeof(T));
+    return h;
+  };
+  Buffer<float> ut = put(user_table), it = put(item_table), y = put(labels), w = put(weights);
+  Buffer<RowId> u = put(uids), i = put(iids);
+  Buffer<float> urows(dev, size_t(B) * D), irows(dev, size_t(B) * D);
+  gather_rows(ctx, ut.data(), u.data(), urows.data(), NU, B, D);
+  gather_rows(ctx, it.data(), i.data(), irows.data(), NI, B, D);
+
+  NeuMF model(cfg, dev);
+  model.init(42);
+  Buffer<float> logits(dev, B), dlogits(dev, B);
+  Buffer<double> loss(dev, 1);
+  model.forward(ctx, urows.data(), irows.data(), B, logits.data());
+  bce_with_logits_forward(ctx, logits.data(), y.data(), w.data(), loss.data(), B, B, B);
+  bce_with_logits_backward(ctx, logits.data(), y.data(), w.data(), dlogits.data(), B, B, B);
+  Buffer<float> du(dev, size_t(B) * D), di(dev, size_t(B) * D);
+  model.backward(ctx, dlogits.data(), du.data(), di.data());
+
+  StepResult r;
+  r.logits = get(logits, B);
+  r.loss = get(loss, 1)[0];
+  r.grads = get(model.grads(), model.num_params());
+  const int64_t P = model.num_params();
+  Buffer<float> m(dev, P), v(dev, P);
+  m.zero();
+  v.zero();
+  AdamHyper adam;
+  dense_adam_step(ctx, model.params().data(), model.grads().data(), m.data(), v.data(), P, 1, adam);
+  r.params = get(model.params(), P);
+
+  Buffer<RowId> rows(dev, B);
+  Buffer<float> rgrads(dev, size_t(B) * D), tm(dev, user_table.size()), tv(dev, user_table.size());
+  tm.zero();
+  tv.zero();
+  int64_t n = 0;
+  // The reduced gradient as a full table-shaped array (zero rows where untouched).
+  auto scatter = [&](int64_t rows_total) {
+    Vec full(size_t(rows_total) * D, 0.0f);
+    std::vector<RowId> r_rows = get(rows, n);
+    Vec r_grads = get(rgrads, size_t(n) * D);
+    for (int64_t k = 0; k < n; ++k)
+      std::copy_n(&r_grads[size_t(k) * D], D, &full[size_t(r_rows[k]) * D]);
+    return full;
+  };
+  sort_reduce_rows(ctx, u.data(), du.data(), B, D, rows.data(), rgrads.data(), &n);
+  r.user_table_grad = scatter(NU);
+  embedding_dense_adam(ctx, ut.data(), tm.data(), tv.data(), rows.data(), rgrads.data(), NU, n, D,
+                       1, adam);
+  Buffer<float> im(dev, item_table.size()), iv(dev, item_table.size());
+  im.zero();
+  iv.zero();
+  sort_reduce_rows(ctx, i.data(), di.data(), B, D, rows.data(), rgrads.data(), &n);
+  r.item_table_grad = scatter(NI);
+  embedding_lazy_adam(ctx, it.data(), im.data(), iv.data(), rows.data(), rgrads.data(), NI, n, D,
+                      1, adam);
+  r.user_table = get(ut, user_table.size());
+  r.item_table = get(it, item_table.size());
+  return r;
+}
+
+// A pre-activation within rounding of 0 may land on opposite sides of the ReLU
+// kink on the two devices — a legitimate difference that changes whole gradient
+// rows. Samples whose CPU pre-activations come within kKink of 0 (~1% of them;
+// the devices differ by ~1e-7 there) get loss weight 0, so they add nothing to
+// any gradient on either device.
+constexpr float kKink = 1e-4f;
+
+Vec kink_free_weights(const ExecContext& cpu, const NeuMFConfig& cfg, const Vec& user_table,
+                      const Vec& item_table, const IVec& uids, const IVec& iids) {
+  NeuMF model(cfg, Device::kCpu);
+  model.init(42);  // the parameters run_step uses
+  const int D = cfg.embedding_width(), mf = cfg.mf_dim, h = cfg.mlp_half(), L0 = cfg.layers[0];
+  const int64_t B = static_cast<int64_t>(uids.size());
+  Vec x(size_t(B) * L0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int k = 0; k < h; ++k) {
+      x[b * L0 + k] = user_table[size_t(uids[b]) * D + mf + k];
+      x[b * L0 + h + k] = item_table[size_t(iids[b]) * D + mf + k];
+    }
+  Vec w(B, 1.0f);
+  const float* p = model.params().data();
+  for (const DenseLayerView& v : model.tower()) {
+    Vec z(size_t(B) * v.out);
+    linear_forward(cpu, x.data(), p + v.w_offset, p + v.b_offset, z.data(), B, v.in, v.out, false);
+    for (int64_t b = 0; b < B; ++b)
+      for (int j = 0; j < v.out; ++j) {
+        float& zz = z[size_t(b) * v.out + j];
+        if (std::fabs(zz) < kKink) w[b] = 0.0f;
+        zz = std::max(zz, 0.0f);
+      }
+    x = std::move(z);
+  }
+  return w;
+}
+
+// Adam's first step moves a parameter by about lr·sign(g): where the gradient is
+// within its own tolerance of zero, the two devices may legitimately move it in
+// opposite directions, so such elements get 2·lr of slack. An exactly zero
+// gradient (untouched rows, dead ReLUs) gets none: nothing may move there.
+void expect_adam_params_close(const Vec& gpu, const Vec& cpu, const Vec& grad_cpu,
+                              double grad_atol, double lr, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  int reported = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    const bool near_zero = grad_cpu[k] != 0.0f && std::fabs(grad_cpu[k]) <= grad_atol;
+    const double tol = 1e-6 + 1e-5 * std::fabs(cpu[k]) + (near_zero ? 2 * lr : 0.0);
+    if (!(std::fabs(double(gpu[k]) - cpu[k]) <= tol) && reported++ < 5)
+      ADD_FAILURE() << what << " [" << k << "]: gpu " << gpu[k] << ", cpu " << cpu[k]
+                    << " (grad " << grad_cpu[k] << ")";
+  }
+}
+
+TEST_F(Parity, WholeNeuMFStepFp32) {
+  NeuMFConfig wide;  // D = 8 + 32 = 40: float4 paths
+  wide.mf_dim = 8;
+  wide.layers = {64, 32, 16, 8};
+  NeuMFConfig odd;  // D = 3 + 2 = 5: scalar paths
+  odd.mf_dim = 3;
+  odd.layers = {4, 5, 3};
+  for (const NeuMFConfig& cfg : {wide, odd}) {
+    const int D = cfg.embedding_width();
+    const int64_t B = 1000, NU = 300, NI = 200;
+    Vec user_table = random_vec(size_t(NU) * D, gen_, -0.5f, 0.5f);
+    Vec item_table = random_vec(size_t(NI) * D, gen_, -0.5f, 0.5f);
+    IVec uids = random_ids(B, 0, int32_t(NU), gen_), iids = random_ids(B, 0, int32_t(NI), gen_);
+    Vec labels(B);
+    for (int64_t b = 0; b < B; ++b) labels[b] = (uids[b] + iids[b]) % 5 == 0 ? 1.0f : 0.0f;
+
+    const Vec weights = kink_free_weights(cpu_, cfg, user_table, item_table, uids, iids);
+    const std::string what = shape({{"D", D}});
+    ASSERT_GT(std::accumulate(weights.begin(), weights.end(), 0.0f), 0.9f * B) << what;
+
+    StepResult c = run_step(cpu_, cfg, user_table, item_table, uids, iids, labels, weights);
+    StepResult g = run_step(gpu_, cfg, user_table, item_table, uids, iids, labels, weights);
+    expect_close(g.logits, c.logits, 1e-5, 1e-5, what + "logits");
+    expect_close(std::vector<double>{g.loss}, std::vector<double>{c.loss}, 1e-7, 1e-6,
+                 what + "loss");
+    // Gradients are means over B: compare against the largest one.
+    double gmax = 0;
+    for (float x : c.grads) gmax = std::max(gmax, double(std::fabs(x)));
+    const double grad_atol = 1e-5 * gmax;
+    expect_close(g.grads, c.grads, grad_atol, 1e-4, what + "dense gradients");
+    const double lr = AdamHyper{}.lr;
+    expect_adam_params_close(g.params, c.params, c.grads, grad_atol, lr, what + "dense params");
+    // The tables: reduced row gradients first, then the rows after Adam (dense
+    // Adam on users: untouched rows have g = 0 and do not move; lazy Adam on items).
+    for (auto [gg, cg, gt, ct, name] :
+         {std::make_tuple(&g.user_table_grad, &c.user_table_grad, &g.user_table, &c.user_table,
+                          "user"),
+          std::make_tuple(&g.item_table_grad, &c.item_table_grad, &g.item_table, &c.item_table,
+                          "item")}) {
+      double rmax = 0;
+      for (float x : *cg) rmax = std::max(rmax, double(std::fabs(x)));
+      const double row_atol = 1e-5 * rmax;
+      expect_close(*gg, *cg, row_atol, 1e-4, what + name + " row gradients");
+      expect_adam_params_close(*gt, *ct, *cg, row_atol, lr, what + name + " table");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ncf
