@@ -81,32 +81,31 @@ ShardedEmbedding::ShardedEmbedding(const TableSpec& spec, Communicator& comm,
   NCF_CHECK(spec.D > 0, "table ", spec.name, " width ", spec.D);
   NCF_CHECK(spec.owner >= 0 && spec.owner < W_, "table ", spec.name, " owner ", spec.owner,
             " outside [0, ", W_, ")");
+  rule_ = spec.placement == Placement::kTableWise ? OwnerRule::single(W_, spec.owner)
+                                                   : OwnerRule::rows(W_);
   local_rows_ = table_rank_rows(spec, rank_, W_);
+  const Device dev = ctx.device;
   const size_t n = size_t(local_rows_) * spec.D;
-  table_ = Buffer<float>(Device::kCpu, n);
-  int state = optimizer_state_per_element(opt.kind);
-  if (state >= 1) m_ = Buffer<float>(Device::kCpu, n);
-  if (state >= 2) v_ = Buffer<float>(Device::kCpu, n);
+  table_ = Buffer<float>(dev, n);
+  const int state = optimizer_state_per_element(opt.kind);
+  if (state >= 1) m_ = Buffer<float>(dev, n);
+  if (state >= 2) v_ = Buffer<float>(dev, n);
   m_.zero();
   v_.zero();
   if (opt.kind == EmbeddingOptimizer::kAdagrad && n)
     adagrad_init(ctx_, m_.data(), int64_t(n), opt.adagrad);
-  send_counts_.assign(W_, 0);
-  send_displs_.assign(W_, 0);
-  recv_counts_.assign(W_, 0);
-  recv_displs_.assign(W_, 0);
+  for (Buffer<int32_t>* b : {&ids_, &unique_, &send_local_, &recv_local_, &reduced_rows_})
+    *b = Buffer<int32_t>(dev, 0);
+  for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
+  for (Buffer<float>* b : {&send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+    *b = Buffer<float>(dev, 0);
+  for (auto* v : {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_,
+                  &rd_})
+    v->assign(W_, 0);
 }
 
 int64_t ShardedEmbedding::global_row(int64_t k) const {
   return spec_.placement == Placement::kRowWise ? k * W_ + rank_ : k;
-}
-
-int ShardedEmbedding::owner_of(int64_t id) const {
-  return spec_.placement == Placement::kRowWise ? int(id % W_) : spec_.owner;
-}
-
-int32_t ShardedEmbedding::local_of(int64_t id) const {
-  return int32_t(spec_.placement == Placement::kRowWise ? id / W_ : id);
 }
 
 int64_t ShardedEmbedding::bytes_on_rank() const {
@@ -115,95 +114,117 @@ int64_t ShardedEmbedding::bytes_on_rank() const {
 
 void ShardedEmbedding::init(uint64_t seed) {
   const int D = spec_.D;
-  float* t = table_.data();
+  std::vector<float> host(size_t(local_rows_) * D);
   for (int64_t k = 0; k < local_rows_; ++k) {
     CounterRng rng{seed, kStreamInit, (uint64_t(spec_.init_tag) << 40) | uint64_t(global_row(k))};
     for (int j = 0; j < D; j += 2) {
       // Box-Muller on two 53-bit uniforms: a pair of normals per draw.
       double u1 = 1.0 - rng.uniform_double(uint64_t(j)), u2 = rng.uniform_double(uint64_t(j) + 1);
       double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
-      t[k * D + j] = float(spec_.init_stddev * r * std::cos(a));
-      if (j + 1 < D) t[k * D + j + 1] = float(spec_.init_stddev * r * std::sin(a));
+      host[k * D + j] = float(spec_.init_stddev * r * std::cos(a));
+      if (j + 1 < D) host[k * D + j + 1] = float(spec_.init_stddev * r * std::sin(a));
     }
   }
+  device_copy(ctx_.device, table_.data(), Device::kCpu, host.data(), host.size() * 4);
+}
+
+void ShardedEmbedding::exchange(const void* send, const int64_t* send_counts,
+                                const int64_t* send_displs, int64_t send_total, void* recv,
+                                const int64_t* recv_counts, const int64_t* recv_displs,
+                                int64_t recv_total, DType t) {
+  if (comm_.device() == ctx_.device) {
+    comm_.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    return;
+  }
+  const size_t es = dtype_size(t);
+  stage_send_.resize(size_t(send_total) * es);
+  stage_recv_.resize(size_t(recv_total) * es);
+  device_copy(Device::kCpu, stage_send_.data(), ctx_.device, send, stage_send_.size());
+  comm_.all_to_all_v(stage_send_.data(), send_counts, send_displs, stage_recv_.data(), recv_counts,
+                     recv_displs, t);
+  device_copy(ctx_.device, recv, Device::kCpu, stage_recv_.data(), stage_recv_.size());
+}
+
+void ShardedEmbedding::all_reduce(float* buf, size_t n) {
+  if (comm_.device() == ctx_.device) {
+    comm_.all_reduce_sum(buf, n, DType::kFloat32);
+    return;
+  }
+  std::vector<float> host(n);
+  device_copy(Device::kCpu, host.data(), ctx_.device, buf, n * 4);
+  comm_.all_reduce_sum(host.data(), n, DType::kFloat32);
+  device_copy(ctx_.device, buf, Device::kCpu, host.data(), n * 4);
 }
 
 void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
   const int D = spec_.D;
   n_ = n;
   stats_ = ExchangeStats{};
-  for (int64_t k = 0; k < n; ++k)
-    NCF_CHECK(ids[k] >= 0 && ids[k] < spec_.num_rows, "table ", spec_.name, ": id ", ids[k],
-              " at batch position ", k, " out of range [0, ", spec_.num_rows, ")");
+  ids_.reserve(size_t(n));
+  device_copy(ctx_.device, ids_.data(), ctx_.device, ids, size_t(n) * 4);
 
   if (spec_.placement == Placement::kReplicated) {
+    // gather_rows checks every id against the table.
     gather_rows(ctx_, table_.data(), ids, out, local_rows_, n, D);
-    unique_ids_.assign(ids, ids + n);
     return;
   }
 
-  // Unique ids (sorted) and each batch position's index among them.
+  // The ids that travel: the unique ones (ascending) with --dedup, else all.
+  const int32_t* travel = ids;
+  nu_ = n;
   if (dedup_) {
-    unique_ids_.assign(ids, ids + n);
-    std::sort(unique_ids_.begin(), unique_ids_.end());
-    unique_ids_.erase(std::unique(unique_ids_.begin(), unique_ids_.end()), unique_ids_.end());
-    inverse_.resize(n);
+    unique_.reserve(size_t(n));
+    inverse_.reserve(size_t(n));
+    unique_ids(ctx_, ids, n, unique_.data(), inverse_.data(), &nu_);
+    travel = unique_.data();
+  }
+  stats_.unique_ids = nu_;
+  // Owners index their shard with local rows: an id past the table must stop
+  // here, where the table and the id are known. (CUDA kernels record bad ids
+  // and report them at the next synchronizing op instead.)
+  if (ctx_.device == Device::kCpu)
     for (int64_t k = 0; k < n; ++k)
-      inverse_[k] = std::lower_bound(unique_ids_.begin(), unique_ids_.end(), ids[k]) -
-                    unique_ids_.begin();
-  } else {
-    unique_ids_.assign(ids, ids + n);
-    inverse_.resize(n);
-    std::iota(inverse_.begin(), inverse_.end(), 0);
-  }
-  const int64_t nu = int64_t(unique_ids_.size());
-  stats_.unique_ids = nu;
+      if (ids[k] < 0 || ids[k] >= spec_.num_rows)
+        NCF_FAIL("table ", spec_.name, ": id ", ids[k], " at batch position ", k,
+                 " out of range [0, ", spec_.num_rows, ")");
 
-  // Bucketize by owner: a stable counting sort.
-  std::fill(send_counts_.begin(), send_counts_.end(), 0);
-  for (int64_t k = 0; k < nu; ++k) ++send_counts_[owner_of(unique_ids_[k])];
+  // Bucketize by owner (stable), then exchange counts and local row ids.
+  perm_.reserve(size_t(nu_));
+  send_local_.reserve(size_t(nu_));
+  bucketize_by_owner(ctx_, travel, nu_, rule_, perm_.data(), send_local_.data(),
+                     send_counts_.data());
   for (int p = 1; p < W_; ++p) send_displs_[p] = send_displs_[p - 1] + send_counts_[p - 1];
-  perm_.resize(nu);
-  std::vector<int32_t> send_local(nu);
-  {
-    std::vector<int64_t> fill(send_displs_);
-    for (int64_t k = 0; k < nu; ++k) {
-      int64_t pos = fill[owner_of(unique_ids_[k])]++;
-      perm_[pos] = k;
-      send_local[pos] = local_of(unique_ids_[k]);
-    }
-  }
-
   comm_.exchange_counts(send_counts_.data(), recv_counts_.data());
-  int64_t nr = 0;
+  nr_ = 0;
   for (int p = 0; p < W_; ++p) {
-    recv_displs_[p] = nr;
-    nr += recv_counts_[p];
+    recv_displs_[p] = nr_;
+    nr_ += recv_counts_[p];
   }
-  recv_local_.resize(nr);
-  comm_.all_to_all_v(send_local.data(), send_counts_.data(), send_displs_.data(),
-                     recv_local_.data(), recv_counts_.data(), recv_displs_.data(),
-                     DType::kInt32);
+  recv_local_.reserve(size_t(nr_));
+  exchange(send_local_.data(), send_counts_.data(), send_displs_.data(), nu_, recv_local_.data(),
+           recv_counts_.data(), recv_displs_.data(), nr_, DType::kInt32);
 
-  // Owners gather the requested rows, then send them back.
-  send_vec_.resize(size_t(nr) * D);
-  gather_rows(ctx_, table_.data(), recv_local_.data(), send_vec_.data(), local_rows_, nr, D);
-  recv_vec_.resize(size_t(nu) * D);
-  std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
+  // Owners gather the requested rows and send them back.
+  send_vec_.reserve(size_t(nr_) * D);
+  gather_rows(ctx_, table_.data(), recv_local_.data(), send_vec_.data(), local_rows_, nr_, D);
   for (int p = 0; p < W_; ++p) {
-    sc[p] = recv_counts_[p] * D;
-    sd[p] = recv_displs_[p] * D;
-    rc[p] = send_counts_[p] * D;
-    rd[p] = send_displs_[p] * D;
+    sc_[p] = recv_counts_[p] * D;
+    sd_[p] = recv_displs_[p] * D;
+    rc_[p] = send_counts_[p] * D;
+    rd_[p] = send_displs_[p] * D;
   }
-  comm_.all_to_all_v(send_vec_.data(), sc.data(), sd.data(), recv_vec_.data(), rc.data(),
-                     rd.data(), DType::kFloat32);
+  recv_vec_.reserve(size_t(nu_) * D);
+  exchange(send_vec_.data(), sc_.data(), sd_.data(), nr_ * D, recv_vec_.data(), rc_.data(),
+           rd_.data(), nu_ * D, DType::kFloat32);
 
-  // Un-permute: unique k sits at owner-sorted position pos where perm_[pos] = k.
-  std::vector<int64_t> where(nu);
-  for (int64_t pos = 0; pos < nu; ++pos) where[perm_[pos]] = pos;
-  for (int64_t k = 0; k < n; ++k)
-    std::copy_n(&recv_vec_[size_t(where[inverse_[k]]) * D], D, out + size_t(k) * D);
+  // Back to batch order: owner order -> (unique) id order -> batch positions.
+  if (dedup_) {
+    uvec_.reserve(size_t(nu_) * D);
+    unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), uvec_.data(), nu_, D);
+    permute_rows(ctx_, uvec_.data(), nu_, inverse_.data(), out, n, D);
+  } else {
+    unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), out, n, D);
+  }
 
   for (int p = 0; p < W_; ++p)
     if (p != rank_) {
@@ -212,106 +233,137 @@ void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
     }
 }
 
-void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
+void ShardedEmbedding::apply_optimizer(const int32_t* rows, const float* grads, int64_t n,
+                                       int64_t t) {
   const int D = spec_.D;
-  const int64_t n = n_;
-  int64_t rows = 0;
-  const int32_t* urows = nullptr;
-  const float* ugrads = nullptr;
-
-  if (spec_.placement == Placement::kReplicated) {
-    // Dense gradient plus a touch count per row, summed over ranks: every rank
-    // then holds the same reduced gradient and applies the same update.
-    std::vector<float> dense(size_t(spec_.num_rows) * (D + 1), 0.0f);
-    reduced_rows_.resize(n);
-    reduced_grads_.resize(size_t(n) * D);
-    int64_t nu = 0;
-    sort_reduce_rows(ctx_, unique_ids_.data(), grads, n, D, reduced_rows_.data(),
-                     reduced_grads_.data(), &nu);
-    for (int64_t k = 0; k < nu; ++k) {
-      float* row = &dense[size_t(reduced_rows_[k]) * (D + 1)];
-      std::copy_n(&reduced_grads_[size_t(k) * D], D, row);
-      row[D] = 1.0f;
-    }
-    comm_.all_reduce_sum(dense.data(), dense.size(), DType::kFloat32);
-    reduced_rows_.clear();
-    reduced_grads_.clear();
-    for (int64_t r = 0; r < spec_.num_rows; ++r) {
-      const float* row = &dense[size_t(r) * (D + 1)];
-      if (row[D] == 0.0f) continue;
-      reduced_rows_.push_back(int32_t(r));
-      reduced_grads_.insert(reduced_grads_.end(), row, row + D);
-    }
-    rows = int64_t(reduced_rows_.size());
-    if (W_ > 1) stats_.bytes_sent += int64_t(dense.size()) * 4 * 2 * (W_ - 1) / W_;
-  } else {
-    const int64_t nu = int64_t(unique_ids_.size());
-    // Sum the batch gradients of each unique id in batch order, then order by owner.
-    grad_unique_.assign(size_t(nu) * D, 0.0f);
-    for (int64_t k = 0; k < n; ++k) {
-      float* dst = &grad_unique_[size_t(inverse_[k]) * D];
-      const float* src = grads + size_t(k) * D;
-      for (int j = 0; j < D; ++j) dst[j] += src[j];
-    }
-    recv_vec_.resize(size_t(nu) * D);  // reused as the send buffer, owner order
-    for (int64_t pos = 0; pos < nu; ++pos)
-      std::copy_n(&grad_unique_[size_t(perm_[pos]) * D], D, &recv_vec_[size_t(pos) * D]);
-    int64_t nr = 0;
-    for (int p = 0; p < W_; ++p) nr += recv_counts_[p];
-    send_vec_.resize(size_t(nr) * D);  // reused as the receive buffer
-    std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
-    for (int p = 0; p < W_; ++p) {
-      sc[p] = send_counts_[p] * D;
-      sd[p] = send_displs_[p] * D;
-      rc[p] = recv_counts_[p] * D;
-      rd[p] = recv_displs_[p] * D;
-    }
-    comm_.all_to_all_v(recv_vec_.data(), sc.data(), sd.data(), send_vec_.data(), rc.data(),
-                       rd.data(), DType::kFloat32);
-    for (int p = 0; p < W_; ++p)
-      if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
-    reduced_rows_.resize(nr);
-    reduced_grads_.resize(size_t(nr) * D);
-    sort_reduce_rows(ctx_, recv_local_.data(), send_vec_.data(), nr, D, reduced_rows_.data(),
-                     reduced_grads_.data(), &rows);
-  }
-  urows = reduced_rows_.data();
-  ugrads = reduced_grads_.data();
-
   float* tab = table_.data();
   switch (opt_.kind) {
     case EmbeddingOptimizer::kDenseAdam:
       if (local_rows_)
-        embedding_dense_adam(ctx_, tab, m_.data(), v_.data(), urows, ugrads, local_rows_, rows, D, t,
+        embedding_dense_adam(ctx_, tab, m_.data(), v_.data(), rows, grads, local_rows_, n, D, t,
                              opt_.adam);
       break;
     case EmbeddingOptimizer::kLazyAdam:
-      if (rows)
-        embedding_lazy_adam(ctx_, tab, m_.data(), v_.data(), urows, ugrads, local_rows_, rows, D, t,
+      if (n)
+        embedding_lazy_adam(ctx_, tab, m_.data(), v_.data(), rows, grads, local_rows_, n, D, t,
                             opt_.adam);
       break;
     case EmbeddingOptimizer::kSgd:
-      if (rows) embedding_sgd(ctx_, tab, urows, ugrads, local_rows_, rows, D, opt_.sgd);
+      if (n) embedding_sgd(ctx_, tab, rows, grads, local_rows_, n, D, opt_.sgd);
       break;
     case EmbeddingOptimizer::kAdagrad:
-      if (rows)
-        embedding_adagrad(ctx_, tab, m_.data(), urows, ugrads, local_rows_, rows, D, opt_.adagrad);
+      if (n) embedding_adagrad(ctx_, tab, m_.data(), rows, grads, local_rows_, n, D, opt_.adagrad);
       break;
   }
+}
+
+void ShardedEmbedding::apply_replicated(const float* grads, int64_t t) {
+  // Every rank sums its rows, then a dense gradient plus a touch count per row
+  // is allreduced: all ranks hold the same reduced gradient and apply the same
+  // update. Replication is only planned for small tables, so the dense buffer
+  // is assembled in host memory.
+  const int D = spec_.D;
+  const int64_t n = n_;
+  reduced_rows_.reserve(size_t(n));
+  reduced_grads_.reserve(size_t(n) * D);
+  int64_t nu = 0;
+  sort_reduce_rows(ctx_, ids_.data(), grads, n, D, reduced_rows_.data(), reduced_grads_.data(),
+                   &nu);
+  std::vector<int32_t> rows(static_cast<size_t>(nu));
+  std::vector<float> g(static_cast<size_t>(nu) * D);
+  device_copy(Device::kCpu, rows.data(), ctx_.device, reduced_rows_.data(), rows.size() * 4);
+  device_copy(Device::kCpu, g.data(), ctx_.device, reduced_grads_.data(), g.size() * 4);
+  std::vector<float> dense(size_t(spec_.num_rows) * (D + 1), 0.0f);
+  for (int64_t k = 0; k < nu; ++k) {
+    float* row = &dense[size_t(rows[k]) * (D + 1)];
+    std::copy_n(&g[size_t(k) * D], D, row);
+    row[D] = 1.0f;
+  }
+  if (comm_.device() == Device::kCpu) {
+    comm_.all_reduce_sum(dense.data(), dense.size(), DType::kFloat32);
+  } else {
+    Buffer<float> d(comm_.device(), dense.size());
+    device_copy(comm_.device(), d.data(), Device::kCpu, dense.data(), dense.size() * 4);
+    comm_.all_reduce_sum(d.data(), dense.size(), DType::kFloat32);
+    device_copy(Device::kCpu, dense.data(), comm_.device(), d.data(), dense.size() * 4);
+  }
+  rows.clear();
+  g.clear();
+  for (int64_t r = 0; r < spec_.num_rows; ++r) {
+    const float* row = &dense[size_t(r) * (D + 1)];
+    if (row[D] == 0.0f) continue;
+    rows.push_back(int32_t(r));
+    g.insert(g.end(), row, row + D);
+  }
+  nu = int64_t(rows.size());
+  reduced_rows_.reserve(size_t(nu));
+  reduced_grads_.reserve(size_t(nu) * D);
+  device_copy(ctx_.device, reduced_rows_.data(), Device::kCpu, rows.data(), rows.size() * 4);
+  device_copy(ctx_.device, reduced_grads_.data(), Device::kCpu, g.data(), g.size() * 4);
+  if (W_ > 1) stats_.bytes_sent += int64_t(dense.size()) * 4 * 2 * (W_ - 1) / W_;
+  apply_optimizer(reduced_rows_.data(), reduced_grads_.data(), nu, t);
+}
+
+void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
+  if (spec_.placement == Placement::kReplicated) {
+    apply_replicated(grads, t);
+    return;
+  }
+  const int D = spec_.D;
+  // Gradients per travelling id: with --dedup, duplicates are summed by id in
+  // batch order (ids ascending, the order of unique_); then put in owner order.
+  const float* per_id = grads;
+  if (dedup_) {
+    reduced_rows_.reserve(size_t(n_));
+    reduced_grads_.reserve(size_t(n_) * D);
+    int64_t nu = 0;
+    sort_reduce_rows(ctx_, ids_.data(), grads, n_, D, reduced_rows_.data(), reduced_grads_.data(),
+                     &nu);
+    NCF_CHECK(nu == nu_, "table ", spec_.name, ": ", nu, " unique ids in the backward, ", nu_,
+              " in the forward");
+    per_id = reduced_grads_.data();
+  }
+  recv_vec_.reserve(size_t(nu_) * D);  // reused: gradients in owner order
+  permute_rows(ctx_, per_id, nu_, perm_.data(), recv_vec_.data(), nu_, D);
+  for (int p = 0; p < W_; ++p) {
+    sc_[p] = send_counts_[p] * D;
+    sd_[p] = send_displs_[p] * D;
+    rc_[p] = recv_counts_[p] * D;
+    rd_[p] = recv_displs_[p] * D;
+  }
+  send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
+  exchange(recv_vec_.data(), sc_.data(), sd_.data(), nu_ * D, send_vec_.data(), rc_.data(),
+           rd_.data(), nr_ * D, DType::kFloat32);
+  for (int p = 0; p < W_; ++p)
+    if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
+
+  // Owners sum the rows asked for more than once (sorted, in arrival order).
+  reduced_rows_.reserve(size_t(nr_));
+  reduced_grads_.reserve(size_t(nr_) * D);
+  int64_t rows = 0;
+  sort_reduce_rows(ctx_, recv_local_.data(), send_vec_.data(), nr_, D, reduced_rows_.data(),
+                   reduced_grads_.data(), &rows);
+  apply_optimizer(reduced_rows_.data(), reduced_grads_.data(), rows, t);
 }
 
 std::vector<float> ShardedEmbedding::gather_full() {
   const int D = spec_.D;
   const int64_t N = spec_.num_rows;
-  std::vector<float> full(size_t(N) * D, 0.0f);
-  if (spec_.placement == Placement::kReplicated) {
-    std::copy_n(table_.data(), full.size(), full.data());
-    return full;
-  }
+  std::vector<float> local(size_t(local_rows_) * D);
+  device_copy(Device::kCpu, local.data(), ctx_.device, table_.data(), local.size() * 4);
+  if (spec_.placement == Placement::kReplicated) return local;
   // Each rank writes its rows into a zeroed full table; a sum assembles it.
+  std::vector<float> full(size_t(N) * D, 0.0f);
   for (int64_t k = 0; k < local_rows_; ++k)
-    std::copy_n(table_.data() + size_t(k) * D, D, &full[size_t(global_row(k)) * D]);
-  comm_.all_reduce_sum(full.data(), full.size(), DType::kFloat32);
+    std::copy_n(&local[size_t(k) * D], D, &full[size_t(global_row(k)) * D]);
+  if (comm_.device() == Device::kCpu) {
+    comm_.all_reduce_sum(full.data(), full.size(), DType::kFloat32);
+  } else {
+    Buffer<float> d(comm_.device(), full.size());
+    device_copy(comm_.device(), d.data(), Device::kCpu, full.data(), full.size() * 4);
+    comm_.all_reduce_sum(d.data(), full.size(), DType::kFloat32);
+    device_copy(Device::kCpu, full.data(), comm_.device(), d.data(), full.size() * 4);
+  }
   return full;
 }
 

@@ -19,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "common/device.h"
+#include "embedding/embedding_kernels.h"
 #include "model/optim.h"
 
 namespace ncf {
@@ -74,23 +75,31 @@ class ShardedEmbedding {
   // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
   void init(uint64_t seed);
 
-  // out[k, :] = row ids[k] for k < n. Collective: every rank calls it, n may be 0.
-  // Remembers the routing for the following apply_gradients.
+  // out[k, :] = row ids[k] for k < n; ids and out live on the context's device.
+  // Collective: every rank calls it, n may be 0. Remembers the routing for the
+  // following apply_gradients.
   void lookup(const int32_t* ids, int64_t n, float* out);
 
-  // grads[n×D]: d loss / d out of the last lookup. Collective. Sends rows to
+  // grads[n×D] (context's device): d loss / d out of the last lookup. Collective. Sends rows to
   // their owners, which reduce duplicates and apply the optimizer (step t ≥ 1).
   void apply_gradients(const float* grads, int64_t t);
 
-  // The whole table in global row order, gathered on every rank (tests, checkpoints).
+  // The whole table in global row order, gathered on every rank into host memory
+  // (tests, checkpoints).
   std::vector<float> gather_full();
 
   const ExchangeStats& last_stats() const { return stats_; }
   int64_t bytes_on_rank() const;
 
  private:
-  int owner_of(int64_t id) const;
-  int32_t local_of(int64_t id) const;
+  // all_to_all_v on buffers of ctx_.device, staged through host memory when
+  // the communicator works on another device (MPI between GPU ranks).
+  void exchange(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                int64_t send_total, void* recv, const int64_t* recv_counts,
+                const int64_t* recv_displs, int64_t recv_total, DType t);
+  void all_reduce(float* buf, size_t n);
+  void apply_optimizer(const int32_t* rows, const float* grads, int64_t n, int64_t t);
+  void apply_replicated(const float* grads, int64_t t);
 
   TableSpec spec_;
   Communicator& comm_;
@@ -99,19 +108,26 @@ class ShardedEmbedding {
   bool dedup_;
   int W_, rank_;
   int64_t local_rows_ = 0;
+  OwnerRule rule_;
 
-  Buffer<float> table_, m_, v_;  // [local_rows × D]; m_ doubles as Adagrad's accumulator
+  // On ctx_.device: [local_rows × D] parameters and optimizer state (m_ is also
+  // Adagrad's accumulator).
+  Buffer<float> table_, m_, v_;
 
-  // Routing of the last lookup.
-  int64_t n_ = 0;                        // batch ids
-  std::vector<int32_t> unique_ids_;      // U_b unique ids (or the batch ids without dedup)
-  std::vector<int64_t> inverse_;         // batch position → index into unique_ids_
-  std::vector<int64_t> perm_;            // owner-sorted order → index into unique_ids_
+  // Routing of the last lookup (n batch ids, nu unique ids, nr ids received).
+  int64_t n_ = 0, nu_ = 0, nr_ = 0;
+  Buffer<int32_t> ids_;          // [n] the batch ids (the backward sums duplicates by id)
+  Buffer<int32_t> unique_;       // [nu] ascending unique ids (dedup)
+  Buffer<int64_t> inverse_;      // [n] batch position -> index in unique_ (dedup)
+  Buffer<int64_t> perm_;         // [nu] owner order -> index among the (unique) ids
+  Buffer<int32_t> send_local_;   // [nu] local rows asked of each owner, owner order
+  Buffer<int32_t> recv_local_;   // [nr] local rows other ranks ask of this rank
+  Buffer<float> send_vec_, recv_vec_, uvec_;  // row buffers of the exchanges
+  Buffer<int32_t> reduced_rows_;
+  Buffer<float> reduced_grads_;
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;
-  std::vector<int32_t> recv_local_;      // local rows requested from this rank
-  std::vector<float> send_vec_, recv_vec_, grad_unique_;
-  std::vector<int32_t> reduced_rows_;
-  std::vector<float> reduced_grads_;
+  std::vector<int64_t> sc_, sd_, rc_, rd_;     // the same, in floats (× D)
+  std::vector<char> stage_send_, stage_recv_;  // host staging
   ExchangeStats stats_;
 };
 

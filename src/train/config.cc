@@ -71,6 +71,11 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--device", c.device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  app.add_option("--precision", c.precision,
+                 "GPU tower GEMMs: tf32 (TensorFloat-32 inputs, fp32 accumulation) or fp32; "
+                 "parameters and optimizer state stay fp32")
+      ->check(CLI::IsMember({"tf32", "fp32"}))
+      ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU kernel threads per rank (0: the node's cores divided among its ranks)")
       ->capture_default_str();

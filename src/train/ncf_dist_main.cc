@@ -12,6 +12,7 @@
 #include "comm/bootstrap.h"
 #include "common/blas_setup.h"
 #include "common/check.h"
+#include "common/cuda_context.h"
 #include "model/ops.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -53,14 +54,21 @@ int train_main(int& argc, char**& argv) {
     if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
   }
   RankInfo info = bootstrap_mpi(&argc, &argv);
-  std::unique_ptr<Communicator> comm = make_communicator(info, device, cfg.comm);
+  // Declared before the communicator and the trainer so it outlives them.
+  struct ContextOwner {
+    ExecContext ctx;
+    ~ContextOwner() { destroy_cuda_context(ctx); }
+  } owner;
+  ExecContext& ctx = owner.ctx;
+  if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
+  std::unique_ptr<Communicator> comm = make_communicator(info, device, cfg.comm, ctx.stream);
   const bool lead = info.rank == 0;
-  ExecContext ctx;
   ctx.device = device;
   ctx.threads = cfg.threads > 0
                     ? cfg.threads
                     : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
   set_blas_threads(ctx.threads);
+  set_math_mode(cfg.precision == "fp32" ? MathMode::kFp32 : MathMode::kTf32);
 
   MlLog mllog(cfg.mlperf_log && lead);
   mllog.event("init_start", nullptr, {}, "INTERVAL_START");

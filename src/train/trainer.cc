@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "data/negatives.h"
+#include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
 #include "model/ops.h"
 
@@ -33,6 +34,18 @@ int64_t available_memory_bytes() {
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") return kb * 1024;
   return int64_t(1) << 40;
+}
+
+// Sums a few host doubles over ranks, through a device buffer for NCCL.
+void all_reduce_host(Communicator& comm, double* v, size_t n) {
+  if (comm.device() == Device::kCpu) {
+    comm.all_reduce_sum(v, n, DType::kFloat64);
+    return;
+  }
+  Buffer<double> d(comm.device(), n);
+  device_copy(comm.device(), d.data(), Device::kCpu, v, n * sizeof(double));
+  comm.all_reduce_sum(d.data(), n, DType::kFloat64);
+  device_copy(Device::kCpu, v, comm.device(), d.data(), n * sizeof(double));
 }
 
 std::string gib(double b) {
@@ -123,8 +136,6 @@ ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx)
     : cfg_(cfg), comm_(comm), ctx_(ctx) {
-  if (ctx.device != Device::kCpu)
-    NCF_FAIL("--device ", device_name(ctx.device), ": this build trains on the CPU backend only");
   meta_ = DatasetMeta::load(cfg.data_dir);
   const int W = comm.world(), r = comm.rank();
   const int S = cfg.num_neg + 1;
@@ -180,17 +191,39 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
                                                 cfg.shuffle_records);
   eval_reader_ = std::make_unique<EvalReader>(cfg.data_dir, meta_, r, W, eval_users);
   positives_ = std::make_unique<PositiveLists>(cfg.data_dir, meta_);
+  if (ctx.device != Device::kCpu)
+    device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
   user_ = std::make_unique<ShardedEmbedding>(plan_.user, comm, ctx, eopt, cfg.dedup);
   item_ = std::make_unique<ShardedEmbedding>(plan_.item, comm, ctx, eopt, cfg.dedup);
   user_->init(cfg.seed);
   item_->init(cfg.seed);
-  model_ = std::make_unique<NeuMF>(mc, Device::kCpu);
+  model_ = std::make_unique<NeuMF>(mc, ctx.device);
   model_->init(cfg.seed);
-  adam_m_ = Buffer<float>(Device::kCpu, model_->num_params());
-  adam_v_ = Buffer<float>(Device::kCpu, model_->num_params());
+  adam_m_ = Buffer<float>(ctx.device, model_->num_params());
+  adam_v_ = Buffer<float>(ctx.device, model_->num_params());
   adam_m_.zero();
   adam_v_.zero();
+  for (Buffer<int32_t>* b : {&pos_users_, &pos_items_, &s_users_, &s_items_, &eval_users_,
+                             &eval_items_})
+    *b = Buffer<int32_t>(ctx.device, 0);
+  for (Buffer<float>* b : {&labels_, &logits_, &dlogits_, &urows_, &irows_, &durows_, &dirows_,
+                           &eval_user_rows_, &eval_rows_, &scores_})
+    *b = Buffer<float>(ctx.device, 0);
+  eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
+  eval_expand_ = Buffer<int64_t>(ctx.device, 0);
+  loss_ = Buffer<double>(ctx.device, 1);
+}
+
+void Trainer::all_reduce_dense(float* buf, size_t n) {
+  if (comm_.device() == ctx_.device) {
+    comm_.all_reduce_sum(buf, n, DType::kFloat32);
+    return;
+  }
+  std::vector<float> host(n);
+  device_copy(Device::kCpu, host.data(), ctx_.device, buf, n * 4);
+  comm_.all_reduce_sum(host.data(), n, DType::kFloat32);
+  device_copy(ctx_.device, buf, Device::kCpu, host.data(), n * 4);
 }
 
 Trainer::~Trainer() = default;
@@ -201,39 +234,51 @@ void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
   const int64_t n = int64_t(b.users.size());
   const int64_t B = n * S;
   const int64_t G = b.step_count * S;  // global samples of this step
+  const Device dev = ctx_.device;
   auto t0 = Clock::now();
 
-  s_users_.resize(B);
-  s_items_.resize(B);
-  labels_.resize(B);
-  sample_negatives(ctx_, *positives_, meta_.num_items, b.users.data(), b.items.data(),
-                   b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
-                   s_items_.data(), labels_.data());
-  urows_.resize(size_t(B) * D);
-  irows_.resize(size_t(B) * D);
+  s_users_.reserve(B);
+  s_items_.reserve(B);
+  labels_.reserve(B);
+  if (dev == Device::kCpu) {
+    sample_negatives(ctx_, *positives_, meta_.num_items, b.users.data(), b.items.data(),
+                     b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
+                     s_items_.data(), labels_.data());
+  } else {
+    pos_users_.reserve(n);
+    pos_items_.reserve(n);
+    device_copy(dev, pos_users_.data(), Device::kCpu, b.users.data(), size_t(n) * 4);
+    device_copy(dev, pos_items_.data(), Device::kCpu, b.items.data(), size_t(n) * 4);
+    sample_negatives(ctx_, *device_positives_, meta_.num_items, pos_users_.data(),
+                     pos_items_.data(), b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch,
+                     s_users_.data(), s_items_.data(), labels_.data());
+  }
+  urows_.reserve(size_t(B) * D);
+  irows_.reserve(size_t(B) * D);
   auto tx = Clock::now();
   user_->lookup(s_users_.data(), B, urows_.data());
   item_->lookup(s_items_.data(), B, irows_.data());
   double exchange = seconds_since(tx);
 
-  logits_.resize(B);
-  dlogits_.resize(B);
-  durows_.resize(size_t(B) * D);
-  dirows_.resize(size_t(B) * D);
+  logits_.reserve(B);
+  dlogits_.reserve(B);
+  durows_.reserve(size_t(B) * D);
+  dirows_.reserve(size_t(B) * D);
   double local_loss = 0;
   if (B > 0) {
     model_->forward(ctx_, urows_.data(), irows_.data(), B, logits_.data());
-    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr, &local_loss, B, B, G);
+    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr, loss_.data(), B, B, G);
     bce_with_logits_backward(ctx_, logits_.data(), labels_.data(), nullptr, dlogits_.data(), B, B,
                              G);
     model_->backward(ctx_, dlogits_.data(), durows_.data(), dirows_.data());
+    device_copy(Device::kCpu, &local_loss, dev, loss_.data(), sizeof(double));
   } else {
     model_->grads().zero();
   }
   *loss_sum += local_loss;
 
   auto ta = Clock::now();
-  comm_.all_reduce_sum(model_->grads().data(), size_t(model_->num_params()), DType::kFloat32);
+  all_reduce_dense(model_->grads().data(), size_t(model_->num_params()));
   double allreduce = seconds_since(ta);
 
   ++t_;
@@ -293,7 +338,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   // Summed over ranks, each step's shares give that step's mean loss over its
   // global batch; the epoch loss is the mean of the step losses.
   double sums[1] = {loss_sum};
-  comm_.all_reduce_sum(sums, 1, DType::kFloat64);
+  all_reduce_host(comm_, sums, 1);
   r.train_seconds = seconds_since(t0);
   r.loss = r.steps ? sums[0] / double(r.steps) : 0;
   return r;
@@ -305,6 +350,7 @@ EvalResult Trainer::evaluate() {
   const int W = comm_.world();
   const int64_t L = meta_.eval_negatives + 1;
   const int D = model_->config().embedding_width();
+  const Device dev = ctx_.device;
   const int64_t per_batch = std::max<int64_t>(1, cfg_.eval_batch_size / L);
   // Every rank runs the same number of batches (the exchanges are collective).
   const int64_t most = int64_t((meta_.num_eval_users + W - 1) / W);
@@ -312,30 +358,41 @@ EvalResult Trainer::evaluate() {
   eval_reader_->start();
   EvalBatch b;
   std::vector<int32_t> users;
-  std::vector<float> user_rows, scores;
+  std::vector<int64_t> expand;
   double sums[2] = {0, 0};
   for (int64_t k = 0; k < batches; ++k) {
     if (!eval_reader_->next(&b)) b = EvalBatch{};
     const int64_t n = b.num_users;
     users.resize(n);
-    for (int64_t u = 0; u < n; ++u) users[u] = int32_t(b.first_user + u);
-    user_rows.resize(size_t(n) * D);
-    user_->lookup(users.data(), n, user_rows.data());
-    eval_user_rows_.resize(size_t(n * L) * D);
-    for (int64_t u = 0; u < n; ++u)
-      for (int64_t j = 0; j < L; ++j)
-        std::copy_n(&user_rows[size_t(u) * D], D, &eval_user_rows_[size_t(u * L + j) * D]);
-    irows_.resize(size_t(n * L) * D);
-    item_->lookup(b.items.data(), n * L, irows_.data());
+    expand.resize(n * L);
+    for (int64_t u = 0; u < n; ++u) {
+      users[u] = int32_t(b.first_user + u);
+      std::fill_n(&expand[u * L], L, u);
+    }
+    eval_users_.reserve(n);
+    eval_items_.reserve(n * L);
+    eval_mask_.reserve(n * L);
+    eval_expand_.reserve(n * L);
+    device_copy(dev, eval_users_.data(), Device::kCpu, users.data(), size_t(n) * 4);
+    device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
+    device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
+    device_copy(dev, eval_expand_.data(), Device::kCpu, expand.data(), size_t(n * L) * 8);
+    // One user lookup per user, repeated over its L candidates.
+    eval_user_rows_.reserve(size_t(n) * D);
+    user_->lookup(eval_users_.data(), n, eval_user_rows_.data());
+    eval_rows_.reserve(size_t(n * L) * D);
+    permute_rows(ctx_, eval_user_rows_.data(), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
+    irows_.reserve(size_t(n * L) * D);
+    item_->lookup(eval_items_.data(), n * L, irows_.data());
     if (n == 0) continue;
-    scores.resize(n * L);
-    model_->score(ctx_, eval_user_rows_.data(), irows_.data(), n * L, scores.data());
+    scores_.reserve(n * L);
+    model_->score(ctx_, eval_rows_.data(), irows_.data(), n * L, scores_.data());
     double hr = 0, ndcg = 0;
-    hit_ndcg(ctx_, scores.data(), b.mask.data(), n, int(L), cfg_.topk, &hr, &ndcg);
+    hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
     sums[1] += ndcg;
   }
-  comm_.all_reduce_sum(sums, 2, DType::kFloat64);
+  all_reduce_host(comm_, sums, 2);
   res.users = int64_t(meta_.num_eval_users);
   res.hr = sums[0] / double(res.users);
   res.ndcg = sums[1] / double(res.users);
@@ -344,8 +401,8 @@ EvalResult Trainer::evaluate() {
 }
 
 std::vector<float> Trainer::gather_parameters() {
-  std::vector<float> out(model_->params().data(),
-                         model_->params().data() + model_->num_params());
+  std::vector<float> out(size_t(model_->num_params()));
+  device_copy(Device::kCpu, out.data(), ctx_.device, model_->params().data(), out.size() * 4);
   std::vector<float> u = user_->gather_full(), i = item_->gather_full();
   out.insert(out.end(), u.begin(), u.end());
   out.insert(out.end(), i.begin(), i.end());

@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "common/device.h"
 #include "data/dataset.h"
+#include "data/negatives.h"
 #include "data/reader.h"
 #include "embedding/embedding.h"
 #include "model/neumf.h"
@@ -75,6 +76,7 @@ class Trainer {
   int64_t t_ = 0;       // optimizer steps taken
   int64_t memory_bytes_ = 0;
   std::unique_ptr<PositiveLists> positives_;
+  std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<ShardedEmbedding> user_, item_;
@@ -82,10 +84,22 @@ class Trainer {
   Buffer<float> adam_m_, adam_v_;
   AdamHyper dense_hyper_;
 
-  // Step buffers (local samples S = n · (1 + num_neg)).
-  std::vector<int32_t> s_users_, s_items_;
-  std::vector<float> labels_, urows_, irows_, logits_, dlogits_, durows_, dirows_;
-  std::vector<float> eval_user_rows_;
+  // Dense-gradient allreduce, staged through the host when the communicator
+  // does not work on the context's device.
+  void all_reduce_dense(float* buf, size_t n);
+
+  // Step buffers on the context's device (n positives, B = n · (1 + num_neg)
+  // samples, D table width).
+  Buffer<int32_t> pos_users_, pos_items_;     // [n]
+  Buffer<int32_t> s_users_, s_items_;         // [B]
+  Buffer<float> labels_, logits_, dlogits_;   // [B]
+  Buffer<float> urows_, irows_, durows_, dirows_;  // [B×D]
+  Buffer<double> loss_;                       // [1]
+  // Eval buffers (n users, L = 1 + E list entries each).
+  Buffer<int32_t> eval_users_, eval_items_;   // [n], [n×L]
+  Buffer<uint8_t> eval_mask_;                 // [n×L]
+  Buffer<int64_t> eval_expand_;               // [n×L] user row of each entry
+  Buffer<float> eval_user_rows_, eval_rows_, scores_;  // [n×D], [n×L×D], [n×L]
 };
 
 }  // namespace ncf

@@ -1,0 +1,90 @@
+// ncf_dist on a GPU, as real processes: the CUDA trainer follows the CPU
+// trainer's trajectory (fp32 GEMMs), and GPU ranks sharing one GPU through
+// --comm mpi follow the 1-rank run. Skipped, visibly, without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/device.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
+    std::string why;                                                   \
+    if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why; \
+  } while (0)
+
+std::vector<nlohmann::json> train(const std::string& launcher, const std::string& data,
+                                  const std::string& flags) {
+  TempDir t;
+  auto r = run("timeout 600 " + launcher + bin("ncf_dist") + " --data_dir " + data +
+               " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision fp32 " +
+               flags + " --metrics_json " + t.file("m.jsonl"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> out;
+  std::ifstream f(t.file("m.jsonl"));
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+void expect_close(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                  double loss_rel, const std::string& what) {
+  ASSERT_EQ(a.size(), 2u) << what;
+  ASSERT_EQ(b.size(), 2u) << what;
+  for (size_t e = 0; e < a.size(); ++e) {
+    double la = a[e]["loss"], lb = b[e]["loss"];
+    EXPECT_NEAR(la, lb, loss_rel * std::fabs(la)) << what << " epoch " << e;
+    EXPECT_NEAR(double(a[e]["hr"]), double(b[e]["hr"]), 0.02) << what << " epoch " << e;
+  }
+}
+
+class TrainGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    auto r = run(bin("ncf_prep") + " --synthetic custom --users 257 --items 131 "
+                 "--interactions 9000 --eval_negatives 50 --record_rows 300 --output " +
+                 dir_.file("data"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  TempDir dir_;
+};
+
+// Stated tolerance: fp32 GEMMs on both sides; only summation orders differ.
+TEST_F(TrainGpu, CudaFollowsTheCpuTrajectory) {
+  auto cpu = train("", dir_.file("data"), "--device cpu --threads 1");
+  auto gpu = train("", dir_.file("data"), "--device cuda");
+  expect_close(cpu, gpu, 1e-4, "cpu vs cuda");
+}
+
+TEST_F(TrainGpu, RanksSharingOneGpuViaMpiFollowOneRank) {
+  auto one = train("", dir_.file("data"), "--device cuda --comm mpi");
+  for (int W : {2, 3}) {
+    auto many = train(test::mpirun(W) + " ", dir_.file("data"), "--device cuda --comm mpi");
+    expect_close(one, many, 1e-5, "W=" + std::to_string(W));
+  }
+}
+
+TEST_F(TrainGpu, NcclRanksFollowOneRankWhenThereAreSeveralGpus) {
+  int gpus = 0;
+  auto r = run("nvidia-smi -L | wc -l");
+  gpus = std::atoi(r.output.c_str());
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  auto one = train("", dir_.file("data"), "--device cuda");
+  auto two = train(test::mpirun(2) + " ", dir_.file("data"), "--device cuda --comm nccl");
+  expect_close(one, two, 1e-5, "nccl W=2");
+}
+
+}  // namespace
+}  // namespace ncf
