@@ -124,13 +124,15 @@ ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
       t->placement = Placement::kReplicated;
       why << t->name << ": replicated (allreduce " << gib(rep) << "/step < exchange " << gib(row)
           << "); ";
+    } else if (W == 1) {
+      why << t->name << ": row-wise (one rank, nothing to exchange); ";
     } else {
-      why << t->name << ": row-wise (exchange " << gib(row) << "/step";
-      if (W > 1) why << " vs allreduce " << gib(rep);
-      why << "); ";
+      why << t->name << ": row-wise (exchange " << gib(row) << "/step vs allreduce " << gib(rep)
+          << "); ";
     }
   }
   plan.reason = why.str();
+  plan.reason.resize(plan.reason.size() - 2);  // the last "; "
   return plan;
 }
 
