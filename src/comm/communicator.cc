@@ -2,6 +2,8 @@
 // NCCL and single implementations only move data.
 #include "comm/communicator.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -108,6 +110,41 @@ void Communicator::abort(int code, const std::string& message) {
   std::fflush(stdout);
   do_abort(code);
   _exit(code);
+}
+
+void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t) {
+  if (buf_device == comm.device()) {
+    comm.all_reduce_sum(buf, n, t);
+    return;
+  }
+  const size_t bytes = n * dtype_size(t);
+  Buffer<char> stage(comm.device(), bytes);
+  device_copy(comm.device(), stage.data(), buf_device, buf, bytes);
+  comm.all_reduce_sum(stage.data(), n, t);
+  comm.synchronize();
+  device_copy(buf_device, buf, comm.device(), stage.data(), bytes);
+}
+
+void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
+                     const int64_t* send_counts, const int64_t* send_displs, void* recv,
+                     const int64_t* recv_counts, const int64_t* recv_displs, DType t) {
+  if (buf_device == comm.device()) {
+    comm.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    return;
+  }
+  // Staged buffers span [0, max(displ + count)) on each side.
+  const int W = comm.world();
+  int64_t send_n = 0, recv_n = 0;
+  for (int p = 0; p < W; ++p) {
+    send_n = std::max(send_n, send_displs[p] + send_counts[p]);
+    recv_n = std::max(recv_n, recv_displs[p] + recv_counts[p]);
+  }
+  const size_t es = dtype_size(t);
+  Buffer<char> s(comm.device(), size_t(send_n) * es), r(comm.device(), size_t(recv_n) * es);
+  device_copy(comm.device(), s.data(), buf_device, send, size_t(send_n) * es);
+  comm.all_to_all_v(s.data(), send_counts, send_displs, r.data(), recv_counts, recv_displs, t);
+  comm.synchronize();
+  device_copy(buf_device, recv, comm.device(), r.data(), size_t(recv_n) * es);
 }
 
 }  // namespace ncf

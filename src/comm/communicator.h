@@ -95,4 +95,12 @@ class Communicator {
   int rank_, world_, local_rank_, local_world_;
 };
 
+// The collectives for buffers that live on `buf_device`, which may differ from
+// comm.device() (MPI between GPU ranks, host scalars under NCCL): the data is
+// staged through a buffer on the communicator's device. Otherwise the direct call.
+void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t);
+void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
+                     const int64_t* send_counts, const int64_t* send_displs, void* recv,
+                     const int64_t* recv_counts, const int64_t* recv_displs, DType t);
+
 }  // namespace ncf

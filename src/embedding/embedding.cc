@@ -128,34 +128,6 @@ void ShardedEmbedding::init(uint64_t seed) {
   device_copy(ctx_.device, table_.data(), Device::kCpu, host.data(), host.size() * 4);
 }
 
-void ShardedEmbedding::exchange(const void* send, const int64_t* send_counts,
-                                const int64_t* send_displs, int64_t send_total, void* recv,
-                                const int64_t* recv_counts, const int64_t* recv_displs,
-                                int64_t recv_total, DType t) {
-  if (comm_.device() == ctx_.device) {
-    comm_.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
-    return;
-  }
-  const size_t es = dtype_size(t);
-  stage_send_.resize(size_t(send_total) * es);
-  stage_recv_.resize(size_t(recv_total) * es);
-  device_copy(Device::kCpu, stage_send_.data(), ctx_.device, send, stage_send_.size());
-  comm_.all_to_all_v(stage_send_.data(), send_counts, send_displs, stage_recv_.data(), recv_counts,
-                     recv_displs, t);
-  device_copy(ctx_.device, recv, Device::kCpu, stage_recv_.data(), stage_recv_.size());
-}
-
-void ShardedEmbedding::all_reduce(float* buf, size_t n) {
-  if (comm_.device() == ctx_.device) {
-    comm_.all_reduce_sum(buf, n, DType::kFloat32);
-    return;
-  }
-  std::vector<float> host(n);
-  device_copy(Device::kCpu, host.data(), ctx_.device, buf, n * 4);
-  comm_.all_reduce_sum(host.data(), n, DType::kFloat32);
-  device_copy(ctx_.device, buf, Device::kCpu, host.data(), n * 4);
-}
-
 void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
   const int D = spec_.D;
   n_ = n;
@@ -201,8 +173,9 @@ void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
     nr_ += recv_counts_[p];
   }
   recv_local_.reserve(size_t(nr_));
-  exchange(send_local_.data(), send_counts_.data(), send_displs_.data(), nu_, recv_local_.data(),
-           recv_counts_.data(), recv_displs_.data(), nr_, DType::kInt32);
+  all_to_all_v_on(comm_, ctx_.device, send_local_.data(), send_counts_.data(),
+                  send_displs_.data(), recv_local_.data(), recv_counts_.data(),
+                  recv_displs_.data(), DType::kInt32);
 
   // Owners gather the requested rows and send them back.
   send_vec_.reserve(size_t(nr_) * D);
@@ -214,8 +187,8 @@ void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
     rd_[p] = send_displs_[p] * D;
   }
   recv_vec_.reserve(size_t(nu_) * D);
-  exchange(send_vec_.data(), sc_.data(), sd_.data(), nr_ * D, recv_vec_.data(), rc_.data(),
-           rd_.data(), nu_ * D, DType::kFloat32);
+  all_to_all_v_on(comm_, ctx_.device, send_vec_.data(), sc_.data(), sd_.data(), recv_vec_.data(),
+                  rc_.data(), rd_.data(), DType::kFloat32);
 
   // Back to batch order: owner order -> (unique) id order -> batch positions.
   if (dedup_) {
@@ -279,14 +252,7 @@ void ShardedEmbedding::apply_replicated(const float* grads, int64_t t) {
     std::copy_n(&g[size_t(k) * D], D, row);
     row[D] = 1.0f;
   }
-  if (comm_.device() == Device::kCpu) {
-    comm_.all_reduce_sum(dense.data(), dense.size(), DType::kFloat32);
-  } else {
-    Buffer<float> d(comm_.device(), dense.size());
-    device_copy(comm_.device(), d.data(), Device::kCpu, dense.data(), dense.size() * 4);
-    comm_.all_reduce_sum(d.data(), dense.size(), DType::kFloat32);
-    device_copy(Device::kCpu, dense.data(), comm_.device(), d.data(), dense.size() * 4);
-  }
+  all_reduce_sum_on(comm_, Device::kCpu, dense.data(), dense.size(), DType::kFloat32);
   rows.clear();
   g.clear();
   for (int64_t r = 0; r < spec_.num_rows; ++r) {
@@ -332,8 +298,8 @@ void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
     rd_[p] = recv_displs_[p] * D;
   }
   send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
-  exchange(recv_vec_.data(), sc_.data(), sd_.data(), nu_ * D, send_vec_.data(), rc_.data(),
-           rd_.data(), nr_ * D, DType::kFloat32);
+  all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(), send_vec_.data(),
+                  rc_.data(), rd_.data(), DType::kFloat32);
   for (int p = 0; p < W_; ++p)
     if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
 
@@ -356,14 +322,7 @@ std::vector<float> ShardedEmbedding::gather_full() {
   std::vector<float> full(size_t(N) * D, 0.0f);
   for (int64_t k = 0; k < local_rows_; ++k)
     std::copy_n(&local[size_t(k) * D], D, &full[size_t(global_row(k)) * D]);
-  if (comm_.device() == Device::kCpu) {
-    comm_.all_reduce_sum(full.data(), full.size(), DType::kFloat32);
-  } else {
-    Buffer<float> d(comm_.device(), full.size());
-    device_copy(comm_.device(), d.data(), Device::kCpu, full.data(), full.size() * 4);
-    comm_.all_reduce_sum(d.data(), full.size(), DType::kFloat32);
-    device_copy(Device::kCpu, full.data(), comm_.device(), d.data(), full.size() * 4);
-  }
+  all_reduce_sum_on(comm_, Device::kCpu, full.data(), full.size(), DType::kFloat32);
   return full;
 }
 

@@ -92,12 +92,6 @@ class ShardedEmbedding {
   int64_t bytes_on_rank() const;
 
  private:
-  // all_to_all_v on buffers of ctx_.device, staged through host memory when
-  // the communicator works on another device (MPI between GPU ranks).
-  void exchange(const void* send, const int64_t* send_counts, const int64_t* send_displs,
-                int64_t send_total, void* recv, const int64_t* recv_counts,
-                const int64_t* recv_displs, int64_t recv_total, DType t);
-  void all_reduce(float* buf, size_t n);
   void apply_optimizer(const int32_t* rows, const float* grads, int64_t n, int64_t t);
   void apply_replicated(const float* grads, int64_t t);
 
@@ -127,7 +121,6 @@ class ShardedEmbedding {
   Buffer<float> reduced_grads_;
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::vector<int64_t> sc_, sd_, rc_, rd_;     // the same, in floats (× D)
-  std::vector<char> stage_send_, stage_recv_;  // host staging
   ExchangeStats stats_;
 };
 

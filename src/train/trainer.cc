@@ -36,18 +36,6 @@ int64_t available_memory_bytes() {
   return int64_t(1) << 40;
 }
 
-// Sums a few host doubles over ranks, through a device buffer for NCCL.
-void all_reduce_host(Communicator& comm, double* v, size_t n) {
-  if (comm.device() == Device::kCpu) {
-    comm.all_reduce_sum(v, n, DType::kFloat64);
-    return;
-  }
-  Buffer<double> d(comm.device(), n);
-  device_copy(comm.device(), d.data(), Device::kCpu, v, n * sizeof(double));
-  comm.all_reduce_sum(d.data(), n, DType::kFloat64);
-  device_copy(Device::kCpu, v, comm.device(), d.data(), n * sizeof(double));
-}
-
 std::string gib(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f GiB", b / double(1ull << 30));
@@ -217,17 +205,6 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   loss_ = Buffer<double>(ctx.device, 1);
 }
 
-void Trainer::all_reduce_dense(float* buf, size_t n) {
-  if (comm_.device() == ctx_.device) {
-    comm_.all_reduce_sum(buf, n, DType::kFloat32);
-    return;
-  }
-  std::vector<float> host(n);
-  device_copy(Device::kCpu, host.data(), ctx_.device, buf, n * 4);
-  comm_.all_reduce_sum(host.data(), n, DType::kFloat32);
-  device_copy(ctx_.device, buf, Device::kCpu, host.data(), n * 4);
-}
-
 Trainer::~Trainer() = default;
 
 void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
@@ -280,7 +257,8 @@ void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
   *loss_sum += local_loss;
 
   auto ta = Clock::now();
-  all_reduce_dense(model_->grads().data(), size_t(model_->num_params()));
+  all_reduce_sum_on(comm_, ctx_.device, model_->grads().data(), size_t(model_->num_params()),
+                    DType::kFloat32);
   double allreduce = seconds_since(ta);
 
   ++t_;
@@ -340,7 +318,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   // Summed over ranks, each step's shares give that step's mean loss over its
   // global batch; the epoch loss is the mean of the step losses.
   double sums[1] = {loss_sum};
-  all_reduce_host(comm_, sums, 1);
+  all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);
   r.loss = r.steps ? sums[0] / double(r.steps) : 0;
   return r;
@@ -394,7 +372,7 @@ EvalResult Trainer::evaluate() {
     sums[0] += hr;
     sums[1] += ndcg;
   }
-  all_reduce_host(comm_, sums, 2);
+  all_reduce_sum_on(comm_, Device::kCpu, sums, 2, DType::kFloat64);
   res.users = int64_t(meta_.num_eval_users);
   res.hr = sums[0] / double(res.users);
   res.ndcg = sums[1] / double(res.users);

@@ -84,10 +84,6 @@ class Trainer {
   Buffer<float> adam_m_, adam_v_;
   AdamHyper dense_hyper_;
 
-  // Dense-gradient allreduce, staged through the host when the communicator
-  // does not work on the context's device.
-  void all_reduce_dense(float* buf, size_t n);
-
   // Step buffers on the context's device (n positives, B = n · (1 + num_neg)
   // samples, D table width).
   Buffer<int32_t> pos_users_, pos_items_;     // [n]
