@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the CPU figures of bench/results/cpu_benchmarks.md, one section at a time:
-#   bash bench/run_cpu_benchmarks.sh prep|big|reader|compare|perf|curves|all
+#   bash bench/run_cpu_benchmarks.sh prep|big|reader|compare|compare-ml20m|perf|curves|all
 # Each section writes its raw output to bench/results/*.txt / *.jsonl, opened by a
 # header (commit, machine, load) and with every command echoed before it runs.
 # Timings on a shared machine are noisy: every timing is repeated REPS times.
@@ -132,6 +132,19 @@ section_reader() {
   } 2>&1 | tee "$f"
 }
 
+# The ml-20m-mlperf preset on both sides, REPS times: compare_ml20m DIR USERS ITEMS.
+# ncf_dist's --step_log gives the steady rate over steps 1.. (step 0 first touches its
+# ~13 GB of buffers); PyTorch excludes its warm-up step.
+compare_ml20m() {
+  local m20=$1 u20=$2 i20=$3
+  for rep in $(seq "$reps"); do
+    run "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --train_epochs 1 \
+      --max_steps 4 --no_eval --threads 2 --progress off --step_log
+    run $py "$root/bench/pytorch_neumf.py" --users "$u20" --items "$i20" --preset ml-20m-mlperf \
+      --threads 2 --warmup 1 --steps 3
+  done
+}
+
 # ncf_dist against a plain PyTorch NeuMF (random ids and labels: no input pipeline).
 section_compare() {
   local f="$res/compare_pytorch.txt" m1="$data/bench-ml-1m" m20="$data/bench-ml-20m"
@@ -161,12 +174,7 @@ section_compare() {
       run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
         --threads 1 --warmup 200 --steps 3000 --embedding_optimizer lazy_adam
     done
-    for rep in $(seq "$reps"); do
-      run "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --train_epochs 1 \
-        --max_steps 4 --no_eval --threads 2 --progress off --step_log
-      run $py "$root/bench/pytorch_neumf.py" --users "$u20" --items "$i20" --preset ml-20m-mlperf \
-        --threads 2 --warmup 1 --steps 3
-    done
+    compare_ml20m "$m20" "$u20" "$i20"
     # For reference: both sides on the OpenBLAS kernels OpenBLAS picks by itself here.
     echo "# reference runs without the OPENBLAS_CORETYPE upgrade"
     run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper \
@@ -182,6 +190,21 @@ section_compare() {
       --threads 2 --warmup 1 --steps 3 --no_blas_upgrade
     load
   } 2>&1 | tee "$f"
+  $py "$root/bench/summarize_compare.py" "$f" | tee "$res/compare_pytorch_summary.md"
+}
+
+# More ml-20m pairs (each step takes seconds, and the machine is shared).
+section_compare_ml20m() {
+  local f="$res/compare_pytorch_ml20m_more.txt" m20="$data/bench-ml-20m" u20 i20
+  u20=$($py -c "import json;print(json.load(open('$m20/metadata.json'))['num_users'])")
+  i20=$($py -c "import json;print(json.load(open('$m20/metadata.json'))['num_items'])")
+  {
+    header "ncf_dist vs PyTorch NeuMF, ml-20m-mlperf preset, more pairs"
+    compare_ml20m "$m20" "$u20" "$i20"
+    load
+  } 2>&1 | tee "$f"
+  $py "$root/bench/summarize_compare.py" "$res/compare_pytorch.txt" "$f" |
+    tee "$res/compare_pytorch_summary.md"
 }
 
 # Where ncf_dist's time goes: perf's flat profile (self time by symbol).
@@ -241,8 +264,17 @@ case "${1:-all}" in
   big) section_big ;;
   reader) section_reader ;;
   compare) section_compare ;;
+  compare-ml20m) section_compare_ml20m ;;
   perf) section_perf ;;
   curves) section_curves ;;
-  all) section_prep; section_reader; section_compare; section_perf; section_curves; section_big ;;
-  *) echo "usage: $0 prep|big|reader|compare|perf|curves|all" >&2; exit 2 ;;
+  all)
+    section_prep
+    section_reader
+    section_compare
+    section_compare_ml20m
+    section_perf
+    section_curves
+    section_big
+    ;;
+  *) echo "usage: $0 prep|big|reader|compare|compare-ml20m|perf|curves|all" >&2; exit 2 ;;
 esac

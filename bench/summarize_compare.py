@@ -7,7 +7,7 @@ ncf_dist's figure is its epoch line (samples / train seconds, start-up of the ep
 step 0 included). Runs with --step_log also get a steady figure over steps 1.. (step 0
 first touches the step buffers), comparable with PyTorch's, which excludes warm-up steps.
 
-  /usr/bin/python3 bench/summarize_compare.py bench/results/compare_pytorch.txt
+  /usr/bin/python3 bench/summarize_compare.py bench/results/compare_pytorch.txt [MORE.txt ...]
 """
 import json
 import re
@@ -49,7 +49,7 @@ def parse(path):
 
 
 def main():
-    runs = parse(sys.argv[1])
+    runs = [r for path in sys.argv[1:] for r in parse(path)]
     print("| side | data | T | embedding opt | BLAS | OMP wait | samples/s | steady samples/s "
           "| PyTorch fwd / bwd / Adam ms | load1 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
