@@ -86,13 +86,11 @@ section_prep() {
 
 # 10^7 users: memory must not grow with interactions (shuffle spills to buckets).
 section_big() {
-  local f="$res/prep_big.txt"
+  local f="$res/prep_big.txt" reps=1  # one run per size: the RSS figures are deterministic
   rm -f "$res"/prep_u*_raw.txt
   {
     header "ncf_prep at 10^6 and 10^7 users: peak RSS against interactions"
     df -h "$data" | sed 's/^/# /'
-    local r=$reps
-    reps=1
     for n in 20000000 50000000 100000000; do
       prep_timed "u1m-i$((n / 1000000))m" --synthetic custom --users 1000000 --items 100000 \
         --interactions $n --eval_negatives 99 --num_shards 16
@@ -104,7 +102,6 @@ section_big() {
     prep_timed u10m-i250m --synthetic custom --users 10000000 --items 100000 \
       --interactions 250000000 --eval_negatives 99 --num_shards 16
     rm -rf "$data/bench-u10m-i250m"
-    reps=$r
     load
   } | tee "$f"
 }
@@ -119,6 +116,12 @@ section_reader() {
     run "$build/bench/bench_reader" --data_dir "$d" --reps "$reps" --positives 51 --no_verify
     run "$build/bench/bench_reader" --data_dir "$d" --reps "$reps" --world 8 --no_verify
     run "$build/bench/bench_reader" --data_dir "$d" --reps "$reps" --evict --no_verify
+    # At small P the per-step hand-off between the reader thread and the consumer sets the
+    # rate: both threads on one core, then free to use both (cross-core wake-ups).
+    for cpus in 0 0,1; do
+      run taskset -c $cpus "$build/bench/bench_reader" --data_dir "$d" --reps "$reps" \
+        --positives 51 --no_verify --only train
+    done
     # Where a reader's CPU goes (the reader thread and the consumer together).
     local p
     p=$(mktemp -d)
