@@ -50,8 +50,9 @@ int select_local_gpu(const RankInfo& info);
 //   "mpi"     host buffers (device() is kCpu whatever `device` is: GPU ranks stage
 //             through the host); needs bootstrap_mpi.
 //   "nccl"    CUDA builds, device kCuda: selects the local GPU, rank 0 makes the NCCL
-//             id, MPI_Bcast, ncclCommInitRank; collectives run on `stream`
-//             (a cudaStream_t, nullptr = default stream).
+//             id, MPI_Bcast, ncclCommInitRank; collectives are ordered with the
+//             compute stream `stream` (a cudaStream_t, nullptr = default stream) and
+//             run on a communication stream of their own.
 //   "auto"    kCuda -> nccl; kCpu -> single when W = 1, else mpi.
 std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device device,
                                                 const std::string& kind = "auto",

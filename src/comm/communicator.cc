@@ -112,12 +112,57 @@ void Communicator::abort(int code, const std::string& message) {
   _exit(code);
 }
 
-void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t) {
+void* Communicator::host_staging(int slot, size_t bytes) {
+  NCF_CHECK(slot == 0 || slot == 1, "host_staging: slot ", slot, " (0 or 1)");
+  staging_[slot].reserve(std::max<size_t>(bytes, 1));
+  return staging_[slot].data();
+}
+
+namespace {
+// Sets the deferred flag for one call, also when the call throws.
+struct DeferScope {
+  bool& flag;
+  explicit DeferScope(bool& f) : flag(f) { flag = true; }
+  ~DeferScope() { flag = false; }
+};
+}  // namespace
+
+CommTicket Communicator::all_to_all_v_async(const void* send, const int64_t* send_counts,
+                                            const int64_t* send_displs, void* recv,
+                                            const int64_t* recv_counts,
+                                            const int64_t* recv_displs, DType t) {
+  last_ticket_ = 0;
+  DeferScope d(deferred_);
+  all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  return last_ticket_;
+}
+
+CommTicket Communicator::all_reduce_sum_async(void* buf, size_t n, DType t) {
+  last_ticket_ = 0;
+  DeferScope d(deferred_);
+  all_reduce_sum(buf, n, t);
+  return last_ticket_;
+}
+
+void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t,
+                       CommTicket* ticket) {
+  if (ticket) *ticket = 0;
   if (buf_device == comm.device()) {
-    comm.all_reduce_sum(buf, n, t);
+    if (ticket)
+      *ticket = comm.all_reduce_sum_async(buf, n, t);
+    else
+      comm.all_reduce_sum(buf, n, t);
     return;
   }
   const size_t bytes = n * dtype_size(t);
+  if (comm.device() == Device::kCpu) {
+    // Device data, host communicator: through pinned memory (DMA copies).
+    void* stage = comm.host_staging(0, bytes);
+    device_copy(Device::kCpu, stage, buf_device, buf, bytes);
+    comm.all_reduce_sum(stage, n, t);
+    device_copy(buf_device, buf, Device::kCpu, stage, bytes);
+    return;
+  }
   Buffer<char> stage(comm.device(), bytes);
   device_copy(comm.device(), stage.data(), buf_device, buf, bytes);
   comm.all_reduce_sum(stage.data(), n, t);
@@ -127,9 +172,15 @@ void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t 
 
 void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
                      const int64_t* send_counts, const int64_t* send_displs, void* recv,
-                     const int64_t* recv_counts, const int64_t* recv_displs, DType t) {
+                     const int64_t* recv_counts, const int64_t* recv_displs, DType t,
+                     CommTicket* ticket) {
+  if (ticket) *ticket = 0;
   if (buf_device == comm.device()) {
-    comm.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    if (ticket)
+      *ticket = comm.all_to_all_v_async(send, send_counts, send_displs, recv, recv_counts,
+                                        recv_displs, t);
+    else
+      comm.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
     return;
   }
   // Staged buffers span [0, max(displ + count)) on each side.
@@ -140,11 +191,21 @@ void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
     recv_n = std::max(recv_n, recv_displs[p] + recv_counts[p]);
   }
   const size_t es = dtype_size(t);
-  Buffer<char> s(comm.device(), size_t(send_n) * es), r(comm.device(), size_t(recv_n) * es);
-  device_copy(comm.device(), s.data(), buf_device, send, size_t(send_n) * es);
+  const size_t sb = size_t(send_n) * es, rb = size_t(recv_n) * es;
+  if (comm.device() == Device::kCpu) {
+    // Device data, host communicator (GPU ranks sharing a GPU): pinned staging.
+    void* s = comm.host_staging(0, sb);
+    void* r = comm.host_staging(1, rb);
+    device_copy(Device::kCpu, s, buf_device, send, sb);
+    comm.all_to_all_v(s, send_counts, send_displs, r, recv_counts, recv_displs, t);
+    device_copy(buf_device, recv, Device::kCpu, r, rb);
+    return;
+  }
+  Buffer<char> s(comm.device(), sb), r(comm.device(), rb);
+  device_copy(comm.device(), s.data(), buf_device, send, sb);
   comm.all_to_all_v(s.data(), send_counts, send_displs, r.data(), recv_counts, recv_displs, t);
   comm.synchronize();
-  device_copy(buf_device, recv, comm.device(), r.data(), size_t(recv_n) * es);
+  device_copy(buf_device, recv, comm.device(), r.data(), rb);
 }
 
 }  // namespace ncf

@@ -8,8 +8,11 @@
 //    entries, in elements (not bytes), because they steer host-side calls.
 //  - Calls are collective: every rank makes the same calls in the same order.
 //  - On the MPI and single communicators a call has completed when it returns. On
-//    NCCL it is enqueued on the communicator's stream; later work on that stream sees
-//    the result, the host sees it after synchronize().
+//    NCCL it is enqueued on the communicator's own stream, after the work already on
+//    the rank's compute stream (an event), and the compute stream is made to wait for
+//    it (another event): later kernels see the result, the host sees it after
+//    synchronize(). The *_async variants skip that last wait until join(ticket), so
+//    the collective overlaps the compute work issued in between.
 //  - Public methods validate their arguments (throwing ncf::Error naming the bad
 //    value) and then dispatch once to the implementation's do_* method.
 #pragma once
@@ -23,6 +26,9 @@
 namespace ncf {
 
 enum class DType { kFloat32, kInt32, kInt64, kFloat64, kUInt8 };
+
+// Names a collective started by an *_async call; 0 names nothing to wait for.
+using CommTicket = int64_t;
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
@@ -68,6 +74,18 @@ class Communicator {
   void broadcast(void* buf, size_t n, DType t, int root);
   // recv[r*n .. r*n+n) = send of rank r; recv holds W*n elements.
   void all_gather(const void* send, void* recv, size_t n, DType t);
+  // The same collectives, started: on a stream-ordered communicator (NCCL) the
+  // compute stream does not wait for the result until join(ticket), so work issued
+  // in between overlaps the transfer. Until then the compute stream must not write
+  // the input nor touch the output. Host communicators complete the call before
+  // returning and hand back ticket 0.
+  CommTicket all_to_all_v_async(const void* send, const int64_t* send_counts,
+                                const int64_t* send_displs, void* recv,
+                                const int64_t* recv_counts, const int64_t* recv_displs, DType t);
+  CommTicket all_reduce_sum_async(void* buf, size_t n, DType t);
+  // Makes the compute stream wait (on the device; the host goes on) for the
+  // collective `ticket` and every collective started before it. No-op for 0.
+  virtual void join(CommTicket ticket) { (void)ticket; }
   // Returns once every rank has entered it (after this rank's queued work finished).
   void barrier();
   // Waits until the collectives issued so far have completed (no-op on host).
@@ -76,8 +94,17 @@ class Communicator {
   // down (MPI_Abort on multi-rank communicators) so that no rank is left waiting.
   [[noreturn]] void abort(int code, const std::string& message);
 
+  // Page-locked host memory (two slots, grow-only) through which the *_on helpers
+  // stage device buffers for a host communicator.
+  void* host_staging(int slot, size_t bytes);
+
  protected:
   Communicator(int rank, int world, int local_rank, int local_world);
+
+  // True inside an *_async call: a stream-ordered implementation skips making the
+  // compute stream wait and stores the collective's ticket in last_ticket_.
+  bool deferred() const { return deferred_; }
+  CommTicket last_ticket_ = 0;
 
   virtual void do_all_to_all_v(const void* send, const int64_t* send_counts,
                                const int64_t* send_displs, void* recv,
@@ -93,14 +120,21 @@ class Communicator {
 
  private:
   int rank_, world_, local_rank_, local_world_;
+  bool deferred_ = false;
+  PinnedBuffer<char> staging_[2];
 };
 
 // The collectives for buffers that live on `buf_device`, which may differ from
 // comm.device() (MPI between GPU ranks, host scalars under NCCL): the data is
-// staged through a buffer on the communicator's device. Otherwise the direct call.
-void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t);
+// staged through pinned host memory (comm.host_staging) or a buffer on the
+// communicator's device, and the call completes before returning. Otherwise the
+// direct call. With a non-null `ticket` the direct call is the *_async variant
+// and *ticket names it (0 when staged: already complete).
+void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t,
+                       CommTicket* ticket = nullptr);
 void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
                      const int64_t* send_counts, const int64_t* send_displs, void* recv,
-                     const int64_t* recv_counts, const int64_t* recv_displs, DType t);
+                     const int64_t* recv_counts, const int64_t* recv_displs, DType t,
+                     CommTicket* ticket = nullptr);
 
 }  // namespace ncf

@@ -1,5 +1,14 @@
-// The NCCL communicator: collectives on device buffers, one GPU per rank, enqueued on
-// the stream given at construction. Compiled only in CUDA builds.
+// The NCCL communicator: collectives on device buffers, one GPU per rank. Compiled
+// only in CUDA builds.
+//
+// Streams: the communicator owns a communication stream. Each collective first
+// makes that stream wait for the work already queued on the rank's compute stream
+// (the stream given at construction; an event, no host wait), runs there, and
+// records a completion event from a ring of kEvents; the compute stream then waits
+// for that event, except inside *_async calls, where join(ticket) does it later.
+// The communication stream is serial, so waiting for one ticket also covers every
+// earlier one, and a ticket whose ring slot was reused by a later collective is
+// covered by that later event.
 //
 // Choices:
 //  - all_to_all_v is a group of ncclSend/ncclRecv, one pair per peer with a non-zero
@@ -64,11 +73,13 @@ ncclDataType_t nccl_dtype(DType t) {
   NCF_FAIL("unknown DType ", static_cast<int>(t));
 }
 
+constexpr int kEvents = 64;
+
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const RankInfo& info, cudaStream_t stream)
+  NcclCommunicator(const RankInfo& info, cudaStream_t compute)
       : Communicator(info.rank, info.world, info.local_rank, info.local_world),
-        stream_(stream) {
+        compute_(compute) {
     if (info.world > 1) {
       NCF_CHECK(info.mpi, "NCCL with W = ", info.world, " needs MPI (bootstrap_mpi)");
       MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_));
@@ -84,6 +95,10 @@ class NcclCommunicator : public Communicator {
     if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     if (info.world > 1) MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));
     NCCL_CHECK(ncclCommInitRank(&comm_, info.world, id, info.rank));
+    // Non-blocking: the legacy default stream's copies must not serialize with it.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
 
   ~NcclCommunicator() override {
@@ -95,6 +110,11 @@ class NcclCommunicator : public Communicator {
       else
         ncclCommDestroy(comm_);
     }
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : done_)
+      if (e) cudaEventDestroy(e);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && mpi_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_);
@@ -103,6 +123,12 @@ class NcclCommunicator : public Communicator {
   const char* name() const override { return "nccl"; }
   Device device() const override { return Device::kCuda; }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void join(CommTicket ticket) override {
+    if (ticket <= 0) return;
+    NCF_CHECK(ticket <= seq_, "join: ticket ", ticket, " was never issued (last ", seq_, ")");
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_[ticket % kEvents], 0));
+  }
 
  protected:
   void do_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
@@ -115,6 +141,7 @@ class NcclCommunicator : public Communicator {
     char* d = static_cast<char*>(recv);
     NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ",
               send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
+    begin_collective();
     ncclResult_t rc = ncclGroupStart();
     // The group must be closed whatever happens inside it, so errors are collected
     // and raised after ncclGroupEnd.
@@ -133,6 +160,7 @@ class NcclCommunicator : public Communicator {
     if (send_counts[r] > 0)
       CUDA_CHECK(cudaMemcpyAsync(d + recv_displs[r] * es, s + send_displs[r] * es,
                                  send_counts[r] * es, cudaMemcpyDeviceToDevice, stream_));
+    end_collective();
   }
 
   void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override {
@@ -144,18 +172,25 @@ class NcclCommunicator : public Communicator {
   }
 
   void do_all_reduce_sum(void* buf, size_t n, DType t) override {
+    begin_collective();
     NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_dtype(t), ncclSum, comm_, stream_));
+    end_collective();
   }
 
   void do_broadcast(void* buf, size_t n, DType t, int root) override {
+    begin_collective();
     NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_dtype(t), root, comm_, stream_));
+    end_collective();
   }
 
   void do_all_gather(const void* send, void* recv, size_t n, DType t) override {
+    begin_collective();
     NCCL_CHECK(ncclAllGather(send, recv, n, nccl_dtype(t), comm_, stream_));
+    end_collective();
   }
 
   void do_barrier() override {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
     synchronize();
     if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
   }
@@ -171,7 +206,27 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
-  cudaStream_t stream_;
+  // The communication stream starts after the compute stream's queued work.
+  void begin_collective() {
+    CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  // Records the collective's completion; the compute stream waits for it unless
+  // the call is deferred (then the ticket goes back to the *_async caller).
+  void end_collective() {
+    ++seq_;
+    CUDA_CHECK(cudaEventRecord(done_[seq_ % kEvents], stream_));
+    if (deferred())
+      last_ticket_ = seq_;
+    else
+      CUDA_CHECK(cudaStreamWaitEvent(compute_, done_[seq_ % kEvents], 0));
+  }
+
+  cudaStream_t compute_;           // the rank's compute stream (not owned)
+  cudaStream_t stream_ = nullptr;  // communication stream (owned)
+  cudaEvent_t ready_ = nullptr;
+  cudaEvent_t done_[kEvents] = {};
+  CommTicket seq_ = 0;
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_ = MPI_COMM_NULL;  // W > 1: counts, barrier
 };

@@ -54,6 +54,8 @@ CudaResources::~CudaResources() {
   if (error_host) cudaFreeHost(error_host);
   if (lt) cublasLtDestroy(lt);
   if (cublas) cublasDestroy(cublas);
+  if (copy_stream) cudaStreamSynchronize(copy_stream);
+  if (copy_stream) cudaStreamDestroy(copy_stream);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -76,6 +78,9 @@ ExecContext make_cuda_context(int device_id) {
   try {
     r->device_id = device_id;
     CUDA_CHECK(cudaStreamCreate(&r->stream));  // blocking: see the header
+    // Non-blocking, so input copies overlap the compute stream's kernels and the
+    // legacy stream's copies instead of serializing with them.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&r->cublas));
     CUBLAS_CHECK(cublasSetStream(r->cublas, r->stream));
     CUBLAS_CHECK(cublasLtCreate(&r->lt));

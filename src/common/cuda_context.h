@@ -1,5 +1,5 @@
-// The CUDA state of one rank's compute stream, beyond the stream itself: the
-// cuBLAS and cuBLASLt handles, the cuBLASLt workspace, a grow-only scratch arena
+// The CUDA state of one rank's compute stream, beyond the stream itself: a copy
+// stream for input transfers issued ahead of use, the cuBLAS and cuBLASLt handles, the cuBLASLt workspace, a grow-only scratch arena
 // (CUB temporary storage, partial sums, row maps), pinned host staging for the
 // few results that must come back to the host, and a sticky device error record.
 //
@@ -69,7 +69,8 @@ struct DeviceErrorRecord {
 
 struct CudaResources {
   int device_id = 0;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;       // compute
+  cudaStream_t copy_stream = nullptr;  // host->device input copies (non-blocking)
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;  // cuBLASLt matmul workspace

@@ -86,6 +86,54 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
 #endif
 }
 
+void device_copy_async(const ExecContext& ctx, Device dst_dev, void* dst, Device src_dev,
+                       const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (ctx.device == Device::kCpu || (dst_dev == Device::kCpu && src_dev == Device::kCpu)) {
+    device_copy(dst_dev, dst, src_dev, src, bytes);
+    return;
+  }
+#ifdef NCF_WITH_CUDA
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                             static_cast<cudaStream_t>(ctx.stream)));
+#else
+  NCF_FAIL("device_copy_async on a cuda context in a build without CUDA");
+#endif
+}
+
+#ifdef NCF_WITH_CUDA
+namespace {
+// Decided once per process, so pinned_free knows how pinned_alloc allocated.
+bool pinned_by_cuda() {
+  static const bool yes = cuda_available();
+  return yes;
+}
+}  // namespace
+#endif
+
+void* pinned_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+#ifdef NCF_WITH_CUDA
+  if (pinned_by_cuda()) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+#endif
+  return device_alloc(Device::kCpu, bytes);
+}
+
+void pinned_free(void* p) {
+  if (!p) return;
+#ifdef NCF_WITH_CUDA
+  if (pinned_by_cuda()) {
+    cudaFreeHost(p);
+    return;
+  }
+#endif
+  std::free(p);
+}
+
 void device_zero(Device d, void* p, size_t bytes) {
   if (bytes == 0) return;
   if (d == Device::kCpu) {

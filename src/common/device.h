@@ -29,9 +29,56 @@ struct ExecContext {
 // Raw allocation on a device (64-byte aligned on the CPU).
 void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p);
-// Copies between any two devices (host<->device via cudaMemcpy).
+// Copies between any two devices (host<->device via cudaMemcpy: the host waits).
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
 void device_zero(Device d, void* p, size_t bytes);
+// The same copy enqueued on ctx's stream: on a CUDA context it returns at once
+// and is ordered with the kernels of that stream (host memory involved should
+// be pinned, or the driver copies synchronously); on a CPU context a memcpy.
+void device_copy_async(const ExecContext& ctx, Device dst_dev, void* dst, Device src_dev,
+                       const void* src, size_t bytes);
+
+// Page-locked host memory (cudaMallocHost) in CUDA builds with a GPU, so that
+// host<->device copies from it run as DMA without blocking the host; plain
+// aligned memory otherwise. Freed with pinned_free.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+
+// A grow-only array of page-locked host memory (see pinned_alloc). Move-only.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { pinned_free(p_); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      pinned_free(p_);
+      p_ = o.p_; n_ = o.n_;
+      o.p_ = nullptr; o.n_ = 0;
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  // Grows (never shrinks) to at least n elements; contents are not kept. The
+  // caller must know that no copy still reads or writes the old memory.
+  void reserve(size_t n) {
+    if (n <= n_) return;
+    pinned_free(p_);
+    p_ = nullptr;
+    n_ = 0;
+    p_ = static_cast<T*>(pinned_alloc(n * sizeof(T)));
+    n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
 
 // An owning, typed, device-tagged array. Move-only.
 template <typename T>
