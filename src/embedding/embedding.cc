@@ -129,25 +129,25 @@ void ShardedEmbedding::init(uint64_t seed) {
 }
 
 void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
-  const int D = spec_.D;
+  lookup_start(ids, n);
+  lookup_gather();
+  lookup_finish(out);
+}
+
+void ShardedEmbedding::lookup_start(const int32_t* ids, int64_t n) {
   n_ = n;
   stats_ = ExchangeStats{};
   ids_.reserve(size_t(n));
-  device_copy(ctx_.device, ids_.data(), ctx_.device, ids, size_t(n) * 4);
-
-  if (spec_.placement == Placement::kReplicated) {
-    // gather_rows checks every id against the table.
-    gather_rows(ctx_, table_.data(), ids, out, local_rows_, n, D);
-    return;
-  }
+  device_copy_async(ctx_, ctx_.device, ids_.data(), ctx_.device, ids, size_t(n) * 4);
+  if (spec_.placement == Placement::kReplicated) return;
 
   // The ids that travel: the unique ones (ascending) with --dedup, else all.
-  const int32_t* travel = ids;
+  const int32_t* travel = ids_.data();
   nu_ = n;
   if (dedup_) {
     unique_.reserve(size_t(n));
     inverse_.reserve(size_t(n));
-    unique_ids(ctx_, ids, n, unique_.data(), inverse_.data(), &nu_);
+    unique_ids(ctx_, ids_.data(), n, unique_.data(), inverse_.data(), &nu_);
     travel = unique_.data();
   }
   stats_.unique_ids = nu_;
@@ -175,8 +175,13 @@ void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
   recv_local_.reserve(size_t(nr_));
   all_to_all_v_on(comm_, ctx_.device, send_local_.data(), send_counts_.data(),
                   send_displs_.data(), recv_local_.data(), recv_counts_.data(),
-                  recv_displs_.data(), DType::kInt32);
+                  recv_displs_.data(), DType::kInt32, &ticket_);
+}
 
+void ShardedEmbedding::lookup_gather() {
+  if (spec_.placement == Placement::kReplicated) return;
+  const int D = spec_.D;
+  comm_.join(ticket_);
   // Owners gather the requested rows and send them back.
   send_vec_.reserve(size_t(nr_) * D);
   gather_rows(ctx_, table_.data(), recv_local_.data(), send_vec_.data(), local_rows_, nr_, D);
@@ -188,15 +193,25 @@ void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
   }
   recv_vec_.reserve(size_t(nu_) * D);
   all_to_all_v_on(comm_, ctx_.device, send_vec_.data(), sc_.data(), sd_.data(), recv_vec_.data(),
-                  rc_.data(), rd_.data(), DType::kFloat32);
+                  rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+}
 
+void ShardedEmbedding::lookup_finish(float* out) {
+  const int D = spec_.D;
+  if (spec_.placement == Placement::kReplicated) {
+    // gather_rows checks every id against the table.
+    gather_rows(ctx_, table_.data(), ids_.data(), out, local_rows_, n_, D);
+    return;
+  }
+  comm_.join(ticket_);
+  ticket_ = 0;
   // Back to batch order: owner order -> (unique) id order -> batch positions.
   if (dedup_) {
     uvec_.reserve(size_t(nu_) * D);
     unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), uvec_.data(), nu_, D);
-    permute_rows(ctx_, uvec_.data(), nu_, inverse_.data(), out, n, D);
+    permute_rows(ctx_, uvec_.data(), nu_, inverse_.data(), out, n_, D);
   } else {
-    unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), out, n, D);
+    unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), out, n_, D);
   }
 
   for (int p = 0; p < W_; ++p)
@@ -271,8 +286,13 @@ void ShardedEmbedding::apply_replicated(const float* grads, int64_t t) {
 }
 
 void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
+  gradients_start(grads);
+  gradients_finish(t);
+}
+
+void ShardedEmbedding::gradients_start(const float* grads) {
   if (spec_.placement == Placement::kReplicated) {
-    apply_replicated(grads, t);
+    pending_grads_ = grads;
     return;
   }
   const int D = spec_.D;
@@ -299,10 +319,20 @@ void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
   }
   send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
   all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(), send_vec_.data(),
-                  rc_.data(), rd_.data(), DType::kFloat32);
+                  rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
   for (int p = 0; p < W_; ++p)
     if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
+}
 
+void ShardedEmbedding::gradients_finish(int64_t t) {
+  if (spec_.placement == Placement::kReplicated) {
+    apply_replicated(pending_grads_, t);
+    pending_grads_ = nullptr;
+    return;
+  }
+  const int D = spec_.D;
+  comm_.join(ticket_);
+  ticket_ = 0;
   // Owners sum the rows asked for more than once (sorted, in arrival order).
   reduced_rows_.reserve(size_t(nr_));
   reduced_grads_.reserve(size_t(nr_) * D);

@@ -80,9 +80,25 @@ class ShardedEmbedding {
   // following apply_gradients.
   void lookup(const int32_t* ids, int64_t n, float* out);
 
+  // lookup() in three phases, each collective, so that one table's transfers
+  // overlap another table's kernels on a stream-ordered communicator (start both
+  // tables, gather both, finish both):
+  //   lookup_start   de-duplicate, bucketize, exchange counts, send the ids;
+  //   lookup_gather  owners gather the asked rows and send them back;
+  //   lookup_finish  rows into batch order at out.
+  // ids must stay unchanged until lookup_finish.
+  void lookup_start(const int32_t* ids, int64_t n);
+  void lookup_gather();
+  void lookup_finish(float* out);
+
   // grads[n×D] (context's device): d loss / d out of the last lookup. Collective. Sends rows to
   // their owners, which reduce duplicates and apply the optimizer (step t ≥ 1).
   void apply_gradients(const float* grads, int64_t t);
+  // apply_gradients() in two collective phases: send the gradient rows to their
+  // owners, then the owners' reduction and update. grads must stay unchanged
+  // until gradients_finish.
+  void gradients_start(const float* grads);
+  void gradients_finish(int64_t t);
 
   // The whole table in global row order, gathered on every rank into host memory
   // (tests, checkpoints).
@@ -110,6 +126,8 @@ class ShardedEmbedding {
 
   // Routing of the last lookup (n batch ids, nu unique ids, nr ids received).
   int64_t n_ = 0, nu_ = 0, nr_ = 0;
+  CommTicket ticket_ = 0;             // the exchange in flight between two phases
+  const float* pending_grads_ = nullptr;  // replicated: gradients_start → gradients_finish
   Buffer<int32_t> ids_;          // [n] the batch ids (the backward sums duplicates by id)
   Buffer<int32_t> unique_;       // [nu] ascending unique ids (dedup)
   Buffer<int64_t> inverse_;      // [n] batch position -> index in unique_ (dedup)

@@ -202,72 +202,83 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
     *b = Buffer<float>(ctx.device, 0);
   eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
   eval_expand_ = Buffer<int64_t>(ctx.device, 0);
-  loss_ = Buffer<double>(ctx.device, 1);
+  step_loss_ = Buffer<double>(ctx.device, 0);
+  stager_ = std::make_unique<InputStager>(ctx);
 }
 
 Trainer::~Trainer() = default;
 
-void Trainer::step(const TrainBatch& b, EpochResult* r, double* loss_sum) {
+void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   const int S = cfg_.num_neg + 1;
   const int D = model_->config().embedding_width();
   const int64_t n = int64_t(b.users.size());
   const int64_t B = n * S;
   const int64_t G = b.step_count * S;  // global samples of this step
-  const Device dev = ctx_.device;
   auto t0 = Clock::now();
 
+  // Negatives from the staged positives (on the device for GPU ranks, copied
+  // there by the copy stream while the previous step ran).
   s_users_.reserve(B);
   s_items_.reserve(B);
   labels_.reserve(B);
-  if (dev == Device::kCpu) {
-    sample_negatives(ctx_, *positives_, meta_.num_items, b.users.data(), b.items.data(),
+  const InputStager::Staged in = stager_->acquire();
+  NCF_CHECK(in.n == n, "staged batch has ", in.n, " positives, the step ", n);
+  if (ctx_.device == Device::kCpu)
+    sample_negatives(ctx_, *positives_, meta_.num_items, in.users, in.items, b.slice_begin, n,
+                     cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(), s_items_.data(),
+                     labels_.data());
+  else
+    sample_negatives(ctx_, *device_positives_, meta_.num_items, in.users, in.items,
                      b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
                      s_items_.data(), labels_.data());
-  } else {
-    pos_users_.reserve(n);
-    pos_items_.reserve(n);
-    device_copy(dev, pos_users_.data(), Device::kCpu, b.users.data(), size_t(n) * 4);
-    device_copy(dev, pos_items_.data(), Device::kCpu, b.items.data(), size_t(n) * 4);
-    sample_negatives(ctx_, *device_positives_, meta_.num_items, pos_users_.data(),
-                     pos_items_.data(), b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch,
-                     s_users_.data(), s_items_.data(), labels_.data());
-  }
+  stager_->release();
+
+  // Both tables' lookups in phases, so that one table's exchange overlaps the
+  // other's kernels on a stream-ordered communicator.
   urows_.reserve(size_t(B) * D);
   irows_.reserve(size_t(B) * D);
   auto tx = Clock::now();
-  user_->lookup(s_users_.data(), B, urows_.data());
-  item_->lookup(s_items_.data(), B, irows_.data());
+  user_->lookup_start(s_users_.data(), B);
+  item_->lookup_start(s_items_.data(), B);
+  user_->lookup_gather();
+  item_->lookup_gather();
+  user_->lookup_finish(urows_.data());
+  item_->lookup_finish(irows_.data());
   double exchange = seconds_since(tx);
 
   logits_.reserve(B);
   dlogits_.reserve(B);
   durows_.reserve(size_t(B) * D);
   dirows_.reserve(size_t(B) * D);
-  double local_loss = 0;
   if (B > 0) {
     model_->forward(ctx_, urows_.data(), irows_.data(), B, logits_.data());
-    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr, loss_.data(), B, B, G);
+    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr,
+                            step_loss_.data() + index, B, B, G);
     bce_with_logits_backward(ctx_, logits_.data(), labels_.data(), nullptr, dlogits_.data(), B, B,
                              G);
     model_->backward(ctx_, dlogits_.data(), durows_.data(), dirows_.data());
-    device_copy(Device::kCpu, &local_loss, dev, loss_.data(), sizeof(double));
   } else {
     model_->grads().zero();
   }
-  *loss_sum += local_loss;
 
+  // The dense-gradient allreduce runs while the embedding gradients travel and
+  // the owners update; the dense Adam step waits for it at the end.
   auto ta = Clock::now();
+  CommTicket dense = 0;
   all_reduce_sum_on(comm_, ctx_.device, model_->grads().data(), size_t(model_->num_params()),
-                    DType::kFloat32);
+                    DType::kFloat32, &dense);
   double allreduce = seconds_since(ta);
 
   ++t_;
+  tx = Clock::now();
+  user_->gradients_start(durows_.data());
+  item_->gradients_start(dirows_.data());
+  user_->gradients_finish(t_);
+  item_->gradients_finish(t_);
+  exchange += seconds_since(tx);  // includes the owners' optimizer step
+  comm_.join(dense);
   dense_adam_step(ctx_, model_->params().data(), model_->grads().data(), adam_m_.data(),
                   adam_v_.data(), model_->num_params(), t_, dense_hyper_);
-  tx = Clock::now();
-  user_->apply_gradients(durows_.data(), t_);
-  item_->apply_gradients(dirows_.data(), t_);
-  exchange += seconds_since(tx);  // includes the owners' optimizer step
 
   const double total = seconds_since(t0);
   r->exchange_seconds += exchange;
@@ -299,12 +310,20 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   auto t0 = Clock::now();
   auto last_print = t0;
   train_reader_->start_epoch(epoch);
-  double loss_sum = 0;
-  TrainBatch batch;
+  step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
+  step_loss_.zero();
+  // Step s + 1 is read and staged (its copy to the device issued) before step s
+  // is enqueued.
+  TrainBatch batches[2];
+  auto fetch = [&](int64_t s) {
+    NCF_CHECK(train_reader_->next(&batches[s % 2]), "train reader ended after ", s, " of ",
+              steps, " steps");
+    stager_->stage(batches[s % 2]);
+  };
+  if (steps > 0) fetch(0);
   for (int64_t s = 0; s < steps; ++s) {
-    NCF_CHECK(train_reader_->next(&batch), "train reader ended after ", s, " of ", steps,
-              " steps");
-    step(batch, &r, &loss_sum);
+    if (s + 1 < steps) fetch(s + 1);
+    step(batches[s % 2], s, &r);
     ++r.steps;
     if (show && seconds_since(last_print) > 0.5) {
       last_print = Clock::now();
@@ -315,8 +334,13 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     }
   }
   if (show) std::printf("\r%70s\r", "");
-  // Summed over ranks, each step's shares give that step's mean loss over its
-  // global batch; the epoch loss is the mean of the step losses.
+  // The loss shares come back once per epoch; summed over ranks, each step's
+  // shares give that step's mean loss over its global batch, and the epoch loss
+  // is the mean of the step losses.
+  std::vector<double> shares(static_cast<size_t>(steps));
+  device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data(), shares.size() * 8);
+  double loss_sum = 0;
+  for (double x : shares) loss_sum += x;
   double sums[1] = {loss_sum};
   all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);

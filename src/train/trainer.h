@@ -20,6 +20,7 @@
 #include "model/neumf.h"
 #include "model/optim.h"
 #include "train/config.h"
+#include "train/input_stager.h"
 
 namespace ncf {
 
@@ -65,7 +66,9 @@ class Trainer {
   int64_t memory_estimate_bytes() const { return memory_bytes_; }
 
  private:
-  void step(const TrainBatch& batch, EpochResult* r, double* loss_sum);
+  // One global step on the batch acquired from stager_; its loss share goes to
+  // step_loss_[index] on the device (read back once per epoch).
+  void step(const TrainBatch& batch, int64_t index, EpochResult* r);
 
   TrainConfig cfg_;
   Communicator& comm_;
@@ -78,6 +81,7 @@ class Trainer {
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
+  std::unique_ptr<InputStager> stager_;
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<ShardedEmbedding> user_, item_;
   std::unique_ptr<NeuMF> model_;
@@ -90,7 +94,7 @@ class Trainer {
   Buffer<int32_t> s_users_, s_items_;         // [B]
   Buffer<float> labels_, logits_, dlogits_;   // [B]
   Buffer<float> urows_, irows_, durows_, dirows_;  // [B×D]
-  Buffer<double> loss_;                       // [1]
+  Buffer<double> step_loss_;                  // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each).
   Buffer<int32_t> eval_users_, eval_items_;   // [n], [n×L]
   Buffer<uint8_t> eval_mask_;                 // [n×L]

@@ -1,0 +1,130 @@
+// The step pipeline's host-side contracts, on CPU contexts: the input stager's
+// order and misuse errors, pinned host buffers, the *_async collectives and the
+// staging slots of a host communicator. (The CUDA side — copy stream, events,
+// the NCCL communication stream — is in test_pipeline_gpu.cc.)
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "common/check.h"
+#include "common/device.h"
+#include "train/input_stager.h"
+
+namespace ncf {
+namespace {
+
+TrainBatch batch_of(int64_t n, int32_t first) {
+  TrainBatch b;
+  b.users.resize(size_t(n));
+  b.items.resize(size_t(n));
+  std::iota(b.users.begin(), b.users.end(), first);
+  std::iota(b.items.begin(), b.items.end(), first + 1000);
+  return b;
+}
+
+TEST(InputStager, CpuHandsOutTheBatchesInStagingOrder) {
+  ExecContext cpu;
+  InputStager st(cpu);
+  TrainBatch a = batch_of(5, 0), b = batch_of(3, 50), c = batch_of(0, 0);
+  st.stage(a);
+  st.stage(b);
+  EXPECT_EQ(st.staged(), 2);
+  InputStager::Staged x = st.acquire();
+  EXPECT_EQ(x.users, a.users.data());
+  EXPECT_EQ(x.items, a.items.data());
+  EXPECT_EQ(x.n, 5);
+  st.release();
+  st.stage(c);  // a's slot is free again
+  InputStager::Staged y = st.acquire();
+  EXPECT_EQ(y.users, b.users.data());
+  EXPECT_EQ(y.n, 3);
+  st.release();
+  InputStager::Staged z = st.acquire();
+  EXPECT_EQ(z.n, 0);
+  st.release();
+  EXPECT_EQ(st.staged(), 0);
+}
+
+TEST(InputStager, MisuseIsAnError) {
+  ExecContext cpu;
+  InputStager st(cpu);
+  EXPECT_THROW(st.acquire(), Error);  // nothing staged
+  EXPECT_THROW(st.release(), Error);  // nothing acquired
+  TrainBatch a = batch_of(2, 0), b = batch_of(2, 9), c = batch_of(2, 7);
+  st.stage(a);
+  st.stage(b);
+  EXPECT_THROW(st.stage(c), Error);  // a third batch before a release
+  st.acquire();
+  EXPECT_THROW(st.acquire(), Error);  // the first one is still acquired
+  TrainBatch bad = batch_of(2, 0);
+  bad.items.pop_back();
+  st.release();
+  EXPECT_THROW(st.stage(bad), Error);  // users and items disagree
+}
+
+TEST(PinnedBuffer, GrowsKeepsAlignmentAndMoves) {
+  PinnedBuffer<double> p;
+  EXPECT_EQ(p.data(), nullptr);
+  p.reserve(10);
+  ASSERT_NE(p.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
+  for (int i = 0; i < 10; ++i) p.data()[i] = i;
+  const double* before = p.data();
+  p.reserve(4);  // never shrinks
+  EXPECT_EQ(p.data(), before);
+  EXPECT_EQ(p.size(), 10u);
+  PinnedBuffer<double> q(std::move(p));
+  EXPECT_EQ(q.data(), before);
+  EXPECT_EQ(p.data(), nullptr);
+  EXPECT_EQ(q.data()[9], 9.0);
+  q.reserve(1 << 20);
+  EXPECT_GE(q.size(), size_t(1) << 20);
+  q.data()[(1 << 20) - 1] = 1.0;  // the whole range is writable
+}
+
+TEST(Collectives, AsyncVariantsOnAHostCommunicatorCompleteAtOnce) {
+  std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, Device::kCpu, "single");
+  std::vector<int32_t> send = {4, 5, 6}, recv(3, 0);
+  const int64_t sc[1] = {3}, sd[1] = {0}, rc[1] = {3}, rd[1] = {0};
+  EXPECT_EQ(comm->all_to_all_v_async(send.data(), sc, sd, recv.data(), rc, rd, DType::kInt32), 0);
+  EXPECT_EQ(recv, send);
+  std::vector<float> x = {1.5f, -2.0f};
+  EXPECT_EQ(comm->all_reduce_sum_async(x.data(), 2, DType::kFloat32), 0);
+  EXPECT_EQ(x, (std::vector<float>{1.5f, -2.0f}));
+  comm->join(0);  // nothing to wait for
+  // The *_on helpers report ticket 0 as well, and still move the data.
+  CommTicket t = 42;
+  std::fill(recv.begin(), recv.end(), 0);
+  all_to_all_v_on(*comm, Device::kCpu, send.data(), sc, sd, recv.data(), rc, rd, DType::kInt32,
+                  &t);
+  EXPECT_EQ(t, 0);
+  EXPECT_EQ(recv, send);
+  t = 42;
+  all_reduce_sum_on(*comm, Device::kCpu, x.data(), 2, DType::kFloat32, &t);
+  EXPECT_EQ(t, 0);
+  // Bad arguments still fail inside an async call, and the next call is not deferred.
+  const int64_t neg[1] = {-1};
+  EXPECT_THROW(comm->all_to_all_v_async(send.data(), neg, sd, recv.data(), rc, rd, DType::kInt32),
+               Error);
+  EXPECT_EQ(comm->all_reduce_sum_async(x.data(), 2, DType::kFloat32), 0);
+}
+
+TEST(Collectives, HostStagingHasTwoIndependentGrowingSlots) {
+  std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, Device::kCpu, "single");
+  char* a = static_cast<char*>(comm->host_staging(0, 100));
+  char* b = static_cast<char*>(comm->host_staging(1, 100));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(a + 100 <= b || b + 100 <= a) << "the slots overlap";
+  EXPECT_EQ(comm->host_staging(0, 50), a);  // big enough already
+  char* big = static_cast<char*>(comm->host_staging(0, 1 << 20));
+  big[(1 << 20) - 1] = 1;
+  EXPECT_THROW(comm->host_staging(2, 8), Error);
+}
+
+}  // namespace
+}  // namespace ncf
