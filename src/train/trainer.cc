@@ -381,13 +381,18 @@ EvalResult Trainer::evaluate() {
     device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
     device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
     device_copy(dev, eval_expand_.data(), Device::kCpu, expand.data(), size_t(n * L) * 8);
-    // One user lookup per user, repeated over its L candidates.
+    // One user lookup per user, repeated over its L candidates; the two tables'
+    // lookups in phases, as in the training step.
     eval_user_rows_.reserve(size_t(n) * D);
-    user_->lookup(eval_users_.data(), n, eval_user_rows_.data());
     eval_rows_.reserve(size_t(n * L) * D);
-    permute_rows(ctx_, eval_user_rows_.data(), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
     irows_.reserve(size_t(n * L) * D);
-    item_->lookup(eval_items_.data(), n * L, irows_.data());
+    user_->lookup_start(eval_users_.data(), n);
+    item_->lookup_start(eval_items_.data(), n * L);
+    user_->lookup_gather();
+    item_->lookup_gather();
+    user_->lookup_finish(eval_user_rows_.data());
+    item_->lookup_finish(irows_.data());
+    permute_rows(ctx_, eval_user_rows_.data(), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
     if (n == 0) continue;
     scores_.reserve(n * L);
     model_->score(ctx_, eval_rows_.data(), irows_.data(), n * L, scores_.data());
