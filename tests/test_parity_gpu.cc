@@ -3,8 +3,9 @@
 // heavy ids, widths 1, 3, 5, 8, 64, 192, misaligned rows), then one whole
 // NeuMF step (lookup, forward, loss, backward, Adam on the dense net and the
 // tables) on both devices. A value passes when |gpu − cpu| ≤ atol + rtol·|cpu|
-// with the tolerances written at each test; ids, counts, copies, the sort-and-
-// reduce sums and sampled negatives must match bit for bit.
+// with the tolerances written at each test (the BF16 GEMMs: relative to the sum
+// of |products|); ids, counts, copies, the sort-and-reduce sums, sampled
+// negatives and single BF16 products must match bit for bit.
 //
 // Every test skips, with the reason, where there is no usable GPU.
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
@@ -47,6 +49,12 @@ constexpr double kGemmRtol = 1e-5, kGemmAtolPerSqrtK = 1e-5;
 // TF32 rounds both factors to 10 mantissa bits (~5e-4 each): about 1e-3 per
 // product, again growing like sqrt(K).
 constexpr double kTf32Rtol = 2e-3, kTf32AtolPerSqrtK = 4e-3;
+// BF16 GEMMs (MathMode::kBf16): both devices round the same FP32 inputs to BF16
+// with the same function (common/bf16.h), and a product of two BF16 values is
+// exact in FP32, so only the order of the FP32 sums differs. Measured against
+// S = Σ_k |product_k| of the element: the worst case of two K-term FP32 sums
+// is ~K·2^-24·S each (6e-5 at K = 1000), the typical one far lower.
+constexpr double kBf16TermsRtol = 1e-4;
 // Element-wise float formulas: nvcc contracts a·b + c into one FMA (one rounding
 // fewer) and CUDA's expf is within 2 ulp, so results differ by a few ulp.
 constexpr double kElemRtol = 1e-5, kElemAtol = 1e-7;
@@ -278,6 +286,191 @@ TEST_F(Parity, LinearBackwardFp32) {
           expect_close(down(gdW), dW, kGemmAtolPerSqrtK * std::sqrt(std::max<int64_t>(B, 1)),
                        kGemmRtol, what + "dW");
           expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, what + "db");
+        }
+}
+
+// ---- MathMode::kBf16 ----------------------------------------------------------------
+
+double rb(float x) { return double(round_to_bf16(x)); }
+
+// |gpu − cpu| ≤ kBf16TermsRtol·S element-wise, S = Σ|products| (+ what else
+// enters the element: |beta·C|, |bias|, the accumulated gradient). NaN must
+// meet NaN.
+void expect_close_to_terms(const Vec& gpu, const Vec& cpu, const std::vector<double>& terms,
+                           const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  ASSERT_EQ(terms.size(), cpu.size()) << what;
+  int reported = 0;
+  size_t bad = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    const double g = gpu[k], c = cpu[k], tol = 1e-30 + kBf16TermsRtol * terms[k];
+    const bool ok = std::isnan(c) ? std::isnan(g) : std::fabs(g - c) <= tol;
+    if (!ok) {
+      ++bad;
+      if (reported++ < 5)
+        ADD_FAILURE() << what << " [" << k << "]: gpu " << g << ", cpu " << c << " (|diff| "
+                      << std::fabs(g - c) << " > " << tol << ")";
+    }
+  }
+  if (bad > 5) ADD_FAILURE() << what << ": " << bad << " elements out of tolerance in all";
+}
+
+void gemm_bf16_case(const ExecContext& cpu, const ExecContext& gpu, std::mt19937& gen, bool ta,
+                    bool tb, int M, int N, int K, float beta) {
+  const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+  const int a_rows = ta ? K : M, b_rows = tb ? N : K;
+  const float alpha = 1.5f;
+  Vec A = random_vec(size_t(a_rows) * lda, gen), Bm = random_vec(size_t(b_rows) * ldb, gen);
+  Vec C = random_vec(size_t(M) * ldc, gen);
+  if (beta == 0.0f) std::fill(C.begin(), C.end(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<double> terms(C.size(), 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = beta == 0.0f ? 0.0 : std::fabs(double(beta) * C[size_t(i) * ldc + j]);
+      for (int k = 0; k < K; ++k)
+        s += std::fabs(alpha * rb(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
+                       rb(tb ? Bm[size_t(j) * ldb + k] : Bm[size_t(k) * ldb + j]));
+      terms[size_t(i) * ldc + j] = s;
+    }
+  Buffer<float> gA = up(A), gB = up(Bm), gC = up(C);
+  gemm(cpu, ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, C.data(), ldc);
+  gemm(gpu, ta, tb, M, N, K, alpha, gA.data(), lda, gB.data(), ldb, beta, gC.data(), ldc);
+  const std::string what = shape({{"ta", ta}, {"tb", tb}, {"M", M}, {"N", N}, {"K", K}}) +
+                           "beta=" + std::to_string(beta);
+  expect_close_to_terms(down(gC), C, terms, what);
+  // FP32 masters: the operands on the device are not rounded in place.
+  expect_same(down(gA), A, what + " A after");
+  expect_same(down(gB), Bm, what + " B after");
+}
+
+TEST_F(Parity, GemmBf16AllTransposes) {
+  set_math_mode(MathMode::kBf16);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const auto& s : kGemmShapes)
+        for (float beta : {0.0f, 0.5f})
+          gemm_bf16_case(cpu_, gpu_, gen_, ta, tb, s[0], s[1], s[2], beta);
+}
+
+// K = 1, alpha = 1, beta = 0: C[i, j] = BF16(a_i)·BF16(b_j), one exact product,
+// no sum — so the devices must agree bit for bit, and the columns where b_j is
+// ±1 or 2 (BF16 values) read back the GPU's rounding of every a_i. The a_i are
+// built on rounding ties and their neighbours, where a conversion that
+// truncates, or rounds ties away from zero, would differ.
+TEST_F(Parity, GemmBf16RoundsLikeTheCpuBitForBit) {
+  set_math_mode(MathMode::kBf16);
+  const int M = 4096, N = 8;
+  std::uniform_int_distribution<uint32_t> high(0x3C00u, 0x40FFu);  // |a| in [2^-7, 8)
+  const uint32_t lows[] = {0x0000u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu, 0x1234u, 0xC000u, 0x4000u};
+  Vec A(M);
+  for (int i = 0; i < M; ++i) {
+    const uint32_t bits = (high(gen_) << 16) | lows[i % 8] | (i % 16 < 8 ? 0u : 0x80000000u);
+    std::memcpy(&A[i], &bits, sizeof(float));
+  }
+  Vec Bm = random_vec(N, gen_, 0.5f, 1.5f);
+  Bm[0] = 1.0f;
+  Bm[1] = -1.0f;
+  Bm[2] = 2.0f;
+  Vec C(size_t(M) * N, std::numeric_limits<float>::quiet_NaN());
+  Buffer<float> gA = up(A), gB = up(Bm), gC = up(C);
+  gemm(cpu_, false, false, M, N, 1, 1.0f, A.data(), 1, Bm.data(), N, 0.0f, C.data(), N);
+  gemm(gpu_, false, false, M, N, 1, 1.0f, gA.data(), 1, gB.data(), N, 0.0f, gC.data(), N);
+  const Vec g = down(gC);
+  expect_same(g, C, "K=1 products");
+  for (int i = 0; i < M; ++i)
+    ASSERT_EQ(g[size_t(i) * N], round_to_bf16(A[i])) << "row " << i << " (a = " << A[i] << ")";
+}
+
+// W and bias at float offset `offset` of a flat buffer (offset 1: the bias is
+// not 16-byte aligned, so the unfused GEMM + epilogue path runs; offset 0 with
+// a bias: the cuBLASLt BIAS / RELU_BIAS epilogue on BF16 inputs).
+TEST_F(Parity, LinearForwardBf16) {
+  set_math_mode(MathMode::kBf16);
+  for (const auto& s : kLayerShapes)
+    for (int64_t B : kBatches)
+      for (int offset : {0, 1})
+        for (bool with_bias : {false, true})
+          for (bool relu : {false, true}) {
+            const int in = s[0], out = s[1];
+            Vec X = random_vec(size_t(B) * in, gen_);
+            Vec P = random_vec(size_t(offset) + size_t(out) * in + out, gen_);
+            Vec Y(size_t(B) * out, 7.0f);
+            Buffer<float> gX = up(X), gP = up(P), gY = up(Y);
+            const float* W = P.data() + offset;
+            const float* bias = with_bias ? W + size_t(out) * in : nullptr;
+            const float* gW = gP.data() + offset;
+            const float* gbias = with_bias ? gW + size_t(out) * in : nullptr;
+            std::vector<double> terms(Y.size());
+            for (int64_t b = 0; b < B; ++b)
+              for (int j = 0; j < out; ++j) {
+                double t = bias ? std::fabs(bias[j]) : 0.0;
+                for (int k = 0; k < in; ++k)
+                  t += std::fabs(rb(X[size_t(b) * in + k]) * rb(W[size_t(j) * in + k]));
+                terms[size_t(b) * out + j] = t;
+              }
+            linear_forward(cpu_, X.data(), W, bias, Y.data(), B, in, out, relu);
+            linear_forward(gpu_, gX.data(), gW, gbias, gY.data(), B, in, out, relu);
+            const std::string what = shape({{"B", B}, {"in", in}, {"out", out}, {"offset", offset},
+                                             {"bias", with_bias}, {"relu", relu}});
+            expect_close_to_terms(down(gY), Y, terms, what);
+            expect_same(down(gX), X, what + " X after");
+            expect_same(down(gP), P, what + " W, bias after");
+          }
+}
+
+TEST_F(Parity, LinearBackwardBf16) {
+  set_math_mode(MathMode::kBf16);
+  for (const auto& s : kLayerShapes)
+    for (int64_t B : kBatches)
+      for (GradMode mode : {GradMode::kOverwrite, GradMode::kAccumulate})
+        for (int variant = 0; variant < 4; ++variant) {
+          // 0: relu, dX and db; 1: no relu (Y null); 2: relu, no db (mask kernel); 3: relu, no dX.
+          const bool relu = variant != 1, with_db = variant != 2, with_dx = variant != 3;
+          const bool add = mode == GradMode::kAccumulate;
+          const int in = s[0], out = s[1];
+          const std::string what = shape({{"B", B}, {"in", in}, {"out", out}, {"variant", variant},
+                                          {"accumulate", add}});
+          Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_);
+          Vec Y = random_vec(size_t(B) * out, gen_);  // a post-ReLU output: about half zeros
+          for (float& y : Y) y = std::max(y, 0.0f);
+          Vec dY = random_vec(size_t(B) * out, gen_), dX(size_t(B) * in, 9.0f);
+          Vec dW = random_vec(size_t(out) * in, gen_), db = random_vec(out, gen_);
+          // Σ|terms| from the masked dZ that both devices will see.
+          Vec dZ = dY;
+          if (relu)
+            for (size_t k = 0; k < dZ.size(); ++k)
+              if (!(Y[k] > 0.0f)) dZ[k] = 0.0f;
+          std::vector<double> terms_dx(dX.size(), 0.0), terms_dw(dW.size(), 0.0);
+          for (int64_t b = 0; b < B; ++b)
+            for (int c = 0; c < in; ++c)
+              for (int j = 0; j < out; ++j)
+                terms_dx[size_t(b) * in + c] +=
+                    std::fabs(rb(dZ[size_t(b) * out + j]) * rb(W[size_t(j) * in + c]));
+          for (int j = 0; j < out; ++j)
+            for (int c = 0; c < in; ++c) {
+              double t = add ? std::fabs(dW[size_t(j) * in + c]) : 0.0;
+              for (int64_t b = 0; b < B; ++b)
+                t += std::fabs(rb(dZ[size_t(b) * out + j]) * rb(X[size_t(b) * in + c]));
+              terms_dw[size_t(j) * in + c] = t;
+            }
+          Buffer<float> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY), gdX = up(dX),
+                        gdW = up(dW), gdb = up(db);
+          linear_backward(cpu_, X.data(), W.data(), relu ? Y.data() : nullptr, dY.data(),
+                          with_dx ? dX.data() : nullptr, dW.data(), with_db ? db.data() : nullptr,
+                          B, in, out, relu, mode);
+          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() : nullptr, gdY.data(),
+                          with_dx ? gdX.data() : nullptr, gdW.data(),
+                          with_db ? gdb.data() : nullptr, B, in, out, relu, mode);
+          expect_same(down(gdY), dY, what + "dZ (masked dY, FP32)");
+          if (with_dx)
+            expect_close_to_terms(down(gdX), dX, terms_dx, what + "dX");
+          else
+            expect_same(down(gdX), dX, what + "dX untouched");
+          expect_close_to_terms(down(gdW), dW, terms_dw, what + "dW");
+          // The bias gradient is a column sum of the FP32 dZ, not a GEMM.
+          expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, what + "db");
+          expect_same(down(gX), X, what + "X after");
+          expect_same(down(gW), W, what + "W after");
         }
 }
 

@@ -109,6 +109,41 @@ TEST_F(TrainTest, SameJobTwiceGivesIdenticalNumbers) {
   EXPECT_NE(a.output.find("\"eval_accuracy\""), std::string::npos);
 }
 
+// --precision bf16 on the CPU: BF16-rounded GEMM inputs, FP32 accumulation and
+// FP32 master weights. It must still learn (HR@10 clearly above popularity, and
+// within 0.05 of the fp32 run), repeat itself exactly, and differ from fp32 in
+// its bits (otherwise the flag did not reach the GEMMs).
+TEST_F(TrainTest, Bf16TrainsLikeFp32AndRepeatsExactly) {
+  TempDir t;
+  const std::string cmd = bin("ncf_dist") + " --data_dir " + data() +
+                          " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 "
+                          "--train_epochs 6 --threads 2";
+  auto bf = run(cmd + " --precision bf16 --metrics_json " + t.file("bf.jsonl"));
+  auto bf2 = run(cmd + " --precision bf16 --metrics_json " + t.file("bf2.jsonl"));
+  auto fp = run(cmd + " --precision fp32 --metrics_json " + t.file("fp.jsonl"));
+  ASSERT_EQ(bf.exit_code, 0) << bf.output;
+  ASSERT_EQ(bf2.exit_code, 0) << bf2.output;
+  ASSERT_EQ(fp.exit_code, 0) << fp.output;
+  auto jb = read_jsonl(t.file("bf.jsonl")), jb2 = read_jsonl(t.file("bf2.jsonl")),
+       jf = read_jsonl(t.file("fp.jsonl"));
+  ASSERT_EQ(jb.size(), 6u) << bf.output;
+  ASSERT_EQ(jb2.size(), 6u) << bf2.output;
+  ASSERT_EQ(jf.size(), 6u) << fp.output;
+  const double pop = popularity_hr10(data());
+  const double hr_bf = jb.back()["hr"].get<double>(), hr_fp = jf.back()["hr"].get<double>();
+  EXPECT_GT(hr_bf, pop + 0.05) << "bf16 HR@10 " << hr_bf << " vs popularity " << pop << "\n"
+                               << bf.output;
+  EXPECT_NEAR(hr_bf, hr_fp, 0.05) << "bf16 vs fp32 HR@10";
+  EXPECT_LT(jb.back()["loss"].get<double>(), jb.front()["loss"].get<double>());
+  for (size_t e = 0; e < jb.size(); ++e)
+    for (const char* k : {"loss", "hr", "ndcg"})
+      EXPECT_EQ(jb[e][k], jb2[e][k]) << k << " epoch " << e;
+  bool differs = false;
+  for (size_t e = 0; e < jb.size(); ++e) differs |= jb[e]["loss"] != jf[e]["loss"];
+  EXPECT_TRUE(differs) << "--precision bf16 gave the fp32 losses bit for bit: the flag did not "
+                          "set MathMode::kBf16 (ncf_dist should map it with parse_math_mode)";
+}
+
 struct BadFlag {
   std::string flags, message;
 };
@@ -125,6 +160,7 @@ TEST_F(TrainTest, BadFlagsStopWithAClearMessage) {
       {"--beta1 1.5", "--beta1 must be in [0, 1)"},
       {"--shard_plan user=diagonal", "unknown placement 'diagonal'"},
       {"--device gpu", "--device"},
+      {"--precision fp16", "--precision"},
       {"--memory_limit_gb 0.00001", "may use"},
   };
   for (const auto& c : cases) {

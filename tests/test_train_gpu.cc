@@ -1,6 +1,7 @@
 // ncf_dist on a GPU, as real processes: the CUDA trainer follows the CPU
-// trainer's trajectory (fp32 GEMMs), and GPU ranks sharing one GPU through
-// --comm mpi follow the 1-rank run. Skipped, visibly, without a usable GPU.
+// trainer's trajectory (fp32 GEMMs, and loosely with bf16 GEMMs), and GPU ranks
+// sharing one GPU through --comm mpi follow the 1-rank run. Skipped, visibly,
+// without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,11 +26,12 @@ using test::TempDir;
   } while (0)
 
 std::vector<nlohmann::json> train(const std::string& launcher, const std::string& data,
-                                  const std::string& flags) {
+                                  const std::string& flags,
+                                  const std::string& precision = "fp32") {
   TempDir t;
   auto r = run("timeout 600 " + launcher + bin("ncf_dist") + " --data_dir " + data +
-               " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision fp32 " +
-               flags + " --metrics_json " + t.file("m.jsonl"));
+               " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision " +
+               precision + " " + flags + " --metrics_json " + t.file("m.jsonl"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<nlohmann::json> out;
   std::ifstream f(t.file("m.jsonl"));
@@ -39,13 +41,13 @@ std::vector<nlohmann::json> train(const std::string& launcher, const std::string
 }
 
 void expect_close(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
-                  double loss_rel, const std::string& what) {
+                  double loss_rel, const std::string& what, double hr_abs = 0.02) {
   ASSERT_EQ(a.size(), 2u) << what;
   ASSERT_EQ(b.size(), 2u) << what;
   for (size_t e = 0; e < a.size(); ++e) {
     double la = a[e]["loss"], lb = b[e]["loss"];
     EXPECT_NEAR(la, lb, loss_rel * std::fabs(la)) << what << " epoch " << e;
-    EXPECT_NEAR(double(a[e]["hr"]), double(b[e]["hr"]), 0.02) << what << " epoch " << e;
+    EXPECT_NEAR(double(a[e]["hr"]), double(b[e]["hr"]), hr_abs) << what << " epoch " << e;
   }
 }
 
@@ -66,6 +68,22 @@ TEST_F(TrainGpu, CudaFollowsTheCpuTrajectory) {
   auto cpu = train("", dir_.file("data"), "--device cpu --threads 1");
   auto gpu = train("", dir_.file("data"), "--device cuda");
   expect_close(cpu, gpu, 1e-4, "cpu vs cuda");
+}
+
+// Stated tolerance, loose: both devices round the same values to BF16 at the
+// first step, but FP32 summation-order differences (~1e-7) then flip the BF16
+// rounding of some later GEMM inputs (a 2^-9 relative jump each), so the two
+// trajectories drift apart much more than the fp32 pair above, yet stay
+// statistically alike: epoch losses within 2%, HR@10 within 0.04.
+TEST_F(TrainGpu, CudaBf16TracksTheCpuBf16Run) {
+  auto cpu = train("", dir_.file("data"), "--device cpu --threads 1", "bf16");
+  auto gpu = train("", dir_.file("data"), "--device cuda", "bf16");
+  expect_close(cpu, gpu, 2e-2, "cpu bf16 vs cuda bf16", 0.04);
+  // And bf16 really ran: the fp32 CUDA run takes another path, bit for bit.
+  auto gpu_fp32 = train("", dir_.file("data"), "--device cuda", "fp32");
+  ASSERT_EQ(gpu.size(), 2u);
+  ASSERT_EQ(gpu_fp32.size(), 2u);
+  EXPECT_NE(gpu[0]["loss"], gpu_fp32[0]["loss"]) << "--precision bf16 did not reach the GPU GEMMs";
 }
 
 TEST_F(TrainGpu, RanksSharingOneGpuViaMpiFollowOneRank) {

@@ -1,5 +1,6 @@
 // CPU side of ops.h: argument checks, the dispatch to the CUDA twins, and the
-// CPU kernels (OpenBLAS for GEMMs, parallel_for row loops for the rest).
+// CPU kernels (OpenBLAS for GEMMs, on BF16-rounded operand copies in
+// MathMode::kBf16; parallel_for row loops for the rest).
 #include "model/ops.h"
 
 #include <cblas.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/parallel.h"
 #include "model/dispatch.h"
@@ -35,8 +37,26 @@ void check_ld(const char* op, const char* name, int64_t ld, int64_t width) {
   NCF_CHECK(ld >= width, op, ": stride ", name, "=", ld, " is smaller than the row width ", width);
 }
 
-void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+// The `rows` × `cols` block of a row-major matrix with stride ld, rounded to
+// BF16 values (kept as floats, same stride) in `buf`; returns buf's data. The
+// padding between rows is not read.
+const float* bf16_rounded(int threads, const float* src, int rows, int cols, int ld,
+                          std::vector<float>& buf) {
+  const int64_t n = static_cast<int64_t>(rows - 1) * ld + cols;
+  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+  float* dst = buf.data();
+  parallel_for(threads, rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int c = 0; c < cols; ++c) dst[r * ld + c] = round_to_bf16(src[r * ld + c]);
+  });
+  return dst;
+}
+
+// The GEMM of gemm(): FP32 BLAS, on BF16-rounded copies of A and B when the
+// math mode is kBf16 (kTf32 and kFp32 are plain FP32 here). The copies live in
+// per-thread buffers that only grow, reused by every later GEMM on the thread.
+void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS leaves this case to the implementation; spell it out
     for (int i = 0; i < M; ++i)
@@ -45,6 +65,11 @@ void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
         c = beta == 0.0f ? 0.0f : beta * c;
       }
     return;
+  }
+  if (math_mode() == MathMode::kBf16) {
+    thread_local std::vector<float> a_bf16, b_bf16;
+    A = bf16_rounded(threads, A, trans_a ? K : M, trans_a ? M : K, lda, a_bf16);
+    B = bf16_rounded(threads, B, trans_b ? N : K, trans_b ? K : N, ldb, b_bf16);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -55,7 +80,8 @@ void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float*
                             float* db, int64_t B, int in, int out, GradMode mode) {
   float beta = mode == GradMode::kAccumulate ? 1.0f : 0.0f;
   // dW[out×in] = dZ^T[out×B] · X[B×in]
-  cpu_gemm(true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta, dW, in);
+  cpu_gemm(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta, dW,
+           in);
   if (!db) return;
   std::vector<double> sums(out);
   block_sums(ctx.threads, B, out,
@@ -80,6 +106,25 @@ std::atomic<MathMode> g_math_mode{MathMode::kTf32};
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }
+
+MathMode parse_math_mode(const std::string& name) {
+  if (name == "tf32") return MathMode::kTf32;
+  if (name == "fp32") return MathMode::kFp32;
+  if (name == "bf16") return MathMode::kBf16;
+  NCF_FAIL("unknown precision '", name, "' (expected tf32, fp32 or bf16)");
+}
+
+const char* math_mode_name(MathMode mode) {
+  switch (mode) {
+    case MathMode::kTf32:
+      return "tf32";
+    case MathMode::kFp32:
+      return "fp32";
+    case MathMode::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
 
 void set_blas_threads(int threads) {
   if (threads > 0) openblas_set_num_threads(threads);
@@ -106,7 +151,7 @@ void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
   NCF_CHECK(!any || C != nullptr, "gemm: C is null");
   NCF_CHECK(!any || K == 0 || (A != nullptr && B != nullptr), "gemm: A or B is null");
   NCF_DISPATCH_CUDA(ctx, gemm, ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  cpu_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  cpu_gemm(ctx.threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
@@ -122,7 +167,8 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
   NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, W, bias, Y, B, in, out, relu);
   if (B == 0) return;
   // Y = X · W^T
-  cpu_gemm(false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y, out);
+  cpu_gemm(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y,
+           out);
   if (!bias && !relu) return;
   parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -157,7 +203,8 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
   }
   // dX[B×in] = dZ[B×out] · W[out×in]
   if (dX && B > 0)
-    cpu_gemm(false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f, dX, in);
+    cpu_gemm(ctx.threads, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f,
+             dX, in);
   cpu_linear_param_grads(ctx, X, dY, dW, db, B, in, out, mode);
 }
 

@@ -1,14 +1,19 @@
 // CUDA twins of the dense ops in ops.h (same names and arguments; the CPU
 // functions check the arguments and forward here when ctx.device is kCuda).
 // GEMMs go to cuBLAS (gemm, the backward products) and cuBLASLt (the forward
-// Linear with its bias and ReLU fused into the epilogue); everything that sums
+// Linear with its bias and ReLU fused into the epilogue); in MathMode::kBf16 a
+// kernel first writes BF16 copies of both operands into the scratch arena and
+// the GEMM reads those (FP32 accumulation and output). Everything that sums
 // over the batch (bias gradients, the head, the loss) uses the fixed-order
 // reductions of cuda_util.cuh, so every result is the same bits on every run.
 // Everything runs on ctx.stream.
+#include <cuda_bf16.h>
+
 #include <map>
 #include <mutex>
 #include <tuple>
 
+#include "common/bf16.h"
 #include "common/cuda_util.cuh"
 #include "model/ops.h"
 
@@ -19,6 +24,20 @@ namespace {
 
 __global__ void fill_kernel(float* x, int64_t n, float value) {
   for (int64_t i = thread_first(); i < n; i += thread_stride()) x[i] = value;
+}
+
+// dst[r·ld + c] = BF16(src[r·ld + c]) for r < rows, c < cols (same stride; the
+// padding between rows is neither read nor written). The rounding is bf16.h's,
+// so it matches the CPU twin bit for bit.
+__global__ void to_bf16_kernel(const float* src, int64_t ld, int64_t rows, int cols,
+                               __nv_bfloat16* dst) {
+  const int64_t total = rows * cols;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = (i / cols) * ld + i % cols;
+    __nv_bfloat16_raw raw;
+    raw.x = float_to_bf16_bits(src[k]);
+    dst[k] = __nv_bfloat16(raw);
+  }
 }
 
 // C[M×N] = beta·C (beta == 0 writes zeros, so NaNs in C do not leak): GEMM with K == 0.
@@ -185,16 +204,42 @@ struct LossStore {
 
 // ---- GEMM -------------------------------------------------------------------------
 
-cublasComputeType_t compute_type() {
-  return math_mode() == MathMode::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+// TF32 tensor cores for kTf32; otherwise plain FP32 accumulation (for kBf16
+// the operands are BF16 arrays, the products and sums FP32).
+cublasComputeType_t compute_type(MathMode mode) {
+  return mode == MathMode::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// One GEMM input as cuBLAS takes it: the array and its element type (an FP32
+// array of the caller, or the BF16 copy of one in the scratch arena).
+struct GemmInput {
+  const void* data;
+  cudaDataType_t type;
+};
+
+// Elements that a BF16 copy of a rows × cols matrix with stride ld needs.
+size_t bf16_copy_elems(int64_t rows, int64_t cols, int64_t ld) {
+  return rows > 0 && cols > 0 ? static_cast<size_t>((rows - 1) * ld + cols) : 0;
+}
+
+// Writes the BF16 copy of src (rows × cols, stride ld) into dst, on the stream.
+GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t rows, int64_t cols,
+                  __nv_bfloat16* dst, const char* op) {
+  if (rows > 0 && cols > 0) {
+    to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(src, ld, rows,
+                                                                   static_cast<int>(cols), dst);
+    check_launch(op);
+  }
+  return {dst, CUDA_R_16BF};
 }
 
 // Row-major C = alpha·op(A)·op(B) + beta·C through column-major cuBLAS: a
 // row-major matrix is its transpose in column-major, so cuBLAS computes
-// C^T = op(B)^T·op(A)^T with the operands swapped.
-void gemm_on(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-             const char* op) {
+// C^T = op(B)^T·op(A)^T with the operands swapped. A and B are both FP32 or
+// both BF16; C is FP32.
+void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_b, int M, int N,
+                int K, float alpha, GemmInput A, int lda, GemmInput B, int ldb, float beta,
+                float* C, int ldc, const char* op) {
   if (M == 0 || N == 0) return;
   cudaStream_t stream = stream_of(ctx);
   if (K == 0) {
@@ -203,14 +248,36 @@ void gemm_on(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, i
     check_launch(op);
     return;
   }
+  NCF_CHECK(A.type == B.type, op, ": GEMM operands of different types");
   NCF_CHECK(ctx.cublas != nullptr, op, ": ctx.cublas is null (make the context with "
             "make_cuda_context)");
   cublasHandle_t h = static_cast<cublasHandle_t>(ctx.cublas);
   CUBLAS_CHECK(cublasSetStream(h, stream));
   CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F,
-                            ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, compute_type(),
+                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B.data, B.type,
+                            ldb, A.data, A.type, lda, &beta, C, CUDA_R_32F, ldc, compute_type(mode),
                             CUBLAS_GEMM_DEFAULT));
+}
+
+// gemm() on FP32 operands under the current math mode: kBf16 first rounds A
+// and B into BF16 copies, side by side in the scratch arena.
+void gemm_on(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+             const char* op) {
+  const MathMode mode = math_mode();
+  GemmInput a{A, CUDA_R_32F}, b{B, CUDA_R_32F};
+  if (mode == MathMode::kBf16 && M > 0 && N > 0 && K > 0) {
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    __nv_bfloat16 *a16 = nullptr, *b16 = nullptr;
+    carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+      a16 = s.take<__nv_bfloat16>(bf16_copy_elems(a_rows, a_cols, lda));
+      b16 = s.take<__nv_bfloat16>(bf16_copy_elems(b_rows, b_cols, ldb));
+    });
+    a = to_bf16(stream_of(ctx), A, lda, a_rows, a_cols, a16, op);
+    b = to_bf16(stream_of(ctx), B, ldb, b_rows, b_cols, b16, op);
+  }
+  gemm_typed(ctx, mode, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc, op);
 }
 
 // ---- cuBLASLt Linear forward ----------------------------------------------------------
@@ -242,9 +309,12 @@ struct LtDescriptors {
   }
 };
 
-// The heuristic's pick, remembered per shape, alignment, epilogue and math mode
-// (asking costs tens of microseconds; a training run sees a handful of shapes).
-using LtKey = std::tuple<int, int64_t, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int>;
+// The heuristic's pick, remembered per shape, alignment, epilogue, compute type
+// and input type (asking costs tens of microseconds; a training run sees a
+// handful of shapes). The input type separates kBf16 from kFp32, which share
+// CUBLAS_COMPUTE_32F.
+using LtKey =
+    std::tuple<int, int64_t, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int, int>;
 struct LtChoice {
   bool ok = false;
   cublasLtMatmulAlgo_t algo{};
@@ -258,10 +328,19 @@ std::map<LtKey, LtChoice> g_lt_choices;
 // bias epilogue report misaligned-address faults for biases below 16 bytes, so
 // such a bias (a layer width not a multiple of 4 in the flat parameter buffer)
 // takes the unfused path.
-bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, const float* X, const float* W,
-                       const float* bias, float* Y, int64_t B, int in, int out, bool relu) {
+//
+// X and W are both FP32 or both BF16 (`in_type`); Y and the bias are FP32 in
+// either case. cuBLASLt lists BF16 A/B with FP32 C/D under CUBLAS_COMPUTE_32F
+// among its supported type combinations (cuBLAS docs, cublasLtMatmul), and the
+// bias vector takes D's type by default (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE in
+// cublasLt.h), so the FP32 bias and the BIAS / RELU_BIAS epilogues carry over.
+// Should a cuBLASLt build offer no algorithm for it, the heuristic fails and the
+// caller takes the unfused path on the same BF16 copies.
+bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, const void* X,
+                       const void* W, cudaDataType_t in_type, const float* bias, float* Y,
+                       int64_t B, int in, int out, bool relu) {
   if (bias && !aligned16(bias)) return false;
-  const cublasComputeType_t compute = compute_type();
+  const cublasComputeType_t compute = compute_type(mode);
   const cublasLtEpilogue_t epilogue =
       bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
            : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
@@ -277,13 +356,14 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, const float* X,
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.a, CUDA_R_32F, uint64_t(in), uint64_t(out), in));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, CUDA_R_32F, uint64_t(in), uint64_t(B), in));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.a, in_type, uint64_t(in), uint64_t(out), in));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, in_type, uint64_t(in), uint64_t(B), in));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(out), uint64_t(B), out));
 
   const uint32_t al_w = alignment_of(W), al_x = alignment_of(X), al_y = alignment_of(Y);
   const uint32_t al_b = bias ? alignment_of(bias) : 256;
-  const LtKey key{r.device_id, B, in, out, al_w, al_x, al_y, al_b, int(epilogue), int(compute)};
+  const LtKey key{r.device_id,  B,           in, out, al_w, al_x, al_y, al_b, int(epilogue),
+                  int(compute), int(in_type)};
   LtChoice choice;
   bool known = false;
   {
@@ -359,8 +439,20 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
   const char* op = "linear_forward";
   if (B == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
-  if (lt_linear_forward(ctx, r, X, W, bias, Y, B, in, out, relu)) return;
-  gemm_on(ctx, false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y, out, op);
+  const MathMode mode = math_mode();
+  GemmInput x{X, CUDA_R_32F}, w{W, CUDA_R_32F};
+  if (mode == MathMode::kBf16) {
+    __nv_bfloat16 *x16 = nullptr, *w16 = nullptr;
+    carve_scratch(r, [&](ScratchLayout& s) {
+      x16 = s.take<__nv_bfloat16>(bf16_copy_elems(B, in, in));
+      w16 = s.take<__nv_bfloat16>(bf16_copy_elems(out, in, in));
+    });
+    x = to_bf16(stream_of(ctx), X, in, B, in, x16, op);
+    w = to_bf16(stream_of(ctx), W, in, out, in, w16, op);
+  }
+  if (lt_linear_forward(ctx, r, mode, x.data, w.data, x.type, bias, Y, B, in, out, relu)) return;
+  gemm_typed(ctx, mode, false, true, static_cast<int>(B), out, in, 1.0f, x, in, w, in, 0.0f, Y, out,
+             op);
   if (bias || relu) {
     bias_act_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Y, bias, B, out, relu);
     check_launch(op);
@@ -373,26 +465,45 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
   const char* op = "linear_backward";
   cudaStream_t stream = stream_of(ctx);
   const bool add = mode == GradMode::kAccumulate;
+  const MathMode math = math_mode();
+  const bool bf16 = math == MathMode::kBf16 && B > 0;
+  // One scratch layout for the whole op (carving again could move the arena
+  // under arrays still in use): the bias partial sums, and in kBf16 the BF16
+  // copies of dZ [B×out], W [out×in] (only for dX) and X [B×in].
+  double* partial = nullptr;
+  __nv_bfloat16 *dz16 = nullptr, *w16 = nullptr, *x16 = nullptr;
+  if (db || bf16) {
+    carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+      if (db) partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
+      if (bf16) {
+        dz16 = s.take<__nv_bfloat16>(bf16_copy_elems(B, out, out));
+        if (dX) w16 = s.take<__nv_bfloat16>(bf16_copy_elems(out, in, in));
+        x16 = s.take<__nv_bfloat16>(bf16_copy_elems(B, in, in));
+      }
+    });
+  }
   // 1. dZ: mask dY in place, fused with the bias column sums when there is a bias.
   if (db) {
-    CudaResources& r = cuda_resources(ctx, op);
-    double* partial = nullptr;
-    carve_scratch(r, [&](ScratchLayout& s) {
-      partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
-    });
     deterministic_col_sums(stream, B, out, LinearBiasOp{dY, Y, out, relu}, partial,
                            GradStore{db, add}, op);
   } else if (relu && B > 0) {
     relu_mask_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(dY, Y, B * out);
     check_launch(op);
   }
+  // The GEMM inputs: FP32 as they are, or BF16 copies of the masked dZ, W and X.
+  GemmInput dz{dY, CUDA_R_32F}, w{W, CUDA_R_32F}, x{X, CUDA_R_32F};
+  if (bf16) {
+    dz = to_bf16(stream, dY, out, B, out, dz16, op);
+    if (dX) w = to_bf16(stream, W, in, out, in, w16, op);
+    x = to_bf16(stream, X, in, B, in, x16, op);
+  }
   // 2. dX[B×in] = dZ[B×out]·W[out×in].
   if (dX && B > 0)
-    gemm_on(ctx, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f, dX, in,
-            op);
+    gemm_typed(ctx, math, false, false, static_cast<int>(B), in, out, 1.0f, dz, out, w, in, 0.0f,
+               dX, in, op);
   // 3. dW[out×in] = dZ^T·X (B == 0: K == 0, so dW = beta·dW).
-  gemm_on(ctx, true, false, out, in, static_cast<int>(B), 1.0f, dY, out, X, in, add ? 1.0f : 0.0f,
-          dW, in, op);
+  gemm_typed(ctx, math, true, false, out, in, static_cast<int>(B), 1.0f, dz, out, x, in,
+             add ? 1.0f : 0.0f, dW, in, op);
 }
 
 void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,

@@ -8,7 +8,8 @@
 // in/out layer widths, F head input width (mf_dim + layers.back()).
 // Strides ("ld…") count floats between consecutive rows.
 //
-// Determinism: every result is the same for any ctx.threads. Sums over the batch
+// Determinism: every result is the same for any ctx.threads (also in MathMode
+// kBf16: rounding to BF16 is element-wise). Sums over the batch
 // (weight and bias gradients, the loss) are taken in a fixed order: BLAS GEMM
 // for weight gradients (OpenBLAS's own thread count, set once with
 // set_blas_threads, must not change between runs that are compared), and
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "common/device.h"
 
@@ -25,13 +27,27 @@ namespace ncf {
 // to it (for parameters used more than once per step).
 enum class GradMode { kOverwrite, kAccumulate };
 
-// Arithmetic of the CUDA GEMMs (gemm, linear_forward/backward), process-wide:
-// kTf32 (the default) lets cuBLAS round the inputs to TF32 on tensor cores
-// (~1e-3 relative error per product, several times faster); kFp32 keeps full
-// FP32 products, for parity tests against the CPU. The CPU path is always FP32.
-enum class MathMode { kTf32, kFp32 };
+// Arithmetic of the tower GEMMs (gemm, linear_forward, linear_backward: every
+// GEMM inside them), process-wide, read once per op:
+//   kTf32 (the default) lets cuBLAS round the inputs to TF32 on tensor cores
+//         (~1e-3 relative error per product, several times faster than FP32).
+//         GPU only: the CPU computes these GEMMs in plain FP32.
+//   kFp32 keeps full FP32 products on both devices, for parity tests.
+//   kBf16 rounds both input operands of each GEMM to BF16 (common/bf16.h,
+//         nearest-even; ~4e-3 relative error per factor) and accumulates in
+//         FP32, with FP32 outputs, on both devices: the CPU rounds copies and
+//         runs the same FP32 BLAS GEMM, so it is the GPU's reference up to
+//         summation order. The BF16 copies are made per GEMM from the FP32
+//         arrays: parameters, gradients, optimizer state, embeddings, biases
+//         and the loss stay FP32 (FP32 master weights).
+enum class MathMode { kTf32, kFp32, kBf16 };
 void set_math_mode(MathMode mode);
 MathMode math_mode();
+// "tf32" | "fp32" | "bf16" (the --precision values) → MathMode; anything else
+// throws ncf::Error naming the value.
+MathMode parse_math_mode(const std::string& name);
+// The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
+const char* math_mode_name(MathMode mode);
 
 // Thread count of OpenBLAS inside gemm (process-wide). Call once at startup with
 // the same value as ExecContext::threads; <= 0 leaves OpenBLAS's default.

@@ -72,9 +72,11 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--precision", c.precision,
-                 "GPU tower GEMMs: tf32 (TensorFloat-32 inputs, fp32 accumulation) or fp32; "
-                 "parameters and optimizer state stay fp32")
-      ->check(CLI::IsMember({"tf32", "fp32"}))
+                 "tower GEMMs: tf32 (TensorFloat-32 inputs, fp32 accumulation; rounds on the "
+                 "GPU only, the CPU computes fp32), fp32, or bf16 (BF16 inputs, FP32 "
+                 "accumulation and FP32 master weights, on both the CPU and GPU backends); "
+                 "parameters, gradients, optimizer state and embeddings stay fp32")
+      ->check(CLI::IsMember({"tf32", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU kernel threads per rank (0: the node's cores divided among its ranks)")

@@ -24,7 +24,7 @@ struct TrainConfig {
   uint64_t seed = 1;
   int topk = 10;                 // K of HR@K / NDCG@K
   std::string device = "cpu";
-  std::string precision = "tf32"; // GPU tower GEMMs: tf32 | fp32
+  std::string precision = "tf32"; // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;               // CPU kernel threads per rank (0: cores / local ranks)
   std::string embedding_optimizer = "dense_adam";
   double embedding_lr = -1;      // < 0: same as learning_rate

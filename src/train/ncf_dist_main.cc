@@ -68,7 +68,7 @@ int train_main(int& argc, char**& argv) {
                     ? cfg.threads
                     : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
   set_blas_threads(ctx.threads);
-  set_math_mode(cfg.precision == "fp32" ? MathMode::kFp32 : MathMode::kTf32);
+  set_math_mode(parse_math_mode(cfg.precision));
 
   MlLog mllog(cfg.mlperf_log && lead);
   mllog.event("init_start", nullptr, {}, "INTERVAL_START");

@@ -1,0 +1,61 @@
+// BF16 (bfloat16: 1 sign, 8 exponent, 7 mantissa bits — the top half of an
+// IEEE float) conversions, shared by the CPU code and the CUDA kernels so both
+// backends round a float to BF16 identically (the --precision bf16 GEMMs of
+// model/ops.h round their inputs with these on either device).
+//
+// float → BF16 rounds to nearest, ties to even, as an IEEE conversion does:
+// a value past the largest finite BF16 by at least half an ulp becomes ±Inf,
+// ±Inf stays ±Inf, subnormals round like any other value (no flush to zero),
+// and a NaN stays a NaN (made quiet, sign and top payload bits kept).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/philox.h"  // NCF_HD
+
+namespace ncf {
+
+NCF_HD uint32_t float_to_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+
+NCF_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+#endif
+}
+
+// The BF16 nearest to x (ties to even), as its 16 bits.
+NCF_HD uint16_t float_to_bf16_bits(float x) {
+  uint32_t u = float_to_bits(x);
+  // NaN: the rounding below could carry it into Inf, and truncating a NaN whose
+  // payload sits in the low 16 bits would leave Inf too; set the quiet bit.
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  // Adding just under half of the dropped range, plus the kept LSB, carries into
+  // bit 16 exactly when the dropped bits exceed half, or equal half with an odd
+  // kept LSB. The float bit pattern is monotone in |x|, so the carry walks
+  // mantissa → exponent, and past the largest finite BF16 into Inf (0x7F80).
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// The float whose top 16 bits are `bits` (exact: every BF16 is a float).
+NCF_HD float bf16_bits_to_float(uint16_t bits) {
+  return bits_to_float(static_cast<uint32_t>(bits) << 16);
+}
+
+// x rounded to the nearest BF16 value, returned as a float.
+NCF_HD float round_to_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
+
+}  // namespace ncf
