@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
@@ -714,7 +715,8 @@ std::string describe_device(const ExecContext& ctx, const Options& o, double* pe
            ", " + std::to_string(p.totalGlobalMem >> 30) + " GiB)";
   }
 #endif
-  return cpu_model() + ", " + std::to_string(ctx.threads) + " threads";
+  return cpu_model() + ", " + std::to_string(ctx.threads) + " threads, OpenBLAS " +
+         blas_core_name() + " kernels";
 }
 
 int bench_main(const Options& o) {
@@ -812,6 +814,8 @@ int bench_main(const Options& o) {
 }  // namespace ncf
 
 int main(int argc, char** argv) {
+  // The tower's CPU GEMMs run on the kernels ncf_dist would pick (blas_setup.h).
+  ncf::upgrade_blas_kernels(argv);
   ncf::Options o;
   CLI::App app{"bench_kernels: time of each step kernel at the ml-20m MLPerf shapes"};
   app.add_option("--device", o.device, "where the kernels run")
