@@ -66,6 +66,23 @@ TEST(InputStager, MisuseIsAnError) {
   EXPECT_THROW(st.stage(bad), Error);  // users and items disagree
 }
 
+TEST(InputStager, ResetForgetsAnInterruptedEpoch) {
+  ExecContext cpu;
+  InputStager st(cpu);
+  TrainBatch a = batch_of(2, 0), b = batch_of(3, 10), c = batch_of(4, 20);
+  st.stage(a);
+  st.stage(b);
+  st.acquire();  // the step that threw never released it
+  st.reset();
+  EXPECT_EQ(st.staged(), 0);
+  EXPECT_THROW(st.acquire(), Error);
+  st.stage(c);
+  InputStager::Staged x = st.acquire();
+  EXPECT_EQ(x.users, c.users.data());
+  EXPECT_EQ(x.n, 4);
+  st.release();
+}
+
 TEST(PinnedBuffer, GrowsKeepsAlignmentAndMoves) {
   PinnedBuffer<double> p;
   EXPECT_EQ(p.data(), nullptr);

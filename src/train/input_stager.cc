@@ -96,6 +96,23 @@ void InputStager::stage(const TrainBatch& b) {
   ++staged_;
 }
 
+void InputStager::reset() {
+#ifdef NCF_WITH_CUDA
+  if (ctx_.device == Device::kCuda)
+    for (int k = 0; k < 2; ++k)
+      if (slots_[k].copy_pending) {
+        STAGER_CUDA_CHECK(cudaEventSynchronize(slots_[k].copied));
+        slots_[k].copy_pending = false;
+      }
+#endif
+  for (int k = 0; k < 2; ++k) {
+    slots_[k].host_users = slots_[k].host_items = nullptr;
+    slots_[k].n = 0;
+  }
+  head_ = tail_ = staged_ = 0;
+  acquired_ = false;
+}
+
 InputStager::Staged InputStager::acquire() {
   NCF_CHECK(staged_ > 0 && !acquired_, "InputStager: acquire without a staged batch");
   Slot& s = slots_[tail_];

@@ -41,6 +41,9 @@ class InputStager {
   void release();
 
   int staged() const { return staged_; }  // staged and not yet released
+  // Forgets every staged batch (after an interrupted epoch), once their copies
+  // have finished; the next stage() starts afresh.
+  void reset();
 
  private:
   struct Slot;

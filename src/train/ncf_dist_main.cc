@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -102,8 +103,11 @@ int train_main(int& argc, char**& argv) {
         table_rank_bytes(trainer.plan().item, info.rank, W,
                          parse_embedding_optimizer(cfg.embedding_optimizer)),
         trainer.memory_estimate_bytes()};
-    std::vector<int64_t> all(3 * W);
-    comm->all_gather(mine.data(), all.data(), 3, DType::kInt64);
+    // Host arrays: each rank fills its three entries and a sum assembles them
+    // (all_reduce_sum_on stages host data for a device communicator like NCCL).
+    std::vector<int64_t> all(3 * W, 0);
+    std::copy(mine.begin(), mine.end(), all.begin() + 3 * info.rank);
+    all_reduce_sum_on(*comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
     if (lead)
       for (int r = 0; r < W; ++r)
         std::printf("ncf_dist:   rank %d: user table %s (%.1f MiB), item table %s (%.1f MiB), "

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "common/cuda_context.h"
 #include "data/negatives.h"
 #include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
@@ -310,6 +311,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   auto t0 = Clock::now();
   auto last_print = t0;
   train_reader_->start_epoch(epoch);
+  stager_->reset();  // nothing survives an epoch that ended in an error
   step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
   step_loss_.zero();
   // Step s + 1 is read and staged (its copy to the device issued) before step s
@@ -337,6 +339,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   // The loss shares come back once per epoch; summed over ranks, each step's
   // shares give that step's mean loss over its global batch, and the epoch loss
   // is the mean of the step losses.
+  check_device_errors(ctx_);  // bad input a kernel met in the last step, if any
   std::vector<double> shares(static_cast<size_t>(steps));
   device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data(), shares.size() * 8);
   double loss_sum = 0;
