@@ -1,5 +1,6 @@
 // CPU side of the exchange helpers (embedding/embedding_kernels.h) against
-// naive per-owner filters, a std::map de-duplication and plain row loops; the
+// naive per-owner filters, a std::map de-duplication and plain row loops (also for
+// the replicated tables' dense gradient); the
 // sampling path over DevicePositiveLists against the documented draw written
 // out here; and what the CUDA context API does in a build or machine without a
 // GPU. (The CUDA twins are compared with these in test_parity_gpu.)
@@ -160,6 +161,75 @@ TEST(PermuteRows, BadIndicesNameThePosition) {
   msg = error_of([&] { unpermute_rows(cpu(1), src.data(), perm.data(), out.data(), 2, 3); });
   EXPECT_NE(msg.find("perm[1]=1"), std::string::npos) << msg;
   EXPECT_EQ(out, Vec(6, 0.0f)) << "nothing written before the check";
+}
+
+// ---- replicated tables: dense gradient and touched rows ----------------------------------
+
+TEST(ReplicatedGradient, ScatterThenCompactRoundTripsAgainstALoop) {
+  for (int threads : {1, 3})
+    for (int D : {1, 3, 8})
+      for (int64_t N : {int64_t{1}, int64_t{17}, int64_t{5000}}) {
+        std::mt19937 gen(uint32_t(N * 10 + D));
+        // Strictly increasing rows, about a third of the table.
+        IVec rows;
+        for (int32_t r = 0; r < N; ++r)
+          if (gen() % 3 == 0) rows.push_back(r);
+        const int64_t n = int64_t(rows.size());
+        Vec grads(size_t(n) * D);
+        std::uniform_real_distribution<float> u(-1, 1);
+        for (float& g : grads) g = u(gen);
+        Vec dense(size_t(N) * (D + 1), 7.0f);  // stale values must be cleared
+        scatter_rows_dense(cpu(threads), rows.data(), grads.data(), n, D, N, dense.data());
+        // The dense layout, written out.
+        Vec want(size_t(N) * (D + 1), 0.0f);
+        for (int64_t k = 0; k < n; ++k) {
+          for (int d = 0; d < D; ++d) want[size_t(rows[k]) * (D + 1) + d] = grads[k * D + d];
+          want[size_t(rows[k]) * (D + 1) + D] = 1.0f;
+        }
+        ASSERT_EQ(dense, want) << "N=" << N << " D=" << D;
+        // An allreduce over two ranks doubles every entry; the touched rows and
+        // their (doubled) gradients come back in ascending order.
+        for (float& x : dense) x *= 2;
+        IVec out_rows(size_t(N), -1);
+        Vec out_grads(size_t(N) * D, -1.0f);
+        int64_t m = -1;
+        compact_touched_rows(cpu(threads), dense.data(), N, D, out_rows.data(), out_grads.data(),
+                             &m);
+        ASSERT_EQ(m, n);
+        EXPECT_EQ(IVec(out_rows.begin(), out_rows.begin() + m), rows);
+        for (int64_t k = 0; k < n * D; ++k) EXPECT_EQ(out_grads[k], 2 * grads[k]);
+      }
+}
+
+TEST(ReplicatedGradient, CompactKeepsRowsWhoseSummedGradientIsZero) {
+  // Touched on some rank with gradients that cancel: still touched (the count
+  // column decides), so Adam's moments of that row are updated like a 1-rank run.
+  const int D = 2;
+  Vec dense = {0, 0, 0,   0.5f, -1, 1,   0, 0, 2};
+  IVec rows(3, -1);
+  Vec grads(3 * D, -1);
+  int64_t m = 0;
+  compact_touched_rows(cpu(1), dense.data(), 3, D, rows.data(), grads.data(), &m);
+  ASSERT_EQ(m, 2);
+  EXPECT_EQ(rows[0], 1);
+  EXPECT_EQ(rows[1], 2);
+  EXPECT_EQ(Vec(grads.begin(), grads.begin() + 4), (Vec{0.5f, -1, 0, 0}));
+}
+
+TEST(ReplicatedGradient, BadRowsNameThePosition) {
+  Vec grads(3 * 2, 1.0f), dense(4 * 3, 5.0f);
+  IVec unsorted = {0, 2, 2};
+  std::string msg = error_of(
+      [&] { scatter_rows_dense(cpu(1), unsorted.data(), grads.data(), 3, 2, 4, dense.data()); });
+  EXPECT_NE(msg.find("rows[2]=2"), std::string::npos) << msg;
+  IVec outside = {0, 4};
+  msg = error_of(
+      [&] { scatter_rows_dense(cpu(1), outside.data(), grads.data(), 2, 2, 4, dense.data()); });
+  EXPECT_NE(msg.find("rows[1]=4"), std::string::npos) << msg;
+  EXPECT_EQ(dense, Vec(4 * 3, 5.0f)) << "nothing written before the check";
+  msg = error_of(
+      [&] { scatter_rows_dense(cpu(1), outside.data(), grads.data(), 5, 2, 4, dense.data()); });
+  EXPECT_NE(msg.find("n=5"), std::string::npos) << msg;
 }
 
 // ---- sampling over DevicePositiveLists on the CPU --------------------------------------

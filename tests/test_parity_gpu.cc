@@ -873,6 +873,48 @@ TEST_F(Parity, PermuteAndUnpermuteRowsExact) {
 
 // ---- bad input found by kernels -----------------------------------------------------------
 
+TEST_F(Parity, ReplicatedDenseGradientExact) {
+  for (int64_t N : {int64_t{1}, int64_t{7}, int64_t{26744}})
+    for (int D : kWidths)
+      for (int every : {1, 3, 1000000}) {  // all rows touched, a third, (almost) none
+        const std::string what = shape({{"N", N}, {"D", D}, {"every", every}});
+        IVec rows;
+        for (int32_t r = 0; r < N; r += every) rows.push_back(r);
+        const int64_t n = int64_t(rows.size());
+        Vec grads = random_vec(size_t(n) * D, gen_);
+        Vec dense(size_t(N) * (D + 1), 9.0f);
+        Buffer<int32_t> grows = up(rows);
+        Buffer<float> ggrads = up(grads), gdense = up(dense);
+        scatter_rows_dense(cpu_, rows.data(), grads.data(), n, D, N, dense.data());
+        scatter_rows_dense(gpu_, grows.data(), ggrads.data(), n, D, N, gdense.data());
+        expect_same(down(gdense), dense, what + "dense");
+        IVec out_rows(size_t(N), -1);
+        Vec out_grads(size_t(N) * D, -1.0f);
+        Buffer<int32_t> gout_rows = up(out_rows);
+        Buffer<float> gout_grads = up(out_grads);
+        int64_t m = -1, gm = -1;
+        compact_touched_rows(cpu_, dense.data(), N, D, out_rows.data(), out_grads.data(), &m);
+        compact_touched_rows(gpu_, gdense.data(), N, D, gout_rows.data(), gout_grads.data(), &gm);
+        ASSERT_EQ(gm, m) << what;
+        expect_same(down(gout_rows, m), IVec(out_rows.begin(), out_rows.begin() + m),
+                    what + "rows");
+        expect_same(down(gout_grads, size_t(m) * D),
+                    Vec(out_grads.begin(), out_grads.begin() + m * D), what + "grads");
+      }
+  // Unsorted rows are recorded and raised by the next check.
+  IVec bad = {1, 0};
+  Vec g(2 * 3, 1.0f);
+  Buffer<int32_t> gbad = up(bad);
+  Buffer<float> gg = up(g), gd(Device::kCuda, 2 * 4);
+  scatter_rows_dense(gpu_, gbad.data(), gg.data(), 2, 3, 2, gd.data());
+  try {
+    check_device_errors(gpu_);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scatter_rows_dense"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Parity, KernelErrorsAreRaisedAndLeaveTablesAlone) {
   // An out-of-range id: recorded by the gather, raised by the check, then cleared.
   Vec table = random_vec(4 * 3, gen_);

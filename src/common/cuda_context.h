@@ -54,6 +54,8 @@ enum class DeviceErrorCode : int {
   kIndexOutOfRange = 6,          // permute_rows: idx[index] = value outside [0, bound)
   kNotAPermutation = 7,          // unpermute_rows: perm[index] = value repeated or outside [0, bound)
   kNegativeId = 8,               // bucketize_by_owner: ids[index] = value < 0
+  kScatterRowsInvalid = 9,       // scatter_rows_dense: rows[index] = value outside [0, bound)
+                                 // or not above rows[index - 1]
 };
 const char* device_error_text(DeviceErrorCode code);
 

@@ -97,7 +97,7 @@ ShardedEmbedding::ShardedEmbedding(const TableSpec& spec, Communicator& comm,
   for (Buffer<int32_t>* b : {&ids_, &unique_, &send_local_, &recv_local_, &reduced_rows_})
     *b = Buffer<int32_t>(dev, 0);
   for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
-  for (Buffer<float>* b : {&send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+  for (Buffer<float>* b : {&send_vec_, &recv_vec_, &uvec_, &reduced_grads_, &dense_})
     *b = Buffer<float>(dev, 0);
   for (auto* v : {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_,
                   &rd_})
@@ -247,41 +247,21 @@ void ShardedEmbedding::apply_optimizer(const int32_t* rows, const float* grads, 
 
 void ShardedEmbedding::apply_replicated(const float* grads, int64_t t) {
   // Every rank sums its rows, then a dense gradient plus a touch count per row
-  // is allreduced: all ranks hold the same reduced gradient and apply the same
-  // update. Replication is only planned for small tables, so the dense buffer
-  // is assembled in host memory.
+  // is allreduced on the context's device: all ranks hold the same reduced
+  // gradient and apply the same update to the touched rows.
   const int D = spec_.D;
-  const int64_t n = n_;
-  reduced_rows_.reserve(size_t(n));
-  reduced_grads_.reserve(size_t(n) * D);
+  const int64_t N = spec_.num_rows;
+  reduced_rows_.reserve(size_t(std::max(n_, N)));
+  reduced_grads_.reserve(size_t(std::max(n_, N)) * D);
   int64_t nu = 0;
-  sort_reduce_rows(ctx_, ids_.data(), grads, n, D, reduced_rows_.data(), reduced_grads_.data(),
+  sort_reduce_rows(ctx_, ids_.data(), grads, n_, D, reduced_rows_.data(), reduced_grads_.data(),
                    &nu);
-  std::vector<int32_t> rows(static_cast<size_t>(nu));
-  std::vector<float> g(static_cast<size_t>(nu) * D);
-  device_copy(Device::kCpu, rows.data(), ctx_.device, reduced_rows_.data(), rows.size() * 4);
-  device_copy(Device::kCpu, g.data(), ctx_.device, reduced_grads_.data(), g.size() * 4);
-  std::vector<float> dense(size_t(spec_.num_rows) * (D + 1), 0.0f);
-  for (int64_t k = 0; k < nu; ++k) {
-    float* row = &dense[size_t(rows[k]) * (D + 1)];
-    std::copy_n(&g[size_t(k) * D], D, row);
-    row[D] = 1.0f;
-  }
-  all_reduce_sum_on(comm_, Device::kCpu, dense.data(), dense.size(), DType::kFloat32);
-  rows.clear();
-  g.clear();
-  for (int64_t r = 0; r < spec_.num_rows; ++r) {
-    const float* row = &dense[size_t(r) * (D + 1)];
-    if (row[D] == 0.0f) continue;
-    rows.push_back(int32_t(r));
-    g.insert(g.end(), row, row + D);
-  }
-  nu = int64_t(rows.size());
-  reduced_rows_.reserve(size_t(nu));
-  reduced_grads_.reserve(size_t(nu) * D);
-  device_copy(ctx_.device, reduced_rows_.data(), Device::kCpu, rows.data(), rows.size() * 4);
-  device_copy(ctx_.device, reduced_grads_.data(), Device::kCpu, g.data(), g.size() * 4);
-  if (W_ > 1) stats_.bytes_sent += int64_t(dense.size()) * 4 * 2 * (W_ - 1) / W_;
+  dense_.reserve(size_t(N) * (D + 1));
+  scatter_rows_dense(ctx_, reduced_rows_.data(), reduced_grads_.data(), nu, D, N, dense_.data());
+  all_reduce_sum_on(comm_, ctx_.device, dense_.data(), size_t(N) * (D + 1), DType::kFloat32);
+  compact_touched_rows(ctx_, dense_.data(), N, D, reduced_rows_.data(), reduced_grads_.data(),
+                       &nu);
+  if (W_ > 1) stats_.bytes_sent += N * (int64_t(D) + 1) * 4 * 2 * (W_ - 1) / W_;
   apply_optimizer(reduced_rows_.data(), reduced_grads_.data(), nu, t);
 }
 

@@ -137,6 +137,7 @@ class ShardedEmbedding {
   Buffer<float> send_vec_, recv_vec_, uvec_;  // row buffers of the exchanges
   Buffer<int32_t> reduced_rows_;
   Buffer<float> reduced_grads_;
+  Buffer<float> dense_;          // replicated: [N×(D+1)] gradient and touch counts
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::vector<int64_t> sc_, sd_, rc_, rd_;     // the same, in floats (× D)
   ExchangeStats stats_;

@@ -4,6 +4,7 @@
 #include "embedding/embedding_kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "common/check.h"
@@ -106,6 +107,49 @@ void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* per
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) std::copy_n(src + k * D, D, out + perm[k] * D);
   });
+}
+
+void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float* grads, int64_t n,
+                        int D, int64_t N, float* dense) {
+  const char* op = "scatter_rows_dense";
+  NCF_CHECK(n >= 0 && N >= 0 && n <= N, op, ": n=", n, " rows into a table of N=", N);
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(N == 0 || dense, op, ": dense is null with N=", N);
+  NCF_CHECK(n == 0 || (rows && grads), op, ": rows or grads is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, scatter_rows_dense, ctx, rows, grads, n, D, N, dense);
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(rows[k] >= 0 && rows[k] < N && (k == 0 || rows[k] > rows[k - 1]), op, ": rows[", k,
+              "]=", rows[k], " outside [0, ", N, ") or not above the previous row");
+  const int64_t W = int64_t(D) + 1;
+  parallel_for(ctx.threads, N, row_grain(D), [&](int64_t r0, int64_t r1) {
+    std::fill(dense + r0 * W, dense + r1 * W, 0.0f);
+  });
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      float* row = dense + int64_t(rows[k]) * W;
+      std::copy_n(grads + k * D, D, row);
+      row[D] = 1.0f;
+    }
+  });
+}
+
+void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
+                          int32_t* out_rows, float* out_grads, int64_t* n_out) {
+  const char* op = "compact_touched_rows";
+  NCF_CHECK(N >= 0 && N <= INT32_MAX, op, ": N=", N, " outside [0, 2^31)");
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(n_out != nullptr, op, ": n_out is null");
+  NCF_CHECK(N == 0 || (dense && out_rows && out_grads), op, ": an array is null with N=", N);
+  NCF_DISPATCH_CUDA(ctx, compact_touched_rows, ctx, dense, N, D, out_rows, out_grads, n_out);
+  const int64_t W = int64_t(D) + 1;
+  int64_t m = 0;
+  for (int64_t r = 0; r < N; ++r)
+    if (dense[r * W + D] != 0.0f) out_rows[m++] = int32_t(r);
+  parallel_for(ctx.threads, m, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      std::copy_n(dense + int64_t(out_rows[k]) * W, D, out_grads + k * D);
+  });
+  *n_out = m;
 }
 
 }  // namespace ncf

@@ -142,6 +142,52 @@ int key_bits(int W) {
   return bits;
 }
 
+// ---- replicated tables: dense gradient and its touched rows -------------------------
+
+// dense[rows[k], :] = [grads[k, :], 1]; a row outside [0, N) or not above its
+// predecessor is recorded and skipped.
+__global__ void scatter_rows_dense_kernel(const int32_t* rows, const float* grads, int64_t n, int D,
+                                          int64_t N, float* dense, DeviceErrorRecord* err) {
+  const int64_t W = int64_t(D) + 1;
+  const int64_t total = n * W;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / W;
+    const int d = static_cast<int>(i % W);
+    const int32_t r = rows[k];
+    if (r < 0 || r >= N || (k > 0 && r <= rows[k - 1])) {
+      if (d == 0) record_error(err, DeviceErrorCode::kScatterRowsInvalid, k, r, N);
+      continue;
+    }
+    dense[int64_t(r) * W + d] = d < D ? grads[k * D + d] : 1.0f;
+  }
+}
+
+// flags[r] = 1 when row r of dense[N×(D+1)] has a non-zero touch count.
+__global__ void touched_flags_kernel(const float* dense, int64_t N, int D, int32_t* flags) {
+  const int64_t W = int64_t(D) + 1;
+  for (int64_t r = thread_first(); r < N; r += thread_stride())
+    flags[r] = dense[r * W + D] != 0.0f ? 1 : 0;
+}
+
+// out_rows[scan[r] - 1] = r for the flagged rows (scan: inclusive sum of flags).
+__global__ void touched_rows_kernel(const int32_t* flags, const int32_t* scan, int64_t N,
+                                    int32_t* out_rows) {
+  for (int64_t r = thread_first(); r < N; r += thread_stride())
+    if (flags[r]) out_rows[scan[r] - 1] = static_cast<int32_t>(r);
+}
+
+// out_grads[k, :] = dense[out_rows[k], :D].
+__global__ void touched_grads_kernel(const float* dense, const int32_t* out_rows, int64_t m, int D,
+                                     float* out_grads) {
+  const int64_t W = int64_t(D) + 1;
+  const int64_t total = m * D;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / D;
+    const int d = static_cast<int>(i % D);
+    out_grads[i] = dense[int64_t(out_rows[k]) * W + d];
+  }
+}
+
 }  // namespace
 
 void bucketize_by_owner(const ExecContext& ctx, const int32_t* ids, int64_t n,
@@ -285,6 +331,58 @@ void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* per
   else
     unpermute_rows_kernel<false><<<grid_for(n * D), kThreads, 0, stream>>>(src, perm, out, n, D,
                                                                            r.error_dev);
+  check_launch(op);
+}
+
+void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float* grads, int64_t n,
+                        int D, int64_t N, float* dense) {
+  const char* op = "scatter_rows_dense";
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  if (N == 0) return;
+  CUDA_CHECK(cudaMemsetAsync(dense, 0, size_t(N) * (size_t(D) + 1) * sizeof(float), stream));
+  if (n == 0) return;
+  scatter_rows_dense_kernel<<<grid_for(n * (int64_t(D) + 1)), kThreads, 0, stream>>>(
+      rows, grads, n, D, N, dense, r.error_dev);
+  check_launch(op);
+}
+
+void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
+                          int32_t* out_rows, float* out_grads, int64_t* n_out) {
+  const char* op = "compact_touched_rows";
+  if (N == 0) {
+    *n_out = 0;
+    return;
+  }
+  check_int_range(op, "N", N);
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  const int n = static_cast<int>(N);
+  size_t scan_bytes = 0;
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+                                           static_cast<const int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), n, stream));
+  int32_t* flags = nullptr;
+  int32_t* scan = nullptr;
+  void* temp = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    flags = s.take<int32_t>(N);
+    scan = s.take<int32_t>(N);
+    temp = s.take<char>(std::max(scan_bytes, size_t{1}));
+  });
+  touched_flags_kernel<<<grid_for(N), kThreads, 0, stream>>>(dense, N, D, flags);
+  check_launch(op);
+  size_t bytes = scan_bytes;
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, flags, scan, n, stream));
+  touched_rows_kernel<<<grid_for(N), kThreads, 0, stream>>>(flags, scan, N, out_rows);
+  check_launch(op);
+  auto* host = static_cast<int32_t*>(r.pinned(sizeof(int32_t)));
+  CUDA_CHECK(cudaMemcpyAsync(host, scan + (N - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  sync_and_raise(ctx, r);
+  const int64_t m = *host;
+  *n_out = m;
+  if (m == 0) return;
+  touched_grads_kernel<<<grid_for(m * D), kThreads, 0, stream>>>(dense, out_rows, m, D, out_grads);
   check_launch(op);
 }
 

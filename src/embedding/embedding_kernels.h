@@ -59,6 +59,20 @@ void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const
 void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* perm, float* out,
                     int64_t n, int D);
 
+// The dense gradient of a replicated table, to be allreduced: dense[N×(D+1)]
+// is zeroed, then for k < n row rows[k] gets grads[k, :] in its first D columns
+// and a touch count of 1 in column D. rows must be strictly increasing in
+// [0, N) (sort_reduce_rows gives that; checked).
+void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float* grads, int64_t n,
+                        int D, int64_t N, float* dense);
+
+// After the allreduce: the rows of dense[N×(D+1)] with a non-zero touch count,
+// ascending, in out_rows[*n_out], and their first D columns in
+// out_grads[*n_out×D] (room for N rows each). *n_out is a host value;
+// synchronizes on CUDA.
+void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
+                          int32_t* out_rows, float* out_grads, int64_t* n_out);
+
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (embedding_kernels.cu); called through the dispatch only.
 namespace cuda {
@@ -71,6 +85,10 @@ void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const
                   float* out, int64_t n, int D);
 void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* perm, float* out,
                     int64_t n, int D);
+void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float* grads, int64_t n,
+                        int D, int64_t N, float* dense);
+void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
+                          int32_t* out_rows, float* out_grads, int64_t* n_out);
 }  // namespace cuda
 #endif
 
