@@ -41,6 +41,7 @@
 
 #include "comm/bootstrap.h"
 #include "common/check.h"
+#include "common/cuda_context.h"
 
 #define NCCL_CHECK(expr)                                                                   \
   do {                                                                                     \
@@ -49,15 +50,6 @@
       NCF_FAIL("NCCL error '", ncclGetErrorString(ncf_nccl_rc_), "' (",                    \
                ncclGetLastError(nullptr), "): " #expr);                                    \
   } while (0)
-
-#ifndef CUDA_CHECK
-#define CUDA_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t ncf_cuda_rc_ = (expr);                                                     \
-    if (ncf_cuda_rc_ != cudaSuccess)                                                       \
-      NCF_FAIL("CUDA error '", cudaGetErrorString(ncf_cuda_rc_), "': " #expr);             \
-  } while (0)
-#endif
 
 namespace ncf {
 namespace {

@@ -25,6 +25,17 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include "common/check.h"
+
+// Throws ncf::Error (file:line, rank) naming the failed CUDA runtime call.
+// Usable from host .cc files and .cu launchers alike.
+#define CUDA_CHECK(expr)                                                               \
+  do {                                                                                 \
+    cudaError_t ncf_cuda_e_ = (expr);                                                  \
+    if (ncf_cuda_e_ != cudaSuccess)                                                    \
+      NCF_FAIL("CUDA error ", cudaGetErrorString(ncf_cuda_e_), ": " #expr);            \
+  } while (0)
 #endif
 
 namespace ncf {

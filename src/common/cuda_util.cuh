@@ -1,5 +1,5 @@
-// What every *.cu launcher shares (include from .cu files only): the CUDA and
-// cuBLAS checks, the one launch-grid helper, the scratch-arena layout, the
+// What every *.cu launcher shares (include from .cu files only): the cuBLAS
+// check (CUDA_CHECK comes from cuda_context.h), the one launch-grid helper, the scratch-arena layout, the
 // device error record writer, and the two deterministic reductions (scalar sums
 // and column sums over fixed chunks, combined in a fixed order — no float
 // atomics, so a result is the same bits on every run).
@@ -16,17 +16,6 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
-
-#ifndef CUDA_CHECK
-#define CUDA_CHECK(expr)                                                               \
-  do {                                                                                 \
-    cudaError_t ncf_cuda_e_ = (expr);                                                  \
-    if (ncf_cuda_e_ != cudaSuccess)                                                    \
-      ::ncf::throw_error(__FILE__, __LINE__,                                           \
-                         ::ncf::detail::concat("CUDA error ", cudaGetErrorString(ncf_cuda_e_), \
-                                               ": " #expr));                           \
-  } while (0)
-#endif
 
 #ifndef CUBLAS_CHECK
 #define CUBLAS_CHECK(expr)                                                               \

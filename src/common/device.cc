@@ -5,16 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
-
-#ifdef NCF_WITH_CUDA
-#include <cuda_runtime.h>
-#define CUDA_CHECK(expr)                                                              \
-  do {                                                                                \
-    cudaError_t ncf_e_ = (expr);                                                      \
-    if (ncf_e_ != cudaSuccess)                                                        \
-      NCF_FAIL("CUDA error ", cudaGetErrorString(ncf_e_), ": " #expr);                \
-  } while (0)
-#endif
+#include "common/cuda_context.h"  // CUDA_CHECK in CUDA builds
 
 namespace ncf {
 

@@ -6,15 +6,6 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 
-#ifdef NCF_WITH_CUDA
-#define STAGER_CUDA_CHECK(expr)                                                       \
-  do {                                                                                \
-    cudaError_t ncf_e_ = (expr);                                                      \
-    if (ncf_e_ != cudaSuccess)                                                        \
-      NCF_FAIL("CUDA error ", cudaGetErrorString(ncf_e_), ": " #expr);                \
-  } while (0)
-#endif
-
 namespace ncf {
 
 struct InputStager::Slot {
@@ -38,8 +29,8 @@ InputStager::InputStager(const ExecContext& ctx) : ctx_(ctx), slots_(new Slot[2]
   if (ctx_.device == Device::kCuda) {
     cuda_resources(ctx_, "InputStager");  // a context from make_cuda_context
     for (int k = 0; k < 2; ++k) {
-      STAGER_CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].copied, cudaEventDisableTiming));
-      STAGER_CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].consumed, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].copied, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].consumed, cudaEventDisableTiming));
     }
   }
 #else
@@ -74,7 +65,7 @@ void InputStager::stage(const TrainBatch& b) {
     CudaResources& r = cuda_resources(ctx_, "InputStager::stage");
     const size_t n = size_t(s.n);
     // The pinned slot may still feed the copy issued two steps ago.
-    if (s.copy_pending) STAGER_CUDA_CHECK(cudaEventSynchronize(s.copied));
+    if (s.copy_pending) CUDA_CHECK(cudaEventSynchronize(s.copied));
     s.copy_pending = false;
     s.pinned.reserve(2 * n);
     if (n) {
@@ -84,11 +75,11 @@ void InputStager::stage(const TrainBatch& b) {
     // Growing frees the old device array; cudaFree waits for its readers.
     s.dev.reserve(2 * n);
     // The device slot may still be read by the step that used it last.
-    if (s.consume_recorded) STAGER_CUDA_CHECK(cudaStreamWaitEvent(r.copy_stream, s.consumed, 0));
+    if (s.consume_recorded) CUDA_CHECK(cudaStreamWaitEvent(r.copy_stream, s.consumed, 0));
     if (n)
-      STAGER_CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), 2 * n * 4,
+      CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), 2 * n * 4,
                                         cudaMemcpyHostToDevice, r.copy_stream));
-    STAGER_CUDA_CHECK(cudaEventRecord(s.copied, r.copy_stream));
+    CUDA_CHECK(cudaEventRecord(s.copied, r.copy_stream));
     s.copy_pending = true;
 #endif
   }
@@ -101,7 +92,7 @@ void InputStager::reset() {
   if (ctx_.device == Device::kCuda)
     for (int k = 0; k < 2; ++k)
       if (slots_[k].copy_pending) {
-        STAGER_CUDA_CHECK(cudaEventSynchronize(slots_[k].copied));
+        CUDA_CHECK(cudaEventSynchronize(slots_[k].copied));
         slots_[k].copy_pending = false;
       }
 #endif
@@ -119,7 +110,7 @@ InputStager::Staged InputStager::acquire() {
   acquired_ = true;
   if (ctx_.device == Device::kCpu) return {s.host_users, s.host_items, s.n};
 #ifdef NCF_WITH_CUDA
-  STAGER_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), s.copied, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), s.copied, 0));
 #endif
   return {s.dev.data(), s.dev.data() + s.n, s.n};
 }
@@ -129,7 +120,7 @@ void InputStager::release() {
 #ifdef NCF_WITH_CUDA
   if (ctx_.device == Device::kCuda) {
     Slot& s = slots_[tail_];
-    STAGER_CUDA_CHECK(cudaEventRecord(s.consumed, static_cast<cudaStream_t>(ctx_.stream)));
+    CUDA_CHECK(cudaEventRecord(s.consumed, static_cast<cudaStream_t>(ctx_.stream)));
     s.consume_recorded = true;
   }
 #endif
