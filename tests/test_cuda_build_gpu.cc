@@ -8,6 +8,7 @@
 
 #include "common/cuda_context.h"
 #include "common/device.h"
+#include "test_util.h"
 
 #ifdef NCF_WITH_CUDA
 namespace ncf {
@@ -18,14 +19,8 @@ int cuda_saxpy(int n, float a, const float* x, float* y);  // common/cuda_smoke.
 namespace ncf {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                         \
-  do {                                                             \
-    std::string why_;                                              \
-    if (!cuda_available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_; \
-  } while (0)
-
 TEST(CudaBuild, SaxpyMatchesHostLoop) {
-  SKIP_WITHOUT_GPU();
+  NCF_GPU_OR_SKIP();
 #ifdef NCF_WITH_CUDA
   for (int n : {0, 1, 255, 256, 257, 100003}) {
     std::vector<float> x(n), y(n), want(n);
@@ -45,7 +40,7 @@ TEST(CudaBuild, SaxpyMatchesHostLoop) {
 }
 
 TEST(CudaBuild, ContextHasStreamHandlesAndResources) {
-  SKIP_WITHOUT_GPU();
+  NCF_GPU_OR_SKIP();
   ExecContext ctx = make_cuda_context(0);
   EXPECT_EQ(ctx.device, Device::kCuda);
   EXPECT_NE(ctx.stream, nullptr);

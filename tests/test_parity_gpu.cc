@@ -154,8 +154,7 @@ std::string shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
 class Parity : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+    NCF_GPU_OR_SKIP();
     gpu_ = make_cuda_context(0);
     cpu_.threads = 2;
     set_math_mode(MathMode::kFp32);

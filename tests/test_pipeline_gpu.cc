@@ -16,6 +16,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
+#include "test_util.h"
 #include "train/input_stager.h"
 
 namespace ncf {
@@ -24,8 +25,7 @@ namespace {
 class PipelineGpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no usable GPU: " << why;
+    NCF_GPU_OR_SKIP();
     gpu_ = make_cuda_context(0);
   }
   void TearDown() override { destroy_cuda_context(gpu_); }

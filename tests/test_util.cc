@@ -60,4 +60,9 @@ std::string mpirun(int np) {
          " --oversubscribe --bind-to none --mca btl ^openib,ofi --mca pml ob1 --mca btl_vader_single_copy_mechanism none";
 }
 
+bool gpu_required() {
+  const char* v = std::getenv("NCF_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
 }  // namespace ncf::test

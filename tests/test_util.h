@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "common/device.h"
+
 namespace ncf::test {
 
 // A fresh directory under $TMPDIR, removed when the object goes away.
@@ -33,4 +35,21 @@ std::string bin(const std::string& name);
 // "mpirun -np N --oversubscribe …" with the flags root needs.
 std::string mpirun(int np);
 
+// True when NCF_REQUIRE_GPU=1: a GPU test that finds no usable GPU fails
+// instead of skipping (the GPU kit sets it, so a broken GPU path cannot pass as
+// skipped).
+bool gpu_required();
+
 }  // namespace ncf::test
+
+// First statement of every GPU test (or its fixture's SetUp): without a usable
+// GPU the test is skipped with the reason, or failed under NCF_REQUIRE_GPU=1.
+#define NCF_GPU_OR_SKIP()                                                              \
+  do {                                                                                 \
+    std::string ncf_why_;                                                              \
+    if (!::ncf::cuda_available(&ncf_why_)) {                                           \
+      if (::ncf::test::gpu_required())                                                 \
+        FAIL() << "NCF_REQUIRE_GPU=1 but there is no usable GPU: " << ncf_why_;        \
+      GTEST_SKIP() << "no usable GPU: " << ncf_why_;                                   \
+    }                                                                                  \
+  } while (0)
