@@ -1,10 +1,14 @@
-// Philox determinism and distribution sanity; error messages carry file:line.
+// Philox determinism and distribution sanity; error messages carry file:line;
+// the step timer's phase bookkeeping on a CPU context.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "common/check.h"
 #include "common/philox.h"
+#include "common/step_timer.h"
 
 namespace ncf {
 
@@ -48,6 +52,56 @@ TEST(Check, MessageHasExpressionAndLocation) {
     EXPECT_NE(m.find("x is 3"), std::string::npos) << m;
     EXPECT_NE(m.find("test_common.cc:"), std::string::npos) << m;
   }
+}
+
+// Each mark charges the time since the previous one to its phase; sleeps give
+// lower bounds only (the test asserts no speed).
+TEST(StepTimer, ChargesEachIntervalToItsPhase) {
+  ExecContext cpu;
+  StepTimer t(cpu);
+  t.begin(7);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  t.mark(StepPhase::kExchange);
+  t.mark(StepPhase::kCompute);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  t.mark(StepPhase::kAllreduce);
+  t.end();
+  std::vector<StepTimes> done = t.take_finished(false);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].step, 7);
+  EXPECT_GE(done[0].seconds[int(StepPhase::kExchange)], 0.030);
+  EXPECT_GE(done[0].seconds[int(StepPhase::kAllreduce)], 0.010);
+  EXPECT_LT(done[0].seconds[int(StepPhase::kCompute)], done[0].seconds[int(StepPhase::kExchange)]);
+  EXPECT_TRUE(t.take_finished(true).empty()) << "a step is returned once";
+}
+
+// More steps than the ring holds: none is lost and they come back in order.
+TEST(StepTimer, KeepsEveryStepInOrderPastTheRing) {
+  ExecContext cpu;
+  StepTimer t(cpu);
+  std::vector<StepTimes> all;
+  for (int64_t s = 0; s < 3 * StepTimer::kSlots + 1; ++s) {
+    t.begin(s);
+    t.mark(StepPhase::kCompute);
+    t.end();
+    if (s % 5 == 0)
+      for (const StepTimes& x : t.take_finished(false)) all.push_back(x);
+  }
+  for (const StepTimes& x : t.take_finished(true)) all.push_back(x);
+  ASSERT_EQ(all.size(), size_t(3 * StepTimer::kSlots + 1));
+  for (size_t k = 0; k < all.size(); ++k) EXPECT_EQ(all[k].step, int64_t(k));
+}
+
+TEST(StepTimer, MisuseIsAnError) {
+  ExecContext cpu;
+  StepTimer t(cpu);
+  EXPECT_THROW(t.mark(StepPhase::kCompute), Error);
+  EXPECT_THROW(t.end(), Error);
+  t.begin(0);
+  for (int k = 0; k < StepTimer::kMaxMarks; ++k) t.mark(StepPhase::kCompute);
+  EXPECT_THROW(t.mark(StepPhase::kCompute), Error);
+  t.end();
+  EXPECT_THROW(t.mark(StepPhase::kCompute), Error);
 }
 
 }  // namespace ncf

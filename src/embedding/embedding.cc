@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/parallel.h"
 #include "common/philox.h"
 
 namespace ncf {
@@ -70,12 +72,30 @@ int64_t table_rank_bytes(const TableSpec& t, int rank, int W, EmbeddingOptimizer
   return b;
 }
 
+int64_t table_exchange_bytes(const TableSpec& t, int64_t n, int W, bool dedup) {
+  const int64_t D = t.D;
+  const bool routed = W > 1 && t.placement != Placement::kReplicated;
+  // Rows the backward reduces: the received ids when routed, the batch otherwise;
+  // a replicated table also compacts its touched rows (up to N).
+  const int64_t reduce_n = t.placement == Placement::kReplicated && W > 1 ? std::max(n, t.num_rows) : n;
+  int64_t b = n * 4;                               // ids_
+  b += reduce_n * (4 + D * 4);                     // reduced_rows_, reduced_grads_
+  b += reduce_n * 24;                              // sort-reduce scratch (keys, positions, runs)
+  if (routed) {
+    b += n * (8 + 4 + 4);                          // perm_, send_local_, recv_local_
+    b += 2 * n * D * 4;                            // send_vec_, recv_vec_
+    if (dedup) b += n * (4 + 8) + n * D * 4;       // unique_, inverse_, uvec_
+  }
+  return b;
+}
+
 ShardedEmbedding::ShardedEmbedding(const TableSpec& spec, Communicator& comm,
                                    const ExecContext& ctx, const EmbeddingOptimizerConfig& opt,
                                    bool dedup)
     : spec_(spec), comm_(comm), ctx_(ctx), opt_(opt), dedup_(dedup) {
   W_ = comm.world();
   rank_ = comm.rank();
+  local_ = W_ == 1;
   NCF_CHECK(spec.num_rows > 0 && spec.num_rows <= INT32_MAX, "table ", spec.name, " has ",
             spec.num_rows, " rows");
   NCF_CHECK(spec.D > 0, "table ", spec.name, " width ", spec.D);
@@ -112,20 +132,60 @@ int64_t ShardedEmbedding::bytes_on_rank() const {
   return table_rank_bytes(spec_, rank_, W_, opt_.kind);
 }
 
-void ShardedEmbedding::init(uint64_t seed) {
+int64_t ShardedEmbedding::step_buffer_bytes() const {
+  int64_t b = 0;
+  for (const Buffer<int32_t>* x : {&ids_, &unique_, &send_local_, &recv_local_, &reduced_rows_})
+    b += int64_t(x->bytes());
+  for (const Buffer<int64_t>* x : {&inverse_, &perm_}) b += int64_t(x->bytes());
+  for (const Buffer<float>* x : {&send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+    b += int64_t(x->bytes());
+  return b;
+}
+
+void ShardedEmbedding::init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const {
   const int D = spec_.D;
-  std::vector<float> host(size_t(local_rows_) * D);
-  for (int64_t k = 0; k < local_rows_; ++k) {
+  for (int64_t k = k0; k < k1; ++k) {
     CounterRng rng{seed, kStreamInit, (uint64_t(spec_.init_tag) << 40) | uint64_t(global_row(k))};
+    float* row = dst + (k - k0) * D;
     for (int j = 0; j < D; j += 2) {
       // Box-Muller on two 53-bit uniforms: a pair of normals per draw.
       double u1 = 1.0 - rng.uniform_double(uint64_t(j)), u2 = rng.uniform_double(uint64_t(j) + 1);
       double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
-      host[k * D + j] = float(spec_.init_stddev * r * std::cos(a));
-      if (j + 1 < D) host[k * D + j + 1] = float(spec_.init_stddev * r * std::sin(a));
+      row[j] = float(spec_.init_stddev * r * std::cos(a));
+      if (j + 1 < D) row[j + 1] = float(spec_.init_stddev * r * std::sin(a));
     }
   }
-  device_copy(ctx_.device, table_.data(), Device::kCpu, host.data(), host.size() * 4);
+}
+
+void ShardedEmbedding::init(uint64_t seed) {
+  const int D = spec_.D;
+  if (local_rows_ == 0) return;
+  // Rows are independent (keyed by global row), so the host threads split them.
+  const int64_t grain = std::max<int64_t>(1, 4096 / D);
+  auto fill = [&](int64_t k0, int64_t k1, float* dst) {
+    parallel_for(ctx_.threads, k1 - k0, grain, [&](int64_t a, int64_t b) {
+      init_rows(seed, k0 + a, k0 + b, dst + a * D);
+    });
+  };
+  if (ctx_.device == Device::kCpu) {
+    fill(0, local_rows_, table_.data());
+    return;
+  }
+  // A GPU shard goes up in chunks of about 64 MiB through two pinned buffers:
+  // the host fills one while the previous chunk's copy runs, so host memory stays
+  // bounded by two chunks whatever the table's size.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+  PinnedBuffer<float> stage[2];
+  for (PinnedBuffer<float>& b : stage) b.reserve(size_t(std::min(chunk, local_rows_)) * D);
+  for (int64_t c = 0, k0 = 0; k0 < local_rows_; ++c, k0 += chunk) {
+    const int64_t k1 = std::min(local_rows_, k0 + chunk);
+    float* host = stage[c % 2].data();
+    fill(k0, k1, host);  // free: the previous round's wait covered copy c - 2
+    check_device_errors(ctx_);  // waits for copy c - 1 (no kernel ran to record errors)
+    device_copy_async(ctx_, ctx_.device, table_.data() + k0 * D, Device::kCpu, host,
+                      size_t(k1 - k0) * D * 4);
+  }
+  check_device_errors(ctx_);  // the stage buffers go away with this function
 }
 
 void ShardedEmbedding::lookup(const int32_t* ids, int64_t n, float* out) {
@@ -140,6 +200,17 @@ void ShardedEmbedding::lookup_start(const int32_t* ids, int64_t n) {
   ids_.reserve(size_t(n));
   device_copy_async(ctx_, ctx_.device, ids_.data(), ctx_.device, ids, size_t(n) * 4);
   if (spec_.placement == Placement::kReplicated) return;
+  if (local_) {
+    // One rank: nothing to route. CPU ids are checked here, naming the table
+    // (lookup_finish's gather checks them again; CUDA records bad ids there).
+    stats_.unique_ids = n;
+    if (ctx_.device == Device::kCpu)
+      for (int64_t k = 0; k < n; ++k)
+        if (ids[k] < 0 || ids[k] >= spec_.num_rows)
+          NCF_FAIL("table ", spec_.name, ": id ", ids[k], " at batch position ", k,
+                   " out of range [0, ", spec_.num_rows, ")");
+    return;
+  }
 
   // The ids that travel: the unique ones (ascending) with --dedup, else all.
   const int32_t* travel = ids_.data();
@@ -179,7 +250,7 @@ void ShardedEmbedding::lookup_start(const int32_t* ids, int64_t n) {
 }
 
 void ShardedEmbedding::lookup_gather() {
-  if (spec_.placement == Placement::kReplicated) return;
+  if (spec_.placement == Placement::kReplicated || local_) return;
   const int D = spec_.D;
   comm_.join(ticket_);
   // Owners gather the requested rows and send them back.
@@ -198,8 +269,8 @@ void ShardedEmbedding::lookup_gather() {
 
 void ShardedEmbedding::lookup_finish(float* out) {
   const int D = spec_.D;
-  if (spec_.placement == Placement::kReplicated) {
-    // gather_rows checks every id against the table.
+  if (spec_.placement == Placement::kReplicated || local_) {
+    // Straight from the table into batch order; gather_rows checks every id.
     gather_rows(ctx_, table_.data(), ids_.data(), out, local_rows_, n_, D);
     return;
   }
@@ -265,13 +336,23 @@ void ShardedEmbedding::apply_replicated(const float* grads, int64_t t) {
   apply_optimizer(reduced_rows_.data(), reduced_grads_.data(), nu, t);
 }
 
+void ShardedEmbedding::apply_local(const float* grads, int64_t t) {
+  const int D = spec_.D;
+  reduced_rows_.reserve(size_t(n_));
+  reduced_grads_.reserve(size_t(n_) * D);
+  int64_t nu = 0;
+  sort_reduce_rows(ctx_, ids_.data(), grads, n_, D, reduced_rows_.data(), reduced_grads_.data(),
+                   &nu);
+  apply_optimizer(reduced_rows_.data(), reduced_grads_.data(), nu, t);
+}
+
 void ShardedEmbedding::apply_gradients(const float* grads, int64_t t) {
   gradients_start(grads);
   gradients_finish(t);
 }
 
 void ShardedEmbedding::gradients_start(const float* grads) {
-  if (spec_.placement == Placement::kReplicated) {
+  if (spec_.placement == Placement::kReplicated || local_) {
     pending_grads_ = grads;
     return;
   }
@@ -305,6 +386,11 @@ void ShardedEmbedding::gradients_start(const float* grads) {
 }
 
 void ShardedEmbedding::gradients_finish(int64_t t) {
+  if (local_) {
+    apply_local(pending_grads_, t);
+    pending_grads_ = nullptr;
+    return;
+  }
   if (spec_.placement == Placement::kReplicated) {
     apply_replicated(pending_grads_, t);
     pending_grads_ = nullptr;

@@ -10,6 +10,10 @@
 // exchange counts, exchange ids (all-to-all-v), owners gather rows, exchange
 // vectors back, un-permute to batch order. Backward: gradient rows take the
 // reverse path; owners sort by row, sum duplicates and apply the optimizer.
+// With W = 1 every placement holds the whole table and none of that routing
+// exists: the lookup gathers the rows straight into batch order, the backward
+// sorts and sums the batch's gradient rows and updates them in place — the same
+// numbers as the routed path (its permutations are identities at W = 1).
 // Initial values depend on the global row id only, so every W starts alike.
 #pragma once
 
@@ -54,6 +58,13 @@ struct TableSpec {
 // Bytes a table of this spec needs on `rank` of W (parameters + optimizer state).
 int64_t table_rank_rows(const TableSpec& t, int rank, int W);
 int64_t table_rank_bytes(const TableSpec& t, int rank, int W, EmbeddingOptimizer o);
+
+// Bytes of the grow-only step buffers a table holds on a rank that looks up n
+// ids per step: the ids and their routing, the exchanged rows and gradients,
+// the owner's reduced rows and the sort-reduce scratch (nr, the ids a rank
+// receives, is taken as n: the balanced case). The memory guard adds these to
+// table_rank_bytes.
+int64_t table_exchange_bytes(const TableSpec& t, int64_t n, int W, bool dedup);
 
 // Per-step traffic of one table on this rank, for the log.
 struct ExchangeStats {
@@ -106,10 +117,17 @@ class ShardedEmbedding {
 
   const ExchangeStats& last_stats() const { return stats_; }
   int64_t bytes_on_rank() const;
+  // Bytes held now by the grow-only step buffers (what table_exchange_bytes
+  // estimates, less the sort-reduce scratch, which the kernels own).
+  int64_t step_buffer_bytes() const;
 
  private:
   void apply_optimizer(const int32_t* rows, const float* grads, int64_t n, int64_t t);
   void apply_replicated(const float* grads, int64_t t);
+  // W = 1 (local_): sum the batch's gradient rows per id and update in place.
+  void apply_local(const float* grads, int64_t t);
+  // Fills the rows [k0, k1) of this rank's shard into host memory at dst.
+  void init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const;
 
   TableSpec spec_;
   Communicator& comm_;
@@ -117,6 +135,7 @@ class ShardedEmbedding {
   EmbeddingOptimizerConfig opt_;
   bool dedup_;
   int W_, rank_;
+  bool local_ = false;  // W = 1: no routing, no exchange (see the top of this file)
   int64_t local_rows_ = 0;
   OwnerRule rule_;
 
@@ -127,7 +146,7 @@ class ShardedEmbedding {
   // Routing of the last lookup (n batch ids, nu unique ids, nr ids received).
   int64_t n_ = 0, nu_ = 0, nr_ = 0;
   CommTicket ticket_ = 0;             // the exchange in flight between two phases
-  const float* pending_grads_ = nullptr;  // replicated: gradients_start → gradients_finish
+  const float* pending_grads_ = nullptr;  // replicated or local: gradients_start → gradients_finish
   Buffer<int32_t> ids_;          // [n] the batch ids (the backward sums duplicates by id)
   Buffer<int32_t> unique_;       // [nu] ascending unique ids (dedup)
   Buffer<int64_t> inverse_;      // [n] batch position -> index in unique_ (dedup)

@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "common/memory.h"
 #include "data/negatives.h"
 #include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
@@ -25,16 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-int64_t available_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return int64_t(1) << 40;
 }
 
 std::string gib(double b) {
@@ -156,27 +147,52 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   mc.layers = cfg.layers;
   mc.validate();
 
-  // Memory: tables and state, the tower with Adam state, step and eval buffers.
+  // Memory: tables and state, their exchange buffers (grow-only, sized by the
+  // larger of the training and the eval lookups), the tower's step buffers, and
+  // the eval buffers. On a GPU rank the limit is what cudaMemGetInfo reports
+  // free, shared among the local ranks mapped to that GPU.
   const int D = mc.embedding_width();
   const int64_t local_samples = (P_ / W + 1) * S;
   const int64_t L = meta_.eval_negatives + 1;
   const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
   int64_t widest = 0;
   for (int w : cfg.layers) widest += w;
-  memory_bytes_ = table_rank_bytes(plan_.user, r, W, eopt.kind) +
-                  table_rank_bytes(plan_.item, r, W, eopt.kind) +
-                  local_samples * (8 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
-                  eval_users * L * (int64_t(D) * 4 * 3 + 2 * widest * 4 + 16);
-  const int64_t limit =
-      cfg.memory_limit_gb > 0 ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
-                              : available_memory_bytes() / std::max(1, comm.local_world());
+  const int64_t user_bytes = table_rank_bytes(plan_.user, r, W, eopt.kind);
+  const int64_t item_bytes = table_rank_bytes(plan_.item, r, W, eopt.kind);
+  const int64_t exchange_bytes =
+      table_exchange_bytes(plan_.user, std::max(local_samples, eval_users), W, cfg.dedup) +
+      table_exchange_bytes(plan_.item, std::max(local_samples, eval_users * L), W, cfg.dedup);
+  const int64_t step_bytes = local_samples * (4 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
+                             eval_users * L * (int64_t(D) * 4 * 2 + 2 * widest * 4 + 16);
+  memory_bytes_ = user_bytes + item_bytes + exchange_bytes + step_bytes;
+  const MemoryInfo mem = device_memory(ctx, comm.local_world());
+  const bool on_gpu = ctx.device == Device::kCuda;
+  const int64_t limit = cfg.memory_limit_gb > 0
+                            ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
+                            : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
+  const std::string where =
+      cfg.memory_limit_gb > 0 ? std::string("--memory_limit_gb says it may use")
+      : on_gpu ? "GPU " + std::to_string(mem.gpu) + " has " + gib(double(mem.free)) + " free of " +
+                     gib(double(mem.total)) + " for " + std::to_string(mem.sharing) +
+                     " rank(s), so it may use"
+               : "the host has " + gib(double(mem.free)) + " available for " +
+                     std::to_string(comm.local_world()) + " local rank(s), so it may use";
+  const std::string advice =
+      ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
+      "--eval_batch_size, or raise --memory_limit_gb";
+  for (const auto& [spec, bytes] : {std::pair<const TableSpec*, int64_t>{&plan_.user, user_bytes},
+                                    std::pair<const TableSpec*, int64_t>{&plan_.item, item_bytes}})
+    if (bytes > limit)
+      NCF_FAIL("rank ", r, " needs about ", gib(double(bytes)), " for table ", spec->name, " alone (",
+               spec->num_rows, " rows x ", D, ", ", placement_name(spec->placement), ", with ",
+               optimizer_name(eopt.kind), " state) on its ", device_name(ctx.device), ", but ",
+               where, " ", gib(double(limit)), advice);
   if (memory_bytes_ > limit)
-    NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " (user table ",
-             gib(double(table_rank_bytes(plan_.user, r, W, eopt.kind))), ", item table ",
-             gib(double(table_rank_bytes(plan_.item, r, W, eopt.kind))),
-             ", step and eval buffers for ", local_samples, " samples) but may use ", gib(double(limit)),
-             ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
-             "--eval_batch_size, or raise --memory_limit_gb");
+    NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " on its ",
+             device_name(ctx.device), " (user table ", gib(double(user_bytes)), ", item table ",
+             gib(double(item_bytes)), ", exchange buffers ", gib(double(exchange_bytes)),
+             ", step and eval buffers ", gib(double(step_bytes)), " for ", local_samples,
+             " samples), but ", where, " ", gib(double(limit)), advice);
 
   train_reader_ = std::make_unique<TrainReader>(cfg.data_dir, meta_, r, W, P_, cfg.seed,
                                                 cfg.shuffle_records);
@@ -205,6 +221,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   eval_expand_ = Buffer<int64_t>(ctx.device, 0);
   step_loss_ = Buffer<double>(ctx.device, 0);
   stager_ = std::make_unique<InputStager>(ctx);
+  timer_ = std::make_unique<StepTimer>(ctx);
 }
 
 Trainer::~Trainer() = default;
@@ -215,7 +232,7 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   const int64_t n = int64_t(b.users.size());
   const int64_t B = n * S;
   const int64_t G = b.step_count * S;  // global samples of this step
-  auto t0 = Clock::now();
+  timer_->begin(b.step);
 
   // Negatives from the staged positives (on the device for GPU ranks, copied
   // there by the copy stream while the previous step ran).
@@ -233,19 +250,19 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
                      b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
                      s_items_.data(), labels_.data());
   stager_->release();
+  timer_->mark(StepPhase::kCompute);
 
   // Both tables' lookups in phases, so that one table's exchange overlaps the
   // other's kernels on a stream-ordered communicator.
   urows_.reserve(size_t(B) * D);
   irows_.reserve(size_t(B) * D);
-  auto tx = Clock::now();
   user_->lookup_start(s_users_.data(), B);
   item_->lookup_start(s_items_.data(), B);
   user_->lookup_gather();
   item_->lookup_gather();
   user_->lookup_finish(urows_.data());
   item_->lookup_finish(irows_.data());
-  double exchange = seconds_since(tx);
+  timer_->mark(StepPhase::kExchange);
 
   logits_.reserve(B);
   dlogits_.reserve(B);
@@ -263,39 +280,55 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   }
 
   // The dense-gradient allreduce runs while the embedding gradients travel and
-  // the owners update; the dense Adam step waits for it at the end.
-  auto ta = Clock::now();
+  // the owners update; the dense Adam step waits for it at the end. (A host
+  // communicator completes it here: that time is the allreduce's.)
+  timer_->mark(StepPhase::kCompute);
   CommTicket dense = 0;
   all_reduce_sum_on(comm_, ctx_.device, model_->grads().data(), size_t(model_->num_params()),
                     DType::kFloat32, &dense);
-  double allreduce = seconds_since(ta);
+  timer_->mark(StepPhase::kAllreduce);
 
   ++t_;
-  tx = Clock::now();
   user_->gradients_start(durows_.data());
   item_->gradients_start(dirows_.data());
   user_->gradients_finish(t_);
   item_->gradients_finish(t_);
-  exchange += seconds_since(tx);  // includes the owners' optimizer step
-  comm_.join(dense);
+  timer_->mark(StepPhase::kExchange);  // includes the owners' optimizer step
+  comm_.join(dense);  // on a stream-ordered communicator, the wait for the allreduce
+  timer_->mark(StepPhase::kAllreduce);
   dense_adam_step(ctx_, model_->params().data(), model_->grads().data(), adam_m_.data(),
                   adam_v_.data(), model_->num_params(), t_, dense_hyper_);
+  timer_->mark(StepPhase::kCompute);
+  timer_->end();
 
-  const double total = seconds_since(t0);
-  r->exchange_seconds += exchange;
-  r->allreduce_seconds += allreduce;
-  r->compute_seconds += total - exchange - allreduce;
   const int64_t bytes = user_->last_stats().bytes_sent + item_->last_stats().bytes_sent +
                         (comm_.world() > 1 ? model_->num_params() * 4 * 2 * (comm_.world() - 1) /
                                                  comm_.world()
                                            : 0);
   r->bytes_sent += bytes;
   r->samples += G;
-  if (cfg_.step_log && comm_.rank() == 0)
-    std::printf("step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
-                "%lld bytes sent by rank 0\n",
-                (long long)b.step, (long long)G, exchange * 1e3,
-                (total - exchange - allreduce) * 1e3, allreduce * 1e3, (long long)bytes);
+  pending_logs_.push_back({b.step, G, bytes});
+  account_step_times(false, r);
+}
+
+void Trainer::account_step_times(bool wait_all, EpochResult* r) {
+  for (const StepTimes& st : timer_->take_finished(wait_all)) {
+    const double x = st.seconds[int(StepPhase::kExchange)];
+    const double c = st.seconds[int(StepPhase::kCompute)];
+    const double a = st.seconds[int(StepPhase::kAllreduce)];
+    r->exchange_seconds += x;
+    r->compute_seconds += c;
+    r->allreduce_seconds += a;
+    NCF_CHECK(!pending_logs_.empty() && pending_logs_.front().step == st.step,
+              "step timer returned step ", st.step, " out of order");
+    const PendingLog l = pending_logs_.front();
+    pending_logs_.pop_front();
+    if (cfg_.step_log && comm_.rank() == 0)
+      std::printf("step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
+                  "%lld bytes sent by rank 0\n",
+                  (long long)l.step, (long long)l.samples, x * 1e3, c * 1e3, a * 1e3,
+                  (long long)l.bytes);
+  }
 }
 
 EpochResult Trainer::train_epoch(int64_t epoch) {
@@ -312,6 +345,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   auto last_print = t0;
   train_reader_->start_epoch(epoch);
   stager_->reset();  // nothing survives an epoch that ended in an error
+  timer_->reset();
+  pending_logs_.clear();
   step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
   step_loss_.zero();
   // Step s + 1 is read and staged (its copy to the device issued) before step s
@@ -336,6 +371,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
     }
   }
   if (show) std::printf("\r%70s\r", "");
+  account_step_times(true, &r);
   // The loss shares come back once per epoch; summed over ranks, each step's
   // shares give that step's mean loss over its global batch, and the epoch loss
   // is the mean of the step losses.

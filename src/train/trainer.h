@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "common/device.h"
+#include "common/step_timer.h"
 #include "data/dataset.h"
 #include "data/negatives.h"
 #include "data/reader.h"
@@ -30,9 +32,11 @@ struct EpochResult {
   int64_t samples = 0;          // global training samples this epoch
   double loss = 0;              // mean BCE over the epoch's samples
   double train_seconds = 0;
-  double exchange_seconds = 0;  // embedding all-to-alls (this rank)
-  double allreduce_seconds = 0; // dense-gradient allreduce (this rank)
-  double compute_seconds = 0;   // everything else in the step (this rank)
+  // This rank's step time by phase (common/step_timer.h): host clocks on CPU
+  // ranks, CUDA events on the compute stream on GPU ranks.
+  double exchange_seconds = 0;  // embedding lookups and gradient exchanges, owners' update
+  double allreduce_seconds = 0; // dense-gradient allreduce (the wait for it on GPU ranks)
+  double compute_seconds = 0;   // negatives, tower, dense Adam
   int64_t bytes_sent = 0;       // payload bytes this rank sent to other ranks
 };
 
@@ -69,6 +73,9 @@ class Trainer {
   // One global step on the batch acquired from stager_; its loss share goes to
   // step_loss_[index] on the device (read back once per epoch).
   void step(const TrainBatch& batch, int64_t index, EpochResult* r);
+  // Adds the phase times of the steps the timer has finished to *r (and prints
+  // their --step_log lines); wait_all at the end of an epoch.
+  void account_step_times(bool wait_all, EpochResult* r);
 
   TrainConfig cfg_;
   Communicator& comm_;
@@ -82,6 +89,11 @@ class Trainer {
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
   std::unique_ptr<InputStager> stager_;
+  std::unique_ptr<StepTimer> timer_;
+  struct PendingLog {
+    int64_t step, samples, bytes;
+  };
+  std::deque<PendingLog> pending_logs_;  // steps enqueued, times not yet read
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<ShardedEmbedding> user_, item_;
   std::unique_ptr<NeuMF> model_;

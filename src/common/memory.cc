@@ -1,0 +1,46 @@
+// Free memory on the host or the rank's GPU: see memory.h.
+#include "common/memory.h"
+
+#include <fstream>
+#include <string>
+
+#include "common/check.h"
+#include "common/cuda_context.h"  // CUDA_CHECK and the runtime API in CUDA builds
+
+namespace ncf {
+
+MemoryInfo host_memory() {
+  MemoryInfo m;
+  m.free = m.total = int64_t{1} << 40;
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") m.free = kb * 1024;
+    if (key == "MemTotal:") m.total = kb * 1024;
+  }
+  return m;
+}
+
+MemoryInfo device_memory(const ExecContext& ctx, int local_world) {
+  if (ctx.device == Device::kCpu) return host_memory();
+#ifdef NCF_WITH_CUDA
+  MemoryInfo m;
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaGetDevice(&m.gpu));
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  int gpus = 1;
+  CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  m.free = int64_t(free);
+  m.total = int64_t(total);
+  m.sharing = 0;
+  for (int lr = 0; lr < local_world; ++lr) m.sharing += lr % gpus == m.gpu % gpus;
+  if (m.sharing < 1) m.sharing = 1;
+  return m;
+#else
+  (void)local_world;
+  NCF_FAIL("device_memory on a cuda context in a build without CUDA");
+#endif
+}
+
+}  // namespace ncf
