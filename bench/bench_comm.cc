@@ -212,7 +212,7 @@ int bench_main(int& argc, char**& argv) {
   NCF_CHECK(o.min_bytes >= 1 && o.min_bytes <= o.max_bytes, "--min_bytes ", o.min_bytes,
             " must be in [1, --max_bytes ", o.max_bytes, "]");
 
-  RankInfo info = bootstrap_mpi(&argc, &argv);
+  RankInfo info = bootstrap(&argc, &argv, o.comm == "mpi");
   const Device dev = o.comm == "nccl" ? Device::kCuda : Device::kCpu;
   void* stream = nullptr;
 #ifdef NCF_WITH_CUDA

@@ -8,15 +8,17 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -332,6 +334,14 @@ TEST(CommFactory, ChoosesAndRefuses) {
     }
     return std::string("no throw");
   };
+  // One rank on a GPU needs no NCCL: the single communicator copies on the stream.
+#ifdef NCF_WITH_CUDA
+  EXPECT_STREQ(make_communicator(one, Device::kCuda, "auto")->name(), "single");
+#else
+  EXPECT_NE(message(one, Device::kCuda, "auto").find("SingleCommunicator on cuda"),
+            std::string::npos)
+      << message(one, Device::kCuda, "auto");
+#endif
   EXPECT_NE(message(one, Device::kCpu, "mpi").find("bootstrap_mpi"), std::string::npos);
   EXPECT_NE(message(one, Device::kCpu, "nccl").find("needs device cuda"), std::string::npos);
   EXPECT_NE(message(one, Device::kCpu, "bogus").find("'bogus'"), std::string::npos);
@@ -340,6 +350,91 @@ TEST(CommFactory, ChoosesAndRefuses) {
   EXPECT_NE(message(two, Device::kCpu, "single").find("W = 2"), std::string::npos);
   // W > 1 without MPI cannot be served by anything.
   EXPECT_NE(message(two, Device::kCpu, "auto").find("bootstrap_mpi"), std::string::npos);
+}
+
+// Sets or unsets environment variables for one scope and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.push_back({name, old != nullptr, old ? old : ""});
+      if (value)
+        setenv(name, value, 1);
+      else
+        unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) {
+      if (s.had)
+        setenv(s.name.c_str(), s.value.c_str(), 1);
+      else
+        unsetenv(s.name.c_str());
+    }
+  }
+
+ private:
+  struct Saved {
+    std::string name;
+    bool had;
+    std::string value;
+  };
+  std::vector<Saved> saved_;
+};
+
+// Every variable detect_launcher reads.
+const char* const kLauncherVars[] = {"OMPI_COMM_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_RANK",
+                                     "PMIX_RANK",
+                                     "SLURM_STEP_ID",
+                                     "PMI_FD",
+                                     "PMI_JOBID",
+                                     "PMI_RANK",
+                                     "PMI_SIZE"};
+
+TEST(CommBootstrap, DetectsTheLauncherFromItsVariables) {
+  ScopedEnv none({{kLauncherVars[0], nullptr},
+                  {kLauncherVars[1], nullptr},
+                  {kLauncherVars[2], nullptr},
+                  {kLauncherVars[3], nullptr},
+                  {kLauncherVars[4], nullptr},
+                  {kLauncherVars[5], nullptr},
+                  {kLauncherVars[6], nullptr},
+                  {kLauncherVars[7], nullptr}});
+  EXPECT_EQ(detect_launcher(), "");
+  {
+    ScopedEnv e({{"OMPI_COMM_WORLD_SIZE", "2"}});
+    EXPECT_EQ(detect_launcher(), "open-mpi");
+  }
+  {
+    ScopedEnv e({{"OMPI_COMM_WORLD_RANK", "0"}});
+    EXPECT_EQ(detect_launcher(), "open-mpi");
+  }
+  {
+    ScopedEnv e({{"PMIX_RANK", "3"}});
+    EXPECT_EQ(detect_launcher(), "pmix");
+  }
+  {
+    // srun without a PMI plugin cannot wire MPI up: not a launcher for MPI.
+    ScopedEnv e({{"SLURM_STEP_ID", "0"}});
+    EXPECT_EQ(detect_launcher(), "");
+  }
+  {
+    ScopedEnv e({{"SLURM_STEP_ID", "0"}, {"PMI_FD", "5"}});
+    EXPECT_EQ(detect_launcher(), "slurm");
+  }
+  {
+    ScopedEnv e({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}});
+    EXPECT_EQ(detect_launcher(), "pmi");
+  }
+  // No launcher: bootstrap starts no MPI.
+  RankInfo info = bootstrap(nullptr, nullptr);
+  EXPECT_FALSE(info.mpi);
+  EXPECT_EQ(info.world, 1);
+  int initialized = 1;
+  MPI_Initialized(&initialized);
+  EXPECT_EQ(initialized, 0);
 }
 
 // ---- multi-process tests: this binary again, under mpirun --------------------------
@@ -373,9 +468,9 @@ TEST_P(CommMpi, AllCollectivesExact) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, "comm worker: world=" + std::to_string(np)), np) << r.output;
   for (int k = 0; k < np; ++k)
-    EXPECT_NE(r.output.find("comm worker: world=" + std::to_string(np) + " rank=" +
-                            std::to_string(k) + " local_rank=" + std::to_string(k) +
-                            " local_world=" + std::to_string(np) + " comm=mpi"),
+    EXPECT_NE(r.output.find("comm worker: world=" + std::to_string(np) +
+                            " rank=" + std::to_string(k) + " local_rank=" + std::to_string(k) +
+                            " local_world=" + std::to_string(np) + " comm=mpi launcher=open-mpi"),
               std::string::npos)
         << r.output;
   EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
@@ -383,13 +478,50 @@ TEST_P(CommMpi, AllCollectivesExact) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CommMpi, ::testing::Values(1, 2, 3, 4));
 
-// Without mpirun: Open MPI's singleton init must give a one-rank job.
-TEST(CommBootstrap, PlainProcessIsSingletonMpi) {
-  test::RunResult r = test::run(worker_command(0, "all", ""));
+// The environment of a plain process on a box where Open MPI's singleton init cannot
+// start: no launcher variables, and an installation prefix that does not exist (as
+// when the MPI libraries were unpacked somewhere else), so MPI_Init finds no orted.
+std::string no_launcher_env() {
+  std::string e = "env";
+  for (const char* v : kLauncherVars) e += std::string(" -u ") + v;
+  return e + " OPAL_PREFIX=/nonexistent-ompi-prefix";
+}
+
+// Without mpirun, MPI asked for explicitly: Open MPI's singleton init gives a
+// one-rank job.
+TEST(CommBootstrap, PlainProcessAskingForMpiIsSingletonMpi) {
+  test::RunResult r = test::run(worker_command(0, "all", "NCF_COMM_FORCE_MPI=1"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("comm worker: world=1 rank=0 local_rank=0 local_world=1 comm=mpi"),
+  EXPECT_NE(r.output.find("comm worker: world=1 rank=0 local_rank=0 local_world=1 comm=mpi "
+                          "launcher=\n"),
             std::string::npos)
       << r.output;
+}
+
+// Without a launcher the mains do not start MPI at all, so a plain process works
+// where a singleton MPI_Init cannot (shown by the same worker forced onto MPI), and
+// its error path needs no MPI either.
+TEST(CommBootstrap, PlainProcessWithoutLauncherNeedsNoMpi) {
+  test::RunResult forced =
+      test::run(worker_command(0, "all", "NCF_COMM_FORCE_MPI=1 " + no_launcher_env()));
+  EXPECT_NE(forced.exit_code, 0) << "this environment does not stop a singleton MPI_Init, so "
+                                    "the test below shows nothing\n"
+                                 << forced.output;
+  EXPECT_NE(forced.exit_code, 124) << forced.output;
+
+  test::RunResult r = test::run(worker_command(0, "plain", no_launcher_env()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("comm worker: world=1 rank=0 mpi=0 initialized=0 comm=single"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
+
+  test::RunResult f =
+      test::run(worker_command(0, "plain", "NCF_COMM_FAIL_KIND=ncf " + no_launcher_env()));
+  EXPECT_EQ(f.exit_code, 1) << f.output;
+  EXPECT_EQ(count_of(f.output, "ncf_dist: error: "), 1) << f.output;
+  EXPECT_NE(f.output.find("injected ncf failure"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("MPI_"), std::string::npos) << "MPI was involved:\n" << f.output;
 }
 
 // One rank throws while the others wait in a collective: the job must end, non-zero,
@@ -420,16 +552,45 @@ bool worker_is(const char* name) {
 TEST(CommWorker, AllCollectives) {
   if (!worker_is("all")) GTEST_SKIP() << "runs only inside the jobs that CommMpi.* starts";
   int rc = run_main(0, nullptr, [](int& argc, char**& argv) {
-    RankInfo info = bootstrap_mpi(&argc, &argv);
+    // Under mpirun the launcher must be found (else "mpi" below fails: no MPI). Read
+    // before MPI starts: a singleton MPI_Init sets PMIX_* variables of its own.
+    const std::string launcher = detect_launcher();
+    RankInfo info = bootstrap(&argc, &argv, std::getenv("NCF_COMM_FORCE_MPI") != nullptr);
     auto comm = make_communicator(info, Device::kCpu, "mpi");
-    std::printf("comm worker: world=%d rank=%d local_rank=%d local_world=%d comm=%s\n",
-                comm->world(), comm->rank(), comm->local_rank(), comm->local_world(),
-                comm->name());
+    std::printf(
+        "comm worker: world=%d rank=%d local_rank=%d local_world=%d comm=%s "
+        "launcher=%s\n",
+        comm->world(), comm->rank(), comm->local_rank(), comm->local_world(), comm->name(),
+        launcher.c_str());
     std::fflush(stdout);
     EXPECT_EQ(comm->rank(), info.rank);
     check_all_collectives(*comm);
     return 0;
   });
+  EXPECT_EQ(rc, 0);
+}
+
+// A plain process as the mains start it: bootstrap without a launcher.
+TEST(CommWorker, PlainProcess) {
+  if (!worker_is("plain")) GTEST_SKIP() << "runs only inside the processes CommBootstrap.* starts";
+  const char* fail = std::getenv("NCF_COMM_FAIL_KIND");
+  int rc = run_main(0, nullptr, [&](int& argc, char**& argv) {
+    RankInfo info = bootstrap(&argc, &argv);
+    int initialized = -1;
+    MPI_Initialized(&initialized);
+    auto comm = make_communicator(info, Device::kCpu, "auto");
+    std::printf("comm worker: world=%d rank=%d mpi=%d initialized=%d comm=%s\n", comm->world(),
+                comm->rank(), int(info.mpi), initialized, comm->name());
+    std::fflush(stdout);
+    check_all_collectives(*comm);
+    if (fail) NCF_FAIL("injected ", fail, " failure");
+    return 0;
+  });
+  if (fail) {
+    EXPECT_EQ(rc, 1);
+    std::fflush(stdout);
+    std::_Exit(rc);  // the exit code the test checks, without gtest's report
+  }
   EXPECT_EQ(rc, 0);
 }
 

@@ -1,16 +1,22 @@
 // The step pipeline's host-side contracts, on CPU contexts: the input stager's
-// order and misuse errors, pinned host buffers, the *_async collectives and the
-// staging slots of a host communicator. (The CUDA side — copy stream, events,
-// the NCCL communication stream — is in test_pipeline_gpu.cc.)
+// order and misuse errors, pinned host buffers, the *_async collectives, the
+// staging slots of a host communicator, and the pollers of the interruptible host
+// waits. (The CUDA side — copy stream, events, the NCCL communication stream,
+// wait_stream — is in test_pipeline_gpu.cc.)
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "common/check.h"
+#include "common/cuda_context.h"
 #include "common/device.h"
 #include "train/input_stager.h"
 
@@ -141,6 +147,118 @@ TEST(Collectives, HostStagingHasTwoIndependentGrowingSlots) {
   char* big = static_cast<char*>(comm->host_staging(0, 1 << 20));
   big[(1 << 20) - 1] = 1;
   EXPECT_THROW(comm->host_staging(2, 8), Error);
+}
+
+// The staging that *_on uses for host data on a device communicator: grow-only per
+// slot, so repeated calls of the same or a smaller size reuse one allocation. On a
+// host communicator the slots are host memory and the same rules show.
+TEST(Collectives, DeviceStagingSlotsAreReusedAndGrowOnly) {
+  std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, Device::kCpu, "single");
+  char* a = static_cast<char*>(comm->device_staging(0, 4096));
+  char* b = static_cast<char*>(comm->device_staging(1, 4096));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(a + 4096 <= b || b + 4096 <= a) << "the slots overlap";
+  std::memset(a, 7, 4096);
+  std::memset(b, 9, 4096);
+  for (size_t bytes : {size_t(4096), size_t(4096), size_t(100), size_t(0), size_t(4095)})
+    EXPECT_EQ(comm->device_staging(0, bytes), a) << bytes << " bytes reallocated slot 0";
+  EXPECT_EQ(comm->device_staging(1, 4096), b);
+  EXPECT_EQ(comm->device_staging(1, 1), b);
+  // The same memory, not a free and a new allocation that happens to land there (the
+  // allocator would have written its bookkeeping into the freed block).
+  int64_t changed = 0;
+  for (int i = 0; i < 4096; ++i) changed += (a[i] != 7) + (b[i] != 9);
+  EXPECT_EQ(changed, 0) << "a slot was freed and allocated again";
+  char* big = static_cast<char*>(comm->device_staging(0, 1 << 20));
+  big[(1 << 20) - 1] = 1;
+  EXPECT_EQ(comm->device_staging(0, 1 << 19), big);  // stays at its largest size
+  EXPECT_EQ(comm->device_staging(1, 10), b);         // slots grow independently
+  EXPECT_NE(comm->device_staging(0, 1), nullptr);
+  EXPECT_THROW(comm->device_staging(2, 8), Error);
+  EXPECT_THROW(comm->device_staging(-1, 8), Error);
+}
+
+// ---- the interruptible host wait (plain C++; wait_stream builds on it) -------------
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Unregisters on scope exit, so a failed expectation cannot leave a throwing poller
+// behind for the next test.
+struct ScopedPoller {
+  const void* key;
+  ScopedPoller(const void* k, std::function<void()> f) : key(k) {
+    register_wait_poller(k, std::move(f));
+  }
+  ~ScopedPoller() { unregister_wait_poller(key); }
+};
+
+TEST(WaitPollers, WaitUntilCallsPollersWhileWaitingAndReturnsWhenDone) {
+  EXPECT_FALSE(wait_pollers_registered());
+  std::atomic<int> polls{0};
+  int key = 0;
+  {
+    ScopedPoller p(&key, [&] { ++polls; });
+    EXPECT_TRUE(wait_pollers_registered());
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_until([&] { return seconds_since(t0) >= 0.05; });
+    EXPECT_GE(seconds_since(t0), 0.05);
+    EXPECT_LT(seconds_since(t0), 1.0);
+    // About once a millisecond over 50 ms; well above 1, well below a busy loop.
+    EXPECT_GE(polls.load(), 5);
+    EXPECT_LE(polls.load(), 200);
+  }
+  EXPECT_FALSE(wait_pollers_registered());
+  const int before = polls.load();
+  const auto t1 = std::chrono::steady_clock::now();
+  wait_until([&] { return seconds_since(t1) >= 0.01; });
+  EXPECT_EQ(polls.load(), before) << "an unregistered poller was called";
+  // Already done: returns without polling or sleeping.
+  wait_until([] { return true; });
+}
+
+TEST(WaitPollers, AThrowingPollerEndsTheWait) {
+  int key = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  ScopedPoller p(&key, [&] {
+    if (seconds_since(t0) > 0.02) NCF_FAIL("peer is gone");
+  });
+  bool done_called_late = false;
+  try {
+    // Would end after 3 s on its own: the poller must end it long before.
+    wait_until([&] {
+      done_called_late = seconds_since(t0) > 3.0;
+      return done_called_late;
+    });
+    FAIL() << "wait_until returned without the poller's error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("peer is gone"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(done_called_late);
+  EXPECT_LT(seconds_since(t0), 1.0);
+}
+
+TEST(WaitPollers, KeysReplaceAndRemoveOnlyTheirOwnPoller) {
+  int k1 = 0, k2 = 0;
+  int a = 0, b = 0, c = 0;
+  ScopedPoller p1(&k1, [&] { ++a; });
+  ScopedPoller p2(&k2, [&] { ++b; });
+  register_wait_poller(&k1, [&] { ++c; });  // replaces k1's poller
+  int calls = 0;
+  wait_until([&] { return ++calls > 1; });  // not done once: one round of pollers
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(c, 1);
+  unregister_wait_poller(&k2);
+  unregister_wait_poller(&b);  // unknown key: nothing happens
+  calls = 0;
+  wait_until([&] { return ++calls > 1; });
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(c, 2);
+  EXPECT_TRUE(wait_pollers_registered());
+  EXPECT_THROW(register_wait_poller(&k2, nullptr), Error);
 }
 
 }  // namespace

@@ -1,14 +1,21 @@
 // The step pipeline on a GPU: the input stager's copy stream and events, the NCCL
-// communicator's own stream with deferred collectives and join, and the pinned
-// host staging of device buffers for a host communicator. Each test checks data
-// that crossed a stream boundary, read back on the compute stream after the
-// ordering call under test, against the values written on the host. Skips, with
+// communicator's own stream with deferred collectives and join, the pinned host
+// staging of device buffers for a host communicator and the device staging of host
+// buffers for NCCL, and the interruptible host wait (wait_stream). Each data test
+// checks data that crossed a stream boundary, read back on the compute stream after
+// the ordering call under test, against the values written on the host. Skips, with
 // the reason, where there is no usable GPU.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -120,6 +127,110 @@ TEST_F(PipelineGpu, HostCommunicatorStagesDeviceBuffersThroughPinnedMemory) {
   all_reduce_sum_on(*comm, Device::kCuda, recv.data(), n, DType::kFloat32, &t);
   EXPECT_EQ(t, 0);
   EXPECT_EQ(read_back(recv.data(), n), host);
+}
+
+// Host data on a device communicator goes through the communicator's device
+// staging: the data passes through slot 0 (all-reduce) and slots 0/1 (all-to-all),
+// and a second call of the same or a smaller size reuses the slots (no cudaMalloc
+// per call).
+TEST_F(PipelineGpu, NcclStagesHostDataThroughReusedDeviceSlots) {
+  std::unique_ptr<Communicator> comm =
+      make_communicator(RankInfo{}, Device::kCuda, "nccl", gpu_.stream);
+  const size_t n = 1000;
+  std::vector<int64_t> host(n);
+  std::iota(host.begin(), host.end(), int64_t{1} << 40);
+  std::vector<int64_t> buf = host;
+  all_reduce_sum_on(*comm, Device::kCpu, buf.data(), n, DType::kInt64);
+  EXPECT_EQ(buf, host);  // W = 1: the sum is the input
+  void* slot0 = comm->device_staging(0, 0);
+  EXPECT_EQ(read_back(static_cast<const int64_t*>(slot0), n), host)
+      << "the staged all-reduce did not go through device_staging(0)";
+  for (size_t m : {n, n / 2}) {
+    all_reduce_sum_on(*comm, Device::kCpu, buf.data(), m, DType::kInt64);
+    EXPECT_EQ(comm->device_staging(0, 0), slot0) << m << " elements reallocated the slot";
+  }
+  std::vector<int64_t> recv(n, -1);
+  const int64_t c[1] = {int64_t(n)}, d[1] = {0};
+  all_to_all_v_on(*comm, Device::kCpu, host.data(), c, d, recv.data(), c, d, DType::kInt64);
+  EXPECT_EQ(recv, host);
+  EXPECT_EQ(comm->device_staging(0, 0), slot0);
+  EXPECT_EQ(read_back(static_cast<const int64_t*>(comm->device_staging(1, 0)), n), host)
+      << "the staged all-to-all did not receive into device_staging(1)";
+}
+
+// ---- wait_stream: the interruptible host wait --------------------------------------
+
+void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Unregisters on scope exit, also when a check throws.
+struct ScopedPoller {
+  const void* key;
+  ScopedPoller(const void* k, std::function<void()> f) : key(k) {
+    register_wait_poller(k, std::move(f));
+  }
+  ~ScopedPoller() { unregister_wait_poller(key); }
+};
+
+TEST_F(PipelineGpu, WaitStreamWithoutPollersWaitsForTheStream) {
+  ASSERT_FALSE(wait_pollers_registered());
+  cudaStream_t s = static_cast<cudaStream_t>(gpu_.stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  CUDA_CHECK(cudaLaunchHostFunc(s, sleep_300ms, nullptr));
+  wait_stream(s);
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
+  wait_stream(s);  // nothing queued: returns at once
+  wait_stream(nullptr);
+}
+
+TEST_F(PipelineGpu, WaitStreamWithAQuietPollerWaitsAndPolls) {
+  cudaStream_t s = static_cast<cudaStream_t>(gpu_.stream);
+  std::atomic<int> polls{0};
+  int key = 0;
+  ScopedPoller p(&key, [&] { ++polls; });
+  const auto t0 = std::chrono::steady_clock::now();
+  CUDA_CHECK(cudaLaunchHostFunc(s, sleep_300ms, nullptr));
+  wait_stream(s);
+  EXPECT_GE(seconds_since(t0), 0.29);
+  EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
+  EXPECT_GT(polls.load(), 10);
+}
+
+TEST_F(PipelineGpu, WaitStreamEndsWithAPollersErrorBeforeTheStreamDrains) {
+  cudaStream_t s = static_cast<cudaStream_t>(gpu_.stream);
+  int key = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  ScopedPoller p(&key, [&] {
+    if (seconds_since(t0) > 0.02) NCF_FAIL("injected asynchronous error");
+  });
+  // Allocated up front: cudaFree would wait for the device.
+  Buffer<int32_t> one(Device::kCuda, 1);
+  int32_t h = 0;
+  // wait_stream itself, then two of the waits routed through it.
+  const std::vector<std::pair<const char*, std::function<void()>>> waits = {
+      {"wait_stream", [&] { wait_stream(s); }},
+      {"check_device_errors", [&] { check_device_errors(gpu_); }},
+      {"device_copy to the host",
+       [&] { device_copy(Device::kCpu, &h, Device::kCuda, one.data(), 4); }}};
+  for (const auto& [name, wait] : waits) {
+    const auto t1 = std::chrono::steady_clock::now();
+    CUDA_CHECK(cudaLaunchHostFunc(s, sleep_300ms, nullptr));
+    std::string what = "no throw";
+    try {
+      wait();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const double waited = seconds_since(t1);
+    EXPECT_NE(what.find("injected asynchronous error"), std::string::npos) << name << ": " << what;
+    EXPECT_LT(waited, 0.2) << name << " waited for the stream instead of the poller";
+    EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << name << ": the host function ended already";
+    CUDA_CHECK(cudaStreamSynchronize(s));  // let the host function finish
+  }
 }
 
 }  // namespace

@@ -192,5 +192,37 @@ TEST_F(TrainTest, CudaWithoutGpuIsAClearError) {
   EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
 }
 
+// A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
+// singleton init cannot start (no launcher variables, an installation prefix that
+// does not exist: MPI_Init finds no orted); `--comm mpi` asks for MPI and fails there,
+// which shows that the environment really stops MPI. Under mpirun it is 2 ranks.
+TEST_F(TrainTest, PlainRunWithoutLauncherIsOneRankWithoutMpi) {
+  std::string no_launcher = "env";
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+                        "SLURM_STEP_ID", "PMI_FD", "PMI_JOBID", "PMI_RANK", "PMI_SIZE"})
+    no_launcher += std::string(" -u ") + v;
+  no_launcher += " OPAL_PREFIX=/nonexistent-ompi-prefix timeout -k 5 120 ";
+  const std::string args = " --data_dir " + data() +
+                           " --batch_size 2000 --train_epochs 1 "
+                           "--threads 1";
+  auto plain = run(no_launcher + bin("ncf_dist") + args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("ncf_dist: 1 rank(s), cpu backend"), std::string::npos)
+      << plain.output;
+  EXPECT_NE(plain.output.find("single comm"), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("HR@10"), std::string::npos) << plain.output;
+
+  auto forced = run(no_launcher + bin("ncf_dist") + args + " --comm mpi");
+  EXPECT_NE(forced.exit_code, 0) << "this environment does not stop a singleton MPI_Init, so "
+                                    "the run above shows nothing\n"
+                                 << forced.output;
+  EXPECT_NE(forced.exit_code, 124) << "--comm mpi hung\n" << forced.output;
+
+  auto two = run("timeout -k 5 120 " + test::mpirun(2) + " " + bin("ncf_dist") + args);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("ncf_dist: 2 rank(s), cpu backend"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("mpi comm"), std::string::npos) << two.output;
+}
+
 }  // namespace
 }  // namespace ncf

@@ -54,6 +54,25 @@ RankInfo bootstrap_mpi(int* argc, char*** argv) {
 
 RankInfo bootstrap_single() { return RankInfo{}; }
 
+namespace {
+bool has_env(const char* name) { return std::getenv(name) != nullptr; }
+}  // namespace
+
+std::string detect_launcher() {
+  // Open MPI's mpirun sets both; either alone still means a launcher is there.
+  if (has_env("OMPI_COMM_WORLD_SIZE") || has_env("OMPI_COMM_WORLD_RANK")) return "open-mpi";
+  if (has_env("PMIX_RANK")) return "pmix";  // prterun, srun --mpi=pmix
+  // srun sets SLURM_STEP_ID for every step; only with a PMI plugin can MPI wire up.
+  if (has_env("SLURM_STEP_ID") && (has_env("PMI_FD") || has_env("PMI_JOBID"))) return "slurm";
+  if (has_env("PMI_RANK") || has_env("PMI_SIZE")) return "pmi";  // Hydra (MPICH), PMI-1
+  return "";
+}
+
+RankInfo bootstrap(int* argc, char*** argv, bool force_mpi) {
+  if (force_mpi || !detect_launcher().empty()) return bootstrap_mpi(argc, argv);
+  return bootstrap_single();
+}
+
 void finalize(const RankInfo& info) {
   if (!info.mpi) return;
   int initialized = 0, finalized = 0;
@@ -81,10 +100,10 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
                                                 const std::string& kind, void* stream) {
   std::string k = kind;
   if (k == "auto") {
-    if (device == Device::kCuda)
-      k = "nccl";
+    if (info.world == 1)
+      k = "single";
     else
-      k = info.world == 1 ? "single" : "mpi";
+      k = device == Device::kCuda ? "nccl" : "mpi";
   }
   if (k == "single") {
     NCF_CHECK(info.world == 1, "communicator 'single' needs W = 1, this job has W = ",

@@ -4,7 +4,7 @@
 //
 //   int main(int argc, char** argv) {
 //     return ncf::run_main(argc, argv, [](int& argc, char**& argv) {
-//       ncf::RankInfo info = ncf::bootstrap_mpi(&argc, &argv);
+//       ncf::RankInfo info = ncf::bootstrap(&argc, &argv);
 //       auto comm = ncf::make_communicator(info, ncf::Device::kCpu, "auto");
 //       ...                       // throw ncf::Error on any rank: the job stops
 //       return 0;                 // run_main finalizes MPI after the body returns
@@ -37,6 +37,21 @@ struct RankInfo {
 RankInfo bootstrap_mpi(int* argc, char*** argv);
 // W = 1 without touching MPI.
 RankInfo bootstrap_single();
+
+// The launcher that started this process, read from the variables it gives each
+// rank: "open-mpi" (OMPI_COMM_WORLD_SIZE / _RANK), "pmix" (PMIX_RANK), "slurm"
+// (SLURM_STEP_ID with PMI_FD or PMI_JOBID: srun --mpi=pmi2), "pmi" (PMI_RANK or
+// PMI_SIZE: MPICH's Hydra and other PMI-1 launchers); "" for a plain process.
+std::string detect_launcher();
+
+// The start-up every main uses: bootstrap_mpi when detect_launcher() finds a
+// launcher, else bootstrap_single. A plain `ncf_dist ...` therefore never calls
+// MPI_Init: Open MPI's singleton init would need its launcher daemon (orted), which
+// a bare GPU box with the MPI libraries unpacked in a prefix may not be able to
+// start (MPI_Init then aborts or hangs). force_mpi (the user asked for MPI, e.g.
+// --comm mpi) takes bootstrap_mpi even without a launcher: a singleton W = 1 job
+// when MPI can start one, MPI's own error otherwise.
+RankInfo bootstrap(int* argc, char*** argv, bool force_mpi = false);
 // MPI_Finalize when info.mpi and MPI is still up. Destroy communicators first.
 void finalize(const RankInfo& info);
 
@@ -48,12 +63,13 @@ int select_local_gpu(const RankInfo& info);
 // kind:
 //   "single"  W = 1 only; buffers on `device`.
 //   "mpi"     host buffers (device() is kCpu whatever `device` is: GPU ranks stage
-//             through the host); needs bootstrap_mpi.
+//             through the host); needs MPI (bootstrap_mpi, or bootstrap with force_mpi).
 //   "nccl"    CUDA builds, device kCuda: selects the local GPU, rank 0 makes the NCCL
 //             id, MPI_Bcast, ncclCommInitRank; collectives are ordered with the
 //             compute stream `stream` (a cudaStream_t, nullptr = default stream) and
 //             run on a communication stream of their own.
-//   "auto"    kCuda -> nccl; kCpu -> single when W = 1, else mpi.
+//   "auto"    single when W = 1 (no NCCL set-up, no copies through a communicator);
+//             else kCuda -> nccl, kCpu -> mpi.
 std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device device,
                                                 const std::string& kind = "auto",
                                                 void* stream = nullptr);
@@ -65,7 +81,8 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
 //    with W = 1 the result is exit code 1;
 //  - a non-zero return with W > 1 also aborts the job (the other ranks may be inside a
 //    collective), with that code;
-//  - on success MPI is finalized if the body left it initialised.
+//  - on success MPI is finalized if the body left it initialised; a body that never
+//    started MPI (bootstrap_single) leaves it alone on every path.
 // Returns the exit code for main.
 int run_main(int argc, char** argv, const std::function<int(int& argc, char**& argv)>& body,
              const char* program = "ncf_dist");

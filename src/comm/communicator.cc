@@ -118,6 +118,14 @@ void* Communicator::host_staging(int slot, size_t bytes) {
   return staging_[slot].data();
 }
 
+void* Communicator::device_staging(int slot, size_t bytes) {
+  NCF_CHECK(slot == 0 || slot == 1, "device_staging: slot ", slot, " (0 or 1)");
+  Buffer<char>& b = device_staging_[slot];
+  if (b.device() != device()) b = Buffer<char>(device(), 0);
+  b.reserve(std::max<size_t>(bytes, 1));
+  return b.data();
+}
+
 namespace {
 // Sets the deferred flag for one call, also when the call throws.
 struct DeferScope {
@@ -163,11 +171,14 @@ void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t 
     device_copy(buf_device, buf, Device::kCpu, stage, bytes);
     return;
   }
-  Buffer<char> stage(comm.device(), bytes);
-  device_copy(comm.device(), stage.data(), buf_device, buf, bytes);
-  comm.all_reduce_sum(stage.data(), n, t);
+  // Host data, device communicator (scalars under NCCL): through device staging.
+  // Every use of the slot has finished when this returns (synchronize, then a
+  // blocking copy), so the next call may reuse it.
+  void* stage = comm.device_staging(0, bytes);
+  device_copy(comm.device(), stage, buf_device, buf, bytes);
+  comm.all_reduce_sum(stage, n, t);
   comm.synchronize();
-  device_copy(buf_device, buf, comm.device(), stage.data(), bytes);
+  device_copy(buf_device, buf, comm.device(), stage, bytes);
 }
 
 void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
@@ -201,11 +212,12 @@ void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
     device_copy(buf_device, recv, Device::kCpu, r, rb);
     return;
   }
-  Buffer<char> s(comm.device(), sb), r(comm.device(), rb);
-  device_copy(comm.device(), s.data(), buf_device, send, sb);
-  comm.all_to_all_v(s.data(), send_counts, send_displs, r.data(), recv_counts, recv_displs, t);
+  void* s = comm.device_staging(0, sb);
+  void* r = comm.device_staging(1, rb);
+  device_copy(comm.device(), s, buf_device, send, sb);
+  comm.all_to_all_v(s, send_counts, send_displs, r, recv_counts, recv_displs, t);
   comm.synchronize();
-  device_copy(buf_device, recv, comm.device(), r.data(), rb);
+  device_copy(buf_device, recv, comm.device(), r, rb);
 }
 
 }  // namespace ncf

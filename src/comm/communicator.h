@@ -97,6 +97,11 @@ class Communicator {
   // Page-locked host memory (two slots, grow-only) through which the *_on helpers
   // stage device buffers for a host communicator.
   void* host_staging(int slot, size_t bytes);
+  // Memory on device() (two slots, grow-only: the same pointer while `bytes` does not
+  // exceed what a slot already holds) through which the *_on helpers stage host
+  // buffers for a device communicator, so a staged call allocates nothing in the
+  // steady state. The caller must know that no queued work still uses the slot.
+  void* device_staging(int slot, size_t bytes);
 
  protected:
   Communicator(int rank, int world, int local_rank, int local_world);
@@ -122,12 +127,14 @@ class Communicator {
   int rank_, world_, local_rank_, local_world_;
   bool deferred_ = false;
   PinnedBuffer<char> staging_[2];
+  Buffer<char> device_staging_[2];
 };
 
 // The collectives for buffers that live on `buf_device`, which may differ from
 // comm.device() (MPI between GPU ranks, host scalars under NCCL): the data is
 // staged through pinned host memory (comm.host_staging) or a buffer on the
-// communicator's device, and the call completes before returning. Otherwise the
+// communicator's device (comm.device_staging), and the call completes before
+// returning. Otherwise the
 // direct call. With a non-null `ticket` the direct call is the *_async variant
 // and *ticket names it (0 when staged: already complete).
 void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t,

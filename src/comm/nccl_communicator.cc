@@ -21,6 +21,11 @@
 //  - all_reduce_sum is ncclAllReduce: for a fixed W, node topology, NCCL version and
 //    algorithm/protocol choice the float sums are reproducible and identical on every
 //    rank; pin NCCL_ALGO / NCCL_PROTO to keep them so across machines.
+//  - A dead or failed peer leaves NCCL kernels spinning on this rank. With W > 1 the
+//    communicator registers a wait poller (cuda_context.h): every host wait of the
+//    CUDA path checks ncclCommGetAsyncError, and on an error aborts the communicator
+//    (its kernels then end, so the streams drain) and throws ncf::Error naming it;
+//    run_main then takes the job down.
 #ifdef NCF_WITH_CUDA
 
 #include "comm/nccl_communicator.h"
@@ -38,6 +43,8 @@
 
 #include <cstdlib>
 #include <exception>
+#include <mutex>
+#include <string>
 
 #include "comm/bootstrap.h"
 #include "common/check.h"
@@ -91,9 +98,12 @@ class NcclCommunicator : public Communicator {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    // Only a peer can fail asynchronously; one rank keeps the plain waits.
+    if (info.world > 1) register_wait_poller(this, [this] { poll_async_error(); });
   }
 
   ~NcclCommunicator() override {
+    unregister_wait_poller(this);
     if (comm_) {
       // While unwinding after an error the peers may never reach the matching calls;
       // abort drops the in-flight work instead of waiting for it.
@@ -114,7 +124,7 @@ class NcclCommunicator : public Communicator {
 
   const char* name() const override { return "nccl"; }
   Device device() const override { return Device::kCuda; }
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override { wait_stream(stream_); }
 
   void join(CommTicket ticket) override {
     if (ticket <= 0) return;
@@ -182,14 +192,17 @@ class NcclCommunicator : public Communicator {
   }
 
   void do_barrier() override {
-    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    wait_stream(compute_);
     synchronize();
     if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
   }
 
   void do_abort(int code) override {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -198,8 +211,30 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // The wait poller (any thread that waits on a stream): on an asynchronous NCCL
+  // error, abort the communicator once and throw. Later calls throw the same error.
+  void poll_async_error() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!async_error_.empty()) NCF_FAIL(async_error_);
+    if (!comm_) return;
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+    if (rc != ncclSuccess) async = rc;
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    const char* detail = ncclGetLastError(comm_);
+    async_error_ = std::string("NCCL asynchronous error '") + ncclGetErrorString(async) + "' (" +
+                   (detail ? detail : "") +
+                   ") on the communicator: a peer rank failed or the network broke; the "
+                   "communicator was aborted";
+    ncclCommAbort(comm_);  // ends this rank's NCCL kernels, so the streams drain
+    comm_ = nullptr;
+    NCF_FAIL(async_error_);
+  }
+
   // The communication stream starts after the compute stream's queued work.
   void begin_collective() {
+    NCF_CHECK(comm_ != nullptr,
+              "NCCL collective after the communicator was aborted: ", async_error_);
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
@@ -219,7 +254,11 @@ class NcclCommunicator : public Communicator {
   cudaEvent_t ready_ = nullptr;
   cudaEvent_t done_[kEvents] = {};
   CommTicket seq_ = 0;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;  // nullptr once aborted
+  // Collectives and host waits run on the rank's main thread; the lock keeps the
+  // abort single should a wait on another thread poll at the same time.
+  std::mutex abort_mu_;
+  std::string async_error_;       // the asynchronous error that aborted comm_
   MPI_Comm mpi_ = MPI_COMM_NULL;  // W > 1: counts, barrier
 };
 

@@ -8,6 +8,8 @@
 
 #ifdef NCF_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "common/cuda_context.h"  // wait_stream
 #endif
 
 namespace ncf {
@@ -37,10 +39,7 @@ void SingleCommunicator::copy(void* dst, const void* src, size_t bytes) {
 
 void SingleCommunicator::synchronize() {
 #ifdef NCF_WITH_CUDA
-  if (device_ == Device::kCuda) {
-    cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    NCF_CHECK(e == cudaSuccess, "cudaStreamSynchronize: ", cudaGetErrorString(e));
-  }
+  if (device_ == Device::kCuda) wait_stream(static_cast<cudaStream_t>(stream_));
 #endif
 }
 

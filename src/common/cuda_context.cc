@@ -1,11 +1,99 @@
-// Host side of cuda_context.h shared by every build: the error texts, and the
-// stand-ins that fail clearly in builds without CUDA (the real context code is
-// cuda_context.cu).
+// Host side of cuda_context.h shared by every build: the error texts, the wait
+// pollers and the polling loop, and the stand-ins that fail clearly in builds
+// without CUDA (the real context code is cuda_context.cu).
 #include "common/cuda_context.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
 
 namespace ncf {
+
+namespace {
+
+struct PollerRegistry {
+  std::mutex mu;
+  std::vector<std::pair<const void*, std::function<void()>>> pollers;
+  std::atomic<int> count{0};  // pollers.size(), read without the lock
+};
+
+PollerRegistry& registry() {
+  static PollerRegistry* r = new PollerRegistry;  // never destroyed: waits may run at exit
+  return *r;
+}
+
+}  // namespace
+
+void register_wait_poller(const void* key, std::function<void()> poll) {
+  NCF_CHECK(poll != nullptr, "register_wait_poller: empty poller");
+  PollerRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [k, p] : r.pollers)
+    if (k == key) {
+      p = std::move(poll);
+      return;
+    }
+  r.pollers.emplace_back(key, std::move(poll));
+  r.count.store(int(r.pollers.size()));
+}
+
+void unregister_wait_poller(const void* key) {
+  PollerRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pollers.erase(std::remove_if(r.pollers.begin(), r.pollers.end(),
+                                 [key](const auto& kp) { return kp.first == key; }),
+                  r.pollers.end());
+  r.count.store(int(r.pollers.size()));
+}
+
+bool wait_pollers_registered() { return registry().count.load() > 0; }
+
+namespace {
+
+// Copies the pollers first, so that one may (un)register without deadlocking.
+void run_wait_pollers() {
+  PollerRegistry& r = registry();
+  if (r.count.load() == 0) return;
+  std::vector<std::function<void()>> now;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& kp : r.pollers) now.push_back(kp.second);
+  }
+  for (const auto& poll : now) poll();
+}
+
+}  // namespace
+
+void wait_until(const std::function<bool()>& done) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kSpin = std::chrono::milliseconds(2);
+  constexpr auto kPollEvery = std::chrono::milliseconds(1);
+  constexpr auto kMaxSleep = std::chrono::microseconds(1000);
+  const auto start = Clock::now();
+  auto last_poll = start;
+  auto sleep = std::chrono::microseconds(50);
+  bool polled = false;
+  while (!done()) {
+    const auto now = Clock::now();
+    if (!polled || now - last_poll >= kPollEvery) {
+      run_wait_pollers();
+      last_poll = now;
+      polled = true;
+    }
+    if (now - start < kSpin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kMaxSleep);
+    }
+  }
+}
 
 const char* device_error_text(DeviceErrorCode code) {
   switch (code) {

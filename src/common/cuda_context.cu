@@ -17,6 +17,29 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
+void wait_stream(cudaStream_t s) {
+  if (!wait_pollers_registered()) {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  // An event at the tail of s covers what cudaStreamSynchronize(s) waits for (on the
+  // legacy stream also the blocking streams' earlier work) and can be queried.
+  struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() {
+      if (e) cudaEventDestroy(e);  // safe while pending: freed once it completes
+    }
+  } ev;
+  CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ev.e, s));
+  wait_until([&ev] {
+    const cudaError_t q = cudaEventQuery(ev.e);
+    if (q == cudaErrorNotReady) return false;
+    CUDA_CHECK(q);
+    return true;
+  });
+}
+
 void* CudaResources::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     // Grow by at least 1.5x, so a slowly growing batch does not reallocate every step.
@@ -33,7 +56,7 @@ void* CudaResources::scratch(size_t bytes) {
 void* CudaResources::pinned(size_t bytes) {
   if (bytes > pinned_bytes_) {
     // The previous staging area may be the target of a copy still in flight.
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    wait_stream(stream);
     if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
     pinned_ = nullptr;
     pinned_bytes_ = 0;
@@ -112,11 +135,11 @@ void check_device_errors(const ExecContext& ctx) {
   CudaResources& r = cuda_resources(ctx, "check_device_errors");
   CUDA_CHECK(cudaMemcpyAsync(r.error_host, r.error_dev, sizeof(DeviceErrorRecord),
                              cudaMemcpyDeviceToHost, r.stream));
-  CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  wait_stream(r.stream);
   const DeviceErrorRecord e = *r.error_host;
   if (e.code == 0) return;
   CUDA_CHECK(cudaMemsetAsync(r.error_dev, 0, sizeof(DeviceErrorRecord), r.stream));
-  CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  wait_stream(r.stream);
   NCF_FAIL("bad input found on the GPU: ", device_error_text(static_cast<DeviceErrorCode>(e.code)),
            " (index ", e.index, ", value ", e.value, ", bound ", e.bound, ")");
 }

@@ -14,10 +14,17 @@
 // nothing while a record is pending. The record is raised as ncf::Error by the
 // ops that synchronize anyway (sort_reduce_rows, unique_ids, bucketize_by_owner,
 // hit_ndcg) and by check_device_errors.
+//
+// Host waits: every place where the host waits for a CUDA stream goes through
+// wait_stream, which can be interrupted by registered pollers. A rank whose peer
+// died may otherwise wait forever for an NCCL kernel that will never finish; the
+// NCCL communicator registers a poller that turns NCCL's asynchronous error into
+// an ncf::Error (and aborts the communicator so the stream drains).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/device.h"
 
@@ -53,6 +60,31 @@ void destroy_cuda_context(ExecContext& ctx);
 // a kernel recorded since the last check (the op, the position, the value and
 // the bound it broke), clearing the record. No-op on CPU contexts.
 void check_device_errors(const ExecContext& ctx);
+
+// ---- interruptible host waits -------------------------------------------------
+
+// Registers poll under `key` (usually the registering object; registering a key
+// again replaces its poller). While a host wait is pending, the pollers run on the
+// waiting thread about once a millisecond, in registration order; the first one
+// that throws ends the wait with its exception. Thread-safe.
+void register_wait_poller(const void* key, std::function<void()> poll);
+// Removes key's poller; no-op for an unknown key.
+void unregister_wait_poller(const void* key);
+// True while at least one poller is registered.
+bool wait_pollers_registered();
+// Returns once done() is true, calling the pollers in between; what done() or a
+// poller throws propagates. Yields for the first 2 ms, then sleeps from 50 us
+// doubling to 1 ms, so that short waits return promptly and long ones cost no CPU.
+void wait_until(const std::function<bool()>& done);
+
+#ifdef NCF_WITH_CUDA
+// Waits on the host for the work queued so far on `s` (nullptr = the legacy
+// default stream, including the work of blocking streams that it waits for); `s`
+// belongs to the current device. Without pollers this is cudaStreamSynchronize; with
+// pollers, an event recorded on `s` is polled through wait_until. Throws ncf::Error
+// on a CUDA error, or what a poller throws.
+void wait_stream(cudaStream_t s);
+#endif
 
 // What a kernel found wrong (the device error record's code).
 enum class DeviceErrorCode : int {

@@ -71,6 +71,11 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
     return;
   }
 #ifdef NCF_WITH_CUDA
+  // cudaMemcpy to or from the host first waits, uninterruptibly, for the legacy
+  // stream and the blocking streams' earlier work (which may wait on a collective);
+  // with pollers registered, drain that work through the interruptible wait first.
+  if ((dst_dev == Device::kCpu || src_dev == Device::kCpu) && wait_pollers_registered())
+    wait_stream(nullptr);
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 #else
   NCF_FAIL("device_copy involving cuda in a build without CUDA");

@@ -54,7 +54,8 @@ int train_main(int& argc, char**& argv) {
     std::string why;
     if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
   }
-  RankInfo info = bootstrap_mpi(&argc, &argv);
+  // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
+  RankInfo info = bootstrap(&argc, &argv, cfg.comm == "mpi");
   // Declared before the communicator and the trainer so it outlives them.
   struct ContextOwner {
     ExecContext ctx;
