@@ -46,7 +46,16 @@ void* device_alloc(Device d, size_t bytes) {
   }
 #ifdef NCF_WITH_CUDA
   void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so the error path can still query
+    size_t free = 0, total = 0;
+    int gpu = -1;
+    cudaGetDevice(&gpu);
+    cudaMemGetInfo(&free, &total);
+    NCF_FAIL("GPU ", gpu, ": cannot allocate ", bytes, " bytes (", cudaGetErrorString(e), "); ",
+             free, " bytes free of ", total);
+  }
   return p;
 #else
   NCF_FAIL("device_alloc on cuda in a build without CUDA");

@@ -106,10 +106,16 @@ ShardedEmbedding::ShardedEmbedding(const TableSpec& spec, Communicator& comm,
   local_rows_ = table_rank_rows(spec, rank_, W_);
   const Device dev = ctx.device;
   const size_t n = size_t(local_rows_) * spec.D;
-  table_ = Buffer<float>(dev, n);
   const int state = optimizer_state_per_element(opt.kind);
-  if (state >= 1) m_ = Buffer<float>(dev, n);
-  if (state >= 2) v_ = Buffer<float>(dev, n);
+  try {
+    table_ = Buffer<float>(dev, n);
+    if (state >= 1) m_ = Buffer<float>(dev, n);
+    if (state >= 2) v_ = Buffer<float>(dev, n);
+  } catch (const Error& e) {
+    NCF_FAIL("table ", spec.name, ": ", local_rows_, " rows x ", spec.D, " with ",
+             optimizer_name(opt.kind), " state (", bytes_on_rank(), " bytes) do not fit on this ",
+             device_name(dev), ": ", e.what());
+  }
   m_.zero();
   v_.zero();
   if (opt.kind == EmbeddingOptimizer::kAdagrad && n)

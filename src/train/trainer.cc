@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/bootstrap.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/memory.h"
@@ -335,8 +336,7 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   EpochResult r;
   r.epoch = epoch;
   // mpirun hands rank 0 a pseudo-terminal, so "auto" stays quiet under a launcher.
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                        std::getenv("SLURM_STEP_ID");
+  const bool launched = !detect_launcher().empty() || std::getenv("SLURM_STEP_ID");
   const bool show = comm_.rank() == 0 && (cfg_.progress == "on" ||
                                           (cfg_.progress == "auto" && isatty(1) && !launched));
   int64_t steps = train_reader_->steps_per_epoch();
