@@ -366,8 +366,9 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
   std::vector<int64_t> counts(kWorld);                                       // host [W]
 
   // Host facts the checks use: distinct ids ascending, and rows in batch order.
-  std::vector<int32_t> h_unique = hid;
-  std::sort(h_unique.begin(), h_unique.end());
+  std::vector<int32_t> h_sorted = hid;
+  std::sort(h_sorted.begin(), h_sorted.end());
+  std::vector<int32_t> h_unique = h_sorted;
   h_unique.erase(std::unique(h_unique.begin(), h_unique.end()), h_unique.end());
   const int64_t NU = int64_t(h_unique.size());
   std::vector<float> h_rows(static_cast<size_t>(B * D));
@@ -466,8 +467,17 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
   Buffer<int32_t> red_rows(dev, B);
   Buffer<float> red_grads(dev, B * D);
   int64_t nr = 0;
+  // The longest run of one id: the item table's hottest item (~2·10^4 rows at
+  // B = 2^20) is what the sub-run split of sort_reduce_rows is for.
+  int64_t longest = 0;
+  for (size_t k = 0, j = 0; k < h_sorted.size(); k = j) {
+    for (j = k; j < h_sorted.size() && h_sorted[j] == h_sorted[k];) ++j;
+    longest = std::max<int64_t>(longest, int64_t(j - k));
+  }
   bench.run(
-      "sort_reduce_rows " + t, shape_str("n=%lld -> %lld D=%d", (long long)B, (long long)NU, D),
+      "sort_reduce_rows " + t,
+      shape_str("n=%lld -> %lld D=%d, max run %lld", (long long)B, (long long)NU, D,
+                (long long)longest),
       B * 4.0 + B * D * F + NU * 4.0 + NU * D * F, double(B), "rows", 0,
       [&] {
         sort_reduce_rows(ctx, ids.data(), rows_b.data(), B, D, red_rows.data(), red_grads.data(),
@@ -587,6 +597,43 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
               });
   }
   set_math_mode(MathMode::kTf32);
+}
+
+// The head's backward on its own: dH = dlogits·w^T and the F + 1 column sums
+// dw = H^T·dlogits, dc = Σ dlogits over all B rows (at B = 2^20: 4096 row chunks
+// whose partials the deterministic column sums combine).
+void head_case(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb) {
+  if (!bench.selected("head_backward")) return;
+  const Device dev = ctx.device;
+  const int64_t B = hb.B;
+  const int F = kMf + kLayers.back();  // GMF output ++ last MLP layer
+  const int T = std::max(1, ctx.threads);
+  const std::vector<float> hH = host_uniform(T, o.seed, 51, B * F, -1.0f, 1.0f);
+  const std::vector<float> hw = host_uniform(T, o.seed, 52, F + 1, -0.1f, 0.1f);
+  const std::vector<float> hg = host_uniform(T, o.seed, 53, B, -1.0f / float(B), 1.0f / float(B));
+  Buffer<float> H = to_device(dev, hH), wc = to_device(dev, hw), g = to_device(dev, hg);
+  Buffer<float> dH(dev, B * F), dwc(dev, F + 1);  // [B×F], dw [F] then dc
+  auto op = [&] {
+    head_backward(ctx, H.data(), wc.data(), g.data(), dH.data(), dwc.data(), dwc.data() + F, B, F,
+                  GradMode::kOverwrite);
+  };
+  bench.run("head_backward", shape_str("B=%lld F=%d (%d column sums)", (long long)B, F, F + 1),
+            B * F * 8.0 + B * 4.0 + (F + 1) * 8.0, double(B), "samples", 0, op,
+            [&]() -> std::string {
+              op();
+              std::vector<double> want(size_t(F) + 1, 0.0);
+              for (int64_t b = 0; b < B; ++b) {
+                for (int k = 0; k < F; ++k) want[k] += double(hg[b]) * hH[size_t(b) * F + k];
+                want[F] += hg[b];
+              }
+              std::vector<float> want_f(want.begin(), want.end());
+              // Sums in double, rounded to float once: 1 ulp apart at most (rtol 1e-6).
+              int64_t bad = mismatches(to_host(dwc, F + 1), want_f, 1e-12, 1e-6);
+              const std::vector<float> got_dh = to_host(dH, B * F);
+              for (int64_t b = 0; b < B && !bad; ++b)
+                for (int k = 0; k < F; ++k) bad += got_dh[size_t(b) * F + k] != hg[b] * hw[k];
+              return bad ? std::to_string(bad) + " of dw, dc, dH differ" : "";
+            });
 }
 
 void bce_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb) {
@@ -760,6 +807,7 @@ int bench_main(const Options& o) {
   table_cases(bench, ctx, o, {"user", kUsers, &hb.users}, hb.B, D);
   table_cases(bench, ctx, o, {"item", kItems, &hb.items}, hb.B, D);
   tower_cases(bench, ctx, o, hb, D);
+  head_case(bench, ctx, o, hb);
   bce_cases(bench, ctx, o, hb);
   negatives_case(bench, ctx, o, hb);
   metrics_case(bench, ctx, o);

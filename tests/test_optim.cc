@@ -1,8 +1,10 @@
 // Optimizers (model/optim.h) against their formulas written out here in double,
 // over several steps; the row gather and the sort-and-reduce against naive loops
-// and a map-based reduction (bit-exact: sums are in input order).
+// and a map-based reduction (bit-exact: both follow optim.h's order — input
+// order within sub-runs of kSubRun rows, then the sub-run sums in order).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -285,15 +287,27 @@ TEST(Rows, GatherMatchesLoop) {
   gather_rows(cpu(1), nullptr, nullptr, nullptr, 0, 0, 3);  // empty is fine
 }
 
-// Naive reduction: a map from id to the running sum, in input order.
+// Naive reduction: a map from id to its sub-run sums (a new one every kSubRun
+// occurrences, each summed in input order), added in sub-run order at the end.
 void check_sort_reduce(const std::vector<RowId>& ids, int D, int threads) {
   SCOPED_TRACE(::testing::Message() << "n=" << ids.size() << " D=" << D << " threads=" << threads);
   const int64_t n = static_cast<int64_t>(ids.size());
   Vec grads = random_vec(ids.size() * D, 10 + D);
-  std::map<RowId, Vec> want;
+  std::map<RowId, std::pair<int64_t, std::vector<Vec>>> subs;  // id → (count, sub-run sums)
   for (int64_t k = 0; k < n; ++k) {
-    auto [it, fresh] = want.try_emplace(ids[k], Vec(D, 0.0f));
-    for (int d = 0; d < D; ++d) it->second[d] += grads[k * D + d];
+    auto& [count, parts] = subs[ids[k]];
+    const float* g = &grads[k * D];
+    if (count++ % kSubRun == 0)
+      parts.emplace_back(g, g + D);
+    else
+      for (int d = 0; d < D; ++d) parts.back()[d] += g[d];
+  }
+  std::map<RowId, Vec> want;
+  for (const auto& [id, entry] : subs) {
+    Vec sum = entry.second[0];
+    for (size_t s = 1; s < entry.second.size(); ++s)
+      for (int d = 0; d < D; ++d) sum[d] += entry.second[s][d];
+    want.emplace(id, sum);
   }
   std::vector<RowId> rows(n + 1, -1);
   Vec out((n + 1) * D, 7.0f);
@@ -324,6 +338,78 @@ TEST(Rows, SortReduceMatchesMapReduction) {
       check_sort_reduce({}, D, threads);
       check_sort_reduce({42}, D, threads);
       check_sort_reduce({9, 3, 9, 0, 3, 9}, D, threads);
+    }
+  }
+}
+
+// A hot id (as under Zipf item popularity) next to runs of exactly kSubRun,
+// kSubRun + 1 and 1 rows, the ids shuffled. Checked bit for bit against the
+// documented order written out as a plain loop over each run's input positions,
+// within a bound against the exact (double) sum, and for equality at 1 and 2
+// threads.
+TEST(Rows, SortReduceHotIdFollowsSubRunOrder) {
+  constexpr int64_t kHot = 10000;
+  const RowId hot = 5, at_sub = 77, past_sub = 3, single = 1000;
+  std::vector<RowId> ids;
+  ids.insert(ids.end(), kHot, hot);
+  ids.insert(ids.end(), kSubRun, at_sub);
+  ids.insert(ids.end(), kSubRun + 1, past_sub);
+  ids.push_back(single);
+  std::mt19937 gen(12);
+  for (int k = 0; k < 2000; ++k) ids.push_back(static_cast<RowId>(2000 + gen() % 500));
+  std::shuffle(ids.begin(), ids.end(), gen);
+  const int64_t n = static_cast<int64_t>(ids.size());
+
+  for (int D : {1, 7, 8}) {
+    SCOPED_TRACE(::testing::Message() << "D=" << D);
+    // Gradients of one sign in part (0.5 .. 1.5): a long sum's rounding shows.
+    Vec grads = random_vec(size_t(n) * D, 20 + D, -0.5f, 1.5f);
+    std::vector<Vec> outs;
+    std::vector<RowId> rows;
+    int64_t n_unique = -1;
+    for (int threads : {1, 2}) {
+      rows.assign(n, -1);
+      outs.emplace_back(size_t(n) * D, 7.0f);
+      sort_reduce_rows(cpu(threads), ids.data(), grads.data(), n, D, rows.data(),
+                       outs.back().data(), &n_unique);
+    }
+    ASSERT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)), 0)
+        << "1 and 2 threads differ";
+    const Vec& out = outs[0];
+
+    // Unique ids ascending, each run's input positions in order.
+    std::map<RowId, std::vector<int64_t>> runs;
+    for (int64_t k = 0; k < n; ++k) runs[ids[k]].push_back(k);
+    ASSERT_EQ(n_unique, static_cast<int64_t>(runs.size()));
+    EXPECT_EQ(runs[hot].size(), size_t(kHot));
+    int64_t u = 0;
+    for (const auto& [id, at] : runs) {
+      ASSERT_EQ(rows[u], id) << "unique row " << u;
+      const int64_t L = static_cast<int64_t>(at.size());
+      for (int d = 0; d < D; ++d) {
+        // The documented order: p_s = g[at[s·kSubRun]] + … (left to right), then
+        // total = p_0 + p_1 + … (left to right).
+        float total = 0.0f;
+        double exact = 0.0, abs_sum = 0.0;
+        for (int64_t s0 = 0; s0 < L; s0 += kSubRun) {
+          float p = grads[at[s0] * D + d];
+          for (int64_t j = s0 + 1; j < std::min(L, s0 + kSubRun); ++j) p += grads[at[j] * D + d];
+          total = s0 == 0 ? p : total + p;
+        }
+        for (int64_t k : at) {
+          exact += grads[k * D + d];
+          abs_sum += std::fabs(grads[k * D + d]);
+        }
+        const float got = out[u * D + d];
+        ASSERT_EQ(std::memcmp(&got, &total, sizeof(float)), 0)
+            << "row " << id << " (" << L << " rows) col " << d << ": " << got << " vs " << total;
+        // Float rounding of at most kSubRun + L / kSubRun additions in sequence,
+        // each off by ≤ 2^-24 of a partial sum ≤ Σ|g|: the bound (kSubRun + L /
+        // kSubRun)·2^-24·Σ|g| (a plain left-to-right sum would need L·2^-24·Σ|g|).
+        const double tol = double(kSubRun + L / kSubRun + 1) * 0x1.0p-24 * abs_sum;
+        EXPECT_LE(std::fabs(double(got) - exact), tol) << "row " << id << " col " << d;
+      }
+      ++u;
     }
   }
 }

@@ -540,6 +540,52 @@ TEST_F(Parity, HeadForwardBackward) {
       }
 }
 
+// Batches past kColGroup · 256 rows take the column sums' middle pass (group
+// sums of 64 chunk partials): B = 64·256 + 1 (65 chunks: a group of one) and the
+// ml-20m batch 2^20 (4096 chunks). Same tolerance as above, and the GPU result
+// must be the same bits on a second run (fixed order, no atomics).
+TEST_F(Parity, ColumnSumsAtLargeBatches) {
+  for (int64_t B : {int64_t{64 * 256 + 1}, int64_t{1} << 20}) {
+    for (int F : {1, 128}) {  // head: dw [F] and dc
+      const std::string what = shape({{"B", B}, {"F", F}});
+      Vec H = random_vec(size_t(B) * F, gen_), wc = random_vec(size_t(F) + 1, gen_);
+      Vec dlogits = random_vec(B, gen_, -1.0f / 1024, 1.0f / 1024), dH(size_t(B) * F, 0.0f);
+      Vec dwc(size_t(F) + 1, 0.0f);
+      Buffer<float> gH = up(H), gwc = up(wc), gdlogits = up(dlogits), gdH = up(dH), gdwc = up(dwc);
+      head_backward(cpu_, H.data(), wc.data(), dlogits.data(), dH.data(), dwc.data(),
+                    dwc.data() + F, B, F, GradMode::kOverwrite);
+      head_backward(gpu_, gH.data(), gwc.data(), gdlogits.data(), gdH.data(), gdwc.data(),
+                    gdwc.data() + F, B, F, GradMode::kOverwrite);
+      const Vec first = down(gdwc);
+      expect_close(first, dwc, kDoubleSumAtol, kDoubleSumRtol, what + "head dw, dc");
+      head_backward(gpu_, gH.data(), gwc.data(), gdlogits.data(), gdH.data(), gdwc.data(),
+                    gdwc.data() + F, B, F, GradMode::kOverwrite);
+      expect_same(down(gdwc), first, what + "head dw, dc on a second run");
+    }
+    // Linear bias gradients: db = column sums of the masked dY (out = 256, the
+    // widest MLPerf layer); in = 8 keeps the GEMMs small.
+    const int in = 8, out = 256;
+    const std::string what = shape({{"B", B}, {"in", in}, {"out", out}});
+    Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_);
+    Vec Y = random_vec(size_t(B) * out, gen_);
+    for (float& y : Y) y = std::max(y, 0.0f);
+    Vec dY = random_vec(size_t(B) * out, gen_, -1.0f / 1024, 1.0f / 1024);
+    Vec dW(size_t(out) * in, 0.0f), db(out, 0.0f);
+    Buffer<float> gX = up(X), gW = up(W), gY = up(Y), gdW = up(dW), gdb = up(db);
+    Buffer<float> gdY = up(dY);
+    linear_backward(cpu_, X.data(), W.data(), Y.data(), dY.data(), nullptr, dW.data(), db.data(), B,
+                    in, out, true, GradMode::kOverwrite);
+    linear_backward(gpu_, gX.data(), gW.data(), gY.data(), gdY.data(), nullptr, gdW.data(),
+                    gdb.data(), B, in, out, true, GradMode::kOverwrite);
+    const Vec first = down(gdb);
+    expect_close(first, db, kDoubleSumAtol, kDoubleSumRtol, what + "db");
+    // dY is masked in place already; masking again changes nothing.
+    linear_backward(gpu_, gX.data(), gW.data(), gY.data(), gdY.data(), nullptr, gdW.data(),
+                    gdb.data(), B, in, out, true, GradMode::kOverwrite);
+    expect_same(down(gdb), first, what + "db on a second run");
+  }
+}
+
 TEST_F(Parity, BceWithLogitsPaddingWeightsAndExtremes) {
   for (int64_t B : kBatches)
     for (bool with_weights : {false, true})
@@ -684,7 +730,8 @@ TEST_F(Parity, GatherRowsExactWithDuplicates) {
         }
 }
 
-// Sums of equal ids are taken in input order on both devices: bit-identical.
+// Sums of equal ids are taken in optim.h's order (input order within sub-runs of
+// kSubRun rows, then the sub-run sums in order) on both devices: bit-identical.
 TEST_F(Parity, SortReduceRowsBitExact) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{20000}})
     for (int D : kWidths)
@@ -711,6 +758,54 @@ TEST_F(Parity, SortReduceRowsBitExact) {
           expect_same(gr, Vec(rgrads.begin(), rgrads.begin() + nu_cpu * D + offset),
                       what + "row sums");
         }
+}
+
+// Hot ids, as under the ml-20m batch's item popularity: n = 2^20 ids, one fifth
+// Zipf(1) over 26,744 items (the hottest ~1.9·10^4 times), the rest uniform.
+// Runs longer than kSubRun take the GPU's sub-run path (partials, then their
+// sum in sub-run order); the CPU sums in that same order: bit-identical.
+TEST_F(Parity, SortReduceRowsHotIdsBitExact) {
+  const int64_t n = int64_t{1} << 20;
+  const int32_t items = 26744;
+  std::vector<double> cdf(items);
+  double acc = 0;
+  for (int32_t r = 0; r < items; ++r) cdf[r] = acc += 1.0 / double(r + 1);
+  std::vector<int32_t> order(items);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), gen_);  // the hot items are not the low ids
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::uniform_int_distribution<int32_t> any(0, items - 1);
+  IVec ids(n);
+  for (int64_t k = 0; k < n; ++k) {
+    if (k % 5 == 0) {
+      const auto it = std::upper_bound(cdf.begin(), cdf.end(), unit(gen_) * cdf.back());
+      ids[k] = order[std::min<ptrdiff_t>(it - cdf.begin(), items - 1)];
+    } else {
+      ids[k] = any(gen_);
+    }
+  }
+  std::vector<int64_t> count(items, 0);
+  for (int32_t id : ids) ++count[id];
+  const int64_t hottest = *std::max_element(count.begin(), count.end());
+  EXPECT_GT(hottest, 10000) << "the case needs a hot id";
+
+  for (int D : {192, 7}) {
+    const std::string what = shape({{"n", n}, {"D", D}, {"hottest", hottest}});
+    Vec grads = random_vec(size_t(n) * D, gen_);
+    IVec urows(n, -7);
+    Vec rgrads(size_t(n) * D, 0.0f);
+    Buffer<RowId> gids = up(ids), gurows = up(urows);
+    Buffer<float> ggrads = up(grads), grgrads = up(rgrads);
+    int64_t nu_cpu = -1, nu_gpu = -1;
+    sort_reduce_rows(cpu_, ids.data(), grads.data(), n, D, urows.data(), rgrads.data(), &nu_cpu);
+    sort_reduce_rows(gpu_, gids.data(), ggrads.data(), n, D, gurows.data(), grgrads.data(),
+                     &nu_gpu);
+    ASSERT_EQ(nu_gpu, nu_cpu) << what;
+    expect_same(down(gurows, nu_cpu), IVec(urows.begin(), urows.begin() + nu_cpu),
+                what + "unique rows");
+    expect_same(down(grgrads, size_t(nu_cpu) * D), Vec(rgrads.begin(), rgrads.begin() + nu_cpu * D),
+                what + "row sums");
+  }
 }
 
 // ---- metrics.h ------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ __device__ __forceinline__ bool error_pending(const DeviceErrorRecord* rec) {
 inline void sync_and_raise(const ExecContext& ctx, CudaResources& r) {
   CUDA_CHECK(cudaMemcpyAsync(r.error_host, r.error_dev, sizeof(DeviceErrorRecord),
                              cudaMemcpyDeviceToHost, stream_of(ctx)));
-  CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  wait_stream(stream_of(ctx));  // interruptible: see cuda_context.h
   if (r.error_host->code != 0) check_device_errors(ctx);
 }
 
@@ -204,12 +204,19 @@ void deterministic_sums(cudaStream_t stream, int64_t n, Op op, double* partial, 
 // Σ_b op(b, c) for each of C columns over B rows. Block (x, y) takes rows
 // [x·kColChunk, (x+1)·kColChunk) and columns [32y, 32y+32): lane tx owns column
 // 32y+tx (coalesced row reads), the 8 thread rows split the chunk's rows
-// ty, ty+8, … and are combined in ty order. A second pass adds the chunk
-// partials of each column in chunk order.
+// ty, ty+8, … and are combined in ty order. Then the chunk partials of each
+// column: when there are more than kColGroup chunks (B > 16,384), a middle pass
+// (one thread per (group, column), many blocks) adds each group of kColGroup
+// consecutive chunk partials in chunk order and stores the group's sum over the
+// group's first partial; the last pass (one thread per column) adds the group
+// sums in group order. So a column's total is Σ_groups (Σ_chunks in group), an
+// order fixed by B alone; at B = 2^20 (4096 chunks, 64 groups) a thread of
+// either pass adds 64 terms where one thread per column used to add 4096.
 
 constexpr int kColLanes = 32;
 constexpr int kColRows = 8;
 constexpr int64_t kColChunk = 256;  // rows per partial
+constexpr int64_t kColGroup = 64;   // chunk partials per middle-pass sum
 
 inline int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
 
@@ -234,17 +241,36 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
   }
 }
 
-// store(c, total) for each column; totals are 0 when B == 0.
+// partial[g·kColGroup, c] = Σ partial[x, c] over the chunks x of group g, in
+// chunk order. Threads of a block take consecutive columns (coalesced); each
+// (g, c) is read and written by its thread only, so the in-place store is safe.
+__global__ void col_group_kernel(double* partial, int64_t chunks, int C) {
+  const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
+  const int64_t total = groups * C;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t g = i / C, c = i % C;
+    const int64_t x0 = g * kColGroup;
+    const int64_t x1 = x0 + kColGroup < chunks ? x0 + kColGroup : chunks;
+    double s = partial[x0 * C + c];
+    for (int64_t x = x0 + 1; x < x1; ++x) s += partial[x * C + c];
+    partial[x0 * C + c] = s;
+  }
+}
+
+// store(c, total) for each column: the sum of partial[x·step, c] over
+// x·step < chunks, in x order (step 1: the chunk partials themselves; step
+// kColGroup: the group sums). Totals are 0 when B == 0.
 template <typename Store>
-__global__ void col_finish_kernel(const double* partial, int64_t chunks, int C, Store store) {
+__global__ void col_finish_kernel(const double* partial, int64_t chunks, int64_t step, int C,
+                                  Store store) {
   for (int64_t c = thread_first(); c < C; c += thread_stride()) {
     double s = 0.0;
-    for (int64_t x = 0; x < chunks; ++x) s += partial[x * C + c];
+    for (int64_t x = 0; x < chunks; x += step) s += partial[x * C + c];
     store(static_cast<int>(c), s);
   }
 }
 
-// `partial` holds col_chunks(B)·C doubles.
+// `partial` holds col_chunks(B)·C doubles (the group sums reuse it in place).
 template <typename Op, typename Store>
 void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double* partial,
                             Store store, const char* what) {
@@ -256,7 +282,14 @@ void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double
     dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
     col_sums_kernel<<<grid, dim3(kColLanes, kColRows), 0, stream>>>(op, B, C, partial);
   }
-  if (C > 0) col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, C, store);
+  int64_t step = 1;
+  if (chunks > kColGroup && C > 0) {
+    const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
+    col_group_kernel<<<grid_for(groups * C), kThreads, 0, stream>>>(partial, chunks, C);
+    step = kColGroup;
+  }
+  if (C > 0)
+    col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, step, C, store);
   check_launch(what);
 }
 

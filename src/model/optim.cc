@@ -212,15 +212,27 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
     if (k == 0 || ids[perm[k]] != ids[perm[k - 1]]) seg.push_back(k);
   const int64_t U = static_cast<int64_t>(seg.size());
   seg.push_back(n);
+  // dst[0..D) = the rows of sorted positions [k0, k1), added left to right.
+  auto sum_rows = [&](int64_t k0, int64_t k1, float* dst) {
+    const float* first = grads + perm[k0] * D;
+    std::copy(first, first + D, dst);
+    for (int64_t k = k0 + 1; k < k1; ++k) {
+      const float* src = grads + perm[k] * D;
+      for (int d = 0; d < D; ++d) dst[d] += src[d];
+    }
+  };
   parallel_for(ctx.threads, U, row_grain(D), [&](int64_t u0, int64_t u1) {
+    std::vector<float> part;  // [D] one sub-run's sum
     for (int64_t u = u0; u < u1; ++u) {
       out_unique_rows[u] = ids[perm[seg[u]]];
       float* dst = out_row_grads + u * D;
-      const float* first = grads + perm[seg[u]] * D;
-      std::copy(first, first + D, dst);
-      for (int64_t k = seg[u] + 1; k < seg[u + 1]; ++k) {
-        const float* src = grads + perm[k] * D;
-        for (int d = 0; d < D; ++d) dst[d] += src[d];
+      // optim.h's order: sub-runs of kSubRun rows, their sums added in sub-run order.
+      const int64_t k0 = seg[u], k1 = seg[u + 1];
+      sum_rows(k0, std::min(k1, k0 + kSubRun), dst);
+      if (k1 - k0 > kSubRun) part.resize(static_cast<size_t>(D));
+      for (int64_t s = k0 + kSubRun; s < k1; s += kSubRun) {
+        sum_rows(s, std::min(k1, s + kSubRun), part.data());
+        for (int d = 0; d < D; ++d) dst[d] += part[d];
       }
     }
   });

@@ -1,8 +1,12 @@
 // CUDA twins of optim.h: the dense optimizers (element-wise), the embedding
 // optimizers (all rows for dense Adam, the touched rows otherwise), the row
 // gather, and the owner-side sort-and-reduce (CUB radix sort, run-length
-// encoding, then one thread per (unique row, column) summing its gradient rows
-// in input order — the CPU's order, so the sums are bit-identical to it).
+// encoding, then the sums in optim.h's sub-run order — the CPU's order, so the
+// sums are bit-identical to it). A run longer than kSubRun (a hot id: ~10^4
+// repeats per 2^20-row batch under Zipf item popularity) is not walked by one
+// thread: one thread per (sub-run, column) writes the sub-run sums to scratch,
+// then one thread per (unique row, column) adds them in sub-run order, so no
+// thread adds more than max(kSubRun, sub-runs of the longest run) terms.
 //
 // The update formulas are optim.h's NCF_HD functions, shared with the CPU.
 // Table kernels read and write float4s when D % 4 == 0 and every array is
@@ -176,32 +180,95 @@ __global__ void gather_rows_kernel(const float* table, const RowId* ids, float* 
   }
 }
 
-// out[u, :] = Σ grads[pos[j], :] over the u-th run j ∈ [start[u], start[u] + len[u])
-// of the id-sorted positions, added in run order (= input order: the sort is
-// stable) starting from the first row, exactly as the CPU does.
+// float4 arithmetic of the vectorized (kVec) reduction paths.
+__device__ __forceinline__ void add4(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
+// Σ grads[pos[j], d..] over sorted positions j ∈ [j0, j1), left to right from
+// the first row (kVec: 4 columns at once, each column its own sum).
+template <bool kVec>
+__device__ __forceinline__ void sum_sorted_rows(const float* grads, const int32_t* pos, int32_t j0,
+                                                int32_t j1, int D, int d, float* dst) {
+  if constexpr (kVec) {
+    float4 acc = *reinterpret_cast<const float4*>(grads + static_cast<int64_t>(pos[j0]) * D + d);
+    for (int32_t j = j0 + 1; j < j1; ++j)
+      add4(acc, *reinterpret_cast<const float4*>(grads + static_cast<int64_t>(pos[j]) * D + d));
+    *reinterpret_cast<float4*>(dst) = acc;
+  } else {
+    float acc = grads[static_cast<int64_t>(pos[j0]) * D + d];
+    for (int32_t j = j0 + 1; j < j1; ++j) acc += grads[static_cast<int64_t>(pos[j]) * D + d];
+    *dst = acc;
+  }
+}
+
+// n_sub[i] = the sub-runs of run i when it is longer than kSubRun, else 0 (its
+// sum needs no partials); n_sub[n] = 0, so the exclusive scan's last element is
+// the total. run_len is zero past the unique count.
+__global__ void count_sub_runs_kernel(const int32_t* run_len, int64_t n, int32_t* n_sub) {
+  for (int64_t i = thread_first(); i <= n; i += thread_stride()) {
+    const int32_t len = i < n ? run_len[i] : 0;
+    n_sub[i] = len > kSubRun ? static_cast<int32_t>((len + kSubRun - 1) / kSubRun) : 0;
+  }
+}
+
+// owner[sub_start[u] + k] = u for each of run u's sub-runs (long runs only).
+__global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_start, int64_t U,
+                                     int32_t* owner) {
+  for (int64_t u = thread_first(); u < U; u += thread_stride())
+    for (int32_t k = 0; k < n_sub[u]; ++k) owner[sub_start[u] + k] = static_cast<int32_t>(u);
+}
+
+// partial[s, :] = the sum of sub-run s (of the P sub-runs of the long runs):
+// kSubRun rows (fewer for a run's last) in sorted = input order.
+template <bool kVec>
+__global__ void sub_run_sums_kernel(const float* grads, const int32_t* pos, const int32_t* start,
+                                    const int32_t* len, const int32_t* sub_start,
+                                    const int32_t* owner, float* partial, int64_t P, int D) {
+  const int lanes = lanes_of<kVec>(D);
+  const int64_t total = P * lanes;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t s = i / lanes;
+    const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
+    const int32_t u = owner[s];
+    const int32_t j0 = start[u] + static_cast<int32_t>((s - sub_start[u]) * kSubRun);
+    const int32_t j1 = min(j0 + static_cast<int32_t>(kSubRun), start[u] + len[u]);
+    sum_sorted_rows<kVec>(grads, pos, j0, j1, D, d, partial + s * D + d);
+  }
+}
+
+// out[u, :] for the u-th run of the id-sorted positions: a run of at most
+// kSubRun rows summed here in input order from its first row; a longer one as
+// its sub-run partials added in sub-run order (optim.h).
 template <bool kVec>
 __global__ void reduce_runs_kernel(const float* grads, const int32_t* pos, const int32_t* start,
-                                   const int32_t* len, float* out, int64_t U, int D) {
+                                   const int32_t* len, const int32_t* n_sub,
+                                   const int32_t* sub_start, const float* partial, float* out,
+                                   int64_t U, int D) {
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = U * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
-    const int32_t j0 = start[u], j1 = start[u] + len[u];
+    float* dst = out + u * D + d;
+    const int32_t subs = n_sub[u];
+    if (subs == 0) {
+      sum_sorted_rows<kVec>(grads, pos, start[u], start[u] + len[u], D, d, dst);
+      continue;
+    }
+    const float* p = partial + static_cast<int64_t>(sub_start[u]) * D + d;
     if constexpr (kVec) {
-      float4 acc = *reinterpret_cast<const float4*>(grads + static_cast<int64_t>(pos[j0]) * D + d);
-      for (int32_t j = j0 + 1; j < j1; ++j) {
-        const float4 g = *reinterpret_cast<const float4*>(grads + static_cast<int64_t>(pos[j]) * D + d);
-        acc.x += g.x;
-        acc.y += g.y;
-        acc.z += g.z;
-        acc.w += g.w;
-      }
-      *reinterpret_cast<float4*>(out + u * D + d) = acc;
+      float4 acc = *reinterpret_cast<const float4*>(p);
+      for (int32_t k = 1; k < subs; ++k)
+        add4(acc, *reinterpret_cast<const float4*>(p + static_cast<int64_t>(k) * D));
+      *reinterpret_cast<float4*>(dst) = acc;
     } else {
-      float acc = grads[static_cast<int64_t>(pos[j0]) * D + d];
-      for (int32_t j = j0 + 1; j < j1; ++j) acc += grads[static_cast<int64_t>(pos[j]) * D + d];
-      out[u * D + d] = acc;
+      float acc = p[0];
+      for (int32_t k = 1; k < subs; ++k) acc += p[static_cast<int64_t>(k) * D];
+      *dst = acc;
     }
   }
 }
@@ -318,13 +385,17 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
     *n_unique = 0;
     return;
   }
-  check_int_range(op, "n", n);  // CUB's run-length encoding counts in int
+  check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
   const int N = static_cast<int>(n);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
+  // Sub-runs of the runs longer than kSubRun: each such run has L > kSubRun rows
+  // and ceil(L / kSubRun) < 2·L / kSubRun sub-runs, so there are fewer than
+  // 2n / kSubRun in all — the partials' room, fixed before the counts are known.
+  const int64_t max_partials = 2 * n / kSubRun + 1;
 
-  // CUB temporary storage: the largest of the three passes (they run one after another).
-  size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  // CUB temporary storage: the largest of the four passes (they run one after another).
+  size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0, sub_scan_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, static_cast<RowId*>(nullptr),
                                              static_cast<const int32_t*>(nullptr),
                                              static_cast<int32_t*>(nullptr), N, 0,
@@ -334,13 +405,21 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
                                                 static_cast<int32_t*>(nullptr), N, stream));
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
                                            static_cast<int32_t*>(nullptr), N, stream));
-  const size_t temp_bytes = std::max({sort_bytes, rle_bytes, scan_bytes, size_t{1}});
+  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, sub_scan_bytes,
+                                           static_cast<const int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), N + 1, stream));
+  const size_t temp_bytes =
+      std::max({sort_bytes, rle_bytes, scan_bytes, sub_scan_bytes, size_t{1}});
 
   RowId* sorted_ids = nullptr;   // [n] ids in sorted order
   int32_t* pos_in = nullptr;     // [n] 0..n-1
   int32_t* pos_sorted = nullptr; // [n] input positions in id order (equal ids: input order)
   int32_t* run_len = nullptr;    // [n] rows per unique id (first n_unique used)
   int32_t* run_start = nullptr;  // [n] first sorted position of each unique id
+  int32_t* n_sub = nullptr;      // [n+1] sub-runs of each long run (0: short run, or unused)
+  int32_t* sub_start = nullptr;  // [n+1] first partial of each long run; [n] = P, the total
+  int32_t* owner = nullptr;      // [max_partials] the run of each partial
+  float* partial = nullptr;      // [max_partials×D] sub-run sums of the long runs
   int32_t* num_runs = nullptr;   // [1]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
@@ -349,6 +428,10 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
     pos_sorted = s.take<int32_t>(n);
     run_len = s.take<int32_t>(n);
     run_start = s.take<int32_t>(n);
+    n_sub = s.take<int32_t>(n + 1);
+    sub_start = s.take<int32_t>(n + 1);
+    owner = s.take<int32_t>(max_partials);
+    partial = s.take<float>(static_cast<size_t>(max_partials) * D);
     num_runs = s.take<int32_t>(1);
     temp = s.take<char>(temp_bytes);
   });
@@ -359,25 +442,43 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   // LSD radix sort is stable: equal ids keep their input order.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, pos_in, pos_sorted, N, 0,
                                              int(sizeof(RowId) * 8), stream));
-  CUDA_CHECK(cudaMemsetAsync(run_len, 0, sizeof(int32_t) * n, stream));  // the scan reads all n
+  CUDA_CHECK(cudaMemsetAsync(run_len, 0, sizeof(int32_t) * n, stream));  // the scans read all n
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, sorted_ids, out_unique_rows, run_len,
                                                 num_runs, N, stream));
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, run_len, run_start, N, stream));
+  count_sub_runs_kernel<<<grid_for(n + 1), kThreads, 0, stream>>>(run_len, n, n_sub);
+  check_launch(op);
+  bytes = temp_bytes;
+  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, n_sub, sub_start, N + 1, stream));
 
-  // The one wait: the unique count is a host value.
-  auto* host_runs = static_cast<int32_t*>(r.pinned(sizeof(int32_t)));
-  CUDA_CHECK(cudaMemcpyAsync(host_runs, num_runs, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  // The one wait: the unique count and the partial count, as host values.
+  auto* host_counts = static_cast<int32_t*>(r.pinned(2 * sizeof(int32_t)));
+  CUDA_CHECK(
+      cudaMemcpyAsync(host_counts, num_runs, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaMemcpyAsync(host_counts + 1, sub_start + n, sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
-  const int64_t U = *host_runs;
+  const int64_t U = host_counts[0], P = host_counts[1];
+  NCF_CHECK(P >= 0 && P <= max_partials, op, ": ", P, " sub-runs exceed the bound ", max_partials);
 
-  if (D % 4 == 0 && aligned16(grads) && aligned16(out_row_grads))
+  const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(out_row_grads);
+  if (P > 0) {
+    sub_run_owner_kernel<<<grid_for(U), kThreads, 0, stream>>>(n_sub, sub_start, U, owner);
+    if (vec)
+      sub_run_sums_kernel<true><<<grid_for(P * (D / 4)), kThreads, 0, stream>>>(
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, P, D);
+    else
+      sub_run_sums_kernel<false><<<grid_for(P * D), kThreads, 0, stream>>>(
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, P, D);
+  }
+  if (vec)
     reduce_runs_kernel<true><<<grid_for(U * (D / 4)), kThreads, 0, stream>>>(
-        grads, pos_sorted, run_start, run_len, out_row_grads, U, D);
+        grads, pos_sorted, run_start, run_len, n_sub, sub_start, partial, out_row_grads, U, D);
   else
     reduce_runs_kernel<false><<<grid_for(U * D), kThreads, 0, stream>>>(
-        grads, pos_sorted, run_start, run_len, out_row_grads, U, D);
+        grads, pos_sorted, run_start, run_len, n_sub, sub_start, partial, out_row_grads, U, D);
   check_launch(op);
   *n_unique = U;
 }

@@ -120,12 +120,21 @@ void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const R
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
                  int64_t R, int64_t n, int D);
 
+// Rows per sub-run of the duplicate-gradient reduction (sort_reduce_rows).
+// Fixed, so the summation order below never depends on the device or the
+// thread count; it bounds the serial work of one GPU thread under a hot id.
+constexpr int64_t kSubRun = 64;
+
 // The scatter side: sorts ids[n] (a stable sort of positions, so equal ids keep
-// their input order) and sums the gradient rows grads[n×D] of equal ids in
-// input order — a deterministic result. Writes *n_unique (a host value) rows:
-// out_unique_rows[*n_unique] strictly increasing and out_row_grads[*n_unique×D];
-// both outputs need room for n rows. Ids are not range-checked here (the
-// optimizers do that).
+// their input order) and sums the gradient rows grads[n×D] of equal ids. The
+// order, the same on both devices (bit-identical results): a run of L equal ids,
+// g_0 … g_{L-1} in input order, is cut into sub-runs of kSubRun consecutive
+// rows from its first one, p_s = g_{s·kSubRun} + … + g_{min(L,(s+1)·kSubRun)-1}
+// added left to right, and the row's sum is p_0 + p_1 + … left to right. A run
+// of L ≤ kSubRun is one plain left-to-right sum. Writes *n_unique (a host value)
+// rows: out_unique_rows[*n_unique] strictly increasing and
+// out_row_grads[*n_unique×D]; both outputs need room for n rows. Ids are not
+// range-checked here (the optimizers do that).
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
                       int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique);
 
