@@ -1,0 +1,888 @@
+#!/usr/bin/env bash
+# The GPU bring-up kit: build and run ncf_dist on a bare, short-lived GPU machine that has
+# the NVIDIA driver, the CUDA toolkit, CMake, g++ and Python (PyTorch, nvidia-nccl-cu13) but
+# none of our Debian packages and no network.
+#
+#   bash scripts/gpu_kit.sh pack       here (Debian 12): the Debian packages the build and the
+#                                      runs need, minus what any machine with a compiler has,
+#                                      into .gpu-kit/ (git-ignored); bring .gpu-kit along
+#   bash scripts/gpu_kit.sh run [build|tests|bench|all]
+#                                      there, from the repository root: unpack .gpu-kit into a
+#                                      prefix under .gpu-kit/, configure and build build-gpu/
+#                                      for that GPU, run the stages, record the results
+#   bash scripts/gpu_kit.sh rehearse   here, as root: `run` inside a clean Debian 12 root
+#                                      (debootstrap minbase + build-essential, cmake, python3),
+#                                      /usr/local/cuda bind-mounted, no network, no GPU
+#
+# `run` without .gpu-kit/debs uses the machine's own packages (scripts/setup.sh); that is what
+# bench/run_gpu_benchmarks.sh does. Results go to $OUT when set, else
+# bench/results/gpu_<UTC date>_<commit>/: info.txt, one log per stage, summary.md (one line
+# per stage: status, figure, seconds). A stage that fails is recorded and the next one runs;
+# every GPU stage reports "no GPU" on a machine without one. Exit status: 1 when a stage
+# failed, else 0.
+#
+# Env: NCF_KIT_BUILD (build-gpu), NCF_KIT_DATA (data), NCF_KIT_PREFIX (where the kit is
+# unpacked, .gpu-kit/prefix), NCF_KIT_BUDGET (seconds one `run` may take, 540: a stage that
+# would not fit is shortened, or skipped when < 15 s are left), NCF_KIT_TIMEOUT_SCALE (1,
+# multiplies every stage's limit), NCF_KIT_BUILD_TIMEOUT (900), NCF_KIT_ARCH (the GPU's
+# compute capability, e.g. 90; default: nvidia-smi's, else 90), NCF_KIT_TTQ_EPOCHS (20),
+# NCF_KIT_PRECISIONS ("tf32 bf16"), NCF_KIT_PARITY_FILTER (the parity tests run under
+# compute-sanitizer), NCF_KIT_COMMIT (the commit to report when there is no .gpu-kit/commit),
+# NCF_KIT_ROOTFS (rehearse: the cached Debian root, .gpu-kit-root/bookworm).
+# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+prog=gpu_kit
+kit="$root/.gpu-kit"
+# where `run` unpacks the kit; rehearse puts it outside .gpu-kit, which stays as pack left it
+kit_prefix="${NCF_KIT_PREFIX:-$kit/prefix}"
+die() { echo "$prog: error: $*" >&2; exit 1; }
+note() { echo "$prog: $*" >&2; }
+os_name() { sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null || uname -sr; }
+multiarch() { find "$1" -maxdepth 1 -name '*-linux-gnu' -printf '%f\n' 2>/dev/null | sort | head -n 1; }
+
+# The packages of scripts/setup.sh that the build and the runs need (not the compiler,
+# cmake or python: those are the GPU machine's).
+kit_packages=(openmpi-bin libopenmpi-dev libprotobuf-dev protobuf-compiler libopenblas-dev
+  libgtest-dev libcli11-dev nlohmann-json3-dev)
+# Dependencies never shipped: compilers (gfortran for mpifort), ssh (single-node runs start
+# ranks with fork), autotools (libltdl-dev), hwloc's optional plugins (X11, libxml2, ICU,
+# OpenCL), Open MPI's HTML docs. The baseline (below) covers libc6, libstdc++6, libgcc-s1.
+kit_skip=(gfortran-12 gfortran-mod-15 gfortran fortran-compiler openssh-client ssh-client
+  libjs-jquery libjs-jquery-ui automake-1.16 automake autoconf libhwloc-plugins)
+kit_limit_mib=60
+
+# ======================================================================================
+# pack
+# ======================================================================================
+# closure ROOTS... : "name version" of the candidate packages ROOTS need, following Depends
+# and Pre-Depends (first alternative), minus the baseline: the installed packages of
+# Priority required / Essential and build-essential, and everything they depend on.
+closure() {
+  python3 - "$*" "build-essential" "${kit_skip[*]}" <<'EOF'
+import re, subprocess, sys
+roots, base_roots, skip = sys.argv[1].split(), sys.argv[2].split(), set(sys.argv[3].split())
+def paras(text):
+    for p in text.split("\n\n"):
+        m = re.search(r"^Package: (\S+)", p, re.M)
+        if m:
+            yield m.group(1), p
+def field(p, name):
+    m = re.search(rf"^{name}: (.*(?:\n .*)*)", p, re.M)
+    return m.group(1).replace("\n", " ") if m else ""
+def bare(d):  # "libfoo:any (>= 1)" -> "libfoo"
+    return re.sub(r"\(.*?\)", "", d).strip().split(":")[0]
+def groups(p):
+    for g in (field(p, "Pre-Depends") + "," + field(p, "Depends")).split(","):
+        alts = [bare(a) for a in g.split("|") if bare(a)]
+        if alts:
+            yield alts
+def provides(pk):
+    prov = {}
+    for n, p in pk.items():
+        prov.setdefault(n, []).insert(0, n)
+        for d in field(p, "Provides").split(","):
+            if bare(d):
+                prov.setdefault(bare(d), []).append(n)
+    return prov
+inst = {n: p for n, p in paras(open("/var/lib/dpkg/status", encoding="utf-8").read())
+        if re.search(r"^Status: .* installed$", p, re.M)}
+iprov = provides(inst)
+todo = [n for n, p in inst.items() if re.search(r"^(Priority: required|Essential: yes)$", p, re.M)]
+todo += [r for r in base_roots if r in inst]
+base = set()
+while todo:
+    n = todo.pop()
+    if n in base:
+        continue
+    base.add(n)
+    for alts in groups(inst[n]):
+        for a in alts:
+            if a in iprov:
+                todo.append(iprov[a][0])
+                break
+for must in ("libc6", "libstdc++6", "libgcc-s1", "g++", "gcc"):
+    if must not in base:
+        sys.exit(f"closure: the baseline lacks {must}: install build-essential here first")
+in_base = set()
+for n in base:
+    in_base.add(n)
+    in_base.update(bare(d) for d in field(inst[n], "Provides").split(",") if bare(d))
+avail = dict(paras(subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True,
+                                  check=True).stdout))
+aprov = provides(avail)
+kit, todo = set(), list(roots)
+while todo:
+    n = todo.pop()
+    if n in kit:
+        continue
+    if n not in avail:
+        sys.exit(f"closure: package {n} is not available (apt-get update first?)")
+    kit.add(n)
+    for alts in groups(avail[n]):
+        if any(a in in_base or a in skip or a in kit for a in alts):
+            continue
+        pick = next((aprov[a][0] for a in alts if a in aprov), None)
+        if pick is None:
+            sys.exit(f"closure: {n} depends on {' | '.join(alts)}, none available")
+        todo.append(pick)
+for n in sorted(kit):
+    print(n, re.search(r"^Version: (\S+)", avail[n], re.M).group(1))
+EOF
+}
+
+cmd_pack() {
+  if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    die "pack runs on a Debian machine (apt-get, dpkg-deb)"
+  fi
+  command -v python3 >/dev/null || die "pack needs python3"
+  local arch
+  arch="$(dpkg --print-architecture)"
+  [ "$arch" = amd64 ] || note "packing for $arch: the GPU machine must be $arch too"
+  rm -rf "$kit"
+  mkdir -p "$kit/debs"
+  note "resolving the dependency closure of ${kit_packages[*]}"
+  closure "${kit_packages[@]}" >"$kit/manifest.tmp" || die "dependency closure failed"
+  local specs=()
+  while read -r name version; do specs+=("$name=$version"); done <"$kit/manifest.tmp"
+  note "downloading ${#specs[@]} packages"
+  if ! (cd "$kit/debs" && apt-get download -q -o APT::Sandbox::User=root "${specs[@]}" >/dev/null); then
+    note "apt-get download failed; running apt-get update and retrying"
+    apt-get update -qq
+    (cd "$kit/debs" && apt-get download -q -o APT::Sandbox::User=root "${specs[@]}" >/dev/null) || die "apt-get download failed"
+  fi
+  {
+    echo "# ncf_dist GPU kit: Debian packages (name version size file), $(date -u +%FT%TZ)"
+    echo "# from: $(os_name), architecture $arch"
+    local name version f
+    while read -r name version; do
+      f="$(cd "$kit/debs" && ls "${name}"_*.deb)"
+      echo "$name $version $(stat -c %s "$kit/debs/$f") $f"
+    done <"$kit/manifest.tmp"
+  } >"$kit/manifest.txt"
+  rm -f "$kit/manifest.tmp"
+  local commit
+  commit="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+  if [ "$commit" != unknown ] && [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    commit="$commit-dirty"
+  fi
+  echo "$commit" >"$kit/commit"
+  local kit_bytes tree_bytes total_mib
+  kit_bytes=$(du -sb "$kit" | cut -f1)
+  tree_bytes=$( (git -C "$root" ls-files -z 2>/dev/null || true) |
+    (cd "$root" && xargs -0 -r stat -c %s 2>/dev/null) | awk '{s += $1} END {print s + 0}')
+  total_mib=$(( (kit_bytes + tree_bytes + 1048575) / 1048576 ))
+  if [ "$kit_bytes" -gt $((kit_limit_mib * 1048576)) ]; then
+    die ".gpu-kit is $((kit_bytes / 1048576)) MiB, over $kit_limit_mib MiB: add packages to kit_skip"
+  fi
+  cat <<EOF
+$prog: packed $(wc -l <"$kit/debs/../manifest.txt" | awk '{print $1 - 2}') Debian packages for commit $commit
+  .gpu-kit: $(awk -v b="$kit_bytes" 'BEGIN{printf "%.1f", b / 1048576}') MiB ($kit/manifest.txt lists them)
+  checkout (tracked files): $(awk -v b="$tree_bytes" 'BEGIN{printf "%.1f", b / 1048576}') MiB; together about $total_mib MiB
+Bring along the checkout plus this one git-ignored path:
+  .gpu-kit
+On the GPU machine, from the repository root:
+  bash scripts/gpu_kit.sh run            # or: run build, run tests, run bench
+EOF
+}
+
+# ======================================================================================
+# run
+# ======================================================================================
+orig_path="$PATH"
+orig_ld="${LD_LIBRARY_PATH:-}"
+kit_ld=""          # LD_LIBRARY_PATH for our programs (the unpacked prefix first)
+have_gpu=0
+num_gpus=0
+gpu_why=""
+build=""
+out=""
+commit=""
+t_start=0
+budget=540
+failures=0
+
+# unpack: the .debs into $kit_prefix (once per manifest), with the links the packages'
+# postinst would make with update-alternatives (OpenBLAS, Open MPI).
+unpack() {
+  local prefix="$kit_prefix" stamp="$kit_prefix/.unpacked" want ctl="$kit_prefix/.control"
+  want="$(cat "$kit/manifest.txt"; echo "unpack layout 2 (merged usr, alternatives)")"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "already unpacked in $prefix"
+    return 0
+  fi
+  rm -rf "$prefix"
+  mkdir -p "$prefix" "$ctl"
+  local deb name tmp
+  for deb in "$kit"/debs/*.deb; do
+    name="$(basename "$deb" .deb)"
+    mkdir -p "$ctl/$name"
+    if command -v dpkg-deb >/dev/null 2>&1; then
+      dpkg-deb -x "$deb" "$prefix"
+      dpkg-deb -e "$deb" "$ctl/$name"
+    else
+      command -v ar >/dev/null 2>&1 || die "neither dpkg-deb nor ar (binutils) is installed"
+      tmp="$(mktemp -d)"
+      (cd "$tmp" && ar x "$deb")
+      tar -xf "$tmp"/data.tar.* -C "$prefix"
+      tar -xf "$tmp"/control.tar.* -C "$ctl/$name"
+      rm -rf "$tmp"
+    fi
+  done
+  # Merged /usr, as the packages' target systems have it: /lib/x86_64-linux-gnu/libnl-3.so.200
+  # (Debian 12 still ships some files under /lib, /bin, /sbin) goes to usr/lib/..., and
+  # lib, bin, sbin become links to their usr/ twins.
+  local d
+  for d in lib lib64 bin sbin; do
+    if [ -d "$prefix/$d" ] && [ ! -L "$prefix/$d" ]; then
+      mkdir -p "$prefix/usr/$d"
+      cp -a "$prefix/$d/." "$prefix/usr/$d/"
+      rm -rf "${prefix:?}/$d"
+      ln -s "usr/$d" "$prefix/$d"
+    fi
+  done
+  # update-alternatives --install LINK NAME PATH PRIO [--slave LINK NAME PATH]...
+  local link target n=0
+  while read -r link target; do
+    [ -e "$prefix$target" ] || continue
+    mkdir -p "$(dirname "$prefix$link")"
+    ln -sfnr "$prefix$target" "$prefix$link"
+    n=$((n + 1))
+  done < <(cat "$ctl"/*/postinst 2>/dev/null | tr '\t' ' ' | sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta' |
+    grep -E 'update-alternatives.*--install' |
+    grep -oE -- '--(install|slave) +[^ ]+ +[^ ]+ +[^ ]+' | awk '{print $2, $4}')
+  # cblas.h where a plain #include <cblas.h> finds it (the alternative libblas.so-dev makes).
+  local ma inc
+  ma="$(multiarch "$prefix/usr/lib")"
+  inc="$prefix/usr/include/$ma"
+  if [ -d "$inc/openblas-pthread" ]; then
+    for f in "$inc"/openblas-pthread/*.h; do ln -sfnr "$f" "$inc/$(basename "$f")"; done
+  fi
+  echo "unpacked $(find "$kit/debs/" -name '*.deb' | wc -l) packages into $prefix ($n alternative links)"
+  echo "$want" >"$stamp"
+}
+
+# setup_env: PATH, Open MPI relocation and settings; kit_ld for our programs only.
+setup_env() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # What tests/test_util.cc mpirun() passes: no InfiniBand/libfabric transports, ob1,
+  # shared memory without CMA/KNEM (containers and VMs forbid them).
+  export OMPI_MCA_btl='^openib,ofi' OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_mtl='^ofi,psm,psm2' OMPI_MCA_osc='^ucx' OMPI_MCA_rmaps_base_oversubscribe=1
+  # Single node: ranks start with fork; without ssh, mpirun would refuse before that.
+  command -v ssh >/dev/null 2>&1 || export OMPI_MCA_plm_rsh_agent=false
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+  if [ -d "$kit_prefix/usr" ]; then
+    local p="$kit_prefix/usr" ma
+    ma="$(multiarch "$p/lib")"
+    export PATH="$p/bin:$orig_path"
+    # Debian's Open MPI relocates with OPAL_PREFIX; its external PMIx (pmix2) does not
+    # relocate its plugins and help files by PMIX_INSTALL_PREFIX alone: they are named too.
+    export OPAL_PREFIX="$p"
+    export OMPI_MCA_mca_base_component_path="$p/lib/$ma/openmpi/lib/openmpi3"
+    export PMIX_INSTALL_PREFIX="$p/lib/$ma/pmix2"
+    export PMIX_PKGDATADIR="$p/lib/$ma/pmix2/share/pmix"
+    export PMIX_MCA_mca_base_component_path="$p/lib/$ma/pmix2/lib/pmix"
+    kit_ld="$p/lib/$ma:$p/lib/$ma/openmpi/lib:$p/lib/$ma/openblas-pthread:$p/lib/$ma/pmix2/lib"
+    kit_ld="$kit_ld${orig_ld:+:$orig_ld}"
+    kit_cmake_args=(-DCMAKE_PREFIX_PATH="$p" -DCMAKE_LIBRARY_ARCHITECTURE="$ma"
+      -DMPI_C_COMPILER="$p/bin/mpicc" -DMPIEXEC_EXECUTABLE="$p/bin/mpiexec"
+      -DProtobuf_PROTOC_EXECUTABLE="$p/bin/protoc")
+  else
+    kit_ld="$orig_ld"
+    kit_cmake_args=()
+  fi
+  if [ -d /usr/local/cuda/bin ]; then
+    case ":$PATH:" in *":/usr/local/cuda/bin:"*) ;; *) export PATH="$PATH:/usr/local/cuda/bin" ;; esac
+  fi
+  orig_path_cuda="$orig_path:/usr/local/cuda/bin"
+}
+kit_cmake_args=()
+orig_path_cuda="$orig_path"
+
+# ours CMD...: run one of our programs with the kit's libraries.
+ours() { env LD_LIBRARY_PATH="$kit_ld" "$@"; }
+# theirs CMD...: the machine's own tools (nvidia-smi, python3 with PyTorch): no kit libs.
+theirs() {
+  if [ -n "$orig_ld" ]; then
+    env LD_LIBRARY_PATH="$orig_ld" PATH="$orig_path_cuda" "$@"
+  else
+    env -u LD_LIBRARY_PATH PATH="$orig_path_cuda" "$@"
+  fi
+}
+
+detect_gpu() {
+  have_gpu=0 num_gpus=0
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    gpu_why="nvidia-smi not found"
+  elif ! gpu_list="$(theirs nvidia-smi -L 2>&1)"; then
+    gpu_why="nvidia-smi -L failed: $(head -n 1 <<<"$gpu_list")"
+  else
+    num_gpus=$(grep -c '^GPU ' <<<"$gpu_list" || true)
+    if [ "$num_gpus" -ge 1 ]; then have_gpu=1; else gpu_why="nvidia-smi lists no GPU"; fi
+  fi
+}
+
+# ---- stages ----------------------------------------------------------------------------
+# Each stage: one log $out/<name>.log, one line in $out/summary.tsv:
+#   name <TAB> status <TAB> figure <TAB> seconds
+record() {  # NAME STATUS FIGURE SECONDS
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "${3//$'\t'/ }" "$4" >>"$out/summary.tsv"
+  printf '%s: %-22s %-8s %s (%s s)\n' "$prog" "$1" "$2" "$3" "$4" >&2
+  case "$2" in FAIL*) failures=$((failures + 1)) ;; esac
+}
+left() { echo $((budget - ($(date +%s) - t_start))); }
+
+# limited SECONDS CMD...: CMD (a function or a program) in a subshell of its own process
+# group; the group is sent TERM after SECONDS (KILL 10 s later). Exit 124 on timeout.
+limited() {
+  local limit=$1 pid wd rc=0 flag
+  shift
+  flag="$(mktemp)"
+  rm -f "$flag"
+  set -m
+  ("$@") </dev/null &
+  pid=$!
+  (sleep "$limit"; touch "$flag"; kill -TERM -- "-$pid"; sleep 10; kill -KILL -- "-$pid") \
+    >/dev/null 2>&1 &
+  wd=$!
+  set +m
+  wait "$pid" || rc=$?
+  kill -- "-$wd" 2>/dev/null || true
+  wait "$wd" 2>/dev/null || true
+  if [ -e "$flag" ]; then rc=124; rm -f "$flag"; fi
+  return "$rc"
+}
+
+# stage NAME GPU TIMEOUT FIGURE_FN -- CMD...: runs CMD under a time limit (TIMEOUT times
+# NCF_KIT_TIMEOUT_SCALE, shortened to the time left), its output into $out/NAME.log;
+# FIGURE_FN (or -) prints the figure from the log afterwards. GPU=1: "no GPU" without
+# running when there is none; GPU=2: runs, but its status is "no GPU" when there is none.
+stage_status=""
+stage() {
+  local name=$1 gpu=$2 limit=$(($3 * ${NCF_KIT_TIMEOUT_SCALE:-1})) fig=$4 rc=0 t0 secs figure="" remaining
+  shift 5
+  local log="$out/$name.log"
+  if [ "$gpu" = 1 ] && [ "$have_gpu" = 0 ]; then
+    record "$name" "no GPU" "$gpu_why" 0
+    return 0
+  fi
+  remaining=$(left)
+  if [ "$remaining" -lt 15 ]; then
+    record "$name" "skipped" "time budget of ${budget} s spent (NCF_KIT_BUDGET)" 0
+    return 0
+  fi
+  [ "$limit" -le "$remaining" ] || limit=$remaining
+  {
+    echo "# $name  $(date -u +%FT%TZ)  commit $commit  timeout ${limit}s"
+    printf '$'; printf ' %q' "$@"; echo
+  } >"$log"
+  t0=$(date +%s)
+  limited "$limit" "$@" >>"$log" 2>&1 || rc=$?
+  secs=$(($(date +%s) - t0))
+  echo "# exit $rc after ${secs}s" >>"$log"
+  stage_status=pass
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    stage_status="FAIL (timeout ${limit}s)"
+  elif [ "$rc" -ne 0 ]; then
+    stage_status="FAIL (exit $rc)"
+  elif [ "$gpu" = 2 ] && [ "$have_gpu" = 0 ]; then
+    stage_status="no GPU"
+  fi
+  if [ "$fig" != - ]; then figure="$("$fig" "$log" 2>/dev/null || true)"; fi
+  [ -n "$figure" ] || figure="see $name.log"
+  record "$name" "$stage_status" "$figure" "$secs"
+}
+
+# ---- figures read from the logs ------------------------------------------------------------
+fig_ctest() {
+  local line skipped
+  line="$(grep -E 'tests passed|tests failed' "$1" | tail -n 1 | sed 's/^ *//')"
+  skipped="$(grep -c '\*\*\*Skipped' "$1" || true)"
+  echo "${line:-no ctest summary}$( [ "${skipped:-0}" -gt 0 ] && echo "; $skipped skipped")"
+}
+fig_tail() { grep -v '^#' "$1" | grep -v '^\s*$' | tail -n 1 | cut -c1-160; }
+fig_sanitizer() { grep -hE 'ERROR SUMMARY|^# exit' "$1" | tr '\n' ' ' | sed 's/========= //g' | cut -c1-200; }
+# jsonl_fig FILE MODE: samples/s of the last epoch (throughput) or time to quality (ttq).
+jsonl_fig() {
+  [ -s "$1" ] || { echo "no metrics"; return 0; }
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+r = rows[-1]
+if sys.argv[2] == "throughput":
+    print(f"{r['samples_per_second']:,.0f} samples/s (epoch {r['epoch']}, W {r.get('world', 1)}, "
+          f"loss {r['loss']:.5f})")
+else:
+    spent = 0.0
+    for r in rows:
+        spent += r["train_seconds"] + r["eval_seconds"]
+        if r["hr"] >= 0.635:
+            print(f"HR@10 {r['hr']:.4f} >= 0.635 at epoch {r['epoch']}, {spent:.1f} s train+eval")
+            break
+    else:
+        print(f"0.635 not reached in {len(rows)} epochs; best HR@10 "
+              f"{max(x['hr'] for x in rows):.4f}, {spent:.1f} s")
+EOF
+}
+
+# ---- the build ---------------------------------------------------------------------------------
+gpu_arch() {
+  if [ -n "${NCF_KIT_ARCH:-}" ]; then echo "$NCF_KIT_ARCH"; return; fi
+  local cc=""
+  if [ "$have_gpu" = 1 ]; then
+    cc="$(theirs nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
+  fi
+  if [[ "$cc" =~ ^[0-9]+$ ]]; then echo "$cc"; else echo 90; fi
+}
+
+nccl_root() {  # the toolkit's NCCL, else the Python wheel's
+  local c
+  for c in "${CUDA_HOME:-/usr/local/cuda}" /usr/local/cuda /usr; do
+    if [ -f "$c/include/nccl.h" ] && ls "$c"/lib*/libnccl.so* "$c"/lib/*-linux-gnu/libnccl.so* >/dev/null 2>&1; then
+      echo "$c"; return
+    fi
+  done
+  theirs python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true
+}
+
+do_configure() {
+  local gen=() arch nroot
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  arch="$(gpu_arch)"
+  nroot="$(nccl_root)"
+  if [ -f "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}$" "$build/CMakeCache.txt"; then
+    rm -rf "$build"
+  fi
+  echo "CUDA architectures: $arch"
+  echo "NCCL root: ${nroot:-(not found: CMake searches itself)}"
+  ours cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DNCF_WERROR=ON \
+    -DNCF_CUDA=AUTO -DCMAKE_CUDA_ARCHITECTURES="$arch" ${nroot:+-DNCCL_ROOT="$nroot"} \
+    "${kit_cmake_args[@]}"
+}
+fig_configure() {
+  { sed -n 's/^CUDA architectures: /sm_/p' "$1"
+    grep -E 'ncf_dist: (CUDA backend|NCCL)|CMake Error' "$1" | sed 's/^-- ncf_dist: //'; } |
+    paste -s -d ';' | sed 's/;/; /g' | cut -c1-220
+}
+do_build() { ours cmake --build "$build" -j "$(nproc)"; }
+fig_build() {
+  if grep -q '^# exit 0' "$1"; then
+    echo "$(find "$build" -maxdepth 2 -type f -perm -u+x \( -name 'ncf_*' -o -name 'test_*' -o -name 'bench_*' \) | wc -l) programs"
+  else
+    grep -m1 -E 'error|Error' "$1" | cut -c1-180
+  fi
+}
+
+run_build() {
+  if [ -d "$kit/debs" ]; then
+    stage unpack 0 300 fig_tail -- unpack
+  fi
+  setup_env
+  stage probe 2 60 fig_probe -- do_probe
+  stage configure 0 300 fig_configure -- do_configure
+  stage build 0 "${NCF_KIT_BUILD_TIMEOUT:-900}" fig_build -- do_build
+}
+built() { [ -x "$build/src/ncf_dist" ] && [ -x "$build/src/ncf_prep" ]; }
+cuda_built() { grep -q '^ncf_dist: CUDA backend ON\|NCF_WITH_CUDA' "$build/compile_commands.json" 2>/dev/null; }
+
+# ---- probe -----------------------------------------------------------------------------------------
+do_probe() {
+  echo "== nvidia-smi"; theirs nvidia-smi || true
+  echo "== nvidia-smi --query-gpu"
+  theirs nvidia-smi --query-gpu=index,name,compute_cap,compute_mode,driver_version,memory.total \
+    --format=csv || true
+  echo "== nvcc"; nvcc --version || true
+  echo "== glibc"; ldd --version | head -n 1
+  echo "== os"; os_name
+  echo "== cores: $(nproc)"; echo "== memory"; free -g || true
+  echo "== python3 / torch"
+  theirs python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' || true
+  echo "== mpirun"; ours mpirun --version 2>&1 | head -n 1 || true
+}
+fig_probe() {
+  if [ "$have_gpu" = 1 ]; then
+    theirs nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1
+  else
+    echo "$gpu_why; $(ldd --version | head -n 1 | awk '{print "glibc " $NF}'), $(nproc) cores"
+  fi
+}
+
+# ---- tests ------------------------------------------------------------------------------------------
+do_ctest() { ours env NCF_REQUIRE_GPU="$2" ctest --test-dir "$build" -L "$1" --output-on-failure --no-tests=error -j "$3"; }
+san_parity="${NCF_KIT_PARITY_FILTER:-Parity.Fill:Parity.GmfForwardBackwardOnStridedRows:Parity.HeadForwardBackward:Parity.SortReduceRowsBitExact:Parity.BucketizeByOwnerExact:Parity.UniqueIdsExact}"
+do_sanitizer() {
+  local tool=$1 rc=0 cs
+  cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  local sc=("$cs" --tool "$tool" --error-exitcode 99)
+  [ "$tool" = memcheck ] && sc+=(--leak-check no)
+  echo "== test_pipeline_gpu"
+  ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_pipeline_gpu" || rc=1
+  echo "== test_parity_gpu --gtest_filter=$san_parity"
+  ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_parity_gpu" --gtest_filter="$san_parity" || rc=1
+  echo "== ncf_dist --device cuda --max_steps 20"
+  ours "${sc[@]}" "$build/src/ncf_dist" --device cuda --data_dir "$data/small" --train_epochs 1 \
+    --max_steps 20 --progress off || rc=1
+  return "$rc"
+}
+do_small_data() {
+  [ -f "$data/small/metadata.json" ] && { echo "have $data/small"; return 0; }
+  ours "$build/src/ncf_prep" --synthetic small --output "$data/small"
+}
+do_determinism() {
+  local d="$out/determinism" i
+  rm -rf "$d"; mkdir -p "$d"
+  for i in 1 2; do
+    ours "$build/src/ncf_dist" --device cuda --data_dir "$data/small" --train_epochs 2 \
+      --progress off --save_params "$d/params_$i.bin" --metrics_json "$d/metrics_$i.jsonl"
+    # timings differ between runs; everything else must not
+    sed -E 's/"[A-Za-z_]*(seconds|per_second|_s)": *[-0-9.eE+]+,? *//g' "$d/metrics_$i.jsonl" >"$d/metrics_$i.cmp"
+  done
+  cmp "$d/params_1.bin" "$d/params_2.bin" && cmp "$d/metrics_1.cmp" "$d/metrics_2.cmp" &&
+    echo "identical: $(stat -c %s "$d/params_1.bin") bytes of parameters, $(wc -l <"$d/metrics_1.cmp") metric lines"
+}
+
+run_tests() {
+  built || { record tests FAIL "no build in $build" 0; return 0; }
+  local j
+  j=$(nproc)
+  stage ctest_gpu 1 300 fig_ctest -- do_ctest gpu 1 1
+  stage ctest_cpu 0 420 fig_ctest -- do_ctest cpu 0 "$j"
+  stage data_small 0 120 fig_tail -- do_small_data
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    stage "sanitizer_$tool" 1 150 fig_sanitizer -- do_sanitizer "$tool"
+  done
+  stage determinism 1 120 fig_tail -- do_determinism
+}
+
+# ---- bench ---------------------------------------------------------------------------------------------
+m20=""
+do_m20_data() {
+  [ -f "$m20/metadata.json" ] && { echo "have $m20"; return 0; }
+  ours "$build/src/ncf_prep" --synthetic ml-20m --output "$m20"
+}
+train_m20() {  # NAME ARGS...: ncf_dist on the synthetic ml-20m set; metrics into $out/NAME.jsonl
+  local name=$1
+  shift
+  rm -f "$out/$name.jsonl"
+  ours "$@" --data_dir "$m20" --preset ml-20m-mlperf --device cuda --progress off \
+    --metrics_json "$out/$name.jsonl"
+}
+fig_thr() { jsonl_fig "$out/$(basename "$1" .log).jsonl" throughput; }
+fig_ttq() { jsonl_fig "$out/$(basename "$1" .log).jsonl" ttq; }
+do_kernels() { ours "$build/bench/bench_kernels" --device cuda --json "$out/kernels.json"; }
+fig_kernels() {
+  [ -s "$out/kernels.json" ] || return 0
+  python3 - "$out/kernels.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+cases = j["cases"]
+bad = [c["name"] for c in cases if str(c.get("check", "ok")).startswith("FAIL")]
+print(f"{len(cases)} kernels at batch {j.get('batch')}; " + (f"check not ok: {', '.join(bad)}" if bad else "all checks ok"))
+EOF
+}
+mpirun_args=(--oversubscribe --bind-to none --mca btl '^openib,ofi' --mca pml ob1
+  --mca btl_vader_single_copy_mechanism none)
+
+do_pytorch() {
+  local bs=$1
+  theirs python3 - "$root/bench/pytorch_neumf.py" "$m20/metadata.json" "$bs" <<'EOF'
+# The NeuMF of bench/pytorch_neumf.py on the GPU: same model and Adam, random ids over the
+# synthetic ml-20m sizes, the ml-20m-mlperf batch; eager FP32, TF32, AMP (bf16 autocast),
+# and torch.compile where they work.
+import importlib.util, json, sys, time
+spec = importlib.util.spec_from_file_location("pytorch_neumf", sys.argv[1])
+sys_argv, sys.argv = sys.argv, [sys.argv[0]]
+pn = importlib.util.module_from_spec(spec); spec.loader.exec_module(pn)
+sys.argv = sys_argv
+import torch
+from torch import nn
+meta = json.load(open(sys.argv[2]))
+def count(*keys):
+    for k in keys:
+        for d in (meta, meta.get("counts", {})):
+            if isinstance(d, dict) and k in d:
+                return int(d[k])
+    raise KeyError(keys)
+U, I = count("num_users", "users"), count("num_items", "items")
+p = pn.PRESETS["ml-20m-mlperf"]
+B = int(sys.argv[3]) // (1 + p["num_neg"]) * (1 + p["num_neg"])
+dev = torch.device("cuda")
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, U {U}, I {I}, batch {B}")
+results = {}
+def run(label, amp=False, tf32=False, compile_=False, steps=30, warmup=10):
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(1)
+    model = pn.NeuMF(U, I, p["factors"], p["layers"]).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=p["lr"], betas=(p["beta1"], p["beta2"]), eps=p["eps"])
+    fwd = torch.compile(model) if compile_ else model
+    loss_fn = nn.BCEWithLogitsLoss()
+    pool = [(torch.randint(0, U, (B,), device=dev), torch.randint(0, I, (B,), device=dev),
+             (torch.rand(B, device=dev) < 1 / (1 + p["num_neg"])).float()) for _ in range(4)]
+    def step(k):
+        u, i, y = pool[k % len(pool)]
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            logits = fwd(u, i)
+        loss = loss_fn(logits.float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+    for k in range(warmup):
+        step(k)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for k in range(steps):
+        loss = step(k)
+    torch.cuda.synchronize()
+    s = time.perf_counter() - t0
+    results[label] = steps * B / s
+    print(f"{label}: {steps} steps in {s:.3f} s = {steps * B / s:,.0f} samples/s, loss {loss.item():.4f}", flush=True)
+for label, kw in [("fp32", {}), ("tf32", dict(tf32=True)), ("amp_bf16", dict(tf32=True, amp=True)),
+                  ("compile_tf32", dict(tf32=True, compile_=True)),
+                  ("compile_amp_bf16", dict(tf32=True, amp=True, compile_=True))]:
+    try:
+        run(label, **kw)
+    except Exception as e:  # torch.compile needs a working Triton / C compiler
+        print(f"{label}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+print(json.dumps(dict(bench="pytorch_neumf_gpu", users=U, items=I, batch=B, samples_per_s=results)))
+if not results:
+    sys.exit(1)
+EOF
+}
+fig_pytorch() {
+  python3 - "$1" "$out/train_tf32_throughput.jsonl" <<'EOF'
+import json, re, sys
+best = None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"^([a-z_0-9]+): \d+ steps in [\d.]+ s = ([\d,]+) samples/s", line)
+    if m and (best is None or int(m.group(2).replace(",", "")) > best[1]):
+        best = (m.group(1), int(m.group(2).replace(",", "")))
+ours = None
+try:
+    ours = [json.loads(l) for l in open(sys.argv[2]) if l.strip()][-1]["samples_per_second"]
+except (OSError, IndexError, KeyError, ValueError):
+    pass
+torch_fig = f"{best[1]:,} samples/s ({best[0]})" if best else "none"
+ours_fig = f"{ours:,.0f} samples/s" if ours else "n/a"
+ratio = f"; ncf_dist / PyTorch {ours / best[1]:.2f}x" if best and ours else ""
+print(f"PyTorch best {torch_fig}; ncf_dist tf32 {ours_fig}{ratio}")
+EOF
+}
+
+run_bench() {
+  built || { record bench FAIL "no build in $build" 0; return 0; }
+  if [ "$have_gpu" = 1 ] && ! cuda_built; then
+    record bench FAIL "the build in $build has no CUDA backend" 0
+    return 0
+  fi
+  stage bench_kernels 1 120 fig_kernels -- do_kernels
+  if [ "$have_gpu" = 1 ]; then
+    stage data_ml20m 0 240 fig_tail -- do_m20_data
+  else
+    record data_ml20m "no GPU" "only the GPU runs read it" 0
+  fi
+  local p precisions=()
+  read -r -a precisions <<<"${NCF_KIT_PRECISIONS:-tf32 bf16}"
+  for p in "${precisions[@]}"; do
+    stage "train_${p}_throughput" 1 150 fig_thr -- train_m20 "train_${p}_throughput" \
+      "$build/src/ncf_dist" --precision "$p" --train_epochs 3 --no_eval
+  done
+  for p in "${precisions[@]}"; do
+    stage "train_${p}_ttq" 1 240 fig_ttq -- train_m20 "train_${p}_ttq" "$build/src/ncf_dist" \
+      --precision "$p" --train_epochs "${NCF_KIT_TTQ_EPOCHS:-20}" --hr_threshold 0.635 --mlperf_log
+  done
+  stage shared_mpi_w2 1 180 fig_thr -- train_m20 shared_mpi_w2 env CUDA_VISIBLE_DEVICES=0 \
+    "$(command -v mpirun)" -np 2 "${mpirun_args[@]}" "$build/src/ncf_dist" --comm mpi \
+    --train_epochs 2 --no_eval
+  if [ "$have_gpu" = 1 ] && [ "$num_gpus" -lt 2 ]; then
+    record nccl_multi_gpu skipped "one rank per GPU over NCCL needs >= 2 GPUs, nvidia-smi lists $num_gpus" 0
+  else
+    stage nccl_multi_gpu 1 180 fig_thr -- train_m20 nccl_multi_gpu "$(command -v mpirun)" \
+      -np "$num_gpus" "${mpirun_args[@]}" "$build/src/ncf_dist" --comm nccl --train_epochs 2 --no_eval
+  fi
+  stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
+}
+
+# ---- info and summary ------------------------------------------------------------------------------------
+write_info() {
+  {
+    echo "date: $(date -u +%FT%TZ)"
+    echo "commit: $commit (from .gpu-kit/commit)"
+    echo "host: $(hostname 2>/dev/null || cat /etc/hostname 2>/dev/null), $(nproc) cores, $(free -g 2>/dev/null | awk '/^Mem:/{print $2}') GiB memory"
+    echo "os: $(os_name), $(ldd --version 2>/dev/null | head -n 1)"
+    if [ "$have_gpu" = 1 ]; then
+      echo "gpus: $num_gpus"
+      theirs nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.total,compute_mode --format=csv,noheader |
+        sed 's/^/  gpu: /'
+    else
+      echo "gpu: none ($gpu_why)"
+    fi
+    echo "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo none)"
+    echo "kit: $( [ -f "$kit/manifest.txt" ] && echo "$(($(wc -l <"$kit/manifest.txt") - 2)) Debian packages in .gpu-kit" || echo "none: the machine's own packages")"
+    echo "build: $build ($(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null | sed 's/^/sm_/'), generator $(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null))"
+    echo "budget: ${budget} s per run"
+  } >"$out/info.txt"
+}
+write_summary() {
+  {
+    echo "# GPU kit run, $(date -u +%F), commit $commit"
+    echo
+    if [ "$have_gpu" = 1 ]; then
+      echo "Device: $(theirs nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1) ($num_gpus GPU)"
+    else
+      echo "Device: no GPU ($gpu_why)"
+    fi
+    echo
+    echo "| stage | status | figure | seconds |"
+    echo "| --- | --- | --- | ---: |"
+    # the latest line of each stage, in first-seen order
+    awk -F'\t' '!($1 in s) {o[++n] = $1} {s[$1] = $2; f[$1] = $3; t[$1] = $4}
+      END {for (i = 1; i <= n; i++) printf "| %s | %s | %s | %s |\n", o[i], s[o[i]], f[o[i]], t[o[i]]}' \
+      "$out/summary.tsv"
+  } >"$out/summary.md"
+}
+
+cmd_run() {
+  local what=${1:-all}
+  case "$what" in build | tests | bench | all) ;; *) die "run: unknown '$what' (build, tests, bench, all)" ;; esac
+  t_start=$(date +%s)
+  budget="${NCF_KIT_BUDGET:-540}"
+  build="${NCF_KIT_BUILD:-build-gpu}"
+  [[ "$build" = /* ]] || build="$root/$build"
+  data="${NCF_KIT_DATA:-$root/data}"
+  [[ "$data" = /* ]] || data="$root/$data"
+  m20="$data/syn-ml-20m"
+  if [ -f "$kit/commit" ]; then
+    commit="$(cat "$kit/commit")"
+  else
+    commit="${NCF_KIT_COMMIT:-unknown}"
+  fi
+  [ -d "$kit/debs" ] || note "no .gpu-kit/debs: using this machine's own packages (scripts/setup.sh)"
+  detect_gpu
+  if [ -n "${OUT:-}" ]; then
+    out="$OUT"
+  else
+    out="$root/bench/results/gpu_$(date -u +%F)_${commit:0:12}"
+  fi
+  mkdir -p "$out" "$data"
+  touch "$out/summary.tsv"
+  note "run $what: $( [ "$have_gpu" = 1 ] && echo "$num_gpus GPU(s)" || echo "no GPU ($gpu_why)"); results in $out"
+  run_build
+  write_info
+  case "$what" in
+    tests) run_tests ;;
+    bench) run_bench ;;
+    all) run_tests; run_bench ;;
+  esac
+  write_info
+  write_summary
+  cat "$out/summary.md"
+  note "results in $out ($(($(date +%s) - t_start)) s)"
+  [ "$failures" -eq 0 ]
+}
+
+# ======================================================================================
+# rehearse
+# ======================================================================================
+mounts=()
+cleanup_mounts() {
+  local i
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+    umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null || true
+  done
+  mounts=()
+}
+bind() {  # SRC DST [ro]
+  mkdir -p "$2"
+  mount --bind "$1" "$2"
+  mounts+=("$2")
+  if [ "${3:-}" = ro ]; then mount -o remount,bind,ro "$2"; fi
+}
+debian_mirror() {  # the first Debian (not security) URI of this machine's apt sources
+  local f uri
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    uri="$(awk '/^URIs:/{print $2}' "$f" | grep -v security | head -n 1)"
+    [ -n "$uri" ] && { echo "$uri"; return; }
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    uri="$(awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$f" |
+      grep -v security | head -n 1)"
+    [ -n "$uri" ] && { echo "$uri"; return; }
+  done
+}
+
+cmd_rehearse() {
+  [ "$(id -u)" = 0 ] || die "rehearse needs root (debootstrap, mount, chroot)"
+  [ -f "$kit/manifest.txt" ] || die "no .gpu-kit: run 'bash scripts/gpu_kit.sh pack' first"
+  local rootfs="${NCF_KIT_ROOTFS:-$root/.gpu-kit-root/bookworm}"
+  if [ ! -x "$rootfs/usr/bin/cmake" ]; then
+    command -v debootstrap >/dev/null 2>&1 || {
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
+    }
+    local mirror
+    mirror="$(debian_mirror)"
+    [ -n "$mirror" ] || die "no Debian mirror in /etc/apt/sources.list*"
+    note "debootstrap bookworm into $rootfs (a few minutes; cached for the next rehearsal)"
+    rm -rf "$rootfs.tmp"
+    mkdir -p "$(dirname "$rootfs")"
+    debootstrap --variant=minbase --include=build-essential,cmake,python3 bookworm "$rootfs.tmp" \
+      "$mirror" >"$(dirname "$rootfs")/debootstrap.log" 2>&1 ||
+      die "debootstrap failed, see $(dirname "$rootfs")/debootstrap.log"
+    mv "$rootfs.tmp" "$rootfs"
+  fi
+  trap cleanup_mounts EXIT
+  trap 'exit 130' INT TERM
+  bind /proc "$rootfs/proc"
+  bind /dev "$rootfs/dev"
+  mkdir -p "$rootfs/dev/shm"
+  mount -t tmpfs -o size=2g,mode=1777 tmpfs "$rootfs/dev/shm"   # Open MPI's shared memory
+  mounts+=("$rootfs/dev/shm")
+  bind /sys "$rootfs/sys" ro
+  [ -d /usr/local/cuda/ ] && bind "$(readlink -f /usr/local/cuda)" "$rootfs/usr/local/cuda" ro
+  bind "$root" "$rootfs$root"
+  [ -f "$rootfs/etc/hosts" ] || printf '127.0.0.1 localhost\n::1 localhost\n' >"$rootfs/etc/hosts"
+  local stamp res
+  stamp="$(date -u +%F)"
+  res="$root/bench/results/gpu_kit_rehearsal_$stamp"
+  local inner="$root/build-kit/rehearsal-out"
+  rm -rf "$inner"
+  mkdir -p "$inner" "$res"
+  note "rehearsal: gpu_kit.sh run all in $rootfs, no network, no GPU"
+  local rc=0 t0
+  t0=$(date +%s)
+  # A fresh network namespace has only a loopback, down; a real machine's is up.
+  # shellcheck disable=SC2016  # expanded by the inner sh
+  unshare -n -- sh -c 'ip link set lo up 2>/dev/null || true
+    exec chroot "$0" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      LANG=C.UTF-8 OUT="$1" NCF_KIT_BUILD="$2" NCF_KIT_BUDGET="$3" NCF_KIT_TIMEOUT_SCALE=6 \
+      NCF_KIT_BUILD_TIMEOUT=3000 NCF_KIT_PREFIX="$2-prefix" NCF_KIT_DATA="$2-data" \
+      bash -c "cd \"\$0\" && bash scripts/gpu_kit.sh run all" "$4"' \
+    "$rootfs" "$inner" "$root/build-kit/rehearsal" "${NCF_KIT_BUDGET:-7200}" "$root" || rc=$?
+  note "rehearsal finished in $(($(date +%s) - t0)) s, exit $rc"
+  cp "$inner/summary.md" "$inner/info.txt" "$res/" 2>/dev/null || true
+  {
+    echo "# Rehearsal of scripts/gpu_kit.sh on $(date -u +%FT%TZ)"
+    echo "# debootstrap --variant=minbase --include=build-essential,cmake,python3 bookworm (Debian 12),"
+    echo "# /usr/local/cuda bind-mounted read-only, unshare -n (no network), no GPU; wall $(($(date +%s) - t0)) s, exit $rc"
+  } >"$res/rehearsal.txt"
+  note "recorded $res (logs of every stage: $inner)"
+  return "$rc"
+}
+
+main() {
+  case "${1:-}" in
+    pack) cmd_pack ;;
+    run) shift; cmd_run "$@" ;;
+    rehearse) cmd_rehearse ;;
+    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|all] | rehearse" ;;
+  esac
+}
+# main and exit on one line: bash has read all of it before main runs, so editing this file
+# while a run is under way cannot feed the running bash new lines.
+main "$@"; exit
