@@ -19,9 +19,13 @@
 #include "common/cuda_context.h"
 #include "common/device.h"
 #include "train/input_stager.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
+
+using test::ScopedPoller;
+using test::seconds_since;
 
 TrainBatch batch_of(int64_t n, int32_t first) {
   TrainBatch b;
@@ -180,20 +184,6 @@ TEST(Collectives, DeviceStagingSlotsAreReusedAndGrowOnly) {
 }
 
 // ---- the interruptible host wait (plain C++; wait_stream builds on it) -------------
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Unregisters on scope exit, so a failed expectation cannot leave a throwing poller
-// behind for the next test.
-struct ScopedPoller {
-  const void* key;
-  ScopedPoller(const void* k, std::function<void()> f) : key(k) {
-    register_wait_poller(k, std::move(f));
-  }
-  ~ScopedPoller() { unregister_wait_poller(key); }
-};
 
 TEST(WaitPollers, WaitUntilCallsPollersWhileWaitingAndReturnsWhenDone) {
   EXPECT_FALSE(wait_pollers_registered());

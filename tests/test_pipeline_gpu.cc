@@ -29,6 +29,9 @@
 namespace ncf {
 namespace {
 
+using test::ScopedPoller;
+using test::seconds_since;
+
 class PipelineGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -161,19 +164,6 @@ TEST_F(PipelineGpu, NcclStagesHostDataThroughReusedDeviceSlots) {
 // ---- wait_stream: the interruptible host wait --------------------------------------
 
 void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Unregisters on scope exit, also when a check throws.
-struct ScopedPoller {
-  const void* key;
-  ScopedPoller(const void* k, std::function<void()> f) : key(k) {
-    register_wait_poller(k, std::move(f));
-  }
-  ~ScopedPoller() { unregister_wait_poller(key); }
-};
 
 TEST_F(PipelineGpu, WaitStreamWithoutPollersWaitsForTheStream) {
   ASSERT_FALSE(wait_pollers_registered());

@@ -2,8 +2,11 @@
 // running the built programs (also under mpirun) and capturing their output.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <string>
 
+#include "common/cuda_context.h"
 #include "common/device.h"
 
 namespace ncf::test {
@@ -34,6 +37,21 @@ RunResult run(const std::string& command);
 std::string bin(const std::string& name);
 // "mpirun -np N --oversubscribe …" with the flags root needs.
 std::string mpirun(int np);
+
+// Seconds since t0 on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A wait poller (common/cuda_context.h) registered for one scope: unregistered
+// also when a check throws, so no throwing poller outlives its test.
+struct ScopedPoller {
+  const void* key;
+  ScopedPoller(const void* k, std::function<void()> f) : key(k) {
+    register_wait_poller(k, std::move(f));
+  }
+  ~ScopedPoller() { unregister_wait_poller(key); }
+};
 
 // True when NCF_REQUIRE_GPU=1: a GPU test that finds no usable GPU fails
 // instead of skipping (the GPU kit sets it, so a broken GPU path cannot pass as

@@ -206,15 +206,16 @@ void ShardedEmbedding::lookup_start(const int32_t* ids, int64_t n) {
   ids_.reserve(size_t(n));
   device_copy_async(ctx_, ctx_.device, ids_.data(), ctx_.device, ids, size_t(n) * 4);
   if (spec_.placement == Placement::kReplicated) return;
+  // Owners index their shard with local rows: an id past the table must stop
+  // here, where the table and the id are known. (CUDA kernels record bad ids
+  // and report them at the next synchronizing op instead.)
+  if (ctx_.device == Device::kCpu)
+    for (int64_t k = 0; k < n; ++k)
+      if (ids[k] < 0 || ids[k] >= spec_.num_rows)
+        NCF_FAIL("table ", spec_.name, ": id ", ids[k], " at batch position ", k,
+                 " out of range [0, ", spec_.num_rows, ")");
   if (local_) {
-    // One rank: nothing to route. CPU ids are checked here, naming the table
-    // (lookup_finish's gather checks them again; CUDA records bad ids there).
-    stats_.unique_ids = n;
-    if (ctx_.device == Device::kCpu)
-      for (int64_t k = 0; k < n; ++k)
-        if (ids[k] < 0 || ids[k] >= spec_.num_rows)
-          NCF_FAIL("table ", spec_.name, ": id ", ids[k], " at batch position ", k,
-                   " out of range [0, ", spec_.num_rows, ")");
+    stats_.unique_ids = n;  // one rank: nothing to route (lookup_finish gathers)
     return;
   }
 
@@ -228,14 +229,6 @@ void ShardedEmbedding::lookup_start(const int32_t* ids, int64_t n) {
     travel = unique_.data();
   }
   stats_.unique_ids = nu_;
-  // Owners index their shard with local rows: an id past the table must stop
-  // here, where the table and the id are known. (CUDA kernels record bad ids
-  // and report them at the next synchronizing op instead.)
-  if (ctx_.device == Device::kCpu)
-    for (int64_t k = 0; k < n; ++k)
-      if (ids[k] < 0 || ids[k] >= spec_.num_rows)
-        NCF_FAIL("table ", spec_.name, ": id ", ids[k], " at batch position ", k,
-                 " out of range [0, ", spec_.num_rows, ")");
 
   // Bucketize by owner (stable), then exchange counts and local row ids.
   perm_.reserve(size_t(nu_));
