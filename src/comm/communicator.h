@@ -134,9 +134,8 @@ class Communicator {
 // comm.device() (MPI between GPU ranks, host scalars under NCCL): the data is
 // staged through pinned host memory (comm.host_staging) or a buffer on the
 // communicator's device (comm.device_staging), and the call completes before
-// returning. Otherwise the
-// direct call. With a non-null `ticket` the direct call is the *_async variant
-// and *ticket names it (0 when staged: already complete).
+// returning. Otherwise the direct call. With a non-null `ticket` the direct call
+// is the *_async variant and *ticket names it (0 when staged: already complete).
 void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t,
                        CommTicket* ticket = nullptr);
 void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
