@@ -109,6 +109,25 @@ TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
   for (int W : {2, 4}) expect_same(one, train(W, "--dedup"), "dedup W=" + std::to_string(W));
 }
 
+// One exchange per phase for both tables: a row-wise step issues one counts
+// exchange, one id exchange, one vector exchange, one gradient exchange and
+// one allreduce (the tower's and any replicated table's gradients together).
+TEST_F(Distributed, RowWiseStepIssuesFiveCollectives) {
+  for (const std::string plan : {"row", "user=row,item=replicated", "table"}) {
+    Run r = train(2, "--step_log --shard_plan " + plan);
+    std::smatch m;
+    std::regex re("step ([0-9]+): [0-9]+ samples, .* ([0-9]+) collectives, ([0-9]+) bytes");
+    int steps = 0;
+    for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), re);
+         it != std::sregex_iterator(); ++it, ++steps)
+      EXPECT_EQ((*it)[2].str(), "5") << plan << ": " << (*it)[0].str();
+    EXPECT_GT(steps, 10) << plan << "\n" << r.output;
+  }
+  Run rep = train(2, "--step_log --shard_plan replicated");
+  EXPECT_NE(rep.output.find(" 1 collectives,"), std::string::npos)
+      << "all tables replicated: one allreduce\n" << rep.output;
+}
+
 // Every rank prints nothing but rank 0, so the plan lines show each rank's bytes.
 TEST_F(Distributed, PlanIsPrintedWithBytesPerRank) {
   Run r = train(2, "--shard_plan table");

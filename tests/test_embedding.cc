@@ -1,9 +1,9 @@
-// ShardedEmbedding in one process at W = 1, where it does no routing: the lookup
-// against the table read back, the update against a written-out SGD loop, --dedup
-// against no dedup, the initial values against the documented draw (and the
-// same at 1 and 2 threads), and the memory guard's buffer estimate against the
-// buffers the table really holds. The W > 1 paths are proved against this one in
-// test_distributed (real mpirun jobs).
+// The embedding collection in one process at W = 1, where it routes nothing:
+// the lookup of two tables against the tables read back, the fused update
+// against a written-out SGD loop, --dedup against no dedup, the initial values
+// against the documented draw (and the same at 1 and 2 threads), and the
+// memory estimate against the buffers the collection really holds. The W > 1
+// paths are proved against this one in test_distributed (real mpirun jobs).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,20 +11,21 @@
 #include <vector>
 
 #include "comm/single_communicator.h"
+#include "common/check.h"
 #include "common/philox.h"
-#include "embedding/embedding.h"
+#include "embedding/collection.h"
 
 namespace ncf {
 namespace {
 
-TableSpec spec(Placement p, int64_t N = 97, int D = 6) {
-  TableSpec t;
-  t.name = "item";
-  t.num_rows = N;
-  t.D = D;
-  t.placement = p;
-  t.init_tag = 2;
-  return t;
+constexpr int64_t kUsers = 61, kItems = 97;
+
+EmbeddingPlan two_tables(Placement p, int D = 6, int64_t users = kUsers, int64_t items = kItems) {
+  EmbeddingPlan plan;
+  plan.D = D;
+  plan.W = 1;
+  plan.tables = {{"user", users, p, 0, 1, 0.01f}, {"item", items, p, 0, 2, 0.01f}};
+  return plan;
 }
 
 EmbeddingOptimizerConfig sgd(float lr) {
@@ -41,85 +42,116 @@ std::vector<int32_t> random_ids(int64_t n, int64_t N, uint32_t seed) {
   return ids;
 }
 
-TEST(EmbeddingOneRank, LookupReturnsTheTableRowsInBatchOrder) {
+TEST(CollectionOneRank, LookupReturnsEachTablesRowsInBatchOrder) {
   SingleCommunicator comm;
   ExecContext ctx;
   for (Placement p : {Placement::kRowWise, Placement::kTableWise, Placement::kReplicated}) {
-    ShardedEmbedding e(spec(p), comm, ctx, sgd(0.1f), false);
+    EmbeddingCollection e(two_tables(p), comm, ctx, sgd(0.1f), false);
     e.init(7);
-    const std::vector<float> table = e.gather_full();
-    const std::vector<int32_t> ids = random_ids(500, 97, 3);
-    std::vector<float> out(ids.size() * 6, -1.0f);
-    e.lookup(ids.data(), int64_t(ids.size()), out.data());
-    for (size_t k = 0; k < ids.size(); ++k)
-      for (int d = 0; d < 6; ++d)
-        ASSERT_EQ(out[k * 6 + d], table[size_t(ids[k]) * 6 + d])
-            << placement_name(p) << " k=" << k << " d=" << d;
+    const std::vector<float> tables[2] = {e.gather_table(0), e.gather_table(1)};
+    ASSERT_EQ(tables[0].size(), size_t(kUsers) * 6);
+    ASSERT_EQ(tables[1].size(), size_t(kItems) * 6);
+    const std::vector<int32_t> ids[2] = {random_ids(300, kUsers, 4), random_ids(500, kItems, 3)};
+    e.lookup({{ids[0].data(), 300}, {ids[1].data(), 500}});
+    for (int t = 0; t < 2; ++t)
+      for (size_t k = 0; k < ids[t].size(); ++k)
+        for (int d = 0; d < 6; ++d)
+          ASSERT_EQ(e.rows(t)[k * 6 + d], tables[t][size_t(ids[t][k]) * 6 + d])
+              << placement_name(p) << " table " << t << " k=" << k << " d=" << d;
     EXPECT_EQ(e.last_stats().bytes_sent, 0) << placement_name(p);
+    EXPECT_EQ(e.replicated_grad_floats(), 0) << "one rank has nothing to allreduce";
   }
 }
 
-TEST(EmbeddingOneRank, SgdUpdateSubtractsTheSummedGradientOfEachRow) {
+TEST(CollectionOneRank, AnIdOutsideItsTableNamesTheTable) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  EmbeddingCollection e(two_tables(Placement::kRowWise), comm, ctx, sgd(0.1f), false);
+  // Item 61 would be a valid key of the flat buffer (it lies past the user rows).
+  const std::vector<int32_t> users = {0, kUsers}, items = {0, 1};
+  try {
+    e.lookup({{users.data(), 2}, {items.data(), 2}});
+    FAIL() << "no throw";
+  } catch (const Error& err) {
+    const std::string msg = err.what();
+    EXPECT_EQ(msg.find("table user: "), 0u) << msg;
+    EXPECT_NE(msg.find("id 61 at batch position 1 outside the table's rows [0, 61)"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(CollectionOneRank, SgdUpdateSubtractsTheSummedGradientOfEachRow) {
   SingleCommunicator comm;
   ExecContext ctx;
   ctx.threads = 2;
-  ShardedEmbedding e(spec(Placement::kRowWise), comm, ctx, sgd(0.5f), false);
+  EmbeddingCollection e(two_tables(Placement::kRowWise), comm, ctx, sgd(0.5f), false);
   e.init(11);
-  const std::vector<float> before = e.gather_full();
-  const std::vector<int32_t> ids = random_ids(300, 97, 5);
-  std::vector<float> out(ids.size() * 6), grads(ids.size() * 6);
+  const std::vector<float> before[2] = {e.gather_table(0), e.gather_table(1)};
+  const std::vector<int32_t> ids[2] = {random_ids(200, kUsers, 6), random_ids(300, kItems, 5)};
+  e.lookup({{ids[0].data(), 200}, {ids[1].data(), 300}});
   std::mt19937 g(9);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& x : grads) x = u(g);
-  e.lookup(ids.data(), int64_t(ids.size()), out.data());
-  e.apply_gradients(grads.data(), 1);
-  const std::vector<float> after = e.gather_full();
-  // Written-out: each row's gradient summed in double, then p - lr * g.
-  std::vector<double> sum(before.size(), 0.0);
-  for (size_t k = 0; k < ids.size(); ++k)
-    for (int d = 0; d < 6; ++d) sum[size_t(ids[k]) * 6 + d] += grads[k * 6 + d];
-  for (size_t i = 0; i < before.size(); ++i) {
-    const double want = double(before[i]) - 0.5 * sum[i];
-    ASSERT_NEAR(after[i], want, 1e-5 * (1 + std::fabs(sum[i]))) << "element " << i;
+  std::vector<float> grads[2];
+  for (int t = 0; t < 2; ++t) {
+    grads[t].resize(ids[t].size() * 6);
+    for (float& x : grads[t]) x = u(g);
+    std::copy(grads[t].begin(), grads[t].end(), e.row_grads(t));
+  }
+  e.gradients_start(nullptr);
+  e.gradients_finish(1);
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<float> after = e.gather_table(t);
+    // Written-out: each row's gradient summed in double, then p - lr * g.
+    std::vector<double> sum(before[t].size(), 0.0);
+    for (size_t k = 0; k < ids[t].size(); ++k)
+      for (int d = 0; d < 6; ++d) sum[size_t(ids[t][k]) * 6 + d] += grads[t][k * 6 + d];
+    for (size_t i = 0; i < before[t].size(); ++i) {
+      const double want = double(before[t][i]) - 0.5 * sum[i];
+      ASSERT_NEAR(after[i], want, 1e-5 * (1 + std::fabs(sum[i]))) << "table " << t << " " << i;
+    }
   }
 }
 
 // --dedup changes what would travel, not the numbers: at W = 1 both runs agree
 // bit for bit (lazy Adam, so the update depends on the exact summed gradient).
-TEST(EmbeddingOneRank, DedupGivesTheSameBitsAsNoDedup) {
+TEST(CollectionOneRank, DedupGivesTheSameBitsAsNoDedup) {
   SingleCommunicator comm;
   ExecContext ctx;
   EmbeddingOptimizerConfig o;
   o.kind = EmbeddingOptimizer::kLazyAdam;
   std::vector<float> result[2];
   for (int dedup = 0; dedup < 2; ++dedup) {
-    ShardedEmbedding e(spec(Placement::kRowWise), comm, ctx, o, dedup == 1);
+    EmbeddingCollection e(two_tables(Placement::kRowWise), comm, ctx, o, dedup == 1);
     e.init(5);
     for (int64_t t = 1; t <= 3; ++t) {
-      const std::vector<int32_t> ids = random_ids(257, 97, uint32_t(t));
-      std::vector<float> out(ids.size() * 6), grads(ids.size() * 6);
-      e.lookup(ids.data(), int64_t(ids.size()), out.data());
-      for (size_t i = 0; i < grads.size(); ++i) grads[i] = out[i] * 3.0f - 0.01f * float(i % 7);
-      e.apply_gradients(grads.data(), t);
+      const std::vector<int32_t> u = random_ids(101, kUsers, uint32_t(t + 10)),
+                                 i = random_ids(257, kItems, uint32_t(t));
+      e.lookup({{u.data(), 101}, {i.data(), 257}});
+      for (int k = 0; k < 2; ++k)
+        for (int64_t x = 0; x < (k ? 257 : 101) * 6; ++x)
+          e.row_grads(k)[x] = e.rows(k)[x] * 3.0f - 0.01f * float(x % 7);
+      e.gradients_start(nullptr);
+      e.gradients_finish(t);
     }
-    result[dedup] = e.gather_full();
+    result[dedup] = e.gather_table(1);
   }
-  ASSERT_EQ(result[0].size(), result[1].size());
-  for (size_t i = 0; i < result[0].size(); ++i) ASSERT_EQ(result[0][i], result[1][i]) << i;
+  ASSERT_EQ(result[0], result[1]);
 }
 
-// The documented draw: row r's pair (j, j+1) is Box-Muller on the 53-bit
-// uniforms j and j+1 of the counter stream (seed, init, tag << 40 | r).
-TEST(EmbeddingOneRank, InitIsTheDocumentedDrawAtAnyThreadCount) {
+// The documented draw: row r of the table tagged `tag` has its pair (j, j+1)
+// from Box-Muller on the 53-bit uniforms j and j+1 of the counter stream
+// (seed, init, tag << 40 | r) — whatever the other tables are.
+TEST(CollectionOneRank, InitIsTheDocumentedDrawAtAnyThreadCount) {
   SingleCommunicator comm;
-  const TableSpec t = spec(Placement::kRowWise, 5003, 7);
+  const EmbeddingPlan plan = two_tables(Placement::kRowWise, 7, 11, 5003);
   std::vector<float> got[2];
   for (int threads : {1, 2}) {
     ExecContext ctx;
     ctx.threads = threads;
-    ShardedEmbedding e(t, comm, ctx, sgd(0.1f), false);
+    EmbeddingCollection e(plan, comm, ctx, sgd(0.1f), false);
     e.init(42);
-    got[threads - 1] = e.gather_full();
+    got[threads - 1] = e.gather_table(1);
   }
   ASSERT_EQ(got[0], got[1]);
   for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2500}, int64_t{5002}}) {
@@ -129,7 +161,8 @@ TEST(EmbeddingOneRank, InitIsTheDocumentedDrawAtAnyThreadCount) {
       const double ang = 2 * M_PI * rng.uniform_double(uint64_t(j) + 1);
       EXPECT_EQ(got[0][size_t(r) * 7 + j], float(0.01f * rad * std::cos(ang))) << r << "," << j;
       if (j + 1 < 7) {
-        EXPECT_EQ(got[0][size_t(r) * 7 + j + 1], float(0.01f * rad * std::sin(ang))) << r << "," << j;
+        EXPECT_EQ(got[0][size_t(r) * 7 + j + 1], float(0.01f * rad * std::sin(ang)))
+            << r << "," << j;
       }
     }
   }
@@ -138,25 +171,27 @@ TEST(EmbeddingOneRank, InitIsTheDocumentedDrawAtAnyThreadCount) {
   EXPECT_NEAR(std::sqrt(sq / double(got[0].size())), 0.01, 0.0005);  // N(0, 0.01²)
 }
 
-// The memory guard counts at least what a step's lookup and update allocate.
-TEST(EmbeddingOneRank, ExchangeEstimateCoversTheBuffersHeld) {
+// The memory estimate counts at least what a step's lookup and update allocate.
+TEST(CollectionOneRank, ExchangeEstimateCoversTheBuffersHeld) {
   SingleCommunicator comm;
   ExecContext ctx;
   for (Placement p : {Placement::kRowWise, Placement::kReplicated})
     for (bool dedup : {false, true}) {
-      const TableSpec t = spec(p, 97, 8);
-      ShardedEmbedding e(t, comm, ctx, sgd(0.1f), dedup);
+      const EmbeddingPlan plan = two_tables(p, 8);
+      EmbeddingCollection e(plan, comm, ctx, sgd(0.1f), dedup);
       e.init(1);
-      const std::vector<int32_t> ids = random_ids(1000, 97, 8);
-      std::vector<float> out(ids.size() * 8), grads(ids.size() * 8, 0.25f);
-      e.lookup(ids.data(), int64_t(ids.size()), out.data());
-      e.apply_gradients(grads.data(), 1);
+      const std::vector<int32_t> u = random_ids(400, kUsers, 7), i = random_ids(1000, kItems, 8);
+      e.lookup({{u.data(), 400}, {i.data(), 1000}});
+      e.gradients_start(nullptr);
+      e.gradients_finish(1);
       const int64_t held = e.step_buffer_bytes();
-      const int64_t est = table_exchange_bytes(t, int64_t(ids.size()), 1, dedup);
+      const int64_t est = exchange_buffer_bytes(plan, {400, 1000}, dedup);
       EXPECT_GE(est, held) << placement_name(p) << " dedup " << dedup;
       EXPECT_LE(est, 3 * held) << placement_name(p) << " dedup " << dedup;
       // More ranks add the routing buffers and the exchanged rows.
-      EXPECT_GT(table_exchange_bytes(spec(Placement::kRowWise, 97, 8), 1000, 2, dedup), est);
+      EmbeddingPlan two = two_tables(Placement::kRowWise, 8);
+      two.W = 2;
+      EXPECT_GT(exchange_buffer_bytes(two, {400, 1000}, dedup), est);
     }
 }
 

@@ -51,61 +51,132 @@ std::string error_of(F&& f) {
   return "";
 }
 
-TEST(Bucketize, RowWiseMatchesPerOwnerFilterInInputOrder) {
+// Three routed tables (row-wise, table-wise, row-wise) and a replicated one,
+// whose keys are never routed.
+KeyLayout mixed_layout(int W) {
+  KeyLayout l;
+  l.W = W;
+  l.T = 4;
+  const int64_t rows[4] = {50, 7, 13, 5};
+  const Placement place[4] = {Placement::kRowWise, Placement::kTableWise, Placement::kRowWise,
+                              Placement::kReplicated};
+  for (int t = 0; t < 4; ++t) {
+    l.key_begin[t + 1] = l.key_begin[t] + rows[t];
+    l.placement[t] = place[t];
+    l.owner[t] = t == 1 ? W - 1 : 0;
+  }
+  return l;
+}
+
+// Where key lives, written out by enumerating every row of every table.
+void route_by_enumeration(const KeyLayout& l, int64_t key, int* owner, int32_t* row) {
+  for (int p = 0; p < l.W; ++p) {
+    int32_t flat = 0;  // rows rank p holds before this one
+    for (int t = 0; t < l.T; ++t)
+      for (int64_t x = 0; x < l.key_begin[t + 1] - l.key_begin[t]; ++x) {
+        const bool held = l.placement[t] == Placement::kReplicated ||
+                          (l.placement[t] == Placement::kRowWise ? x % l.W == p : l.owner[t] == p);
+        if (!held) continue;
+        if (l.key_begin[t] + x == key && l.placement[t] != Placement::kReplicated) {
+          *owner = p;
+          *row = flat;
+          return;
+        }
+        ++flat;
+      }
+  }
+  ADD_FAILURE() << "key " << key << " is held by nobody";
+}
+
+TEST(Bucketize, RoutesKeysOfSeveralTablesToTheirOwnersInInputOrder) {
   for (int W : {1, 2, 3, 8})
     for (size_t n : {size_t{0}, size_t{1}, size_t{9}, size_t{1000}}) {
-      IVec ids = random_ids(n, 50, uint32_t(7 * W + n));
+      const KeyLayout l = mixed_layout(W);
+      const IVec keys = random_ids(n, int32_t(l.key_begin[3]), uint32_t(7 * W + n));  // routed
       LVec perm(n, -1), counts(W, -1);
-      IVec local(n, -1);
-      bucketize_by_owner(cpu(2), ids.data(), int64_t(n), OwnerRule::rows(W), perm.data(),
-                         local.data(), counts.data());
-      // Owner by owner, the ids it holds in input order.
+      IVec rows(n, -1);
+      bucketize_by_owner(cpu(2), keys.data(), int64_t(n), l, perm.data(), rows.data(),
+                         counts.data());
+      // Owner by owner, the keys it holds in input order.
       LVec want_perm;
-      IVec want_local;
+      IVec want_rows;
       for (int p = 0; p < W; ++p) {
         int64_t c = 0;
-        for (size_t k = 0; k < n; ++k)
-          if (ids[k] % W == p) {
-            want_perm.push_back(int64_t(k));
-            want_local.push_back(ids[k] / W);
-            ++c;
-          }
+        for (size_t k = 0; k < n; ++k) {
+          int owner = -1;
+          int32_t row = -1;
+          route_by_enumeration(l, keys[k], &owner, &row);
+          if (owner != p) continue;
+          want_perm.push_back(int64_t(k));
+          want_rows.push_back(row);
+          ++c;
+        }
         EXPECT_EQ(counts[p], c) << "W=" << W << " n=" << n << " owner " << p;
       }
       EXPECT_EQ(perm, want_perm) << "W=" << W << " n=" << n;
-      EXPECT_EQ(local, want_local) << "W=" << W << " n=" << n;
+      EXPECT_EQ(rows, want_rows) << "W=" << W << " n=" << n;
     }
 }
 
-TEST(Bucketize, SingleOwnerKeepsInputOrder) {
-  IVec ids = {5, 0, 5, 17};
-  LVec perm(4), counts(3, -1);
-  IVec local(4);
-  bucketize_by_owner(cpu(1), ids.data(), 4, OwnerRule::single(3, 2), perm.data(), local.data(),
-                     counts.data());
-  EXPECT_EQ(perm, (LVec{0, 1, 2, 3}));
-  EXPECT_EQ(local, ids);
-  EXPECT_EQ(counts, (LVec{0, 0, 4}));
+TEST(Bucketize, LayoutCountsEveryRankRowsOnce) {
+  for (int W : {1, 2, 3, 8}) {
+    const KeyLayout l = mixed_layout(W);
+    int64_t routed = 0;
+    for (int p = 0; p < W; ++p) {
+      int64_t held = 0;
+      for (int t = 0; t < l.T; ++t) held += l.rows_on(t, p);
+      EXPECT_EQ(l.total_rows_on(p), held);
+      for (int64_t k = 0; k < l.total_rows_on(p); ++k) {
+        int t = -1;
+        const int64_t id = l.id_of_row(k, p, &t);
+        if (l.placement[t] == Placement::kReplicated) continue;
+        int owner = -1;
+        int32_t row = -1;
+        l.route(l.key_begin[t] + id, &owner, &row);
+        EXPECT_EQ(owner, p) << "W=" << W << " rank " << p << " row " << k;
+        EXPECT_EQ(row, k) << "W=" << W << " rank " << p;
+        ++routed;
+      }
+    }
+    EXPECT_EQ(routed, l.key_begin[3]) << "W=" << W << ": every routed key on exactly one rank";
+  }
 }
 
 TEST(Bucketize, BadInputNamesTheProblem) {
-  IVec ids = {1, -4, 2};
+  const KeyLayout l = mixed_layout(2);
   LVec perm(3), counts(2);
-  IVec local(3);
-  std::string msg = error_of([&] {
-    bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::rows(2), perm.data(), local.data(),
-                       counts.data());
-  });
-  EXPECT_NE(msg.find("ids[1]=-4"), std::string::npos) << msg;
-  ids[1] = 0;
-  msg = error_of([&] {
-    bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::single(2, 2), perm.data(), local.data(),
-                       counts.data());
-  });
+  IVec rows(3);
+  IVec keys = {1, -4, 2};
+  auto bucketize = [&](const KeyLayout& layout) {
+    return error_of([&] {
+      bucketize_by_owner(cpu(1), keys.data(), 3, layout, perm.data(), rows.data(), counts.data());
+    });
+  };
+  std::string msg = bucketize(l);
+  EXPECT_NE(msg.find("keys[1]=-4 outside [0, 75)"), std::string::npos) << msg;
+  keys[1] = 72;  // the replicated table's
+  msg = bucketize(l);
+  EXPECT_NE(msg.find("keys[1]=72 belongs to a replicated table"), std::string::npos) << msg;
+  keys[1] = 0;
+  KeyLayout bad_owner = l;
+  bad_owner.owner[1] = 2;
+  msg = bucketize(bad_owner);
   EXPECT_NE(msg.find("owner 2"), std::string::npos) << msg;
-  EXPECT_THROW(bucketize_by_owner(cpu(1), ids.data(), 3, OwnerRule::rows(0), perm.data(),
-                                  local.data(), counts.data()),
-               Error);
+  KeyLayout no_ranks = l;
+  no_ranks.W = 0;
+  EXPECT_NE(bucketize(no_ranks).find("world size W=0"), std::string::npos);
+}
+
+TEST(IdsToKeys, OffsetsIdsAndNamesAnIdOutsideTheTable) {
+  const IVec ids = {0, 6, 3};
+  IVec keys(3, -1);
+  ids_to_keys(cpu(2), ids.data(), 3, 50, 7, keys.data());
+  EXPECT_EQ(keys, (IVec{50, 56, 53}));
+  const IVec bad = {0, 7, 3};
+  const std::string msg = error_of([&] { ids_to_keys(cpu(1), bad.data(), 3, 50, 7, keys.data()); });
+  EXPECT_NE(msg.find("id 7 at batch position 1 outside the table's rows [0, 7)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(UniqueIds, MatchesMapAndInverseRebuildsIds) {
@@ -301,13 +372,6 @@ TEST(DevicePositiveLists, BadUsersAndListsAreErrors) {
 }
 
 // ---- the CUDA context API without a GPU ----------------------------------------------------
-
-TEST(CudaContext, MathModeIsProcessWideAndDefaultsToTf32) {
-  EXPECT_EQ(math_mode(), MathMode::kTf32);
-  set_math_mode(MathMode::kFp32);
-  EXPECT_EQ(math_mode(), MathMode::kFp32);
-  set_math_mode(MathMode::kTf32);
-}
 
 TEST(CudaContext, FailsClearlyWithoutGpuAndChecksAreNoOpsOnCpu) {
   ExecContext c = cpu(1);

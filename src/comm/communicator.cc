@@ -68,6 +68,10 @@ void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
                                 DType t) {
   check_layout("send", send_counts, send_displs, world_, send);
   check_layout("recv", recv_counts, recv_displs, world_, recv);
+  int64_t out = 0;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) out += send_counts[p];
+  count(CollectiveKind::kAllToAll, out * int64_t(dtype_size(t)));
   do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
 }
 
@@ -76,12 +80,16 @@ void Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_cou
   for (int p = 0; p < world_; ++p)
     NCF_CHECK(send_counts[p] >= 0, "exchange_counts: send_counts[", p, "] = ", send_counts[p],
               " is negative");
+  count(CollectiveKind::kCounts, int64_t(world_ - 1) * 8);
   do_exchange_counts(send_counts, recv_counts);
 }
 
 void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
   if (n == 0) return;
   NCF_CHECK(buf != nullptr, "all_reduce_sum: null buffer for ", n, " elements");
+  // A ring allreduce sends 2(W-1)/W of the buffer from every rank.
+  count(CollectiveKind::kAllReduce,
+        int64_t(n * dtype_size(t)) * 2 * (world_ - 1) / std::max(1, world_));
   do_all_reduce_sum(buf, n, t);
 }
 
@@ -89,16 +97,38 @@ void Communicator::broadcast(void* buf, size_t n, DType t, int root) {
   NCF_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " outside [0, ", world_, ")");
   if (n == 0) return;
   NCF_CHECK(buf != nullptr, "broadcast: null buffer for ", n, " elements");
+  count(CollectiveKind::kOther, rank_ == root ? int64_t(n * dtype_size(t)) * (world_ - 1) : 0);
   do_broadcast(buf, n, t, root);
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t n, DType t) {
   if (n == 0) return;
   NCF_CHECK(send != nullptr && recv != nullptr, "all_gather: null buffer for ", n, " elements");
+  count(CollectiveKind::kOther, int64_t(n * dtype_size(t)) * (world_ - 1));
   do_all_gather(send, recv, n, t);
 }
 
-void Communicator::barrier() { do_barrier(); }
+void Communicator::barrier() {
+  count(CollectiveKind::kOther, 0);
+  do_barrier();
+}
+
+void Communicator::count(CollectiveKind k, int64_t bytes) {
+  ++counters_.calls[int(k)];
+  counters_.bytes[int(k)] += bytes;
+}
+
+int64_t CommCounters::total_calls() const {
+  int64_t c = 0;
+  for (int64_t x : calls) c += x;
+  return c;
+}
+
+int64_t CommCounters::total_bytes() const {
+  int64_t b = 0;
+  for (int64_t x : bytes) b += x;
+  return b;
+}
 
 void Communicator::abort(int code, const std::string& message) {
   // ncf::Error messages already carry the rank; do not print it twice.

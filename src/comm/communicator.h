@@ -42,6 +42,18 @@ template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
 template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::kUInt8; }
 
+// What a rank's collectives did since the communicator started: calls and
+// payload bytes this rank sent to other ranks (a ring allreduce counts 2(W-1)/W
+// of its buffer), by kind. The step log prints the per-step difference.
+enum class CollectiveKind { kCounts, kAllToAll, kAllReduce, kOther };
+constexpr int kCollectiveKinds = 4;
+struct CommCounters {
+  int64_t calls[kCollectiveKinds] = {};
+  int64_t bytes[kCollectiveKinds] = {};
+  int64_t total_calls() const;
+  int64_t total_bytes() const;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -94,6 +106,8 @@ class Communicator {
   // down (MPI_Abort on multi-rank communicators) so that no rank is left waiting.
   [[noreturn]] void abort(int code, const std::string& message);
 
+  const CommCounters& counters() const { return counters_; }
+
   // Page-locked host memory (two slots, grow-only) through which the *_on helpers
   // stage device buffers for a host communicator.
   void* host_staging(int slot, size_t bytes);
@@ -124,6 +138,8 @@ class Communicator {
   virtual void do_abort(int code) = 0;
 
  private:
+  void count(CollectiveKind k, int64_t bytes);
+  CommCounters counters_;
   int rank_, world_, local_rank_, local_world_;
   bool deferred_ = false;
   PinnedBuffer<char> staging_[2];

@@ -113,6 +113,10 @@ const char* device_error_text(DeviceErrorCode code) {
     case DeviceErrorCode::kNegativeId: return "bucketize_by_owner: ids[index] is negative";
     case DeviceErrorCode::kScatterRowsInvalid:
       return "scatter_rows_dense: rows[index] outside [0, N) or not strictly increasing";
+    case DeviceErrorCode::kIdOutOfRange:
+      return "ids_to_keys: ids[index] outside the table's rows [0, bound)";
+    case DeviceErrorCode::kKeyNotRouted:
+      return "bucketize_by_owner: keys[index] is not a key of a routed table";
   }
   return "unknown device error";
 }

@@ -99,6 +99,9 @@ enum class DeviceErrorCode : int {
   kNegativeId = 8,               // bucketize_by_owner: ids[index] = value < 0
   kScatterRowsInvalid = 9,       // scatter_rows_dense: rows[index] = value outside [0, bound)
                                  // or not above rows[index - 1]
+  kIdOutOfRange = 10,            // ids_to_keys: ids[index] = value outside [0, bound)
+  kKeyNotRouted = 11,            // bucketize_by_owner: keys[index] = value outside the
+                                 // routed tables' keys [0, bound) or of a replicated table
 };
 const char* device_error_text(DeviceErrorCode code);
 

@@ -4,6 +4,7 @@
 #include "embedding/embedding_kernels.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -25,38 +26,64 @@ void check_rows_op(const char* op, const void* src, const void* idx, const void*
 
 }  // namespace
 
-void bucketize_by_owner(const ExecContext& ctx, const int32_t* ids, int64_t n,
-                        const OwnerRule& rule, int64_t* out_perm, int32_t* out_local_ids,
+void ids_to_keys(const ExecContext& ctx, const int32_t* ids, int64_t n, int64_t offset,
+                 int64_t bound, int32_t* keys) {
+  const char* op = "ids_to_keys";
+  NCF_CHECK(n >= 0 && bound >= 0 && offset >= 0, op, ": negative size n=", n, " bound=", bound,
+            " offset=", offset);
+  NCF_CHECK(offset + bound <= INT32_MAX, op, ": keys up to ", offset + bound,
+            " pass the int32 range");
+  NCF_CHECK(n == 0 || (ids && keys), op, ": ids or keys is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, ids_to_keys, ctx, ids, n, offset, bound, keys);
+  for (int64_t k = 0; k < n; ++k)
+    if (ids[k] < 0 || ids[k] >= bound)
+      NCF_FAIL("id ", ids[k], " at batch position ", k, " outside the table's rows [0, ", bound,
+               ")");
+  parallel_for(ctx.threads, n, 1 << 14, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) keys[k] = int32_t(ids[k] + offset);
+  });
+}
+
+void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
+                        const KeyLayout& layout, int64_t* out_perm, int32_t* out_rows,
                         int64_t* counts) {
   const char* op = "bucketize_by_owner";
+  const int W = layout.W;
   NCF_CHECK(n >= 0, op, ": negative count n=", n);
-  NCF_CHECK(rule.W >= 1, op, ": world size W=", rule.W, " must be >= 1");
-  NCF_CHECK(rule.row_wise || (rule.owner >= 0 && rule.owner < rule.W), op, ": owner ", rule.owner,
-            " outside [0, W=", rule.W, ")");
+  NCF_CHECK(W >= 1, op, ": world size W=", W, " must be >= 1");
+  NCF_CHECK(layout.T >= 1 && layout.T <= kMaxTables, op, ": ", layout.T, " tables outside [1, ",
+            kMaxTables, "]");
+  for (int t = 0; t < layout.T; ++t)
+    NCF_CHECK(layout.placement[t] != Placement::kTableWise ||
+                  (layout.owner[t] >= 0 && layout.owner[t] < W),
+              op, ": table ", t, " owner ", layout.owner[t], " outside [0, W=", W, ")");
   NCF_CHECK(counts != nullptr, op, ": counts is null");
-  NCF_CHECK(n == 0 || (ids && out_perm && out_local_ids), op,
+  NCF_CHECK(n == 0 || (keys && out_perm && out_rows), op,
             ": an input or output array is null with n=", n);
-  NCF_DISPATCH_CUDA(ctx, bucketize_by_owner, ctx, ids, n, rule, out_perm, out_local_ids, counts);
-  for (int64_t k = 0; k < n; ++k)
-    NCF_CHECK(ids[k] >= 0, op, ": ids[", k, "]=", ids[k], " is negative");
-  const int W = rule.W;
-  std::fill(counts, counts + W, int64_t{0});
-  if (!rule.row_wise) {
-    counts[rule.owner] = n;
-    for (int64_t k = 0; k < n; ++k) {
-      out_perm[k] = k;
-      out_local_ids[k] = ids[k];
-    }
-    return;
+  NCF_DISPATCH_CUDA(ctx, bucketize_by_owner, ctx, keys, n, layout, out_perm, out_rows, counts);
+  for (int64_t k = 0; k < n; ++k) {
+    NCF_CHECK(keys[k] >= 0 && keys[k] < layout.num_keys(), op, ": keys[", k, "]=", keys[k],
+              " outside [0, ", layout.num_keys(), ")");
+    NCF_CHECK(layout.placement[layout.table_of(keys[k])] != Placement::kReplicated, op, ": keys[",
+              k, "]=", keys[k], " belongs to a replicated table (never routed)");
   }
   // A stable counting sort by owner.
-  for (int64_t k = 0; k < n; ++k) ++counts[ids[k] % W];
+  std::vector<int32_t> owner(static_cast<size_t>(n)), row(static_cast<size_t>(n));
+  parallel_for(ctx.threads, n, 1 << 13, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      int p = 0;
+      layout.route(keys[k], &p, &row[size_t(k)]);
+      owner[size_t(k)] = p;
+    }
+  });
+  std::fill(counts, counts + W, int64_t{0});
+  for (int64_t k = 0; k < n; ++k) ++counts[owner[size_t(k)]];
   std::vector<int64_t> next(W, 0);
   for (int p = 1; p < W; ++p) next[p] = next[p - 1] + counts[p - 1];
   for (int64_t k = 0; k < n; ++k) {
-    const int64_t pos = next[ids[k] % W]++;
+    const int64_t pos = next[owner[size_t(k)]]++;
     out_perm[pos] = k;
-    out_local_ids[pos] = ids[k] / W;
+    out_rows[pos] = row[size_t(k)];
   }
 }
 
@@ -120,13 +147,13 @@ void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float
   for (int64_t k = 0; k < n; ++k)
     NCF_CHECK(rows[k] >= 0 && rows[k] < N && (k == 0 || rows[k] > rows[k - 1]), op, ": rows[", k,
               "]=", rows[k], " outside [0, ", N, ") or not above the previous row");
-  const int64_t W = int64_t(D) + 1;
+  const int64_t stride = int64_t(D) + 1;  // D gradient columns, a touch count
   parallel_for(ctx.threads, N, row_grain(D), [&](int64_t r0, int64_t r1) {
-    std::fill(dense + r0 * W, dense + r1 * W, 0.0f);
+    std::fill(dense + r0 * stride, dense + r1 * stride, 0.0f);
   });
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
-      float* row = dense + int64_t(rows[k]) * W;
+      float* row = dense + int64_t(rows[k]) * stride;
       std::copy_n(grads + k * D, D, row);
       row[D] = 1.0f;
     }
@@ -141,13 +168,13 @@ void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N,
   NCF_CHECK(n_out != nullptr, op, ": n_out is null");
   NCF_CHECK(N == 0 || (dense && out_rows && out_grads), op, ": an array is null with N=", N);
   NCF_DISPATCH_CUDA(ctx, compact_touched_rows, ctx, dense, N, D, out_rows, out_grads, n_out);
-  const int64_t W = int64_t(D) + 1;
+  const int64_t stride = int64_t(D) + 1;  // D gradient columns, a touch count
   int64_t m = 0;
   for (int64_t r = 0; r < N; ++r)
-    if (dense[r * W + D] != 0.0f) out_rows[m++] = int32_t(r);
+    if (dense[r * stride + D] != 0.0f) out_rows[m++] = int32_t(r);
   parallel_for(ctx.threads, m, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k)
-      std::copy_n(dense + int64_t(out_rows[k]) * W, D, out_grads + k * D);
+      std::copy_n(dense + int64_t(out_rows[k]) * stride, D, out_grads + k * D);
   });
   *n_out = m;
 }

@@ -14,25 +14,44 @@ namespace {
 
 // ---- bucketize ----------------------------------------------------------------------
 
-// keys[k] = owner of ids[k] (row-wise: id mod W); a negative id is recorded and
-// keyed 0. keys may be null (single owner: only the check).
-__global__ void owner_keys_kernel(const int32_t* ids, int64_t n, int W, int32_t* keys,
-                                  DeviceErrorRecord* err) {
+// keys[k] = ids[k] + offset; an id outside [0, bound) is recorded and keyed
+// at the offset (nothing downstream runs past the raise at the next sync).
+__global__ void ids_to_keys_kernel(const int32_t* ids, int64_t n, int64_t offset, int64_t bound,
+                                   int32_t* keys, DeviceErrorRecord* err) {
   for (int64_t k = thread_first(); k < n; k += thread_stride()) {
     const int32_t id = ids[k];
-    if (id < 0) record_error(err, DeviceErrorCode::kNegativeId, k, id, 0);
-    if (keys) keys[k] = id < 0 ? 0 : id % W;
+    const bool ok = id >= 0 && id < bound;
+    if (!ok) record_error(err, DeviceErrorCode::kIdOutOfRange, k, id, bound);
+    keys[k] = static_cast<int32_t>((ok ? id : 0) + offset);
   }
 }
 
-// Owner order → out_perm (input index) and out_local (local row).
-__global__ void owner_order_kernel(const int32_t* ids, const int32_t* pos_sorted, int64_t n,
-                                   int W, bool row_wise, int64_t* out_perm, int32_t* out_local) {
+// owners[k], rows[k] = where keys[k] lives; a key outside the routed tables is
+// recorded and sent to rank 0.
+__global__ void route_keys_kernel(const int32_t* keys, int64_t n, KeyLayout layout,
+                                  int32_t* owners, int32_t* rows, DeviceErrorRecord* err) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) {
+    const int32_t key = keys[k];
+    if (key < 0 || key >= layout.num_keys() ||
+        layout.placement[layout.table_of(key)] == Placement::kReplicated) {
+      record_error(err, DeviceErrorCode::kKeyNotRouted, k, key, layout.num_keys());
+      owners[k] = 0;
+      rows[k] = 0;
+      continue;
+    }
+    int to = 0;
+    layout.route(key, &to, rows + k);
+    owners[k] = to;
+  }
+}
+
+// Owner order → out_perm (input index) and out_rows (flat row on the owner).
+__global__ void owner_order_kernel(const int32_t* rows, const int32_t* pos_sorted, int64_t n,
+                                   int64_t* out_perm, int32_t* out_rows) {
   for (int64_t i = thread_first(); i < n; i += thread_stride()) {
-    const int32_t k = row_wise ? pos_sorted[i] : static_cast<int32_t>(i);
-    const int32_t id = ids[k];
+    const int32_t k = pos_sorted[i];
     out_perm[i] = k;
-    out_local[i] = row_wise && id >= 0 ? id / W : id;
+    out_rows[i] = rows[k];
   }
 }
 
@@ -148,25 +167,25 @@ int key_bits(int W) {
 // predecessor is recorded and skipped.
 __global__ void scatter_rows_dense_kernel(const int32_t* rows, const float* grads, int64_t n, int D,
                                           int64_t N, float* dense, DeviceErrorRecord* err) {
-  const int64_t W = int64_t(D) + 1;
-  const int64_t total = n * W;
+  const int64_t stride = int64_t(D) + 1;  // D gradient columns, a touch count
+  const int64_t total = n * stride;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
-    const int64_t k = i / W;
-    const int d = static_cast<int>(i % W);
+    const int64_t k = i / stride;
+    const int d = static_cast<int>(i % stride);
     const int32_t r = rows[k];
     if (r < 0 || r >= N || (k > 0 && r <= rows[k - 1])) {
       if (d == 0) record_error(err, DeviceErrorCode::kScatterRowsInvalid, k, r, N);
       continue;
     }
-    dense[int64_t(r) * W + d] = d < D ? grads[k * D + d] : 1.0f;
+    dense[int64_t(r) * stride + d] = d < D ? grads[k * D + d] : 1.0f;
   }
 }
 
 // flags[r] = 1 when row r of dense[N×(D+1)] has a non-zero touch count.
 __global__ void touched_flags_kernel(const float* dense, int64_t N, int D, int32_t* flags) {
-  const int64_t W = int64_t(D) + 1;
+  const int64_t stride = int64_t(D) + 1;  // D gradient columns, a touch count
   for (int64_t r = thread_first(); r < N; r += thread_stride())
-    flags[r] = dense[r * W + D] != 0.0f ? 1 : 0;
+    flags[r] = dense[r * stride + D] != 0.0f ? 1 : 0;
 }
 
 // out_rows[scan[r] - 1] = r for the flagged rows (scan: inclusive sum of flags).
@@ -179,68 +198,69 @@ __global__ void touched_rows_kernel(const int32_t* flags, const int32_t* scan, i
 // out_grads[k, :] = dense[out_rows[k], :D].
 __global__ void touched_grads_kernel(const float* dense, const int32_t* out_rows, int64_t m, int D,
                                      float* out_grads) {
-  const int64_t W = int64_t(D) + 1;
+  const int64_t stride = int64_t(D) + 1;  // D gradient columns, a touch count
   const int64_t total = m * D;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t k = i / D;
     const int d = static_cast<int>(i % D);
-    out_grads[i] = dense[int64_t(out_rows[k]) * W + d];
+    out_grads[i] = dense[int64_t(out_rows[k]) * stride + d];
   }
 }
 
 }  // namespace
 
-void bucketize_by_owner(const ExecContext& ctx, const int32_t* ids, int64_t n,
-                        const OwnerRule& rule, int64_t* out_perm, int32_t* out_local_ids,
+void ids_to_keys(const ExecContext& ctx, const int32_t* ids, int64_t n, int64_t offset,
+                 int64_t bound, int32_t* keys) {
+  const char* op = "ids_to_keys";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  ids_to_keys_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(ids, n, offset, bound, keys,
+                                                                    r.error_dev);
+  check_launch(op);
+}
+
+void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
+                        const KeyLayout& layout, int64_t* out_perm, int32_t* out_rows,
                         int64_t* counts) {
   const char* op = "bucketize_by_owner";
-  const int W = rule.W;
+  const int W = layout.W;
   std::fill(counts, counts + W, int64_t{0});
   if (n == 0) return;
   check_int_range(op, "n", n);
   const int N = static_cast<int>(n);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
-
-  if (!rule.row_wise) {
-    // One owner: the owner order is the input order.
-    owner_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, 1, nullptr, r.error_dev);
-    owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, nullptr, n, W, false, out_perm,
-                                                             out_local_ids);
-    check_launch(op);
-    sync_and_raise(ctx, r);  // raises a negative id, as the CPU does
-    counts[rule.owner] = n;
-    return;
-  }
-
   size_t temp_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, key_bits(W),
       stream));
-  int32_t* keys = nullptr;         // [n] owner of each input id
-  int32_t* sorted_keys = nullptr;  // [n] owners in owner order
+  int32_t* owners = nullptr;       // [n] owner of each input key
+  int32_t* rows = nullptr;         // [n] its flat row on the owner
+  int32_t* sorted_owners = nullptr;  // [n] owners in owner order
   int32_t* pos_in = nullptr;       // [n] 0..n-1
   int32_t* pos_sorted = nullptr;   // [n] input index in owner order
   int64_t* dev_counts = nullptr;   // [W]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
-    keys = s.take<int32_t>(n);
-    sorted_keys = s.take<int32_t>(n);
+    owners = s.take<int32_t>(n);
+    rows = s.take<int32_t>(n);
+    sorted_owners = s.take<int32_t>(n);
     pos_in = s.take<int32_t>(n);
     pos_sorted = s.take<int32_t>(n);
     dev_counts = s.take<int64_t>(W);
     temp = s.take<char>(temp_bytes);
   });
-  owner_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, W, keys, r.error_dev);
+  route_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(keys, n, layout, owners, rows,
+                                                          r.error_dev);
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   // LSD radix sort is stable: equal owners keep input order, like the CPU's counting sort.
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, pos_in,
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, owners, sorted_owners, pos_in,
                                              pos_sorted, N, 0, key_bits(W), stream));
-  owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, pos_sorted, n, W, true, out_perm,
-                                                           out_local_ids);
-  owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_keys, n, W, dev_counts);
+  owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, pos_sorted, n, out_perm,
+                                                           out_rows);
+  owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_owners, n, W, dev_counts);
   check_launch(op);
   auto* host = static_cast<int64_t*>(r.pinned(sizeof(int64_t) * W));
   CUDA_CHECK(cudaMemcpyAsync(host, dev_counts, sizeof(int64_t) * W, cudaMemcpyDeviceToHost, stream));

@@ -92,30 +92,27 @@ int train_main(int& argc, char**& argv) {
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
                 cfg.dedup ? ", dedup" : "");
-    const ShardPlan& p = trainer.plan();
-    std::printf("ncf_dist: shard plan: %s\n", p.reason.c_str());
+    std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
   }
-  // Every rank's placement bytes and memory estimate, gathered for the plan print.
+  // Every rank's table bytes and memory estimate, gathered for the plan print.
   {
     const int W = info.world;
-    std::vector<int64_t> mine = {
-        table_rank_bytes(trainer.plan().user, info.rank, W,
-                         parse_embedding_optimizer(cfg.embedding_optimizer)),
-        table_rank_bytes(trainer.plan().item, info.rank, W,
-                         parse_embedding_optimizer(cfg.embedding_optimizer)),
-        trainer.memory_estimate_bytes()};
-    // Host arrays: each rank fills its three entries and a sum assembles them
+    const int T = int(trainer.plan().tables.size());
+    std::vector<int64_t> mine = trainer.table_bytes();
+    mine.push_back(trainer.memory_estimate_bytes());
+    // Host arrays: each rank fills its T + 1 entries and a sum assembles them
     // (all_reduce_sum_on stages host data for a device communicator like NCCL).
-    std::vector<int64_t> all(3 * W, 0);
-    std::copy(mine.begin(), mine.end(), all.begin() + 3 * info.rank);
+    std::vector<int64_t> all(size_t(T + 1) * W, 0);
+    std::copy(mine.begin(), mine.end(), all.begin() + size_t(T + 1) * info.rank);
     all_reduce_sum_on(*comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
     if (lead)
-      for (int r = 0; r < W; ++r)
-        std::printf("ncf_dist:   rank %d: user table %s (%.1f MiB), item table %s (%.1f MiB), "
-                    "estimated memory %.3f MiB\n",
-                    r, placement_name(trainer.plan().user.placement), all[3 * r] / 1048576.0,
-                    placement_name(trainer.plan().item.placement), all[3 * r + 1] / 1048576.0,
-                    all[3 * r + 2] / 1048576.0);
+      for (int r = 0; r < W; ++r) {
+        const auto first = all.begin() + size_t(T + 1) * r;
+        std::printf("ncf_dist:   rank %d: %s, estimated memory %.3f MiB\n", r,
+                    describe_rank_tables(trainer.plan(), std::vector<int64_t>(first, first + T))
+                        .c_str(),
+                    first[T] / 1048576.0);
+      }
   }
   mllog.event("global_batch_size", trainer.positives_per_step() * S);
   mllog.event("opt_base_learning_rate", cfg.learning_rate);

@@ -1,4 +1,4 @@
-// Step loop, evaluation and the shard planner: see trainer.h.
+// The epoch loop around train_step, evaluation, and the memory check: see trainer.h.
 #include "train/trainer.h"
 
 #include <unistd.h>
@@ -34,86 +34,18 @@ std::string gib(double b) {
   return buf;
 }
 
-// Per-step bytes a rank sends for one table under a placement (the cost model):
-// row/table-wise move ids out and vectors back in the forward, gradients out in
-// the backward; replicated allreduces the dense [N×(D+1)] gradient.
-double step_bytes(Placement p, int64_t N, int D, int64_t samples_per_rank, int W) {
-  if (W == 1) return 0;
-  const double f = double(W - 1) / W;
-  switch (p) {
-    case Placement::kRowWise:
-      return samples_per_rank * f * (4.0 + 2.0 * D * 4);
-    case Placement::kTableWise:
-      // The owner receives everyone's ids: its link carries W times a rank's share.
-      return samples_per_rank * (W - 1) * (4.0 + 2.0 * D * 4);
-    case Placement::kReplicated:
-      return 2.0 * f * double(N) * (D + 1) * 4;
-  }
-  return 0;
-}
-
 }  // namespace
 
-ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
-                      EmbeddingOptimizer opt) {
-  const int D = cfg.num_factors + cfg.layers[0] / 2;
-  ShardPlan plan;
-  plan.user = {"user", int64_t(meta.num_users), D, Placement::kRowWise, 0, 1, 0.01f};
-  plan.item = {"item", int64_t(meta.num_items), D, Placement::kRowWise, W > 1 ? 1 % W : 0, 2,
-               0.01f};
-  const int64_t samples_per_rank =
-      (cfg.batch_size / (cfg.num_neg + 1)) * (cfg.num_neg + 1) / W + 1;
-
-  std::string forced_user, forced_item;
-  if (cfg.shard_plan == "auto") {
-  } else if (cfg.shard_plan.find('=') == std::string::npos) {
-    forced_user = forced_item = cfg.shard_plan;
-  } else {
-    std::stringstream ss(cfg.shard_plan);
-    std::string part;
-    while (std::getline(ss, part, ',')) {
-      auto eq = part.find('=');
-      if (eq == std::string::npos)
-        NCF_FAIL("flag --shard_plan: '", part, "' is not TABLE=PLACEMENT (in '", cfg.shard_plan,
-                 "')");
-      std::string t = part.substr(0, eq), p = part.substr(eq + 1);
-      if (t == "user") forced_user = p;
-      else if (t == "item") forced_item = p;
-      else NCF_FAIL("flag --shard_plan: unknown table '", t, "' (expected user or item)");
-    }
-  }
-  std::ostringstream why;
-  for (TableSpec* t : {&plan.user, &plan.item}) {
-    const std::string& forced = t == &plan.user ? forced_user : forced_item;
-    if (!forced.empty()) {
-      try {
-        t->placement = parse_placement(forced);
-      } catch (const Error&) {
-        NCF_FAIL("flag --shard_plan: unknown placement '", forced, "' for table ", t->name,
-                 " (expected row, table or replicated)");
-      }
-      why << t->name << ": forced; ";
-      continue;
-    }
-    // Cost model: bytes per step on the busiest link; replicated also needs the
-    // whole table (and its state) on every rank, so it must be small.
-    double row = step_bytes(Placement::kRowWise, t->num_rows, D, samples_per_rank, W);
-    double rep = step_bytes(Placement::kReplicated, t->num_rows, D, samples_per_rank, W);
-    int64_t rep_bytes = table_rank_bytes({t->name, t->num_rows, D, Placement::kReplicated}, 0, W, opt);
-    if (W > 1 && rep < row && rep_bytes < (int64_t(256) << 20)) {
-      t->placement = Placement::kReplicated;
-      why << t->name << ": replicated (allreduce " << gib(rep) << "/step < exchange " << gib(row)
-          << "); ";
-    } else if (W == 1) {
-      why << t->name << ": row-wise (one rank, nothing to exchange); ";
-    } else {
-      why << t->name << ": row-wise (exchange " << gib(row) << "/step vs allreduce " << gib(rep)
-          << "); ";
-    }
-  }
-  plan.reason = why.str();
-  plan.reason.resize(plan.reason.size() - 2);  // the last "; "
-  return plan;
+EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int W) {
+  PlanRequest req;
+  req.D = cfg.num_factors + cfg.layers[0] / 2;
+  req.W = W;
+  req.tables = {{"user", int64_t(meta.num_users), Placement::kRowWise, 0, 1, 0.01f},
+                {"item", int64_t(meta.num_items), Placement::kRowWise, 0, 2, 0.01f}};
+  req.lookups_per_rank = (cfg.batch_size / (cfg.num_neg + 1)) * (cfg.num_neg + 1) / W + 1;
+  req.optimizer = parse_embedding_optimizer(cfg.embedding_optimizer);
+  req.forced = cfg.shard_plan;
+  return plan_tables(req);
 }
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx)
@@ -137,10 +69,11 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
                float(cfg.l2_embedding)};
   eopt.adagrad = {elr, float(cfg.adagrad_init), 1e-7f, float(cfg.l2_embedding)};
   eopt.sgd = {elr, float(cfg.l2_embedding)};
-  dense_hyper_ = {float(cfg.learning_rate), float(cfg.beta1), float(cfg.beta2),
-                  float(cfg.epsilon), float(cfg.l2_dense)};
+  state_.dense_hyper = {float(cfg.learning_rate), float(cfg.beta1), float(cfg.beta2),
+                        float(cfg.epsilon), float(cfg.l2_dense)};
 
-  plan_ = plan_shards(cfg, meta_, W, eopt.kind);
+  table_optimizer_ = eopt.kind;
+  plan_ = plan_for_job(cfg, meta_, W);
 
   NeuMFConfig mc;
   mc.mf_dim = cfg.num_factors;
@@ -157,14 +90,15 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
   int64_t widest = 0;
   for (int w : cfg.layers) widest += w;
-  const int64_t user_bytes = table_rank_bytes(plan_.user, r, W, eopt.kind);
-  const int64_t item_bytes = table_rank_bytes(plan_.item, r, W, eopt.kind);
+  const std::vector<int64_t> tables = table_bytes();
+  int64_t tables_bytes = 0;
+  for (int64_t x : tables) tables_bytes += x;
   const int64_t exchange_bytes =
-      table_exchange_bytes(plan_.user, std::max(local_samples, eval_users), W, cfg.dedup) +
-      table_exchange_bytes(plan_.item, std::max(local_samples, eval_users * L), W, cfg.dedup);
-  const int64_t step_bytes = local_samples * (4 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
-                             eval_users * L * (int64_t(D) * 4 * 2 + 2 * widest * 4 + 16);
-  memory_bytes_ = user_bytes + item_bytes + exchange_bytes + step_bytes;
+      exchange_buffer_bytes(plan_, {std::max(local_samples, eval_users),
+                                    std::max(local_samples, eval_users * L)}, cfg.dedup);
+  const int64_t step_bytes = local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
+                             eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
+  memory_bytes_ = tables_bytes + exchange_bytes + step_bytes;
   const MemoryInfo mem = device_memory(ctx, comm.local_world());
   const bool on_gpu = ctx.device == Device::kCuda;
   const int64_t limit = cfg.memory_limit_gb > 0
@@ -180,17 +114,18 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   const std::string advice =
       ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
       "--eval_batch_size, or raise --memory_limit_gb";
-  for (const auto& [spec, bytes] : {std::pair<const TableSpec*, int64_t>{&plan_.user, user_bytes},
-                                    std::pair<const TableSpec*, int64_t>{&plan_.item, item_bytes}})
-    if (bytes > limit)
-      NCF_FAIL("rank ", r, " needs about ", gib(double(bytes)), " for table ", spec->name, " alone (",
-               spec->num_rows, " rows x ", D, ", ", placement_name(spec->placement), ", with ",
-               optimizer_name(eopt.kind), " state) on its ", device_name(ctx.device), ", but ",
-               where, " ", gib(double(limit)), advice);
+  for (size_t k = 0; k < tables.size(); ++k)
+    if (tables[k] > limit) {
+      const TableSpec& spec = plan_.tables[k];
+      NCF_FAIL("rank ", r, " needs about ", gib(double(tables[k])), " for table ", spec.name,
+               " alone (", spec.num_rows, " rows x ", D, ", ", placement_name(spec.placement),
+               ", with ", optimizer_name(eopt.kind), " state) on its ", device_name(ctx.device),
+               ", but ", where, " ", gib(double(limit)), advice);
+    }
   if (memory_bytes_ > limit)
     NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " on its ",
-             device_name(ctx.device), " (user table ", gib(double(user_bytes)), ", item table ",
-             gib(double(item_bytes)), ", exchange buffers ", gib(double(exchange_bytes)),
+             device_name(ctx.device), " (user table ", gib(double(tables[0])), ", item table ",
+             gib(double(tables[1])), ", exchange buffers ", gib(double(exchange_bytes)),
              ", step and eval buffers ", gib(double(step_bytes)), " for ", local_samples,
              " samples), but ", where, " ", gib(double(limit)), advice);
 
@@ -201,22 +136,20 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   if (ctx.device != Device::kCpu)
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
-  user_ = std::make_unique<ShardedEmbedding>(plan_.user, comm, ctx, eopt, cfg.dedup);
-  item_ = std::make_unique<ShardedEmbedding>(plan_.item, comm, ctx, eopt, cfg.dedup);
-  user_->init(cfg.seed);
-  item_->init(cfg.seed);
+  tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, cfg.dedup);
+  tables_->init(cfg.seed);
   model_ = std::make_unique<NeuMF>(mc, ctx.device);
   model_->init(cfg.seed);
-  adam_m_ = Buffer<float>(ctx.device, model_->num_params());
-  adam_v_ = Buffer<float>(ctx.device, model_->num_params());
-  adam_m_.zero();
-  adam_v_.zero();
-  for (Buffer<int32_t>* b : {&pos_users_, &pos_items_, &s_users_, &s_items_, &eval_users_,
-                             &eval_items_})
-    *b = Buffer<int32_t>(ctx.device, 0);
-  for (Buffer<float>* b : {&labels_, &logits_, &dlogits_, &urows_, &irows_, &durows_, &dirows_,
-                           &eval_user_rows_, &eval_rows_, &scores_})
-    *b = Buffer<float>(ctx.device, 0);
+  state_.positives = positives_.get();
+  state_.device_positives = device_positives_.get();
+  state_.num_items = int64_t(meta_.num_items);
+  state_.num_neg = cfg.num_neg;
+  state_.seed = cfg.seed;
+  state_.tables = tables_.get();
+  state_.model = model_.get();
+  state_.allocate(ctx);
+  for (Buffer<int32_t>* b : {&eval_users_, &eval_items_}) *b = Buffer<int32_t>(ctx.device, 0);
+  for (Buffer<float>* b : {&eval_rows_, &scores_}) *b = Buffer<float>(ctx.device, 0);
   eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
   eval_expand_ = Buffer<int64_t>(ctx.device, 0);
   step_loss_ = Buffer<double>(ctx.device, 0);
@@ -226,88 +159,29 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
 
 Trainer::~Trainer() = default;
 
+std::vector<int64_t> Trainer::table_bytes() const {
+  std::vector<int64_t> b;
+  for (const TableSpec& t : plan_.tables)
+    b.push_back(table_rank_bytes(t, plan_.D, comm_.rank(), comm_.world(), table_optimizer_));
+  return b;
+}
+
 void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
-  const int S = cfg_.num_neg + 1;
-  const int D = model_->config().embedding_width();
-  const int64_t n = int64_t(b.users.size());
-  const int64_t B = n * S;
-  const int64_t G = b.step_count * S;  // global samples of this step
   timer_->begin(b.step);
-
-  // Negatives from the staged positives (on the device for GPU ranks, copied
-  // there by the copy stream while the previous step ran).
-  s_users_.reserve(B);
-  s_items_.reserve(B);
-  labels_.reserve(B);
+  // The positives, staged on the device while the previous step ran.
   const InputStager::Staged in = stager_->acquire();
+  const int64_t n = int64_t(b.users.size());
   NCF_CHECK(in.n == n, "staged batch has ", in.n, " positives, the step ", n);
-  if (ctx_.device == Device::kCpu)
-    sample_negatives(ctx_, *positives_, meta_.num_items, in.users, in.items, b.slice_begin, n,
-                     cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(), s_items_.data(),
-                     labels_.data());
-  else
-    sample_negatives(ctx_, *device_positives_, meta_.num_items, in.users, in.items,
-                     b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, s_users_.data(),
-                     s_items_.data(), labels_.data());
+  const StepBatch batch{in.users, in.items, n, b.slice_begin, b.epoch, b.step_count};
+  // The stager's slot is released once the negatives are sampled from it; the
+  // step enqueues its work in order, so releasing after the call is as safe.
+  const StepReport rep =
+      train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, timer_.get());
   stager_->release();
-  timer_->mark(StepPhase::kCompute);
-
-  // Both tables' lookups in phases, so that one table's exchange overlaps the
-  // other's kernels on a stream-ordered communicator.
-  urows_.reserve(size_t(B) * D);
-  irows_.reserve(size_t(B) * D);
-  user_->lookup_start(s_users_.data(), B);
-  item_->lookup_start(s_items_.data(), B);
-  user_->lookup_gather();
-  item_->lookup_gather();
-  user_->lookup_finish(urows_.data());
-  item_->lookup_finish(irows_.data());
-  timer_->mark(StepPhase::kExchange);
-
-  logits_.reserve(B);
-  dlogits_.reserve(B);
-  durows_.reserve(size_t(B) * D);
-  dirows_.reserve(size_t(B) * D);
-  if (B > 0) {
-    model_->forward(ctx_, urows_.data(), irows_.data(), B, logits_.data());
-    bce_with_logits_forward(ctx_, logits_.data(), labels_.data(), nullptr,
-                            step_loss_.data() + index, B, B, G);
-    bce_with_logits_backward(ctx_, logits_.data(), labels_.data(), nullptr, dlogits_.data(), B, B,
-                             G);
-    model_->backward(ctx_, dlogits_.data(), durows_.data(), dirows_.data());
-  } else {
-    model_->grads().zero();
-  }
-
-  // The dense-gradient allreduce runs while the embedding gradients travel and
-  // the owners update; the dense Adam step waits for it at the end. (A host
-  // communicator completes it here: that time is the allreduce's.)
-  timer_->mark(StepPhase::kCompute);
-  CommTicket dense = 0;
-  all_reduce_sum_on(comm_, ctx_.device, model_->grads().data(), size_t(model_->num_params()),
-                    DType::kFloat32, &dense);
-  timer_->mark(StepPhase::kAllreduce);
-
-  ++t_;
-  user_->gradients_start(durows_.data());
-  item_->gradients_start(dirows_.data());
-  user_->gradients_finish(t_);
-  item_->gradients_finish(t_);
-  timer_->mark(StepPhase::kExchange);  // includes the owners' optimizer step
-  comm_.join(dense);  // on a stream-ordered communicator, the wait for the allreduce
-  timer_->mark(StepPhase::kAllreduce);
-  dense_adam_step(ctx_, model_->params().data(), model_->grads().data(), adam_m_.data(),
-                  adam_v_.data(), model_->num_params(), t_, dense_hyper_);
-  timer_->mark(StepPhase::kCompute);
   timer_->end();
-
-  const int64_t bytes = user_->last_stats().bytes_sent + item_->last_stats().bytes_sent +
-                        (comm_.world() > 1 ? model_->num_params() * 4 * 2 * (comm_.world() - 1) /
-                                                 comm_.world()
-                                           : 0);
-  r->bytes_sent += bytes;
-  r->samples += G;
-  pending_logs_.push_back({b.step, G, bytes});
+  r->bytes_sent += rep.bytes_sent;
+  r->samples += rep.samples;
+  pending_logs_.push_back({b.step, rep.samples, rep.bytes_sent, rep.collectives});
   account_step_times(false, r);
 }
 
@@ -325,9 +199,9 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
     pending_logs_.pop_front();
     if (cfg_.step_log && comm_.rank() == 0)
       std::printf("step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
-                  "%lld bytes sent by rank 0\n",
+                  "%lld collectives, %lld bytes sent by rank 0\n",
                   (long long)l.step, (long long)l.samples, x * 1e3, c * 1e3, a * 1e3,
-                  (long long)l.bytes);
+                  (long long)l.collectives, (long long)l.bytes);
   }
 }
 
@@ -419,21 +293,14 @@ EvalResult Trainer::evaluate() {
     device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
     device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
     device_copy(dev, eval_expand_.data(), Device::kCpu, expand.data(), size_t(n * L) * 8);
-    // One user lookup per user, repeated over its L candidates; the two tables'
-    // lookups in phases, as in the training step.
-    eval_user_rows_.reserve(size_t(n) * D);
+    // One user lookup per user, repeated over its L candidates; both tables in
+    // one exchange, as in the training step.
     eval_rows_.reserve(size_t(n * L) * D);
-    irows_.reserve(size_t(n * L) * D);
-    user_->lookup_start(eval_users_.data(), n);
-    item_->lookup_start(eval_items_.data(), n * L);
-    user_->lookup_gather();
-    item_->lookup_gather();
-    user_->lookup_finish(eval_user_rows_.data());
-    item_->lookup_finish(irows_.data());
-    permute_rows(ctx_, eval_user_rows_.data(), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
+    tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
+    permute_rows(ctx_, tables_->rows(0), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
     if (n == 0) continue;
     scores_.reserve(n * L);
-    model_->score(ctx_, eval_rows_.data(), irows_.data(), n * L, scores_.data());
+    model_->score(ctx_, eval_rows_.data(), tables_->rows(1), n * L, scores_.data());
     double hr = 0, ndcg = 0;
     hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
@@ -450,9 +317,10 @@ EvalResult Trainer::evaluate() {
 std::vector<float> Trainer::gather_parameters() {
   std::vector<float> out(size_t(model_->num_params()));
   device_copy(Device::kCpu, out.data(), ctx_.device, model_->params().data(), out.size() * 4);
-  std::vector<float> u = user_->gather_full(), i = item_->gather_full();
-  out.insert(out.end(), u.begin(), u.end());
-  out.insert(out.end(), i.begin(), i.end());
+  for (int t = 0; t < tables_->num_tables(); ++t) {
+    std::vector<float> rows = tables_->gather_table(t);
+    out.insert(out.end(), rows.begin(), rows.end());
+  }
   return out;
 }
 

@@ -1,9 +1,8 @@
-// The step and eval loops. One Trainer per rank: it owns the readers, the two
-// sharded tables (user, item), the replicated NeuMF tower and its optimizer
-// state. A global step (shared/DESIGN.md): read this rank's slice of positives
-// → sample negatives → look up user and item rows (all-to-all) → tower forward
-// and backward → one allreduce of the flat dense gradient → identical Adam step
-// on every rank → embedding gradients back to their owners, which update.
+// The epoch and eval loops around the step. One Trainer per rank: it owns the
+// readers, the embedding collection (user and item tables), the replicated
+// NeuMF tower and the step's state; train_step (step.h) is the step itself.
+// The trainer reads each step's slice of positives, stages it on the device,
+// calls train_step, and keeps the timing and the logs.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +17,13 @@
 #include "data/dataset.h"
 #include "data/negatives.h"
 #include "data/reader.h"
-#include "embedding/embedding.h"
+#include "embedding/collection.h"
+#include "embedding/plan.h"
 #include "model/neumf.h"
 #include "model/optim.h"
 #include "train/config.h"
 #include "train/input_stager.h"
+#include "train/step.h"
 
 namespace ncf {
 
@@ -46,14 +47,9 @@ struct EvalResult {
   double seconds = 0;
 };
 
-// Placement of each table, decided by the planner or forced by --shard_plan.
-struct ShardPlan {
-  TableSpec user, item;
-  std::string reason;
-};
-
-ShardPlan plan_shards(const TrainConfig& cfg, const DatasetMeta& meta, int W,
-                      EmbeddingOptimizer opt);
+// The plan of the user and item tables for a job: the planner's request
+// built from the flags and the dataset, then embedding/plan.h's planner.
+EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int W);
 
 class Trainer {
  public:
@@ -63,15 +59,17 @@ class Trainer {
   EpochResult train_epoch(int64_t epoch);
   EvalResult evaluate();
   const DatasetMeta& meta() const { return meta_; }
-  const ShardPlan& plan() const { return plan_; }
+  const EmbeddingPlan& plan() const { return plan_; }
+  // This rank's bytes per table (rows and optimizer state).
+  std::vector<int64_t> table_bytes() const;
   int64_t positives_per_step() const { return P_; }
   // Dense parameters, then the full user and item tables (collective).
   std::vector<float> gather_parameters();
   int64_t memory_estimate_bytes() const { return memory_bytes_; }
 
  private:
-  // One global step on the batch acquired from stager_; its loss share goes to
-  // step_loss_[index] on the device (read back once per epoch).
+  // One global step on the batch acquired from stager_ (train_step); its loss
+  // share goes to step_loss_[index] on the device (read back once per epoch).
   void step(const TrainBatch& batch, int64_t index, EpochResult* r);
   // Adds the phase times of the steps the timer has finished to *r (and prints
   // their --step_log lines); wait_all at the end of an epoch.
@@ -81,9 +79,9 @@ class Trainer {
   Communicator& comm_;
   ExecContext ctx_;
   DatasetMeta meta_;
-  ShardPlan plan_;
+  EmbeddingPlan plan_;
+  EmbeddingOptimizer table_optimizer_ = EmbeddingOptimizer::kDenseAdam;
   int64_t P_ = 0;       // positives per global step
-  int64_t t_ = 0;       // optimizer steps taken
   int64_t memory_bytes_ = 0;
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
@@ -91,27 +89,19 @@ class Trainer {
   std::unique_ptr<InputStager> stager_;
   std::unique_ptr<StepTimer> timer_;
   struct PendingLog {
-    int64_t step, samples, bytes;
+    int64_t step, samples, bytes, collectives;
   };
   std::deque<PendingLog> pending_logs_;  // steps enqueued, times not yet read
   std::unique_ptr<EvalReader> eval_reader_;
-  std::unique_ptr<ShardedEmbedding> user_, item_;
+  std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;
-  Buffer<float> adam_m_, adam_v_;
-  AdamHyper dense_hyper_;
-
-  // Step buffers on the context's device (n positives, B = n · (1 + num_neg)
-  // samples, D table width).
-  Buffer<int32_t> pos_users_, pos_items_;     // [n]
-  Buffer<int32_t> s_users_, s_items_;         // [B]
-  Buffer<float> labels_, logits_, dlogits_;   // [B]
-  Buffer<float> urows_, irows_, durows_, dirows_;  // [B×D]
+  TrainState state_;                          // what train_step reads and writes
   Buffer<double> step_loss_;                  // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each).
   Buffer<int32_t> eval_users_, eval_items_;   // [n], [n×L]
   Buffer<uint8_t> eval_mask_;                 // [n×L]
   Buffer<int64_t> eval_expand_;               // [n×L] user row of each entry
-  Buffer<float> eval_user_rows_, eval_rows_, scores_;  // [n×D], [n×L×D], [n×L]
+  Buffer<float> eval_rows_, scores_;          // [n×L×D] user rows per entry, [n×L]
 };
 
 }  // namespace ncf

@@ -1,0 +1,73 @@
+// The scalar update rules every optimizer applies, dense tower and embedding
+// tables alike: the hyperparameters, the per-step Adam scalars, and one inline
+// NCF_HD function per rule, so the CPU loops and the CUDA kernels of model/ and
+// embedding/ apply literally the same formula.
+//
+// L2 regularisation: every rule first sets g <- g + l2*p (the gradient of
+// (l2/2)*|p|^2). Flags --l2_dense / --l2_embedding set the l2 of the dense and
+// the table optimizer.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "common/philox.h"  // NCF_HD
+
+namespace ncf {
+
+// Adam with the TF / Keras epsilon placement ("epsilon hat" of Kingma & Ba):
+//   lr_t = lr · sqrt(1 − β2^t) / (1 − β1^t)
+//   m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²;  p ← p − lr_t · m / (sqrt(v) + eps)
+// PyTorch adds its eps to sqrt(v)/sqrt(1 − β2^t) instead; the two agree when
+// eps_torch = eps / sqrt(1 − β2^t). TF Model Garden's tuned eps (1.45e-7) is
+// meant for this placement.
+struct AdamHyper {
+  float lr = 0.001f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float l2 = 0.0f;
+};
+
+// Adagrad as Keras: acc ← acc + g²; p ← p − lr · g / (sqrt(acc) + eps). The
+// accumulator starts at initial_accumulator (fill it with adagrad_init).
+struct AdagradHyper {
+  float lr = 0.01f;
+  float initial_accumulator = 0.1f;
+  float eps = 1e-7f;
+  float l2 = 0.0f;
+};
+
+// Plain SGD: p ← p − lr·g.
+struct SgdHyper {
+  float lr = 0.01f;
+  float l2 = 0.0f;
+};
+
+// The per-step Adam scalars, computed once on the host in double.
+struct AdamStepScalars {
+  float lr_t, beta1, beta2, eps, l2;
+};
+// t >= 1 (the number of updates including this one).
+AdamStepScalars adam_step_scalars(const AdamHyper& h, int64_t t);
+
+NCF_HD void adam_update(float* p, float* m, float* v, float g, const AdamStepScalars& s) {
+  g += s.l2 * *p;
+  *m = s.beta1 * *m + (1.0f - s.beta1) * g;
+  *v = s.beta2 * *v + (1.0f - s.beta2) * g * g;
+  *p -= s.lr_t * *m / (sqrtf(*v) + s.eps);
+}
+
+NCF_HD void adagrad_update(float* p, float* acc, float g, const AdagradHyper& h) {
+  g += h.l2 * *p;
+  *acc += g * g;
+  *p -= h.lr * g / (sqrtf(*acc) + h.eps);
+}
+
+NCF_HD void sgd_update(float* p, float g, const SgdHyper& h) {
+  g += h.l2 * *p;
+  *p -= h.lr * g;
+}
+
+}  // namespace ncf

@@ -1,0 +1,362 @@
+// The embedding collection's lookup and update: see collection.h.
+#include "embedding/collection.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/parallel.h"
+#include "common/philox.h"
+#include "model/ops.h"  // fill
+
+namespace ncf {
+
+EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm,
+                                         const ExecContext& ctx,
+                                         const EmbeddingOptimizerConfig& opt, bool dedup)
+    : plan_(plan), comm_(comm), ctx_(ctx), opt_(opt), dedup_(dedup) {
+  W_ = comm.world();
+  rank_ = comm.rank();
+  local_ = W_ == 1;
+  NCF_CHECK(plan.W == W_, "embedding plan for ", plan.W, " ranks used with ", W_);
+  NCF_CHECK(plan.D >= 1, "embedding width D=", plan.D);
+  layout_ = make_key_layout(plan, &lt_);
+  const int T = num_tables();
+  R_ = layout_.total_rows_on(rank_);
+  for (int u = 0; u < T; ++u)
+    if (layout_.placement[u] != Placement::kReplicated) R_routed_ += layout_.rows_on(u, rank_);
+  rep_offset_.assign(T, 0);
+  for (int t = 0; t < T; ++t)
+    if (!local_ && plan.tables[t].placement == Placement::kReplicated) {
+      rep_offset_[t] = rep_floats_;
+      rep_floats_ += plan.tables[t].num_rows * (int64_t(plan.D) + 1);
+    }
+  NCF_CHECK(R_ <= INT32_MAX, "rank ", rank_, " would hold ", R_, " rows; row ids are int32");
+
+  const Device dev = ctx.device;
+  const size_t n = size_t(R_) * plan.D;
+  const int state = optimizer_state_per_element(opt.kind);
+  try {
+    params_ = Buffer<float>(dev, n);
+    m_ = Buffer<float>(dev, state >= 1 ? n : 0);
+    v_ = Buffer<float>(dev, state >= 2 ? n : 0);
+  } catch (const Error& e) {
+    std::string names;
+    for (const TableSpec& s : plan.tables)
+      names += (names.empty() ? "" : ", ") + s.name + " " + placement_name(s.placement);
+    NCF_FAIL("embedding tables (", names, "): ", R_, " rows x ", plan.D, " with ",
+             optimizer_name(opt.kind), " state (", bytes_on_rank(), " bytes) do not fit on this ",
+             device_name(dev), ": ", e.what());
+  }
+  m_.zero();
+  v_.zero();
+  if (opt.kind == EmbeddingOptimizer::kAdagrad && n)
+    fill(ctx_, m_.data(), int64_t(n), opt.adagrad.initial_accumulator);
+  for (Buffer<int32_t>* b : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_})
+    *b = Buffer<int32_t>(dev, 0);
+  for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
+  for (Buffer<float>* b : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+    *b = Buffer<float>(dev, 0);
+  for (auto* v : {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_,
+                  &rd_})
+    v->assign(W_, 0);
+  n_.assign(T, 0);
+  off_.assign(T, 0);
+}
+
+bool EmbeddingCollection::is_routed(int t) const {
+  return !local_ && plan_.tables[t].placement != Placement::kReplicated;
+}
+
+TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
+  const int64_t at = first * plan_.D;
+  return TableRows{params_.data() + at, m_.size() ? m_.data() + at : nullptr,
+                   v_.size() ? v_.data() + at : nullptr, count, plan_.D};
+}
+
+int64_t EmbeddingCollection::bytes_on_rank() const {
+  return R_ * plan_.D * 4 * (1 + optimizer_state_per_element(opt_.kind)) + rep_floats_ * 4;
+}
+
+int64_t EmbeddingCollection::step_buffer_bytes() const {
+  int64_t b = 0;
+  for (const Buffer<int32_t>* x : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_})
+    b += int64_t(x->bytes());
+  for (const Buffer<int64_t>* x : {&inverse_, &perm_}) b += int64_t(x->bytes());
+  for (const Buffer<float>* x : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+    b += int64_t(x->bytes());
+  return b;
+}
+
+void EmbeddingCollection::init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const {
+  const int D = plan_.D;
+  std::vector<int> table_of_layout(num_tables());
+  for (int t = 0; t < num_tables(); ++t) table_of_layout[lt_[t]] = t;
+  for (int64_t k = k0; k < k1; ++k) {
+    int u = 0;
+    const int64_t id = layout_.id_of_row(k, rank_, &u);
+    const TableSpec& s = plan_.tables[table_of_layout[u]];
+    CounterRng rng{seed, kStreamInit, (uint64_t(s.init_tag) << 40) | uint64_t(id)};
+    float* row = dst + (k - k0) * D;
+    for (int j = 0; j < D; j += 2) {
+      // Box-Muller on two 53-bit uniforms: a pair of normals per draw.
+      double u1 = 1.0 - rng.uniform_double(uint64_t(j)), u2 = rng.uniform_double(uint64_t(j) + 1);
+      double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
+      row[j] = float(s.init_stddev * r * std::cos(a));
+      if (j + 1 < D) row[j + 1] = float(s.init_stddev * r * std::sin(a));
+    }
+  }
+}
+
+void EmbeddingCollection::init(uint64_t seed) {
+  const int D = plan_.D;
+  if (R_ == 0) return;
+  // Rows are independent (keyed by table and global row), so the host threads
+  // split them.
+  const int64_t grain = std::max<int64_t>(1, 4096 / D);
+  auto fill = [&](int64_t k0, int64_t k1, float* dst) {
+    parallel_for(ctx_.threads, k1 - k0, grain, [&](int64_t a, int64_t b) {
+      init_rows(seed, k0 + a, k0 + b, dst + a * D);
+    });
+  };
+  if (ctx_.device == Device::kCpu) {
+    fill(0, R_, params_.data());
+    return;
+  }
+  // A GPU shard goes up in chunks of about 64 MiB through two pinned buffers:
+  // the host fills one while the previous chunk's copy runs, so host memory stays
+  // bounded by two chunks whatever the tables' size.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+  PinnedBuffer<float> stage[2];
+  for (PinnedBuffer<float>& b : stage) b.reserve(size_t(std::min(chunk, R_)) * D);
+  for (int64_t c = 0, k0 = 0; k0 < R_; ++c, k0 += chunk) {
+    const int64_t k1 = std::min(R_, k0 + chunk);
+    float* host = stage[c % 2].data();
+    fill(k0, k1, host);         // free: the previous round's wait covered copy c - 2
+    check_device_errors(ctx_);  // waits for copy c - 1 (no kernel ran to record errors)
+    device_copy_async(ctx_, ctx_.device, params_.data() + k0 * D, Device::kCpu, host,
+                      size_t(k1 - k0) * D * 4);
+  }
+  check_device_errors(ctx_);  // the stage buffers go away with this function
+}
+
+const float* EmbeddingCollection::rows(int t) const { return rows_.data() + off_[t] * plan_.D; }
+float* EmbeddingCollection::row_grads(int t) { return grads_.data() + off_[t] * plan_.D; }
+
+void EmbeddingCollection::lookup(const std::vector<TableIds>& ids) {
+  lookup_start(ids);
+  lookup_gather();
+  lookup_finish();
+}
+
+void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
+  const int T = num_tables();
+  const int D = plan_.D;
+  NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T,
+            " tables");
+  stats_ = ExchangeStats{};
+  // Batch order: layout order (routed tables first).
+  std::vector<int> table_of_layout(T);
+  for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
+  n_total_ = n_routed_ = 0;
+  for (int u = 0; u < T; ++u) {
+    const int t = table_of_layout[u];
+    NCF_CHECK(ids[t].n >= 0, "embedding lookup: table ", plan_.tables[t].name, " n=", ids[t].n);
+    off_[t] = n_total_;
+    n_[t] = ids[t].n;
+    n_total_ += ids[t].n;
+    if (is_routed(t)) n_routed_ += ids[t].n;
+  }
+  keys_.reserve(size_t(n_total_));
+  rows_.reserve(size_t(n_total_) * D);
+  grads_.reserve(size_t(n_total_) * D);
+  for (int t = 0; t < T; ++t) {
+    // Routed (and W = 1): keys, which at W = 1 are the flat rows; replicated:
+    // rows of the table. Ids outside the table stop here, naming it.
+    const int64_t offset = local_ || is_routed(t) ? layout_.key_begin[lt_[t]] : 0;
+    try {
+      ids_to_keys(ctx_, ids[t].ids, ids[t].n, offset, plan_.tables[t].num_rows,
+                  keys_.data() + off_[t]);
+    } catch (const Error& e) {
+      NCF_FAIL("table ", plan_.tables[t].name, ": ", e.what());
+    }
+  }
+  if (local_) {
+    stats_.unique_ids = n_total_;
+    return;
+  }
+  if (!any_routed()) return;
+
+  // The keys that travel: the unique ones (ascending) with --dedup, else all.
+  const int32_t* travel = keys_.data();
+  nu_ = n_routed_;
+  if (dedup_) {
+    unique_.reserve(size_t(n_routed_));
+    inverse_.reserve(size_t(n_routed_));
+    unique_ids(ctx_, keys_.data(), n_routed_, unique_.data(), inverse_.data(), &nu_);
+    travel = unique_.data();
+  }
+  stats_.unique_ids = nu_;
+  perm_.reserve(size_t(nu_));
+  send_rows_.reserve(size_t(nu_));
+  bucketize_by_owner(ctx_, travel, nu_, layout_, perm_.data(), send_rows_.data(),
+                     send_counts_.data());
+  for (int p = 1; p < W_; ++p) send_displs_[p] = send_displs_[p - 1] + send_counts_[p - 1];
+  comm_.exchange_counts(send_counts_.data(), recv_counts_.data());
+  nr_ = 0;
+  for (int p = 0; p < W_; ++p) {
+    recv_displs_[p] = nr_;
+    nr_ += recv_counts_[p];
+  }
+  recv_rows_.reserve(size_t(nr_));
+  all_to_all_v_on(comm_, ctx_.device, send_rows_.data(), send_counts_.data(), send_displs_.data(),
+                  recv_rows_.data(), recv_counts_.data(), recv_displs_.data(), DType::kInt32,
+                  &ticket_);
+}
+
+void EmbeddingCollection::lookup_gather() {
+  if (!any_routed()) return;
+  const int D = plan_.D;
+  comm_.join(ticket_);
+  // Owners gather the asked rows and send them back.
+  send_vec_.reserve(size_t(nr_) * D);
+  gather_rows(ctx_, params_.data(), recv_rows_.data(), send_vec_.data(), R_routed_, nr_, D);
+  for (int p = 0; p < W_; ++p) {
+    sc_[p] = recv_counts_[p] * D;
+    sd_[p] = recv_displs_[p] * D;
+    rc_[p] = send_counts_[p] * D;
+    rd_[p] = send_displs_[p] * D;
+  }
+  recv_vec_.reserve(size_t(nu_) * D);
+  all_to_all_v_on(comm_, ctx_.device, send_vec_.data(), sc_.data(), sd_.data(), recv_vec_.data(),
+                  rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+}
+
+void EmbeddingCollection::lookup_finish() {
+  const int D = plan_.D;
+  if (local_) {
+    gather_rows(ctx_, params_.data(), keys_.data(), rows_.data(), R_, n_total_, D);
+    return;
+  }
+  if (any_routed()) {
+    comm_.join(ticket_);
+    ticket_ = 0;
+    // Back to batch order: owner order -> (unique) key order -> batch positions.
+    if (dedup_) {
+      uvec_.reserve(size_t(nu_) * D);
+      unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), uvec_.data(), nu_, D);
+      permute_rows(ctx_, uvec_.data(), nu_, inverse_.data(), rows_.data(), n_routed_, D);
+    } else {
+      unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), rows_.data(), n_routed_, D);
+    }
+    for (int p = 0; p < W_; ++p)
+      if (p != rank_) {
+        stats_.ids_sent += send_counts_[p];
+        stats_.bytes_sent += send_counts_[p] * 4 + recv_counts_[p] * D * 4;
+      }
+  }
+  // Replicated tables: straight from this rank's copy.
+  for (int t = 0; t < num_tables(); ++t)
+    if (!is_routed(t)) {
+      const int64_t b = layout_.begin_on(lt_[t], rank_);
+      gather_rows(ctx_, params_.data() + b * D, keys_.data() + off_[t], rows_.data() + off_[t] * D,
+                  plan_.tables[t].num_rows, n_[t], D);
+    }
+}
+
+void EmbeddingCollection::gradients_start(float* replicated_grads) {
+  if (local_) return;
+  const int D = plan_.D;
+  NCF_CHECK(rep_floats_ == 0 || replicated_grads, "gradients_start: ", rep_floats_,
+            " replicated gradient floats and no buffer");
+  if (any_routed()) {
+    // Gradients per travelling key: with --dedup, duplicates are summed by key
+    // (ascending, the order of unique_); then put in owner order.
+    const float* per_key = grads_.data();
+    if (dedup_) {
+      reduced_rows_.reserve(size_t(n_routed_));
+      reduced_grads_.reserve(size_t(n_routed_) * D);
+      int64_t nu = 0;
+      sort_reduce_rows(ctx_, keys_.data(), grads_.data(), n_routed_, D, reduced_rows_.data(),
+                       reduced_grads_.data(), &nu);
+      NCF_CHECK(nu == nu_, "embedding backward: ", nu, " unique keys, ", nu_, " in the forward");
+      per_key = reduced_grads_.data();
+    }
+    recv_vec_.reserve(size_t(nu_) * D);  // reused: gradients in owner order
+    permute_rows(ctx_, per_key, nu_, perm_.data(), recv_vec_.data(), nu_, D);
+    for (int p = 0; p < W_; ++p) {
+      sc_[p] = send_counts_[p] * D;
+      sd_[p] = send_displs_[p] * D;
+      rc_[p] = recv_counts_[p] * D;
+      rd_[p] = recv_displs_[p] * D;
+    }
+    send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
+    all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(),
+                    send_vec_.data(), rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+    for (int p = 0; p < W_; ++p)
+      if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
+  }
+  // Replicated tables: this rank's sum per row, as a dense gradient with a
+  // touch count per row, for the caller's allreduce.
+  for (int t = 0; t < num_tables(); ++t)
+    if (!is_routed(t)) {
+      const int64_t n = n_[t], N = plan_.tables[t].num_rows;
+      reduced_rows_.reserve(size_t(std::max(n, N)));
+      reduced_grads_.reserve(size_t(std::max(n, N)) * D);
+      int64_t nu = 0;
+      sort_reduce_rows(ctx_, keys_.data() + off_[t], grads_.data() + off_[t] * D, n, D,
+                       reduced_rows_.data(), reduced_grads_.data(), &nu);
+      scatter_rows_dense(ctx_, reduced_rows_.data(), reduced_grads_.data(), nu, D, N,
+                         replicated_grads + rep_offset_[t]);
+    }
+}
+
+void EmbeddingCollection::gradients_finish(int64_t t) {
+  if (local_) {
+    // One rank: the batch's rows are the flat rows; one fused update over all.
+    reduce_update_rows(ctx_, keys_.data(), grads_.data(), n_total_, all_rows(0, R_), opt_, t);
+    return;
+  }
+  if (!any_routed()) return;
+  comm_.join(ticket_);
+  ticket_ = 0;
+  reduce_update_rows(ctx_, recv_rows_.data(), send_vec_.data(), nr_, all_rows(0, R_routed_), opt_,
+                     t);
+}
+
+void EmbeddingCollection::update_replicated(const float* replicated_grads, int64_t t) {
+  if (local_) return;
+  const int D = plan_.D;
+  for (int k = 0; k < num_tables(); ++k)
+    if (!is_routed(k)) {
+      const int64_t N = plan_.tables[k].num_rows;
+      reduced_rows_.reserve(size_t(N));
+      reduced_grads_.reserve(size_t(N) * D);
+      int64_t nu = 0;
+      compact_touched_rows(ctx_, replicated_grads + rep_offset_[k], N, D, reduced_rows_.data(),
+                           reduced_grads_.data(), &nu);
+      apply_table_optimizer(ctx_, all_rows(layout_.begin_on(lt_[k], rank_), N),
+                            reduced_rows_.data(), reduced_grads_.data(), nu, opt_, t);
+    }
+}
+
+std::vector<float> EmbeddingCollection::gather_table(int t) {
+  const int D = plan_.D;
+  const TableSpec& s = plan_.tables[t];
+  const int u = lt_[t];
+  const int64_t R = layout_.rows_on(u, rank_), b = layout_.begin_on(u, rank_);
+  std::vector<float> mine(size_t(R) * D);
+  device_copy(Device::kCpu, mine.data(), ctx_.device, params_.data() + b * D, mine.size() * 4);
+  if (s.placement == Placement::kReplicated || local_) return mine;
+  // Each rank writes its rows into a zeroed full table; a sum assembles it.
+  std::vector<float> full(size_t(s.num_rows) * D, 0.0f);
+  for (int64_t j = 0; j < R; ++j) {
+    const int64_t id = s.placement == Placement::kRowWise ? j * W_ + rank_ : j;
+    std::copy_n(&mine[size_t(j) * D], D, &full[size_t(id) * D]);
+  }
+  all_reduce_sum_on(comm_, Device::kCpu, full.data(), full.size(), DType::kFloat32);
+  return full;
+}
+
+}  // namespace ncf

@@ -1,0 +1,145 @@
+// Every embedding table of the model in one collection (shared/DESIGN.md
+// steps 3 and 6): one flat parameter buffer and one optimizer-state buffer per
+// rank holding the rows the plan gives it (plan.h's key layout: routed tables
+// first, then replicated ones), and one exchange per phase for all tables.
+//
+// Forward (lookup_start → lookup_gather → lookup_finish, each collective):
+// every routed table's ids become keys in one array, optionally de-duplicated
+// across the collection, bucketized by owner together; one counts exchange,
+// one row exchange, one gather at the owners, one vector exchange back, then
+// the rows go to batch order. Replicated tables are read locally.
+// Backward (gradients_start → gradients_finish): the gradient rows take the
+// reverse path in one exchange; the owner sorts what it received and applies
+// the optimizer to each row as it reduces it (table_ops.h reduce_update_rows).
+// A replicated table's dense gradient is written into the caller's allreduce
+// buffer (the tower's), and update_replicated applies the reduced result.
+// With W = 1 nothing is routed: the lookup is one gather from the flat
+// buffer, the backward one fused update over it.
+// Initial values depend on the table and global row only, so every W starts alike.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/device.h"
+#include "embedding/embedding_kernels.h"
+#include "embedding/plan.h"
+#include "embedding/table_ops.h"
+
+namespace ncf {
+
+// Per-step traffic of the collection on this rank, for the log.
+struct ExchangeStats {
+  int64_t ids_sent = 0;    // ids leaving this rank (to other ranks)
+  int64_t bytes_sent = 0;  // payload bytes to other ranks (ids, vectors, gradients)
+  int64_t unique_ids = 0;  // routed ids after de-duplication
+};
+
+// One table's ids of a step, on the context's device.
+struct TableIds {
+  const int32_t* ids = nullptr;
+  int64_t n = 0;
+};
+
+class EmbeddingCollection {
+ public:
+  EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm, const ExecContext& ctx,
+                      const EmbeddingOptimizerConfig& opt, bool dedup);
+
+  const EmbeddingPlan& plan() const { return plan_; }
+  int num_tables() const { return int(plan_.tables.size()); }
+  int width() const { return plan_.D; }
+  // Flat rows this rank holds (all tables).
+  int64_t local_rows() const { return R_; }
+
+  // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
+  void init(uint64_t seed);
+
+  // rows(t)[k, :] = row ids[t].ids[k] of table t, for every table t. Collective:
+  // every rank calls it, any n may be 0. ids must stay unchanged until
+  // lookup_finish. The three phases let a stream-ordered communicator overlap
+  // the transfers with other work.
+  void lookup(const std::vector<TableIds>& ids);
+  void lookup_start(const std::vector<TableIds>& ids);
+  void lookup_gather();
+  void lookup_finish();
+  // [n_t × D] on the context's device: the rows of the last lookup (valid
+  // until the next lookup), and the buffer the caller fills with d loss / d rows
+  // before gradients_start.
+  const float* rows(int t) const;
+  float* row_grads(int t);
+
+  // Floats of the replicated tables' dense gradient ([N×(D+1)] each: D columns
+  // and a touch count) that gradients_start writes for the allreduce; 0 when no
+  // table is replicated or W = 1.
+  int64_t replicated_grad_floats() const { return rep_floats_; }
+  // Sends the routed tables' gradient rows to their owners and writes the
+  // replicated tables' dense gradient to replicated_grads (replicated_grad_floats()
+  // floats on the context's device; may be null when that is 0). Collective.
+  void gradients_start(float* replicated_grads);
+  // The owners' fused reduce-and-update of the routed rows (step t ≥ 1).
+  void gradients_finish(int64_t t);
+  // After the caller's allreduce of replicated_grads: every rank applies the
+  // same update to the replicated tables' touched rows.
+  void update_replicated(const float* replicated_grads, int64_t t);
+
+  // Table t in global row order, gathered on every rank into host memory.
+  std::vector<float> gather_table(int t);
+
+  const ExchangeStats& last_stats() const { return stats_; }
+  // Bytes of this rank's rows and optimizer state.
+  int64_t bytes_on_rank() const;
+  // Bytes held now by the grow-only step buffers (what plan.h's
+  // exchange_buffer_bytes estimates, less the sort scratch the ops own).
+  int64_t step_buffer_bytes() const;
+
+ private:
+  bool is_routed(int t) const;
+  // W > 1 and some table is row- or table-wise: the exchanges run (on every
+  // rank, also one that holds none of those rows).
+  bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
+  TableRows all_rows(int64_t first, int64_t count);
+  void init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const;
+
+  EmbeddingPlan plan_;
+  Communicator& comm_;
+  ExecContext ctx_;
+  EmbeddingOptimizerConfig opt_;
+  bool dedup_;
+  int W_, rank_;
+  bool local_;            // W = 1: no routing, no exchange
+  KeyLayout layout_;
+  std::vector<int> lt_;   // plan table t -> layout table
+  int64_t R_ = 0;         // flat rows on this rank
+  int64_t R_routed_ = 0;  // the leading flat rows of routed tables
+  int64_t rep_floats_ = 0;
+  std::vector<int64_t> rep_offset_;  // plan table t -> its floats in replicated_grads
+
+  // On ctx_.device: [R × D] parameters and optimizer state (m_ is also
+  // Adagrad's accumulator).
+  Buffer<float> params_, m_, v_;
+
+  // The last lookup: batch order is the routed tables, then the replicated
+  // ones; table t's n_[t] ids start at off_[t]. n_routed_ ids are routed,
+  // nu_ travel (unique with dedup), nr_ arrive at this rank as owner.
+  std::vector<int64_t> n_, off_;
+  int64_t n_total_ = 0, n_routed_ = 0, nu_ = 0, nr_ = 0;
+  CommTicket ticket_ = 0;
+  Buffer<int32_t> keys_;         // [n_total] routed: keys; replicated: table rows; W=1: flat rows
+  Buffer<float> rows_, grads_;   // [n_total × D] lookup result, its gradient
+  Buffer<int32_t> unique_;       // [nu] ascending unique keys (dedup)
+  Buffer<int64_t> inverse_;      // [n_routed] batch position -> index in unique_
+  Buffer<int64_t> perm_;         // [nu] owner order -> index among the travelling keys
+  Buffer<int32_t> send_rows_;    // [nu] flat rows asked of each owner, owner order
+  Buffer<int32_t> recv_rows_;    // [nr] flat rows other ranks ask of this rank
+  Buffer<float> send_vec_, recv_vec_, uvec_;  // [nr×D], [nu×D], [nu×D] exchanged rows
+  Buffer<int32_t> reduced_rows_;  // dedup / replicated: the unique rows of a reduction
+  Buffer<float> reduced_grads_;   // and their summed gradient rows
+  std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
+  std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
+  ExchangeStats stats_;
+};
+
+}  // namespace ncf

@@ -1,0 +1,135 @@
+// The table side of an embedding step, on one rank's rows: the row gather, the
+// sort-and-reduce of duplicate gradient rows, the four table optimizers, and
+// the fused update that does the last two in one pass (sort the rows, sum each
+// run of duplicates in a fixed order and apply the optimizer to that row right
+// there, with no gradient buffer in between). CPU versions in table_ops.cc,
+// CUDA twins with the same names and arguments in table_ops.cu; the update
+// formulas are common/update_rules.h's, shared by both.
+//
+// A table is row-major [R×D] with optimizer state arrays of the same shape.
+// Letters: R rows the rank holds, D width, n gradient rows or ids, t the
+// 1-based global step. Arrays live on ctx.device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/device.h"
+#include "common/update_rules.h"
+
+namespace ncf {
+
+using RowId = int32_t;  // a row index into the rows one rank holds
+
+enum class EmbeddingOptimizer { kDenseAdam, kLazyAdam, kSgd, kAdagrad };
+const char* optimizer_name(EmbeddingOptimizer o);
+EmbeddingOptimizer parse_embedding_optimizer(const std::string& s);
+// Optimizer state floats per table element (Adam 2, Adagrad 1, SGD 0).
+int optimizer_state_per_element(EmbeddingOptimizer o);
+
+struct EmbeddingOptimizerConfig {
+  EmbeddingOptimizer kind = EmbeddingOptimizer::kDenseAdam;
+  AdamHyper adam;
+  AdagradHyper adagrad;
+  SgdHyper sgd;
+};
+
+// Rows and their optimizer state: table[R×D]; m is Adam's first moment or
+// Adagrad's accumulator, v Adam's second moment (null where unused).
+struct TableRows {
+  float* table = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t R = 0;
+  int D = 0;
+};
+
+// ---- the fused update ----------------------------------------------------------
+
+// The owner's whole backward on its rows: rows[n] (each in [0, R), repeats
+// allowed, any order) with gradient rows grads[n×D]. Equal rows are summed in
+// sort_reduce_rows' order and the optimizer is applied to each touched row
+// once; dense Adam also decays every untouched row (gradient 0). The result is
+// bit for bit that of sort_reduce_rows followed by the matching embedding_*
+// optimizer below. Rows are checked (the message names the position and the
+// row); *n_unique (host, may be null) receives the distinct rows. Synchronizes
+// on CUDA.
+void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
+                        const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
+                        int64_t* n_unique = nullptr);
+
+// ---- the three steps the fused update joins, and the gather --------------------
+
+// out[k, :] = table[ids[k], :] for k < n; every id must be in [0, R) (checked,
+// the message names the position and the id).
+void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
+                 int64_t R, int64_t n, int D);
+
+// Rows per sub-run of the duplicate-gradient reduction (sort_reduce_rows).
+// Fixed, so the summation order below never depends on the device or the
+// thread count; it bounds the serial work of one GPU thread under a hot id.
+constexpr int64_t kSubRun = 64;
+
+// Sorts ids[n] (a stable sort of positions, so equal ids keep their input
+// order) and sums the gradient rows grads[n×D] of equal ids. The order, the
+// same on both devices (bit-identical results): a run of L equal ids,
+// g_0 … g_{L-1} in input order, is cut into sub-runs of kSubRun consecutive
+// rows from its first one, p_s = g_{s·kSubRun} + … + g_{min(L,(s+1)·kSubRun)-1}
+// added left to right, and the row's sum is p_0 + p_1 + … left to right. A run
+// of L ≤ kSubRun is one plain left-to-right sum. Writes *n_unique (a host value)
+// rows: out_unique_rows[*n_unique] strictly increasing and
+// out_row_grads[*n_unique×D]; both outputs need room for n rows. Ids must be
+// >= 0; they are not range-checked here (the optimizers do that).
+void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique);
+
+// The table optimizers on the output of sort_reduce_rows: unique_rows[n]
+// (strictly increasing, in [0, R); checked) and row_grads[n×D].
+//
+// Dense Adam semantics (TF and PyTorch references): ALL R rows are updated,
+// rows not in unique_rows with gradient 0 (plus l2·p), so every row's moments
+// decay and rows with nonzero moments keep moving.
+void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float* v,
+                          const RowId* unique_rows, const float* row_grads, int64_t R, int64_t n,
+                          int D, int64_t t, const AdamHyper& h);
+// Lazy Adam: only the n listed rows (and their moments) change; bias correction
+// still uses the global step t.
+void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* v,
+                         const RowId* unique_rows, const float* row_grads, int64_t R, int64_t n,
+                         int D, int64_t t, const AdamHyper& h);
+// Touched rows only.
+void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_rows,
+                   const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
+void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
+                       const float* row_grads, int64_t R, int64_t n, int D,
+                       const AdagradHyper& h);
+// The optimizer `opt` names, on the output of sort_reduce_rows.
+void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab,
+                           const RowId* unique_rows, const float* row_grads, int64_t n,
+                           const EmbeddingOptimizerConfig& opt, int64_t t);
+
+#ifdef NCF_WITH_CUDA
+// The CUDA twins (table_ops.cu); called through the dispatch in table_ops.cc.
+namespace cuda {
+void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
+                        const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
+                        int64_t* n_unique);
+void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
+                 int64_t R, int64_t n, int D);
+void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique);
+void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float* v,
+                          const RowId* unique_rows, const float* row_grads, int64_t R, int64_t n,
+                          int D, int64_t t, const AdamHyper& h);
+void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* v,
+                         const RowId* unique_rows, const float* row_grads, int64_t R, int64_t n,
+                         int D, int64_t t, const AdamHyper& h);
+void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_rows,
+                   const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
+void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
+                       const float* row_grads, int64_t R, int64_t n, int D,
+                       const AdagradHyper& h);
+}  // namespace cuda
+#endif
+
+}  // namespace ncf

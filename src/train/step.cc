@@ -1,0 +1,104 @@
+// The training step: see step.h. Read it top to bottom; each block is one
+// stage of shared/DESIGN.md's step.
+#include "train/step.h"
+
+#include "common/check.h"
+#include "model/ops.h"
+
+namespace ncf {
+
+void TrainState::allocate(const ExecContext& ctx) {
+  NCF_CHECK(model && tables, "train state: model or tables missing");
+  adam_m = Buffer<float>(ctx.device, size_t(model->num_params()));
+  adam_v = Buffer<float>(ctx.device, size_t(model->num_params()));
+  adam_m.zero();
+  adam_v.zero();
+  for (Buffer<int32_t>* b : {&users, &items}) *b = Buffer<int32_t>(ctx.device, 0);
+  for (Buffer<float>* b : {&labels, &logits, &dlogits}) *b = Buffer<float>(ctx.device, 0);
+  const int64_t rep = tables->replicated_grad_floats();
+  dense_grads = Buffer<float>(ctx.device, rep ? size_t(model->num_params() + rep) : 0);
+}
+
+StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
+                      const ExecContext& ctx, double* loss_share, StepTimer* timer) {
+  auto mark = [&](StepPhase p) {
+    if (timer) timer->mark(p);
+  };
+  const int S = s.num_neg + 1;  // samples per positive
+  const int64_t n = batch.n;
+  const int64_t B = n * S;                        // this rank's samples
+  const int64_t G = batch.global_positives * S;  // the global step's samples
+  EmbeddingCollection& tables = *s.tables;
+  NeuMF& model = *s.model;
+  const CommCounters before = comm.counters();
+
+  // 1. Negatives: each positive expands to S samples, keyed by (seed, epoch,
+  //    global sample index), so they do not depend on W.
+  s.users.reserve(size_t(B));
+  s.items.reserve(size_t(B));
+  s.labels.reserve(size_t(B));
+  if (ctx.device == Device::kCpu)
+    sample_negatives(ctx, *s.positives, uint64_t(s.num_items), batch.users, batch.items,
+                     batch.slice_begin, n, s.num_neg, s.seed, batch.epoch, s.users.data(),
+                     s.items.data(), s.labels.data());
+  else
+    sample_negatives(ctx, *s.device_positives, uint64_t(s.num_items), batch.users, batch.items,
+                     batch.slice_begin, n, s.num_neg, s.seed, batch.epoch, s.users.data(),
+                     s.items.data(), s.labels.data());
+  mark(StepPhase::kCompute);
+
+  // 2. Lookup: both tables in one exchange per phase.
+  tables.lookup({{s.users.data(), B}, {s.items.data(), B}});
+  mark(StepPhase::kExchange);
+
+  // 3. Tower forward and backward: the loss share, the tower's gradient, and
+  //    the gradient of every looked-up row (into the collection's buffers).
+  s.logits.reserve(size_t(B));
+  s.dlogits.reserve(size_t(B));
+  if (B > 0) {
+    model.forward(ctx, tables.rows(0), tables.rows(1), B, s.logits.data());
+    bce_with_logits_forward(ctx, s.logits.data(), s.labels.data(), nullptr, loss_share, B, B, G);
+    bce_with_logits_backward(ctx, s.logits.data(), s.labels.data(), nullptr, s.dlogits.data(), B,
+                             B, G);
+    model.backward(ctx, s.dlogits.data(), tables.row_grads(0), tables.row_grads(1));
+  } else {
+    model.grads().zero();  // no samples: no loss share, a zero gradient
+  }
+  mark(StepPhase::kCompute);
+
+  // 4. The table gradients start towards their owners; the replicated tables'
+  //    dense gradients join the tower's, and one allreduce sums them all. It
+  //    runs while the owners update (a host communicator completes it here).
+  const int64_t params = model.num_params();
+  const int64_t rep = tables.replicated_grad_floats();
+  float* dense = model.grads().data();
+  if (rep > 0) {
+    dense = s.dense_grads.data();
+    device_copy_async(ctx, ctx.device, dense, ctx.device, model.grads().data(), size_t(params) * 4);
+  }
+  tables.gradients_start(rep > 0 ? dense + params : nullptr);
+  mark(StepPhase::kExchange);
+  CommTicket allreduce = 0;
+  all_reduce_sum_on(comm, ctx.device, dense, size_t(params + rep), DType::kFloat32, &allreduce);
+  mark(StepPhase::kAllreduce);
+
+  // 5. Table update: the owners' fused reduce-and-update; then, once the
+  //    allreduce is in, the replicated tables.
+  ++s.t;
+  tables.gradients_finish(s.t);
+  mark(StepPhase::kExchange);
+  comm.join(allreduce);  // on a stream-ordered communicator, the wait for the allreduce
+  mark(StepPhase::kAllreduce);
+  tables.update_replicated(dense + params, s.t);
+
+  // 6. Dense Adam: the same step on every rank.
+  dense_adam_step(ctx, model.params().data(), dense, s.adam_m.data(), s.adam_v.data(), params,
+                  s.t, s.dense_hyper);
+  mark(StepPhase::kCompute);
+
+  const CommCounters& after = comm.counters();
+  return StepReport{G, after.total_calls() - before.total_calls(),
+                    after.total_bytes() - before.total_bytes()};
+}
+
+}  // namespace ncf

@@ -1,0 +1,77 @@
+// One training step of one rank, as one function (shared/DESIGN.md steps 2–6):
+//
+//   negatives → lookup → tower forward/backward → dense allreduce
+//             → table update → dense Adam
+//
+// train_step reads top to bottom in step.cc. The trainer (trainer.h) keeps the
+// readers, the epoch loop, timing and logging around it; the in-process tests
+// and the GPU parity test call the same function.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "common/device.h"
+#include "common/step_timer.h"
+#include "data/negatives.h"
+#include "embedding/collection.h"
+#include "model/neumf.h"
+#include "model/optim.h"
+
+namespace ncf {
+
+// What a step reads and writes. The trainer builds one per run.
+struct TrainState {
+  // Fixed for the run.
+  const PositiveLists* positives = nullptr;               // CPU ranks: the CSR on the host
+  const DevicePositiveLists* device_positives = nullptr;  // GPU ranks: the CSR on the device
+  int64_t num_items = 0;
+  int num_neg = 4;
+  uint64_t seed = 0;
+  AdamHyper dense_hyper;
+  EmbeddingCollection* tables = nullptr;  // table 0 users, table 1 items
+  NeuMF* model = nullptr;
+
+  // Trained state besides the tables and the tower's parameters.
+  Buffer<float> adam_m, adam_v;  // [params] the tower's Adam moments
+  int64_t t = 0;                 // optimizer steps taken
+
+  // Step buffers on the context's device (B samples of this rank's step).
+  Buffer<int32_t> users, items;           // [B] positives and their negatives
+  Buffer<float> labels, logits, dlogits;  // [B]
+  // [params + replicated floats]: the tower's gradient and the replicated
+  // tables' dense gradients, allreduced as one buffer (used when a table is
+  // replicated; otherwise the tower's own gradient buffer is allreduced).
+  Buffer<float> dense_grads;
+
+  // Allocates the moments and step buffers on ctx's device.
+  void allocate(const ExecContext& ctx);
+};
+
+// This rank's part of global step `step`: n positives (users[n], items[n] on
+// the context's device) at global positive index slice_begin of the epoch's
+// stream; global_positives of the whole step over all ranks.
+struct StepBatch {
+  const int32_t* users = nullptr;
+  const int32_t* items = nullptr;
+  int64_t n = 0;
+  int64_t slice_begin = 0;
+  int64_t epoch = 0;
+  int64_t global_positives = 0;
+};
+
+// What the step sent: the collectives and bytes this rank issued.
+struct StepReport {
+  int64_t samples = 0;      // global samples of the step
+  int64_t collectives = 0;  // collective calls on this rank
+  int64_t bytes_sent = 0;   // payload bytes to other ranks
+};
+
+// One step. Collective: every rank calls it with its slice (n may be 0). The
+// rank's share of the step's mean loss is written to *loss_share (a double on
+// the context's device; left alone when n = 0). timer, if given, is between begin and end and gets
+// the phase marks.
+StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
+                      const ExecContext& ctx, double* loss_share, StepTimer* timer = nullptr);
+
+}  // namespace ncf
