@@ -91,10 +91,14 @@ TEST_F(Distributed, TrajectoryInvariantOverWorldSizes) {
   for (int W : {2, 3, 4}) expect_same(one, train(W, ""), "W=" + std::to_string(W));
 }
 
-TEST_F(Distributed, TrajectoryInvariantForEveryPlacement) {
-  for (std::string plan : {"table", "replicated", "user=row,item=replicated"}) {
+TEST_F(Distributed, TrajectoryInvariantForEveryPlacementWithAndWithoutDedup) {
+  for (std::string plan : {"table", "replicated", "user=row,item=replicated",
+                           "user=table,item=row"}) {
     Run one = train(1, "--shard_plan " + plan);
-    for (int W : {2, 3}) expect_same(one, train(W, "--shard_plan " + plan), plan + " W=" + std::to_string(W));
+    for (const std::string dedup : {"", " --dedup"})
+      for (int W : {2, 3, 4})
+        expect_same(one, train(W, "--shard_plan " + plan + dedup),
+                    plan + dedup + " W=" + std::to_string(W));
   }
 }
 
@@ -102,11 +106,11 @@ TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
   for (std::string opt : {"lazy_adam", "sgd", "adagrad"}) {
     std::string f = "--embedding_optimizer " + opt + (opt == "sgd" ? " --embedding_lr 0.5" : "");
     Run one = train(1, f);
-    expect_same(one, train(3, f), opt);
+    for (int W : {2, 3, 4}) expect_same(one, train(W, f), opt + " W=" + std::to_string(W));
   }
   Run one = train(1, "--dedup");
   expect_same(one, train(1, ""), "dedup vs none at W=1");
-  for (int W : {2, 4}) expect_same(one, train(W, "--dedup"), "dedup W=" + std::to_string(W));
+  for (int W : {2, 3, 4}) expect_same(one, train(W, "--dedup"), "dedup W=" + std::to_string(W));
 }
 
 // One exchange per phase for both tables: a row-wise step issues one counts
@@ -132,7 +136,14 @@ TEST_F(Distributed, RowWiseStepIssuesFiveCollectives) {
 TEST_F(Distributed, PlanIsPrintedWithBytesPerRank) {
   Run r = train(2, "--shard_plan table");
   EXPECT_NE(r.output.find("rank 0: user table table"), std::string::npos) << r.output;
+  // The two tables on different ranks: user on rank 0, item on rank 1.
   EXPECT_NE(r.output.find("rank 1: user table table (0.0 MiB)"), std::string::npos) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m,
+                                std::regex("rank 0: user table table \\(([0-9.]+) MiB\\), item "
+                                           "table table \\(0.0 MiB\\)")))
+      << r.output;
+  EXPECT_GT(std::stod(m[1]), 0.0) << r.output;
 }
 
 // A plan that does not fit one rank: that rank throws while the other is already

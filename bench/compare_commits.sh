@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Two commits of ncf_dist side by side in one run, on the same data and machine:
+#   bash bench/compare_commits.sh BEFORE AFTER [OUT]
+# Builds each commit (CPU, Release) in a worktree under $NCF_BENCH_DATA, then,
+# REPS times and alternating the two builds, times:
+#   synthetic ml-1m shape, batch 65,536, dense Adam, no eval: W = 1 (2 threads)
+#                                 and W = 2 (mpirun --oversubscribe, 1 thread each);
+#   synthetic ml-20m shape, --preset ml-20m-mlperf, W = 1 (2 threads).
+# Also logs each build's per-step collectives and bytes (--step_log; the older
+# log has no collective count). Writes the raw log to OUT (default
+# bench/results/compare_<before>_<after>.txt) and a table to OUT with .md.
+# Env: NCF_BENCH_DATA (default /tmp/ncf-compare), REPS (default 3).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+[ $# -ge 2 ] || { echo "usage: $0 BEFORE AFTER [OUT]" >&2; exit 2; }
+before=$(git -C "$root" rev-parse --short "$1")
+after=$(git -C "$root" rev-parse --short "$2")
+out="${3:-$root/bench/results/compare_${before}_${after}.txt}"
+work="${NCF_BENCH_DATA:-/tmp/ncf-compare}"
+reps="${REPS:-3}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$work"
+bash "$root/scripts/setup.sh"
+
+build() {  # build COMMIT: a CPU Release build of COMMIT in its own worktree
+  local c=$1 dir="$work/src-$1"
+  [ -d "$dir" ] || git -C "$root" worktree add --detach -f "$dir" "$c" >/dev/null
+  if [ ! -x "$dir/build/src/ncf_dist" ]; then
+    cmake -S "$dir" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DNCF_CUDA=OFF >/dev/null
+    cmake --build "$dir/build" -j "$(nproc)" --target ncf_dist ncf_prep >/dev/null
+  fi
+}
+build "$before"
+build "$after"
+prep="$work/src-$after/build/src/ncf_prep"
+[ -f "$work/ml1m/metadata.json" ] ||
+  "$prep" --synthetic ml-1m --eval_negatives 99 --output "$work/ml1m" --progress off >/dev/null
+[ -f "$work/ml20m/metadata.json" ] ||
+  "$prep" --synthetic ml-20m --output "$work/ml20m" --progress off >/dev/null
+
+declare -A cases=(
+  [ml1m_w1]="1|--data_dir $work/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 2"
+  [ml1m_w2]="2|--data_dir $work/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1"
+  [ml20m_w1]="1|--data_dir $work/ml20m --preset ml-20m-mlperf --train_epochs 1 --max_steps 12 --no_eval --threads 2"
+)
+order=(ml1m_w1 ml1m_w2 ml20m_w1)
+
+launch() {  # launch W: the launcher prefix for W ranks
+  if [ "$1" = 1 ]; then echo ""; else echo "mpirun -np $1 --oversubscribe"; fi
+}
+
+{
+  echo "# compare $before (before) and $after (after)"
+  echo "# date: $(date -u +%FT%TZ)"
+  echo "# machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
+    "$(free -g | awk '/^Mem:/{print $2}') GiB memory"
+  for c in "${order[@]}"; do
+    IFS='|' read -r W flags <<<"${cases[$c]}"
+    for rep in $(seq "$reps"); do
+      for side in before after; do
+        commit=${!side}
+        cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $flags --progress off"
+        echo "# load $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "\$ $cmd"
+        # The last epoch's samples/s (the first holds the warm-up).
+        sps=$($cmd 2>&1 | awk '$1 ~ /^[0-9]+$/ && NF >= 6 {s = $6} END {print s}')
+        echo "RESULT case=$c side=$side commit=$commit rep=$rep samples_per_s=$sps"
+      done
+    done
+    for side in before after; do
+      commit=${!side}
+      cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $flags --progress off --step_log --max_steps 4"
+      echo "\$ $cmd"
+      $cmd 2>&1 | grep '^step [23]:' | sed "s/^/STEPLOG case=$c side=$side: /"
+    done
+  done
+} 2>&1 | tee "$out"
+
+python3 - "$out" "$before" "$after" >"${out%.txt}.md" <<'EOF'
+import re, statistics, sys
+path, before, after = sys.argv[1:4]
+runs = {}
+for line in open(path):
+    m = re.match(r"RESULT case=(\S+) side=(\S+) commit=\S+ rep=\d+ samples_per_s=(\d+)", line)
+    if m:
+        runs.setdefault((m[1], m[2]), []).append(int(m[3]))
+print(f"| case | {before} (before) samples/s | {after} (after) samples/s | after / before |")
+print("| --- | --- | --- | --- |")
+for case in dict.fromkeys(c for c, _ in runs):
+    b, a = runs.get((case, "before"), []), runs.get((case, "after"), [])
+    if not b or not a:
+        continue
+    mb, ma = statistics.median(b), statistics.median(a)
+    print(f"| {case} | {mb:,.0f} ({', '.join(f'{x:,}' for x in b)}) "
+          f"| {ma:,.0f} ({', '.join(f'{x:,}' for x in a)}) | {ma / mb:.2f}x |")
+print()
+print("Medians of the runs in brackets; step lines (rank 0, steps 2 and 3):")
+print()
+for line in open(path):
+    if line.startswith("STEPLOG"):
+        print("    " + line.rstrip())
+EOF
+cat "${out%.txt}.md"
