@@ -45,6 +45,7 @@
 #include "data/negatives.h"
 #include "data/synthetic.h"
 #include "embedding/embedding_kernels.h"
+#include "embedding/table_ops.h"
 #include "model/metrics.h"
 #include "model/neumf.h"
 #include "model/ops.h"
@@ -418,7 +419,12 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
         return bad ? std::to_string(bad) + " elements differ" : "";
       });
 
-  const OwnerRule rule = OwnerRule::rows(kWorld);
+  // One row-wise table: the key of an id is the id, its row on the owner id / W.
+  KeyLayout rule;
+  rule.W = kWorld;
+  rule.T = 1;
+  rule.key_begin[1] = R;
+  rule.placement[0] = Placement::kRowWise;
   bench.run(
       "bucketize_by_owner " + t, shape_str("n=%lld W=%d", (long long)B, kWorld),
       B * 4.0 + B * 8.0 + B * 4.0, double(B), "ids", 0,
@@ -548,6 +554,47 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
                             red_grads.data(), R, nr, D, 1, hyper);
       },
       [&] { return check_adam(true); });
+
+  // The fused reduce-and-update from the batch's ids, against the separate
+  // sort_reduce_rows + embedding_dense_adam (lazy) on the same start: the same
+  // bits on the CPU; within the Adam tolerance above on a GPU.
+  for (bool lazy : {false, true}) {
+    EmbeddingOptimizerConfig fused_opt;
+    fused_opt.kind = lazy ? EmbeddingOptimizer::kLazyAdam : EmbeddingOptimizer::kDenseAdam;
+    fused_opt.adam = hyper;
+    auto reset = [&] {
+      device_copy(dev, table.data(), Device::kCpu, h_table.data(), h_table.size() * sizeof(float));
+      device_copy(dev, m.data(), Device::kCpu, h_m.data(), h_m.size() * sizeof(float));
+      device_copy(dev, v.data(), Device::kCpu, h_v.data(), h_v.size() * sizeof(float));
+    };
+    const TableRows rows{table.data(), m.data(), v.data(), R, D};
+    bench.run(
+        std::string("reduce_update_rows ") + (lazy ? "lazy " : "dense ") + t,
+        shape_str("n=%lld -> %lld of R=%lld rows, D=%d", (long long)B, (long long)NU,
+                  (long long)R, D),
+        B * 4.0 + B * D * F + (lazy ? 7 * NU * D * F : 6 * R * D * F), double(B), "rows", 0,
+        [&] { reduce_update_rows(ctx, ids.data(), rows_b.data(), B, rows, fused_opt, 1); },
+        [&]() -> std::string {
+          reset();
+          int64_t fused_nu = 0;
+          reduce_update_rows(ctx, ids.data(), rows_b.data(), B, rows, fused_opt, 1, &fused_nu);
+          if (fused_nu != NU) return "n_unique " + std::to_string(fused_nu);
+          const std::vector<float> got[3] = {to_host(table, R * D), to_host(m, R * D),
+                                             to_host(v, R * D)};
+          reset();
+          sort_reduce_rows(ctx, ids.data(), rows_b.data(), B, D, red_rows.data(),
+                           red_grads.data(), &nr);
+          (lazy ? embedding_lazy_adam : embedding_dense_adam)(ctx, table.data(), m.data(),
+                                                              v.data(), red_rows.data(),
+                                                              red_grads.data(), R, nr, D, 1,
+                                                              hyper);
+          const double atol = dev == Device::kCpu ? 0 : 1e-9, rtol = dev == Device::kCpu ? 0 : 1e-5;
+          const int64_t bad = mismatches(got[0], to_host(table, R * D), atol, rtol) +
+                              mismatches(got[1], to_host(m, R * D), atol, rtol) +
+                              mismatches(got[2], to_host(v, R * D), atol, rtol);
+          return bad ? std::to_string(bad) + " elements differ from the separate ops" : "";
+        });
+  }
 }
 
 // ---- dense cases ------------------------------------------------------------------
@@ -782,7 +829,6 @@ int bench_main(const Options& o) {
   ExecContext& ctx = owner.ctx;
   if (dev == Device::kCuda) ctx = make_cuda_context(o.gpu);
   ctx.threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()));
-  set_blas_threads(ctx.threads);
 
   double peak_gbs = 0;
   const std::string desc = describe_device(ctx, o, &peak_gbs);
