@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -180,6 +181,47 @@ TEST(Ops, GemmMatchesNaiveLoopForAllTransposes) {
       gemm(cpu(1), ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, C.data(), ldc);
       expect_close(C, want, 1e-6, 1e-5, ta ? (tb ? "C(TT)" : "C(TN)") : (tb ? "C(NT)" : "C(NN)"));
     }
+}
+
+// The CPU GEMM runs in fixed output blocks on the thread pool (OpenBLAS itself
+// single-threaded): shapes past the row blocks (M large) and past the column
+// blocks (N large, M small), with padded strides and every transpose, match a
+// double loop, and give the same bits at any thread count.
+TEST(Ops, GemmInBlocksMatchesLoopAndIsTheSameAtAnyThreadCount) {
+  struct Shape {
+    int M, N, K;
+  };
+  for (Shape sh : {Shape{2049, 9, 17}, Shape{3, 300, 33}, Shape{1, 129, 5}, Shape{700, 1, 4}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int M = sh.M, N = sh.N, K = sh.K, pad = 3;
+        const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+        const Vec A = random_vec(static_cast<size_t>(ta ? K : M) * lda, 4);
+        const Vec Bm = random_vec(static_cast<size_t>(tb ? N : K) * ldb, 5);
+        const Vec C0 = random_vec(static_cast<size_t>(M) * ldc, 6);
+        const float alpha = 1.3f, beta = 0.5f;
+        DVec want(C0.begin(), C0.end());
+        for (int i = 0; i < M; ++i)
+          for (int j = 0; j < N; ++j) {
+            double acc = 0;
+            for (int k = 0; k < K; ++k)
+              acc += static_cast<double>(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
+                     (tb ? Bm[size_t(j) * ldb + k] : Bm[size_t(k) * ldb + j]);
+            want[size_t(i) * ldc + j] = alpha * acc + beta * want[size_t(i) * ldc + j];
+          }
+        Vec first;
+        for (int threads : {1, 2, 3, 5}) {
+          Vec C = C0;
+          gemm(cpu(threads), ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta,
+               C.data(), ldc);
+          const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                                   (ta ? " A^T" : "") + (tb ? " B^T" : "") + " threads " +
+                                   std::to_string(threads);
+          expect_close(C, want, 1e-5, 1e-5, what.c_str());
+          if (first.empty()) first = C;
+          EXPECT_EQ(std::memcmp(C.data(), first.data(), C.size() * 4), 0) << what;
+        }
+      }
 }
 
 TEST(Ops, GemmWithZeroKScalesCAndBetaZeroOverwritesNaN) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -18,6 +19,11 @@
 
 namespace ncf {
 namespace {
+
+// The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
+// output columns per block otherwise.
+constexpr int64_t kGemmRows = 1024;
+constexpr int64_t kGemmCols = 64;
 
 // Rows per chunk so that each chunk touches at least ~16K floats: below that a
 // thread hand-off costs more than the work.
@@ -71,8 +77,40 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
     A = bf16_rounded(threads, A, trans_a ? K : M, trans_a ? M : K, lda, a_bf16);
     B = bf16_rounded(threads, B, trans_b ? N : K, trans_b ? K : N, ldb, b_bf16);
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  // OpenBLAS runs single-threaded; the threads are the pool's. The output is cut
+  // into fixed blocks — kGemmRows rows when M is large (the batch), else
+  // kGemmCols columns — never along K, so each element is one BLAS dot product
+  // whatever the thread count, and a block's shape does not depend on it.
+  static std::once_flag single;
+  std::call_once(single, [] { openblas_set_num_threads(1); });
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (M >= 2 * kGemmRows) {
+    const int64_t blocks = (M + kGemmRows - 1) / kGemmRows;
+    parallel_for(threads, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t m0 = b * kGemmRows;
+        const int m = static_cast<int>(std::min<int64_t>(kGemmRows, M - m0));
+        // Rows m0.. of op(A): rows of A, or columns of A when transposed.
+        const float* a = trans_a ? A + m0 : A + m0 * lda;
+        cblas_sgemm(CblasRowMajor, ta, tb, m, N, K, alpha, a, lda, B, ldb, beta, C + m0 * ldc,
+                    ldc);
+      }
+    });
+  } else if (N >= 2 * kGemmCols) {
+    const int64_t blocks = (N + kGemmCols - 1) / kGemmCols;
+    parallel_for(threads, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t n0 = b * kGemmCols;
+        const int n = static_cast<int>(std::min<int64_t>(kGemmCols, N - n0));
+        // Columns n0.. of op(B): columns of B, or rows of B when transposed.
+        const float* bb = trans_b ? B + n0 * ldb : B + n0;
+        cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, bb, ldb, beta, C + n0, ldc);
+      }
+    });
+  } else {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
 }
 
 // dW/db part of a linear backward, given dZ (already masked).
@@ -124,10 +162,6 @@ const char* math_mode_name(MathMode mode) {
       return "bf16";
   }
   return "unknown";
-}
-
-void set_blas_threads(int threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
 }
 
 void fill(const ExecContext& ctx, float* x, int64_t n, float value) {

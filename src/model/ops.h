@@ -11,9 +11,9 @@
 // Determinism: every result is the same for any ctx.threads (also in MathMode
 // kBf16: rounding to BF16 is element-wise). Sums over the batch
 // (weight and bias gradients, the loss) are taken in a fixed order: BLAS GEMM
-// for weight gradients (OpenBLAS's own thread count, set once with
-// set_blas_threads, must not change between runs that are compared), and
-// fixed row blocks (parallel.h, block_sums) for biases, the head and the loss.
+// for weight gradients (OpenBLAS single-threaded, on fixed output blocks that
+// the thread pool shares out: never split along K), and fixed row blocks
+// (parallel.h, block_sums) for biases, the head and the loss.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +48,6 @@ MathMode math_mode();
 MathMode parse_math_mode(const std::string& name);
 // The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
 const char* math_mode_name(MathMode mode);
-
-// Thread count of OpenBLAS inside gemm (process-wide). Call once at startup with
-// the same value as ExecContext::threads; <= 0 leaves OpenBLAS's default.
-void set_blas_threads(int threads);
 
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);

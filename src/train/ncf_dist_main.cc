@@ -69,7 +69,6 @@ int train_main(int& argc, char**& argv) {
   ctx.threads = cfg.threads > 0
                     ? cfg.threads
                     : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
-  set_blas_threads(ctx.threads);
   set_math_mode(parse_math_mode(cfg.precision));
 
   MlLog mllog(cfg.mlperf_log && lead);
