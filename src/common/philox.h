@@ -54,8 +54,10 @@ struct CounterRng {
   // The d-th 32-bit word of this entity's stream.
   NCF_HD uint32_t u32(uint64_t d) const { return block(static_cast<uint32_t>(d >> 2)).v[d & 3]; }
   // The d-th 64-bit word (uses words 2d, 2d+1).
-  NCF_HD uint64_t u64(uint64_t d) const {
-    Philox4 b = block(static_cast<uint32_t>(d >> 1));
+  NCF_HD uint64_t u64(uint64_t d) const { return half(block(static_cast<uint32_t>(d >> 1)), d); }
+  // The 64-bit word d of the stream, taken from its block b = block(d >> 1):
+  // a caller walking d = 0, 1, 2 … computes each block once for two words.
+  NCF_HD static uint64_t half(const Philox4& b, uint64_t d) {
     return (d & 1) ? (static_cast<uint64_t>(b.v[2]) << 32 | b.v[3])
                    : (static_cast<uint64_t>(b.v[0]) << 32 | b.v[1]);
   }
@@ -66,11 +68,13 @@ struct CounterRng {
     return (u64(d) >> 11) * (1.0 / 9007199254740992.0);
   }
   // Uniform integer in [0, n), n > 0 (multiply-shift; bias < n / 2^64).
-  NCF_HD uint64_t below(uint64_t d, uint64_t n) const {
+  NCF_HD uint64_t below(uint64_t d, uint64_t n) const { return scale(u64(d), n); }
+  // A uniform 64-bit word w scaled to [0, n) (multiply-shift).
+  NCF_HD static uint64_t scale(uint64_t w, uint64_t n) {
 #if defined(__CUDA_ARCH__)
-    return __umul64hi(u64(d), n);
+    return __umul64hi(w, n);
 #else
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(u64(d)) * n) >> 64);
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(w) * n) >> 64);
 #endif
   }
 };

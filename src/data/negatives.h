@@ -38,11 +38,15 @@ NCF_HD bool sorted_contains(const int32_t* a, int64_t n, int32_t x) {
 // user's sorted positives pos[0..count) (rejection; count < num_items).
 NCF_HD void draw_negatives(const CounterRng& rng, const int32_t* pos, int64_t count,
                            uint64_t num_items, int num_neg, int32_t* out) {
+  // Draw d is rng.below(d, num_items); each Philox block serves two draws.
   uint64_t d = 0;
+  Philox4 b = rng.block(0);
   for (int j = 0; j < num_neg; ++j) {
     int32_t c;
     do {
-      c = static_cast<int32_t>(rng.below(d++, num_items));
+      if (d > 0 && (d & 1) == 0) b = rng.block(static_cast<uint32_t>(d >> 1));
+      c = static_cast<int32_t>(CounterRng::scale(CounterRng::half(b, d), num_items));
+      ++d;
     } while (sorted_contains(pos, count, c));
     out[j] = c;
   }

@@ -202,27 +202,31 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   float* p = tab.table;
   switch (opt.kind) {
     case EmbeddingOptimizer::kDenseAdam:
-      // Every row; a touched one with its run's sum, the others with 0.
-      parallel_for(ctx.threads, R, row_grain(D), [&](int64_t r0, int64_t r1) {
+      // Every row once: the touched rows with their run's sum (split by runs,
+      // so hot rows do not pile onto one thread), then the others with 0.
+      parallel_for(ctx.threads, U, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
+        for (int64_t u = u0; u < u1; ++u) {
+          sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
+          const int64_t off = row_of(u) * D;
+          for (int d = 0; d < D; ++d)
+            adam_update(&p[off + d], &tab.m[off + d], &tab.v[off + d], g[d], s);
+        }
+      });
+      parallel_for(ctx.threads, R, row_grain(D), [&](int64_t r0, int64_t r1) {
         int64_t lo = 0, hi = U;  // the first run at or after row r0
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
           if (row_of(mid) < r0) lo = mid + 1;
           else hi = mid;
         }
-        int64_t u = lo;
-        for (int64_t r = r0; r < r1; ++r) {
-          float* pr = p + r * D;
-          float* mr = tab.m + r * D;
-          float* vr = tab.v + r * D;
+        for (int64_t r = r0, u = lo; r < r1; ++r) {
           if (u < U && row_of(u) == r) {
-            sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
             ++u;
-            for (int d = 0; d < D; ++d) adam_update(&pr[d], &mr[d], &vr[d], g[d], s);
-          } else {
-            for (int d = 0; d < D; ++d) adam_update(&pr[d], &mr[d], &vr[d], 0.0f, s);
+            continue;
           }
+          for (int64_t e = r * D; e < (r + 1) * D; ++e)
+            adam_update(&p[e], &tab.m[e], &tab.v[e], 0.0f, s);
         }
       });
       return;
