@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <set>
+#include <string>
+#include <utility>
 #include <thread>
 
 #include "common/check.h"
@@ -52,6 +54,42 @@ TEST(Check, MessageHasExpressionAndLocation) {
     EXPECT_NE(m.find("x is 3"), std::string::npos) << m;
     EXPECT_NE(m.find("test_common.cc:"), std::string::npos) << m;
   }
+}
+
+// The library checks: 0 passes; any other status throws with the library, the
+// expression, file:line and the rank.
+TEST(Check, LibraryChecksNameTheLibraryExpressionAndLocation) {
+  auto message = [](auto&& check) -> std::string {
+    try {
+      check();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no throw";
+  };
+  auto status = [](int s) { return s; };
+  EXPECT_EQ(message([&] { MPI_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(message([&] { CUDA_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(message([&] { CUBLAS_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(message([&] { NCCL_CHECK(status(0)); }), "no throw");
+  set_error_rank(3);
+  const std::string mpi = message([&] { MPI_CHECK(status(5)); });
+  const std::string cuda = message([&] { CUDA_CHECK(status(1)); });
+  const std::string cublas = message([&] { CUBLAS_CHECK(status(1)); });
+  const std::string nccl = message([&] { NCCL_CHECK(status(4)); });
+  set_error_rank(-1);
+  for (const auto& [m, lib] : {std::pair{mpi, "MPI call failed (5"}, std::pair{cuda, "CUDA error"},
+                               std::pair{cublas, "cuBLAS error"}, std::pair{nccl, "NCCL error"}}) {
+    EXPECT_EQ(m.rfind("[rank 3] ", 0), 0u) << m;
+    EXPECT_NE(m.find(lib), std::string::npos) << m;
+    EXPECT_NE(m.find("status("), std::string::npos) << m;
+    EXPECT_NE(m.find("test_common.cc:"), std::string::npos) << m;
+  }
+#ifdef NCF_WITH_CUDA
+  // The libraries' own texts (no GPU needed to look them up).
+  EXPECT_NE(cuda.find("invalid argument"), std::string::npos) << cuda;  // cudaErrorInvalidValue
+  EXPECT_NE(nccl.find("invalid argument"), std::string::npos) << nccl;  // ncclInvalidArgument
+#endif
 }
 
 // Each mark charges the time since the previous one to its phase; sleeps give

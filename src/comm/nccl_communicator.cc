@@ -50,14 +50,6 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 
-#define NCCL_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    ncclResult_t ncf_nccl_rc_ = (expr);                                                    \
-    if (ncf_nccl_rc_ != ncclSuccess)                                                       \
-      NCF_FAIL("NCCL error '", ncclGetErrorString(ncf_nccl_rc_), "' (",                    \
-               ncclGetLastError(nullptr), "): " #expr);                                    \
-  } while (0)
-
 namespace ncf {
 namespace {
 

@@ -1,4 +1,5 @@
-// Error checks used everywhere: NCF_CHECK and friends throw ncf::Error with the
+// Every check of the project: NCF_CHECK, NCF_FAIL, and the library checks
+// MPI_CHECK, CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK. They throw ncf::Error with the
 // failed expression, file:line and the MPI rank, so tests can expect them and
 // mains can print one clear line before taking the job down.
 #pragma once
@@ -48,10 +49,25 @@ std::string concat(const Args&... args) {
 // NCF_FAIL("message parts", ...): throws unconditionally (bad input, user errors).
 #define NCF_FAIL(...) ::ncf::throw_error(__FILE__, __LINE__, ::ncf::detail::concat(__VA_ARGS__))
 
-#define MPI_CHECK(expr)                                                                    \
-  do {                                                                                     \
-    int ncf_mpi_rc_ = (expr);                                                              \
-    if (ncf_mpi_rc_ != 0 /* MPI_SUCCESS */)                                                \
-      ::ncf::throw_error(__FILE__, __LINE__,                                               \
-                         ::ncf::detail::concat("MPI call failed (", ncf_mpi_rc_, "): " #expr)); \
+// The library checks: each call's status, where 0 is success in every one of
+// them (MPI_SUCCESS, cudaSuccess, CUBLAS_STATUS_SUCCESS, ncclSuccess; check.cc
+// asserts it). The message names the library, its error text (CUDA builds),
+// the status, the expression, file:line and the rank. They need no library
+// header here, so any file may use them.
+namespace ncf::detail {
+enum class Library { kMpi, kCuda, kCublas, kNccl };
+[[noreturn]] void library_failed(const char* file, int line, Library lib, int status,
+                                 const char* expr);
+}  // namespace ncf::detail
+
+#define NCF_LIBRARY_CHECK(lib, expr)                                                   \
+  do {                                                                                 \
+    const int ncf_status_ = static_cast<int>(expr);                                    \
+    if (ncf_status_ != 0)                                                              \
+      ::ncf::detail::library_failed(__FILE__, __LINE__, lib, ncf_status_, #expr);      \
   } while (0)
+
+#define MPI_CHECK(expr) NCF_LIBRARY_CHECK(::ncf::detail::Library::kMpi, expr)
+#define CUDA_CHECK(expr) NCF_LIBRARY_CHECK(::ncf::detail::Library::kCuda, expr)
+#define CUBLAS_CHECK(expr) NCF_LIBRARY_CHECK(::ncf::detail::Library::kCublas, expr)
+#define NCCL_CHECK(expr) NCF_LIBRARY_CHECK(::ncf::detail::Library::kNccl, expr)

@@ -110,7 +110,6 @@ const char* device_error_text(DeviceErrorCode code) {
     case DeviceErrorCode::kIndexOutOfRange: return "permute_rows: idx[index] outside [0, n_src)";
     case DeviceErrorCode::kNotAPermutation:
       return "unpermute_rows: perm[index] repeated or outside [0, n)";
-    case DeviceErrorCode::kNegativeId: return "bucketize_by_owner: ids[index] is negative";
     case DeviceErrorCode::kScatterRowsInvalid:
       return "scatter_rows_dense: rows[index] outside [0, N) or not strictly increasing";
     case DeviceErrorCode::kIdOutOfRange:

@@ -26,23 +26,13 @@
 #include <cstdint>
 #include <functional>
 
+#include "common/check.h"  // CUDA_CHECK, CUBLAS_CHECK
 #include "common/device.h"
 
 #ifdef NCF_WITH_CUDA
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-
-#include "common/check.h"
-
-// Throws ncf::Error (file:line, rank) naming the failed CUDA runtime call.
-// Usable from host .cc files and .cu launchers alike.
-#define CUDA_CHECK(expr)                                                               \
-  do {                                                                                 \
-    cudaError_t ncf_cuda_e_ = (expr);                                                  \
-    if (ncf_cuda_e_ != cudaSuccess)                                                    \
-      NCF_FAIL("CUDA error ", cudaGetErrorString(ncf_cuda_e_), ": " #expr);            \
-  } while (0)
 #endif
 
 namespace ncf {
@@ -96,7 +86,6 @@ enum class DeviceErrorCode : int {
   kNegativesNoFreeItem = 5,      // sample_negatives: user value has all bound items
   kIndexOutOfRange = 6,          // permute_rows: idx[index] = value outside [0, bound)
   kNotAPermutation = 7,          // unpermute_rows: perm[index] = value repeated or outside [0, bound)
-  kNegativeId = 8,               // bucketize_by_owner: ids[index] = value < 0
   kScatterRowsInvalid = 9,       // scatter_rows_dense: rows[index] = value outside [0, bound)
                                  // or not above rows[index - 1]
   kIdOutOfRange = 10,            // ids_to_keys: ids[index] = value outside [0, bound)

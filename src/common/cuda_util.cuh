@@ -1,5 +1,5 @@
-// What every *.cu launcher shares (include from .cu files only): the cuBLAS
-// check (CUDA_CHECK comes from cuda_context.h), the one launch-grid helper, the scratch-arena layout, the
+// What every *.cu launcher shares (include from .cu files only; the checks are
+// common/check.h's): the one launch-grid helper, the scratch-arena layout, the
 // device error record writer, and the two deterministic reductions (scalar sums
 // and column sums over fixed chunks, combined in a fixed order — no float
 // atomics, so a result is the same bits on every run).
@@ -17,16 +17,6 @@
 #include "common/cuda_context.h"
 #include "common/device.h"
 
-#ifndef CUBLAS_CHECK
-#define CUBLAS_CHECK(expr)                                                               \
-  do {                                                                                   \
-    cublasStatus_t ncf_cublas_s_ = (expr);                                               \
-    if (ncf_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                          \
-      ::ncf::throw_error(__FILE__, __LINE__,                                             \
-                         ::ncf::detail::concat("cuBLAS error ",                          \
-                                               cublasGetStatusString(ncf_cublas_s_), ": " #expr)); \
-  } while (0)
-#endif
 
 namespace ncf::cuda {
 
