@@ -5,7 +5,7 @@
 
 #include "common/check.h"
 #include "common/parallel.h"
-#include "model/dispatch.h"
+#include "common/dispatch.h"
 
 namespace ncf {
 

@@ -15,7 +15,7 @@
 #include "common/bf16.h"
 #include "common/check.h"
 #include "common/parallel.h"
-#include "model/dispatch.h"
+#include "common/dispatch.h"
 
 namespace ncf {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "common/check.h"
 #include "common/parallel.h"
-#include "model/dispatch.h"
+#include "common/dispatch.h"
 #include "model/ops.h"
 
 namespace ncf {

@@ -1,4 +1,4 @@
-// The one place where a model op picks its backend: each public op checks its
+// The one place where an op picks its backend: each public op checks its
 // arguments, then NCF_DISPATCH_CUDA hands the call to its CUDA twin (same name
 // and arguments, in namespace ncf::cuda) when ctx.device is kCuda, and falls
 // through to the CPU code otherwise. Builds without the CUDA kernels
