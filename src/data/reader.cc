@@ -12,44 +12,21 @@ namespace ncf {
 // ---------------------------------------------------------------- ShardSet ---
 
 ShardSet::ShardSet(const std::string& dir, const DatasetMeta& meta, const std::string& kind) {
-  auto shards = meta.shards_of(kind);
-  frame_ = kind == "train" ? meta.train_frame_bytes : meta.eval_frame_bytes;
-  std::string payload;
+  const auto shards = meta.shards_of(kind);
   for (uint32_t s = 0; s < shards.size(); ++s) {
-    const ShardInfo& si = *shards[s];
-    File f;
-    f.reader = std::make_unique<RecordReader>(dir + "/" + si.name);
-    const std::string& path = f.reader->path();
-    if (f.reader->file_size() != si.bytes)
-      NCF_FAIL(path, ": file has ", f.reader->file_size(), " bytes but the metadata says ",
-               si.bytes);
-    if (!f.reader->read(&payload, 1 << 20)) NCF_FAIL(path, ": empty shard file (no header)");
-    check_shard_header(payload, meta, si, s, static_cast<uint32_t>(shards.size()), path, 0);
-    f.first = si.first_record;
-    f.count = si.num_records;
-    f.data_offset = f.reader->offset();
-    if (f.data_offset + f.count * frame_ != si.bytes)
-      NCF_FAIL(path, ": ", f.count, " records of ", frame_, " bytes after a ", f.data_offset,
-               "-byte header do not fill the file's ", si.bytes, " bytes");
-    num_records_ += f.count;
-    files_.push_back(std::move(f));
+    files_.push_back(std::make_unique<ShardCursor>(dir, meta, kind, s));
+    num_records_ += shards[s]->num_records;
   }
 }
 
 uint64_t ShardSet::read(uint64_t g, std::string* payload, const std::string** path) {
-  auto it = std::upper_bound(files_.begin(), files_.end(), g,
-                             [](uint64_t v, const File& f) { return v < f.first; });
+  auto it = std::upper_bound(
+      files_.begin(), files_.end(), g,
+      [](uint64_t v, const std::unique_ptr<ShardCursor>& f) { return v < f->info().first_record; });
   NCF_CHECK(it != files_.begin() && g < num_records_, "record ", g, " out of range");
-  File& f = *(it - 1);
-  uint64_t off = f.data_offset + (g - f.first) * frame_;
-  f.reader->seek(off);
-  *path = &f.reader->path();
-  if (!f.reader->read(payload, frame_))
-    NCF_FAIL(f.reader->path(), " at byte offset ", off, ": unexpected end of file");
-  if (frame_bytes(payload->size()) != frame_)
-    NCF_FAIL(f.reader->path(), " at byte offset ", off, ": record frame is ",
-             frame_bytes(payload->size()), " bytes, expected ", frame_);
-  return off;
+  ShardCursor& f = **(it - 1);
+  *path = &f.path();
+  return f.read(g - f.info().first_record, payload);
 }
 
 // ------------------------------------------------------------- TrainReader ---
@@ -107,7 +84,7 @@ void TrainReader::produce(int64_t epoch) {
     const int64_t R = meta_.train_record_rows;
     const std::vector<uint64_t> order = record_order(epoch);
     auto valid_of = [&](uint64_t g) {
-      return g + 1 < N ? R : static_cast<int64_t>(meta_.num_train) - static_cast<int64_t>(N - 1) * R;
+      return static_cast<int64_t>(train_record_valid_rows(meta_, g));
     };
     // start[k]: stream position of the first row of the k-th record in order.
     std::vector<int64_t> start(N + 1, 0);

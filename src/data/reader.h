@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "data/record_io.h"
+#include "data/shard_format.h"
 
 namespace ncf {
 
@@ -100,12 +100,8 @@ class ShardSet {
   uint64_t num_records() const { return num_records_; }
 
  private:
-  struct File {
-    std::unique_ptr<RecordReader> reader;
-    uint64_t first = 0, count = 0, data_offset = 0;
-  };
-  std::vector<File> files_;
-  uint64_t frame_ = 0, num_records_ = 0;
+  std::vector<std::unique_ptr<ShardCursor>> files_;  // in global record order
+  uint64_t num_records_ = 0;
 };
 
 class TrainReader {

@@ -2,6 +2,8 @@
 // record is validated the same way wherever it is read.
 #include "data/shard_format.h"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -127,6 +129,59 @@ void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
   if (std::memcmp(want.data(), mask, L) != 0)
     NCF_FAIL(path, " at byte offset ", offset, ": duplicate mask of user ", expected_user,
              " does not match its items");
+}
+
+uint64_t train_record_valid_rows(const DatasetMeta& meta, uint64_t g) {
+  const uint64_t N = meta.num_train_records(), R = meta.train_record_rows;
+  return g + 1 < N ? R : meta.num_train - (N - 1) * R;
+}
+
+ShardCursor::ShardCursor(const std::string& dir, const DatasetMeta& meta, const std::string& kind,
+                         uint32_t index)
+    : info_(meta.shards_of(kind).at(index)), reader_(dir + "/" + info_->name) {
+  const auto shards = meta.shards_of(kind);
+  frame_ = kind == "train" ? meta.train_frame_bytes : meta.eval_frame_bytes;
+  const std::string& p = path();
+  if (reader_.file_size() != info_->bytes)
+    NCF_FAIL(p, " at byte offset ", std::min(reader_.file_size(), info_->bytes), ": file has ",
+             reader_.file_size(), " bytes but the metadata says ", info_->bytes);
+  std::string payload;
+  if (!reader_.read(&payload, 1 << 20)) NCF_FAIL(p, ": empty shard file (no header record)");
+  check_shard_header(payload, meta, *info_, index, static_cast<uint32_t>(shards.size()), p, 0);
+  data_offset_ = reader_.offset();
+  if (data_offset_ + info_->num_records * frame_ != info_->bytes)
+    NCF_FAIL(p, ": ", info_->num_records, " records of ", frame_, " bytes after a ", data_offset_,
+             "-byte header do not fill the file's ", info_->bytes, " bytes");
+}
+
+uint64_t ShardCursor::read_at(uint64_t offset, uint64_t k, std::string* payload) {
+  reader_.seek(offset);
+  if (!reader_.read(payload, frame_))
+    NCF_FAIL(path(), " at byte offset ", offset, ": file ends after ", k, " of ",
+             info_->num_records, " records");
+  if (frame_bytes(payload->size()) != frame_)
+    NCF_FAIL(path(), " at byte offset ", offset, ": record frame is ",
+             frame_bytes(payload->size()), " bytes, expected ", frame_);
+  return offset;
+}
+
+uint64_t ShardCursor::read(uint64_t k, std::string* payload) {
+  NCF_CHECK(k < info_->num_records, path(), ": record ", k, " of ", info_->num_records);
+  next_ = k + 1;
+  return read_at(data_offset_ + k * frame_, k, payload);
+}
+
+bool ShardCursor::next(std::string* payload, uint64_t* offset) {
+  const uint64_t at = data_offset_ + next_ * frame_;
+  if (next_ == info_->num_records) {
+    if (at != reader_.file_size())
+      NCF_FAIL(path(), " at byte offset ", at, ": extra bytes after the ", info_->num_records,
+               " records the header announces");
+    return false;
+  }
+  *offset = read_at(at, next_, payload);
+  ++next_;
+  return true;
 }
 
 }  // namespace ncf

@@ -13,7 +13,6 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
-#include "data/record_io.h"
 #include "data/shard_format.h"
 
 namespace ncf {
@@ -45,25 +44,14 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
     auto shards = meta.shards_of(kind);
     const bool train = std::strcmp(kind, "train") == 0;
     for (uint32_t s = 0; s < shards.size(); ++s) {
-      const ShardInfo& si = *shards[s];
-      std::string path = dir + "/" + si.name;
-      RecordReader rd(path);
-      uint64_t off = rd.offset();
-      if (!rd.read(&payload, 1 << 20)) NCF_FAIL(path, ": empty shard file (no header record)");
-      check_shard_header(payload, meta, si, s, static_cast<uint32_t>(shards.size()), path, off);
-      const uint64_t frame = train ? meta.train_frame_bytes : meta.eval_frame_bytes;
-      uint64_t rows = 0;
-      for (uint64_t k = 0; k < si.num_records; ++k) {
-        off = rd.offset();
-        if (!rd.read(&payload, frame))
-          NCF_FAIL(path, " at byte offset ", off, ": file ends after ", k, " of ", si.num_records,
-                   " records");
-        if (frame_bytes(payload.size()) != frame)
-          NCF_FAIL(path, " at byte offset ", off, ": record frame is ", frame_bytes(payload.size()),
-                   " bytes, expected ", frame);
+      ShardCursor cur(dir, meta, kind, s);
+      const ShardInfo& si = cur.info();
+      const std::string& path = cur.path();
+      uint64_t rows = 0, off = 0;
+      for (uint64_t k = 0; cur.next(&payload, &off); ++k) {
         const uint64_t g = si.first_record + k;
         if (train) {
-          uint64_t valid = g + 1 < N ? R : meta.num_train - (N - 1) * R;
+          const uint64_t valid = train_record_valid_rows(meta, g);
           decode_train_record(payload, meta, valid, path, off, users.data(), items.data());
           rows += valid;
         } else {
@@ -71,10 +59,6 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
           rows += L;
         }
       }
-      off = rd.offset();
-      if (rd.read(&payload, frame))
-        NCF_FAIL(path, " at byte offset ", off, ": extra record after the ", si.num_records,
-                 " the header announces");
       if (rows != si.num_valid_rows)
         NCF_FAIL(path, ": ", rows, " valid rows but the metadata says ", si.num_valid_rows);
       check_file_against_meta(path, si.bytes, si.crc32c);
