@@ -155,7 +155,6 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   const int D = plan_.D;
   NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T,
             " tables");
-  stats_ = ExchangeStats{};
   // Batch order: layout order (routed tables first).
   std::vector<int> table_of_layout(T);
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
@@ -182,10 +181,7 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
       NCF_FAIL("table ", plan_.tables[t].name, ": ", e.what());
     }
   }
-  if (local_) {
-    stats_.unique_ids = n_total_;
-    return;
-  }
+  if (local_) return;
   if (!any_routed()) return;
 
   // The keys that travel: the unique ones (ascending) with --dedup, else all.
@@ -197,7 +193,6 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
     unique_ids(ctx_, keys_.data(), n_routed_, unique_.data(), inverse_.data(), &nu_);
     travel = unique_.data();
   }
-  stats_.unique_ids = nu_;
   perm_.reserve(size_t(nu_));
   send_rows_.reserve(size_t(nu_));
   bucketize_by_owner(ctx_, travel, nu_, layout_, perm_.data(), send_rows_.data(),
@@ -250,11 +245,6 @@ void EmbeddingCollection::lookup_finish() {
     } else {
       unpermute_rows(ctx_, recv_vec_.data(), perm_.data(), rows_.data(), n_routed_, D);
     }
-    for (int p = 0; p < W_; ++p)
-      if (p != rank_) {
-        stats_.ids_sent += send_counts_[p];
-        stats_.bytes_sent += send_counts_[p] * 4 + recv_counts_[p] * D * 4;
-      }
   }
   // Replicated tables: straight from this rank's copy.
   for (int t = 0; t < num_tables(); ++t)
@@ -294,8 +284,6 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
     send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
     all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(),
                     send_vec_.data(), rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
-    for (int p = 0; p < W_; ++p)
-      if (p != rank_) stats_.bytes_sent += send_counts_[p] * D * 4;
   }
   // Replicated tables: this rank's sum per row, as a dense gradient with a
   // touch count per row, for the caller's allreduce.

@@ -30,13 +30,6 @@
 
 namespace ncf {
 
-// Per-step traffic of the collection on this rank, for the log.
-struct ExchangeStats {
-  int64_t ids_sent = 0;    // ids leaving this rank (to other ranks)
-  int64_t bytes_sent = 0;  // payload bytes to other ranks (ids, vectors, gradients)
-  int64_t unique_ids = 0;  // routed ids after de-duplication
-};
-
 // One table's ids of a step, on the context's device.
 struct TableIds {
   const int32_t* ids = nullptr;
@@ -50,9 +43,6 @@ class EmbeddingCollection {
 
   const EmbeddingPlan& plan() const { return plan_; }
   int num_tables() const { return int(plan_.tables.size()); }
-  int width() const { return plan_.D; }
-  // Flat rows this rank holds (all tables).
-  int64_t local_rows() const { return R_; }
 
   // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
   void init(uint64_t seed);
@@ -88,7 +78,6 @@ class EmbeddingCollection {
   // Table t in global row order, gathered on every rank into host memory.
   std::vector<float> gather_table(int t);
 
-  const ExchangeStats& last_stats() const { return stats_; }
   // Bytes of this rank's rows and optimizer state.
   int64_t bytes_on_rank() const;
   // Bytes held now by the grow-only step buffers (what plan.h's
@@ -139,7 +128,6 @@ class EmbeddingCollection {
   Buffer<float> reduced_grads_;   // and their summed gradient rows
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
-  ExchangeStats stats_;
 };
 
 }  // namespace ncf

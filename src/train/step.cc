@@ -79,7 +79,8 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   tables.gradients_start(rep > 0 ? dense + params : nullptr);
   mark(StepPhase::kExchange);
   CommTicket allreduce = 0;
-  all_reduce_sum_on(comm, ctx.device, dense, size_t(params + rep), DType::kFloat32, &allreduce);
+  if (comm.world() > 1)
+    all_reduce_sum_on(comm, ctx.device, dense, size_t(params + rep), DType::kFloat32, &allreduce);
   mark(StepPhase::kAllreduce);
 
   // 5. Table update: the owners' fused reduce-and-update; then, once the
