@@ -344,21 +344,22 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
   bool any = false;
   for (const char* c :
        {"gather_rows", "unique_ids", "permute_rows", "bucketize_by_owner", "unpermute_rows",
-        "sort_reduce_rows", "embedding_dense_adam", "embedding_lazy_adam"})
+        "sort_reduce_rows", "embedding_dense_adam", "embedding_lazy_adam",
+        "reduce_update_rows dense", "reduce_update_rows lazy"})
     any = any || bench.selected(std::string(c) + " " + tc.name);
   if (!any) return;
   const Device dev = ctx.device;
   const int64_t R = tc.R;
   const std::vector<int32_t>& hid = *tc.ids;
   const uint64_t tag = tc.R;  // separates the tables' random streams
-  const int T = std::max(1, ctx.threads);
+  const int threads = std::max(1, ctx.threads);
   const double F = sizeof(float);
 
   // Table [R×D] ~ U(-0.02, 0.02) (the init is N(0, 0.01²); values do not change
   // the timing), Adam moments m [R×D] and v [R×D] >= 0 as after some steps.
-  const std::vector<float> h_table = host_uniform(T, o.seed, tag + 1, R * D, -0.02f, 0.02f);
-  const std::vector<float> h_m = host_uniform(T, o.seed, tag + 2, R * D, -1e-3f, 1e-3f);
-  const std::vector<float> h_v = host_uniform(T, o.seed, tag + 3, R * D, 0.0f, 1e-5f);
+  const std::vector<float> h_table = host_uniform(threads, o.seed, tag + 1, R * D, -0.02f, 0.02f);
+  const std::vector<float> h_m = host_uniform(threads, o.seed, tag + 2, R * D, -1e-3f, 1e-3f);
+  const std::vector<float> h_v = host_uniform(threads, o.seed, tag + 3, R * D, 0.0f, 1e-5f);
   Buffer<float> table = to_device(dev, h_table), m = to_device(dev, h_m), v = to_device(dev, h_v);
   Buffer<int32_t> ids = to_device(dev, hid);
   Buffer<float> rows_a(dev, B * D), rows_b(dev, B * D), rows_c(dev, B * D);  // [B×D] each
@@ -373,7 +374,7 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
   h_unique.erase(std::unique(h_unique.begin(), h_unique.end()), h_unique.end());
   const int64_t NU = int64_t(h_unique.size());
   std::vector<float> h_rows(static_cast<size_t>(B * D));
-  parallel_for(T, B, 4096, [&](int64_t b, int64_t e) {
+  parallel_for(threads, B, 4096, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k)
       std::copy_n(&h_table[size_t(hid[k]) * D], D, &h_rows[size_t(k) * D]);
   });
@@ -420,19 +421,19 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
       });
 
   // One row-wise table: the key of an id is the id, its row on the owner id / W.
-  KeyLayout rule;
-  rule.W = kWorld;
-  rule.T = 1;
-  rule.key_begin[1] = R;
-  rule.placement[0] = Placement::kRowWise;
+  KeyLayout layout;
+  layout.W = kWorld;
+  layout.T = 1;
+  layout.key_begin[1] = R;
+  layout.placement[0] = Placement::kRowWise;
   bench.run(
       "bucketize_by_owner " + t, shape_str("n=%lld W=%d", (long long)B, kWorld),
       B * 4.0 + B * 8.0 + B * 4.0, double(B), "ids", 0,
       [&] {
-        bucketize_by_owner(ctx, ids.data(), B, rule, perm.data(), local.data(), counts.data());
+        bucketize_by_owner(ctx, ids.data(), B, layout, perm.data(), local.data(), counts.data());
       },
       [&]() -> std::string {
-        bucketize_by_owner(ctx, ids.data(), B, rule, perm.data(), local.data(), counts.data());
+        bucketize_by_owner(ctx, ids.data(), B, layout, perm.data(), local.data(), counts.data());
         std::vector<int64_t> want(kWorld, 0);
         for (int32_t x : hid) ++want[x % kWorld];
         if (counts != want) return "counts differ";
@@ -468,7 +469,7 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
       });
 
   // The owner side of the backward: batch gradient rows summed per row id.
-  const std::vector<float> h_grads = host_int_grads(T, o.seed + tag, B * D);
+  const std::vector<float> h_grads = host_int_grads(threads, o.seed + tag, B * D);
   device_copy(dev, rows_b.data(), Device::kCpu, h_grads.data(), h_grads.size() * sizeof(float));
   Buffer<int32_t> red_rows(dev, B);
   Buffer<float> red_grads(dev, B * D);
@@ -570,8 +571,8 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
     const TableRows rows{table.data(), m.data(), v.data(), R, D};
     bench.run(
         std::string("reduce_update_rows ") + (lazy ? "lazy " : "dense ") + t,
-        shape_str("n=%lld -> %lld of R=%lld rows, D=%d", (long long)B, (long long)NU,
-                  (long long)R, D),
+        shape_str("n=%lld -> %lld of R=%lld rows, D=%d", (long long)B, (long long)NU, (long long)R,
+                  D),
         B * 4.0 + B * D * F + (lazy ? 7 * NU * D * F : 6 * R * D * F), double(B), "rows", 0,
         [&] { reduce_update_rows(ctx, ids.data(), rows_b.data(), B, rows, fused_opt, 1); },
         [&]() -> std::string {
@@ -582,12 +583,11 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
           const std::vector<float> got[3] = {to_host(table, R * D), to_host(m, R * D),
                                              to_host(v, R * D)};
           reset();
-          sort_reduce_rows(ctx, ids.data(), rows_b.data(), B, D, red_rows.data(),
-                           red_grads.data(), &nr);
-          (lazy ? embedding_lazy_adam : embedding_dense_adam)(ctx, table.data(), m.data(),
-                                                              v.data(), red_rows.data(),
-                                                              red_grads.data(), R, nr, D, 1,
-                                                              hyper);
+          sort_reduce_rows(ctx, ids.data(), rows_b.data(), B, D, red_rows.data(), red_grads.data(),
+                           &nr);
+          (lazy ? embedding_lazy_adam : embedding_dense_adam)(ctx, table.data(), m.data(), v.data(),
+                                                              red_rows.data(), red_grads.data(), R,
+                                                              nr, D, 1, hyper);
           const double atol = dev == Device::kCpu ? 0 : 1e-9, rtol = dev == Device::kCpu ? 0 : 1e-5;
           const int64_t bad = mismatches(got[0], to_host(table, R * D), atol, rtol) +
                               mismatches(got[1], to_host(m, R * D), atol, rtol) +
@@ -604,19 +604,19 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
                  int D) {
   const Device dev = ctx.device;
   const int64_t B = hb.B;
-  const int T = std::max(1, ctx.threads);
+  const int threads = std::max(1, ctx.threads);
   NeuMFConfig cfg;
   cfg.mf_dim = kMf;
   cfg.layers = kLayers;
   NeuMF model(cfg, dev);
   model.init(o.seed);
   // Gathered rows ~ U(-0.02, 0.02) and a loss gradient of the size BCE gives.
-  Buffer<float> urows = to_device(dev, host_uniform(T, o.seed, 21, B * D, -0.02f, 0.02f));
-  Buffer<float> irows = to_device(dev, host_uniform(T, o.seed, 22, B * D, -0.02f, 0.02f));
+  Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 21, B * D, -0.02f, 0.02f));
+  Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 22, B * D, -0.02f, 0.02f));
   Buffer<float> dlogits =
-      to_device(dev, host_uniform(T, o.seed, 23, B, -1.0f / float(B), 1.0f / float(B)));
+      to_device(dev, host_uniform(threads, o.seed, 23, B, -1.0f / float(B), 1.0f / float(B)));
   Buffer<float> logits(dev, B), du(dev, B * D), di(dev, B * D);  // [B], [B×D], [B×D]
-  // GEMM work: forward Y = X·W^T, backward dX and dW, per tower layer.
+  // GEMM work: forward Y = X·weights^T, backward dX and dweights, per tower layer.
   double macs = 0;
   for (size_t l = 0; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
   const double flops = 3 * 2 * macs * double(B);
@@ -654,10 +654,11 @@ void head_case(Bench& bench, const ExecContext& ctx, const Options& o, const Hos
   const Device dev = ctx.device;
   const int64_t B = hb.B;
   const int F = kMf + kLayers.back();  // GMF output ++ last MLP layer
-  const int T = std::max(1, ctx.threads);
-  const std::vector<float> hH = host_uniform(T, o.seed, 51, B * F, -1.0f, 1.0f);
-  const std::vector<float> hw = host_uniform(T, o.seed, 52, F + 1, -0.1f, 0.1f);
-  const std::vector<float> hg = host_uniform(T, o.seed, 53, B, -1.0f / float(B), 1.0f / float(B));
+  const int threads = std::max(1, ctx.threads);
+  const std::vector<float> hH = host_uniform(threads, o.seed, 51, B * F, -1.0f, 1.0f);
+  const std::vector<float> hw = host_uniform(threads, o.seed, 52, F + 1, -0.1f, 0.1f);
+  const std::vector<float> hg =
+      host_uniform(threads, o.seed, 53, B, -1.0f / float(B), 1.0f / float(B));
   Buffer<float> H = to_device(dev, hH), wc = to_device(dev, hw), g = to_device(dev, hg);
   Buffer<float> dH(dev, B * F), dwc(dev, F + 1);  // [B×F], dw [F] then dc
   auto op = [&] {
@@ -752,9 +753,9 @@ void metrics_case(Bench& bench, const ExecContext& ctx, const Options& o) {
   const Device dev = ctx.device;
   const int64_t U = o.eval_users;
   const int L = kEvalList;
-  const int T = std::max(1, ctx.threads);
+  const int threads = std::max(1, ctx.threads);
   // Scores on a coarse grid (ties happen), ~0.5% of negatives masked.
-  std::vector<float> hs = host_uniform(T, o.seed, 41, U * L, 0.0f, 1.0f);
+  std::vector<float> hs = host_uniform(threads, o.seed, 41, U * L, 0.0f, 1.0f);
   for (float& x : hs) x = std::floor(x * 4096.0f) / 4096.0f;
   std::vector<uint8_t> hm(static_cast<size_t>(U * L));
   for (int64_t k = 0; k < U * L; ++k) hm[k] = hash_unit(o.seed, 42, uint64_t(k)) >= 0.005f;
