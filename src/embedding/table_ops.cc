@@ -220,13 +220,18 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
           if (row_of(mid) < r0) lo = mid + 1;
           else hi = mid;
         }
+        float* const m = tab.m;
+        float* const v = tab.v;
+        const AdamStepScalars sl = s;  // a local copy: stores to the table cannot alias it
         for (int64_t r = r0, u = lo; r < r1; ++r) {
           if (u < U && row_of(u) == r) {
             ++u;
             continue;
           }
-          for (int64_t e = r * D; e < (r + 1) * D; ++e)
-            adam_update(&p[e], &tab.m[e], &tab.v[e], 0.0f, s);
+          float* pr = p + r * D;
+          float* mr = m + r * D;
+          float* vr = v + r * D;
+          for (int d = 0; d < D; ++d) adam_update(&pr[d], &mr[d], &vr[d], 0.0f, sl);
         }
       });
       return;
