@@ -9,7 +9,6 @@
 //
 //   mpirun -np 2 bench_comm [--comm mpi|nccl] [--min_bytes 8] [--max_bytes 64M]
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -95,8 +94,7 @@ void a2a_layout(int W, int64_t n, std::vector<int64_t>* l) {
   }
 }
 
-void a2a_run(Communicator& comm, float* send, float* recv, int64_t n,
-             std::vector<int64_t>* l) {
+void a2a_run(Communicator& comm, float* send, float* recv, int64_t n, std::vector<int64_t>* l) {
   const int W = comm.world();
   comm.all_to_all_v(send, l->data(), l->data() + W, recv, l->data() + 2 * W, l->data() + 3 * W,
                     DType::kFloat32);
@@ -180,8 +178,7 @@ int64_t sweep(Communicator& comm, const Op& op, const Options& o, float* send, f
     ++sizes;
     if (root)
       std::printf("  %12.0f %12lld %11.2f %12.3f %12.3f %8lld\n", real_bytes,
-                  static_cast<long long>(n), s * 1e6, algbw, busbw,
-                  static_cast<long long>(wrong));
+                  static_cast<long long>(n), s * 1e6, algbw, busbw, static_cast<long long>(wrong));
     std::fflush(stdout);  // rows appear as they are measured, also through mpirun
   }
   if (root)
@@ -229,11 +226,12 @@ int bench_main(int& argc, char**& argv) {
     std::unique_ptr<Communicator> comm = make_communicator(info, dev, o.comm, stream);
     const int W = comm->world();
     if (comm->rank() == 0)
-      std::printf("# bench_comm: W=%d comm=%s device=%s dtype=float32 sizes %llu..%llu B x%d, "
-                  "warmup %d, iters %d\n",
-                  W, comm->name(), device_name(comm->device()),
-                  static_cast<unsigned long long>(o.min_bytes),
-                  static_cast<unsigned long long>(o.max_bytes), o.factor, o.warmup, o.iters);
+      std::printf(
+          "# bench_comm: W=%d comm=%s device=%s dtype=float32 sizes %llu..%llu B x%d, "
+          "warmup %d, iters %d\n",
+          W, comm->name(), device_name(comm->device()),
+          static_cast<unsigned long long>(o.min_bytes),
+          static_cast<unsigned long long>(o.max_bytes), o.factor, o.warmup, o.iters);
     const int64_t max_n = std::max(a2a_elements(o.max_bytes, W), ar_elements(o.max_bytes, W));
     Buffer<float> send(comm->device(), max_n), recv(comm->device(), max_n);
     const Op ops[] = {

@@ -32,7 +32,8 @@ inline ExecContext cpu(int threads) {
   return ctx;
 }
 
-inline void expect_close(const Vec& got, const DVec& want, double atol, double rtol, const char* what) {
+inline void expect_close(const Vec& got, const DVec& want, double atol, double rtol,
+                         const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   int reported = 0;
   for (size_t k = 0; k < got.size(); ++k) {

@@ -114,8 +114,8 @@ void check_all_to_all_v(Communicator& comm, int64_t mult) {
     }
   for (size_t k = 0; k < recv.size(); ++k)
     if (!covered[k]) data.expect(recv[k], sentinel<T>(), "spare element " + std::to_string(k));
-  EXPECT_TALLY_OK(data, std::string("all_to_all_v ") + dtype_name(dtype_of<T>()) + " x" +
-                            std::to_string(mult));
+  EXPECT_TALLY_OK(
+      data, std::string("all_to_all_v ") + dtype_name(dtype_of<T>()) + " x" + std::to_string(mult));
 }
 
 // Rank r's element i for the sum checks; the largest W used keeps every sum exact.
@@ -138,8 +138,8 @@ void check_all_reduce(Communicator& comm, size_t n) {
     for (int q = 0; q < W; ++q) want = static_cast<T>(want + reduce_value<T>(q, i));
     t.expect(buf[i], want, "element " + std::to_string(i));
   }
-  EXPECT_TALLY_OK(t, std::string("all_reduce_sum ") + dtype_name(dtype_of<T>()) + " n=" +
-                         std::to_string(n));
+  EXPECT_TALLY_OK(
+      t, std::string("all_reduce_sum ") + dtype_name(dtype_of<T>()) + " n=" + std::to_string(n));
 }
 
 // Non-integer floats: the sum depends on summation order, so this checks what the
@@ -195,15 +195,12 @@ void check_broadcast(Communicator& comm, size_t n) {
 
 void check_all_gather(Communicator& comm) {
   const int W = comm.world(), r = comm.rank();
-  auto block = [](int q) {
-    return std::vector<int64_t>{q, 10 * q + 1, (int64_t{1} << 35) + q};
-  };
+  auto block = [](int q) { return std::vector<int64_t>{q, 10 * q + 1, (int64_t{1} << 35) + q}; };
   std::vector<int64_t> mine = block(r), all(3 * W + 1, -7);
   comm.all_gather(mine.data(), all.data(), 3, DType::kInt64);
   Tally t;
   for (int q = 0; q < W; ++q)
-    for (int j = 0; j < 3; ++j)
-      t.expect(all[3 * q + j], block(q)[j], "block " + std::to_string(q));
+    for (int j = 0; j < 3; ++j) t.expect(all[3 * q + j], block(q)[j], "block " + std::to_string(q));
   t.expect(all[3 * W], int64_t{-7}, "past the end");
   EXPECT_TALLY_OK(t, "all_gather int64");
 }
@@ -450,8 +447,8 @@ std::string self_exe() {
 // VAR=value prefix of test::mpirun follow it.
 std::string worker_command(int np, const std::string& worker, const std::string& extra_env) {
   std::string launch = np > 0 ? "env " + test::mpirun(np) + " " : "";
-  return "NCF_COMM_WORKER=" + worker + " " + extra_env + " timeout -k 5 60 " + launch +
-         self_exe() + " --gtest_filter=CommWorker.*";
+  return "NCF_COMM_WORKER=" + worker + " " + extra_env + " timeout -k 5 60 " + launch + self_exe() +
+         " --gtest_filter=CommWorker.*";
 }
 
 int count_of(const std::string& s, const std::string& what) {

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <set>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include "common/check.h"
 #include "common/philox.h"
@@ -24,8 +24,8 @@ TEST(Philox, KnownAnswerZeroKey) {
 }
 
 TEST(Philox, KnownAnswerPi) {
-  Philox4 r = philox4x32(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u,
-                         0x299f31d0u);
+  Philox4 r =
+      philox4x32(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
   EXPECT_EQ(r.v[0], 0xd16cfe09u);
   EXPECT_EQ(r.v[1], 0x94fdccebu);
   EXPECT_EQ(r.v[2], 0x5001e420u);

@@ -6,9 +6,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "test_util.h"
 
@@ -28,9 +27,11 @@ class Distributed : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    auto r = run(bin("ncf_prep") + " --synthetic custom --users 257 --items 131 "
+    auto r = run(bin("ncf_prep") +
+                 " --synthetic custom --users 257 --items 131 "
                  "--interactions 9000 --eval_negatives 50 --record_rows 300 --num_shards 3 "
-                 "--seed 11 --output " + data());
+                 "--seed 11 --output " +
+                 data());
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -92,8 +93,8 @@ TEST_F(Distributed, TrajectoryInvariantOverWorldSizes) {
 }
 
 TEST_F(Distributed, TrajectoryInvariantForEveryPlacementWithAndWithoutDedup) {
-  for (std::string plan : {"table", "replicated", "user=row,item=replicated",
-                           "user=table,item=row"}) {
+  for (std::string plan :
+       {"table", "replicated", "user=row,item=replicated", "user=table,item=row"}) {
     Run one = train(1, "--shard_plan " + plan);
     for (const std::string dedup : {"", " --dedup"})
       for (int W : {2, 3, 4})
@@ -129,7 +130,8 @@ TEST_F(Distributed, RowWiseStepIssuesFiveCollectives) {
   }
   Run rep = train(2, "--step_log --shard_plan replicated");
   EXPECT_NE(rep.output.find(" 1 collectives,"), std::string::npos)
-      << "all tables replicated: one allreduce\n" << rep.output;
+      << "all tables replicated: one allreduce\n"
+      << rep.output;
 }
 
 // Every rank prints nothing but rank 0, so the plan lines show each rank's bytes.
@@ -151,15 +153,17 @@ TEST_F(Distributed, PlanIsPrintedWithBytesPerRank) {
 TEST_F(Distributed, FailingRankTakesTheJobDown) {
   Run ok = train(2, "--shard_plan table");
   std::smatch m;
-  std::regex re("rank 0: .* estimated memory ([0-9.]+) MiB\\s+ncf_dist:\\s+rank 1: .* estimated "
-                "memory ([0-9.]+) MiB");
+  std::regex re(
+      "rank 0: .* estimated memory ([0-9.]+) MiB\\s+ncf_dist:\\s+rank 1: .* estimated "
+      "memory ([0-9.]+) MiB");
   ASSERT_TRUE(std::regex_search(ok.output, m, re)) << ok.output;
   double r0 = std::stod(m[1]), r1 = std::stod(m[2]);
   ASSERT_NE(r0, r1);
   double limit_gb = (r0 + r1) / 2 / 1024;
   auto r = run("timeout 120 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + data() +
                " --batch_size 1005 --train_epochs 1 --threads 1 --shard_plan table "
-               "--memory_limit_gb " + std::to_string(limit_gb));
+               "--memory_limit_gb " +
+               std::to_string(limit_gb));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "the job hung until the timeout:\n" << r.output;
   int bad = r0 > r1 ? 0 : 1;

@@ -58,7 +58,8 @@ TEST(CollectionOneRank, LookupReturnsEachTablesRowsInBatchOrder) {
         for (int d = 0; d < 6; ++d)
           ASSERT_EQ(e.rows(t)[k * 6 + d], tables[t][size_t(ids[t][k]) * 6 + d])
               << placement_name(p) << " table " << t << " k=" << k << " d=" << d;
-    EXPECT_EQ(comm.counters().total_calls(), 0) << placement_name(p) << ": one rank exchanges nothing";
+    EXPECT_EQ(comm.counters().total_calls(), 0)
+        << placement_name(p) << ": one rank exchanges nothing";
     EXPECT_EQ(e.replicated_grad_floats(), 0) << "one rank has nothing to allreduce";
   }
 }

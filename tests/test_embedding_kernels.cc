@@ -174,8 +174,7 @@ TEST(IdsToKeys, OffsetsIdsAndNamesAnIdOutsideTheTable) {
   EXPECT_EQ(keys, (IVec{50, 56, 53}));
   const IVec bad = {0, 7, 3};
   const std::string msg = error_of([&] { ids_to_keys(cpu(1), bad.data(), 3, 50, 7, keys.data()); });
-  EXPECT_NE(msg.find("id 7 at batch position 1 outside the table's rows [0, 7)"),
-            std::string::npos)
+  EXPECT_NE(msg.find("id 7 at batch position 1 outside the table's rows [0, 7)"), std::string::npos)
       << msg;
 }
 
@@ -276,7 +275,7 @@ TEST(ReplicatedGradient, CompactKeepsRowsWhoseSummedGradientIsZero) {
   // Touched on some rank with gradients that cancel: still touched (the count
   // column decides), so Adam's moments of that row are updated like a 1-rank run.
   const int D = 2;
-  Vec dense = {0, 0, 0,   0.5f, -1, 1,   0, 0, 2};
+  Vec dense = {0, 0, 0, 0.5f, -1, 1, 0, 0, 2};
   IVec rows(3, -1);
   Vec grads(3 * D, -1);
   int64_t m = 0;

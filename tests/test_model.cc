@@ -145,14 +145,15 @@ TEST(Parallel, BlockSumsMatchBlockwiseLoop) {
   }
   for (int threads : {1, 2, 5}) {
     double got[2];
-    block_sums(threads, n, 2,
-               [&](int64_t b, int64_t e, double* acc) {
-                 for (int64_t i = b; i < e; ++i) {
-                   acc[0] += x[i];
-                   acc[1] += 1;
-                 }
-               },
-               got);
+    block_sums(
+        threads, n, 2,
+        [&](int64_t b, int64_t e, double* acc) {
+          for (int64_t i = b; i < e; ++i) {
+            acc[0] += x[i];
+            acc[1] += 1;
+          }
+        },
+        got);
     EXPECT_EQ(got[0], want) << threads;
     EXPECT_EQ(got[1], static_cast<double>(n));
   }
@@ -212,8 +213,8 @@ TEST(Ops, GemmInBlocksMatchesLoopAndIsTheSameAtAnyThreadCount) {
         Vec first;
         for (int threads : {1, 2, 3, 5}) {
           Vec C = C0;
-          gemm(cpu(threads), ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta,
-               C.data(), ldc);
+          gemm(cpu(threads), ta, tb, M, N, K, alpha, A.data(), lda, Bm.data(), ldb, beta, C.data(),
+               ldc);
           const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
                                    (ta ? " A^T" : "") + (tb ? " B^T" : "") + " threads " +
                                    std::to_string(threads);
@@ -231,16 +232,16 @@ TEST(Ops, GemmWithZeroKScalesCAndBetaZeroOverwritesNaN) {
   EXPECT_EQ(C[3], 2.0f);
   gemm(cpu(1), false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, C.data(), 2);
   for (float c : C) EXPECT_EQ(c, 0.0f);
-  EXPECT_THROW(gemm(cpu(1), false, false, 2, 3, 4, 1.0f, C.data(), 3, C.data(), 3, 0.0f,
-                    C.data(), 3),
-               Error);  // lda 3 < K 4
+  EXPECT_THROW(
+      gemm(cpu(1), false, false, 2, 3, 4, 1.0f, C.data(), 3, C.data(), 3, 0.0f, C.data(), 3),
+      Error);  // lda 3 < K 4
 }
 
 // ---- Linear ------------------------------------------------------------------
 
 void check_linear(bool relu, bool with_bias, int threads) {
-  SCOPED_TRACE(::testing::Message() << "relu=" << relu << " bias=" << with_bias
-                                    << " threads=" << threads);
+  SCOPED_TRACE(::testing::Message()
+               << "relu=" << relu << " bias=" << with_bias << " threads=" << threads);
   const int B = 6, in = 5, out = 4;
   Vec X = random_vec(B * in, 10), W = random_vec(out * in, 11), b = random_vec(out, 12);
   if (!with_bias) b.clear();
@@ -248,8 +249,8 @@ void check_linear(bool relu, bool with_bias, int threads) {
   DVec x = to_double(X), w = to_double(W), bd = to_double(b), r = to_double(R);
 
   Vec Y(B * out);
-  linear_forward(cpu(threads), X.data(), W.data(), with_bias ? b.data() : nullptr, Y.data(), B,
-                 in, out, relu);
+  linear_forward(cpu(threads), X.data(), W.data(), with_bias ? b.data() : nullptr, Y.data(), B, in,
+                 out, relu);
   DVec Yref = ref_linear(x, w, bd, B, in, out, relu);
   expect_close(Y, Yref, 1e-6, 1e-5, "Y");
 
@@ -287,8 +288,8 @@ TEST(Ops, LinearGradModeAccumulateAddsToExisting) {
   const int B = 9, in = 3, out = 5;
   Vec X = random_vec(B * in, 20), W = random_vec(out * in, 21), R = random_vec(B * out, 22);
   Vec dY = R, dW(out * in), db(out);
-  linear_backward(cpu(1), X.data(), W.data(), nullptr, dY.data(), nullptr, dW.data(), db.data(),
-                  B, in, out, false, GradMode::kOverwrite);
+  linear_backward(cpu(1), X.data(), W.data(), nullptr, dY.data(), nullptr, dW.data(), db.data(), B,
+                  in, out, false, GradMode::kOverwrite);
   Vec dW2 = random_vec(out * in, 23), db2 = random_vec(out, 24);
   DVec want_w(out * in), want_b(out);
   for (int k = 0; k < out * in; ++k) want_w[k] = static_cast<double>(dW2[k]) + dW[k];
@@ -325,8 +326,7 @@ TEST(Ops, GmfOnStridedRowsMatchesFiniteDifferences) {
   Vec G(B * ldg, -7.0f);
   gmf_forward(cpu(2), U.data(), D, I.data(), D, G.data(), ldg, B, mf);
   for (int b = 0; b < B; ++b) {
-    for (int k = 0; k < mf; ++k)
-      EXPECT_NEAR(G[b * ldg + k], u[b * D + k] * it[b * D + k], 1e-7);
+    for (int k = 0; k < mf; ++k) EXPECT_NEAR(G[b * ldg + k], u[b * D + k] * it[b * D + k], 1e-7);
     EXPECT_EQ(G[b * ldg + mf], -7.0f) << "padding column written";
   }
   // L = Σ R ⊙ G; dG = R given with stride mf (contiguous).
@@ -402,15 +402,14 @@ TEST(Ops, HeadMatchesFiniteDifferencesAndAccumulates) {
 
 TEST(Ops, BceLossAndGradientWithPaddingAndWeights) {
   const int B = 8, n_valid = 6, global_batch = 20;
-  Vec z = {0.3f, -1.2f, 4.0f, -0.7f, 2.2f, 0.0f,
-           std::numeric_limits<float>::quiet_NaN(), 1e30f};  // padding rows hold garbage
+  Vec z = {0.3f, -1.2f, 4.0f, -0.7f, 2.2f, 0.0f, std::numeric_limits<float>::quiet_NaN(),
+           1e30f};  // padding rows hold garbage
   Vec y = {1, 0, 1, 1, 0, 1, 1, 0};
   Vec weights = {1, 1, 0, 1, 0.5f, 1, 1, 1};  // row 2 masked too; row 4 half weight
   DVec zd = to_double(z);
   auto loss_ref = [&] {
     double s = 0;
-    for (int b = 0; b < n_valid; ++b)
-      s += weights[b] * ref_bce(zd[b], y[b]);
+    for (int b = 0; b < n_valid; ++b) s += weights[b] * ref_bce(zd[b], y[b]);
     return s / global_batch;
   };
   double loss = -1;
@@ -665,7 +664,8 @@ TEST(NeuMF, InitBoundsZeroBiasesAndSeedDeterminism) {
   }
   const int F = cfg.head_width();
   double limit = std::sqrt(3.0 / F), max_abs = 0;
-  for (int k = 0; k < F; ++k) max_abs = std::max(max_abs, std::fabs(double{p[a.head_w_offset() + k]}));
+  for (int k = 0; k < F; ++k)
+    max_abs = std::max(max_abs, std::fabs(double{p[a.head_w_offset() + k]}));
   EXPECT_LE(max_abs, limit);
   EXPECT_GT(max_abs, 0.5 * limit);
   EXPECT_EQ(p[a.head_c_offset()], 0.0f);

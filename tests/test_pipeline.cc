@@ -18,8 +18,8 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
-#include "train/input_stager.h"
 #include "test_util.h"
+#include "train/input_stager.h"
 
 namespace ncf {
 namespace {
@@ -126,8 +126,7 @@ TEST(Collectives, AsyncVariantsOnAHostCommunicatorCompleteAtOnce) {
   // The *_on helpers report ticket 0 as well, and still move the data.
   CommTicket t = 42;
   std::fill(recv.begin(), recv.end(), 0);
-  all_to_all_v_on(*comm, Device::kCpu, send.data(), sc, sd, recv.data(), rc, rd, DType::kInt32,
-                  &t);
+  all_to_all_v_on(*comm, Device::kCpu, send.data(), sc, sd, recv.data(), rc, rd, DType::kInt32, &t);
   EXPECT_EQ(t, 0);
   EXPECT_EQ(recv, send);
   t = 42;

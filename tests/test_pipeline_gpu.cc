@@ -86,8 +86,8 @@ TEST_F(PipelineGpu, StagerDeliversEveryBatchStagedAheadLikeTheTrainer) {
 }
 
 TEST_F(PipelineGpu, NcclDeferredCollectivesAreVisibleAfterJoin) {
-  std::unique_ptr<Communicator> comm = make_communicator(RankInfo{}, Device::kCuda, "nccl",
-                                                         gpu_.stream);
+  std::unique_ptr<Communicator> comm =
+      make_communicator(RankInfo{}, Device::kCuda, "nccl", gpu_.stream);
   // Large enough that a missing wait would let the read-back overtake the copy.
   const size_t n = size_t(1) << 26;
   std::vector<int32_t> host(n);
@@ -106,7 +106,7 @@ TEST_F(PipelineGpu, NcclDeferredCollectivesAreVisibleAfterJoin) {
   comm->join(u);  // covers t too: the communication stream is serial
   EXPECT_EQ(read_back(recv.data(), n), host);
   EXPECT_EQ(read_back(x.data(), 1000), xs);  // W = 1: the sum is the input
-  EXPECT_THROW(comm->join(u + 1), Error);   // never issued
+  EXPECT_THROW(comm->join(u + 1), Error);    // never issued
   // A plain (non-deferred) collective orders the compute stream by itself.
   recv.zero();
   comm->all_to_all_v(send.data(), c, d, recv.data(), c, d, DType::kInt32);
@@ -123,8 +123,7 @@ TEST_F(PipelineGpu, HostCommunicatorStagesDeviceBuffersThroughPinnedMemory) {
   recv.zero();
   const int64_t c[1] = {int64_t(n)}, d[1] = {0};
   CommTicket t = 9;
-  all_to_all_v_on(*comm, Device::kCuda, send.data(), c, d, recv.data(), c, d, DType::kFloat32,
-                  &t);
+  all_to_all_v_on(*comm, Device::kCuda, send.data(), c, d, recv.data(), c, d, DType::kFloat32, &t);
   EXPECT_EQ(t, 0);  // staged: complete on return
   EXPECT_EQ(read_back(recv.data(), n), host);
   all_reduce_sum_on(*comm, Device::kCuda, recv.data(), n, DType::kFloat32, &t);

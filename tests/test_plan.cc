@@ -65,8 +65,7 @@ TEST(Plan, ReplicatesASmallTableWhoseAllreduceIsCheaper) {
   EXPECT_EQ(p.tables[1].placement, Placement::kReplicated);
   EXPECT_NE(p.reason.find("item: replicated (allreduce"), std::string::npos) << p.reason;
   // The same item table with few lookups: the exchange is cheaper.
-  EXPECT_EQ(plan_tables(request(4, 1000000, 3706, 100)).tables[1].placement,
-            Placement::kRowWise);
+  EXPECT_EQ(plan_tables(request(4, 1000000, 3706, 100)).tables[1].placement, Placement::kRowWise);
   // Cheaper to allreduce but larger than the replicated limit: row-wise.
   PlanRequest big = request(4, 1000000, 3706, 16384);
   big.replicated_limit_bytes = 1 << 20;

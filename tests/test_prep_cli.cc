@@ -43,7 +43,8 @@ TEST(PrepCli, BadInputsStopWithFileLineAndValue) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("nosuchshape"), std::string::npos) << r.output;
 
-  r = run(bin("ncf_prep") + " --synthetic custom --users 10 --items 100 --interactions 50 --eval_negatives 10" + out);
+  r = run(bin("ncf_prep") +
+          " --synthetic custom --users 10 --items 100 --interactions 50 --eval_negatives 10" + out);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("50"), std::string::npos) << r.output;
 
@@ -59,8 +60,10 @@ TEST(PrepCli, BadInputsStopWithFileLineAndValue) {
 TEST(PrepCli, WritesThenVerifiesAndCorruptionIsCaught) {
   TempDir t;
   std::string d = t.file("d");
-  auto r = run(bin("ncf_prep") + " --synthetic custom --users 100 --items 80 --interactions 3000 "
-               "--eval_negatives 20 --record_rows 64 --num_shards 2 --output " + d);
+  auto r = run(bin("ncf_prep") +
+               " --synthetic custom --users 100 --items 80 --interactions 3000 "
+               "--eval_negatives 20 --record_rows 64 --num_shards 2 --output " +
+               d);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("users 100"), std::string::npos) << r.output;
   r = run(bin("ncf_prep") + " --verify " + d);

@@ -55,17 +55,12 @@ TEST(Crc32c, PublishedVectors) {
   struct Case {
     std::string data;
     uint32_t crc;
-  } cases[] = {{"123456789", 0xE3069283u},
-               {zeros, 0x8A9136AAu},
-               {ones, 0x62A8AB43u},
-               {up, 0x46DD794Eu},
-               {down, 0x113FDB5Cu},
-               {"", 0u}};
+  } cases[] = {{"123456789", 0xE3069283u}, {zeros, 0x8A9136AAu}, {ones, 0x62A8AB43u},
+               {up, 0x46DD794Eu},          {down, 0x113FDB5Cu},  {"", 0u}};
   for (const Case& c : cases) {
     EXPECT_EQ(crc_of(c.data), c.crc) << c.data.size() << " bytes";
     EXPECT_EQ(crc32c_extend_portable(0, c.data.data(), c.data.size()), c.crc);
-    EXPECT_EQ(crc32c_bitwise(reinterpret_cast<const unsigned char*>(c.data.data()),
-                             c.data.size()),
+    EXPECT_EQ(crc32c_bitwise(reinterpret_cast<const unsigned char*>(c.data.data()), c.data.size()),
               c.crc);
   }
 }
@@ -188,8 +183,8 @@ TEST(RecordIo, RoundTripAndSeek) {
     w.close();  // second close is a no-op
     const std::string file = test::read_file(path);
     ASSERT_EQ(file.size(), expect_bytes);
-    EXPECT_EQ(w.file_crc(), crc32c_bitwise(reinterpret_cast<const unsigned char*>(file.data()),
-                                           file.size()));
+    EXPECT_EQ(w.file_crc(),
+              crc32c_bitwise(reinterpret_cast<const unsigned char*>(file.data()), file.size()));
     EXPECT_THROW(w.write("x", 1), Error);
   }
 

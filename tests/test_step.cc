@@ -35,8 +35,10 @@ bool same_bits(const std::vector<float>& a, const float* b) {
 TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
   TempDir dir;
   const std::string data = dir.file("data");
-  auto r = run(bin("ncf_prep") + " --synthetic custom --users 120 --items 70 --interactions 3000 "
-               "--eval_negatives 20 --record_rows 256 --num_shards 2 --seed 5 --output " + data);
+  auto r = run(bin("ncf_prep") +
+               " --synthetic custom --users 120 --items 70 --interactions 3000 "
+               "--eval_negatives 20 --record_rows 256 --num_shards 2 --seed 5 --output " +
+               data);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const DatasetMeta meta = DatasetMeta::load(data);
   const PositiveLists positives(data, meta);
@@ -92,13 +94,14 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
   for (; steps < 6 && reader.next(&b); ++steps) {
     const int64_t n = int64_t(b.users.size()), B = n * S, G = b.step_count * S;
     double loss = -1;
-    train_step(st, {b.users.data(), b.items.data(), n, b.slice_begin, b.epoch, b.step_count},
-               comm, ctx, &loss);
+    train_step(st, {b.users.data(), b.items.data(), n, b.slice_begin, b.epoch, b.step_count}, comm,
+               ctx, &loss);
 
     std::vector<int32_t> su(static_cast<size_t>(B)), si(static_cast<size_t>(B));
-    std::vector<float> labels(static_cast<size_t>(B)), logits(static_cast<size_t>(B)), dlogits(static_cast<size_t>(B));
-    sample_negatives(ctx, positives, uint64_t(I), b.users.data(), b.items.data(), b.slice_begin,
-                     n, num_neg, seed, b.epoch, su.data(), si.data(), labels.data());
+    std::vector<float> labels(static_cast<size_t>(B)), logits(static_cast<size_t>(B)),
+        dlogits(static_cast<size_t>(B));
+    sample_negatives(ctx, positives, uint64_t(I), b.users.data(), b.items.data(), b.slice_begin, n,
+                     num_neg, seed, b.epoch, su.data(), si.data(), labels.data());
     std::vector<float> rows[2] = {std::vector<float>(size_t(B) * D),
                                   std::vector<float>(size_t(B) * D)};
     gather_rows(ctx, ref_table[0].data(), su.data(), rows[0].data(), U, B, D);
@@ -118,8 +121,8 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
       std::vector<float> ugrads(static_cast<size_t>(B) * D);
       int64_t nu = 0;
       sort_reduce_rows(ctx, ids[k], drows[k].data(), B, D, urows.data(), ugrads.data(), &nu);
-      embedding_dense_adam(ctx, ref_table[k].data(), ref_m[k].data(), ref_v[k].data(),
-                           urows.data(), ugrads.data(), N[k], nu, D, t, eopt.adam);
+      embedding_dense_adam(ctx, ref_table[k].data(), ref_m[k].data(), ref_v[k].data(), urows.data(),
+                           ugrads.data(), N[k], nu, D, t, eopt.adam);
     }
     dense_adam_step(ctx, ref_model.params().data(), ref_model.grads().data(), ref_am.data(),
                     ref_av.data(), P, t, st.dense_hyper);

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -352,8 +352,8 @@ TEST(FusedUpdate, EqualsSortReduceThenOptimizerBitForBit) {
     for (int D : {1, 5, 8}) {
       for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{1000}}) {
         for (int64_t R : {int64_t{3}, int64_t{300}, int64_t{70001}}) {
-          SCOPED_TRACE(::testing::Message() << optimizer_name(kind) << " D=" << D << " n=" << n
-                                            << " R=" << R);
+          SCOPED_TRACE(::testing::Message()
+                       << optimizer_name(kind) << " D=" << D << " n=" << n << " R=" << R);
           const std::vector<RowId> ids = fused_ids(n, R, uint32_t(n + R + D));
           const Vec grads = random_vec(size_t(n) * D, 7);
           // Three separate steps, one thread.
@@ -393,8 +393,8 @@ TEST(FusedUpdate, MovesTouchedRowsAndDenseAdamDecaysTheRest) {
                        config_of(kind), 1);
     for (int64_t r = 0; r < R; ++r) {
       const bool touched = r == 2 || r == 5;
-      const bool moved = !std::equal(&before.table[r * D], &before.table[r * D] + D,
-                                     &after.table[r * D]);
+      const bool moved =
+          !std::equal(&before.table[r * D], &before.table[r * D] + D, &after.table[r * D]);
       EXPECT_EQ(moved, touched || kind == EmbeddingOptimizer::kDenseAdam)
           << optimizer_name(kind) << " row " << r;
     }

@@ -6,9 +6,8 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "data/dataset.h"
 #include "data/reader.h"
@@ -26,9 +25,11 @@ class TrainTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    auto r = run(bin("ncf_prep") + " --synthetic custom --users 300 --items 200 "
+    auto r = run(bin("ncf_prep") +
+                 " --synthetic custom --users 300 --items 200 "
                  "--interactions 12000 --eval_negatives 99 --record_rows 512 --num_shards 3 "
-                 "--seed 3 --output " + data());
+                 "--seed 3 --output " +
+                 data());
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -78,14 +79,14 @@ TEST_F(TrainTest, LearnsClearlyBetterThanPopularity) {
   std::string mj = t.file("m.jsonl");
   auto r = run(bin("ncf_dist") + " --data_dir " + data() +
                " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 --train_epochs 6 "
-               "--threads 1 --metrics_json " + mj);
+               "--threads 1 --metrics_json " +
+               mj);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto lines = read_jsonl(mj);
   ASSERT_EQ(lines.size(), 6u) << r.output;
   const double pop = popularity_hr10(data());
   const double hr = lines.back()["hr"].get<double>();
-  EXPECT_GT(hr, pop + 0.05) << "model HR@10 " << hr << " vs popularity " << pop << "\n"
-                            << r.output;
+  EXPECT_GT(hr, pop + 0.05) << "model HR@10 " << hr << " vs popularity " << pop << "\n" << r.output;
   EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>());
   // The per-epoch line and the MLPerf lines are there.
   EXPECT_NE(r.output.find("HR@10"), std::string::npos);
@@ -103,7 +104,8 @@ TEST_F(TrainTest, SameJobTwiceGivesIdenticalNumbers) {
   ASSERT_EQ(ja.size(), 2u);
   ASSERT_EQ(jb.size(), 2u);
   for (size_t e = 0; e < ja.size(); ++e)
-    for (const char* k : {"loss", "hr", "ndcg"}) EXPECT_EQ(ja[e][k], jb[e][k]) << k << " epoch " << e;
+    for (const char* k : {"loss", "hr", "ndcg"})
+      EXPECT_EQ(ja[e][k], jb[e][k]) << k << " epoch " << e;
   EXPECT_EQ(test::read_file(t.file("a.bin")), test::read_file(t.file("b.bin")));
   EXPECT_NE(a.output.find(":::MLLOG"), std::string::npos);
   EXPECT_NE(a.output.find("\"eval_accuracy\""), std::string::npos);

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "common/device.h"
@@ -20,12 +19,11 @@ using test::run;
 using test::TempDir;
 
 std::vector<nlohmann::json> train(const std::string& launcher, const std::string& data,
-                                  const std::string& flags,
-                                  const std::string& precision = "fp32") {
+                                  const std::string& flags, const std::string& precision = "fp32") {
   TempDir t;
   auto r = run("timeout 600 " + launcher + bin("ncf_dist") + " --data_dir " + data +
-               " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision " +
-               precision + " " + flags + " --metrics_json " + t.file("m.jsonl"));
+               " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision " + precision +
+               " " + flags + " --metrics_json " + t.file("m.jsonl"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<nlohmann::json> out;
   std::ifstream f(t.file("m.jsonl"));
@@ -49,7 +47,8 @@ class TrainGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     NCF_GPU_OR_SKIP();
-    auto r = run(bin("ncf_prep") + " --synthetic custom --users 257 --items 131 "
+    auto r = run(bin("ncf_prep") +
+                 " --synthetic custom --users 257 --items 131 "
                  "--interactions 9000 --eval_negatives 50 --record_rows 300 --output " +
                  dir_.file("data"));
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -55,9 +55,11 @@ RunResult run(const std::string& command) {
 std::string bin(const std::string& name) { return std::string(NCF_BIN_DIR) + "/" + name; }
 
 std::string mpirun(int np) {
-  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1 " +
          std::string(MPIEXEC) + " -np " + std::to_string(np) +
-         " --oversubscribe --bind-to none --mca btl ^openib,ofi --mca pml ob1 --mca btl_vader_single_copy_mechanism none";
+         " --oversubscribe --bind-to none --mca btl ^openib,ofi --mca pml ob1 --mca "
+         "btl_vader_single_copy_mechanism none";
 }
 
 bool gpu_required() {

@@ -62,12 +62,12 @@ bool gpu_required();
 
 // First statement of every GPU test (or its fixture's SetUp): without a usable
 // GPU the test is skipped with the reason, or failed under NCF_REQUIRE_GPU=1.
-#define NCF_GPU_OR_SKIP()                                                              \
-  do {                                                                                 \
-    std::string ncf_why_;                                                              \
-    if (!::ncf::cuda_available(&ncf_why_)) {                                           \
-      if (::ncf::test::gpu_required())                                                 \
-        FAIL() << "NCF_REQUIRE_GPU=1 but there is no usable GPU: " << ncf_why_;        \
-      GTEST_SKIP() << "no usable GPU: " << ncf_why_;                                   \
-    }                                                                                  \
+#define NCF_GPU_OR_SKIP()                                                       \
+  do {                                                                          \
+    std::string ncf_why_;                                                       \
+    if (!::ncf::cuda_available(&ncf_why_)) {                                    \
+      if (::ncf::test::gpu_required())                                          \
+        FAIL() << "NCF_REQUIRE_GPU=1 but there is no usable GPU: " << ncf_why_; \
+      GTEST_SKIP() << "no usable GPU: " << ncf_why_;                            \
+    }                                                                           \
   } while (0)

@@ -44,8 +44,8 @@ RankInfo bootstrap_mpi(int* argc, char*** argv) {
   // Ranks that can share memory are the ranks of one node: what GPU choice needs,
   // without trusting launcher-specific variables (OMPI_*, SLURM_LOCALID, PMIX_*).
   MPI_Comm node = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL,
-                                &node));
+  MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node));
   MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
   MPI_CHECK(MPI_Comm_size(node, &info.local_world));
   MPI_CHECK(MPI_Comm_free(&node));
@@ -106,8 +106,7 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
       k = device == Device::kCuda ? "nccl" : "mpi";
   }
   if (k == "single") {
-    NCF_CHECK(info.world == 1, "communicator 'single' needs W = 1, this job has W = ",
-              info.world);
+    NCF_CHECK(info.world == 1, "communicator 'single' needs W = 1, this job has W = ", info.world);
     return std::make_unique<SingleCommunicator>(device, stream);
   }
   if (k == "mpi") {
@@ -118,8 +117,8 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
     NCF_CHECK(device == Device::kCuda, "communicator 'nccl' needs device cuda, got ",
               device_name(device));
 #ifdef NCF_WITH_CUDA
-    NCF_CHECK(info.world == 1 || info.mpi,
-              "communicator 'nccl' with W = ", info.world, " needs MPI to share the NCCL id");
+    NCF_CHECK(info.world == 1 || info.mpi, "communicator 'nccl' with W = ", info.world,
+              " needs MPI to share the NCCL id");
     select_local_gpu(info);
     return make_nccl_communicator(info, stream);
 #else

@@ -2,10 +2,9 @@
 // NCCL and single implementations only move data.
 #include "comm/communicator.h"
 
-#include <algorithm>
-
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,22 +14,32 @@ namespace ncf {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kFloat64: return 8;
-    case DType::kUInt8: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kFloat64:
+      return 8;
+    case DType::kUInt8:
+      return 1;
   }
   NCF_FAIL("unknown DType ", static_cast<int>(t));
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat64: return "float64";
-    case DType::kUInt8: return "uint8";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -63,9 +72,8 @@ void check_layout(const char* side, const int64_t* counts, const int64_t* displs
 }  // namespace
 
 void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
-                                const int64_t* send_displs, void* recv,
-                                const int64_t* recv_counts, const int64_t* recv_displs,
-                                DType t) {
+                                const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                                const int64_t* recv_displs, DType t) {
   check_layout("send", send_counts, send_displs, world_, send);
   check_layout("recv", recv_counts, recv_displs, world_, recv);
   int64_t out = 0;
@@ -167,8 +175,8 @@ struct DeferScope {
 
 CommTicket Communicator::all_to_all_v_async(const void* send, const int64_t* send_counts,
                                             const int64_t* send_displs, void* recv,
-                                            const int64_t* recv_counts,
-                                            const int64_t* recv_displs, DType t) {
+                                            const int64_t* recv_counts, const int64_t* recv_displs,
+                                            DType t) {
   last_ticket_ = 0;
   DeferScope d(deferred_);
   all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);

@@ -36,11 +36,26 @@ const char* dtype_name(DType t);
 // dtype_of<float>() == DType::kFloat32 etc., so callers need not spell the tag.
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
-template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::kUInt8; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kInt64;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kUInt8;
+}
 
 // What a rank's collectives did since the communicator started: calls and
 // payload bytes this rank sent to other ranks (a ring allreduce counts 2(W-1)/W
@@ -73,8 +88,7 @@ class Communicator {
   // send_counts[p] on rank r must equal recv_counts[r] on rank p (exchange_counts
   // tells each side). Zero counts are allowed; send and recv must not overlap.
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
-                    void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
-                    DType t);
+                    void* recv, const int64_t* recv_counts, const int64_t* recv_displs, DType t);
   // All-to-all of one int64 per peer, host arrays of W entries:
   // recv_counts[p] on rank r = send_counts[r] on rank p.
   void exchange_counts(const int64_t* send_counts, int64_t* recv_counts);
@@ -92,8 +106,8 @@ class Communicator {
   // the input nor touch the output. Host communicators complete the call before
   // returning and hand back ticket 0.
   CommTicket all_to_all_v_async(const void* send, const int64_t* send_counts,
-                                const int64_t* send_displs, void* recv,
-                                const int64_t* recv_counts, const int64_t* recv_displs, DType t);
+                                const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                                const int64_t* recv_displs, DType t);
   CommTicket all_reduce_sum_async(void* buf, size_t n, DType t);
   // Makes the compute stream wait (on the device; the host goes on) for the
   // collective `ticket` and every collective started before it. No-op for 0.
@@ -126,9 +140,8 @@ class Communicator {
   CommTicket last_ticket_ = 0;
 
   virtual void do_all_to_all_v(const void* send, const int64_t* send_counts,
-                               const int64_t* send_displs, void* recv,
-                               const int64_t* recv_counts, const int64_t* recv_displs,
-                               DType t) = 0;
+                               const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                               const int64_t* recv_displs, DType t) = 0;
   virtual void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) = 0;
   virtual void do_all_reduce_sum(void* buf, size_t n, DType t) = 0;
   virtual void do_broadcast(void* buf, size_t n, DType t, int root) = 0;

@@ -25,11 +25,16 @@ int to_mpi_count(int64_t value, const char* what) {
 
 MPI_Datatype mpi_dtype(DType t) {
   switch (t) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kUInt8:
+      return MPI_UINT8_T;
   }
   NCF_FAIL("unknown DType ", static_cast<int>(t));
 }
@@ -69,8 +74,8 @@ void MpiCommunicator::do_all_to_all_v(const void* send, const int64_t* send_coun
     rc_[p] = to_mpi_count(recv_counts[p], "all_to_all_v recv count");
     rd_[p] = to_mpi_count(recv_displs[p], "all_to_all_v recv displacement");
   }
-  MPI_CHECK(MPI_Alltoallv(send, sc_.data(), sd_.data(), mpi_dtype(t), recv, rc_.data(),
-                          rd_.data(), mpi_dtype(t), comm_));
+  MPI_CHECK(MPI_Alltoallv(send, sc_.data(), sd_.data(), mpi_dtype(t), recv, rc_.data(), rd_.data(),
+                          mpi_dtype(t), comm_));
 }
 
 void MpiCommunicator::do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {

@@ -55,11 +55,16 @@ namespace {
 
 ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kUInt8: return ncclUint8;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kUInt8:
+      return ncclUint8;
   }
   NCF_FAIL("unknown DType ", static_cast<int>(t));
 }
@@ -69,8 +74,7 @@ constexpr int kEvents = 64;
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const RankInfo& info, cudaStream_t compute)
-      : Communicator(info.rank, info.world, info.local_rank, info.local_world),
-        compute_(compute) {
+      : Communicator(info.rank, info.world, info.local_rank, info.local_world), compute_(compute) {
     if (info.world > 1) {
       NCF_CHECK(info.mpi, "NCCL with W = ", info.world, " needs MPI (bootstrap_mpi)");
       MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_));
@@ -133,8 +137,8 @@ class NcclCommunicator : public Communicator {
     const ncclDataType_t nt = nccl_dtype(t);
     const char* s = static_cast<const char*>(send);
     char* d = static_cast<char*>(recv);
-    NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ",
-              send_counts[r], " elements to itself but expects to receive ", recv_counts[r]);
+    NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ", send_counts[r],
+              " elements to itself but expects to receive ", recv_counts[r]);
     begin_collective();
     ncclResult_t rc = ncclGroupStart();
     // The group must be closed whatever happens inside it, so errors are collected

@@ -1,12 +1,11 @@
 // See blas_setup.h.
 #include "common/blas_setup.h"
 
+#include <cblas.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-
-#include <cblas.h>
 
 extern "C" char* openblas_get_corename(void);
 

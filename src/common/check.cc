@@ -61,9 +61,15 @@ void library_failed(const char* file, int line, Library lib, int status, const c
                     ncclGetLastError(nullptr), ")");
       break;
 #else
-    case Library::kCuda: what = concat("CUDA error ", status); break;
-    case Library::kCublas: what = concat("cuBLAS error ", status); break;
-    case Library::kNccl: what = concat("NCCL error ", status); break;
+    case Library::kCuda:
+      what = concat("CUDA error ", status);
+      break;
+    case Library::kCublas:
+      what = concat("cuBLAS error ", status);
+      break;
+    case Library::kNccl:
+      what = concat("NCCL error ", status);
+      break;
 #endif
   }
   throw_error(file, line, concat(what, ": ", expr));

@@ -40,9 +40,9 @@ std::string concat(const Args&... args) {
 
 // NCF_CHECK(cond, "message parts", value, ...): throws when cond is false.
 #define NCF_CHECK(cond, ...)                                                                 \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::ncf::throw_error(__FILE__, __LINE__,                                                \
+  do {                                                                                       \
+    if (!(cond))                                                                             \
+      ::ncf::throw_error(__FILE__, __LINE__,                                                 \
                          ::ncf::detail::concat("check failed: " #cond ": ", ##__VA_ARGS__)); \
   } while (0)
 
@@ -60,11 +60,11 @@ enum class Library { kMpi, kCuda, kCublas, kNccl };
                                  const char* expr);
 }  // namespace ncf::detail
 
-#define NCF_LIBRARY_CHECK(lib, expr)                                                   \
-  do {                                                                                 \
-    const int ncf_status_ = static_cast<int>(expr);                                    \
-    if (ncf_status_ != 0)                                                              \
-      ::ncf::detail::library_failed(__FILE__, __LINE__, lib, ncf_status_, #expr);      \
+#define NCF_LIBRARY_CHECK(lib, expr)                                              \
+  do {                                                                            \
+    const int ncf_status_ = static_cast<int>(expr);                               \
+    if (ncf_status_ != 0)                                                         \
+      ::ncf::detail::library_failed(__FILE__, __LINE__, lib, ncf_status_, #expr); \
   } while (0)
 
 #define MPI_CHECK(expr) NCF_LIBRARY_CHECK(::ncf::detail::Library::kMpi, expr)

@@ -97,8 +97,10 @@ void wait_until(const std::function<bool()>& done) {
 
 const char* device_error_text(DeviceErrorCode code) {
   switch (code) {
-    case DeviceErrorCode::kNone: return "no error";
-    case DeviceErrorCode::kGatherRowOutOfRange: return "gather_rows: ids[index] outside [0, R)";
+    case DeviceErrorCode::kNone:
+      return "no error";
+    case DeviceErrorCode::kGatherRowOutOfRange:
+      return "gather_rows: ids[index] outside [0, R)";
     case DeviceErrorCode::kUniqueRowOutOfRange:
       return "embedding optimizer: unique_rows[index] outside [0, R)";
     case DeviceErrorCode::kUniqueRowsNotIncreasing:
@@ -107,7 +109,8 @@ const char* device_error_text(DeviceErrorCode code) {
       return "sample_negatives: users[index] outside [0, num_users)";
     case DeviceErrorCode::kNegativesNoFreeItem:
       return "sample_negatives: the user interacted with all items, no negative exists";
-    case DeviceErrorCode::kIndexOutOfRange: return "permute_rows: idx[index] outside [0, n_src)";
+    case DeviceErrorCode::kIndexOutOfRange:
+      return "permute_rows: idx[index] outside [0, n_src)";
     case DeviceErrorCode::kNotAPermutation:
       return "unpermute_rows: perm[index] repeated or outside [0, n)";
     case DeviceErrorCode::kScatterRowsInvalid:

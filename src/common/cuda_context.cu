@@ -1,11 +1,10 @@
 // CUDA side of cuda_context.h: creating and freeing a rank's stream, handles,
 // workspace, scratch and error record, and raising recorded kernel errors.
-#include "common/cuda_context.h"
-
 #include <algorithm>
 #include <string>
 
 #include "common/check.h"
+#include "common/cuda_context.h"
 #include "common/cuda_util.cuh"
 
 namespace ncf {

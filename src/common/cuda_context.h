@@ -1,7 +1,7 @@
 // The CUDA state of one rank's compute stream, beyond the stream itself: a copy
-// stream for input transfers issued ahead of use, the cuBLAS and cuBLASLt handles, the cuBLASLt workspace, a grow-only scratch arena
-// (CUB temporary storage, partial sums, row maps), pinned host staging for the
-// few results that must come back to the host, and a sticky device error record.
+// stream for input transfers issued ahead of use, the cuBLAS and cuBLASLt handles, the cuBLASLt
+// workspace, a grow-only scratch arena (CUB temporary storage, partial sums, row maps), pinned host
+// staging for the few results that must come back to the host, and a sticky device error record.
 //
 // make_cuda_context builds an ExecContext whose `cuda_resources` points at one
 // CudaResources; destroy_cuda_context frees it. One CudaResources serves one
@@ -85,19 +85,19 @@ enum class DeviceErrorCode : int {
   kNegativesUserOutOfRange = 4,  // sample_negatives: users[index] = value outside [0, bound)
   kNegativesNoFreeItem = 5,      // sample_negatives: user value has all bound items
   kIndexOutOfRange = 6,          // permute_rows: idx[index] = value outside [0, bound)
-  kNotAPermutation = 7,          // unpermute_rows: perm[index] = value repeated or outside [0, bound)
-  kScatterRowsInvalid = 9,       // scatter_rows_dense: rows[index] = value outside [0, bound)
-                                 // or not above rows[index - 1]
-  kIdOutOfRange = 10,            // ids_to_keys: ids[index] = value outside [0, bound)
-  kKeyNotRouted = 11,            // bucketize_by_owner: keys[index] = value outside the
-                                 // routed tables' keys [0, bound) or of a replicated table
+  kNotAPermutation = 7,     // unpermute_rows: perm[index] = value repeated or outside [0, bound)
+  kScatterRowsInvalid = 9,  // scatter_rows_dense: rows[index] = value outside [0, bound)
+                            // or not above rows[index - 1]
+  kIdOutOfRange = 10,       // ids_to_keys: ids[index] = value outside [0, bound)
+  kKeyNotRouted = 11,       // bucketize_by_owner: keys[index] = value outside the
+                            // routed tables' keys [0, bound) or of a replicated table
 };
 const char* device_error_text(DeviceErrorCode code);
 
 #ifdef NCF_WITH_CUDA
 // Written by the first failing kernel (atomicCAS on code), read by the host.
 struct DeviceErrorRecord {
-  int code;         // a DeviceErrorCode, 0 = none
+  int code;  // a DeviceErrorCode, 0 = none
   int unused;
   long long index;  // position in the op's input
   long long value;  // the offending value

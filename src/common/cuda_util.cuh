@@ -17,12 +17,11 @@
 #include "common/cuda_context.h"
 #include "common/device.h"
 
-
 namespace ncf::cuda {
 
 // ---- launching ----------------------------------------------------------------
 
-constexpr int kThreads = 256;              // threads per block of the 1-D kernels
+constexpr int kThreads = 256;                     // threads per block of the 1-D kernels
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // more work loops inside the kernel
 
 // The launch grid of every 1-D kernel: one thread per work item, in blocks of

@@ -99,8 +99,8 @@ void device_copy_async(const ExecContext& ctx, Device dst_dev, void* dst, Device
     return;
   }
 #ifdef NCF_WITH_CUDA
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                             static_cast<cudaStream_t>(ctx.stream)));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(ctx.stream)));
 #else
   NCF_FAIL("device_copy_async on a cuda context in a build without CUDA");
 #endif

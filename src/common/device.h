@@ -20,9 +20,9 @@ bool cuda_available(std::string* why = nullptr);
 // kernels, and (CUDA builds) the compute stream and BLAS handle.
 struct ExecContext {
   Device device = Device::kCpu;
-  int threads = 1;               // CPU kernels split rows over this many threads
-  void* stream = nullptr;        // cudaStream_t on kCuda
-  void* cublas = nullptr;        // cublasHandle_t on kCuda
+  int threads = 1;                 // CPU kernels split rows over this many threads
+  void* stream = nullptr;          // cudaStream_t on kCuda
+  void* cublas = nullptr;          // cublasHandle_t on kCuda
   void* cuda_resources = nullptr;  // CudaResources* (common/cuda_context.h) on kCuda
 };
 
@@ -50,12 +50,17 @@ class PinnedBuffer {
  public:
   PinnedBuffer() = default;
   ~PinnedBuffer() { pinned_free(p_); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
       pinned_free(p_);
-      p_ = o.p_; n_ = o.n_;
-      o.p_ = nullptr; o.n_ = 0;
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+      o.n_ = 0;
     }
     return *this;
   }
@@ -89,12 +94,18 @@ class Buffer {
     if (n) p_ = static_cast<T*>(device_alloc(d, n * sizeof(T)));
   }
   ~Buffer() { reset(); }
-  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       reset();
-      dev_ = o.dev_; p_ = o.p_; n_ = o.n_;
-      o.p_ = nullptr; o.n_ = 0;
+      dev_ = o.dev_;
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+      o.n_ = 0;
     }
     return *this;
   }
@@ -110,7 +121,9 @@ class Buffer {
   void reserve(size_t n) {
     if (n > n_) *this = Buffer(dev_, n);
   }
-  void zero() { if (n_) device_zero(dev_, p_, n_ * sizeof(T)); }
+  void zero() {
+    if (n_) device_zero(dev_, p_, n_ * sizeof(T));
+  }
 
   Device device() const { return dev_; }
   T* data() { return p_; }

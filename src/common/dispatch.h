@@ -10,18 +10,19 @@
 #include "common/device.h"
 
 #if defined(NCF_WITH_CUDA) && defined(NCF_CUDA_KERNELS)
-#define NCF_DISPATCH_CUDA(ctx, op, ...)       \
-  do {                                        \
+#define NCF_DISPATCH_CUDA(ctx, op, ...)         \
+  do {                                          \
     if ((ctx).device == ::ncf::Device::kCuda) { \
-      ::ncf::cuda::op(__VA_ARGS__);           \
-      return;                                 \
-    }                                         \
+      ::ncf::cuda::op(__VA_ARGS__);             \
+      return;                                   \
+    }                                           \
   } while (0)
 #else
-#define NCF_DISPATCH_CUDA(ctx, op, ...)                                                  \
-  do {                                                                                   \
-    if ((ctx).device == ::ncf::Device::kCuda)                                            \
-      NCF_FAIL(#op ": device cuda requested, but this build has no CUDA backend "        \
-                   "(its CUDA kernels are not built)");                    \
+#define NCF_DISPATCH_CUDA(ctx, op, ...)                                       \
+  do {                                                                        \
+    if ((ctx).device == ::ncf::Device::kCuda)                                 \
+      NCF_FAIL(#op                                                            \
+               ": device cuda requested, but this build has no CUDA backend " \
+               "(its CUDA kernels are not built)");                           \
   } while (0)
 #endif

@@ -10,10 +10,10 @@
 namespace ncf {
 
 struct MemoryInfo {
-  int64_t free = 0;      // bytes available now
-  int64_t total = 0;     // bytes in all
-  int gpu = -1;          // the GPU (CUDA contexts), -1 on the host
-  int sharing = 1;       // local ranks on that GPU (GPU ranks take GPU local_rank % GPUs)
+  int64_t free = 0;   // bytes available now
+  int64_t total = 0;  // bytes in all
+  int gpu = -1;       // the GPU (CUDA contexts), -1 on the host
+  int sharing = 1;    // local ranks on that GPU (GPU ranks take GPU local_rank % GPUs)
 };
 
 // MemAvailable and MemTotal from /proc/meminfo (2^40 when unreadable).

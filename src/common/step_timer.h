@@ -67,8 +67,8 @@ class StepTimer {
   ExecContext ctx_;
   bool cuda_ = false;
   Slot slots_[kSlots];
-  int64_t opened_ = 0;    // steps begun
-  int64_t harvested_ = 0; // steps whose times were read (the oldest open slot)
+  int64_t opened_ = 0;           // steps begun
+  int64_t harvested_ = 0;        // steps whose times were read (the oldest open slot)
   std::vector<StepTimes> done_;  // read, not yet taken
 };
 

@@ -66,8 +66,8 @@ nlohmann::json DatasetMeta::to_json() const {
                   {"bytes", s.bytes},
                   {"crc32c", s.crc32c}});
   j["shards"] = sh;
-  j["positives"] = {{"name", kPositivesFile}, {"bytes", positives_bytes},
-                    {"crc32c", positives_crc32c}};
+  j["positives"] = {
+      {"name", kPositivesFile}, {"bytes", positives_bytes}, {"crc32c", positives_crc32c}};
   return j;
 }
 
@@ -75,8 +75,7 @@ namespace {
 
 template <typename T>
 T get_field(const nlohmann::json& j, const char* key, const std::string& path) {
-  if (!j.is_object() || !j.contains(key))
-    NCF_FAIL(path, ": metadata field '", key, "' is missing");
+  if (!j.is_object() || !j.contains(key)) NCF_FAIL(path, ": metadata field '", key, "' is missing");
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
@@ -131,7 +130,8 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
   if (m.num_users == 0 || m.num_items == 0)
     NCF_FAIL(path, ": num_users ", m.num_users, " and num_items ", m.num_items, " must be > 0");
   if (m.num_users > INT32_MAX || m.num_items > INT32_MAX)
-    NCF_FAIL(path, ": ids must fit int32 (num_users ", m.num_users, ", num_items ", m.num_items, ")");
+    NCF_FAIL(path, ": ids must fit int32 (num_users ", m.num_users, ", num_items ", m.num_items,
+             ")");
   if (m.train_record_rows == 0) NCF_FAIL(path, ": train_record_rows is 0");
   uint64_t recs = 0, rows = 0;
   for (const ShardInfo* s : m.shards_of("train")) {
@@ -151,7 +151,8 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
     recs += s->num_records;
   }
   if (recs != m.num_eval_users)
-    NCF_FAIL(path, ": eval shards hold ", recs, " records but num_eval_users is ", m.num_eval_users);
+    NCF_FAIL(path, ": eval shards hold ", recs, " records but num_eval_users is ",
+             m.num_eval_users);
   return m;
 }
 
@@ -423,8 +424,8 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
     NCF_FAIL("seek failed on ", pos_path);
 
   const uint64_t pair_bytes = plan.num_train * 8;
-  w.K = static_cast<uint32_t>(
-      std::max<uint64_t>(1, (pair_bytes + plan.shuffle_buffer_bytes - 1) / plan.shuffle_buffer_bytes));
+  w.K = static_cast<uint32_t>(std::max<uint64_t>(
+      1, (pair_bytes + plan.shuffle_buffer_bytes - 1) / plan.shuffle_buffer_bytes));
   w.buckets.resize(w.K);
   if (w.K == 1) w.buckets[0].pending.reserve(plan.num_train);
 }
@@ -472,8 +473,7 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   w.eval_writer->write(w.payload);
 
   // positives
-  if (num_positives &&
-      std::fwrite(positives, 4, num_positives, w.pos_file) != num_positives)
+  if (num_positives && std::fwrite(positives, 4, num_positives, w.pos_file) != num_positives)
     NCF_FAIL("write failed on ", w.dir, "/", kPositivesFile, " (disk full?)");
   w.pos_written += num_positives;
   w.offsets[user + 1] = static_cast<int64_t>(w.pos_written);
@@ -496,8 +496,8 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
     if (w.K > 1 && bk.pending.size() >= (1u << 16)) w.flush_bucket(bk);
     ++w.train_added;
   }
-  NCF_CHECK(w.train_added <= w.plan.num_train, "more train pairs than planned (",
-            w.plan.num_train, ")");
+  NCF_CHECK(w.train_added <= w.plan.num_train, "more train pairs than planned (", w.plan.num_train,
+            ")");
 }
 
 DatasetMeta DatasetWriter::finish() {
@@ -508,8 +508,8 @@ DatasetMeta DatasetWriter::finish() {
             " planned users were added");
   NCF_CHECK(w.train_added == w.plan.num_train, "added ", w.train_added, " train pairs, planned ",
             w.plan.num_train);
-  NCF_CHECK(w.pos_written == w.plan.num_positives, "added ", w.pos_written,
-            " positives, planned ", w.plan.num_positives);
+  NCF_CHECK(w.pos_written == w.plan.num_positives, "added ", w.pos_written, " positives, planned ",
+            w.plan.num_positives);
   w.close_eval_shard();
 
   // positives.bin: header and offsets, then the whole-file CRC.
@@ -607,10 +607,9 @@ DatasetMeta DatasetWriter::finish() {
   NCF_CHECK(record == N, "wrote ", record, " train records, expected ", N);
 
   // Shards listed train first, then eval, each in index order.
-  std::stable_sort(w.meta.shards.begin(), w.meta.shards.end(),
-                   [](const ShardInfo& a, const ShardInfo& b) {
-                     return a.kind == "train" && b.kind == "eval";
-                   });
+  std::stable_sort(
+      w.meta.shards.begin(), w.meta.shards.end(),
+      [](const ShardInfo& a, const ShardInfo& b) { return a.kind == "train" && b.kind == "eval"; });
   w.meta.save(w.dir);
   return w.meta;
 }

@@ -6,10 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace ncf {
 
@@ -18,31 +17,31 @@ constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
 
 struct ShardInfo {
-  std::string name;        // file name inside the dataset directory
-  std::string kind;        // "train" or "eval"
+  std::string name;  // file name inside the dataset directory
+  std::string kind;  // "train" or "eval"
   uint64_t first_record = 0;
   uint64_t num_records = 0;
   uint64_t num_valid_rows = 0;
-  uint64_t bytes = 0;      // file size
-  uint32_t crc32c = 0;     // CRC-32C of the whole file
+  uint64_t bytes = 0;   // file size
+  uint32_t crc32c = 0;  // CRC-32C of the whole file
 };
 
 struct DatasetMeta {
   uint32_t format_version = kFormatVersion;
-  std::string dataset_id;       // random-looking id tying shards to this metadata
-  std::string source;           // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
-  uint64_t num_users = 0;       // U: user ids are 0 .. U-1
-  uint64_t num_items = 0;       // I: item ids are 0 .. I-1
-  uint64_t num_train = 0;       // positive training pairs
-  uint64_t num_positives = 0;   // entries of positives.bin (train + test)
-  uint64_t num_eval_users = 0;  // eval records (one per user)
-  uint32_t eval_negatives = 0;  // E
+  std::string dataset_id;          // random-looking id tying shards to this metadata
+  std::string source;              // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
+  uint64_t num_users = 0;          // U: user ids are 0 .. U-1
+  uint64_t num_items = 0;          // I: item ids are 0 .. I-1
+  uint64_t num_train = 0;          // positive training pairs
+  uint64_t num_positives = 0;      // entries of positives.bin (train + test)
+  uint64_t num_eval_users = 0;     // eval records (one per user)
+  uint32_t eval_negatives = 0;     // E
   uint32_t train_record_rows = 0;  // R
   uint64_t train_frame_bytes = 0;  // every train record frame has this size
   uint64_t eval_frame_bytes = 0;   // every eval record frame has this size
-  uint64_t dropped_users = 0;   // users with too few interactions to split
+  uint64_t dropped_users = 0;      // users with too few interactions to split
   uint64_t seed = 0;
-  nlohmann::json generator;     // generator / source parameters, free form
+  nlohmann::json generator;  // generator / source parameters, free form
   std::vector<ShardInfo> shards;
   uint64_t positives_bytes = 0;
   uint32_t positives_crc32c = 0;
@@ -61,10 +60,10 @@ struct DatasetMeta {
 // What a source tells the writer before the first user.
 struct DatasetPlan {
   std::string source;
-  uint64_t num_users = 0;     // users that will be added (after drops)
+  uint64_t num_users = 0;  // users that will be added (after drops)
   uint64_t num_items = 0;
-  uint64_t num_train = 0;     // total training pairs that will be added
-  uint64_t num_positives = 0; // total positives (train + test) that will be added
+  uint64_t num_train = 0;      // total training pairs that will be added
+  uint64_t num_positives = 0;  // total positives (train + test) that will be added
   uint32_t eval_negatives = 999;
   uint32_t record_rows = 65536;  // R: positives per train record
   uint32_t num_shards = 4;
@@ -87,8 +86,8 @@ class DatasetWriter {
   //  positives: every item of the user (train + test), sorted ascending, distinct;
   //  train:     the user's training items, any order;
   //  eval:      1 + E items, eval[0] the held-out positive.
-  void add_user(uint64_t user, const int32_t* positives, size_t num_positives,
-                const int32_t* train, size_t num_train, const int32_t* eval, size_t num_eval);
+  void add_user(uint64_t user, const int32_t* positives, size_t num_positives, const int32_t* train,
+                size_t num_train, const int32_t* eval, size_t num_eval);
   // Shuffles and writes the train shards, then metadata.json. Returns the metadata.
   DatasetMeta finish();
 

@@ -3,8 +3,8 @@
 #include "data/negatives.h"
 
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace ncf {
 namespace {
@@ -19,9 +19,9 @@ void check_sampling(int64_t n, int num_neg, const int32_t* users, const int32_t*
 
 // The CPU loop over host CSR arrays offsets[U+1], pos_items[nnz].
 void sample_cpu(const ExecContext& ctx, const int64_t* offsets, const int32_t* pos_items,
-                uint64_t num_users, uint64_t num_items, const int32_t* users,
-                const int32_t* items, int64_t slice_begin, int64_t n, int num_neg, uint64_t seed,
-                int64_t epoch, int32_t* out_users, int32_t* out_items, float* out_labels) {
+                uint64_t num_users, uint64_t num_items, const int32_t* users, const int32_t* items,
+                int64_t slice_begin, int64_t n, int num_neg, uint64_t seed, int64_t epoch,
+                int32_t* out_users, int32_t* out_items, float* out_labels) {
   const int64_t S = 1 + num_neg;
   parallel_for(ctx.threads, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
@@ -32,8 +32,7 @@ void sample_cpu(const ExecContext& ctx, const int64_t* offsets, const int32_t* p
       const int64_t count = offsets[u + 1] - offsets[u];
       if (uint64_t(count) >= num_items)
         NCF_FAIL("user ", u, " interacted with all ", num_items, " items: no negative exists");
-      const CounterRng rng =
-          negatives_detail::positive_rng(seed, epoch, uint64_t(slice_begin + k));
+      const CounterRng rng = negatives_detail::positive_rng(seed, epoch, uint64_t(slice_begin + k));
       int32_t* ou = out_users + k * S;
       int32_t* oi = out_items + k * S;
       float* ol = out_labels + k * S;
@@ -58,10 +57,11 @@ void check_csr(const int64_t* offsets, uint64_t num_users, const char* what) {
 }  // namespace
 
 void sample_negatives(const ExecContext& ctx, const PositiveLists& positives, uint64_t num_items,
-                      const int32_t* users, const int32_t* items, int64_t slice_begin,
-                      int64_t n, int num_neg, uint64_t seed, int64_t epoch,
-                      int32_t* out_users, int32_t* out_items, float* out_labels) {
-  NCF_CHECK(ctx.device == Device::kCpu, "sample_negatives: PositiveLists live in host memory; "
+                      const int32_t* users, const int32_t* items, int64_t slice_begin, int64_t n,
+                      int num_neg, uint64_t seed, int64_t epoch, int32_t* out_users,
+                      int32_t* out_items, float* out_labels) {
+  NCF_CHECK(ctx.device == Device::kCpu,
+            "sample_negatives: PositiveLists live in host memory; "
             "on cuda, pass a DevicePositiveLists");
   check_sampling(n, num_neg, users, items, out_users, out_items, out_labels);
   sample_cpu(ctx, positives.offsets(), positives.items(), positives.num_users(), num_items, users,
@@ -94,9 +94,8 @@ void sample_negatives(const ExecContext& ctx, const DevicePositiveLists& positiv
   check_sampling(n, num_neg, users, items, out_users, out_items, out_labels);
   NCF_DISPATCH_CUDA(ctx, sample_negatives, ctx, positives, num_items, users, items, slice_begin, n,
                     num_neg, seed, epoch, out_users, out_items, out_labels);
-  sample_cpu(ctx, positives.offsets.data(), positives.items.data(), positives.num_users,
-             num_items, users, items, slice_begin, n, num_neg, seed, epoch, out_users, out_items,
-             out_labels);
+  sample_cpu(ctx, positives.offsets.data(), positives.items.data(), positives.num_users, num_items,
+             users, items, slice_begin, n, num_neg, seed, epoch, out_users, out_items, out_labels);
 }
 
 }  // namespace ncf

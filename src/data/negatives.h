@@ -59,9 +59,9 @@ NCF_HD void draw_negatives(const CounterRng& rng, const int32_t* pos, int64_t co
 // the positive's stream position (slice_begin + k for a TrainBatch).
 // CPU only (the lists are host memory); the overload below serves both devices.
 void sample_negatives(const ExecContext& ctx, const PositiveLists& positives, uint64_t num_items,
-                      const int32_t* users, const int32_t* items, int64_t slice_begin,
-                      int64_t n, int num_neg, uint64_t seed, int64_t epoch,
-                      int32_t* out_users, int32_t* out_items, float* out_labels);
+                      const int32_t* users, const int32_t* items, int64_t slice_begin, int64_t n,
+                      int num_neg, uint64_t seed, int64_t epoch, int32_t* out_users,
+                      int32_t* out_items, float* out_labels);
 
 // A copy of the per-user positive lists (CSR) on one device, made once per run:
 // offsets[U+1] (int64) and items[nnz] (int32, each user's items ascending).

@@ -27,19 +27,19 @@ namespace ncf {
 
 struct TrainBatch {
   int64_t epoch = 0;
-  int64_t step = 0;         // global step within the epoch
-  int64_t step_begin = 0;   // stream position of the global step's first positive
-  int64_t step_count = 0;   // positives in the global step, over all ranks
-  int64_t slice_begin = 0;  // stream position of this rank's first positive
+  int64_t step = 0;            // global step within the epoch
+  int64_t step_begin = 0;      // stream position of the global step's first positive
+  int64_t step_count = 0;      // positives in the global step, over all ranks
+  int64_t slice_begin = 0;     // stream position of this rank's first positive
   std::vector<int32_t> users;  // this rank's positives (n = users.size())
   std::vector<int32_t> items;
 };
 
 struct EvalBatch {
-  int64_t first_user = 0;     // global id of the batch's first user (users are consecutive)
-  int64_t num_users = 0;      // n
-  std::vector<int32_t> items; // n x L, row u: the positive then E negatives
-  std::vector<uint8_t> mask;  // n x L, 0 = duplicate, not counted
+  int64_t first_user = 0;      // global id of the batch's first user (users are consecutive)
+  int64_t num_users = 0;       // n
+  std::vector<int32_t> items;  // n x L, row u: the positive then E negatives
+  std::vector<uint8_t> mask;   // n x L, 0 = duplicate, not counted
 };
 
 // A bounded single-producer single-consumer queue that carries the producer's

@@ -59,7 +59,7 @@ inline void store_le32(unsigned char* p, uint32_t v) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t crc32c_extend_sse42(uint32_t crc, const void* data,
-                                                                size_t n) {
+                                                               size_t n) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
   // Byte steps up to an 8-byte boundary so the main loop's loads never split a line.
@@ -97,8 +97,8 @@ uint32_t crc32c_extend_portable(uint32_t crc, const void* data, size_t n) {
   for (; n >= 8; n -= 8, p += 8) {
     uint64_t w = load_le64(p) ^ c;
     c = kTables[7][w & 0xff] ^ kTables[6][(w >> 8) & 0xff] ^ kTables[5][(w >> 16) & 0xff] ^
-        kTables[4][(w >> 24) & 0xff] ^ kTables[3][(w >> 32) & 0xff] ^
-        kTables[2][(w >> 40) & 0xff] ^ kTables[1][(w >> 48) & 0xff] ^ kTables[0][w >> 56];
+        kTables[4][(w >> 24) & 0xff] ^ kTables[3][(w >> 32) & 0xff] ^ kTables[2][(w >> 40) & 0xff] ^
+        kTables[1][(w >> 48) & 0xff] ^ kTables[0][w >> 56];
   }
   for (; n > 0; --n) c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xff];
   return ~c;
@@ -115,8 +115,7 @@ uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
 
 // ---- RecordWriter -----------------------------------------------------------
 
-RecordWriter::RecordWriter(const std::string& path)
-    : path_(path), buf_(new char[kWriteBuffer]) {
+RecordWriter::RecordWriter(const std::string& path) : path_(path), buf_(new char[kWriteBuffer]) {
   f_ = std::fopen(path.c_str(), "wb");
   if (!f_) NCF_FAIL("cannot create record file ", path, ": ", errno_text(errno));
   std::setvbuf(f_, buf_.get(), _IOFBF, kWriteBuffer);
@@ -162,14 +161,13 @@ void RecordWriter::close() {
     err = errno;
   }
   if (failed)
-    NCF_FAIL("error closing record file ", path_, " after ", bytes_, " bytes: ",
-             err ? errno_text(err) : std::string("I/O error"));
+    NCF_FAIL("error closing record file ", path_, " after ", bytes_,
+             " bytes: ", err ? errno_text(err) : std::string("I/O error"));
 }
 
 // ---- RecordReader -----------------------------------------------------------
 
-RecordReader::RecordReader(const std::string& path)
-    : path_(path), buf_(new char[kReadBuffer]) {
+RecordReader::RecordReader(const std::string& path) : path_(path), buf_(new char[kReadBuffer]) {
   f_ = std::fopen(path.c_str(), "rb");
   if (!f_) NCF_FAIL("cannot open record file ", path, ": ", errno_text(errno));
   struct stat st;
@@ -194,11 +192,11 @@ RecordReader::~RecordReader() {
 
 void RecordReader::seek(uint64_t offset) {
   if (offset > size_)
-    NCF_FAIL("record file ", path_, ": seek to byte offset ", offset, " is past the end (",
-             size_, " bytes)");
+    NCF_FAIL("record file ", path_, ": seek to byte offset ", offset, " is past the end (", size_,
+             " bytes)");
   if (fseeko(f_, static_cast<off_t>(offset), SEEK_SET) != 0)
-    NCF_FAIL("record file ", path_, ": seek to byte offset ", offset, " failed: ",
-             errno_text(errno));
+    NCF_FAIL("record file ", path_, ": seek to byte offset ", offset,
+             " failed: ", errno_text(errno));
   offset_ = offset;
 }
 
@@ -210,8 +208,8 @@ bool RecordReader::read(std::string* payload, uint64_t max_len) {
       NCF_FAIL("record file ", path_, ": read error at byte offset ", offset_, ": ",
                errno_text(errno));
     if (got == 0) return false;  // clean end, exactly at a record boundary
-    NCF_FAIL("record file ", path_, ": truncated record header at byte offset ", offset_,
-             " (", got, " of ", kHeaderBytes, " bytes before end of file)");
+    NCF_FAIL("record file ", path_, ": truncated record header at byte offset ", offset_, " (", got,
+             " of ", kHeaderBytes, " bytes before end of file)");
   }
   const uint64_t len = load_le64(header);
   const uint32_t stored_len_crc = load_le32(header + 8);
@@ -234,14 +232,14 @@ bool RecordReader::read(std::string* payload, uint64_t max_len) {
   unsigned char trailer[4];
   if ((len > 0 && std::fread(&(*payload)[0], 1, len, f_) != len) ||
       std::fread(trailer, 1, sizeof trailer, f_) != sizeof trailer)
-    NCF_FAIL("record file ", path_, ": short read in record at byte offset ", offset_,
-             " (length ", len, "): ", std::ferror(f_) ? errno_text(errno) : "file shrank");
+    NCF_FAIL("record file ", path_, ": short read in record at byte offset ", offset_, " (length ",
+             len, "): ", std::ferror(f_) ? errno_text(errno) : "file shrank");
   const uint32_t stored_crc = load_le32(trailer);
   const uint32_t crc = masked_crc32c(payload->data(), len);
   if (stored_crc != crc)
     NCF_FAIL("record file ", path_, ": bad payload CRC in record at byte offset ", offset_,
-             " (length ", len, ", stored masked CRC 0x", std::hex, stored_crc, ", computed 0x",
-             crc, ")");
+             " (length ", len, ", stored masked CRC 0x", std::hex, stored_crc, ", computed 0x", crc,
+             ")");
   offset_ += frame_bytes(len);
   return true;
 }

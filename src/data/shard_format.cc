@@ -3,7 +3,6 @@
 #include "data/shard_format.h"
 
 #include <algorithm>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -77,18 +76,18 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
     NCF_FAIL(path, " at byte offset ", offset, ": train record has ", rec.num_valid(),
              " valid rows, expected ", expected_valid);
   if (rec.users().size() != R * 4 || rec.items().size() != R * 4)
-    NCF_FAIL(path, " at byte offset ", offset, ": train record arrays hold ", rec.users().size(), "/",
-             rec.items().size(), " bytes, expected ", R * 4);
+    NCF_FAIL(path, " at byte offset ", offset, ": train record arrays hold ", rec.users().size(),
+             "/", rec.items().size(), " bytes, expected ", R * 4);
   std::memcpy(users, rec.users().data(), expected_valid * 4);
   std::memcpy(items, rec.items().data(), expected_valid * 4);
   const int64_t U = static_cast<int64_t>(meta.num_users), I = static_cast<int64_t>(meta.num_items);
   for (uint64_t k = 0; k < expected_valid; ++k) {
     if (users[k] < 0 || users[k] >= U)
-      NCF_FAIL(path, " at byte offset ", offset, ": row ", k, " user id ", users[k], " out of range [0, ",
-               U, ")");
+      NCF_FAIL(path, " at byte offset ", offset, ": row ", k, " user id ", users[k],
+               " out of range [0, ", U, ")");
     if (items[k] < 0 || items[k] >= I)
-      NCF_FAIL(path, " at byte offset ", offset, ": row ", k, " item id ", items[k], " out of range [0, ",
-               I, ")");
+      NCF_FAIL(path, " at byte offset ", offset, ": row ", k, " item id ", items[k],
+               " out of range [0, ", I, ")");
   }
 }
 
@@ -102,17 +101,16 @@ void unpack_mask(const char* bits, size_t n, uint8_t* mask) {
   for (size_t j = 0; j < n; ++j) mask[j] = (uint8_t(bits[j >> 3]) >> (j & 7)) & 1;
 }
 
-void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
-                        uint64_t expected_user, const std::string& path, uint64_t offset,
-                        int32_t* items, uint8_t* mask) {
+void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t expected_user,
+                        const std::string& path, uint64_t offset, int32_t* items, uint8_t* mask) {
   thread_local proto::EvalRecord rec;
   thread_local std::vector<uint8_t> want;
   if (!rec.ParseFromString(payload))
     NCF_FAIL(path, " at byte offset ", offset, ": eval record does not parse");
   const uint64_t L = uint64_t(meta.eval_negatives) + 1;
   if (!rec.has_user() || rec.user() != expected_user)
-    NCF_FAIL(path, " at byte offset ", offset, ": eval record is for user ", rec.user(), ", expected ",
-             expected_user);
+    NCF_FAIL(path, " at byte offset ", offset, ": eval record is for user ", rec.user(),
+             ", expected ", expected_user);
   if (rec.items().size() != L * 4 || rec.dup_mask().size() != (L + 7) / 8)
     NCF_FAIL(path, " at byte offset ", offset, ": eval record holds ", rec.items().size() / 4,
              " items and ", rec.dup_mask().size(), " mask bytes, expected ", L, " and ",
@@ -122,8 +120,8 @@ void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
   const int64_t I = static_cast<int64_t>(meta.num_items);
   for (uint64_t k = 0; k < L; ++k)
     if (items[k] < 0 || items[k] >= I)
-      NCF_FAIL(path, " at byte offset ", offset, ": eval item ", k, " id ", items[k], " out of range [0, ",
-               I, ")");
+      NCF_FAIL(path, " at byte offset ", offset, ": eval item ", k, " id ", items[k],
+               " out of range [0, ", I, ")");
   want.resize(L);
   duplicate_mask(items, L, want.data());
   if (std::memcmp(want.data(), mask, L) != 0)
@@ -160,8 +158,8 @@ uint64_t ShardCursor::read_at(uint64_t offset, uint64_t k, std::string* payload)
     NCF_FAIL(path(), " at byte offset ", offset, ": file ends after ", k, " of ",
              info_->num_records, " records");
   if (frame_bytes(payload->size()) != frame_)
-    NCF_FAIL(path(), " at byte offset ", offset, ": record frame is ",
-             frame_bytes(payload->size()), " bytes, expected ", frame_);
+    NCF_FAIL(path(), " at byte offset ", offset, ": record frame is ", frame_bytes(payload->size()),
+             " bytes, expected ", frame_);
   return offset;
 }
 

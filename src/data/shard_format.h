@@ -6,9 +6,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <memory>
+#include <string>
 
 #include "data/dataset.h"
 #include "data/ncf_record.pb.h"
@@ -81,8 +80,7 @@ void unpack_mask(const char* bits, size_t n, uint8_t* mask);
 
 // Decodes an eval record of global index `expected_user`: sizes, user id, item
 // ranges and that the duplicate mask matches the items.
-void decode_eval_record(const std::string& payload, const DatasetMeta& meta,
-                        uint64_t expected_user, const std::string& path, uint64_t offset,
-                        int32_t* items, uint8_t* mask);
+void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t expected_user,
+                        const std::string& path, uint64_t offset, int32_t* items, uint8_t* mask);
 
 }  // namespace ncf

@@ -12,10 +12,10 @@ namespace ncf {
 
 enum class InputFormat {
   kAuto,
-  kMl100k,     // u.data: user TAB item TAB rating TAB timestamp
-  kMlDat,      // ml-1m / ml-10m ratings.dat: user::item::rating::timestamp
-  kMlCsv,      // ml-20m / ml-25m ratings.csv, header userId,movieId,rating,timestamp
-  kNcfPaper,   // NAME.train.rating / NAME.test.rating / NAME.test.negative
+  kMl100k,    // u.data: user TAB item TAB rating TAB timestamp
+  kMlDat,     // ml-1m / ml-10m ratings.dat: user::item::rating::timestamp
+  kMlCsv,     // ml-20m / ml-25m ratings.csv, header userId,movieId,rating,timestamp
+  kNcfPaper,  // NAME.train.rating / NAME.test.rating / NAME.test.negative
 };
 
 // "auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper".
@@ -24,14 +24,14 @@ const char* format_name(InputFormat f);
 
 // Options shared by every source.
 struct PrepOptions {
-  uint32_t eval_negatives = 999;   // E
-  uint32_t record_rows = 65536;    // R: positives per train record
-  uint32_t num_shards = 4;         // files per kind
+  uint32_t eval_negatives = 999;  // E
+  uint32_t record_rows = 65536;   // R: positives per train record
+  uint32_t num_shards = 4;        // files per kind
   uint64_t seed = 1;
   uint64_t shuffle_buffer_bytes = 256ull << 20;
-  uint32_t min_interactions = 2;   // users with fewer are dropped (need 1 train + 1 test)
-  int threads = 0;                 // 0: hardware concurrency
-  bool progress = false;           // progress lines on stderr
+  uint32_t min_interactions = 2;  // users with fewer are dropped (need 1 train + 1 test)
+  int threads = 0;                // 0: hardware concurrency
+  bool progress = false;          // progress lines on stderr
 };
 
 // Finds the format of `path` (a file, or a directory holding one known file, or
@@ -40,10 +40,10 @@ struct PrepOptions {
 InputFormat detect_format(const std::string& path, InputFormat want, std::string* resolved);
 
 struct Rating {
-  int64_t user;       // raw id from the file
-  int64_t item;       // raw id from the file
+  int64_t user;  // raw id from the file
+  int64_t item;  // raw id from the file
   int64_t timestamp;
-  uint64_t line;      // 1-based line in the file (the tie-break rule uses it)
+  uint64_t line;  // 1-based line in the file (the tie-break rule uses it)
 };
 
 // Reads one MovieLens ratings file (u.data, ratings.dat or ratings.csv).

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -87,11 +88,13 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
     for (int64_t k = a; k < b; ++k) {
       int32_t it = pos.items()[k];
       if (it < 0 || static_cast<uint64_t>(it) >= meta.num_items)
-        NCF_FAIL(pos_path, " at byte offset ", PositivesLayout::items_offset(meta.num_users) + 4 * k,
-                 ": item id ", it, " of user ", u, " out of range [0, ", meta.num_items, ")");
+        NCF_FAIL(pos_path, " at byte offset ",
+                 PositivesLayout::items_offset(meta.num_users) + 4 * k, ": item id ", it,
+                 " of user ", u, " out of range [0, ", meta.num_items, ")");
       if (k > a && it <= pos.items()[k - 1])
-        NCF_FAIL(pos_path, " at byte offset ", PositivesLayout::items_offset(meta.num_users) + 4 * k,
-                 ": positives of user ", u, " are not sorted and distinct");
+        NCF_FAIL(pos_path, " at byte offset ",
+                 PositivesLayout::items_offset(meta.num_users) + 4 * k, ": positives of user ", u,
+                 " are not sorted and distinct");
     }
   }
   sum.bytes += meta.positives_bytes;

@@ -58,8 +58,8 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
   for (Buffer<float>* b : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
     *b = Buffer<float>(dev, 0);
-  for (auto* v : {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_,
-                  &rd_})
+  for (auto* v :
+       {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_, &rd_})
     v->assign(W_, 0);
   n_.assign(T, 0);
   off_.assign(T, 0);
@@ -116,9 +116,8 @@ void EmbeddingCollection::init(uint64_t seed) {
   // split them.
   const int64_t grain = std::max<int64_t>(1, 4096 / D);
   auto fill = [&](int64_t k0, int64_t k1, float* dst) {
-    parallel_for(ctx_.threads, k1 - k0, grain, [&](int64_t a, int64_t b) {
-      init_rows(seed, k0 + a, k0 + b, dst + a * D);
-    });
+    parallel_for(ctx_.threads, k1 - k0, grain,
+                 [&](int64_t a, int64_t b) { init_rows(seed, k0 + a, k0 + b, dst + a * D); });
   };
   if (ctx_.device == Device::kCpu) {
     fill(0, R_, params_.data());
@@ -153,8 +152,7 @@ void EmbeddingCollection::lookup(const std::vector<TableIds>& ids) {
 void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   const int T = num_tables();
   const int D = plan_.D;
-  NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T,
-            " tables");
+  NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T, " tables");
   // Batch order: layout order (routed tables first).
   std::vector<int> table_of_layout(T);
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
@@ -282,8 +280,8 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
       rd_[p] = recv_displs_[p] * D;
     }
     send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
-    all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(),
-                    send_vec_.data(), rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+    all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(), send_vec_.data(),
+                    rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
   }
   // Replicated tables: this rank's sum per row, as a dense gradient with a
   // touch count per row, for the caller's allreduce.

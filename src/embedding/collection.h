@@ -98,7 +98,7 @@ class EmbeddingCollection {
   EmbeddingOptimizerConfig opt_;
   bool dedup_;
   int W_, rank_;
-  bool local_;            // W = 1: no routing, no exchange
+  bool local_;  // W = 1: no routing, no exchange
   KeyLayout layout_;
   std::vector<int> lt_;   // plan table t -> layout table
   int64_t R_ = 0;         // flat rows on this rank
@@ -116,16 +116,16 @@ class EmbeddingCollection {
   std::vector<int64_t> n_, off_;
   int64_t n_total_ = 0, n_routed_ = 0, nu_ = 0, nr_ = 0;
   CommTicket ticket_ = 0;
-  Buffer<int32_t> keys_;         // [n_total] routed: keys; replicated: table rows; W=1: flat rows
-  Buffer<float> rows_, grads_;   // [n_total × D] lookup result, its gradient
-  Buffer<int32_t> unique_;       // [nu] ascending unique keys (dedup)
-  Buffer<int64_t> inverse_;      // [n_routed] batch position -> index in unique_
-  Buffer<int64_t> perm_;         // [nu] owner order -> index among the travelling keys
-  Buffer<int32_t> send_rows_;    // [nu] flat rows asked of each owner, owner order
-  Buffer<int32_t> recv_rows_;    // [nr] flat rows other ranks ask of this rank
+  Buffer<int32_t> keys_;        // [n_total] routed: keys; replicated: table rows; W=1: flat rows
+  Buffer<float> rows_, grads_;  // [n_total × D] lookup result, its gradient
+  Buffer<int32_t> unique_;      // [nu] ascending unique keys (dedup)
+  Buffer<int64_t> inverse_;     // [n_routed] batch position -> index in unique_
+  Buffer<int64_t> perm_;        // [nu] owner order -> index among the travelling keys
+  Buffer<int32_t> send_rows_;   // [nu] flat rows asked of each owner, owner order
+  Buffer<int32_t> recv_rows_;   // [nr] flat rows other ranks ask of this rank
   Buffer<float> send_vec_, recv_vec_, uvec_;  // [nr×D], [nu×D], [nu×D] exchanged rows
-  Buffer<int32_t> reduced_rows_;  // dedup / replicated: the unique rows of a reduction
-  Buffer<float> reduced_grads_;   // and their summed gradient rows
+  Buffer<int32_t> reduced_rows_;              // dedup / replicated: the unique rows of a reduction
+  Buffer<float> reduced_grads_;               // and their summed gradient rows
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
 };

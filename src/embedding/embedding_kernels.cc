@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace ncf {
 namespace {
@@ -113,8 +113,8 @@ void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const
   NCF_CHECK(n_src >= 0, op, ": negative source row count n_src=", n_src);
   NCF_DISPATCH_CUDA(ctx, permute_rows, ctx, src, n_src, idx, out, n, D);
   for (int64_t k = 0; k < n; ++k)
-    NCF_CHECK(idx[k] >= 0 && idx[k] < n_src, op, ": idx[", k, "]=", idx[k], " outside [0, ",
-              n_src, ")");
+    NCF_CHECK(idx[k] >= 0 && idx[k] < n_src, op, ": idx[", k, "]=", idx[k], " outside [0, ", n_src,
+              ")");
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) std::copy_n(src + idx[k] * D, D, out + k * D);
   });

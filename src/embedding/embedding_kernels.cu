@@ -28,8 +28,8 @@ __global__ void ids_to_keys_kernel(const int32_t* ids, int64_t n, int64_t offset
 
 // owners[k], rows[k] = where keys[k] lives; a key outside the routed tables is
 // recorded and sent to rank 0.
-__global__ void route_keys_kernel(const int32_t* keys, int64_t n, KeyLayout layout,
-                                  int32_t* owners, int32_t* rows, DeviceErrorRecord* err) {
+__global__ void route_keys_kernel(const int32_t* keys, int64_t n, KeyLayout layout, int32_t* owners,
+                                  int32_t* rows, DeviceErrorRecord* err) {
   for (int64_t k = thread_first(); k < n; k += thread_stride()) {
     const int32_t key = keys[k];
     if (key < 0 || key >= layout.num_keys() ||
@@ -113,8 +113,8 @@ __device__ __forceinline__ void zero_row_part(float* dst) {
 
 // out[k, :] = src[idx[k], :]; a bad idx gives a zero row and an error record.
 template <bool kVec>
-__global__ void permute_rows_kernel(const float* src, int64_t n_src, const int64_t* idx,
-                                    float* out, int64_t n, int D, DeviceErrorRecord* err) {
+__global__ void permute_rows_kernel(const float* src, int64_t n_src, const int64_t* idx, float* out,
+                                    int64_t n, int D, DeviceErrorRecord* err) {
   const int lanes = kVec ? D / 4 : D;
   const int64_t total = n * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
@@ -215,7 +215,7 @@ void ids_to_keys(const ExecContext& ctx, const int32_t* ids, int64_t n, int64_t 
   if (n == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
   ids_to_keys_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(ids, n, offset, bound, keys,
-                                                                    r.error_dev);
+                                                                   r.error_dev);
   check_launch(op);
 }
 
@@ -235,12 +235,12 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
       nullptr, temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, key_bits(W),
       stream));
-  int32_t* owners = nullptr;       // [n] owner of each input key
-  int32_t* rows = nullptr;         // [n] its flat row on the owner
+  int32_t* owners = nullptr;         // [n] owner of each input key
+  int32_t* rows = nullptr;           // [n] its flat row on the owner
   int32_t* sorted_owners = nullptr;  // [n] owners in owner order
-  int32_t* pos_in = nullptr;       // [n] 0..n-1
-  int32_t* pos_sorted = nullptr;   // [n] input index in owner order
-  int64_t* dev_counts = nullptr;   // [W]
+  int32_t* pos_in = nullptr;         // [n] 0..n-1
+  int32_t* pos_sorted = nullptr;     // [n] input index in owner order
+  int64_t* dev_counts = nullptr;     // [W]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
     owners = s.take<int32_t>(n);
@@ -258,12 +258,12 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   // LSD radix sort is stable: equal owners keep input order, like the CPU's counting sort.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, owners, sorted_owners, pos_in,
                                              pos_sorted, N, 0, key_bits(W), stream));
-  owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, pos_sorted, n, out_perm,
-                                                           out_rows);
+  owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, pos_sorted, n, out_perm, out_rows);
   owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_owners, n, W, dev_counts);
   check_launch(op);
   auto* host = static_cast<int64_t*>(r.pinned(sizeof(int64_t) * W));
-  CUDA_CHECK(cudaMemcpyAsync(host, dev_counts, sizeof(int64_t) * W, cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(host, dev_counts, sizeof(int64_t) * W, cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
   std::copy_n(host, W, counts);
 }
@@ -305,8 +305,8 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   size_t bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, N, 0,
-                                             32, stream));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, N, 0, 32,
+                                             stream));
   run_heads_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, n, head);
   check_launch(op);
   bytes = temp_bytes;
@@ -327,11 +327,11 @@ void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
   if (D % 4 == 0 && aligned16(src) && aligned16(out))
-    permute_rows_kernel<true><<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, n_src, idx, out,
-                                                                               n, D, r.error_dev);
+    permute_rows_kernel<true>
+        <<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, n_src, idx, out, n, D, r.error_dev);
   else
-    permute_rows_kernel<false><<<grid_for(n * D), kThreads, 0, stream>>>(src, n_src, idx, out, n, D,
-                                                                         r.error_dev);
+    permute_rows_kernel<false>
+        <<<grid_for(n * D), kThreads, 0, stream>>>(src, n_src, idx, out, n, D, r.error_dev);
   check_launch(op);
 }
 
@@ -346,11 +346,11 @@ void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* per
   CUDA_CHECK(cudaMemsetAsync(marks, 0, sizeof(int32_t) * n, stream));
   check_permutation_kernel<<<grid_for(n), kThreads, 0, stream>>>(perm, n, marks, r.error_dev);
   if (D % 4 == 0 && aligned16(src) && aligned16(out))
-    unpermute_rows_kernel<true><<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, perm, out, n,
-                                                                                 D, r.error_dev);
+    unpermute_rows_kernel<true>
+        <<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(src, perm, out, n, D, r.error_dev);
   else
-    unpermute_rows_kernel<false><<<grid_for(n * D), kThreads, 0, stream>>>(src, perm, out, n, D,
-                                                                           r.error_dev);
+    unpermute_rows_kernel<false>
+        <<<grid_for(n * D), kThreads, 0, stream>>>(src, perm, out, n, D, r.error_dev);
   check_launch(op);
 }
 
@@ -397,7 +397,8 @@ void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N,
   touched_rows_kernel<<<grid_for(N), kThreads, 0, stream>>>(flags, scan, N, out_rows);
   check_launch(op);
   auto* host = static_cast<int32_t*>(r.pinned(sizeof(int32_t)));
-  CUDA_CHECK(cudaMemcpyAsync(host, scan + (N - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(host, scan + (N - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
   const int64_t m = *host;
   *n_out = m;

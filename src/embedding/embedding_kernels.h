@@ -52,9 +52,12 @@ struct KeyLayout {
   NCF_HD int64_t rows_on(int t, int p) const {
     const int64_t N = num_rows(t);
     switch (placement[t]) {
-      case Placement::kRowWise: return N > p ? (N - p + W - 1) / W : 0;
-      case Placement::kTableWise: return p == owner[t] ? N : 0;
-      case Placement::kReplicated: return N;
+      case Placement::kRowWise:
+        return N > p ? (N - p + W - 1) / W : 0;
+      case Placement::kTableWise:
+        return p == owner[t] ? N : 0;
+      case Placement::kReplicated:
+        return N;
     }
     return 0;
   }

@@ -24,9 +24,12 @@ bool routed(Placement p, int W) { return W > 1 && p != Placement::kReplicated; }
 
 const char* placement_name(Placement p) {
   switch (p) {
-    case Placement::kRowWise: return "row";
-    case Placement::kTableWise: return "table";
-    case Placement::kReplicated: return "replicated";
+    case Placement::kRowWise:
+      return "row";
+    case Placement::kTableWise:
+      return "table";
+    case Placement::kReplicated:
+      return "replicated";
   }
   return "?";
 }
@@ -53,8 +56,8 @@ double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_ra
 }
 
 EmbeddingPlan plan_tables(const PlanRequest& req) {
-  NCF_CHECK(!req.tables.empty() && int(req.tables.size()) <= kMaxTables, "plan: ",
-            req.tables.size(), " tables outside [1, ", kMaxTables, "]");
+  NCF_CHECK(!req.tables.empty() && int(req.tables.size()) <= kMaxTables,
+            "plan: ", req.tables.size(), " tables outside [1, ", kMaxTables, "]");
   NCF_CHECK(req.D >= 1 && req.W >= 1, "plan: width D=", req.D, " world W=", req.W);
   EmbeddingPlan plan;
   plan.D = req.D;
@@ -104,10 +107,10 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
     }
     // Bytes per step on the busiest link; replicated also needs the whole
     // table (and its state) on every rank, so it must be small.
-    const double row = step_exchange_bytes(Placement::kRowWise, t.num_rows, req.D,
-                                           req.lookups_per_rank, W);
-    const double rep = step_exchange_bytes(Placement::kReplicated, t.num_rows, req.D,
-                                           req.lookups_per_rank, W);
+    const double row =
+        step_exchange_bytes(Placement::kRowWise, t.num_rows, req.D, req.lookups_per_rank, W);
+    const double rep =
+        step_exchange_bytes(Placement::kReplicated, t.num_rows, req.D, req.lookups_per_rank, W);
     TableSpec as_rep = t;
     as_rep.placement = Placement::kReplicated;
     const int64_t rep_bytes = table_rank_bytes(as_rep, req.D, 0, W, req.optimizer);
@@ -129,8 +132,7 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
 
 KeyLayout make_key_layout(const EmbeddingPlan& plan, std::vector<int>* layout_index) {
   const int T = int(plan.tables.size());
-  NCF_CHECK(T >= 1 && T <= kMaxTables, "key layout: ", T, " tables outside [1, ", kMaxTables,
-            "]");
+  NCF_CHECK(T >= 1 && T <= kMaxTables, "key layout: ", T, " tables outside [1, ", kMaxTables, "]");
   std::vector<int> order;
   for (int pass = 0; pass < 2; ++pass)
     for (int t = 0; t < T; ++t)
@@ -156,9 +158,12 @@ KeyLayout make_key_layout(const EmbeddingPlan& plan, std::vector<int>* layout_in
 
 int64_t table_rank_rows(const TableSpec& t, int rank, int W) {
   switch (t.placement) {
-    case Placement::kRowWise: return t.num_rows > rank ? (t.num_rows - rank + W - 1) / W : 0;
-    case Placement::kTableWise: return rank == t.owner ? t.num_rows : 0;
-    case Placement::kReplicated: return t.num_rows;
+    case Placement::kRowWise:
+      return t.num_rows > rank ? (t.num_rows - rank + W - 1) / W : 0;
+    case Placement::kTableWise:
+      return rank == t.owner ? t.num_rows : 0;
+    case Placement::kReplicated:
+      return t.num_rows;
   }
   return 0;
 }
@@ -177,16 +182,18 @@ int64_t exchange_buffer_bytes(const EmbeddingPlan& plan, const std::vector<int64
   int64_t n = 0, nr = 0, rep_reduce = 0;
   for (size_t t = 0; t < lookups.size(); ++t) {
     n += lookups[t];
-    if (routed(plan.tables[t].placement, plan.W)) nr += lookups[t];
-    else if (plan.W > 1) rep_reduce = std::max({rep_reduce, lookups[t], plan.tables[t].num_rows});
+    if (routed(plan.tables[t].placement, plan.W))
+      nr += lookups[t];
+    else if (plan.W > 1)
+      rep_reduce = std::max({rep_reduce, lookups[t], plan.tables[t].num_rows});
   }
-  int64_t b = n * 4 + 2 * n * D * 4;             // keys_, rows_, grads_
-  if (plan.W == 1) return b + n * 16;            // the fused update's sort scratch
-  b += nr * (8 + 4 + 4);                         // perm_, send_rows_, recv_rows_
-  b += 2 * nr * D * 4;                           // send_vec_, recv_vec_
-  b += nr * 16;                                  // the owners' fused update: sort scratch
+  int64_t b = n * 4 + 2 * n * D * 4;   // keys_, rows_, grads_
+  if (plan.W == 1) return b + n * 16;  // the fused update's sort scratch
+  b += nr * (8 + 4 + 4);               // perm_, send_rows_, recv_rows_
+  b += 2 * nr * D * 4;                 // send_vec_, recv_vec_
+  b += nr * 16;                        // the owners' fused update: sort scratch
   if (dedup) b += nr * (4 + 8) + nr * D * 4 + nr * (4 + D * 4);  // unique_, inverse_, uvec_, sums
-  b += rep_reduce * (4 + D * 4 + 24);            // replicated: reduced rows and grads, scratch
+  b += rep_reduce * (4 + D * 4 + 24);  // replicated: reduced rows and grads, scratch
   return b;
 }
 

@@ -17,8 +17,8 @@ const char* placement_name(Placement p);
 Placement parse_placement(const std::string& s);  // "row", "table", "replicated"
 
 struct TableSpec {
-  std::string name;       // "user", "item"
-  int64_t num_rows = 0;   // N: global rows
+  std::string name;      // "user", "item"
+  int64_t num_rows = 0;  // N: global rows
   Placement placement = Placement::kRowWise;
   int owner = 0;          // table-wise: the rank holding it
   uint32_t init_tag = 0;  // separates the init streams of tables

@@ -9,17 +9,21 @@
 #include <vector>
 
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace ncf {
 
 const char* optimizer_name(EmbeddingOptimizer o) {
   switch (o) {
-    case EmbeddingOptimizer::kDenseAdam: return "dense_adam";
-    case EmbeddingOptimizer::kLazyAdam: return "lazy_adam";
-    case EmbeddingOptimizer::kSgd: return "sgd";
-    case EmbeddingOptimizer::kAdagrad: return "adagrad";
+    case EmbeddingOptimizer::kDenseAdam:
+      return "dense_adam";
+    case EmbeddingOptimizer::kLazyAdam:
+      return "lazy_adam";
+    case EmbeddingOptimizer::kSgd:
+      return "sgd";
+    case EmbeddingOptimizer::kAdagrad:
+      return "adagrad";
   }
   return "?";
 }
@@ -35,9 +39,12 @@ EmbeddingOptimizer parse_embedding_optimizer(const std::string& s) {
 int optimizer_state_per_element(EmbeddingOptimizer o) {
   switch (o) {
     case EmbeddingOptimizer::kDenseAdam:
-    case EmbeddingOptimizer::kLazyAdam: return 2;
-    case EmbeddingOptimizer::kAdagrad: return 1;
-    case EmbeddingOptimizer::kSgd: return 0;
+    case EmbeddingOptimizer::kLazyAdam:
+      return 2;
+    case EmbeddingOptimizer::kAdagrad:
+      return 1;
+    case EmbeddingOptimizer::kSgd:
+      return 0;
   }
   return 0;
 }
@@ -66,19 +73,18 @@ void check_unique_rows(const char* op, const RowId* rows, int64_t R, int64_t n) 
   for (int64_t k = 0; k < n; ++k) {
     NCF_CHECK(rows[k] >= 0 && rows[k] < R, op, ": unique_rows[", k, "]=", rows[k],
               " outside the table's rows [0, ", R, ")");
-    NCF_CHECK(k == 0 || rows[k] > rows[k - 1], op, ": unique_rows not strictly increasing at [",
-              k, "]: ", rows[k - 1], " then ", rows[k]);
+    NCF_CHECK(k == 0 || rows[k] > rows[k - 1], op, ": unique_rows not strictly increasing at [", k,
+              "]: ", rows[k - 1], " then ", rows[k]);
   }
 }
-
 
 // Grow-only scratch of the sort and the run list; the ops run on one thread
 // at a time per caller, so one set per calling thread.
 struct SortScratch {
   std::vector<uint32_t> keys, keys_tmp;
   std::vector<int32_t> pos, pos_tmp;
-  std::vector<int64_t> hist;     // [chunks × 2^kDigitBits]
-  std::vector<int64_t> run;      // [U + 1] run starts in sorted order, then n
+  std::vector<int64_t> hist;  // [chunks × 2^kDigitBits]
+  std::vector<int64_t> run;   // [U + 1] run starts in sorted order, then n
 };
 SortScratch& scratch() {
   thread_local SortScratch s;
@@ -217,8 +223,10 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
         int64_t lo = 0, hi = U;  // the first run at or after row r0
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
-          if (row_of(mid) < r0) lo = mid + 1;
-          else hi = mid;
+          if (row_of(mid) < r0)
+            lo = mid + 1;
+          else
+            hi = mid;
         }
         float* const m = tab.m;
         float* const v = tab.v;
@@ -257,9 +265,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   }
 }
 
-void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab,
-                           const RowId* unique_rows, const float* row_grads, int64_t n,
-                           const EmbeddingOptimizerConfig& opt, int64_t t) {
+void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab, const RowId* unique_rows,
+                           const float* row_grads, int64_t n, const EmbeddingOptimizerConfig& opt,
+                           int64_t t) {
   switch (opt.kind) {
     case EmbeddingOptimizer::kDenseAdam:
       if (tab.R)
@@ -289,8 +297,8 @@ void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float*
   check_table(op, table, unique_rows, row_grads, R, n, D);
   NCF_CHECK(R == 0 || (m && v), op, ": m or v is null");
   AdamStepScalars s = adam_step_scalars(h, t);
-  NCF_DISPATCH_CUDA(ctx, embedding_dense_adam, ctx, table, m, v, unique_rows, row_grads, R, n, D,
-                    t, h);
+  NCF_DISPATCH_CUDA(ctx, embedding_dense_adam, ctx, table, m, v, unique_rows, row_grads, R, n, D, t,
+                    h);
   check_unique_rows(op, unique_rows, R, n);
   parallel_for(ctx.threads, R, row_grain(D), [&](int64_t r0, int64_t r1) {
     // The first gradient row at or after r0; rows are sorted, so one merge pass.
@@ -317,8 +325,8 @@ void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* 
   check_table(op, table, unique_rows, row_grads, R, n, D);
   NCF_CHECK(R == 0 || (m && v), op, ": m or v is null");
   AdamStepScalars s = adam_step_scalars(h, t);
-  NCF_DISPATCH_CUDA(ctx, embedding_lazy_adam, ctx, table, m, v, unique_rows, row_grads, R, n, D,
-                    t, h);
+  NCF_DISPATCH_CUDA(ctx, embedding_lazy_adam, ctx, table, m, v, unique_rows, row_grads, R, n, D, t,
+                    h);
   check_unique_rows(op, unique_rows, R, n);
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
@@ -345,8 +353,7 @@ void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_row
 }
 
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
-                       const float* row_grads, int64_t R, int64_t n, int D,
-                       const AdagradHyper& h) {
+                       const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h) {
   const char* op = "embedding_adagrad";
   check_table(op, table, unique_rows, row_grads, R, n, D);
   NCF_CHECK(R == 0 || acc, op, ": acc is null");

@@ -55,8 +55,8 @@ __device__ __forceinline__ int lanes_of(int D) {
 
 // Every row r < R: gradient row map[r], or zero when map[r] < 0.
 template <typename Rule, bool kVec>
-__global__ void all_rows_kernel(Rule rule, const int32_t* map, const float* grads, int64_t R,
-                                int D, const DeviceErrorRecord* err) {
+__global__ void all_rows_kernel(Rule rule, const int32_t* map, const float* grads, int64_t R, int D,
+                                const DeviceErrorRecord* err) {
   if (error_pending(err)) return;
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = R * lanes;
@@ -188,7 +188,7 @@ struct RunList {
   const RowId* unique = nullptr;       // [U] the run's id, ascending
   int32_t* map = nullptr;              // [map_rows] scratch for a row -> run map
   int64_t U = 0;
-  bool vec = false;                    // D % 4 == 0 and the row arrays 16-byte aligned
+  bool vec = false;  // D % 4 == 0 and the row arrays 16-byte aligned
 };
 
 template <bool kVec>
@@ -309,14 +309,14 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
 
   // CUB temporary storage: the largest of the four passes (they run one after another).
   size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0, sub_scan_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, static_cast<RowId*>(nullptr),
-                                             static_cast<const int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr), N, 0,
-                                             int(sizeof(RowId) * 8), stream));
-  CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle_bytes, static_cast<const RowId*>(nullptr),
-                                                unique, static_cast<int32_t*>(nullptr),
-                                                static_cast<int32_t*>(nullptr), N, stream));
-  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, ids, static_cast<RowId*>(nullptr), static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), N, 0, int(sizeof(RowId) * 8), stream));
+  CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+      nullptr, rle_bytes, static_cast<const RowId*>(nullptr), unique,
+      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, stream));
+  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+                                           static_cast<const int32_t*>(nullptr),
                                            static_cast<int32_t*>(nullptr), N, stream));
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, sub_scan_bytes,
                                            static_cast<const int32_t*>(nullptr),
@@ -324,16 +324,16 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   const size_t temp_bytes =
       std::max({sort_bytes, rle_bytes, scan_bytes, sub_scan_bytes, size_t{1}});
 
-  RowId* sorted_ids = nullptr;   // [n] ids in sorted order
-  int32_t* pos_in = nullptr;     // [n] 0..n-1
-  int32_t* pos_sorted = nullptr; // [n] input positions in id order (equal ids: input order)
-  int32_t* run_len = nullptr;    // [n] rows per unique id (first n_unique used)
-  int32_t* run_start = nullptr;  // [n] first sorted position of each unique id
-  int32_t* n_sub = nullptr;      // [n+1] sub-runs of each long run (0: short run, or unused)
-  int32_t* sub_start = nullptr;  // [n+1] first partial of each long run; [n] = P, the total
-  int32_t* owner = nullptr;      // [max_partials] the run of each partial
-  float* partial = nullptr;      // [max_partials×D] sub-run sums of the long runs
-  int32_t* num_runs = nullptr;   // [1]
+  RowId* sorted_ids = nullptr;    // [n] ids in sorted order
+  int32_t* pos_in = nullptr;      // [n] 0..n-1
+  int32_t* pos_sorted = nullptr;  // [n] input positions in id order (equal ids: input order)
+  int32_t* run_len = nullptr;     // [n] rows per unique id (first n_unique used)
+  int32_t* run_start = nullptr;   // [n] first sorted position of each unique id
+  int32_t* n_sub = nullptr;       // [n+1] sub-runs of each long run (0: short run, or unused)
+  int32_t* sub_start = nullptr;   // [n+1] first partial of each long run; [n] = P, the total
+  int32_t* owner = nullptr;       // [max_partials] the run of each partial
+  float* partial = nullptr;       // [max_partials×D] sub-run sums of the long runs
+  int32_t* num_runs = nullptr;    // [1]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
     sorted_ids = s.take<RowId>(n);
@@ -359,8 +359,8 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
                                              int(sizeof(RowId) * 8), stream));
   CUDA_CHECK(cudaMemsetAsync(run_len, 0, sizeof(int32_t) * n, stream));  // the scans read all n
   bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, sorted_ids, unique, run_len,
-                                                num_runs, N, stream));
+  CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, sorted_ids, unique, run_len, num_runs,
+                                                N, stream));
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, run_len, run_start, N, stream));
   count_sub_runs_kernel<<<grid_for(n + 1), kThreads, 0, stream>>>(run_len, n, n_sub);
@@ -405,8 +405,8 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
 
 // Validates unique_rows, then applies `rule` to the n listed rows.
 template <typename Rule>
-void launch_touched(const ExecContext& ctx, const Rule& rule, const RowId* rows,
-                    const float* grads, int64_t R, int64_t n, int D, const char* op) {
+void launch_touched(const ExecContext& ctx, const Rule& rule, const RowId* rows, const float* grads,
+                    int64_t R, int64_t n, int D, const char* op) {
   if (n == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
@@ -420,19 +420,17 @@ void launch_touched(const ExecContext& ctx, const Rule& rule, const RowId* rows,
   check_launch(op);
 }
 
-
 template <typename Rule>
 void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& rule,
-                        const float* grads, const RunList& runs, int64_t R, int D,
-                        const char* op) {
+                        const float* grads, const RunList& runs, int64_t R, int D, const char* op) {
   if (runs.U == 0) return;
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && rule.aligned())
-    update_runs_kernel<Rule, true><<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(
-        rule, grads, runs, R, D, r.error_dev);
+    update_runs_kernel<Rule, true>
+        <<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
   else
-    update_runs_kernel<Rule, false><<<grid_for(runs.U * D), kThreads, 0, stream>>>(
-        rule, grads, runs, R, D, r.error_dev);
+    update_runs_kernel<Rule, false>
+        <<<grid_for(runs.U * D), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
   check_launch(op);
 }
 
@@ -485,8 +483,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       launch_update_runs(ctx, r, SgdRule{tab.table, opt.sgd}, grads, runs, R, D, op);
       return;
     case EmbeddingOptimizer::kAdagrad:
-      launch_update_runs(ctx, r, AdagradRule{tab.table, tab.m, opt.adagrad}, grads, runs, R, D,
-                         op);
+      launch_update_runs(ctx, r, AdagradRule{tab.table, tab.m, opt.adagrad}, grads, runs, R, D, op);
       return;
   }
 }
@@ -531,8 +528,7 @@ void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_row
 }
 
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
-                       const float* row_grads, int64_t R, int64_t n, int D,
-                       const AdagradHyper& h) {
+                       const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h) {
   launch_touched(ctx, AdagradRule{table, acc, h}, unique_rows, row_grads, R, n, D,
                  "embedding_adagrad");
 }
@@ -563,11 +559,11 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   const RunList runs = sort_runs(ctx, r, ids, grads, n, D, out_unique_rows, 0, op);
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && aligned16(out_row_grads))
-    reduce_runs_kernel<true><<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(
-        grads, runs, out_row_grads, D);
+    reduce_runs_kernel<true>
+        <<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
   else
-    reduce_runs_kernel<false><<<grid_for(runs.U * D), kThreads, 0, stream>>>(grads, runs,
-                                                                           out_row_grads, D);
+    reduce_runs_kernel<false>
+        <<<grid_for(runs.U * D), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
   check_launch(op);
   *n_unique = runs.U;
 }

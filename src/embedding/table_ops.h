@@ -101,12 +101,11 @@ void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* 
 void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_rows,
                    const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
-                       const float* row_grads, int64_t R, int64_t n, int D,
-                       const AdagradHyper& h);
+                       const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h);
 // The optimizer `opt` names, on the output of sort_reduce_rows.
-void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab,
-                           const RowId* unique_rows, const float* row_grads, int64_t n,
-                           const EmbeddingOptimizerConfig& opt, int64_t t);
+void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab, const RowId* unique_rows,
+                           const float* row_grads, int64_t n, const EmbeddingOptimizerConfig& opt,
+                           int64_t t);
 
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (table_ops.cu); called through the dispatch in table_ops.cc.
@@ -127,8 +126,7 @@ void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* 
 void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_rows,
                    const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
-                       const float* row_grads, int64_t R, int64_t n, int D,
-                       const AdagradHyper& h);
+                       const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h);
 }  // namespace cuda
 #endif
 

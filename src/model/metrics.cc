@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace ncf {
 
@@ -20,22 +20,23 @@ void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_ma
   NCF_DISPATCH_CUDA(ctx, hit_ndcg, ctx, scores, dup_mask, U, L, K, hr_sum, ndcg_sum);
   const double log2 = std::log(2.0);
   double sums[2];
-  block_sums(ctx.threads, U, 2,
-             [&](int64_t u0, int64_t u1, double* acc) {
-               for (int64_t u = u0; u < u1; ++u) {
-                 const float* s = scores + u * L;
-                 const uint8_t* mask = dup_mask ? dup_mask + u * L : nullptr;
-                 const float pos = s[0];
-                 int rank = 0;
-                 for (int j = 1; j < L; ++j)
-                   if ((!mask || mask[j]) && !(s[j] < pos)) ++rank;
-                 if (rank < K) {
-                   acc[0] += 1.0;
-                   acc[1] += log2 / std::log(rank + 2.0);
-                 }
-               }
-             },
-             sums);
+  block_sums(
+      ctx.threads, U, 2,
+      [&](int64_t u0, int64_t u1, double* acc) {
+        for (int64_t u = u0; u < u1; ++u) {
+          const float* s = scores + u * L;
+          const uint8_t* mask = dup_mask ? dup_mask + u * L : nullptr;
+          const float pos = s[0];
+          int rank = 0;
+          for (int j = 1; j < L; ++j)
+            if ((!mask || mask[j]) && !(s[j] < pos)) ++rank;
+          if (rank < K) {
+            acc[0] += 1.0;
+            acc[1] += log2 / std::log(rank + 2.0);
+          }
+        }
+      },
+      sums);
   *hr_sum = sums[0];
   *ndcg_sum = sums[1];
 }

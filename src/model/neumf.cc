@@ -130,13 +130,13 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
     const DenseLayerView& v = tower_[l];
     const float* x = l == 0 ? x0_.data() : acts_[l - 1].data();
     float* dx = l == 0 ? dx0_.data() : dacts_[l - 1].data();
-    linear_backward(ctx, x, p + v.w_offset, acts_[l].data(), dacts_[l].data(), dx,
-                    gp + v.w_offset, gp + v.b_offset, B, v.in, v.out, true, GradMode::kOverwrite);
+    linear_backward(ctx, x, p + v.w_offset, acts_[l].data(), dacts_[l].data(), dx, gp + v.w_offset,
+                    gp + v.b_offset, B, v.in, v.out, true, GradMode::kOverwrite);
   }
   // dX0 → the mlp parts of the row gradients, dG → their mf parts.
   split_cols(ctx, dx0_.data(), h, h, d_user_rows + mf, D, d_item_rows + mf, D, B);
-  gmf_backward(ctx, user_rows_, D, item_rows_, D, dg_.data(), mf, d_user_rows, D, d_item_rows, D,
-               B, mf);
+  gmf_backward(ctx, user_rows_, D, item_rows_, D, dg_.data(), mf, d_user_rows, D, d_item_rows, D, B,
+               mf);
 }
 
 }  // namespace ncf

@@ -23,12 +23,12 @@
 namespace ncf {
 
 struct NeuMFConfig {
-  int mf_dim = 8;                       // GMF factors
+  int mf_dim = 8;                          // GMF factors
   std::vector<int> layers{64, 32, 16, 8};  // MLP widths; layers[0] is the concat input, even
 
   int embedding_width() const { return mf_dim + layers.at(0) / 2; }  // D
-  int mlp_half() const { return layers.at(0) / 2; }                   // h
-  int head_width() const { return mf_dim + layers.back(); }           // F
+  int mlp_half() const { return layers.at(0) / 2; }                  // h
+  int head_width() const { return mf_dim + layers.back(); }          // F
   // Throws naming the field and value: mf_dim >= 1, layers non-empty, all
   // widths >= 1, layers[0] even.
   void validate() const;
@@ -78,8 +78,8 @@ class NeuMF {
   Buffer<float>& grads() { return grads_; }
   const Buffer<float>& grads() const { return grads_; }
   const std::vector<DenseLayerView>& tower() const { return tower_; }  // L-1 layers
-  int64_t head_w_offset() const { return head_w_offset_; }            // w [F]
-  int64_t head_c_offset() const { return head_c_offset_; }            // c [1]
+  int64_t head_w_offset() const { return head_w_offset_; }             // w [F]
+  int64_t head_c_offset() const { return head_c_offset_; }             // c [1]
 
  private:
   NeuMFConfig config_;

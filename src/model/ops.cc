@@ -7,15 +7,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <climits>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "common/bf16.h"
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace ncf {
 namespace {
@@ -27,7 +27,9 @@ constexpr int64_t kGemmCols = 64;
 
 // Rows per chunk so that each chunk touches at least ~16K floats: below that a
 // thread hand-off costs more than the work.
-int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+}
 
 void check_rows(const char* op, int64_t B) { NCF_CHECK(B >= 0, op, ": negative row count B=", B); }
 
@@ -93,8 +95,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         const int m = static_cast<int>(std::min<int64_t>(kGemmRows, M - m0));
         // Rows m0.. of op(A): rows of A, or columns of A when transposed.
         const float* a = trans_a ? A + m0 : A + m0 * lda;
-        cblas_sgemm(CblasRowMajor, ta, tb, m, N, K, alpha, a, lda, B, ldb, beta, C + m0 * ldc,
-                    ldc);
+        cblas_sgemm(CblasRowMajor, ta, tb, m, N, K, alpha, a, lda, B, ldb, beta, C + m0 * ldc, ldc);
       }
     });
   } else if (N >= 2 * kGemmCols) {
@@ -122,14 +123,15 @@ void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float*
            in);
   if (!db) return;
   std::vector<double> sums(out);
-  block_sums(ctx.threads, B, out,
-             [&](int64_t b0, int64_t b1, double* acc) {
-               for (int64_t b = b0; b < b1; ++b) {
-                 const float* row = dZ + b * out;
-                 for (int j = 0; j < out; ++j) acc[j] += row[j];
-               }
-             },
-             sums.data());
+  block_sums(
+      ctx.threads, B, out,
+      [&](int64_t b0, int64_t b1, double* acc) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const float* row = dZ + b * out;
+          for (int j = 0; j < out; ++j) acc[j] += row[j];
+        }
+      },
+      sums.data());
   for (int j = 0; j < out; ++j) {
     float s = static_cast<float>(sums[j]);
     db[j] = mode == GradMode::kAccumulate ? db[j] + s : s;
@@ -168,9 +170,8 @@ void fill(const ExecContext& ctx, float* x, int64_t n, float value) {
   check_rows("fill", n);
   check_ptr("fill", "x", x, n);
   NCF_DISPATCH_CUDA(ctx, fill, ctx, x, n, value);
-  parallel_for(ctx.threads, n, 1 << 16, [&](int64_t i0, int64_t i1) {
-    std::fill(x + i0, x + i1, value);
-  });
+  parallel_for(ctx.threads, n, 1 << 16,
+               [&](int64_t i0, int64_t i1) { std::fill(x + i0, x + i1, value); });
 }
 
 void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -264,9 +265,9 @@ void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const floa
   });
 }
 
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
-                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
-                  int64_t lddi, int64_t B, int mf) {
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
+                  int64_t B, int mf) {
   const char* op = "gmf_backward";
   check_rows(op, B);
   check_width(op, "mf", mf);
@@ -380,16 +381,17 @@ void head_backward(const ExecContext& ctx, const float* H, const float* w, const
   });
   // dw and dc together as F + 1 fixed-block sums.
   std::vector<double> sums(static_cast<size_t>(F) + 1);
-  block_sums(ctx.threads, B, F + 1,
-             [&](int64_t b0, int64_t b1, double* acc) {
-               for (int64_t b = b0; b < b1; ++b) {
-                 double g = dlogits[b];
-                 const float* h = H + b * F;
-                 for (int k = 0; k < F; ++k) acc[k] += g * h[k];
-                 acc[F] += g;
-               }
-             },
-             sums.data());
+  block_sums(
+      ctx.threads, B, F + 1,
+      [&](int64_t b0, int64_t b1, double* acc) {
+        for (int64_t b = b0; b < b1; ++b) {
+          double g = dlogits[b];
+          const float* h = H + b * F;
+          for (int k = 0; k < F; ++k) acc[k] += g * h[k];
+          acc[F] += g;
+        }
+      },
+      sums.data());
   bool add = mode == GradMode::kAccumulate;
   for (int k = 0; k < F; ++k) dw[k] = (add ? dw[k] : 0.0f) + static_cast<float>(sums[k]);
   dc[0] = (add ? dc[0] : 0.0f) + static_cast<float>(sums[F]);
@@ -397,8 +399,8 @@ void head_backward(const ExecContext& ctx, const float* H, const float* w, const
 
 namespace {
 
-void check_bce(const char* op, const float* logits, const float* labels, int64_t B,
-               int64_t n_valid, int64_t global_batch) {
+void check_bce(const char* op, const float* logits, const float* labels, int64_t B, int64_t n_valid,
+               int64_t global_batch) {
   check_rows(op, B);
   NCF_CHECK(n_valid >= 0 && n_valid <= B, op, ": n_valid=", n_valid, " outside [0, B=", B, "]");
   NCF_CHECK(global_batch > 0, op, ": global_batch=", global_batch, " must be positive");
@@ -417,16 +419,17 @@ void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const 
   NCF_DISPATCH_CUDA(ctx, bce_with_logits_forward, ctx, logits, labels, weights, loss, B, n_valid,
                     global_batch);
   double sum = 0.0;
-  block_sums(ctx.threads, n_valid, 1,
-             [&](int64_t b0, int64_t b1, double* acc) {
-               for (int64_t b = b0; b < b1; ++b) {
-                 double wb = weights ? weights[b] : 1.0;
-                 if (wb == 0.0) continue;  // a masked row may hold garbage logits
-                 double z = logits[b], y = labels[b];
-                 acc[0] += wb * (std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z))));
-               }
-             },
-             &sum);
+  block_sums(
+      ctx.threads, n_valid, 1,
+      [&](int64_t b0, int64_t b1, double* acc) {
+        for (int64_t b = b0; b < b1; ++b) {
+          double wb = weights ? weights[b] : 1.0;
+          if (wb == 0.0) continue;  // a masked row may hold garbage logits
+          double z = logits[b], y = labels[b];
+          acc[0] += wb * (std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z))));
+        }
+      },
+      &sum);
   *loss = sum / static_cast<double>(global_batch);
 }
 

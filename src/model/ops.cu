@@ -244,12 +244,13 @@ void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_
   cudaStream_t stream = stream_of(ctx);
   if (K == 0) {
     scale_rows_kernel<<<grid_for(static_cast<int64_t>(M) * N), kThreads, 0, stream>>>(C, ldc, M, N,
-                                                                                       beta);
+                                                                                      beta);
     check_launch(op);
     return;
   }
   NCF_CHECK(A.type == B.type, op, ": GEMM operands of different types");
-  NCF_CHECK(ctx.cublas != nullptr, op, ": ctx.cublas is null (make the context with "
+  NCF_CHECK(ctx.cublas != nullptr, op,
+            ": ctx.cublas is null (make the context with "
             "make_cuda_context)");
   cublasHandle_t h = static_cast<cublasHandle_t>(ctx.cublas);
   CUBLAS_CHECK(cublasSetStream(h, stream));
@@ -349,8 +350,10 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   // op(A) = A^T, and B = X stored [in×B] (ld in); D is Y stored [out×B] (ld out).
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof(epilogue)));
   if (bias)
@@ -399,8 +402,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, W, m.a, X, m.b, &beta, Y, m.d, Y, m.d,
-                              &choice.algo, r.lt_workspace, r.lt_workspace_bytes,
-                              stream_of(ctx)));
+                              &choice.algo, r.lt_workspace, r.lt_workspace_bytes, stream_of(ctx)));
   return true;
 }
 
@@ -510,16 +512,16 @@ void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const floa
                  float* G, int64_t ldg, int64_t B, int mf) {
   if (B == 0) return;
   gmf_forward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(U, ldu, I, ldi, G, ldg, B,
-                                                                         mf);
+                                                                        mf);
   check_launch("gmf_forward");
 }
 
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
-                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
-                  int64_t lddi, int64_t B, int mf) {
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
+                  int64_t B, int mf) {
   if (B == 0) return;
-  gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(
-      U, ldu, I, ldi, dG, ldg, dU, lddu, dI, lddi, B, mf);
+  gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(U, ldu, I, ldi, dG, ldg,
+                                                                         dU, lddu, dI, lddi, B, mf);
   check_launch("gmf_backward");
 }
 
@@ -579,8 +581,7 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
   if (B == 0) return;
   const float inv_batch = static_cast<float>(1.0 / static_cast<double>(global_batch));
   bce_backward_kernel<<<grid_for(B), kThreads, 0, stream_of(ctx)>>>(logits, labels, weights,
-                                                                      dlogits, B, n_valid,
-                                                                      inv_batch);
+                                                                    dlogits, B, n_valid, inv_batch);
   check_launch("bce_with_logits_backward");
 }
 

@@ -80,9 +80,9 @@ void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const floa
                  float* G, int64_t ldg, int64_t B, int mf);
 // dU[b, k] = dG[b, k] · I[b, k], dI[b, k] = dG[b, k] · U[b, k] for k < mf,
 // overwritten; columns ≥ mf of dU/dI are not touched.
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
-                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
-                  int64_t lddi, int64_t B, int mf);
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
+                  int64_t B, int mf);
 
 // Y[B×(wa+wc)] = [A[B×wa] ; C[B×wc]] (column concat, Y contiguous).
 // The MLP input is concat_cols(U + mf, D, h, I + mf, D, h, X0, B) with h = layers[0]/2.
@@ -133,9 +133,9 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
                      bool relu, GradMode mode);
 void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
                  float* G, int64_t ldg, int64_t B, int mf);
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I,
-                  int64_t ldi, const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI,
-                  int64_t lddi, int64_t B, int mf);
+void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
+                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
+                  int64_t B, int mf);
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
                  int64_t ldc, int wc, float* Y, int64_t B);
 void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,

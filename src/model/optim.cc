@@ -3,8 +3,8 @@
 #include "model/optim.h"
 
 #include "common/check.h"
-#include "common/parallel.h"
 #include "common/dispatch.h"
+#include "common/parallel.h"
 #include "model/ops.h"
 
 namespace ncf {
@@ -19,8 +19,8 @@ void check_dense(const char* op, const float* params, const float* grads, int64_
 
 }  // namespace
 
-void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m,
-                     float* v, int64_t n, int64_t t, const AdamHyper& h) {
+void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
+                     int64_t n, int64_t t, const AdamHyper& h) {
   const char* op = "dense_adam_step";
   check_dense(op, params, grads, n);
   NCF_CHECK(n == 0 || (m && v), op, ": m or v is null");

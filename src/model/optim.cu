@@ -23,8 +23,8 @@ void launch_dense(const ExecContext& ctx, const Rule& rule, const float* grads, 
 
 }  // namespace
 
-void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m,
-                     float* v, int64_t n, int64_t t, const AdamHyper& h) {
+void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
+                     int64_t n, int64_t t, const AdamHyper& h) {
   launch_dense(ctx, AdamRule{params, m, v, adam_step_scalars(h, t)}, grads, n, "dense_adam_step");
 }
 

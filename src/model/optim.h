@@ -14,8 +14,8 @@
 
 namespace ncf {
 
-void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m,
-                     float* v, int64_t n, int64_t t, const AdamHyper& h);
+void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
+                     int64_t n, int64_t t, const AdamHyper& h);
 void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
                         int64_t n, const AdagradHyper& h);
 void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,
@@ -26,8 +26,8 @@ void adagrad_init(const ExecContext& ctx, float* acc, int64_t n, const AdagradHy
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (optim.cu); called through the dispatch in optim.cc only.
 namespace cuda {
-void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m,
-                     float* v, int64_t n, int64_t t, const AdamHyper& h);
+void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
+                     int64_t n, int64_t t, const AdamHyper& h);
 void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
                         int64_t n, const AdagradHyper& h);
 void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,

@@ -169,17 +169,18 @@ void validate_config(const TrainConfig& c) {
   if (!(c.beta2 >= 0 && c.beta2 < 1)) NCF_FAIL("flag --beta2 must be in [0, 1), got ", c.beta2);
   if (c.layers.empty()) NCF_FAIL("flag --layers needs at least one width");
   for (size_t k = 0; k < c.layers.size(); ++k)
-    if (c.layers[k] <= 0)
-      NCF_FAIL("flag --layers: width ", k, " must be > 0, got ", c.layers[k]);
+    if (c.layers[k] <= 0) NCF_FAIL("flag --layers: width ", k, " must be > 0, got ", c.layers[k]);
   if (c.layers[0] % 2 != 0)
     NCF_FAIL("flag --layers: layers[0] = ", c.layers[0],
              " must be even (it is the user and item MLP embeddings side by side)");
   if (c.batch_size < c.num_neg + 1)
-    NCF_FAIL("flag --batch_size ", c.batch_size, " holds no positive: it must be at least 1 + "
-             "num_neg = ", c.num_neg + 1);
+    NCF_FAIL("flag --batch_size ", c.batch_size,
+             " holds no positive: it must be at least 1 + "
+             "num_neg = ",
+             c.num_neg + 1);
   if (c.l2_embedding < 0 || c.l2_dense < 0)
-    NCF_FAIL("L2 coefficients must be >= 0, got --l2_embedding ", c.l2_embedding,
-             " --l2_dense ", c.l2_dense);
+    NCF_FAIL("L2 coefficients must be >= 0, got --l2_embedding ", c.l2_embedding, " --l2_dense ",
+             c.l2_dense);
   if (c.threads < 0) NCF_FAIL("flag --threads must be >= 0, got ", c.threads);
   if (c.max_steps == 0) NCF_FAIL("flag --max_steps must be > 0 (or negative for whole epochs)");
   if (c.device == "cpu" && c.comm == "nccl")

@@ -11,37 +11,37 @@ namespace ncf {
 
 struct TrainConfig {
   std::string data_dir;
-  std::string preset;            // "", "ml-20m-mlperf", "ncf-paper"
-  int64_t batch_size = 2048;     // training samples per global step (positives × (1 + num_neg))
+  std::string preset;         // "", "ml-20m-mlperf", "ncf-paper"
+  int64_t batch_size = 2048;  // training samples per global step (positives × (1 + num_neg))
   int64_t eval_batch_size = 100000;  // eval samples (users × (1 + E)) per eval batch per rank
   double learning_rate = 0.001;
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
-  int num_factors = 8;           // mf_dim
+  int num_factors = 8;  // mf_dim
   std::vector<int> layers{64, 32, 16, 8};
   int num_neg = 4;
   int train_epochs = 20;
-  double hr_threshold = -1;      // stop when HR@K reaches it (< 0: never)
+  double hr_threshold = -1;  // stop when HR@K reaches it (< 0: never)
   uint64_t seed = 1;
-  int topk = 10;                 // K of HR@K / NDCG@K
+  int topk = 10;  // K of HR@K / NDCG@K
   std::string device = "cpu";
-  std::string precision = "tf32"; // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
-  int threads = 0;               // CPU kernel threads per rank (0: cores / local ranks)
+  std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
+  int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
   std::string embedding_optimizer = "dense_adam";
-  double embedding_lr = -1;      // < 0: same as learning_rate
+  double embedding_lr = -1;  // < 0: same as learning_rate
   double l2_embedding = 0, l2_dense = 0;
   double adagrad_init = 0.1;
-  std::string comm = "auto";     // auto | mpi | nccl | single
+  std::string comm = "auto";        // auto | mpi | nccl | single
   std::string shard_plan = "auto";  // auto | row | table | replicated | user=...,item=...
   bool dedup = false;
-  double memory_limit_gb = 0;    // per rank, 0: this machine's free memory
-  int64_t max_steps = -1;        // per epoch (tests, benchmarks); < 0: whole epoch
+  double memory_limit_gb = 0;  // per rank, 0: this machine's free memory
+  int64_t max_steps = -1;      // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
   std::string metrics_json;
   bool mlperf_log = false;
-  std::string progress = "auto"; // auto | on | off
-  std::string save_params;       // write final parameters (rank 0) to this file
-  bool step_log = false;         // per-step time split and bytes moved
+  std::string progress = "auto";  // auto | on | off
+  std::string save_params;        // write final parameters (rank 0) to this file
+  bool step_log = false;          // per-step time split and bytes moved
 };
 
 // Parses argv (CLI11). Returns false when the program should exit right away

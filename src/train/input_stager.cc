@@ -14,7 +14,7 @@ struct InputStager::Slot {
   const int32_t* host_items = nullptr;
   int64_t n = 0;
   // CUDA contexts.
-  PinnedBuffer<int32_t> pinned;  // [2n]: users then items
+  PinnedBuffer<int32_t> pinned;           // [2n]: users then items
   Buffer<int32_t> dev{Device::kCuda, 0};  // [2n]
 #ifdef NCF_WITH_CUDA
   cudaEvent_t copied = nullptr;    // on the copy stream: the slot's H2D copy is done
@@ -77,8 +77,8 @@ void InputStager::stage(const TrainBatch& b) {
     // The device slot may still be read by the step that used it last.
     if (s.consume_recorded) CUDA_CHECK(cudaStreamWaitEvent(r.copy_stream, s.consumed, 0));
     if (n)
-      CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), 2 * n * 4,
-                                        cudaMemcpyHostToDevice, r.copy_stream));
+      CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), 2 * n * 4, cudaMemcpyHostToDevice,
+                                 r.copy_stream));
     CUDA_CHECK(cudaEventRecord(s.copied, r.copy_stream));
     s.copy_pending = true;
 #endif

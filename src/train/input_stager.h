@@ -49,8 +49,8 @@ class InputStager {
   struct Slot;
   ExecContext ctx_;
   std::unique_ptr<Slot[]> slots_;
-  int head_ = 0;    // next slot to fill
-  int tail_ = 0;    // next slot to acquire
+  int head_ = 0;  // next slot to fill
+  int tail_ = 0;  // next slot to acquire
   int staged_ = 0;
   bool acquired_ = false;
 };

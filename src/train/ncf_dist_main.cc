@@ -2,13 +2,12 @@
 // reports HR@K / NDCG@K after every epoch. The step itself is in trainer.cc.
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "comm/bootstrap.h"
 #include "common/blas_setup.h"
@@ -77,16 +76,19 @@ int train_main(int& argc, char**& argv) {
   const DatasetMeta& meta = trainer.meta();
   const int S = cfg.num_neg + 1;
   if (lead) {
-    std::printf("ncf_dist: %s: %llu users, %llu items, %llu train positives, %llu eval users x "
-                "(1 + %u)\n",
-                cfg.data_dir.c_str(), (unsigned long long)meta.num_users,
-                (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
-                (unsigned long long)meta.num_eval_users, meta.eval_negatives);
-    std::printf("ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %d threads/rank; batch %lld samples "
-                "(%lld positives x %d), factors %d, layers",
-                info.world, device_name(device), blas_core_name(), comm->name(), ctx.threads,
-                (long long)(trainer.positives_per_step() * S),
-                (long long)trainer.positives_per_step(), S, cfg.num_factors);
+    std::printf(
+        "ncf_dist: %s: %llu users, %llu items, %llu train positives, %llu eval users x "
+        "(1 + %u)\n",
+        cfg.data_dir.c_str(), (unsigned long long)meta.num_users,
+        (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
+        (unsigned long long)meta.num_eval_users, meta.eval_negatives);
+    std::printf(
+        "ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %d threads/rank; batch %lld "
+        "samples "
+        "(%lld positives x %d), factors %d, layers",
+        info.world, device_name(device), blas_core_name(), comm->name(), ctx.threads,
+        (long long)(trainer.positives_per_step() * S), (long long)trainer.positives_per_step(), S,
+        cfg.num_factors);
     for (size_t k = 0; k < cfg.layers.size(); ++k)
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
@@ -107,10 +109,10 @@ int train_main(int& argc, char**& argv) {
     if (lead)
       for (int r = 0; r < W; ++r) {
         const auto first = all.begin() + size_t(T + 1) * r;
-        std::printf("ncf_dist:   rank %d: %s, estimated memory %.3f MiB\n", r,
-                    describe_rank_tables(trainer.plan(), std::vector<int64_t>(first, first + T))
-                        .c_str(),
-                    first[T] / 1048576.0);
+        std::printf(
+            "ncf_dist:   rank %d: %s, estimated memory %.3f MiB\n", r,
+            describe_rank_tables(trainer.plan(), std::vector<int64_t>(first, first + T)).c_str(),
+            first[T] / 1048576.0);
       }
   }
   mllog.event("global_batch_size", trainer.positives_per_step() * S);
@@ -150,10 +152,11 @@ int train_main(int& argc, char**& argv) {
       std::printf("%6d %9.5f %8.4f %8.4f %9.2f %12.0f %8.2f\n", e + 1, r.loss, ev.hr, ev.ndcg,
                   r.train_seconds, sps, ev.seconds);
       if (cfg.step_log)
-        std::printf("  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
-                    "%.1f KiB sent per step\n",
-                    r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
-                    r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0);
+        std::printf(
+            "  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
+            "%.1f KiB sent per step\n",
+            r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
+            r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0);
       std::fflush(stdout);
       if (metrics.is_open()) {
         nlohmann::json j = {{"epoch", e + 1},
@@ -176,10 +179,11 @@ int train_main(int& argc, char**& argv) {
       }
     }
   }
-  mllog.event("run_stop", nullptr, {{"status", reached || cfg.hr_threshold < 0 ? "success" : "aborted"}},
+  mllog.event("run_stop", nullptr,
+              {{"status", reached || cfg.hr_threshold < 0 ? "success" : "aborted"}},
               "INTERVAL_END");
-  if (reached && lead) std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk,
-                                   cfg.hr_threshold);
+  if (reached && lead)
+    std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk, cfg.hr_threshold);
 
   std::vector<float> params;
   if (!cfg.save_params.empty()) params = trainer.gather_parameters();

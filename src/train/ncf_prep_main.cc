@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
                  "MovieLens file or directory (u.data, ratings.dat, ratings.csv), or an NCF-paper "
                  "prefix (DIR/ml-1m for ml-1m.train.rating, …)");
   app.add_option("--format", format, "input format")
-      ->check(CLI::IsMember({"auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper"}));
+      ->check(
+          CLI::IsMember({"auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper"}));
   app.add_option("--synthetic", synthetic,
                  "generate a synthetic dataset of a named shape: small, ml-1m, ml-20m, or custom "
                  "(then --users/--items/--interactions)");
@@ -69,37 +70,49 @@ int main(int argc, char** argv) {
   app.add_option("--interactions", interactions,
                  "synthetic: total interactions, train + test (overrides the shape)");
   app.add_option("--zipf", sp.zipf_s, "synthetic: item popularity exponent s (weight 1/rank^s)")
-      ->capture_default_str()->check(CLI::Range(0.0, 4.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 4.0));
   app.add_option("--activity_alpha", sp.activity_alpha,
                  "synthetic: Pareto tail exponent of user activity")
-      ->capture_default_str()->check(CLI::Range(1.01, 10.0));
+      ->capture_default_str()
+      ->check(CLI::Range(1.01, 10.0));
   app.add_option("--rank", sp.rank, "synthetic: rank of the planted preferences")
-      ->capture_default_str()->check(CLI::Range(1, 1024));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--preference", sp.preference,
                  "synthetic: share of interactions drawn from the planted taste, in [0, 1)")
-      ->capture_default_str()->check(CLI::Range(0.0, 0.999999));
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999));
   app.add_option("--min_per_user", sp.min_per_user, "synthetic: interactions per user, at least")
-      ->capture_default_str()->check(CLI::Range(2, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--output,-o", output, "dataset directory to write");
   app.add_option("--eval_negatives", eval_negatives,
                  "eval negatives per user, E (default 999; 99 for the NCF paper's files and the "
                  "small synthetic shape)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--record_rows", opt.record_rows, "positive pairs per train record")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
   app.add_option("--num_shards", opt.num_shards, "files per kind (train, eval)")
-      ->capture_default_str()->check(CLI::Range(1, 100000));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   app.add_option("--seed", opt.seed, "seed of every random draw")->capture_default_str();
   app.add_option("--threads", opt.threads, "worker threads (0: all cores)")
-      ->capture_default_str()->check(CLI::Range(0, 1024));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
   app.add_option("--shuffle_buffer_mb", shuffle_mb,
                  "memory bound of the train-pair shuffle; larger sets spill to temporary buckets")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--min_interactions", opt.min_interactions,
                  "MovieLens: users with fewer interactions are dropped")
-      ->capture_default_str()->check(CLI::Range(2, 1 << 20));
-  app.add_option("--progress", progress, "progress lines: auto (when stderr is a terminal), on, off")
-      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--progress", progress,
+                 "progress lines: auto (when stderr is a terminal), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--verify", verify_dir, "walk and check every record of a dataset directory");
 
   try {
@@ -123,9 +136,9 @@ int main(int argc, char** argv) {
       std::printf(
           "ncf_prep: %s OK: %llu shard files, %llu train records (%llu positives), %llu eval "
           "records, %s checked in %.2f s\n",
-          verify_dir.c_str(), (unsigned long long)s.num_shards,
-          (unsigned long long)s.train_records, (unsigned long long)s.train_rows,
-          (unsigned long long)s.eval_records, human_bytes(double(s.bytes)).c_str(), s.seconds);
+          verify_dir.c_str(), (unsigned long long)s.num_shards, (unsigned long long)s.train_records,
+          (unsigned long long)s.train_rows, (unsigned long long)s.eval_records,
+          human_bytes(double(s.bytes)).c_str(), s.seconds);
       return 0;
     }
     if (output.empty()) NCF_FAIL("--output is required to write a dataset");

@@ -26,7 +26,7 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   };
   const int S = s.num_neg + 1;  // samples per positive
   const int64_t n = batch.n;
-  const int64_t B = n * S;                        // this rank's samples
+  const int64_t B = n * S;                       // this rank's samples
   const int64_t G = batch.global_positives * S;  // the global step's samples
   EmbeddingCollection& tables = *s.tables;
   NeuMF& model = *s.model;
@@ -58,8 +58,8 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   if (B > 0) {
     model.forward(ctx, tables.rows(0), tables.rows(1), B, s.logits.data());
     bce_with_logits_forward(ctx, s.logits.data(), s.labels.data(), nullptr, loss_share, B, B, G);
-    bce_with_logits_backward(ctx, s.logits.data(), s.labels.data(), nullptr, s.dlogits.data(), B,
-                             B, G);
+    bce_with_logits_backward(ctx, s.logits.data(), s.labels.data(), nullptr, s.dlogits.data(), B, B,
+                             G);
     model.backward(ctx, s.dlogits.data(), tables.row_grads(0), tables.row_grads(1));
   } else {
     model.grads().zero();  // no samples: no loss share, a zero gradient
@@ -93,8 +93,8 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   tables.update_replicated(dense + params, s.t);
 
   // 6. Dense Adam: the same step on every rank.
-  dense_adam_step(ctx, model.params().data(), dense, s.adam_m.data(), s.adam_v.data(), params,
-                  s.t, s.dense_hyper);
+  dense_adam_step(ctx, model.params().data(), dense, s.adam_m.data(), s.adam_v.data(), params, s.t,
+                  s.dense_hyper);
   mark(StepPhase::kCompute);
 
   const CommCounters& after = comm.counters();

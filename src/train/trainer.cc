@@ -55,12 +55,13 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   const int S = cfg.num_neg + 1;
   P_ = cfg.batch_size / S;
   if (P_ > int64_t(meta_.num_train))
-    NCF_FAIL("flag --batch_size ", cfg.batch_size, " asks for ", P_,
-             " positives per step but ", cfg.data_dir, " holds only ", meta_.num_train,
-             " training positives");
+    NCF_FAIL("flag --batch_size ", cfg.batch_size, " asks for ", P_, " positives per step but ",
+             cfg.data_dir, " holds only ", meta_.num_train, " training positives");
   if (P_ < W)
-    NCF_FAIL("flag --batch_size ", cfg.batch_size, " gives ", P_, " positives per step, fewer "
-             "than the ", W, " ranks");
+    NCF_FAIL("flag --batch_size ", cfg.batch_size, " gives ", P_,
+             " positives per step, fewer "
+             "than the ",
+             W, " ranks");
 
   EmbeddingOptimizerConfig eopt;
   eopt.kind = parse_embedding_optimizer(cfg.embedding_optimizer);
@@ -93,9 +94,9 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   const std::vector<int64_t> tables = table_bytes();
   int64_t tables_bytes = 0;
   for (int64_t x : tables) tables_bytes += x;
-  const int64_t exchange_bytes =
-      exchange_buffer_bytes(plan_, {std::max(local_samples, eval_users),
-                                    std::max(local_samples, eval_users * L)}, cfg.dedup);
+  const int64_t exchange_bytes = exchange_buffer_bytes(
+      plan_, {std::max(local_samples, eval_users), std::max(local_samples, eval_users * L)},
+      cfg.dedup);
   const int64_t step_bytes = local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
                              eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
   memory_bytes_ = tables_bytes + exchange_bytes + step_bytes;
@@ -129,8 +130,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
              ", step and eval buffers ", gib(double(step_bytes)), " for ", local_samples,
              " samples), but ", where, " ", gib(double(limit)), advice);
 
-  train_reader_ = std::make_unique<TrainReader>(cfg.data_dir, meta_, r, W, P_, cfg.seed,
-                                                cfg.shuffle_records);
+  train_reader_ =
+      std::make_unique<TrainReader>(cfg.data_dir, meta_, r, W, P_, cfg.seed, cfg.shuffle_records);
   eval_reader_ = std::make_unique<EvalReader>(cfg.data_dir, meta_, r, W, eval_users);
   positives_ = std::make_unique<PositiveLists>(cfg.data_dir, meta_);
   if (ctx.device != Device::kCpu)
@@ -198,10 +199,11 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
     const PendingLog l = pending_logs_.front();
     pending_logs_.pop_front();
     if (cfg_.step_log && comm_.rank() == 0)
-      std::printf("step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
-                  "%lld collectives, %lld bytes sent by rank 0\n",
-                  (long long)l.step, (long long)l.samples, x * 1e3, c * 1e3, a * 1e3,
-                  (long long)l.collectives, (long long)l.bytes);
+      std::printf(
+          "step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
+          "%lld collectives, %lld bytes sent by rank 0\n",
+          (long long)l.step, (long long)l.samples, x * 1e3, c * 1e3, a * 1e3,
+          (long long)l.collectives, (long long)l.bytes);
   }
 }
 
@@ -210,8 +212,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   r.epoch = epoch;
   // mpirun hands rank 0 a pseudo-terminal, so "auto" stays quiet under a launcher.
   const bool launched = !detect_launcher().empty() || std::getenv("SLURM_STEP_ID");
-  const bool show = comm_.rank() == 0 && (cfg_.progress == "on" ||
-                                          (cfg_.progress == "auto" && isatty(1) && !launched));
+  const bool show = comm_.rank() == 0 &&
+                    (cfg_.progress == "on" || (cfg_.progress == "auto" && isatty(1) && !launched));
   int64_t steps = train_reader_->steps_per_epoch();
   if (cfg_.max_steps > 0) steps = std::min(steps, cfg_.max_steps);
   auto t0 = Clock::now();
@@ -226,8 +228,8 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   // is enqueued.
   TrainBatch batches[2];
   auto fetch = [&](int64_t s) {
-    NCF_CHECK(train_reader_->next(&batches[s % 2]), "train reader ended after ", s, " of ",
-              steps, " steps");
+    NCF_CHECK(train_reader_->next(&batches[s % 2]), "train reader ended after ", s, " of ", steps,
+              " steps");
     stager_->stage(batches[s % 2]);
   };
   if (steps > 0) fetch(0);

@@ -30,15 +30,15 @@ namespace ncf {
 struct EpochResult {
   int64_t epoch = 0;
   int64_t steps = 0;
-  int64_t samples = 0;          // global training samples this epoch
-  double loss = 0;              // mean BCE over the epoch's samples
+  int64_t samples = 0;  // global training samples this epoch
+  double loss = 0;      // mean BCE over the epoch's samples
   double train_seconds = 0;
   // This rank's step time by phase (common/step_timer.h): host clocks on CPU
   // ranks, CUDA events on the compute stream on GPU ranks.
-  double exchange_seconds = 0;  // embedding lookups and gradient exchanges, owners' update
-  double allreduce_seconds = 0; // dense-gradient allreduce (the wait for it on GPU ranks)
-  double compute_seconds = 0;   // negatives, tower, dense Adam
-  int64_t bytes_sent = 0;       // payload bytes this rank sent to other ranks
+  double exchange_seconds = 0;   // embedding lookups and gradient exchanges, owners' update
+  double allreduce_seconds = 0;  // dense-gradient allreduce (the wait for it on GPU ranks)
+  double compute_seconds = 0;    // negatives, tower, dense Adam
+  int64_t bytes_sent = 0;        // payload bytes this rank sent to other ranks
 };
 
 struct EvalResult {
@@ -81,7 +81,7 @@ class Trainer {
   DatasetMeta meta_;
   EmbeddingPlan plan_;
   EmbeddingOptimizer table_optimizer_ = EmbeddingOptimizer::kDenseAdam;
-  int64_t P_ = 0;       // positives per global step
+  int64_t P_ = 0;  // positives per global step
   int64_t memory_bytes_ = 0;
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
@@ -95,13 +95,13 @@ class Trainer {
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;
-  TrainState state_;                          // what train_step reads and writes
-  Buffer<double> step_loss_;                  // [steps of the epoch] this rank's loss shares
+  TrainState state_;          // what train_step reads and writes
+  Buffer<double> step_loss_;  // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each).
-  Buffer<int32_t> eval_users_, eval_items_;   // [n], [n×L]
-  Buffer<uint8_t> eval_mask_;                 // [n×L]
-  Buffer<int64_t> eval_expand_;               // [n×L] user row of each entry
-  Buffer<float> eval_rows_, scores_;          // [n×L×D] user rows per entry, [n×L]
+  Buffer<int32_t> eval_users_, eval_items_;  // [n], [n×L]
+  Buffer<uint8_t> eval_mask_;                // [n×L]
+  Buffer<int64_t> eval_expand_;              // [n×L] user row of each entry
+  Buffer<float> eval_rows_, scores_;         // [n×L×D] user rows per entry, [n×L]
 };
 
 }  // namespace ncf
