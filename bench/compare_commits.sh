@@ -69,35 +69,16 @@ launch() {  # launch W: the launcher prefix for W ranks
     done
     for side in before after; do
       commit=${!side}
-      cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $flags --progress off --step_log --max_steps 4"
+      # One epoch of 4 steps (the case's own epoch and step flags replaced).
+      log_flags=$(echo "$flags" | sed -E 's/--train_epochs [0-9]+|--max_steps [0-9]+//g')
+      cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $log_flags --train_epochs 1"
+      cmd+=" --max_steps 4 --progress off --step_log"
       echo "\$ $cmd"
-      $cmd 2>&1 | grep '^step [23]:' | sed "s/^/STEPLOG case=$c side=$side: /"
+      { $cmd 2>&1 || true; } | { grep '^step [23]:' || true; } |
+        sed "s/^/STEPLOG case=$c side=$side: /"
     done
   done
 } 2>&1 | tee "$out"
 
-python3 - "$out" "$before" "$after" >"${out%.txt}.md" <<'EOF'
-import re, statistics, sys
-path, before, after = sys.argv[1:4]
-runs = {}
-for line in open(path):
-    m = re.match(r"RESULT case=(\S+) side=(\S+) commit=\S+ rep=\d+ samples_per_s=(\d+)", line)
-    if m:
-        runs.setdefault((m[1], m[2]), []).append(int(m[3]))
-print(f"| case | {before} (before) samples/s | {after} (after) samples/s | after / before |")
-print("| --- | --- | --- | --- |")
-for case in dict.fromkeys(c for c, _ in runs):
-    b, a = runs.get((case, "before"), []), runs.get((case, "after"), [])
-    if not b or not a:
-        continue
-    mb, ma = statistics.median(b), statistics.median(a)
-    print(f"| {case} | {mb:,.0f} ({', '.join(f'{x:,}' for x in b)}) "
-          f"| {ma:,.0f} ({', '.join(f'{x:,}' for x in a)}) | {ma / mb:.2f}x |")
-print()
-print("Medians of the runs in brackets; step lines (rank 0, steps 2 and 3):")
-print()
-for line in open(path):
-    if line.startswith("STEPLOG"):
-        print("    " + line.rstrip())
-EOF
+python3 "$root/bench/summarize_commits.py" "$out" "$before" "$after" >"${out%.txt}.md"
 cat "${out%.txt}.md"
