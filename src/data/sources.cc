@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/parallel.h"
 
 namespace ncf {
 namespace {
@@ -161,13 +162,13 @@ std::vector<LineChunk> split_lines(const char* b, const char* e, uint64_t first_
     if (cut > at) chunks.push_back({at, cut, 0, 0});
     at = cut;
   }
-  std::vector<std::thread> ts;
-  for (auto& c : chunks)
-    ts.emplace_back([&c] {
+  parallel_for(int(chunks.size()), int64_t(chunks.size()), 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      LineChunk& c = chunks[size_t(k)];
       c.lines = static_cast<uint64_t>(std::count(c.b, c.e, '\n'));
       if (c.e > c.b && c.e[-1] != '\n') ++c.lines;  // last line without a newline
-    });
-  for (auto& t : ts) t.join();
+    }
+  });
   uint64_t line = first_line;
   for (auto& c : chunks) {
     c.first_line = line;
@@ -348,15 +349,11 @@ std::vector<Rating> parse_ratings(const std::string& file, const RatingSyntax& s
   std::vector<Rating> out(total_lines);
   std::vector<size_t> got(chunks.size(), 0);
   std::vector<LineFailure> fails(chunks.size());
-  {
-    std::vector<std::thread> ts;
-    for (size_t k = 0; k < chunks.size(); ++k)
-      ts.emplace_back([&, k] {
-        got[k] = parse_rating_chunk(chunks[k], s, out.data() + (chunks[k].first_line - first_line),
-                                    &fails[k]);
-      });
-    for (auto& t : ts) t.join();
-  }
+  parallel_for(int(chunks.size()), int64_t(chunks.size()), 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      got[k] = parse_rating_chunk(chunks[k], s, out.data() + (chunks[k].first_line - first_line),
+                                  &fails[k]);
+  });
   for (const auto& f : fails)
     if (f.failed) throw_line_failure(file, f);
   size_t n = 0;
@@ -590,27 +587,22 @@ class DenseIds {
   std::vector<int64_t> sorted_;
 };
 
-// Runs fn(begin, end) over `parts` contiguous ranges of [0, n) on their own
-// threads; rethrows the failure of the lowest range, so the error reported is
-// the one a serial loop would have hit first.
+// Runs fn(begin, end) over `parts` contiguous ranges of [0, n) on the thread
+// pool; rethrows the failure of the lowest range, so the error reported is the
+// one a serial loop would have hit first.
 template <typename Fn>
 void parallel_ranges(uint64_t n, int parts, const Fn& fn) {
   parts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(parts, n)));
-  if (parts == 1) {
-    fn(uint64_t{0}, n);
-    return;
-  }
   std::vector<std::exception_ptr> errs(parts);
-  std::vector<std::thread> ts;
-  for (int p = 0; p < parts; ++p)
-    ts.emplace_back([&, p] {
+  parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
       try {
         fn(n * p / parts, n * (p + 1) / parts);
       } catch (...) {
         errs[p] = std::current_exception();
       }
-    });
-  for (auto& t : ts) t.join();
+    }
+  });
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
 }
@@ -694,7 +686,7 @@ std::vector<Rating> read_movielens(const std::string& file, InputFormat fmt) {
 DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const std::string& out_dir,
                               const PrepOptions& opt) {
   const auto t0 = Clock::now();
-  const int T = resolve_threads(opt.threads);
+  const int nthreads = resolve_threads(opt.threads);
   std::string file;
   const InputFormat f = detect_format(path, fmt, &file);
   if (f == InputFormat::kNcfPaper)
@@ -702,7 +694,7 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   if (opt.min_interactions < 1)
     NCF_FAIL("min_interactions must be >= 1, got ", opt.min_interactions);
 
-  std::vector<Rating> ratings = parse_ratings(file, syntax_of(f), T);
+  std::vector<Rating> ratings = parse_ratings(file, syntax_of(f), nthreads);
   const uint64_t N = ratings.size();
   if (opt.progress)
     std::fprintf(stderr, "prep: read %llu ratings from %s in %.1f s\n",
@@ -747,7 +739,7 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   // Distinct items per user; a repeated (user, item) counts once, and since the
   // test item is the latest interaction overall it is also that item's latest.
   std::vector<uint64_t> distinct(U0);
-  parallel_ranges(U0, T, [&](uint64_t b, uint64_t e) {
+  parallel_ranges(U0, nthreads, [&](uint64_t b, uint64_t e) {
     for (uint64_t u = b; u < e; ++u) {
       auto first = grouped.begin() + off[u], last = grouped.begin() + off[u + 1];
       std::sort(first, last);
@@ -794,7 +786,7 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   std::vector<int32_t> pos(nnz);
   std::vector<int32_t> test_item(U);
   std::vector<int64_t> kept_raw_user(U);
-  parallel_ranges(U, T, [&](uint64_t b, uint64_t e) {
+  parallel_ranges(U, nthreads, [&](uint64_t b, uint64_t e) {
     for (uint64_t k = b; k < e; ++k) {
       const uint64_t u = src_user[k];
       for (uint64_t j = 0; j < distinct[u]; ++j)
@@ -829,13 +821,13 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
                     {"raw_users", U0}, {"min_interactions", opt.min_interactions}};
   DatasetWriter writer(out_dir, plan);
 
-  // Eval lists for a block of users are drawn on T threads while the previous
+  // Eval lists for a block of users are drawn on the pool's threads while the previous
   // block is written; users still reach the writer in id order.
   const uint32_t E = opt.eval_negatives;
   const uint64_t L = uint64_t{E} + 1;
   auto draw_block = [&](uint64_t first, uint64_t count, std::vector<int32_t>* eval) {
     eval->resize(count * L);
-    parallel_ranges(count, T, [&](uint64_t b, uint64_t e) {
+    parallel_ranges(count, nthreads, [&](uint64_t b, uint64_t e) {
       std::vector<uint64_t> scratch;
       for (uint64_t j = b; j < e; ++j) {
         const uint64_t k = first + j;
@@ -985,7 +977,7 @@ NegativeFile read_negative_file(const std::string& file) {
 DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& out_dir,
                               const PrepOptions& opt) {
   const auto t0 = Clock::now();
-  const int T = resolve_threads(opt.threads);
+  const int nthreads = resolve_threads(opt.threads);
   std::string prefix;
   detect_format(prefix_in, InputFormat::kNcfPaper, &prefix);
   const std::string train_file = prefix + kNcfTrain;
@@ -994,7 +986,7 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   const RatingSyntax tab = syntax_of(InputFormat::kNcfPaper);
 
   // The test file fixes the users: one line per user, 0 .. U-1 in order.
-  const std::vector<Rating> test = parse_ratings(test_file, tab, T);
+  const std::vector<Rating> test = parse_ratings(test_file, tab, nthreads);
   const uint64_t U = test.size();
   int64_t max_item = -1;
   for (uint64_t u = 0; u < U; ++u) {
@@ -1028,7 +1020,7 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   for (int32_t v : neg.negatives) max_item = std::max<int64_t>(max_item, v);
 
   // Train pairs, grouped by user; a repeated pair is kept once.
-  std::vector<Rating> train = parse_ratings(train_file, tab, T);
+  std::vector<Rating> train = parse_ratings(train_file, tab, nthreads);
   std::vector<uint64_t> off(U + 1, 0);
   for (const Rating& r : train) {
     if (r.user >= static_cast<int64_t>(U))

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "common/parallel.h"
 #include "common/philox.h"
 
 namespace ncf {
@@ -48,25 +49,25 @@ int resolve_threads(int threads) {
   return hw ? static_cast<int>(hw) : 1;
 }
 
-// Runs f(begin, end, part) over `parts` contiguous slices of [0, n) on threads.
+// Runs f(begin, end, part) over `parts` contiguous slices of [0, n) on the
+// thread pool; rethrows the failure of the lowest slice.
 template <typename F>
 void parallel_slices(uint64_t n, int parts, F&& f) {
-  if (parts <= 1 || n < (1u << 16)) {
-    for (int p = 0; p < std::max(parts, 1); ++p)
-      f(n * p / std::max(parts, 1), n * (p + 1) / std::max(parts, 1), p);
+  parts = std::max(parts, 1);
+  if (parts == 1 || n < (1u << 16)) {
+    for (int p = 0; p < parts; ++p) f(n * p / parts, n * (p + 1) / parts, p);
     return;
   }
-  std::vector<std::thread> pool;
   std::vector<std::exception_ptr> errors(parts);
-  for (int p = 0; p < parts; ++p)
-    pool.emplace_back([&, p] {
+  parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
       try {
-        f(n * p / parts, n * (p + 1) / parts, p);
+        f(n * p / parts, n * (p + 1) / parts, int(p));
       } catch (...) {
         errors[p] = std::current_exception();
       }
-    });
-  for (auto& t : pool) t.join();
+    }
+  });
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
@@ -443,7 +444,7 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
     NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N,
              " > the feasible maximum ", uint64_t(cap) * U, " = num_users ", U, " x max_per_user ",
              cap, " (num_items ", params.shape.num_items, ")");
-  const int T = resolve_threads(threads);
+  const int nthreads = resolve_threads(threads);
 
   // One 32-bit slot per user: first the activity weight's float bits, then the
   // count, so planning costs 4 bytes per user.
@@ -453,7 +454,7 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
     std::memcpy(&w, &slot[u], 4);
     return static_cast<double>(w);
   };
-  parallel_slices(U, T, [&](uint64_t b, uint64_t e, int) {
+  parallel_slices(U, nthreads, [&](uint64_t b, uint64_t e, int) {
     for (uint64_t u = b; u < e; ++u) {
       float w = activity_weight(seed, u, params.activity_alpha);
       std::memcpy(&slot[u], &w, 4);
@@ -464,9 +465,9 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
     const double extra = lambda * w;
     return extra >= room ? cap : m + static_cast<uint32_t>(extra);
   };
-  std::vector<uint64_t> part(T);
+  std::vector<uint64_t> part(nthreads);
   auto total_at = [&](double lambda) {
-    parallel_slices(U, T, [&](uint64_t b, uint64_t e, int p) {
+    parallel_slices(U, nthreads, [&](uint64_t b, uint64_t e, int p) {
       uint64_t s = 0;
       for (uint64_t u = b; u < e; ++u) s += count_at(weight(u), lambda);
       part[p] = s;
@@ -530,14 +531,14 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   const uint64_t U = sh.num_users, I = sh.num_items, N = sh.num_interactions;
   const uint32_t E = opt.eval_negatives;
   const uint64_t seed = opt.seed;
-  const int T = resolve_threads(opt.threads);
+  const int nthreads = resolve_threads(opt.threads);
 
   const uint32_t cap = synthetic_max_per_user(params, E);
   if (opt.progress)
     std::fprintf(stderr, "synthetic %s: planning %llu users, %llu items, %llu interactions\n",
                  sh.name.c_str(), (unsigned long long)U, (unsigned long long)I,
                  (unsigned long long)N);
-  const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, T);
+  const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, nthreads);
   const ItemModel items = build_items(params, seed);
   const Mixture mix = mixture_of(params.preference);
   if (opt.progress)
@@ -592,7 +593,7 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
     std::vector<int32_t> data;
     std::vector<uint64_t> offset;  // per user start in data, then the end
   };
-  const uint64_t num_slots = 2ull * T + 2;
+  const uint64_t num_slots = 2ull * nthreads + 2;
   std::vector<Block> slots(num_slots);
   std::mutex mu;
   std::condition_variable cv;
@@ -650,7 +651,7 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   };
 
   std::vector<std::thread> pool;
-  for (int t = 0; t < T; ++t) pool.emplace_back(worker);
+  for (int t = 0; t < nthreads; ++t) pool.emplace_back(worker);
   std::exception_ptr main_error;
   try {
     uint64_t done_users = 0, done_positives = 0, next_report = U / 20;
