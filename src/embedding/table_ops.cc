@@ -84,7 +84,7 @@ struct SortScratch {
   std::vector<uint32_t> keys, keys_tmp;
   std::vector<int32_t> pos, pos_tmp;
   std::vector<int64_t> hist;  // [chunks × 2^kDigitBits]
-  std::vector<int64_t> run;   // [U + 1] run starts in sorted order, then n
+  std::vector<int64_t> run;   // [n_runs + 1] run starts in sorted order, then n
 };
 SortScratch& scratch() {
   thread_local SortScratch s;
@@ -92,8 +92,8 @@ SortScratch& scratch() {
 }
 
 // s.pos[0..n) = the positions of ids in ascending id order, equal ids in input
-// order (a stable LSD radix sort over the bits below max_id); s.run[0..U] the
-// starts of the runs of equal ids and n. Returns U.
+// order (a stable LSD radix sort over the bits below max_id); s.run[0..n_runs] the
+// starts of the runs of equal ids and n. Returns n_runs.
 int64_t sort_runs(int threads, const RowId* ids, int64_t n, RowId max_id, SortScratch& s) {
   NCF_CHECK(n < INT32_MAX, "sort of ", n, " rows: positions are int32");
   s.keys.resize(size_t(n));
@@ -145,9 +145,9 @@ int64_t sort_runs(int threads, const RowId* ids, int64_t n, RowId max_id, SortSc
   s.run.clear();
   for (int64_t k = 0; k < n; ++k)
     if (k == 0 || s.keys[k] != s.keys[k - 1]) s.run.push_back(k);
-  const int64_t U = int64_t(s.run.size());
+  const int64_t n_runs = int64_t(s.run.size());
   s.run.push_back(n);
-  return U;
+  return n_runs;
 }
 
 // dst[0..D) = the gradient rows of sorted positions [k0, k1), left to right.
@@ -200,8 +200,8 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     NCF_CHECK(rows[k] >= 0 && rows[k] < R, op, ": rows[", k, "]=", rows[k],
               " outside the table's rows [0, ", R, ")");
   SortScratch& sc = scratch();
-  const int64_t U = n ? sort_runs(ctx.threads, rows, n, RowId(R - 1), sc) : 0;
-  if (n_unique) *n_unique = U;
+  const int64_t n_runs = n ? sort_runs(ctx.threads, rows, n, RowId(R - 1), sc) : 0;
+  if (n_unique) *n_unique = n_runs;
   const int32_t* pos = sc.pos.data();
   const int64_t* run = sc.run.data();
   auto row_of = [&](int64_t u) { return int64_t(sc.keys[size_t(run[u])]); };
@@ -210,7 +210,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kDenseAdam:
       // Every row once: the touched rows with their run's sum (split by runs,
       // so hot rows do not pile onto one thread), then the others with 0.
-      parallel_for(ctx.threads, U, row_grain(D), [&](int64_t u0, int64_t u1) {
+      parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         for (int64_t u = u0; u < u1; ++u) {
           sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
@@ -220,7 +220,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
         }
       });
       parallel_for(ctx.threads, R, row_grain(D), [&](int64_t r0, int64_t r1) {
-        int64_t lo = 0, hi = U;  // the first run at or after row r0
+        int64_t lo = 0, hi = n_runs;  // the first run at or after row r0
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
           if (row_of(mid) < r0)
@@ -232,7 +232,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
         float* const v = tab.v;
         const AdamStepScalars sl = s;  // a local copy: stores to the table cannot alias it
         for (int64_t r = r0, u = lo; r < r1; ++r) {
-          if (u < U && row_of(u) == r) {
+          if (u < n_runs && row_of(u) == r) {
             ++u;
             continue;
           }
@@ -246,7 +246,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kLazyAdam:
     case EmbeddingOptimizer::kSgd:
     case EmbeddingOptimizer::kAdagrad:
-      parallel_for(ctx.threads, U, row_grain(D), [&](int64_t u0, int64_t u1) {
+      parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         for (int64_t u = u0; u < u1; ++u) {
           sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
@@ -399,17 +399,17 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   for (int64_t k = 0; k < n; ++k)
     NCF_CHECK(ids[k] >= 0, op, ": ids[", k, "]=", ids[k], " is negative");
   SortScratch& sc = scratch();
-  const int64_t U = n ? sort_runs(ctx.threads, ids, n, max_row(ids, n), sc) : 0;
+  const int64_t n_runs = n ? sort_runs(ctx.threads, ids, n, max_row(ids, n), sc) : 0;
   const int32_t* pos = sc.pos.data();
   const int64_t* run = sc.run.data();
-  parallel_for(ctx.threads, U, row_grain(D), [&](int64_t u0, int64_t u1) {
+  parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
     std::vector<float> part(static_cast<size_t>(D));
     for (int64_t u = u0; u < u1; ++u) {
       out_unique_rows[u] = RowId(sc.keys[size_t(run[u])]);
       sum_run(grads, pos, run[u], run[u + 1], D, out_row_grads + u * D, part.data());
     }
   });
-  *n_unique = U;
+  *n_unique = n_runs;
 }
 
 }  // namespace ncf

@@ -151,9 +151,9 @@ __global__ void count_sub_runs_kernel(const int32_t* run_len, int64_t n, int32_t
 }
 
 // owner[sub_start[u] + k] = u for each of run u's sub-runs (long runs only).
-__global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_start, int64_t U,
+__global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_start, int64_t n_runs,
                                      int32_t* owner) {
-  for (int64_t u = thread_first(); u < U; u += thread_stride())
+  for (int64_t u = thread_first(); u < n_runs; u += thread_stride())
     for (int32_t k = 0; k < n_sub[u]; ++k) owner[sub_start[u] + k] = static_cast<int32_t>(u);
 }
 
@@ -180,14 +180,14 @@ __global__ void sub_run_sums_kernel(const float* grads, const int32_t* pos, cons
 // (sub_run_sums_kernel) added in sub-run order. Columns d..d+3 (kVec) or d.
 struct RunList {
   const int32_t* pos = nullptr;        // [n] input positions in id order
-  const int32_t* start = nullptr;      // [U] first sorted position of each run
-  const int32_t* len = nullptr;        // [U] rows of each run
-  const int32_t* n_sub = nullptr;      // [U] sub-runs of a long run, 0 for a short one
-  const int32_t* sub_start = nullptr;  // [U] first partial of a long run
+  const int32_t* start = nullptr;      // [n_runs] first sorted position of each run
+  const int32_t* len = nullptr;        // [n_runs] rows of each run
+  const int32_t* n_sub = nullptr;      // [n_runs] sub-runs of a long run, 0 for a short one
+  const int32_t* sub_start = nullptr;  // [n_runs] first partial of a long run
   const float* partial = nullptr;      // [sub-runs × D]
-  const RowId* unique = nullptr;       // [U] the run's id, ascending
+  const RowId* unique = nullptr;       // [n_runs] the run's id, ascending
   int32_t* map = nullptr;              // [map_rows] scratch for a row -> run map
-  int64_t U = 0;
+  int64_t n_runs = 0;
   bool vec = false;  // D % 4 == 0 and the row arrays 16-byte aligned
 };
 
@@ -216,7 +216,7 @@ __device__ __forceinline__ void run_sum(const float* grads, const RunList& runs,
 template <bool kVec>
 __global__ void reduce_runs_kernel(const float* grads, RunList runs, float* out, int D) {
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = runs.U * lanes;
+  const int64_t total = runs.n_runs * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -231,7 +231,7 @@ __global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, 
                                    DeviceErrorRecord* err) {
   if (error_pending(err)) return;
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = runs.U * lanes;
+  const int64_t total = runs.n_runs * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -257,7 +257,7 @@ __global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, 
 // recorded (the update kernels then do nothing).
 __global__ void scatter_run_map_kernel(RunList runs, int64_t R, int32_t* map,
                                        DeviceErrorRecord* err) {
-  for (int64_t u = thread_first(); u < runs.U; u += thread_stride()) {
+  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride()) {
     const RowId row = runs.unique[u];
     if (row < 0 || row >= R)
       record_error(err, DeviceErrorCode::kUniqueRowOutOfRange, u, row, R);
@@ -375,13 +375,14 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   CUDA_CHECK(cudaMemcpyAsync(host_counts + 1, sub_start + n, sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
-  const int64_t U = host_counts[0], P = host_counts[1];
+  const int64_t n_runs = host_counts[0], P = host_counts[1];
   RunList out;
   NCF_CHECK(P >= 0 && P <= max_partials, op, ": ", P, " sub-runs exceed the bound ", max_partials);
 
   const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial);
   if (P > 0) {
-    sub_run_owner_kernel<<<grid_for(U), kThreads, 0, stream>>>(n_sub, sub_start, U, owner);
+    sub_run_owner_kernel<<<grid_for(n_runs), kThreads, 0, stream>>>(n_sub, sub_start, n_runs,
+                                                                    owner);
     if (vec)
       sub_run_sums_kernel<true><<<grid_for(P * (D / 4)), kThreads, 0, stream>>>(
           grads, pos_sorted, run_start, run_len, sub_start, owner, partial, P, D);
@@ -398,7 +399,7 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   out.partial = partial;
   out.unique = unique;
   out.map = map;
-  out.U = U;
+  out.n_runs = n_runs;
   out.vec = vec;
   return out;
 }
@@ -423,14 +424,14 @@ void launch_touched(const ExecContext& ctx, const Rule& rule, const RowId* rows,
 template <typename Rule>
 void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& rule,
                         const float* grads, const RunList& runs, int64_t R, int D, const char* op) {
-  if (runs.U == 0) return;
+  if (runs.n_runs == 0) return;
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && rule.aligned())
-    update_runs_kernel<Rule, true>
-        <<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
+    update_runs_kernel<Rule, true><<<grid_for(runs.n_runs * (D / 4)), kThreads, 0, stream>>>(
+        rule, grads, runs, R, D, r.error_dev);
   else
     update_runs_kernel<Rule, false>
-        <<<grid_for(runs.U * D), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
+        <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
   check_launch(op);
 }
 
@@ -458,14 +459,14 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     runs.map = map;
     runs.vec = D % 4 == 0;
   }
-  if (n_unique) *n_unique = runs.U;
+  if (n_unique) *n_unique = runs.n_runs;
   switch (opt.kind) {
     case EmbeddingOptimizer::kDenseAdam: {
       const AdamRule rule{tab.table, tab.m, tab.v, adam_step_scalars(opt.adam, t)};
       fill_int_kernel<<<grid_for(R), kThreads, 0, stream>>>(runs.map, R, -1);
-      if (runs.U > 0)
-        scatter_run_map_kernel<<<grid_for(runs.U), kThreads, 0, stream>>>(runs, R, runs.map,
-                                                                          r.error_dev);
+      if (runs.n_runs > 0)
+        scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, R, runs.map,
+                                                                               r.error_dev);
       if (runs.vec && rule.aligned())
         update_all_rows_kernel<AdamRule, true><<<grid_for(R * (D / 4)), kThreads, 0, stream>>>(
             rule, grads, runs, runs.map, R, D, r.error_dev);
@@ -560,12 +561,12 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && aligned16(out_row_grads))
     reduce_runs_kernel<true>
-        <<<grid_for(runs.U * (D / 4)), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
+        <<<grid_for(runs.n_runs * (D / 4)), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
   else
     reduce_runs_kernel<false>
-        <<<grid_for(runs.U * D), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
+        <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
   check_launch(op);
-  *n_unique = runs.U;
+  *n_unique = runs.n_runs;
 }
 
 }  // namespace ncf::cuda
