@@ -54,9 +54,31 @@ RunResult run(const std::string& command) {
 
 std::string bin(const std::string& name) { return std::string(NCF_BIN_DIR) + "/" + name; }
 
+namespace {
+
+// Open MPI's launcher creates its session directory under the temporary
+// directory with a plain mkdir; two launchers starting at once (tests in
+// parallel) can race on it and one fails with "File exists". Each test process
+// gets a session base of its own.
+struct MpiSessionBase {
+  std::string dir;
+  MpiSessionBase() {
+    char tmpl[] = "/tmp/ncf-mpi-XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  ~MpiSessionBase() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
 std::string mpirun(int np) {
+  static const MpiSessionBase base;
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "OMPI_MCA_rmaps_base_oversubscribe=1 " +
+         (base.dir.empty() ? std::string() : "OMPI_MCA_orte_tmpdir_base=" + base.dir + " ") +
          std::string(MPIEXEC) + " -np " + std::to_string(np) +
          " --oversubscribe --bind-to none --mca btl ^openib,ofi --mca pml ob1 --mca "
          "btl_vader_single_copy_mechanism none";
