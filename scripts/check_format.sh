@@ -12,15 +12,17 @@ if ! command -v clang-format >/dev/null; then
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends clang-format >/dev/null
 fi
-mapfile -t files < <(git ls-files 'src/*.h' 'src/*.cc' 'src/*.cu' 'src/*.cuh' 'tests/*.h' \
-  'tests/*.cc' 'bench/*.h' 'bench/*.cc')
+# Tracked and new files (not ignored ones), as they are in the working tree.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard 'src/*.h' 'src/*.cc' \
+  'src/*.cu' 'src/*.cuh' 'tests/*.h' 'tests/*.cc' 'bench/*.h' 'bench/*.cc' |
+  while read -r f; do [ -f "$f" ] && echo "$f"; done)
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"
   exit 0
 fi
 if ! clang-format --dry-run --Werror "${files[@]}" 2>/tmp/ncf-format.$$; then
-  grep -E '^[^ ].*: (error|warning):' /tmp/ncf-format.$$ | cut -d: -f1 | sort -u |
-    sed 's/^/check_format: not formatted: /' >&2
+  { grep -E '^[^ ].*: (error|warning):' /tmp/ncf-format.$$ || cat /tmp/ncf-format.$$; } |
+    cut -d: -f1 | sort -u | sed 's/^/check_format: not formatted: /' >&2
   rm -f /tmp/ncf-format.$$
   echo "check_format: run 'bash scripts/check_format.sh --fix'" >&2
   exit 1
