@@ -1,12 +1,19 @@
-// Philox determinism and distribution sanity; error messages carry file:line;
-// the step timer's phase bookkeeping on a CPU context.
+// Philox determinism and distribution sanity; every check of check.h names the
+// expression, file:line and rank in what it throws; the step timer's phase
+// bookkeeping on a CPU context.
 #include <gtest/gtest.h>
 
+#ifdef NCF_WITH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
 #include <chrono>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
-#include <utility>
 
 #include "common/check.h"
 #include "common/philox.h"
@@ -43,54 +50,102 @@ TEST(Philox, BelowIsInRangeAndCoversIt) {
   EXPECT_EQ(seen.size(), 10u);
 }
 
-TEST(Check, MessageHasExpressionAndLocation) {
+namespace {
+
+// What a check threw, or "no throw" when it passed.
+std::string thrown(const std::function<void()>& check) {
   try {
-    int x = 3;
-    NCF_CHECK(x == 4, "x is ", x);
-    FAIL() << "no throw";
+    check();
   } catch (const Error& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("x == 4"), std::string::npos) << m;
-    EXPECT_NE(m.find("x is 3"), std::string::npos) << m;
-    EXPECT_NE(m.find("test_common.cc:"), std::string::npos) << m;
+    return e.what();
   }
+  return "no throw";
+}
+
+int status(int s) { return s; }
+
+// Where throw_error says a check failed: "(test_common.cc:<line>)".
+std::string at(int line) { return "(test_common.cc:" + std::to_string(line) + ")"; }
+
+}  // namespace
+
+// NCF_CHECK names the condition and the message parts, NCF_FAIL the parts;
+// both add file:line and the rank.
+TEST(Check, MessageHasExpressionLocationAndRank) {
+  int x = 3;
+  EXPECT_EQ(thrown([&] { NCF_CHECK(x == 3, "x is ", x); }), "no throw");
+  set_error_rank(2);
+  const int check_line = __LINE__ + 1;
+  const std::string check = thrown([&] { NCF_CHECK(x == 4, "x is ", x); });
+  const int fail_line = __LINE__ + 1;
+  const std::string fail = thrown([&] { NCF_FAIL("bad x: ", x); });
+  set_error_rank(-1);
+  EXPECT_EQ(check, "[rank 2] check failed: x == 4: x is 3 " + at(check_line));
+  EXPECT_EQ(fail, "[rank 2] bad x: 3 " + at(fail_line));
 }
 
 // The library checks: 0 passes; any other status throws with the library, the
 // expression, file:line and the rank.
 TEST(Check, LibraryChecksNameTheLibraryExpressionAndLocation) {
-  auto message = [](auto&& check) -> std::string {
-    try {
-      check();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no throw";
-  };
-  auto status = [](int s) { return s; };
-  EXPECT_EQ(message([&] { MPI_CHECK(status(0)); }), "no throw");
-  EXPECT_EQ(message([&] { CUDA_CHECK(status(0)); }), "no throw");
-  EXPECT_EQ(message([&] { CUBLAS_CHECK(status(0)); }), "no throw");
-  EXPECT_EQ(message([&] { NCCL_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(thrown([] { MPI_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(thrown([] { CUDA_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(thrown([] { CUBLAS_CHECK(status(0)); }), "no throw");
+  EXPECT_EQ(thrown([] { NCCL_CHECK(status(0)); }), "no throw");
   set_error_rank(3);
-  const std::string mpi = message([&] { MPI_CHECK(status(5)); });
-  const std::string cuda = message([&] { CUDA_CHECK(status(1)); });
-  const std::string cublas = message([&] { CUBLAS_CHECK(status(1)); });
-  const std::string nccl = message([&] { NCCL_CHECK(status(4)); });
+  const int mpi_line = __LINE__ + 1;
+  const std::string mpi = thrown([] { MPI_CHECK(status(5)); });
+  const int cuda_line = __LINE__ + 1;
+  const std::string cuda = thrown([] { CUDA_CHECK(status(1)); });
+  const int cublas_line = __LINE__ + 1;
+  const std::string cublas = thrown([] { CUBLAS_CHECK(status(7)); });
+  const int nccl_line = __LINE__ + 1;
+  const std::string nccl = thrown([] { NCCL_CHECK(status(4)); });
   set_error_rank(-1);
-  for (const auto& [m, lib] : {std::pair{mpi, "MPI call failed (5"}, std::pair{cuda, "CUDA error"},
-                               std::pair{cublas, "cuBLAS error"}, std::pair{nccl, "NCCL error"}}) {
-    EXPECT_EQ(m.rfind("[rank 3] ", 0), 0u) << m;
-    EXPECT_NE(m.find(lib), std::string::npos) << m;
-    EXPECT_NE(m.find("status("), std::string::npos) << m;
-    EXPECT_NE(m.find("test_common.cc:"), std::string::npos) << m;
+  struct Case {
+    const std::string& m;
+    const char* lib;
+    const char* expr;
+    int line;
+  };
+  for (const Case& c : {Case{mpi, "MPI call failed (5", "status(5)", mpi_line},
+                        Case{cuda, "CUDA error", "status(1)", cuda_line},
+                        Case{cublas, "cuBLAS error", "status(7)", cublas_line},
+                        Case{nccl, "NCCL error", "status(4)", nccl_line}}) {
+    EXPECT_EQ(c.m.rfind("[rank 3] ", 0), 0u) << c.m;
+    EXPECT_NE(c.m.find(c.lib), std::string::npos) << c.m;
+    EXPECT_NE(c.m.find(c.expr), std::string::npos) << c.m;
+    EXPECT_NE(c.m.find(at(c.line)), std::string::npos) << c.m << " expected line " << c.line;
   }
-#ifdef NCF_WITH_CUDA
-  // The libraries' own texts (no GPU needed to look them up).
-  EXPECT_NE(cuda.find("invalid argument"), std::string::npos) << cuda;  // cudaErrorInvalidValue
-  EXPECT_NE(nccl.find("invalid argument"), std::string::npos) << nccl;  // ncclInvalidArgument
-#endif
+  // No rank set (before the communicator exists): no rank prefix.
+  const std::string no_rank = thrown([] { CUDA_CHECK(status(2)); });
+  EXPECT_EQ(no_rank.find("[rank"), std::string::npos) << no_rank;
+  EXPECT_NE(no_rank.find("status(2)"), std::string::npos) << no_rank;
 }
+
+#ifdef NCF_WITH_CUDA
+// The libraries' own texts: looking them up needs no GPU. The expected strings
+// are the CUDA 13 toolkit's wording, written out here.
+TEST(Check, LibraryChecksCarryTheLibrarysErrorText) {
+  EXPECT_EQ(thrown([] { CUDA_CHECK(cudaSuccess); }), "no throw");
+  EXPECT_EQ(thrown([] { CUBLAS_CHECK(CUBLAS_STATUS_SUCCESS); }), "no throw");
+  EXPECT_EQ(thrown([] { NCCL_CHECK(ncclSuccess); }), "no throw");
+  set_error_rank(1);
+  const int cuda_line = __LINE__ + 1;
+  const std::string cuda = thrown([] { CUDA_CHECK(cudaErrorInvalidValue); });
+  const int cublas_line = __LINE__ + 1;
+  const std::string cublas = thrown([] { CUBLAS_CHECK(CUBLAS_STATUS_INVALID_VALUE); });
+  const int nccl_line = __LINE__ + 1;
+  const std::string nccl = thrown([] { NCCL_CHECK(ncclInvalidArgument); });
+  set_error_rank(-1);
+  EXPECT_EQ(cuda, "[rank 1] CUDA error invalid argument: cudaErrorInvalidValue " + at(cuda_line));
+  EXPECT_EQ(cublas,
+            "[rank 1] cuBLAS error an unsupported value or parameter was passed to the function: "
+            "CUBLAS_STATUS_INVALID_VALUE " +
+                at(cublas_line));
+  EXPECT_EQ(nccl.rfind("[rank 1] NCCL error 'invalid argument", 0), 0u) << nccl;
+  EXPECT_NE(nccl.find("ncclInvalidArgument " + at(nccl_line)), std::string::npos) << nccl;
+}
+#endif
 
 // Each mark charges the time since the previous one to its phase; sleeps give
 // lower bounds only (the test asserts no speed).

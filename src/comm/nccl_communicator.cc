@@ -53,8 +53,8 @@
 namespace ncf {
 namespace {
 
-ncclDataType_t nccl_dtype(DType t) {
-  switch (t) {
+ncclDataType_t nccl_dtype(DType dtype) {
+  switch (dtype) {
     case DType::kFloat32:
       return ncclFloat32;
     case DType::kInt32:
@@ -66,7 +66,7 @@ ncclDataType_t nccl_dtype(DType t) {
     case DType::kUInt8:
       return ncclUint8;
   }
-  NCF_FAIL("unknown DType ", static_cast<int>(t));
+  NCF_FAIL("unknown DType ", static_cast<int>(dtype));
 }
 
 constexpr int kEvents = 64;
@@ -131,10 +131,10 @@ class NcclCommunicator : public Communicator {
  protected:
   void do_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
                        void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
-                       DType t) override {
+                       DType dtype) override {
     const int W = world(), r = rank();
-    const size_t es = dtype_size(t);
-    const ncclDataType_t nt = nccl_dtype(t);
+    const size_t es = dtype_size(dtype);
+    const ncclDataType_t nt = nccl_dtype(dtype);
     const char* s = static_cast<const char*>(send);
     char* d = static_cast<char*>(recv);
     NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ", send_counts[r],
@@ -169,21 +169,21 @@ class NcclCommunicator : public Communicator {
     MPI_CHECK(MPI_Alltoall(send_counts, 1, MPI_INT64_T, recv_counts, 1, MPI_INT64_T, mpi_));
   }
 
-  void do_all_reduce_sum(void* buf, size_t n, DType t) override {
+  void do_all_reduce_sum(void* buf, size_t n, DType dtype) override {
     begin_collective();
-    NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_dtype(t), ncclSum, comm_, stream_));
+    NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_dtype(dtype), ncclSum, comm_, stream_));
     end_collective();
   }
 
-  void do_broadcast(void* buf, size_t n, DType t, int root) override {
+  void do_broadcast(void* buf, size_t n, DType dtype, int root) override {
     begin_collective();
-    NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_dtype(t), root, comm_, stream_));
+    NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_dtype(dtype), root, comm_, stream_));
     end_collective();
   }
 
-  void do_all_gather(const void* send, void* recv, size_t n, DType t) override {
+  void do_all_gather(const void* send, void* recv, size_t n, DType dtype) override {
     begin_collective();
-    NCCL_CHECK(ncclAllGather(send, recv, n, nccl_dtype(t), comm_, stream_));
+    NCCL_CHECK(ncclAllGather(send, recv, n, nccl_dtype(dtype), comm_, stream_));
     end_collective();
   }
 

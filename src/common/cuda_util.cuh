@@ -128,7 +128,7 @@ __global__ void iota_kernel(T* x, int64_t n) {
 // ---- deterministic scalar sums ----------------------------------------------------
 // Pass 1: block c sums items [c·kSumChunk, (c+1)·kSumChunk) with a fixed
 // thread-to-item map and a fixed shared-memory tree. Pass 2: one block sums the
-// chunk partials, thread t taking chunks t, t+kThreads, … in order, then the
+// chunk partials, thread j taking chunks j, j+kThreads, … in order, then the
 // same tree. The order depends only on n, never on the GPU or the timing.
 
 constexpr int kSumItemsPerThread = 8;
@@ -136,56 +136,58 @@ constexpr int64_t kSumChunk = int64_t{kThreads} * kSumItemsPerThread;  // 2048 i
 
 inline int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
-template <int K>
-__device__ void block_tree_sum(double (&acc)[K], double (*sh)[kThreads]) {
-  for (int k = 0; k < K; ++k) sh[k][threadIdx.x] = acc[k];
+template <int kSums>
+__device__ void block_tree_sum(double (&acc)[kSums], double (*sh)[kThreads]) {
+  for (int k = 0; k < kSums; ++k) sh[k][threadIdx.x] = acc[k];
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
     if (static_cast<int>(threadIdx.x) < s)
-      for (int k = 0; k < K; ++k) sh[k][threadIdx.x] += sh[k][threadIdx.x + s];
+      for (int k = 0; k < kSums; ++k) sh[k][threadIdx.x] += sh[k][threadIdx.x + s];
     __syncthreads();
   }
 }
 
-// op(i, acc) adds item i's K quantities into acc. partial is [chunks × K].
-template <int K, typename Op>
+// op(i, acc) adds item i's kSums quantities into acc. partial is [chunks × kSums].
+template <int kSums, typename Op>
 __global__ void __launch_bounds__(kThreads) chunk_sums_kernel(Op op, int64_t n, double* partial) {
-  __shared__ double sh[K][kThreads];
-  double acc[K];
-  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  __shared__ double sh[kSums][kThreads];
+  double acc[kSums];
+  for (int k = 0; k < kSums; ++k) acc[k] = 0.0;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kSumChunk;
   for (int j = 0; j < kSumItemsPerThread; ++j) {
     const int64_t i = base + static_cast<int64_t>(j) * kThreads + threadIdx.x;
     if (i < n) op(i, acc);
   }
-  block_tree_sum<K>(acc, sh);
+  block_tree_sum<kSums>(acc, sh);
   if (threadIdx.x == 0)
-    for (int k = 0; k < K; ++k) partial[static_cast<int64_t>(blockIdx.x) * K + k] = sh[k][0];
+    for (int k = 0; k < kSums; ++k)
+      partial[static_cast<int64_t>(blockIdx.x) * kSums + k] = sh[k][0];
 }
 
-// store(k, total) receives the K totals (zeros when there are no chunks).
-template <int K, typename Store>
+// store(k, total) receives the kSums totals (zeros when there are no chunks).
+template <int kSums, typename Store>
 __global__ void __launch_bounds__(kThreads)
     finish_sums_kernel(const double* partial, int64_t chunks, Store store) {
-  __shared__ double sh[K][kThreads];
-  double acc[K];
-  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  __shared__ double sh[kSums][kThreads];
+  double acc[kSums];
+  for (int k = 0; k < kSums; ++k) acc[k] = 0.0;
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads)
-    for (int k = 0; k < K; ++k) acc[k] += partial[c * K + k];
-  block_tree_sum<K>(acc, sh);
+    for (int k = 0; k < kSums; ++k) acc[k] += partial[c * kSums + k];
+  block_tree_sum<kSums>(acc, sh);
   if (threadIdx.x == 0)
-    for (int k = 0; k < K; ++k) store(k, sh[k][0]);
+    for (int k = 0; k < kSums; ++k) store(k, sh[k][0]);
 }
 
-// Σ over i < n of op's K quantities → store. `partial` holds sum_chunks(n)·K doubles.
-template <int K, typename Op, typename Store>
+// Σ over i < n of op's kSums quantities → store. `partial` holds sum_chunks(n)·kSums doubles.
+template <int kSums, typename Op, typename Store>
 void deterministic_sums(cudaStream_t stream, int64_t n, Op op, double* partial, Store store,
                         const char* what) {
   const int64_t chunks = sum_chunks(n);
   check_int_range(what, "reduction chunks", chunks);
   if (chunks > 0)
-    chunk_sums_kernel<K><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(op, n, partial);
-  finish_sums_kernel<K><<<1, kThreads, 0, stream>>>(partial, chunks, store);
+    chunk_sums_kernel<kSums>
+        <<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(op, n, partial);
+  finish_sums_kernel<kSums><<<1, kThreads, 0, stream>>>(partial, chunks, store);
   check_launch(what);
 }
 
