@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "data/record_io.h"
+#include "data/crc32c.h"
 
 namespace {
 

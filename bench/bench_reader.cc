@@ -6,7 +6,7 @@
 // GB/s counts the bytes of the record frames the rank reads.
 //
 // Before timing, the readers are checked against an independent walk of the
-// shard files (RecordReader + the record decoders, in file order): the
+// shard files (ShardCursor + the record decoders, in file order): the
 // positives delivered to all W ranks, and the eval lists, must equal the
 // files' contents as multisets (count and an order-free hash).
 //
@@ -26,9 +26,8 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
+#include "data/format.h"
 #include "data/reader.h"
-#include "data/record_io.h"
-#include "data/shard_format.h"
 
 namespace ncf {
 namespace {
@@ -76,20 +75,19 @@ void evict_pages(const std::string& dir, const DatasetMeta& meta) {
   }
 }
 
-// Independent walk: every train record of every shard in file order.
+// Independent of the readers' record order: every train record of every shard
+// in file order, through the shard cursor --verify uses.
 Digest walk_train(const std::string& dir, const DatasetMeta& meta) {
   Digest d;
-  const uint64_t N = meta.num_train_records(), R = meta.train_record_rows;
-  std::vector<int32_t> users(R), items(R);
+  std::vector<int32_t> users(meta.train_record_rows), items(meta.train_record_rows);
   std::string payload;
-  for (const ShardInfo* s : meta.shards_of("train")) {
-    RecordReader rd(dir + "/" + s->name);
-    NCF_CHECK(rd.read(&payload, 1 << 20), rd.path(), ": no header");
-    for (uint64_t k = 0; k < s->num_records; ++k) {
-      const uint64_t g = s->first_record + k, off = rd.offset();
-      NCF_CHECK(rd.read(&payload, meta.train_frame_bytes), rd.path(), ": ends at record ", k);
-      const uint64_t valid = g + 1 < N ? R : meta.num_train - (N - 1) * R;
-      decode_train_record(payload, meta, valid, rd.path(), off, users.data(), items.data());
+  const uint32_t num_shards = static_cast<uint32_t>(meta.shards_of("train").size());
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ShardCursor cur(dir, meta, "train", s);
+    uint64_t off = 0;
+    for (uint64_t g = cur.info().first_record; cur.next(&payload, &off); ++g) {
+      const uint64_t valid = train_record_valid_rows(meta, g);
+      decode_train_record(payload, meta, valid, cur.path(), off, users.data(), items.data());
       for (uint64_t j = 0; j < valid; ++j) d.sum += pair_hash(users[j], items[j]);
       d.rows += valid;
     }
@@ -103,13 +101,12 @@ Digest walk_eval(const std::string& dir, const DatasetMeta& meta) {
   std::vector<int32_t> items(L);
   std::vector<uint8_t> mask(L);
   std::string payload;
-  for (const ShardInfo* s : meta.shards_of("eval")) {
-    RecordReader rd(dir + "/" + s->name);
-    NCF_CHECK(rd.read(&payload, 1 << 20), rd.path(), ": no header");
-    for (uint64_t k = 0; k < s->num_records; ++k) {
-      const uint64_t u = s->first_record + k, off = rd.offset();
-      NCF_CHECK(rd.read(&payload, meta.eval_frame_bytes), rd.path(), ": ends at record ", k);
-      decode_eval_record(payload, meta, u, rd.path(), off, items.data(), mask.data());
+  const uint32_t num_shards = static_cast<uint32_t>(meta.shards_of("eval").size());
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ShardCursor cur(dir, meta, "eval", s);
+    uint64_t off = 0;
+    for (uint64_t u = cur.info().first_record; cur.next(&payload, &off); ++u) {
+      decode_eval_record(payload, meta, u, cur.path(), off, items.data(), mask.data());
       for (int64_t j = 0; j < L; ++j)
         d.sum += pair_hash(int32_t(u), items[j]) * (mask[j] ? 3 : 1) + uint64_t(j);
       d.rows += 1;

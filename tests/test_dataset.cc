@@ -11,9 +11,9 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
+#include "data/format.h"
 #include "data/ncf_record.pb.h"
 #include "data/reader.h"
-#include "data/record_io.h"
 #include "test_util.h"
 
 namespace ncf {

@@ -1,5 +1,6 @@
 // CRC-32C against published vectors and across its two code paths; TFRecord
-// framing round trips; every corruption names the file and the record's offset.
+// framing round trips; every corruption names the file and the record's offset,
+// in the frame primitive and in the ShardCursor that every reader walks with.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +9,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "data/record_io.h"
+#include "data/format.h"
 #include "test_util.h"
 
 namespace ncf {
@@ -238,7 +239,7 @@ TEST(RecordIo, OpenErrorsNamePath) {
   EXPECT_TRUE(has(msg, missing) && has(msg, std::strerror(ENOENT))) << msg;
   msg = error_of([&] { RecordReader r(dir.file("absent.rec")); });
   EXPECT_TRUE(has(msg, dir.file("absent.rec")) && has(msg, std::strerror(ENOENT))) << msg;
-  EXPECT_TRUE(has(msg, "record_io.cc:")) << msg;
+  EXPECT_TRUE(has(msg, "format.cc:")) << msg;
   msg = error_of([&] { RecordReader r(dir.path()); });
   EXPECT_TRUE(has(msg, dir.path()) && has(msg, "not a regular file")) << msg;
 }
@@ -281,7 +282,7 @@ class Corrupt : public ::testing::Test {
   void expect_names_bad_record(const std::string& msg) {
     EXPECT_TRUE(has(msg, path_)) << msg;
     EXPECT_TRUE(has(msg, "offset " + std::to_string(bad_))) << msg;
-    EXPECT_TRUE(has(msg, "record_io.cc:")) << msg;
+    EXPECT_TRUE(has(msg, "format.cc:")) << msg;
   }
 
   test::TempDir dir_;
@@ -366,6 +367,146 @@ TEST_F(Corrupt, LengthAboveLimit) {
   std::string msg = third_record_error(/*max_len=*/25);
   expect_names_bad_record(msg);
   EXPECT_TRUE(has(msg, "length 30") && has(msg, "25")) << msg;
+}
+
+// ---- shard cursor -------------------------------------------------------------
+
+// One train shard of 6 two-row records (4 users x 3 train pairs) and one eval
+// shard of 4 lists of 3 items.
+class Cursor : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DatasetPlan plan;
+    plan.source = "cursor-test";
+    plan.num_users = 4;
+    plan.num_items = 10;
+    plan.num_train = 12;
+    plan.num_positives = 16;
+    plan.eval_negatives = 2;
+    plan.record_rows = 2;
+    plan.num_shards = 1;
+    plan.seed = 3;
+    DatasetWriter w(dir_.path(), plan);
+    for (int32_t u = 0; u < 4; ++u) {
+      const int32_t pos[4] = {u, u + 1, u + 2, u + 3};
+      const int32_t eval[3] = {u + 3, 8, 9};
+      w.add_user(uint64_t(u), pos, 4, pos, 3, eval, 3);
+    }
+    meta_ = w.finish();
+    path_ = dir_.path() + "/train-00000-of-00001.tfrecord";
+    bytes_ = test::read_file(path_);
+    // The header frame: its length field, then 12 + length + 4 bytes.
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(bytes_[i]);
+    first_ = len + 16;
+  }
+  // Byte offset of train record k, worked out from the layout.
+  uint64_t record_offset(uint64_t k) const { return first_ + k * 41; }
+  std::string error_reading(uint64_t k) {
+    test::write_file(path_, bytes_);
+    ShardCursor cur(dir_.path(), meta_, "train", 0);
+    std::string payload;
+    return error_of([&] { cur.read(k, &payload); });
+  }
+  std::string error_walking() {
+    test::write_file(path_, bytes_);
+    ShardCursor cur(dir_.path(), meta_, "train", 0);
+    std::string payload;
+    uint64_t off;
+    return error_of([&] {
+      while (cur.next(&payload, &off)) {
+      }
+    });
+  }
+  void expect_names(const std::string& msg, uint64_t offset) {
+    EXPECT_TRUE(has(msg, path_)) << msg;
+    EXPECT_TRUE(has(msg, "byte offset " + std::to_string(offset))) << msg;
+  }
+
+  test::TempDir dir_;
+  DatasetMeta meta_;
+  std::string path_, bytes_;
+  uint64_t first_ = 0;
+};
+
+TEST_F(Cursor, FramesSitWhereTheLayoutSays) {
+  // num_valid (1 + 4 bytes) and two 8-byte arrays (1 + 1 + 8 each), framed.
+  EXPECT_EQ(meta_.train_frame_bytes, 41u);
+  EXPECT_EQ(bytes_.size(), record_offset(6));
+  ShardCursor cur(dir_.path(), meta_, "train", 0);
+  std::string payload;
+  uint64_t off = 0;
+  std::vector<uint64_t> offsets;
+  while (cur.next(&payload, &off)) offsets.push_back(off);
+  ASSERT_EQ(offsets.size(), 6u);
+  for (uint64_t k = 0; k < 6; ++k) EXPECT_EQ(offsets[k], record_offset(k));
+  EXPECT_EQ(cur.read(4, &payload), record_offset(4));
+  // The payload is the frame's bytes after its 12-byte length header.
+  EXPECT_EQ(payload, bytes_.substr(record_offset(4) + 12, 25));
+}
+
+TEST_F(Cursor, TruncatedFrame) {
+  bytes_.resize(record_offset(3) + 20);
+  test::write_file(path_, bytes_);
+  std::string msg = error_of([&] { ShardCursor cur(dir_.path(), meta_, "train", 0); });
+  expect_names(msg, bytes_.size());
+  EXPECT_TRUE(has(msg, std::to_string(bytes_.size()) + " bytes")) << msg;
+}
+
+TEST_F(Cursor, BadCrc) {
+  bytes_[record_offset(2) + 12 + 7] ^= 0x20;
+  std::string msg = error_reading(2);
+  expect_names(msg, record_offset(2));
+  EXPECT_TRUE(has(msg, "payload CRC")) << msg;
+  msg = error_walking();
+  expect_names(msg, record_offset(2));
+  EXPECT_TRUE(has(msg, "payload CRC")) << msg;
+}
+
+TEST_F(Cursor, WrongLength) {
+  // Record 1 four bytes short and record 2 four bytes long, each validly framed,
+  // so the file keeps its size and only the frame lengths are wrong.
+  std::string header = bytes_.substr(12, first_ - 16);
+  std::vector<std::string> recs;
+  {
+    ShardCursor cur(dir_.path(), meta_, "train", 0);
+    std::string p;
+    uint64_t off;
+    while (cur.next(&p, &off)) recs.push_back(p);
+  }
+  recs[1] = recs[1].substr(0, 21);
+  recs[2] += std::string(4, '\0');
+  {
+    RecordWriter w(path_);
+    w.write(header);
+    for (const auto& r : recs) w.write(r);
+    w.close();
+    ASSERT_EQ(w.bytes_written(), bytes_.size());
+  }
+  bytes_ = test::read_file(path_);
+  std::string msg = error_reading(1);
+  expect_names(msg, record_offset(1));
+  EXPECT_TRUE(has(msg, "record frame is 37 bytes, expected 41")) << msg;
+  msg = error_walking();
+  expect_names(msg, record_offset(1));
+  EXPECT_TRUE(has(msg, "record frame is 37 bytes")) << msg;
+}
+
+TEST_F(Cursor, WriterChecksFramesAndCount) {
+  ShardInfo si = *meta_.shards_of("train")[0];
+  si.name = "again.tfrecord";
+  const std::string path = dir_.path() + "/again.tfrecord";
+  ShardCursor out(dir_.path(), meta_, si, 0, 1);
+  std::string payload;
+  const int32_t users[2] = {0, 1}, items[2] = {2, 3};
+  encode_train_record(users, items, 2, 2, &payload);
+  EXPECT_EQ(out.append(payload), first_);
+  std::string msg = error_of([&] { out.append(payload + "x"); });
+  EXPECT_TRUE(has(msg, path) && has(msg, "byte offset " + std::to_string(record_offset(1)))) << msg;
+  EXPECT_TRUE(has(msg, "record frame is 42 bytes, expected 41")) << msg;
+  msg = error_of([&] { out.close(); });
+  EXPECT_TRUE(has(msg, path) && has(msg, "byte offset " + std::to_string(record_offset(1)))) << msg;
+  EXPECT_TRUE(has(msg, "1 records written")) << msg;
 }
 
 }  // namespace

@@ -14,9 +14,8 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
+#include "data/format.h"
 #include "data/ncf_record.pb.h"
-#include "data/record_io.h"
-#include "data/shard_format.h"
 #include "data/sources.h"
 #include "test_util.h"
 
@@ -44,8 +43,8 @@ void expect_has(const std::string& msg, const std::vector<std::string>& parts) {
 }
 
 // ---------------------------------------------------------- shard readers ---
-// Read straight from the record files with the protobuf messages, so these
-// checks do not lean on the training readers.
+// Walked with the shard cursor and decoded straight from the protobuf messages,
+// so these checks do not lean on the format's decoders or the training readers.
 
 struct EvalList {
   uint32_t user;
@@ -53,24 +52,14 @@ struct EvalList {
   std::vector<uint8_t> mask;
 };
 
-std::vector<const ShardInfo*> sorted_shards(const DatasetMeta& meta, const std::string& kind) {
-  auto v = meta.shards_of(kind);
-  std::sort(v.begin(), v.end(), [](const ShardInfo* a, const ShardInfo* b) {
-    return a->first_record < b->first_record;
-  });
-  return v;
-}
-
 std::vector<EvalList> read_eval(const std::string& dir, const DatasetMeta& meta) {
   std::vector<EvalList> out;
-  for (const ShardInfo* si : sorted_shards(meta, "eval")) {
-    RecordReader rd(dir + "/" + si->name);
+  const uint32_t num_shards = static_cast<uint32_t>(meta.shards_of("eval").size());
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ShardCursor cur(dir, meta, "eval", s);
     std::string payload;
-    EXPECT_TRUE(rd.read(&payload));
-    proto::ShardHeader h;
-    EXPECT_TRUE(h.ParseFromString(payload));
-    EXPECT_EQ(h.kind(), proto::EVAL);
-    while (rd.read(&payload)) {
+    uint64_t off;
+    while (cur.next(&payload, &off)) {
       proto::EvalRecord r;
       EXPECT_TRUE(r.ParseFromString(payload));
       EvalList e;
@@ -78,7 +67,8 @@ std::vector<EvalList> read_eval(const std::string& dir, const DatasetMeta& meta)
       e.items.resize(r.items().size() / 4);
       std::memcpy(e.items.data(), r.items().data(), e.items.size() * 4);
       e.mask.resize(e.items.size());
-      unpack_mask(r.dup_mask().data(), e.mask.size(), e.mask.data());
+      for (size_t j = 0; j < e.mask.size(); ++j)
+        e.mask[j] = (static_cast<unsigned char>(r.dup_mask()[j / 8]) >> (j % 8)) & 1;
       out.push_back(std::move(e));
     }
   }
@@ -88,11 +78,12 @@ std::vector<EvalList> read_eval(const std::string& dir, const DatasetMeta& meta)
 std::vector<std::pair<int32_t, int32_t>> read_train_pairs(const std::string& dir,
                                                           const DatasetMeta& meta) {
   std::vector<std::pair<int32_t, int32_t>> out;
-  for (const ShardInfo* si : sorted_shards(meta, "train")) {
-    RecordReader rd(dir + "/" + si->name);
+  const uint32_t num_shards = static_cast<uint32_t>(meta.shards_of("train").size());
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    ShardCursor cur(dir, meta, "train", s);
     std::string payload;
-    EXPECT_TRUE(rd.read(&payload));  // header
-    while (rd.read(&payload)) {
+    uint64_t off;
+    while (cur.next(&payload, &off)) {
       proto::TrainRecord r;
       EXPECT_TRUE(r.ParseFromString(payload));
       std::vector<int32_t> u(r.users().size() / 4), i(r.items().size() / 4);

@@ -1,16 +1,9 @@
 // Dataset directories: metadata, the streaming writer (eval records and positive
 // lists as users arrive, train pairs through a bounded external shuffle), eval
-// negatives, duplicate masks, positives.bin mapping and the full verification.
+// negatives and duplicate masks. Every byte it writes is encoded by format.h.
 #include "data/dataset.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,9 +11,7 @@
 
 #include "common/check.h"
 #include "common/philox.h"
-#include "data/ncf_record.pb.h"
-#include "data/record_io.h"
-#include "data/shard_format.h"
+#include "data/format.h"
 
 namespace fs = std::filesystem;
 
@@ -246,12 +237,6 @@ void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask) {
 
 namespace {
 
-std::string shard_name(const char* kind, uint32_t s, uint32_t S) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%s-%05u-of-%05u.tfrecord", kind, s, S);
-  return buf;
-}
-
 // A bucket of packed (user << 32 | item) pairs, spilled to a file when the
 // plan does not fit the shuffle buffer.
 struct Bucket {
@@ -269,22 +254,16 @@ struct DatasetWriter::Impl {
   DatasetMeta meta;
   uint32_t L = 0;  // eval list length 1 + E
 
-  // eval
+  // eval shards, written as users arrive
   uint32_t eval_shards = 0;
   uint32_t eval_shard = 0;
-  std::unique_ptr<RecordWriter> eval_writer;
-  proto::EvalRecord eval_rec;
-  std::vector<uint8_t> mask;
-  std::string mask_bits;
+  std::unique_ptr<ShardCursor> eval_out;
   std::string payload;
 
-  // positives.bin
-  std::FILE* pos_file = nullptr;
-  std::vector<int64_t> offsets;
-  uint64_t pos_written = 0;
+  std::unique_ptr<PositivesWriter> positives;
 
   // train shuffle
-  uint32_t K = 1;  // buckets
+  uint32_t num_buckets = 1;
   std::vector<Bucket> buckets;
   uint64_t train_added = 0;
 
@@ -294,26 +273,20 @@ struct DatasetWriter::Impl {
   uint64_t eval_first(uint32_t s) const { return s * plan.num_users / eval_shards; }
 
   void open_eval_shard(uint32_t s) {
-    if (eval_writer) close_eval_shard();
+    if (eval_out) close_eval_shard();
     eval_shard = s;
     ShardInfo si;
-    si.name = shard_name("eval", s, eval_shards);
+    si.name = shard_file_name("eval", s, eval_shards);
     si.kind = "eval";
     si.first_record = eval_first(s);
     si.num_records = eval_first(s + 1) - eval_first(s);
     si.num_valid_rows = si.num_records * L;
-    meta.shards.push_back(si);
-    eval_writer = std::make_unique<RecordWriter>(dir + "/" + si.name);
-    proto::ShardHeader h = shard_header(meta, proto::EVAL, s, eval_shards, si, L);
-    eval_writer->write(h.SerializeAsString());
+    eval_out = std::make_unique<ShardCursor>(dir, meta, si, s, eval_shards);
   }
 
   void close_eval_shard() {
-    eval_writer->close();
-    ShardInfo& si = meta.shards.back();
-    si.bytes = eval_writer->bytes_written();
-    si.crc32c = eval_writer->file_crc();
-    eval_writer.reset();
+    meta.shards.push_back(eval_out->close());
+    eval_out.reset();
   }
 
   void flush_bucket(Bucket& b) {
@@ -327,24 +300,33 @@ struct DatasetWriter::Impl {
       NCF_FAIL("write failed on shuffle file ", b.path, " (disk full?)");
     b.pending.clear();
   }
-};
 
-proto::ShardHeader shard_header(const DatasetMeta& meta, proto::ShardKind kind, uint32_t s,
-                                uint32_t S, const ShardInfo& si, uint32_t rows) {
-  proto::ShardHeader h;
-  h.set_format_version(kFormatVersion);
-  h.set_kind(kind);
-  h.set_shard_index(s);
-  h.set_num_shards(S);
-  h.set_num_records(si.num_records);
-  h.set_record_rows(rows);
-  h.set_first_record(si.first_record);
-  h.set_num_users(meta.num_users);
-  h.set_num_items(meta.num_items);
-  h.set_num_valid_rows(si.num_valid_rows);
-  h.set_dataset_id(meta.dataset_id);
-  return h;
-}
+  // Reads back (or takes) bucket b's pairs and shuffles them.
+  std::vector<uint64_t> shuffled_bucket(uint32_t b) {
+    Bucket& bk = buckets[b];
+    std::vector<uint64_t> pairs;
+    if (bk.file) {
+      flush_bucket(bk);
+      pairs.resize(bk.count);
+      if (fseeko(bk.file, 0, SEEK_SET) != 0 ||
+          std::fread(pairs.data(), 8, pairs.size(), bk.file) != pairs.size())
+        NCF_FAIL("read failed on shuffle file ", bk.path);
+      std::fclose(bk.file);
+      bk.file = nullptr;
+      std::remove(bk.path.c_str());
+    } else {
+      pairs.swap(bk.pending);
+    }
+    CounterRng rng{plan.seed, kStreamShuffle, (1ull << 63) | b};
+    for (uint64_t i = pairs.size(); i > 1; --i) {
+      uint64_t j = rng.below(i, i);
+      std::swap(pairs[i - 1], pairs[j]);
+    }
+    return pairs;
+  }
+
+  void write_train_shards();
+};
 
 DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
     : impl_(std::make_unique<Impl>()) {
@@ -395,39 +377,18 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
     m.dataset_id = buf;
   }
   w.L = plan.eval_negatives + 1;
-  w.mask.resize(w.L);
-  w.mask_bits.resize((w.L + 7) / 8);
-
-  // Frame sizes are fixed per dataset: readers seek to record k directly.
-  {
-    proto::TrainRecord r;
-    r.set_num_valid(plan.record_rows);
-    r.set_users(std::string(size_t(plan.record_rows) * 4, '\0'));
-    r.set_items(std::string(size_t(plan.record_rows) * 4, '\0'));
-    m.train_frame_bytes = frame_bytes(r.ByteSizeLong());
-    proto::EvalRecord e;
-    e.set_user(0);
-    e.set_items(std::string(size_t(w.L) * 4, '\0'));
-    e.set_dup_mask(std::string((w.L + 7) / 8, '\0'));
-    m.eval_frame_bytes = frame_bytes(e.ByteSizeLong());
-  }
+  m.train_frame_bytes = train_frame_bytes(plan.record_rows);
+  m.eval_frame_bytes = eval_frame_bytes(w.L);
 
   w.eval_shards = static_cast<uint32_t>(std::min<uint64_t>(plan.num_shards, plan.num_users));
   w.open_eval_shard(0);
-
-  std::string pos_path = dir + "/" + kPositivesFile;
-  w.pos_file = std::fopen(pos_path.c_str(), "w+b");
-  if (!w.pos_file) NCF_FAIL("cannot create ", pos_path, ": ", std::strerror(errno));
-  w.offsets.assign(plan.num_users + 1, 0);
-  const uint64_t items_at = PositivesLayout::items_offset(plan.num_users);
-  if (fseeko(w.pos_file, static_cast<off_t>(items_at), SEEK_SET) != 0)
-    NCF_FAIL("seek failed on ", pos_path);
+  w.positives = std::make_unique<PositivesWriter>(dir + "/" + kPositivesFile, plan.num_users);
 
   const uint64_t pair_bytes = plan.num_train * 8;
-  w.K = static_cast<uint32_t>(std::max<uint64_t>(
+  w.num_buckets = static_cast<uint32_t>(std::max<uint64_t>(
       1, (pair_bytes + plan.shuffle_buffer_bytes - 1) / plan.shuffle_buffer_bytes));
-  w.buckets.resize(w.K);
-  if (w.K == 1) w.buckets[0].pending.reserve(plan.num_train);
+  w.buckets.resize(w.num_buckets);
+  if (w.num_buckets == 1) w.buckets[0].pending.reserve(plan.num_train);
 }
 
 DatasetWriter::~DatasetWriter() {
@@ -437,7 +398,6 @@ DatasetWriter::~DatasetWriter() {
       std::fclose(b.file);
       std::remove(b.path.c_str());
     }
-  if (impl_->pos_file) std::fclose(impl_->pos_file);
 }
 
 void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num_positives,
@@ -461,23 +421,13 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
               " out of range [0, ", I, ")");
   ++w.next_user;
 
-  // eval record
   if (w.eval_shard + 1 < w.eval_shards && user >= w.eval_first(w.eval_shard + 1))
     w.open_eval_shard(w.eval_shard + 1);
-  duplicate_mask(eval, num_eval, w.mask.data());
-  pack_mask(w.mask.data(), num_eval, w.mask_bits.data());
-  w.eval_rec.set_user(static_cast<uint32_t>(user));
-  w.eval_rec.set_items(reinterpret_cast<const char*>(eval), num_eval * 4);
-  w.eval_rec.set_dup_mask(w.mask_bits);
-  w.eval_rec.SerializeToString(&w.payload);
-  w.eval_writer->write(w.payload);
+  encode_eval_record(user, eval, num_eval, &w.payload);
+  w.eval_out->append(w.payload);
 
-  // positives
-  if (num_positives && std::fwrite(positives, 4, num_positives, w.pos_file) != num_positives)
-    NCF_FAIL("write failed on ", w.dir, "/", kPositivesFile, " (disk full?)");
-  w.pos_written += num_positives;
-  w.offsets[user + 1] = static_cast<int64_t>(w.pos_written);
-  NCF_CHECK(w.pos_written <= w.plan.num_positives, "more positives than planned (",
+  w.positives->add(positives, num_positives);
+  NCF_CHECK(w.positives->written() <= w.plan.num_positives, "more positives than planned (",
             w.plan.num_positives, ")");
 
   // train pairs into shuffle buckets
@@ -486,18 +436,67 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
               " out of range [0, ", I, ")");
     uint64_t packed = (user << 32) | static_cast<uint32_t>(train[k]);
     uint32_t b = 0;
-    if (w.K > 1) {
+    if (w.num_buckets > 1) {
       CounterRng rng{w.plan.seed, kStreamShuffle, w.train_added};
-      b = static_cast<uint32_t>(rng.below(0, w.K));
+      b = static_cast<uint32_t>(rng.below(0, w.num_buckets));
     }
     Bucket& bk = w.buckets[b];
     bk.pending.push_back(packed);
     ++bk.count;
-    if (w.K > 1 && bk.pending.size() >= (1u << 16)) w.flush_bucket(bk);
+    if (w.num_buckets > 1 && bk.pending.size() >= (1u << 16)) w.flush_bucket(bk);
     ++w.train_added;
   }
   NCF_CHECK(w.train_added <= w.plan.num_train, "more train pairs than planned (", w.plan.num_train,
             ")");
+}
+
+// Each bucket shuffled in memory, in bucket order, then cut into records of
+// record_rows pairs spread over the train shards.
+void DatasetWriter::Impl::write_train_shards() {
+  const uint32_t rows = plan.record_rows;
+  const uint64_t num_records = meta.num_train_records();
+  const uint32_t num_shards =
+      static_cast<uint32_t>(std::min<uint64_t>(plan.num_shards, num_records));
+  auto first_of = [&](uint32_t s) { return s * num_records / num_shards; };
+  uint32_t shard = 0;
+  uint64_t record = 0;
+  std::unique_ptr<ShardCursor> out;
+  std::vector<ShardInfo> written;
+  std::vector<int32_t> users(rows), items(rows);
+  uint32_t fill = 0;
+  auto open_shard = [&](uint32_t s) {
+    ShardInfo si;
+    si.name = shard_file_name("train", s, num_shards);
+    si.kind = "train";
+    si.first_record = first_of(s);
+    si.num_records = first_of(s + 1) - first_of(s);
+    const uint64_t last = first_of(s + 1);
+    si.num_valid_rows = std::min<uint64_t>(last * rows, plan.num_train) - si.first_record * rows;
+    out = std::make_unique<ShardCursor>(dir, meta, si, s, num_shards);
+  };
+  auto emit = [&]() {
+    if (record == first_of(shard + 1)) {
+      written.push_back(out->close());
+      open_shard(++shard);
+    }
+    encode_train_record(users.data(), items.data(), fill, rows, &payload);
+    out->append(payload);
+    ++record;
+    fill = 0;
+  };
+  open_shard(0);
+  for (uint32_t b = 0; b < num_buckets; ++b) {
+    for (uint64_t p : shuffled_bucket(b)) {
+      users[fill] = static_cast<int32_t>(p >> 32);
+      items[fill] = static_cast<int32_t>(p & 0xffffffffu);
+      if (++fill == rows) emit();
+    }
+  }
+  if (fill > 0) emit();
+  written.push_back(out->close());
+  NCF_CHECK(record == num_records, "wrote ", record, " train records, expected ", num_records);
+  // Shards listed train first, then eval, each in index order.
+  meta.shards.insert(meta.shards.begin(), written.begin(), written.end());
 }
 
 DatasetMeta DatasetWriter::finish() {
@@ -508,108 +507,12 @@ DatasetMeta DatasetWriter::finish() {
             " planned users were added");
   NCF_CHECK(w.train_added == w.plan.num_train, "added ", w.train_added, " train pairs, planned ",
             w.plan.num_train);
-  NCF_CHECK(w.pos_written == w.plan.num_positives, "added ", w.pos_written, " positives, planned ",
-            w.plan.num_positives);
+  NCF_CHECK(w.positives->written() == w.plan.num_positives, "added ", w.positives->written(),
+            " positives, planned ", w.plan.num_positives);
   w.close_eval_shard();
-
-  // positives.bin: header and offsets, then the whole-file CRC.
-  {
-    std::string path = w.dir + "/" + kPositivesFile;
-    PositivesLayout::Header h{};
-    std::memcpy(h.magic, PositivesLayout::kMagic, 8);
-    h.num_users = w.plan.num_users;
-    h.nnz = w.pos_written;
-    if (fseeko(w.pos_file, 0, SEEK_SET) != 0 || std::fwrite(&h, sizeof h, 1, w.pos_file) != 1 ||
-        std::fwrite(w.offsets.data(), 8, w.offsets.size(), w.pos_file) != w.offsets.size())
-      NCF_FAIL("write failed on ", path, " (disk full?)");
-    if (std::fclose(w.pos_file) != 0) NCF_FAIL("close failed on ", path);
-    w.pos_file = nullptr;
-    std::vector<int64_t>().swap(w.offsets);
-    file_crc32c(path, &w.meta.positives_bytes, &w.meta.positives_crc32c);
-  }
-
-  // Train shards: each bucket shuffled in memory, then cut into records.
-  const uint32_t R = w.plan.record_rows;
-  const uint64_t N = w.meta.num_train_records();
-  const uint32_t S = static_cast<uint32_t>(std::min<uint64_t>(w.plan.num_shards, N));
-  auto first_of = [&](uint32_t s) { return s * N / S; };
-  uint32_t shard = 0;
-  uint64_t record = 0;
-  std::unique_ptr<RecordWriter> out;
-  std::vector<int32_t> users(R), items(R);
-  uint32_t fill = 0;
-  proto::TrainRecord rec;
-  std::string payload;
-  auto open_shard = [&](uint32_t s) {
-    ShardInfo si;
-    si.name = shard_name("train", s, S);
-    si.kind = "train";
-    si.first_record = first_of(s);
-    si.num_records = first_of(s + 1) - first_of(s);
-    uint64_t last = first_of(s + 1);
-    si.num_valid_rows = std::min<uint64_t>(last * R, w.plan.num_train) - si.first_record * R;
-    w.meta.shards.push_back(si);
-    out = std::make_unique<RecordWriter>(w.dir + "/" + si.name);
-    out->write(shard_header(w.meta, proto::TRAIN, s, S, si, R).SerializeAsString());
-  };
-  auto close_shard = [&]() {
-    out->close();
-    ShardInfo& si = w.meta.shards.back();
-    si.bytes = out->bytes_written();
-    si.crc32c = out->file_crc();
-    out.reset();
-  };
-  auto emit = [&]() {
-    if (record == first_of(shard + 1)) {
-      close_shard();
-      open_shard(++shard);
-    }
-    std::fill(users.begin() + fill, users.end(), 0);
-    std::fill(items.begin() + fill, items.end(), 0);
-    rec.set_num_valid(fill);
-    rec.set_users(reinterpret_cast<const char*>(users.data()), size_t(R) * 4);
-    rec.set_items(reinterpret_cast<const char*>(items.data()), size_t(R) * 4);
-    rec.SerializeToString(&payload);
-    NCF_CHECK(frame_bytes(payload.size()) == w.meta.train_frame_bytes, "train frame size changed");
-    out->write(payload);
-    ++record;
-    fill = 0;
-  };
-  open_shard(0);
-  for (uint32_t b = 0; b < w.K; ++b) {
-    Bucket& bk = w.buckets[b];
-    std::vector<uint64_t> pairs;
-    if (bk.file) {
-      w.flush_bucket(bk);
-      pairs.resize(bk.count);
-      if (fseeko(bk.file, 0, SEEK_SET) != 0 ||
-          std::fread(pairs.data(), 8, pairs.size(), bk.file) != pairs.size())
-        NCF_FAIL("read failed on shuffle file ", bk.path);
-      std::fclose(bk.file);
-      bk.file = nullptr;
-      std::remove(bk.path.c_str());
-    } else {
-      pairs.swap(bk.pending);
-    }
-    CounterRng rng{w.plan.seed, kStreamShuffle, (1ull << 63) | b};
-    for (uint64_t i = pairs.size(); i > 1; --i) {
-      uint64_t j = rng.below(i, i);
-      std::swap(pairs[i - 1], pairs[j]);
-    }
-    for (uint64_t p : pairs) {
-      users[fill] = static_cast<int32_t>(p >> 32);
-      items[fill] = static_cast<int32_t>(p & 0xffffffffu);
-      if (++fill == R) emit();
-    }
-  }
-  if (fill > 0) emit();
-  close_shard();
-  NCF_CHECK(record == N, "wrote ", record, " train records, expected ", N);
-
-  // Shards listed train first, then eval, each in index order.
-  std::stable_sort(
-      w.meta.shards.begin(), w.meta.shards.end(),
-      [](const ShardInfo& a, const ShardInfo& b) { return a.kind == "train" && b.kind == "eval"; });
+  w.positives->finish(&w.meta.positives_bytes, &w.meta.positives_crc32c);
+  w.positives.reset();
+  w.write_train_shards();
   w.meta.save(w.dir);
   return w.meta;
 }

@@ -5,7 +5,7 @@
 
 #include "common/check.h"
 #include "common/philox.h"
-#include "data/shard_format.h"
+#include "data/format.h"
 
 namespace ncf {
 
@@ -39,7 +39,7 @@ TrainReader::TrainReader(const std::string& dir, const DatasetMeta& meta, int ra
       rank_(rank),
       world_(world),
       P_(step_positives),
-      T_(static_cast<int64_t>(meta.num_train)),
+      num_positives_(static_cast<int64_t>(meta.num_train)),
       seed_(seed),
       shuffle_(shuffle_records),
       depth_(std::max<size_t>(1, prefetch)),
@@ -57,12 +57,12 @@ void TrainReader::stop() {
 }
 
 std::vector<uint64_t> TrainReader::record_order(int64_t epoch) const {
-  const uint64_t N = meta_.num_train_records();
-  std::vector<uint64_t> order(N);
-  for (uint64_t k = 0; k < N; ++k) order[k] = k;
+  const uint64_t num_records = meta_.num_train_records();
+  std::vector<uint64_t> order(num_records);
+  for (uint64_t k = 0; k < num_records; ++k) order[k] = k;
   if (shuffle_) {
     CounterRng rng{seed_, kStreamEpochOrder, static_cast<uint64_t>(epoch)};
-    for (uint64_t i = N; i > 1; --i) std::swap(order[i - 1], order[rng.below(i, i)]);
+    for (uint64_t i = num_records; i > 1; --i) std::swap(order[i - 1], order[rng.below(i, i)]);
   }
   return order;
 }
@@ -80,17 +80,17 @@ bool TrainReader::next(TrainBatch* out) {
 
 void TrainReader::produce(int64_t epoch) {
   try {
-    const uint64_t N = meta_.num_train_records();
-    const int64_t R = meta_.train_record_rows;
+    const uint64_t num_records = meta_.num_train_records();
+    const int64_t record_rows = meta_.train_record_rows;
     const std::vector<uint64_t> order = record_order(epoch);
     auto valid_of = [&](uint64_t g) {
       return static_cast<int64_t>(train_record_valid_rows(meta_, g));
     };
     // start[k]: stream position of the first row of the k-th record in order.
-    std::vector<int64_t> start(N + 1, 0);
-    for (uint64_t k = 0; k < N; ++k) start[k + 1] = start[k] + valid_of(order[k]);
+    std::vector<int64_t> start(num_records + 1, 0);
+    for (uint64_t k = 0; k < num_records; ++k) start[k + 1] = start[k] + valid_of(order[k]);
 
-    std::vector<int32_t> users(R), items(R);
+    std::vector<int32_t> users(record_rows), items(record_rows);
     int64_t cached = -1;  // index k (in order) of the record held in users/items
     std::string payload;
     for (int64_t t = 0; t < steps_per_epoch(); ++t) {
@@ -98,7 +98,7 @@ void TrainReader::produce(int64_t epoch) {
       b.epoch = epoch;
       b.step = t;
       b.step_begin = t * P_;
-      b.step_count = std::min(P_, T_ - b.step_begin);
+      b.step_count = std::min(P_, num_positives_ - b.step_begin);
       const int64_t lo = b.step_begin + b.step_count * rank_ / world_;
       const int64_t hi = b.step_begin + b.step_count * (rank_ + 1) / world_;
       b.slice_begin = lo;

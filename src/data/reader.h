@@ -3,8 +3,8 @@
 // queue, so the step loop only pops ready batches.
 //
 // Train stream: each epoch the train records are put in an order fixed by
-// (seed, epoch); their valid rows, end to end, form the epoch's stream of T
-// positives. Global step t takes stream positions [t·P, min((t+1)·P, T)) for P
+// (seed, epoch); their valid rows, end to end, form the epoch's stream of n
+// positives. Global step t takes stream positions [t·P, min((t+1)·P, n)) for P
 // positives per global step, wherever record boundaries fall; rank r of W takes
 // the r-th of W near-equal contiguous slices of it. A step's content therefore
 // does not depend on W.
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "data/shard_format.h"
+#include "data/format.h"
 
 namespace ncf {
 
@@ -112,8 +112,8 @@ class TrainReader {
               size_t prefetch = 4);
   ~TrainReader();
 
-  int64_t steps_per_epoch() const { return (T_ + P_ - 1) / P_; }
-  int64_t positives() const { return T_; }
+  int64_t steps_per_epoch() const { return (num_positives_ + P_ - 1) / P_; }
+  int64_t positives() const { return num_positives_; }
   // Starts reading epoch `epoch` in the background (ends any unfinished one).
   void start_epoch(int64_t epoch);
   // Next step of the epoch for this rank; false after the last step.
@@ -128,7 +128,7 @@ class TrainReader {
   std::string dir_;
   DatasetMeta meta_;
   int rank_, world_;
-  int64_t P_, T_;
+  int64_t P_, num_positives_;
   uint64_t seed_;
   bool shuffle_;
   size_t depth_;

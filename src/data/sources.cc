@@ -1,6 +1,7 @@
 // Raw inputs for ncf_prep: format detection, the line parsers for MovieLens
-// (u.data, ratings.dat, ratings.csv) and the NCF paper's files, and the two
-// prepare_* paths that turn them into a dataset directory through DatasetWriter.
+// (u.data, ratings.dat, ratings.csv) and the NCF paper's files, and the parse,
+// remap and split stages of each; prep_stages.h's shared stages draw the eval
+// negatives and write the dataset.
 //
 // Parsing is the slow part on ml-25m (25M lines, ~650 MB): files are mmapped,
 // split at line boundaries over threads, and fields are cut by hand and read
@@ -19,14 +20,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <filesystem>
-#include <future>
 #include <limits>
-#include <thread>
 
 #include "common/check.h"
 #include "common/parallel.h"
+#include "data/prep_stages.h"
 
 namespace ncf {
 namespace {
@@ -37,22 +36,11 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kExcerptChars = 80;      // offending text shown in messages
 constexpr size_t kSniffBytes = 64 << 10;  // what detect_format reads of a file
 constexpr size_t kBytesPerParseThread = 8 << 20;
-constexpr uint64_t kDrawBlockUsers = 4096;  // users per parallel eval-negative block
 constexpr double kMaxRating = 5.0;
 constexpr const char* kCsvHeader = "userId,movieId,rating,timestamp";
 constexpr const char* kNcfTrain = ".train.rating";
 constexpr const char* kNcfTest = ".test.rating";
 constexpr const char* kNcfNegative = ".test.negative";
-
-int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  unsigned h = std::thread::hardware_concurrency();
-  return h ? static_cast<int>(h) : 1;
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -587,26 +575,6 @@ class DenseIds {
   std::vector<int64_t> sorted_;
 };
 
-// Runs fn(begin, end) over `parts` contiguous ranges of [0, n) on the thread
-// pool; rethrows the failure of the lowest range, so the error reported is the
-// one a serial loop would have hit first.
-template <typename Fn>
-void parallel_ranges(uint64_t n, int parts, const Fn& fn) {
-  parts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(parts, n)));
-  std::vector<std::exception_ptr> errs(parts);
-  parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      try {
-        fn(n * p / parts, n * (p + 1) / parts);
-      } catch (...) {
-        errs[p] = std::current_exception();
-      }
-    }
-  });
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-}
-
 std::string basename_of(const std::string& p) {
   std::string s = p;
   while (s.size() > 1 && s.back() == '/') s.pop_back();
@@ -683,10 +651,163 @@ std::vector<Rating> read_movielens(const std::string& file, InputFormat fmt) {
   return parse_ratings(file, syntax_of(fmt), resolve_threads(0));
 }
 
+// ------------------------------------------------------------ MovieLens ---
+
+namespace {
+
+// Ratings grouped by user: dense users in ascending raw id, each user's raw
+// items in file order, and the item of the user's latest rating.
+struct UserGroups {
+  uint64_t num_ratings = 0;
+  std::vector<uint64_t> off;      // num_users + 1
+  std::vector<int64_t> items;     // raw items, user by user
+  std::vector<int64_t> raw_user;  // dense → raw user id
+  std::vector<int64_t> latest;    // raw item of the latest rating
+};
+
+// A MovieLens file with dense ids: kept users 0 .. U-1, items 0 .. I-1 (both in
+// ascending raw id), each user's distinct items (CSR, ascending) and latest item.
+struct DenseRatings {
+  uint64_t num_items = 0;
+  uint64_t raw_users = 0, duplicates = 0, dropped = 0;
+  std::vector<uint64_t> pos_off;  // U + 1
+  std::vector<int32_t> pos;
+  std::vector<int32_t> latest;    // U
+  std::vector<int64_t> raw_user;  // U
+  uint64_t num_users() const { return latest.size(); }
+};
+
+// Remap stage, users: a counting sort by user, stable so file order stays
+// within a user; the latest rating is picked on the way, and iterating in file
+// order with >= makes the later line win a timestamp tie.
+UserGroups group_by_user(std::vector<Rating> ratings) {
+  UserGroups g;
+  const uint64_t n = ratings.size();
+  g.num_ratings = n;
+  std::vector<int64_t> raw_ids(n);
+  for (uint64_t k = 0; k < n; ++k) raw_ids[k] = ratings[k].user;
+  const DenseIds all_users(std::move(raw_ids));
+  const uint64_t num_users = static_cast<uint64_t>(all_users.size());
+  std::vector<uint32_t> user_of(n);
+  g.off.assign(num_users + 1, 0);
+  for (uint64_t k = 0; k < n; ++k) {
+    user_of[k] = static_cast<uint32_t>(all_users(ratings[k].user));
+    ++g.off[user_of[k] + 1];
+  }
+  for (uint64_t u = 0; u < num_users; ++u) g.off[u + 1] += g.off[u];
+  g.items.resize(n);
+  g.raw_user.resize(num_users);
+  g.latest.resize(num_users);
+  std::vector<int64_t> latest_ts(num_users, std::numeric_limits<int64_t>::min());
+  std::vector<uint64_t> cursor(g.off.begin(), g.off.end() - 1);
+  for (uint64_t k = 0; k < n; ++k) {
+    const Rating& r = ratings[k];
+    const uint32_t u = user_of[k];
+    g.items[cursor[u]++] = r.item;
+    g.raw_user[u] = r.user;
+    if (r.timestamp >= latest_ts[u]) {
+      latest_ts[u] = r.timestamp;
+      g.latest[u] = r.item;
+    }
+  }
+  return g;
+}
+
+// Remap stage, items: a repeated (user, item) counts once (the latest item is
+// the latest rating overall, so also that item's latest), users with fewer than
+// min_interactions distinct items are dropped, and the kept users' items become
+// dense. The item map is monotone, so each sorted list stays sorted.
+DenseRatings remap_ids(UserGroups g, uint32_t min_interactions, int threads,
+                       const std::string& file) {
+  DenseRatings d;
+  const uint64_t raw_users = g.raw_user.size();
+  d.raw_users = raw_users;
+  std::vector<uint64_t> distinct(raw_users);
+  parallel_ranges(threads, raw_users, [&](uint64_t b, uint64_t e) {
+    for (uint64_t u = b; u < e; ++u) {
+      auto first = g.items.begin() + g.off[u], last = g.items.begin() + g.off[u + 1];
+      std::sort(first, last);
+      distinct[u] = static_cast<uint64_t>(std::unique(first, last) - first);
+    }
+  });
+  uint64_t kept = 0, nnz = 0;
+  for (uint64_t u = 0; u < raw_users; ++u) {
+    d.duplicates += (g.off[u + 1] - g.off[u]) - distinct[u];
+    if (distinct[u] >= min_interactions) {
+      ++kept;
+      nnz += distinct[u];
+    }
+  }
+  d.dropped = raw_users - kept;
+  if (kept == 0)
+    NCF_FAIL(file, ": no usable user: all ", raw_users, " users have fewer than ", min_interactions,
+             " distinct rated items (one is held out for test, the rest train)");
+  if (kept > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+    NCF_FAIL(file, ": ", kept, " users do not fit int32 ids");
+
+  std::vector<int64_t> kept_items;
+  kept_items.reserve(nnz);
+  for (uint64_t u = 0; u < raw_users; ++u)
+    if (distinct[u] >= min_interactions)
+      kept_items.insert(kept_items.end(), g.items.begin() + g.off[u],
+                        g.items.begin() + g.off[u] + distinct[u]);
+  const DenseIds items(std::move(kept_items));
+  d.num_items = static_cast<uint64_t>(items.size());
+  if (d.num_items > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+    NCF_FAIL(file, ": ", d.num_items, " items do not fit int32 ids");
+
+  d.pos_off.assign(kept + 1, 0);
+  std::vector<uint64_t> src_user(kept);  // kept → pre-drop dense user
+  for (uint64_t u = 0, k = 0; u < raw_users; ++u)
+    if (distinct[u] >= min_interactions) {
+      src_user[k] = u;
+      d.pos_off[k + 1] = d.pos_off[k] + distinct[u];
+      ++k;
+    }
+  d.pos.resize(nnz);
+  d.latest.resize(kept);
+  d.raw_user.resize(kept);
+  parallel_ranges(threads, kept, [&](uint64_t b, uint64_t e) {
+    for (uint64_t k = b; k < e; ++k) {
+      const uint64_t u = src_user[k];
+      for (uint64_t j = 0; j < distinct[u]; ++j)
+        d.pos[d.pos_off[k] + j] = static_cast<int32_t>(items(g.items[g.off[u] + j]));
+      d.latest[k] = static_cast<int32_t>(items(g.latest[u]));
+      d.raw_user[k] = g.raw_user[u];
+    }
+  });
+  return d;
+}
+
+// Split stage: leave-one-out, each user's latest item held out, the rest train.
+SplitUsers leave_one_out(const DenseRatings& d) {
+  SplitUsers s;
+  s.num_users = d.num_users();
+  s.sizes = [&d](uint64_t u, uint64_t* np, uint64_t* nt) {
+    *np = d.pos_off[u + 1] - d.pos_off[u];
+    *nt = *np - 1;
+  };
+  s.split = [&d](UserBlock* b, uint64_t begin, uint64_t end) {
+    for (uint64_t j = begin; j < end; ++j) {
+      const uint64_t u = b->first_user + j;
+      const int32_t* p = d.pos.data() + d.pos_off[u];
+      const uint64_t np = d.pos_off[u + 1] - d.pos_off[u];
+      std::copy(p, p + np, b->positives_of(j));
+      int32_t* train = b->train_of(j);
+      for (uint64_t q = 0; q < np; ++q)
+        if (p[q] != d.latest[u]) *train++ = p[q];
+      b->eval_of(j)[0] = d.latest[u];
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
 DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const std::string& out_dir,
                               const PrepOptions& opt) {
-  const auto t0 = Clock::now();
-  const int nthreads = resolve_threads(opt.threads);
+  const PrepProgress progress{opt.progress, "prep", Clock::now()};
+  const int threads = resolve_threads(opt.threads);
   std::string file;
   const InputFormat f = detect_format(path, fmt, &file);
   if (f == InputFormat::kNcfPaper)
@@ -694,191 +815,46 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   if (opt.min_interactions < 1)
     NCF_FAIL("min_interactions must be >= 1, got ", opt.min_interactions);
 
-  std::vector<Rating> ratings = parse_ratings(file, syntax_of(f), nthreads);
-  const uint64_t N = ratings.size();
+  std::vector<Rating> ratings = parse_ratings(file, syntax_of(f), threads);
+  const uint64_t num_ratings = ratings.size();
   if (opt.progress)
     std::fprintf(stderr, "prep: read %llu ratings from %s in %.1f s\n",
-                 static_cast<unsigned long long>(N), file.c_str(), seconds_since(t0));
-  if (N >= (1ull << 32)) NCF_FAIL(file, ": ", N, " ratings, more than this reader handles (2^32)");
-
-  // Group by user (counting sort, stable: file order kept within a user) and
-  // pick each user's latest interaction while doing it. Iterating in file
-  // order with >= makes the later line win a timestamp tie.
-  std::vector<int64_t> raw_ids(N);
-  for (uint64_t k = 0; k < N; ++k) raw_ids[k] = ratings[k].user;
-  const DenseIds all_users(std::move(raw_ids));
-  const uint64_t U0 = static_cast<uint64_t>(all_users.size());
-  std::vector<uint32_t> user_of(N);
-  std::vector<uint64_t> off(U0 + 1, 0);
-  for (uint64_t k = 0; k < N; ++k) {
-    user_of[k] = static_cast<uint32_t>(all_users(ratings[k].user));
-    ++off[user_of[k] + 1];
-  }
-  for (uint64_t u = 0; u < U0; ++u) off[u + 1] += off[u];
-  std::vector<int64_t> grouped(N);    // raw items, user by user
-  std::vector<int64_t> raw_user(U0);  // dense (pre-drop) → raw user id
-  std::vector<int64_t> test_raw(U0);  // raw test item
-  std::vector<int64_t> test_ts(U0, std::numeric_limits<int64_t>::min());
-  {
-    std::vector<uint64_t> cursor(off.begin(), off.end() - 1);
-    for (uint64_t k = 0; k < N; ++k) {
-      const Rating& r = ratings[k];
-      const uint32_t u = user_of[k];
-      grouped[cursor[u]++] = r.item;
-      raw_user[u] = r.user;
-      if (r.timestamp >= test_ts[u]) {
-        test_ts[u] = r.timestamp;
-        test_raw[u] = r.item;
-      }
-    }
-  }
-  std::vector<Rating>().swap(ratings);
-  std::vector<uint32_t>().swap(user_of);
-  std::vector<int64_t>().swap(test_ts);
-
-  // Distinct items per user; a repeated (user, item) counts once, and since the
-  // test item is the latest interaction overall it is also that item's latest.
-  std::vector<uint64_t> distinct(U0);
-  parallel_ranges(U0, nthreads, [&](uint64_t b, uint64_t e) {
-    for (uint64_t u = b; u < e; ++u) {
-      auto first = grouped.begin() + off[u], last = grouped.begin() + off[u + 1];
-      std::sort(first, last);
-      distinct[u] = static_cast<uint64_t>(std::unique(first, last) - first);
-    }
-  });
-  uint64_t duplicates = 0, kept = 0, nnz = 0;
-  for (uint64_t u = 0; u < U0; ++u) {
-    duplicates += (off[u + 1] - off[u]) - distinct[u];
-    if (distinct[u] >= opt.min_interactions) {
-      ++kept;
-      nnz += distinct[u];
-    }
-  }
-  const uint64_t dropped = U0 - kept;
-  if (kept == 0)
-    NCF_FAIL(file, ": no usable user: all ", U0, " users have fewer than ", opt.min_interactions,
-             " distinct rated items (one is held out for test, the rest train)");
-  if (kept > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
-    NCF_FAIL(file, ": ", kept, " users do not fit int32 ids");
-
-  // Items dense over the kept users' ratings, ascending raw id. The map is
-  // monotone, so each user's sorted raw list stays sorted after mapping.
-  std::vector<int64_t> kept_items;
-  kept_items.reserve(nnz);
-  for (uint64_t u = 0; u < U0; ++u)
-    if (distinct[u] >= opt.min_interactions)
-      kept_items.insert(kept_items.end(), grouped.begin() + off[u],
-                        grouped.begin() + off[u] + distinct[u]);
-  const DenseIds items(std::move(kept_items));
-  const uint64_t I = static_cast<uint64_t>(items.size());
-  if (I > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
-    NCF_FAIL(file, ": ", I, " items do not fit int32 ids");
-
-  const uint64_t U = kept;
-  std::vector<uint64_t> pos_off(U + 1, 0);  // CSR of each kept user's positives
-  std::vector<uint64_t> src_user(U);        // kept → pre-drop dense user
-  for (uint64_t u = 0, k = 0; u < U0; ++u)
-    if (distinct[u] >= opt.min_interactions) {
-      src_user[k] = u;
-      pos_off[k + 1] = pos_off[k] + distinct[u];
-      ++k;
-    }
-  std::vector<int32_t> pos(nnz);
-  std::vector<int32_t> test_item(U);
-  std::vector<int64_t> kept_raw_user(U);
-  parallel_ranges(U, nthreads, [&](uint64_t b, uint64_t e) {
-    for (uint64_t k = b; k < e; ++k) {
-      const uint64_t u = src_user[k];
-      for (uint64_t j = 0; j < distinct[u]; ++j)
-        pos[pos_off[k] + j] = static_cast<int32_t>(items(grouped[off[u] + j]));
-      test_item[k] = static_cast<int32_t>(items(test_raw[u]));
-      kept_raw_user[k] = raw_user[u];
-    }
-  });
-  std::vector<int64_t>().swap(grouped);
+                 static_cast<unsigned long long>(num_ratings), file.c_str(), progress.seconds());
+  if (num_ratings >= (1ull << 32))
+    NCF_FAIL(file, ": ", num_ratings, " ratings, more than this reader handles (2^32)");
+  const DenseRatings d =
+      remap_ids(group_by_user(std::move(ratings)), opt.min_interactions, threads, file);
+  const uint64_t U = d.num_users(), I = d.num_items;
   if (opt.progress)
     std::fprintf(stderr,
                  "prep: %llu users (%llu dropped with < %u items), %llu items, %llu duplicate "
                  "ratings removed (%.1f s)\n",
-                 static_cast<unsigned long long>(U), static_cast<unsigned long long>(dropped),
+                 static_cast<unsigned long long>(U), static_cast<unsigned long long>(d.dropped),
                  opt.min_interactions, static_cast<unsigned long long>(I),
-                 static_cast<unsigned long long>(duplicates), seconds_since(t0));
+                 static_cast<unsigned long long>(d.duplicates), progress.seconds());
 
   DatasetPlan plan;
   plan.source = "movielens:" + movielens_name(file);
   plan.num_users = U;
   plan.num_items = I;
-  plan.num_train = nnz - U;
-  plan.num_positives = nnz;
+  plan.num_train = d.pos.size() - U;
+  plan.num_positives = d.pos.size();
   plan.eval_negatives = opt.eval_negatives;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;
-  plan.dropped_users = dropped;
+  plan.dropped_users = d.dropped;
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
-  plan.generator = {{"input", file},   {"format", format_name(f)},
-                    {"ratings", N},    {"duplicates_removed", duplicates},
-                    {"raw_users", U0}, {"min_interactions", opt.min_interactions}};
-  DatasetWriter writer(out_dir, plan);
-
-  // Eval lists for a block of users are drawn on the pool's threads while the previous
-  // block is written; users still reach the writer in id order.
-  const uint32_t E = opt.eval_negatives;
-  const uint64_t L = uint64_t{E} + 1;
-  auto draw_block = [&](uint64_t first, uint64_t count, std::vector<int32_t>* eval) {
-    eval->resize(count * L);
-    parallel_ranges(count, nthreads, [&](uint64_t b, uint64_t e) {
-      std::vector<uint64_t> scratch;
-      for (uint64_t j = b; j < e; ++j) {
-        const uint64_t k = first + j;
-        int32_t* out = eval->data() + j * L;
-        out[0] = test_item[k];
-        try {
-          draw_eval_negatives(k, pos.data() + pos_off[k], pos_off[k + 1] - pos_off[k], I, E,
-                              opt.seed, scratch, out + 1);
-        } catch (const Error& err) {
-          NCF_FAIL(file, ": raw user ", kept_raw_user[k], ": ", err.what());
-        }
-      }
-    });
-  };
-  std::vector<int32_t> eval_cur, eval_next, train;
-  draw_block(0, std::min(U, kDrawBlockUsers), &eval_cur);
-  uint64_t next_report = U / 10;
-  for (uint64_t first = 0; first < U; first += kDrawBlockUsers) {
-    const uint64_t count = std::min(U - first, kDrawBlockUsers);
-    const uint64_t next_first = first + count;
-    std::future<void> ahead;
-    if (next_first < U)
-      ahead = std::async(std::launch::async, draw_block, next_first,
-                         std::min(U - next_first, kDrawBlockUsers), &eval_next);
-    try {
-      for (uint64_t j = 0; j < count; ++j) {
-        const uint64_t k = first + j;
-        const int32_t* p = pos.data() + pos_off[k];
-        const size_t np = pos_off[k + 1] - pos_off[k];
-        train.clear();
-        for (size_t q = 0; q < np; ++q)
-          if (p[q] != test_item[k]) train.push_back(p[q]);
-        writer.add_user(k, p, np, train.data(), train.size(), eval_cur.data() + j * L, L);
-      }
-    } catch (...) {
-      if (ahead.valid()) ahead.wait();  // the worker reads shared state; let it finish
-      throw;
-    }
-    if (ahead.valid()) ahead.get();
-    std::swap(eval_cur, eval_next);
-    if (opt.progress && next_first >= next_report && next_first < U) {
-      std::fprintf(stderr, "prep: %llu / %llu users written (%.1f s)\n",
-                   static_cast<unsigned long long>(next_first), static_cast<unsigned long long>(U),
-                   seconds_since(t0));
-      next_report = next_first + U / 10;
-    }
-  }
-  if (opt.progress) std::fprintf(stderr, "prep: shuffling and writing train shards\n");
-  DatasetMeta meta = writer.finish();
-  if (opt.progress) std::fprintf(stderr, "prep: done in %.1f s\n", seconds_since(t0));
-  return meta;
+  plan.generator = {{"input", file},
+                    {"format", format_name(f)},
+                    {"ratings", num_ratings},
+                    {"duplicates_removed", d.duplicates},
+                    {"raw_users", d.raw_users},
+                    {"min_interactions", opt.min_interactions}};
+  EvalNegatives negatives{I, opt.eval_negatives, opt.seed, nullptr, [&](uint64_t u) {
+                            return detail::concat(file, ": raw user ", d.raw_user[u]);
+                          }};
+  return assemble_dataset(out_dir, plan, leave_one_out(d), negatives, threads, progress);
 }
 
 // ------------------------------------------------------------ NCF paper ---
@@ -972,21 +948,39 @@ NegativeFile read_negative_file(const std::string& file) {
   return nf;
 }
 
-}  // namespace
-
-DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& out_dir,
-                              const PrepOptions& opt) {
-  const auto t0 = Clock::now();
-  const int nthreads = resolve_threads(opt.threads);
+// The NCF paper's three files, parsed and checked against each other. Ids are
+// the files' own: users 0 .. U-1 in test-file order, items up to the largest seen.
+struct PaperFiles {
   std::string prefix;
-  detect_format(prefix_in, InputFormat::kNcfPaper, &prefix);
+  std::vector<Rating> test;   // one per user, user u on entry u
+  NegativeFile negatives;     // user u's E negatives on entry u
+  std::vector<Rating> train;  // train pairs in file order
+  uint64_t num_items = 0;
+};
+
+// The given split, grouped by user: distinct train items (sorted) and the test item.
+struct PaperUsers {
+  std::vector<uint64_t> off;  // U + 1, into train_items
+  std::vector<int32_t> train_items;
+  std::vector<uint64_t> train_n;  // distinct train items of user u (first of its range)
+  std::vector<uint64_t> pos_n;    // distinct(train ∪ {test})
+  std::vector<int32_t> test;
+  uint64_t train_lines = 0, duplicates = 0, test_in_train = 0, neg_is_test = 0, neg_in_train = 0;
+  uint64_t num_train = 0, num_positives = 0;
+};
+
+// Parse stage: the three files, with every cross-file check.
+PaperFiles parse_paper_files(const std::string& prefix, uint32_t eval_negatives, int threads) {
   const std::string train_file = prefix + kNcfTrain;
   const std::string test_file = prefix + kNcfTest;
   const std::string neg_file = prefix + kNcfNegative;
   const RatingSyntax tab = syntax_of(InputFormat::kNcfPaper);
+  PaperFiles p;
+  p.prefix = prefix;
 
   // The test file fixes the users: one line per user, 0 .. U-1 in order.
-  const std::vector<Rating> test = parse_ratings(test_file, tab, nthreads);
+  p.test = parse_ratings(test_file, tab, threads);
+  const std::vector<Rating>& test = p.test;
   const uint64_t U = test.size();
   int64_t max_item = -1;
   for (uint64_t u = 0; u < U; ++u) {
@@ -998,9 +992,10 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   if (U > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
     NCF_FAIL(test_file, ": ", U, " users do not fit int32 ids");
 
-  const NegativeFile neg = read_negative_file(neg_file);
-  if (neg.E != opt.eval_negatives)
-    NCF_FAIL(neg_file, ": has ", neg.E, " negatives per user but ", opt.eval_negatives,
+  p.negatives = read_negative_file(neg_file);
+  const NegativeFile& neg = p.negatives;
+  if (neg.E != eval_negatives)
+    NCF_FAIL(neg_file, ": has ", neg.E, " negatives per user but ", eval_negatives,
              " eval negatives were requested (pass --eval_negatives ", neg.E,
              " or leave it unset)");
   for (uint64_t k = 0; k < neg.user.size(); ++k) {
@@ -1019,70 +1014,117 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
              neg.user.size(), " (", test_file, ":", test[neg.user.size()].line, ") is missing");
   for (int32_t v : neg.negatives) max_item = std::max<int64_t>(max_item, v);
 
-  // Train pairs, grouped by user; a repeated pair is kept once.
-  std::vector<Rating> train = parse_ratings(train_file, tab, nthreads);
-  std::vector<uint64_t> off(U + 1, 0);
-  for (const Rating& r : train) {
+  p.train = parse_ratings(train_file, tab, threads);
+  std::vector<uint64_t> per_user(U, 0);
+  for (const Rating& r : p.train) {
     if (r.user >= static_cast<int64_t>(U))
       NCF_FAIL(train_file, ":", r.line, ": user ", r.user, " is not in ", test_file,
                " (which has users 0..", U - 1, ")");
-    ++off[r.user + 1];
+    ++per_user[r.user];
     max_item = std::max(max_item, r.item);
   }
-  for (uint64_t u = 0; u < U; ++u) {
-    if (off[u + 1] == 0)
+  for (uint64_t u = 0; u < U; ++u)
+    if (per_user[u] == 0)
       NCF_FAIL(train_file, ": user ", u, " has no training pairs but is in ", test_file, ":",
                test[u].line);
-    off[u + 1] += off[u];
-  }
   if (max_item >= std::numeric_limits<int32_t>::max())
     NCF_FAIL(prefix, ": item id ", max_item, " does not fit int32");
-  const uint64_t I = static_cast<uint64_t>(max_item) + 1;
-  std::vector<int32_t> train_items(train.size());
-  {
-    std::vector<uint64_t> cursor(off.begin(), off.end() - 1);
-    for (const Rating& r : train) train_items[cursor[r.user]++] = static_cast<int32_t>(r.item);
-  }
-  const uint64_t num_lines = train.size();
-  std::vector<Rating>().swap(train);
+  p.num_items = static_cast<uint64_t>(max_item) + 1;
+  return p;
+}
 
-  // Per user: distinct train items, and positives = distinct(train ∪ {test}).
-  std::vector<uint64_t> train_n(U), pos_n(U);
-  uint64_t duplicates = 0, test_in_train = 0, neg_is_test = 0, neg_in_train = 0;
+// Remap stage: the ids stay; train pairs are grouped by user and a repeated
+// pair is kept once. Counts what the metadata reports about the given split.
+PaperUsers group_paper_users(PaperFiles* p) {
+  PaperUsers g;
+  const uint64_t U = p->test.size();
+  const NegativeFile& neg = p->negatives;
+  g.off.assign(U + 1, 0);
+  for (const Rating& r : p->train) ++g.off[r.user + 1];
+  for (uint64_t u = 0; u < U; ++u) g.off[u + 1] += g.off[u];
+  g.train_items.resize(p->train.size());
+  {
+    std::vector<uint64_t> cursor(g.off.begin(), g.off.end() - 1);
+    for (const Rating& r : p->train) g.train_items[cursor[r.user]++] = static_cast<int32_t>(r.item);
+  }
+  g.train_lines = p->train.size();
+  std::vector<Rating>().swap(p->train);
+
+  g.train_n.resize(U);
+  g.pos_n.resize(U);
+  g.test.resize(U);
   for (uint64_t u = 0; u < U; ++u) {
-    auto first = train_items.begin() + off[u], last = train_items.begin() + off[u + 1];
+    auto first = g.train_items.begin() + g.off[u], last = g.train_items.begin() + g.off[u + 1];
     std::sort(first, last);
-    train_n[u] = static_cast<uint64_t>(std::unique(first, last) - first);
-    duplicates += (off[u + 1] - off[u]) - train_n[u];
-    const bool has_test = std::binary_search(first, first + train_n[u], test[u].item);
-    test_in_train += has_test;
-    pos_n[u] = train_n[u] + (has_test ? 0 : 1);
+    g.train_n[u] = static_cast<uint64_t>(std::unique(first, last) - first);
+    g.duplicates += (g.off[u + 1] - g.off[u]) - g.train_n[u];
+    g.test[u] = static_cast<int32_t>(p->test[u].item);
+    const bool has_test = std::binary_search(first, first + g.train_n[u], g.test[u]);
+    g.test_in_train += has_test;
+    g.pos_n[u] = g.train_n[u] + (has_test ? 0 : 1);
     const int32_t* ng = neg.negatives.data() + u * neg.E;
     for (uint64_t j = 0; j < neg.E; ++j) {
-      neg_is_test += ng[j] == test[u].item;
-      neg_in_train += std::binary_search(first, first + train_n[u], ng[j]);
+      g.neg_is_test += ng[j] == g.test[u];
+      g.neg_in_train += std::binary_search(first, first + g.train_n[u], ng[j]);
     }
+    g.num_train += g.train_n[u];
+    g.num_positives += g.pos_n[u];
   }
-  uint64_t num_train = 0, num_positives = 0;
-  for (uint64_t u = 0; u < U; ++u) {
-    num_train += train_n[u];
-    num_positives += pos_n[u];
-  }
+  return g;
+}
+
+// Split stage: the files' own split, positives = train ∪ {test}.
+SplitUsers paper_split(const PaperUsers& g) {
+  SplitUsers s;
+  s.num_users = g.test.size();
+  s.sizes = [&g](uint64_t u, uint64_t* np, uint64_t* nt) {
+    *np = g.pos_n[u];
+    *nt = g.train_n[u];
+  };
+  s.split = [&g](UserBlock* b, uint64_t begin, uint64_t end) {
+    for (uint64_t j = begin; j < end; ++j) {
+      const uint64_t u = b->first_user + j;
+      const int32_t* tr = g.train_items.data() + g.off[u];
+      const int32_t* tr_end = tr + g.train_n[u];
+      const int32_t t = g.test[u];
+      std::copy(tr, tr_end, b->train_of(j));
+      // Sorted merge of the train items and the test item, which may be among them.
+      const int32_t* at = std::lower_bound(tr, tr_end, t);
+      int32_t* pos = std::copy(tr, at, b->positives_of(j));
+      if (at == tr_end || *at != t) *pos++ = t;
+      std::copy(at, tr_end, pos);
+      b->eval_of(j)[0] = t;
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
+DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& out_dir,
+                              const PrepOptions& opt) {
+  const PrepProgress progress{opt.progress, "prep", Clock::now()};
+  const int threads = resolve_threads(opt.threads);
+  std::string prefix;
+  detect_format(prefix_in, InputFormat::kNcfPaper, &prefix);
+  PaperFiles files = parse_paper_files(prefix, opt.eval_negatives, threads);
+  const PaperUsers users = group_paper_users(&files);
+  const uint64_t U = users.test.size(), I = files.num_items, E = files.negatives.E;
   if (opt.progress)
     std::fprintf(stderr,
                  "prep: %llu users, %llu items, %llu train pairs, %llu eval negatives each "
                  "(%.1f s)\n",
                  static_cast<unsigned long long>(U), static_cast<unsigned long long>(I),
-                 static_cast<unsigned long long>(num_train), static_cast<unsigned long long>(neg.E),
-                 seconds_since(t0));
+                 static_cast<unsigned long long>(users.num_train),
+                 static_cast<unsigned long long>(E), progress.seconds());
 
   DatasetPlan plan;
   plan.source = "ncf-paper:" + basename_of(prefix);
   plan.num_users = U;
   plan.num_items = I;
-  plan.num_train = num_train;
-  plan.num_positives = num_positives;
-  plan.eval_negatives = static_cast<uint32_t>(neg.E);
+  plan.num_train = users.num_train;
+  plan.num_positives = users.num_positives;
+  plan.eval_negatives = static_cast<uint32_t>(E);
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;
@@ -1090,29 +1132,14 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
   plan.generator = {{"input", prefix},
                     {"format", format_name(InputFormat::kNcfPaper)},
-                    {"train_lines", num_lines},
-                    {"duplicates_removed", duplicates},
-                    {"test_items_in_train", test_in_train},
-                    {"negatives_equal_to_test", neg_is_test},
-                    {"negatives_in_train", neg_in_train}};
-  DatasetWriter writer(out_dir, plan);
-  std::vector<int32_t> positives, eval(neg.E + 1);
-  for (uint64_t u = 0; u < U; ++u) {
-    const int32_t* tr = train_items.data() + off[u];
-    const size_t nt = train_n[u];
-    const int32_t t = static_cast<int32_t>(test[u].item);
-    positives.assign(tr, tr + nt);
-    auto at = std::lower_bound(positives.begin(), positives.end(), t);
-    if (at == positives.end() || *at != t) positives.insert(at, t);
-    eval[0] = t;
-    std::copy(neg.negatives.begin() + u * neg.E, neg.negatives.begin() + (u + 1) * neg.E,
-              eval.begin() + 1);
-    writer.add_user(u, positives.data(), positives.size(), tr, nt, eval.data(), eval.size());
-  }
-  if (opt.progress) std::fprintf(stderr, "prep: shuffling and writing train shards\n");
-  DatasetMeta meta = writer.finish();
-  if (opt.progress) std::fprintf(stderr, "prep: done in %.1f s\n", seconds_since(t0));
-  return meta;
+                    {"train_lines", users.train_lines},
+                    {"duplicates_removed", users.duplicates},
+                    {"test_items_in_train", users.test_in_train},
+                    {"negatives_equal_to_test", users.neg_is_test},
+                    {"negatives_in_train", users.neg_in_train}};
+  EvalNegatives negatives{I, static_cast<uint32_t>(E), opt.seed, files.negatives.negatives.data(),
+                          nullptr};
+  return assemble_dataset(out_dir, plan, paper_split(users), negatives, threads, progress);
 }
 
 }  // namespace ncf

@@ -1,34 +1,28 @@
 // The synthetic generator: the item model (popularity, topic factors, alias
-// tables), per-user activity counts solved to sum exactly, per-user draws without
-// repeats, and the pipeline that generates blocks of users on worker threads and
-// hands them to DatasetWriter in user order. Every draw is keyed by (seed,
+// tables), per-user activity counts solved to sum exactly, and the split stage
+// that draws each user's items without repeats; prep_stages.h's shared stages
+// draw the eval negatives and write the dataset. Every draw is keyed by (seed,
 // stream, user or item), so the output does not depend on the thread count.
 #include "data/synthetic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <numeric>
-#include <thread>
 
 #include "common/check.h"
 #include "common/parallel.h"
 #include "common/philox.h"
+#include "data/prep_stages.h"
 
 namespace ncf {
 namespace {
 
 constexpr uint32_t kMaxTasteTopics = 3;
 constexpr uint32_t kMaxRank = 4096;
-constexpr uint64_t kBlockUsers = 4096;
-// A block closes before its buffer would pass this many int32 entries (unless it
-// holds a single user), which bounds the memory of blocks in flight.
-constexpr uint64_t kBlockInts = 1ull << 21;
 // Counter layout of a user's stream (kStreamSynthUser, index = user): block 0
 // activity, blocks 1-2 taste, blocks kFirstDrawBlock... one per item draw. The
 // exponential keys of the dense fallback use index user | kKeyIndexBit.
@@ -41,35 +35,6 @@ constexpr double kMaxActivityWeight = 1e30;
 // Uniform index in [0, n) from 32 random bits (n < 2^32).
 inline uint32_t scale32(uint32_t x, uint64_t n) {
   return static_cast<uint32_t>((static_cast<uint64_t>(x) * n) >> 32);
-}
-
-int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? static_cast<int>(hw) : 1;
-}
-
-// Runs f(begin, end, part) over `parts` contiguous slices of [0, n) on the
-// thread pool; rethrows the failure of the lowest slice.
-template <typename F>
-void parallel_slices(uint64_t n, int parts, F&& f) {
-  parts = std::max(parts, 1);
-  if (parts == 1 || n < (1u << 16)) {
-    for (int p = 0; p < parts; ++p) f(n * p / parts, n * (p + 1) / parts, p);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(parts);
-  parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      try {
-        f(n * p / parts, n * (p + 1) / parts, int(p));
-      } catch (...) {
-        errors[p] = std::current_exception();
-      }
-    }
-  });
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 // ------------------------------------------------------------ alias tables ---
@@ -124,15 +89,15 @@ inline uint32_t alias_draw(const AliasCell* cells, uint32_t n, uint32_t col_bits
 
 struct ItemModel {
   uint64_t I = 0;                // items
-  uint32_t K = 0;                // topics (rank)
+  uint32_t num_topics = 0;       // topics (rank)
   std::vector<double> pop;       // I: 1 / rank^s
   std::vector<uint32_t> topic1;  // I: primary topic
   std::vector<uint32_t> topic2;  // I: secondary topic (may equal the primary)
   std::vector<float> share1;     // I: factor on the primary topic, in [0.5, 1)
   double pop_total = 0;
-  std::vector<double> topic_mass;       // K: Z_t = sum_i v_i(t) pop(i)
+  std::vector<double> topic_mass;       // num_topics: Z_t = sum_i v_i(t) pop(i)
   std::vector<AliasCell> global;        // I: draws by popularity
-  std::vector<uint64_t> member_off;     // K + 1
+  std::vector<uint64_t> member_off;     // num_topics + 1
   std::vector<uint32_t> members;        // items of each topic, ascending
   std::vector<AliasCell> member_alias;  // per topic over its members: v_i(t) pop(i)
 
@@ -150,16 +115,16 @@ struct ItemModel {
 ItemModel build_items(const SyntheticParams& p, uint64_t seed) {
   ItemModel m;
   m.I = p.shape.num_items;
-  m.K = p.rank;
+  m.num_topics = p.rank;
   const uint64_t I = m.I;
-  const uint32_t K = m.K;
+  const uint32_t num_topics = m.num_topics;
   m.topic1.resize(I);
   m.topic2.resize(I);
   m.share1.resize(I);
   for (uint64_t i = 0; i < I; ++i) {
     Philox4 b = CounterRng{seed, kStreamSynthItem, i}.block(0);
-    m.topic1[i] = scale32(b.v[0], K);
-    m.topic2[i] = scale32(b.v[1], K);
+    m.topic1[i] = scale32(b.v[0], num_topics);
+    m.topic2[i] = scale32(b.v[1], num_topics);
     // 23 bits keep 0.5 + 0.5 u below 1 in float, so both factors stay positive.
     m.share1[i] = static_cast<float>(0.5 + 0.5 * ((b.v[2] >> 9) * (1.0 / 8388608.0)));
   }
@@ -179,22 +144,22 @@ ItemModel build_items(const SyntheticParams& p, uint64_t seed) {
   }
 
   // Topic member lists (CSR) and their alias tables.
-  m.member_off.assign(K + 1, 0);
+  m.member_off.assign(num_topics + 1, 0);
   for (uint64_t i = 0; i < I; ++i) {
     ++m.member_off[m.topic1[i] + 1];
     if (m.topic2[i] != m.topic1[i]) ++m.member_off[m.topic2[i] + 1];
   }
-  for (uint32_t t = 0; t < K; ++t) m.member_off[t + 1] += m.member_off[t];
-  m.members.resize(m.member_off[K]);
+  for (uint32_t t = 0; t < num_topics; ++t) m.member_off[t + 1] += m.member_off[t];
+  m.members.resize(m.member_off[num_topics]);
   std::vector<uint64_t> fill(m.member_off.begin(), m.member_off.end() - 1);
   for (uint64_t i = 0; i < I; ++i) {
     m.members[fill[m.topic1[i]]++] = static_cast<uint32_t>(i);
     if (m.topic2[i] != m.topic1[i]) m.members[fill[m.topic2[i]]++] = static_cast<uint32_t>(i);
   }
-  m.topic_mass.assign(K, 0.0);
+  m.topic_mass.assign(num_topics, 0.0);
   m.member_alias.resize(m.members.size());
   std::vector<double> w;
-  for (uint32_t t = 0; t < K; ++t) {
+  for (uint32_t t = 0; t < num_topics; ++t) {
     const uint64_t b = m.member_off[t];
     const uint32_t n = m.topic_size(t);
     w.resize(n);
@@ -219,14 +184,14 @@ struct Taste {
   double weight(uint32_t j) const { return (cut[j] - (j ? cut[j - 1] : 0)) / kTwo32; }
 };
 
-Taste taste_of(uint64_t seed, uint64_t user, uint32_t K) {
+Taste taste_of(uint64_t seed, uint64_t user, uint32_t num_topics) {
   CounterRng rng{seed, kStreamSynthUser, user};
   Philox4 a = rng.block(1), b = rng.block(2);
   Taste t;
   double w[kMaxTasteTopics];
   const uint32_t k = 1 + scale32(a.v[0], kMaxTasteTopics);
   for (uint32_t j = 0; j < k; ++j) {
-    const uint32_t topic = scale32(a.v[1 + j], K);
+    const uint32_t topic = scale32(a.v[1 + j], num_topics);
     const double e = -std::log((b.v[j] + 0.5) / kTwo32);  // Exp(1): Dirichlet(1) weights
     uint32_t s = 0;
     while (s < t.num && t.topic[s] != topic) ++s;
@@ -328,7 +293,7 @@ struct Scratch {
 // the exponentials are memoryless), at O(I) cost for that user.
 void draw_user_items(const ItemModel& m, const Mixture& x, uint64_t seed, uint64_t user, uint32_t n,
                      Scratch& s, int32_t* order) {
-  const Taste t = taste_of(seed, user, m.K);
+  const Taste t = taste_of(seed, user, m.num_topics);
   const CounterRng rng{seed, kStreamSynthUser, user};
   const uint64_t budget =
       std::min<uint64_t>(3ull * n + 64, static_cast<uint64_t>(UINT32_MAX) - kFirstDrawBlock);
@@ -435,16 +400,16 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
                                             uint64_t seed, int threads) {
   const uint32_t cap = synthetic_max_per_user(params, eval_negatives);
   const uint64_t U = params.shape.num_users;
-  const uint64_t N = params.shape.num_interactions;
+  const uint64_t total = params.shape.num_interactions;
   const uint32_t m = params.min_per_user;
-  if (N < uint64_t(m) * U)
-    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N, " < min_per_user ",
-             m, " x num_users ", U, " = ", uint64_t(m) * U);
-  if (N > uint64_t(cap) * U)
-    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", N,
+  if (total < uint64_t(m) * U)
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", total,
+             " < min_per_user ", m, " x num_users ", U, " = ", uint64_t(m) * U);
+  if (total > uint64_t(cap) * U)
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_interactions ", total,
              " > the feasible maximum ", uint64_t(cap) * U, " = num_users ", U, " x max_per_user ",
              cap, " (num_items ", params.shape.num_items, ")");
-  const int nthreads = resolve_threads(threads);
+  threads = resolve_threads(threads);
 
   // One 32-bit slot per user: first the activity weight's float bits, then the
   // count, so planning costs 4 bytes per user.
@@ -454,7 +419,7 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
     std::memcpy(&w, &slot[u], 4);
     return static_cast<double>(w);
   };
-  parallel_slices(U, nthreads, [&](uint64_t b, uint64_t e, int) {
+  parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
     for (uint64_t u = b; u < e; ++u) {
       float w = activity_weight(seed, u, params.activity_alpha);
       std::memcpy(&slot[u], &w, 4);
@@ -465,34 +430,33 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
     const double extra = lambda * w;
     return extra >= room ? cap : m + static_cast<uint32_t>(extra);
   };
-  std::vector<uint64_t> part(nthreads);
+  // Integer sums: exact in any order, so the total does not depend on the threads.
   auto total_at = [&](double lambda) {
-    parallel_slices(U, nthreads, [&](uint64_t b, uint64_t e, int p) {
+    std::atomic<uint64_t> sum{0};
+    parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
       uint64_t s = 0;
       for (uint64_t u = b; u < e; ++u) s += count_at(weight(u), lambda);
-      part[p] = s;
+      sum += s;
     });
-    uint64_t s = 0;
-    for (uint64_t v : part) s += v;
-    return s;
+    return sum.load();
   };
 
-  // Largest lambda with total(lambda) <= N, found by doubling then bisection;
+  // Largest lambda with total(lambda) <= total, found by doubling then bisection;
   // stop once the bracket's totals are within U / 1024 of each other.
   double lo = 0, hi = 1;
   uint64_t s_lo = uint64_t(m) * U, s_hi = total_at(hi);
-  while (s_hi <= N && hi < 1e300) {
+  while (s_hi <= total && hi < 1e300) {
     lo = hi;
     s_lo = s_hi;
     hi *= 2;
     s_hi = total_at(hi);
   }
   const uint64_t close = U / 1024 + 1;
-  for (int it = 0; it < 200 && s_lo < N && s_hi > N && s_hi - s_lo > close; ++it) {
+  for (int it = 0; it < 200 && s_lo < total && s_hi > total && s_hi - s_lo > close; ++it) {
     const double mid = 0.5 * (lo + hi);
     if (!(mid > lo && mid < hi)) break;
     const uint64_t s = total_at(mid);
-    if (s <= N) {
+    if (s <= total) {
       lo = mid;
       s_lo = s;
     } else {
@@ -502,7 +466,7 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
   }
   // The remaining r go, one each, to the first users (by id) whose count grows
   // between lo and hi, then (rarely needed) to any user below the cap.
-  uint64_t r = N - s_lo;
+  uint64_t r = total - s_lo;
   for (uint64_t u = 0; u < U; ++u) {
     const double w = weight(u);
     uint32_t c = count_at(w, lo);
@@ -521,54 +485,67 @@ std::vector<uint32_t> synthetic_user_counts(const SyntheticParams& params, uint3
   return slot;
 }
 
+namespace {
+
+// Split stage of the generator: each user's items are drawn (the draw order is
+// the timestamp order, so the last draw is held out) and sorted into positives.
+SplitUsers synthetic_split(const ItemModel& items, const Mixture& mix, uint64_t seed,
+                           const std::vector<uint32_t>& counts) {
+  SplitUsers s;
+  s.num_users = counts.size();
+  s.sizes = [&counts](uint64_t u, uint64_t* np, uint64_t* nt) {
+    *np = counts[u];
+    *nt = counts[u] - 1;
+  };
+  s.split = [&items, &mix, seed, &counts](UserBlock* b, uint64_t begin, uint64_t end) {
+    Scratch scratch;
+    scratch.bits.assign((items.I + 63) / 64, 0);
+    std::vector<int32_t> draws;
+    for (uint64_t j = begin; j < end; ++j) {
+      const uint64_t u = b->first_user + j;
+      const uint32_t n = counts[u];
+      draws.resize(n);
+      draw_user_items(items, mix, seed, u, n, scratch, draws.data());
+      take_sorted(draws.data(), n, items.I, scratch, b->positives_of(j));
+      std::copy(draws.begin(), draws.end() - 1, b->train_of(j));
+      b->eval_of(j)[0] = draws.back();
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
 DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string& out_dir,
                                const PrepOptions& opt) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  check_params(params);
   const SyntheticShape& sh = params.shape;
-  const uint64_t U = sh.num_users, I = sh.num_items, N = sh.num_interactions;
+  const PrepProgress progress{opt.progress, "synthetic " + sh.name,
+                              std::chrono::steady_clock::now()};
+  check_params(params);
+  const uint64_t U = sh.num_users, I = sh.num_items, total = sh.num_interactions;
   const uint32_t E = opt.eval_negatives;
   const uint64_t seed = opt.seed;
-  const int nthreads = resolve_threads(opt.threads);
+  const int threads = resolve_threads(opt.threads);
 
+  // Plan stage (the generator's parse): activity counts and the item model.
   const uint32_t cap = synthetic_max_per_user(params, E);
   if (opt.progress)
     std::fprintf(stderr, "synthetic %s: planning %llu users, %llu items, %llu interactions\n",
                  sh.name.c_str(), (unsigned long long)U, (unsigned long long)I,
-                 (unsigned long long)N);
-  const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, nthreads);
+                 (unsigned long long)total);
+  const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, threads);
   const ItemModel items = build_items(params, seed);
   const Mixture mix = mixture_of(params.preference);
   if (opt.progress)
     std::fprintf(stderr, "synthetic %s: planned (%.1f s), max %u interactions per user\n",
-                 sh.name.c_str(), seconds(), cap);
-
-  // Blocks of consecutive users; per user the buffer holds positives (n, sorted),
-  // the draws (n: the n-1 train items then the test item) and E negatives.
-  std::vector<uint64_t> block_first{0};
-  {
-    uint64_t users = 0, ints = 0;
-    for (uint64_t u = 0; u < U; ++u) {
-      const uint64_t need = 2ull * counts[u] + E;
-      if (users > 0 && (users == kBlockUsers || ints + need > kBlockInts)) {
-        block_first.push_back(u);
-        users = ints = 0;
-      }
-      ++users;
-      ints += need;
-    }
-    block_first.push_back(U);
-  }
-  const uint64_t num_blocks = block_first.size() - 1;
+                 sh.name.c_str(), progress.seconds(), cap);
 
   DatasetPlan plan;
   plan.source = "synthetic:" + sh.name;
   plan.num_users = U;
   plan.num_items = I;
-  plan.num_train = N - U;
-  plan.num_positives = N;
+  plan.num_train = total - U;
+  plan.num_positives = total;
   plan.eval_negatives = E;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
@@ -578,129 +555,16 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
                     {"shape", sh.name},
                     {"num_users", U},
                     {"num_items", I},
-                    {"num_interactions", N},
+                    {"num_interactions", total},
                     {"min_per_user", params.min_per_user},
                     {"max_per_user", cap},
                     {"activity_alpha", params.activity_alpha},
                     {"zipf_s", params.zipf_s},
                     {"rank", params.rank},
                     {"preference", params.preference}};
-  DatasetWriter writer(out_dir, plan);
-
-  struct Block {
-    uint64_t index = UINT64_MAX;  // the block this slot holds
-    bool ready = false;
-    std::vector<int32_t> data;
-    std::vector<uint64_t> offset;  // per user start in data, then the end
-  };
-  const uint64_t num_slots = 2ull * nthreads + 2;
-  std::vector<Block> slots(num_slots);
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t next_block = 0, consumed = 0;
-  bool failed = false;
-  std::exception_ptr worker_error;
-
-  auto fill_block = [&](uint64_t b, Block& out, Scratch& s) {
-    const uint64_t first = block_first[b], last = block_first[b + 1];
-    out.offset.clear();
-    uint64_t size = 0;
-    for (uint64_t u = first; u < last; ++u) {
-      out.offset.push_back(size);
-      size += 2ull * counts[u] + E;
-    }
-    out.offset.push_back(size);
-    out.data.resize(size);
-    for (uint64_t u = first; u < last; ++u) {
-      const uint32_t n = counts[u];
-      int32_t* pos = out.data.data() + out.offset[u - first];
-      int32_t* draws = pos + n;
-      draw_user_items(items, mix, seed, u, n, s, draws);
-      take_sorted(draws, n, I, s, pos);
-      draw_eval_negatives(u, pos, n, I, E, seed, s.bits, draws + n);
-    }
-  };
-  auto worker = [&] {
-    Scratch s;
-    s.bits.assign((I + 63) / 64, 0);
-    try {
-      for (;;) {
-        uint64_t b;
-        {
-          std::unique_lock<std::mutex> lk(mu);
-          if (failed || next_block >= num_blocks) return;
-          b = next_block++;
-          cv.wait(lk, [&] { return failed || b < consumed + num_slots; });
-          if (failed) return;
-        }
-        Block& slot = slots[b % num_slots];
-        fill_block(b, slot, s);
-        {
-          std::lock_guard<std::mutex> lk(mu);
-          slot.index = b;
-          slot.ready = true;
-        }
-        cv.notify_all();
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (!worker_error) worker_error = std::current_exception();
-      failed = true;
-      cv.notify_all();
-    }
-  };
-
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nthreads; ++t) pool.emplace_back(worker);
-  std::exception_ptr main_error;
-  try {
-    uint64_t done_users = 0, done_positives = 0, next_report = U / 20;
-    for (uint64_t b = 0; b < num_blocks; ++b) {
-      Block& slot = slots[b % num_slots];
-      {
-        std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return failed || (slot.ready && slot.index == b); });
-        if (failed) break;
-      }
-      const uint64_t first = block_first[b], last = block_first[b + 1];
-      for (uint64_t u = first; u < last; ++u) {
-        const uint32_t n = counts[u];
-        const int32_t* pos = slot.data.data() + slot.offset[u - first];
-        writer.add_user(u, pos, n, pos + n, n - 1, pos + 2 * n - 1, size_t(E) + 1);
-        done_positives += n;
-      }
-      done_users = last;
-      {
-        std::lock_guard<std::mutex> lk(mu);
-        slot.ready = false;
-        consumed = b + 1;
-      }
-      cv.notify_all();
-      if (opt.progress && done_users >= next_report && done_users < U) {
-        std::fprintf(stderr, "synthetic %s: %3d%% users (%llu / %llu), %llu interactions, %.1f s\n",
-                     sh.name.c_str(), static_cast<int>(100 * done_users / U),
-                     (unsigned long long)done_users, (unsigned long long)U,
-                     (unsigned long long)done_positives, seconds());
-        next_report = done_users + U / 20;
-      }
-    }
-  } catch (...) {
-    main_error = std::current_exception();
-    std::lock_guard<std::mutex> lk(mu);
-    failed = true;
-  }
-  cv.notify_all();
-  for (auto& t : pool) t.join();
-  if (worker_error) std::rethrow_exception(worker_error);
-  if (main_error) std::rethrow_exception(main_error);
-
-  if (opt.progress)
-    std::fprintf(stderr, "synthetic %s: generated, writing train shards (%.1f s)\n",
-                 sh.name.c_str(), seconds());
-  DatasetMeta meta = writer.finish();
-  if (opt.progress)
-    std::fprintf(stderr, "synthetic %s: done in %.1f s\n", sh.name.c_str(), seconds());
-  return meta;
+  const EvalNegatives negatives{I, E, seed, nullptr, nullptr};
+  return assemble_dataset(out_dir, plan, synthetic_split(items, mix, seed, counts), negatives,
+                          threads, progress);
 }
 
 // ----------------------------------------------------------- PlantedModel ---
@@ -728,7 +592,7 @@ PlantedModel& PlantedModel::operator=(PlantedModel&&) noexcept = default;
 double PlantedModel::score(uint64_t user, uint64_t item) const {
   const Impl& p = *impl_;
   NCF_CHECK(item < p.items.I, "item ", item, " out of range [0, ", p.items.I, ")");
-  const Taste t = taste_of(p.seed, user, p.items.K);
+  const Taste t = taste_of(p.seed, user, p.items.num_topics);
   return std::log(law_of(p.items, t, p.mix)(p.items, item));
 }
 
@@ -743,7 +607,7 @@ double PlantedModel::item_factor(uint64_t item, uint32_t t) const {
 }
 
 double PlantedModel::user_taste(uint64_t user, uint32_t t) const {
-  const Taste taste = taste_of(impl_->seed, user, impl_->items.K);
+  const Taste taste = taste_of(impl_->seed, user, impl_->items.num_topics);
   double w = 0;
   for (uint32_t j = 0; j < taste.num; ++j)
     if (taste.topic[j] == t) w += taste.weight(j);

@@ -1,7 +1,7 @@
 // Synthetic implicit-feedback generator with planted low-rank preferences.
 // Deterministic by seed; memory grows with users and items, not interactions.
 //
-// The model (U users, I items, rank K topics):
+// The model (U users, I items, params.rank topics):
 //  - item popularity: a seeded permutation of the items gets weights 1 / rank^s;
 //  - item factors: each item belongs to a primary topic (share a in [0.5, 1)) and a
 //    secondary topic (share 1 - a), so its factor vector has at most two nonzeros;
@@ -71,7 +71,7 @@ class PlantedModel {
   double score(uint64_t user, uint64_t item) const;
   // Popularity weight 1 / rank^s of the item (the largest is 1).
   double popularity(uint64_t item) const;
-  // The item's factor on topic t (K = params.rank): two nonzeros summing to 1.
+  // The item's factor on topic t (of params.rank): two nonzeros summing to 1.
   double item_factor(uint64_t item, uint32_t t) const;
   // The user's taste weight on topic t (sums to 1 over t).
   double user_taste(uint64_t user, uint32_t t) const;

@@ -1,12 +1,6 @@
-// `ncf_prep --verify`: walks every record of a dataset directory with the same
-// checks the readers apply, plus whole-file sizes and CRCs; and the mapping of
-// positives.bin.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
+// `ncf_prep --verify`: walks every record of a dataset directory through the
+// same ShardCursor and decoders the readers use, plus whole-file sizes and CRCs.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -14,7 +8,7 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
-#include "data/shard_format.h"
+#include "data/format.h"
 
 namespace ncf {
 
@@ -36,11 +30,10 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   auto t0 = std::chrono::steady_clock::now();
   VerifySummary sum;
   DatasetMeta meta = DatasetMeta::load(dir);
-  const uint64_t R = meta.train_record_rows, L = uint64_t(meta.eval_negatives) + 1;
-  std::vector<int32_t> users(R), items(std::max<uint64_t>(R, L));
+  const uint64_t record_rows = meta.train_record_rows, L = uint64_t(meta.eval_negatives) + 1;
+  std::vector<int32_t> users(record_rows), items(std::max<uint64_t>(record_rows, L));
   std::vector<uint8_t> mask(L);
   std::string payload;
-  const uint64_t N = meta.num_train_records();
   for (const char* kind : {"train", "eval"}) {
     auto shards = meta.shards_of(kind);
     const bool train = std::strcmp(kind, "train") == 0;
@@ -73,71 +66,17 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
     }
   }
   if (show_progress) std::fprintf(stderr, "\n");
-  if (sum.train_records != N)
-    NCF_FAIL(dir, ": found ", sum.train_records, " train records, the metadata needs ", N);
+  if (sum.train_records != meta.num_train_records())
+    NCF_FAIL(dir, ": found ", sum.train_records, " train records, the metadata needs ",
+             meta.num_train_records());
 
   // positives.bin: sizes, CRC, then every list sorted, distinct and in range.
-  std::string pos_path = dir + "/" + kPositivesFile;
+  const std::string pos_path = dir + "/" + kPositivesFile;
   check_file_against_meta(pos_path, meta.positives_bytes, meta.positives_crc32c);
-  PositiveLists pos(dir, meta);
-  for (uint64_t u = 0; u < pos.num_users(); ++u) {
-    int64_t a = pos.offsets()[u], b = pos.offsets()[u + 1];
-    if (a > b || b > static_cast<int64_t>(pos.nnz()))
-      NCF_FAIL(pos_path, ": offsets of user ", u, " are [", a, ", ", b, ")");
-    if (a == b) NCF_FAIL(pos_path, ": user ", u, " has no positives");
-    for (int64_t k = a; k < b; ++k) {
-      int32_t it = pos.items()[k];
-      if (it < 0 || static_cast<uint64_t>(it) >= meta.num_items)
-        NCF_FAIL(pos_path, " at byte offset ",
-                 PositivesLayout::items_offset(meta.num_users) + 4 * k, ": item id ", it,
-                 " of user ", u, " out of range [0, ", meta.num_items, ")");
-      if (k > a && it <= pos.items()[k - 1])
-        NCF_FAIL(pos_path, " at byte offset ",
-                 PositivesLayout::items_offset(meta.num_users) + 4 * k, ": positives of user ", u,
-                 " are not sorted and distinct");
-    }
-  }
+  check_positive_lists(PositiveLists(dir, meta), meta, pos_path);
   sum.bytes += meta.positives_bytes;
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
-}
-
-PositiveLists::PositiveLists(const std::string& dir, const DatasetMeta& meta) {
-  std::string path = dir + "/" + kPositivesFile;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) NCF_FAIL("cannot open ", path, ": ", std::strerror(errno));
-  struct stat st;
-  ::fstat(fd, &st);
-  const uint64_t want = PositivesLayout::file_bytes(meta.num_users, meta.num_positives);
-  if (static_cast<uint64_t>(st.st_size) != want) {
-    ::close(fd);
-    NCF_FAIL(path, ": file has ", st.st_size, " bytes, the metadata implies ", want);
-  }
-  map_bytes_ = want;
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    NCF_FAIL("mmap failed on ", path, ": ", std::strerror(errno));
-  }
-  const auto* h = static_cast<const PositivesLayout::Header*>(map_);
-  if (std::memcmp(h->magic, PositivesLayout::kMagic, 8) != 0)
-    NCF_FAIL(path, " at byte 0: bad magic (not a positives file)");
-  if (h->num_users != meta.num_users || h->nnz != meta.num_positives)
-    NCF_FAIL(path, " at byte 8: header says ", h->num_users, " users / ", h->nnz,
-             " positives, the metadata ", meta.num_users, " / ", meta.num_positives);
-  num_users_ = h->num_users;
-  nnz_ = h->nnz;
-  offsets_ = reinterpret_cast<const int64_t*>(static_cast<const char*>(map_) + sizeof(*h));
-  items_ = reinterpret_cast<const int32_t*>(static_cast<const char*>(map_) +
-                                            PositivesLayout::items_offset(num_users_));
-  if (offsets_[0] != 0 || offsets_[num_users_] != static_cast<int64_t>(nnz_))
-    NCF_FAIL(path, ": offsets run from ", offsets_[0], " to ", offsets_[num_users_],
-             ", expected 0 to ", nnz_);
-}
-
-PositiveLists::~PositiveLists() {
-  if (map_) ::munmap(map_, map_bytes_);
 }
 
 }  // namespace ncf

@@ -1,0 +1,93 @@
+// The stages every ncf_prep source ends with, one function each, so a dataset is
+// assembled the same way whatever it came from. A source parses, remaps ids and
+// splits each user's interactions its own way; from there users travel in
+// blocks of consecutive ids: the split stage fills a block's positives, train
+// items and held-out items, the eval-negatives stage completes its eval lists,
+// and the write stage hands it to DatasetWriter in user order. Work inside a
+// stage runs on the process-wide pool (common/parallel.h); every value depends
+// on (seed, user) only, never on the thread count.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/sources.h"
+
+namespace ncf {
+
+// threads, or the hardware's thread count when threads is 0.
+int resolve_threads(int threads);
+
+// Runs fn(begin, end) over contiguous ranges covering [0, n) on the pool. When
+// ranges fail, rethrows the error of the lowest one: the error a serial loop
+// would have hit first.
+void parallel_ranges(int threads, uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn);
+
+// A block of consecutive users between the stages. User j of the block is user
+// first_user + j of the dataset.
+struct UserBlock {
+  uint64_t first_user = 0;
+  uint64_t num_users = 0;
+  uint64_t list_len = 0;               // L = 1 + E
+  std::vector<uint64_t> positive_off;  // num_users + 1
+  std::vector<uint64_t> train_off;     // num_users + 1
+  std::vector<int32_t> positives;      // per user: sorted ascending, distinct
+  std::vector<int32_t> train;          // per user: in the order they enter the shuffle
+  std::vector<int32_t> eval;           // num_users x L: the held-out item, then E negatives
+
+  int32_t* positives_of(uint64_t j) { return positives.data() + positive_off[j]; }
+  int32_t* train_of(uint64_t j) { return train.data() + train_off[j]; }
+  int32_t* eval_of(uint64_t j) { return eval.data() + j * list_len; }
+  uint64_t num_positives(uint64_t j) const { return positive_off[j + 1] - positive_off[j]; }
+  uint64_t num_train(uint64_t j) const { return train_off[j + 1] - train_off[j]; }
+};
+
+// A source's users after its own parse, remap and split stages.
+struct SplitUsers {
+  uint64_t num_users = 0;
+  // How many positives and train items user u has.
+  std::function<void(uint64_t u, uint64_t* num_positives, uint64_t* num_train)> sizes;
+  // The split stage for block users [begin, end) (block-local indices): fills
+  // their positives, train items and held-out item (eval_of(j)[0]). Runs on pool
+  // threads, on disjoint ranges of one block at a time.
+  std::function<void(UserBlock* block, uint64_t begin, uint64_t end)> split;
+};
+
+// Where eval negatives come from: drawn uniformly from the items the user never
+// interacted with (draw_eval_negatives), or given with the data (the NCF-paper
+// files) and kept exactly.
+struct EvalNegatives {
+  uint64_t num_items = 0;
+  uint32_t count = 0;  // E
+  uint64_t seed = 0;
+  const int32_t* given = nullptr;  // num_users x E when given, else drawn
+  // Names user u in an error message (input file and raw id); may be empty.
+  std::function<std::string(uint64_t u)> describe_user;
+};
+
+// Fills eval_of(j)[1 .. L) of every user of the block.
+void eval_negatives_stage(const EvalNegatives& negatives, int threads, UserBlock* block);
+
+// Hands the block's users to the writer in id order.
+void write_stage(const UserBlock& block, DatasetWriter* writer);
+
+// How assemble_dataset reports progress.
+struct PrepProgress {
+  bool enabled = false;
+  std::string label;  // "prep", "synthetic ml-1m"
+  std::chrono::steady_clock::time_point start;
+  double seconds() const;
+};
+
+// split → eval negatives → write over blocks of users, then the writer's train
+// shuffle and metadata. Blocks hold up to 4,096 users and close early when their
+// lists would pass 2^21 entries, which bounds memory whatever the interactions.
+DatasetMeta assemble_dataset(const std::string& out_dir, const DatasetPlan& plan,
+                             const SplitUsers& users, const EvalNegatives& negatives, int threads,
+                             const PrepProgress& progress);
+
+}  // namespace ncf
