@@ -184,15 +184,18 @@ TEST(Ops, GemmMatchesNaiveLoopForAllTransposes) {
     }
 }
 
-// The CPU GEMM runs in fixed output blocks on the thread pool (OpenBLAS itself
-// single-threaded): shapes past the row blocks (M large) and past the column
-// blocks (N large, M small), with padded strides and every transpose, match a
-// double loop, and give the same bits at any thread count.
+// The CPU GEMM runs in fixed blocks on the thread pool (OpenBLAS itself
+// single-threaded): shapes past the row blocks (M large), past the column
+// blocks (N large, M small) and past the K slices (M and N small, K long: two
+// slices exactly, and three with a short last one), with padded strides and
+// every transpose, match a double loop, and give the same bits at any thread
+// count.
 TEST(Ops, GemmInBlocksMatchesLoopAndIsTheSameAtAnyThreadCount) {
   struct Shape {
     int M, N, K;
   };
-  for (Shape sh : {Shape{2049, 9, 17}, Shape{3, 300, 33}, Shape{1, 129, 5}, Shape{700, 1, 4}})
+  for (Shape sh : {Shape{2049, 9, 17}, Shape{3, 300, 33}, Shape{1, 129, 5}, Shape{700, 1, 4},
+                   Shape{7, 5, 16384}, Shape{3, 2, 20001}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const int M = sh.M, N = sh.N, K = sh.K, pad = 3;
@@ -218,7 +221,9 @@ TEST(Ops, GemmInBlocksMatchesLoopAndIsTheSameAtAnyThreadCount) {
           const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
                                    (ta ? " A^T" : "") + (tb ? " B^T" : "") + " threads " +
                                    std::to_string(threads);
-          expect_close(C, want, 1e-5, 1e-5, what.c_str());
+          // FP32 sums of K products: the error grows with K.
+          const double tol = K > 1000 ? 3e-4 : 1e-5;
+          expect_close(C, want, tol, tol, what.c_str());
           if (first.empty()) first = C;
           EXPECT_EQ(std::memcmp(C.data(), first.data(), C.size() * 4), 0) << what;
         }

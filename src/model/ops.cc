@@ -21,9 +21,11 @@ namespace ncf {
 namespace {
 
 // The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
-// output columns per block otherwise.
+// output columns per block otherwise, and, for a small output with a long K
+// (the weight gradients, K = B), rows of K per partial product.
 constexpr int64_t kGemmRows = 1024;
 constexpr int64_t kGemmCols = 64;
+constexpr int64_t kGemmDepth = 8192;
 
 // Rows per chunk so that each chunk touches at least ~16K floats: below that a
 // thread hand-off costs more than the work.
@@ -79,10 +81,12 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
     A = bf16_rounded(threads, A, trans_a ? K : M, trans_a ? M : K, lda, a_bf16);
     B = bf16_rounded(threads, B, trans_b ? N : K, trans_b ? K : N, ldb, b_bf16);
   }
-  // OpenBLAS runs single-threaded; the threads are the pool's. The output is cut
-  // into fixed blocks — kGemmRows rows when M is large (the batch), else
-  // kGemmCols columns — never along K, so each element is one BLAS dot product
-  // whatever the thread count, and a block's shape does not depend on it.
+  // OpenBLAS runs single-threaded; the threads are the pool's. The work is cut
+  // into fixed blocks whose shapes depend on M, N and K only, never on the
+  // thread count: kGemmRows output rows when M is large (the batch), else
+  // kGemmCols output columns when N is, else (a small output, such as a weight
+  // gradient, with K ≥ 2·kGemmDepth) slices of kGemmDepth along K, whose
+  // partial products are summed in slice order, in double.
   static std::once_flag single;
   std::call_once(single, [] { openblas_set_num_threads(1); });
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
@@ -109,6 +113,30 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, bb, ldb, beta, C + n0, ldc);
       }
     });
+  } else if (K >= 2 * kGemmDepth) {
+    const int64_t slices = (K + kGemmDepth - 1) / kGemmDepth;
+    const int64_t mn = static_cast<int64_t>(M) * N;
+    thread_local std::vector<float> partial;
+    if (partial.size() < static_cast<size_t>(slices * mn))
+      partial.resize(static_cast<size_t>(slices * mn));
+    float* p = partial.data();
+    parallel_for(threads, slices, 1, [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t k0 = s * kGemmDepth;
+        const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
+        // Columns k0.. of op(A) and rows k0.. of op(B).
+        const float* a = trans_a ? A + k0 * lda : A + k0;
+        const float* bb = trans_b ? B + k0 : B + k0 * ldb;
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, k, alpha, a, lda, bb, ldb, 0.0f, p + s * mn, N);
+      }
+    });
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + static_cast<int64_t>(i) * N + j];
+        float& c = C[static_cast<int64_t>(i) * ldc + j];
+        c = static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * c);
+      }
   } else {
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }

@@ -11,9 +11,10 @@
 // Determinism: every result is the same for any ctx.threads (also in MathMode
 // kBf16: rounding to BF16 is element-wise). Sums over the batch
 // (weight and bias gradients, the loss) are taken in a fixed order: BLAS GEMM
-// for weight gradients (OpenBLAS single-threaded, on fixed output blocks that
-// the thread pool shares out: never split along K), and fixed row blocks
-// (parallel.h, block_sums) for biases, the head and the loss.
+// for weight gradients (OpenBLAS single-threaded on fixed slices of the batch
+// that the thread pool shares out, their partial products summed in slice
+// order), and fixed row blocks (parallel.h, block_sums) for biases, the head
+// and the loss.
 #pragma once
 
 #include <cstdint>
