@@ -90,4 +90,32 @@ uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
   return crc32c_extend_portable(crc, data, n);
 }
 
+namespace {
+
+// Product of two polynomials modulo the CRC polynomial, in the bit-reflected
+// representation (bit 31 is x^0).
+uint32_t mul_mod_poly(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kCrc32cPoly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  // Appending len_b bytes multiplies CRC(A)'s polynomial by x^(8·len_b); the
+  // pre- and post-inversions of the two parts cancel (linearity), so
+  // CRC(A‖B) = CRC(A)·x^(8·len_b) ⊕ CRC(B). The power is built by squaring.
+  uint32_t power = 1u << 31;   // x^0
+  uint32_t square = 1u << 23;  // x^8: one byte
+  for (uint64_t n = len_b; n != 0; n >>= 1) {
+    if (n & 1) power = mul_mod_poly(power, square);
+    square = mul_mod_poly(square, square);
+  }
+  return mul_mod_poly(power, crc_a) ^ crc_b;
+}
+
 }  // namespace ncf

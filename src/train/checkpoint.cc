@@ -1,0 +1,344 @@
+// See checkpoint.h.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "common/check.h"
+#include "common/file_io.h"
+#include "data/crc32c.h"
+
+namespace ncf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormatName = "ncf_dist checkpoint";
+constexpr const char* kTmpPrefix = ".tmp-";
+constexpr size_t kChunkBytes = size_t(8) << 20;
+
+std::string hex32(uint32_t x) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08" PRIx32, x);
+  return buf;
+}
+
+// Every rank's `k` int64 values, in rank order, on every rank.
+std::vector<int64_t> gather_all(Communicator& comm, const std::vector<int64_t>& mine) {
+  const size_t k = mine.size();
+  std::vector<int64_t> all(k * size_t(comm.world()), 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + ptrdiff_t(k * size_t(comm.rank())));
+  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
+  return all;
+}
+
+// The step of a committed checkpoint's directory name, or -1.
+int64_t step_of(const std::string& name) {
+  const std::string prefix = "step-";
+  if (name.size() != prefix.size() + 12 || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// Committed checkpoints in dir, newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t step = step_of(name);
+    if (step >= 0 && e.is_directory(ec)) out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& path) {
+  if (!j.is_object() || !j.contains(key))
+    NCF_FAIL(path, ": field \"", key, "\" is missing from the checkpoint manifest");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    NCF_FAIL(path, ": field \"", key, "\" of the checkpoint manifest has the wrong type (",
+             j.at(key).dump(), ")");
+  }
+}
+
+}  // namespace
+
+nlohmann::json CheckpointManifest::to_json() const {
+  nlohmann::json fj = nlohmann::json::array();
+  for (const CheckpointFile& f : files)
+    fj.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}});
+  return {{"format", kFormatName},
+          {"version", kCheckpointFormatVersion},
+          {"step", step},
+          {"epoch", epoch},
+          {"epoch_step", epoch_step},
+          {"world", world},
+          {"dataset_id", dataset_id},
+          {"config", config},
+          {"tables", tables},
+          {"files", fj}};
+}
+
+CheckpointManifest CheckpointManifest::from_json(const nlohmann::json& j, const std::string& path) {
+  if (field<std::string>(j, "format", path) != kFormatName)
+    NCF_FAIL(path, ": not an ncf_dist checkpoint manifest (format ", j.at("format").dump(), ")");
+  const int version = field<int>(j, "version", path);
+  if (version != kCheckpointFormatVersion)
+    NCF_FAIL(path, ": checkpoint format version ", version, "; this build reads version ",
+             kCheckpointFormatVersion);
+  CheckpointManifest m;
+  m.step = field<int64_t>(j, "step", path);
+  m.epoch = field<int64_t>(j, "epoch", path);
+  m.epoch_step = field<int64_t>(j, "epoch_step", path);
+  m.world = field<int>(j, "world", path);
+  m.dataset_id = field<std::string>(j, "dataset_id", path);
+  m.config = field<nlohmann::json>(j, "config", path);
+  m.tables = field<nlohmann::json>(j, "tables", path);
+  NCF_CHECK(m.step >= 0 && m.epoch >= 0 && m.epoch_step >= 0 && m.world >= 1, path,
+            ": checkpoint counters out of range (step ", m.step, ", epoch ", m.epoch,
+            ", epoch_step ", m.epoch_step, ", world ", m.world, ")");
+  for (const nlohmann::json& f : field<nlohmann::json>(j, "files", path)) {
+    CheckpointFile cf;
+    cf.name = field<std::string>(f, "name", path);
+    cf.bytes = field<int64_t>(f, "bytes", path);
+    cf.crc32c = field<uint32_t>(f, "crc32c", path);
+    NCF_CHECK(!cf.name.empty() && cf.name.find('/') == std::string::npos && cf.bytes >= 0, path,
+              ": bad file entry ", f.dump());
+    m.files.push_back(cf);
+  }
+  return m;
+}
+
+const CheckpointFile& CheckpointManifest::file(const std::string& name,
+                                               const std::string& path) const {
+  for (const CheckpointFile& f : files)
+    if (f.name == name) return f;
+  NCF_FAIL("checkpoint ", path, " has no file ", name);
+}
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));
+  return buf;
+}
+
+void block_range(int64_t n, int W, int r, int64_t* first, int64_t* count) {
+  const auto at = [&](int p) {
+    return int64_t((static_cast<unsigned __int128>(n) * unsigned(p)) / unsigned(W));
+  };
+  *first = at(r);
+  *count = at(r + 1) - *first;
+}
+
+// ------------------------------------------------------------------ writer ---
+
+CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& dir, int64_t step)
+    : comm_(comm), dir_(dir) {
+  const std::string name = checkpoint_name(step);
+  tmp_ = (fs::path(dir) / (kTmpPrefix + name)).string();
+  final_ = (fs::path(dir) / name).string();
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) NCF_FAIL("flag --checkpoint_dir: cannot create ", dir, ": ", ec.message());
+    fs::remove_all(tmp_, ec);
+    if (ec) NCF_FAIL("cannot remove the unfinished checkpoint ", tmp_, ": ", ec.message());
+    fs::create_directory(tmp_, ec);
+    if (ec) NCF_FAIL("cannot create ", tmp_, ": ", ec.message());
+  }
+  comm.barrier();
+}
+
+void CheckpointWriter::write(const std::string& name, int64_t bytes, int64_t offset,
+                             const void* data, size_t n) {
+  NCF_CHECK(offset >= 0 && offset + int64_t(n) <= bytes, "checkpoint file ", name, ": part [",
+            offset, ", ", offset + int64_t(n), ") outside its ", bytes, " bytes");
+  const std::string path = (fs::path(tmp_) / name).string();
+  // Rank 0 creates and sizes the file; then every rank writes its part.
+  if (comm_.rank() == 0) FileHandle(path, O_WRONLY | O_CREAT | O_TRUNC).truncate(bytes);
+  comm_.barrier();
+  uint32_t crc = 0;
+  if (n > 0) {
+    FileHandle f(path, O_WRONLY);
+    f.write_at(offset, data, n);
+    f.sync();
+    f.close();
+    crc = crc32c(data, n);
+  }
+  const std::vector<int64_t> parts = gather_all(comm_, {offset, int64_t(n), int64_t(crc)});
+  // The parts must tile the file in rank order; their CRCs then combine.
+  uint32_t file_crc = 0;
+  int64_t at = 0;
+  for (int p = 0; p < comm_.world(); ++p) {
+    const int64_t off = parts[3 * p], len = parts[3 * p + 1];
+    if (len == 0) continue;
+    NCF_CHECK(off == at, "checkpoint file ", name, ": rank ", p, " wrote [", off, ", ", off + len,
+              ") but the parts before it end at ", at);
+    file_crc = crc32c_combine(file_crc, uint32_t(parts[3 * p + 2]), uint64_t(len));
+    at += len;
+  }
+  NCF_CHECK(at == bytes, "checkpoint file ", name, ": the ranks wrote ", at, " of its ", bytes,
+            " bytes");
+  files_.push_back({name, bytes, file_crc});
+  bytes_ += bytes;
+}
+
+std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {
+  manifest.files = files_;
+  comm_.barrier();  // every part is written and fsynced
+  if (comm_.rank() == 0) {
+    write_file_atomic((fs::path(tmp_) / kCheckpointManifestFile).string(),
+                      manifest.to_json().dump(1) + "\n");
+    sync_directory(tmp_);
+    std::error_code ec;
+    if (fs::exists(final_, ec)) {
+      // The same step written again (a resumed run that stopped where its
+      // checkpoint was taken): the new one replaces it only once it is whole.
+      const std::string old = (fs::path(dir_) / (kTmpPrefix + std::string("old-") +
+                                                 fs::path(final_).filename().string()))
+                                  .string();
+      fs::remove_all(old, ec);
+      fs::rename(final_, old, ec);
+      if (ec) NCF_FAIL("cannot move ", final_, " aside: ", ec.message());
+    }
+    fs::rename(tmp_, final_, ec);
+    if (ec) NCF_FAIL("cannot rename ", tmp_, " to ", final_, ": ", ec.message());
+    sync_directory(dir_);
+    // Retention: the newest `keep` committed checkpoints stay; unfinished ones go.
+    const auto all = list_checkpoints(dir_);
+    for (size_t i = size_t(std::max(keep, 1)); i < all.size(); ++i)
+      fs::remove_all(all[i].second, ec);
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename().string().rfind(kTmpPrefix, 0) == 0) fs::remove_all(e.path(), ec);
+    sync_directory(dir_);
+  }
+  comm_.barrier();
+  return final_;
+}
+
+// ------------------------------------------------------------------ reader ---
+
+CheckpointReader::CheckpointReader(std::string path, CheckpointManifest manifest)
+    : path_(std::move(path)), manifest_(std::move(manifest)) {}
+
+void CheckpointReader::read(const std::string& name, int64_t offset, void* data, size_t n) const {
+  const CheckpointFile& f = manifest_.file(name, path_);
+  NCF_CHECK(offset >= 0 && offset + int64_t(n) <= f.bytes, "checkpoint ", path_, ": file ", name,
+            " has ", f.bytes, " bytes; asked for [", offset, ", ", offset + int64_t(n), ")");
+  if (n == 0) return;
+  FileHandle(path_ + "/" + name, O_RDONLY).read_at(offset, data, n);
+}
+
+std::string check_checkpoint(Communicator& comm, const std::string& path,
+                             CheckpointManifest* manifest) {
+  // Every rank parses the manifest itself (the file system is shared).
+  std::string why;
+  CheckpointManifest m;
+  const std::string mpath = (fs::path(path) / kCheckpointManifestFile).string();
+  try {
+    std::error_code ec;
+    if (!fs::exists(mpath, ec)) NCF_FAIL("no ", kCheckpointManifestFile, " (unfinished)");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text_file(mpath));
+    } catch (const nlohmann::json::exception& e) {
+      NCF_FAIL(mpath, " is not valid JSON: ", e.what());
+    }
+    m = CheckpointManifest::from_json(j, mpath);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  int64_t ranks_failing = 0;
+  for (int64_t x : gather_all(comm, {why.empty() ? 0 : 1})) ranks_failing += x;
+  if (!why.empty()) return why;
+  if (ranks_failing > 0) return "its manifest could not be read on every rank";
+  // Each rank checksums its byte block of every file; the CRCs combine.
+  const int W = comm.world(), r = comm.rank();
+  std::vector<int64_t> mine;
+  std::string local_error;
+  std::vector<char> buf;
+  for (const CheckpointFile& f : m.files) {
+    int64_t first = 0, count = 0;
+    block_range(f.bytes, W, r, &first, &count);
+    uint32_t crc = 0;
+    int64_t size = -1;
+    try {
+      FileHandle fh((fs::path(path) / f.name).string(), O_RDONLY);
+      size = fh.size();
+      if (size == f.bytes) {
+        buf.resize(std::min<size_t>(kChunkBytes, size_t(count)));
+        for (int64_t at = 0; at < count; at += int64_t(buf.size())) {
+          const size_t k = size_t(std::min<int64_t>(int64_t(buf.size()), count - at));
+          fh.read_at(first + at, buf.data(), k);
+          crc = crc32c_extend(crc, buf.data(), k);
+        }
+      }
+    } catch (const std::exception& e) {
+      if (local_error.empty()) local_error = e.what();
+    }
+    mine.insert(mine.end(), {size, int64_t(crc), count});
+  }
+  const std::vector<int64_t> all = gather_all(comm, mine);
+  const size_t per_rank = mine.size();
+  for (size_t k = 0; k < m.files.size(); ++k) {
+    const CheckpointFile& f = m.files[k];
+    uint32_t crc = 0;
+    for (int p = 0; p < W; ++p) {
+      const int64_t* x = &all[size_t(p) * per_rank + 3 * k];
+      if (x[0] < 0) return "file " + f.name + " cannot be read";
+      if (x[0] != f.bytes)
+        return "file " + f.name + " has " + std::to_string(x[0]) + " bytes, the manifest says " +
+               std::to_string(f.bytes);
+      crc = crc32c_combine(crc, uint32_t(x[1]), uint64_t(x[2]));
+    }
+    if (crc != f.crc32c)
+      return "file " + f.name + " has CRC-32C " + hex32(crc) + ", the manifest says " +
+             hex32(f.crc32c);
+  }
+  if (manifest) *manifest = m;
+  return "";
+}
+
+std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::string& resume,
+                                                const std::string& dir,
+                                                std::vector<std::string>* log) {
+  if (resume == "never") return std::nullopt;
+  CheckpointManifest m;
+  if (resume != "auto") {
+    const std::string why = check_checkpoint(comm, resume, &m);
+    if (!why.empty()) NCF_FAIL("flag --resume ", resume, ": cannot load this checkpoint: ", why);
+    log->push_back("resuming from " + resume + " (step " + std::to_string(m.step) + ")");
+    return CheckpointReader(resume, m);
+  }
+  NCF_CHECK(!dir.empty(), "flag --resume auto needs --checkpoint_dir");
+  const auto all = list_checkpoints(dir);
+  for (const auto& [step, path] : all) {
+    const std::string why = check_checkpoint(comm, path, &m);
+    if (why.empty()) {
+      log->push_back("resuming from " + path + " (step " + std::to_string(m.step) + ", epoch " +
+                     std::to_string(m.epoch + 1) + " after " + std::to_string(m.epoch_step) +
+                     " of its steps)");
+      return CheckpointReader(path, m);
+    }
+    log->push_back("skipping checkpoint " + path + ": " + why);
+  }
+  log->push_back(all.empty() ? "no checkpoint in " + dir + ": starting from step 0"
+                             : "no whole checkpoint in " + dir + ": starting from step 0");
+  return std::nullopt;
+}
+
+}  // namespace ncf

@@ -1,0 +1,120 @@
+// Checkpoint directories: how the ranks write one together, commit it
+// atomically, and how a run finds the newest one that is whole.
+//
+//   DIR/step-000000000120/        a committed checkpoint (optimizer step 120)
+//     manifest.json               written last: the state's counters, the
+//                                 config and dataset it belongs to, and every
+//                                 file with its size and CRC-32C
+//     <files>                     raw little-endian arrays (what the trainer
+//                                 puts there: trainer.h)
+//   DIR/.tmp-step-000000000120/   the same while it is being written
+//
+// Writing: every rank writes its own part of each file at its offset (pwrite
+// on a file system all ranks share) and checksums that part; the CRCs combine
+// into the file's (crc32c_combine), so no rank reads or gathers a whole table.
+// Then every rank fsyncs what it wrote, rank 0 writes the manifest, fsyncs,
+// renames the directory into place and fsyncs DIR. Killed at any instant, the
+// job leaves the previous checkpoint as it was; a directory without a
+// manifest or with a file whose size or CRC differs is never loaded.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace ncf {
+
+constexpr int kCheckpointFormatVersion = 1;
+constexpr const char* kCheckpointManifestFile = "manifest.json";
+
+struct CheckpointFile {
+  std::string name;
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+struct CheckpointManifest {
+  int64_t step = 0;        // optimizer steps taken
+  int64_t epoch = 0;       // the epoch in progress, 0-based
+  int64_t epoch_step = 0;  // steps of that epoch already taken
+  int world = 1;           // W of the run that wrote it
+  std::string dataset_id;  // the dataset's metadata.json dataset_id
+  nlohmann::json config;   // the flags the trajectory depends on
+  nlohmann::json tables;   // [{name, rows, width, arrays}] of the embedding tables
+  std::vector<CheckpointFile> files;
+
+  nlohmann::json to_json() const;
+  // Checks types and the format version; errors name `path` and the field.
+  static CheckpointManifest from_json(const nlohmann::json& j, const std::string& path);
+  // The entry of file `name`; an error naming the checkpoint when it is absent.
+  const CheckpointFile& file(const std::string& name, const std::string& path) const;
+};
+
+// "step-000000000120": the directory name of the checkpoint at step `step`.
+std::string checkpoint_name(int64_t step);
+
+// Rows [first, first + count) of the block partition of n rows over W ranks
+// that rank r writes and reads: ⌊r·n/W⌋ .. ⌊(r+1)·n/W⌋.
+void block_range(int64_t n, int W, int r, int64_t* first, int64_t* count);
+
+// Writes one checkpoint. Every method is collective.
+class CheckpointWriter {
+ public:
+  // Rank 0 removes what a killed writer left at DIR/.tmp-step-N and creates it
+  // (and DIR if needed).
+  CheckpointWriter(Communicator& comm, const std::string& dir, int64_t step);
+
+  // File `name` of `bytes` bytes: this rank writes data[0, n) at `offset`. The
+  // parts of ranks 0, 1, …, W−1 tile [0, bytes) in rank order (n may be 0).
+  void write(const std::string& name, int64_t bytes, int64_t offset, const void* data, size_t n);
+
+  // fsync, manifest, rename, fsync of DIR; then rank 0 removes all but the
+  // newest `keep` committed checkpoints and any unfinished ones. Returns the
+  // committed directory. `manifest.files` is filled here.
+  std::string commit(CheckpointManifest manifest, int keep);
+  int64_t bytes_written() const { return bytes_; }  // by all ranks
+
+ private:
+  Communicator& comm_;
+  std::string dir_, tmp_, final_;
+  std::vector<CheckpointFile> files_;
+  int64_t bytes_ = 0;
+};
+
+// A committed checkpoint whose files were all checked.
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string path, CheckpointManifest manifest);
+  const std::string& path() const { return path_; }
+  const CheckpointManifest& manifest() const { return manifest_; }
+  // Bytes [offset, offset + n) of file `name`; errors name the file and range.
+  void read(const std::string& name, int64_t offset, void* data, size_t n) const;
+  int64_t bytes(const std::string& name) const { return manifest_.file(name, path_).bytes; }
+
+ private:
+  std::string path_;
+  CheckpointManifest manifest_;
+};
+
+// The checkpoint --resume asks for, checked (collective: each rank checksums
+// a part of every file). `resume`:
+//   "never"  nothing;
+//   "auto"   the newest committed checkpoint in `dir` that is whole, or nothing
+//            when there is none;
+//   a path   that checkpoint, which must be whole.
+// Lines for the log (rank 0 prints them) say which one was taken and why each
+// newer one was skipped.
+std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::string& resume,
+                                                const std::string& dir,
+                                                std::vector<std::string>* log);
+
+// Why the checkpoint at `path` cannot be loaded ("" when it can): its
+// manifest, then every file's size and CRC-32C. Collective.
+std::string check_checkpoint(Communicator& comm, const std::string& path,
+                             CheckpointManifest* manifest);
+
+}  // namespace ncf
