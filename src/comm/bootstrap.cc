@@ -170,9 +170,9 @@ int run_main(int argc, char** argv, const std::function<int(int& argc, char**& a
   } catch (...) {
     return fail(program, "unknown exception", 1);
   }
-  if (code != 0) return fail(program, "", code);
+  if (code != 0 && code != kExitPreempted) return fail(program, "", code);
   if (mpi_world_if_running() > 0) MPI_Finalize();
-  return 0;
+  return code;
 }
 
 }  // namespace ncf

@@ -74,13 +74,19 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
                                                 const std::string& kind = "auto",
                                                 void* stream = nullptr);
 
+// The exit code of a run that stopped on a signal (SIGTERM, SIGUSR1) after
+// writing its checkpoint: "resume me". Every rank returns it; run_main then
+// ends MPI normally instead of aborting the job.
+constexpr int kExitPreempted = 75;
+
 // Runs body(argc, argv) and turns every way it can fail into one clear stop:
 //  - an exception (ncf::Error or other) is printed once as "<program>: error: <what>"
 //    on stderr by the rank that threw; with W > 1 that rank calls
 //    MPI_Abort(MPI_COMM_WORLD, 1) so that the ranks waiting for it do not hang;
 //    with W = 1 the result is exit code 1;
 //  - a non-zero return with W > 1 also aborts the job (the other ranks may be inside a
-//    collective), with that code;
+//    collective), with that code — except kExitPreempted, which every rank returns
+//    together: MPI is finalized and the code returned;
 //  - on success MPI is finalized if the body left it initialised; a body that never
 //    started MPI (bootstrap_single) leaves it alone on every path.
 // Returns the exit code for main.

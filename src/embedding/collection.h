@@ -78,6 +78,16 @@ class EmbeddingCollection {
   // Table t in global row order, gathered on every rank into host memory.
   std::vector<float> gather_table(int t);
 
+  // Checkpoint I/O (collection_io.cc). A table's state is num_state_arrays()
+  // [N×D] arrays: 0 the rows, then the optimizer's (1: Adam's first moment or
+  // Adagrad's accumulator, 2: Adam's second moment). export_block returns this
+  // rank's block of array `array` of table t in global row order (the rows
+  // common/partition.h's block_range gives rank r); import_block stores such
+  // a block, each rank passing its own. Both collective, host memory.
+  int num_state_arrays() const;
+  std::vector<float> export_block(int t, int array);
+  void import_block(int t, int array, const float* block);
+
   // Bytes of this rank's rows and optimizer state.
   int64_t bytes_on_rank() const;
   // Bytes held now by the grow-only step buffers (what plan.h's
@@ -86,6 +96,7 @@ class EmbeddingCollection {
 
  private:
   bool is_routed(int t) const;
+  float* state_array(int array);  // params_, m_ or v_ on the context's device
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }

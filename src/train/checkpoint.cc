@@ -136,14 +136,6 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-void block_range(int64_t n, int W, int r, int64_t* first, int64_t* count) {
-  const auto at = [&](int p) {
-    return int64_t((static_cast<unsigned __int128>(n) * unsigned(p)) / unsigned(W));
-  };
-  *first = at(r);
-  *count = at(r + 1) - *first;
-}
-
 // ------------------------------------------------------------------ writer ---
 
 CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& dir, int64_t step)
@@ -249,19 +241,22 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
   std::string why;
   CheckpointManifest m;
   const std::string mpath = (fs::path(path) / kCheckpointManifestFile).string();
-  try {
-    std::error_code ec;
-    if (!fs::exists(mpath, ec)) NCF_FAIL("no ", kCheckpointManifestFile, " (unfinished)");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(mpath));
-    } catch (const nlohmann::json::exception& e) {
-      NCF_FAIL(mpath, " is not valid JSON: ", e.what());
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    why = "no such checkpoint directory";
+  else if (!fs::exists(mpath, ec))
+    why = std::string("no ") + kCheckpointManifestFile + " (unfinished)";
+  if (why.empty()) try {
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(read_text_file(mpath));
+      } catch (const nlohmann::json::exception& e) {
+        NCF_FAIL(mpath, " is not valid JSON: ", e.what());
+      }
+      m = CheckpointManifest::from_json(j, mpath);
+    } catch (const std::exception& e) {
+      why = e.what();
     }
-    m = CheckpointManifest::from_json(j, mpath);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
   int64_t ranks_failing = 0;
   for (int64_t x : gather_all(comm, {why.empty() ? 0 : 1})) ranks_failing += x;
   if (!why.empty()) return why;

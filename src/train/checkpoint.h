@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/partition.h"  // block_range: the rows each rank writes and reads
 
 namespace ncf {
 
@@ -56,10 +57,6 @@ struct CheckpointManifest {
 
 // "step-000000000120": the directory name of the checkpoint at step `step`.
 std::string checkpoint_name(int64_t step);
-
-// Rows [first, first + count) of the block partition of n rows over W ranks
-// that rank r writes and reads: ⌊r·n/W⌋ .. ⌊(r+1)·n/W⌋.
-void block_range(int64_t n, int W, int r, int64_t* first, int64_t* count);
 
 // Writes one checkpoint. Every method is collective.
 class CheckpointWriter {

@@ -2,6 +2,7 @@
 #include "train/config.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -125,6 +126,25 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "file");
   app.add_flag("--step_log", c.step_log,
                "log each step's time split (exchange, compute, allreduce) and bytes moved");
+  app.add_option("--checkpoint_dir", c.checkpoint_dir,
+                 "write checkpoints here (a file system every rank shares)");
+  app.add_option("--checkpoint_every_steps", c.checkpoint_every_steps,
+                 "checkpoint every N optimizer steps (0: not by steps)")
+      ->capture_default_str();
+  app.add_option("--checkpoint_every_minutes", c.checkpoint_every_minutes,
+                 "checkpoint when this many minutes passed since the last one (0: not by time)")
+      ->capture_default_str();
+  app.add_option("--keep_checkpoints", c.keep_checkpoints,
+                 "committed checkpoints to keep in --checkpoint_dir")
+      ->capture_default_str();
+  app.add_option("--resume", c.resume,
+                 "never, auto (the newest whole checkpoint in --checkpoint_dir, if any), or "
+                 "the path of one checkpoint")
+      ->capture_default_str();
+  app.add_option("--allow_changed_flags", c.allow_changed,
+                 "flags a resumed run may set differently from the checkpoint (some of "
+                 "learning_rate, embedding_lr, train_epochs)")
+      ->delimiter(',');
 
   try {
     app.parse(argc, argv);
@@ -183,8 +203,50 @@ void validate_config(const TrainConfig& c) {
              c.l2_dense);
   if (c.threads < 0) NCF_FAIL("flag --threads must be >= 0, got ", c.threads);
   if (c.max_steps == 0) NCF_FAIL("flag --max_steps must be > 0 (or negative for whole epochs)");
+  if (c.checkpoint_every_steps < 0)
+    NCF_FAIL("flag --checkpoint_every_steps must be >= 0, got ", c.checkpoint_every_steps);
+  if (c.checkpoint_every_minutes < 0)
+    NCF_FAIL("flag --checkpoint_every_minutes must be >= 0, got ", c.checkpoint_every_minutes);
+  if (c.keep_checkpoints < 1)
+    NCF_FAIL("flag --keep_checkpoints must be >= 1, got ", c.keep_checkpoints);
+  if ((c.checkpoint_every_steps > 0 || c.checkpoint_every_minutes > 0) && c.checkpoint_dir.empty())
+    NCF_FAIL("flags --checkpoint_every_steps/--checkpoint_every_minutes need --checkpoint_dir");
+  if (c.resume == "auto" && c.checkpoint_dir.empty())
+    NCF_FAIL("flag --resume auto needs --checkpoint_dir (where to look)");
+  if (c.resume.empty()) NCF_FAIL("flag --resume: empty (never, auto or a checkpoint path)");
+  for (const std::string& f : c.allow_changed)
+    if (std::find(changeable_flags().begin(), changeable_flags().end(), f) ==
+        changeable_flags().end())
+      NCF_FAIL("flag --allow_changed_flags: ", f,
+               " cannot change on resume (only learning_rate, embedding_lr, train_epochs)");
   if (c.device == "cpu" && c.comm == "nccl")
     NCF_FAIL("flag --comm nccl needs --device cuda (NCCL exchanges device buffers)");
+}
+
+nlohmann::json trajectory_flags(const TrainConfig& c) {
+  return {{"batch_size", c.batch_size},
+          {"learning_rate", c.learning_rate},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"epsilon", c.epsilon},
+          {"num_factors", c.num_factors},
+          {"layers", c.layers},
+          {"num_neg", c.num_neg},
+          {"train_epochs", c.train_epochs},
+          {"seed", c.seed},
+          {"precision", c.precision},
+          {"embedding_optimizer", c.embedding_optimizer},
+          {"embedding_lr", c.embedding_lr},
+          {"l2_embedding", c.l2_embedding},
+          {"l2_dense", c.l2_dense},
+          {"adagrad_init", c.adagrad_init},
+          {"max_steps", c.max_steps},
+          {"shuffle_records", c.shuffle_records}};
+}
+
+const std::vector<std::string>& changeable_flags() {
+  static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs"};
+  return flags;
 }
 
 }  // namespace ncf

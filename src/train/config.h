@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,20 @@ struct TrainConfig {
   std::string progress = "auto";  // auto | on | off
   std::string save_params;        // write final parameters (rank 0) to this file
   bool step_log = false;          // per-step time split and bytes moved
+  // Checkpoints (train/checkpoint.h) and resuming.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;   // 0: not by steps
+  double checkpoint_every_minutes = 0;  // 0: not by time
+  int keep_checkpoints = 2;
+  std::string resume = "never";            // never | auto | PATH
+  std::vector<std::string> allow_changed;  // flags a resumed run may change
 };
+
+// The flags a training trajectory depends on, by flag name: what a checkpoint
+// records, and what a resumed run must match.
+nlohmann::json trajectory_flags(const TrainConfig& cfg);
+// The trajectory flags a resumed run may change with --allow_changed_flags.
+const std::vector<std::string>& changeable_flags();
 
 // Parses argv (CLI11). Returns false when the program should exit right away
 // (--help), with *exit_code set. Throws ncf::Error on bad values.

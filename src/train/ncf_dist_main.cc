@@ -1,5 +1,6 @@
 // ncf_dist: trains NeuMF on a dataset directory as one or many MPI ranks and
 // reports HR@K / NDCG@K after every epoch. The step itself is in trainer.cc.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,26 @@
 
 namespace ncf {
 namespace {
+
+// Set by SIGTERM or SIGUSR1 (Slurm's --signal): every rank stops at the next
+// step boundary, once the request has ridden the step's allreduce, and writes
+// a checkpoint. A second SIGTERM ends the process at once; the last committed
+// checkpoint stays as it was.
+volatile sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal != 0 && sig == SIGTERM) _exit(128 + SIGTERM);
+  g_stop_signal = sig;
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
 
 // MLPerf-style log lines (rank 0 only).
 class MlLog {
@@ -134,11 +155,26 @@ int train_main(int& argc, char**& argv) {
     std::printf("%6s %9s %8s %8s %9s %12s %8s\n", "epoch", "loss",
                 ("HR@" + std::to_string(cfg.topk)).c_str(),
                 ("NDCG@" + std::to_string(cfg.topk)).c_str(), "train_s", "samples/s", "eval_s");
+  if (trainer.checkpointing()) {
+    trainer.set_stop_flag(&g_stop_signal);
+    install_stop_handlers();
+  }
+  const Trainer::Position start = trainer.resume();
   bool reached = false;
-  for (int e = 0; e < cfg.train_epochs && !reached; ++e) {
+  for (int e = int(start.epoch); e < cfg.train_epochs && !reached; ++e) {
     mllog.event("epoch_start", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_START");
-    EpochResult r = trainer.train_epoch(e);
+    EpochResult r = trainer.train_epoch(e, e == start.epoch ? start.epoch_step : 0);
     mllog.event("epoch_stop", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_END");
+    if (r.stopped) {
+      if (lead)
+        std::printf(
+            "ncf_dist: stopped by %s in epoch %d; checkpoint written; exit code %d "
+            "(resume with --resume auto)\n",
+            g_stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", e + 1, kExitPreempted);
+      std::fflush(stdout);
+      comm->barrier();
+      return kExitPreempted;
+    }
     EvalResult ev;
     if (cfg.eval_each_epoch) {
       mllog.event("eval_start", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_START");
@@ -185,6 +221,7 @@ int train_main(int& argc, char**& argv) {
   if (reached && lead)
     std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk, cfg.hr_threshold);
 
+  trainer.save_final_checkpoint();
   std::vector<float> params;
   if (!cfg.save_params.empty()) params = trainer.gather_parameters();
   if (lead && !cfg.save_params.empty()) {

@@ -2,6 +2,8 @@
 // stage of shared/DESIGN.md's step.
 #include "train/step.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "model/ops.h"
 
@@ -16,11 +18,12 @@ void TrainState::allocate(const ExecContext& ctx) {
   for (Buffer<int32_t>* b : {&users, &items}) *b = Buffer<int32_t>(ctx.device, 0);
   for (Buffer<float>* b : {&labels, &logits, &dlogits}) *b = Buffer<float>(ctx.device, 0);
   const int64_t rep = tables->replicated_grad_floats();
-  dense_grads = Buffer<float>(ctx.device, rep ? size_t(model->num_params() + rep) : 0);
+  dense_grads = Buffer<float>(ctx.device, size_t(model->num_params() + rep + kStepRequests));
 }
 
 StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
-                      const ExecContext& ctx, double* loss_share, StepTimer* timer) {
+                      const ExecContext& ctx, double* loss_share, StepTimer* timer,
+                      StepControl* control) {
   auto mark = [&](StepPhase p) {
     if (timer) timer->mark(p);
   };
@@ -69,18 +72,24 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   // 4. The table gradients start towards their owners; the replicated tables'
   //    dense gradients join the tower's, and one allreduce sums them all. It
   //    runs while the owners update (a host communicator completes it here).
+  //    The step's requests (StepControl) ride at its end.
   const int64_t params = model.num_params();
   const int64_t rep = tables.replicated_grad_floats();
+  const int64_t requests = control && comm.world() > 1 ? kStepRequests : 0;
   float* dense = model.grads().data();
-  if (rep > 0) {
+  if (rep > 0 || requests > 0) {
     dense = s.dense_grads.data();
     device_copy_async(ctx, ctx.device, dense, ctx.device, model.grads().data(), size_t(params) * 4);
   }
+  if (requests > 0)
+    device_copy_async(ctx, ctx.device, dense + params + rep, Device::kCpu, control->requests,
+                      sizeof control->requests);
   tables.gradients_start(rep > 0 ? dense + params : nullptr);
   mark(StepPhase::kExchange);
   CommTicket allreduce = 0;
   if (comm.world() > 1)
-    all_reduce_sum_on(comm, ctx.device, dense, size_t(params + rep), DType::kFloat32, &allreduce);
+    all_reduce_sum_on(comm, ctx.device, dense, size_t(params + rep + requests), DType::kFloat32,
+                      &allreduce);
   mark(StepPhase::kAllreduce);
 
   // 5. Table update: the owners' fused reduce-and-update; then, once the
@@ -91,6 +100,11 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   comm.join(allreduce);  // on a stream-ordered communicator, the wait for the allreduce
   mark(StepPhase::kAllreduce);
   tables.update_replicated(dense + params, s.t);
+  if (requests > 0)  // the host waits for the allreduce here
+    device_copy(Device::kCpu, control->sums, ctx.device, dense + params + rep,
+                sizeof control->sums);
+  else if (control)
+    std::copy_n(control->requests, kStepRequests, control->sums);
 
   // 6. Dense Adam: the same step on every rank.
   dense_adam_step(ctx, model.params().data(), dense, s.adam_m.data(), s.adam_v.data(), params, s.t,

@@ -39,9 +39,10 @@ struct TrainState {
   // Step buffers on the context's device (B samples of this rank's step).
   Buffer<int32_t> users, items;           // [B] positives and their negatives
   Buffer<float> labels, logits, dlogits;  // [B]
-  // [params + replicated floats]: the tower's gradient and the replicated
-  // tables' dense gradients, allreduced as one buffer (used when a table is
-  // replicated; otherwise the tower's own gradient buffer is allreduced).
+  // [params + replicated floats + kStepRequests]: the tower's gradient, the
+  // replicated tables' dense gradients and the step's requests, allreduced as
+  // one buffer (used when a table is replicated or requests ride along;
+  // otherwise the tower's own gradient buffer is allreduced).
   Buffer<float> dense_grads;
 
   // Allocates the moments and step buffers on ctx's device.
@@ -60,6 +61,17 @@ struct StepBatch {
   int64_t global_positives = 0;
 };
 
+// Requests that ride in the step's dense allreduce, so that every rank learns
+// of any rank's request at the same step without a collective of its own:
+// requests[k] is this rank's (0 or 1), sums[k] after the step is the number of
+// ranks that made request k. With W = 1, sums = requests.
+constexpr int kStepRequests = 2;
+enum StepRequest { kRequestStop = 0, kRequestCheckpoint = 1 };
+struct StepControl {
+  float requests[kStepRequests] = {};
+  float sums[kStepRequests] = {};
+};
+
 // What the step sent: the collectives and bytes this rank issued.
 struct StepReport {
   int64_t samples = 0;      // global samples of the step
@@ -71,7 +83,9 @@ struct StepReport {
 // rank's share of the step's mean loss is written to *loss_share (a double on
 // the context's device; left alone when n = 0). timer, if given, is between begin and end and gets
 // the phase marks.
+// control, if given, carries requests through the allreduce (see StepControl).
 StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
-                      const ExecContext& ctx, double* loss_share, StepTimer* timer = nullptr);
+                      const ExecContext& ctx, double* loss_share, StepTimer* timer = nullptr,
+                      StepControl* control = nullptr);
 
 }  // namespace ncf

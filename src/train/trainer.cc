@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "comm/bootstrap.h"
@@ -18,6 +19,7 @@
 #include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
 #include "model/ops.h"
+#include "train/checkpoint.h"
 
 namespace ncf {
 
@@ -156,6 +158,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   step_loss_ = Buffer<double>(ctx.device, 0);
   stager_ = std::make_unique<InputStager>(ctx);
   timer_ = std::make_unique<StepTimer>(ctx);
+  last_checkpoint_ = Clock::now();
 }
 
 Trainer::~Trainer() = default;
@@ -176,8 +179,20 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   const StepBatch batch{in.users, in.items, n, b.slice_begin, b.epoch, b.step_count};
   // The stager's slot is released once the negatives are sampled from it; the
   // step enqueues its work in order, so releasing after the call is as safe.
-  const StepReport rep =
-      train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, timer_.get());
+  // The requests of this step: a stop (signal), and rank 0's clock saying a
+  // timed checkpoint is due. Their sums over the ranks come back with the step.
+  if (checkpointing()) {
+    control_.requests[kRequestStop] = stop_flag_ && *stop_flag_ ? 1.0f : 0.0f;
+    const double minutes =
+        std::chrono::duration<double>(Clock::now() - last_checkpoint_).count() / 60.0;
+    control_.requests[kRequestCheckpoint] = comm_.rank() == 0 &&
+                                                    cfg_.checkpoint_every_minutes > 0 &&
+                                                    minutes >= cfg_.checkpoint_every_minutes
+                                                ? 1.0f
+                                                : 0.0f;
+  }
+  const StepReport rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index,
+                                    timer_.get(), checkpointing() ? &control_ : nullptr);
   stager_->release();
   timer_->end();
   r->bytes_sent += rep.bytes_sent;
@@ -207,7 +222,7 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
   }
 }
 
-EpochResult Trainer::train_epoch(int64_t epoch) {
+EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   EpochResult r;
   r.epoch = epoch;
   // mpirun hands rank 0 a pseudo-terminal, so "auto" stays quiet under a launcher.
@@ -224,6 +239,20 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   pending_logs_.clear();
   step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
   step_loss_.zero();
+  NCF_CHECK(first_step >= 0 && first_step <= steps, "epoch ", epoch + 1, " has ", steps,
+            " steps; cannot start it at step ", first_step);
+  if (first_step > 0) {
+    // A resumed epoch: the loss shares of the steps taken before the
+    // checkpoint, and the reader moved past their records.
+    NCF_CHECK(int64_t(resumed_loss_.size()) == first_step, "resumed epoch: ", resumed_loss_.size(),
+              " loss shares for ", first_step, " steps");
+    device_copy(ctx_.device, step_loss_.data(), Device::kCpu, resumed_loss_.data(),
+                resumed_loss_.size() * 8);
+    TrainBatch skipped;
+    for (int64_t s = 0; s < first_step; ++s)
+      NCF_CHECK(train_reader_->next(&skipped), "train reader ended after ", s, " of ", steps,
+                " steps");
+  }
   // Step s + 1 is read and staged (its copy to the device issued) before step s
   // is enqueued.
   TrainBatch batches[2];
@@ -232,11 +261,25 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
               " steps");
     stager_->stage(batches[s % 2]);
   };
-  if (steps > 0) fetch(0);
-  for (int64_t s = 0; s < steps; ++s) {
+  if (first_step < steps) fetch(first_step);
+  for (int64_t s = first_step; s < steps; ++s) {
     if (s + 1 < steps) fetch(s + 1);
     step(batches[s % 2], s, &r);
     ++r.steps;
+    position_ = {epoch, s + 1};
+    if (checkpointing()) {
+      const bool stop = control_.sums[kRequestStop] > 0;
+      const bool due =
+          control_.sums[kRequestCheckpoint] > 0 ||
+          (cfg_.checkpoint_every_steps > 0 && state_.t % cfg_.checkpoint_every_steps == 0);
+      if (stop || due) save_checkpoint(epoch, s + 1);
+      if (stop) {
+        account_step_times(true, &r);
+        r.stopped = true;
+        r.train_seconds = seconds_since(t0);
+        return r;
+      }
+    }
     if (show && seconds_since(last_print) > 0.5) {
       last_print = Clock::now();
       double el = seconds_since(t0);
@@ -251,14 +294,14 @@ EpochResult Trainer::train_epoch(int64_t epoch) {
   // shares give that step's mean loss over its global batch, and the epoch loss
   // is the mean of the step losses.
   check_device_errors(ctx_);  // bad input a kernel met in the last step, if any
-  std::vector<double> shares(static_cast<size_t>(steps));
+  std::vector<double> shares(static_cast<size_t>(steps));  // every step's, resumed ones too
   device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data(), shares.size() * 8);
   double loss_sum = 0;
   for (double x : shares) loss_sum += x;
   double sums[1] = {loss_sum};
   all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);
-  r.loss = r.steps ? sums[0] / double(r.steps) : 0;
+  r.loss = steps ? sums[0] / double(steps) : 0;
   return r;
 }
 
@@ -324,6 +367,180 @@ std::vector<float> Trainer::gather_parameters() {
     out.insert(out.end(), rows.begin(), rows.end());
   }
   return out;
+}
+
+// ------------------------------------------------------------- checkpoints ---
+//
+// Files of a checkpoint (raw little-endian arrays, checkpoint.h):
+//   tower.f32             [3 × params] the tower's parameters, Adam m, Adam v
+//   loss.f64              [W × epoch_step] each rank's loss shares of the
+//                         steps of the current epoch taken so far
+//   <table>.<array>.f32   [N × D] in global row order, one per state array:
+//                         rows, then the optimizer's (m and v, or accumulator)
+
+namespace {
+
+std::vector<std::string> state_array_names(EmbeddingOptimizer o) {
+  switch (optimizer_state_per_element(o)) {
+    case 0:
+      return {"rows"};
+    case 1:
+      return {"rows", "accumulator"};
+    default:
+      return {"rows", "m", "v"};
+  }
+}
+
+}  // namespace
+
+std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
+  const auto t0 = Clock::now();
+  const int W = comm_.world(), r = comm_.rank();
+  CheckpointWriter w(comm_, cfg_.checkpoint_dir, state_.t);
+  // The tower and its Adam moments: rank 0 writes them (every rank holds them).
+  const int64_t params = model_->num_params();
+  {
+    std::vector<float> tower(r == 0 ? size_t(3 * params) : 0);
+    if (r == 0) {
+      device_copy(Device::kCpu, tower.data(), ctx_.device, model_->params().data(), params * 4);
+      device_copy(Device::kCpu, tower.data() + params, ctx_.device, state_.adam_m.data(),
+                  params * 4);
+      device_copy(Device::kCpu, tower.data() + 2 * params, ctx_.device, state_.adam_v.data(),
+                  params * 4);
+    }
+    w.write("tower.f32", 3 * params * 4, 0, tower.data(), tower.size() * 4);
+  }
+  // Each rank's loss shares of this epoch so far.
+  {
+    std::vector<double> shares(static_cast<size_t>(epoch_step));
+    device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data(), shares.size() * 8);
+    w.write("loss.f64", int64_t(W) * epoch_step * 8, int64_t(r) * epoch_step * 8, shares.data(),
+            shares.size() * 8);
+  }
+  // The tables, each rank writing its block of global rows.
+  nlohmann::json tables = nlohmann::json::array();
+  const std::vector<std::string> arrays = state_array_names(table_optimizer_);
+  for (int t = 0; t < tables_->num_tables(); ++t) {
+    const TableSpec& spec = plan_.tables[t];
+    for (int a = 0; a < int(arrays.size()); ++a) {
+      const std::vector<float> block = tables_->export_block(t, a);
+      int64_t first = 0, count = 0;
+      block_range(spec.num_rows, W, r, &first, &count);
+      w.write(spec.name + "." + arrays[a] + ".f32", spec.num_rows * plan_.D * 4,
+              first * plan_.D * 4, block.data(), block.size() * 4);
+    }
+    tables.push_back(
+        {{"name", spec.name}, {"rows", spec.num_rows}, {"width", plan_.D}, {"arrays", arrays}});
+  }
+  CheckpointManifest m;
+  m.step = state_.t;
+  m.epoch = epoch;
+  m.epoch_step = epoch_step;
+  m.world = W;
+  m.dataset_id = meta_.dataset_id;
+  m.config = trajectory_flags(cfg_);
+  m.tables = tables;
+  const std::string path = w.commit(m, cfg_.keep_checkpoints);
+  last_checkpoint_ = Clock::now();
+  saved_step_ = state_.t;
+  if (r == 0) {
+    const double sec = seconds_since(t0);
+    std::printf("ncf_dist: checkpoint %s: step %lld, %.1f MiB in %.2f s (%.0f MiB/s)\n",
+                path.c_str(), (long long)state_.t, double(w.bytes_written()) / 1048576.0, sec,
+                sec > 0 ? double(w.bytes_written()) / 1048576.0 / sec : 0.0);
+    std::fflush(stdout);
+  }
+  return path;
+}
+
+void Trainer::save_final_checkpoint() {
+  if (checkpointing() && saved_step_ != state_.t)
+    save_checkpoint(position_.epoch, position_.epoch_step);
+}
+
+Trainer::Position Trainer::resume() {
+  std::vector<std::string> log;
+  std::optional<CheckpointReader> ck =
+      find_checkpoint(comm_, cfg_.resume, cfg_.checkpoint_dir, &log);
+  if (comm_.rank() == 0) {
+    for (const std::string& line : log) std::printf("ncf_dist: %s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  if (!ck) return {};
+  load_checkpoint(*ck);
+  position_ = {ck->manifest().epoch, ck->manifest().epoch_step};
+  saved_step_ = ck->manifest().step;
+  return position_;
+}
+
+void Trainer::load_checkpoint(const CheckpointReader& ck) {
+  const CheckpointManifest& m = ck.manifest();
+  const std::string& path = ck.path();
+  const int W = comm_.world(), r = comm_.rank();
+  if (m.dataset_id != meta_.dataset_id)
+    NCF_FAIL("checkpoint ", path, " belongs to dataset ", m.dataset_id, ", but --data_dir ",
+             cfg_.data_dir, " holds dataset ", meta_.dataset_id);
+  // Every flag the trajectory depends on must match, unless allowed to change.
+  const nlohmann::json now = trajectory_flags(cfg_);
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    const bool allowed = std::find(cfg_.allow_changed.begin(), cfg_.allow_changed.end(),
+                                   it.key()) != cfg_.allow_changed.end();
+    if (!m.config.contains(it.key()))
+      NCF_FAIL("checkpoint ", path, " does not record flag --", it.key());
+    if (m.config.at(it.key()) != it.value() && !allowed)
+      NCF_FAIL("checkpoint ", path, " was written with --", it.key(), " ",
+               m.config.at(it.key()).dump(), ", this run has --", it.key(), " ", it.value().dump(),
+               std::find(changeable_flags().begin(), changeable_flags().end(), it.key()) !=
+                       changeable_flags().end()
+                   ? " (pass --allow_changed_flags " + it.key() + " to change it)"
+                   : " (a resumed run must keep it; start without --resume to change it)");
+  }
+  // The tower and its moments.
+  const int64_t params = model_->num_params();
+  NCF_CHECK(ck.bytes("tower.f32") == 3 * params * 4, "checkpoint ", path, ": tower.f32 has ",
+            ck.bytes("tower.f32"), " bytes, this model needs ", 3 * params * 4);
+  {
+    std::vector<float> tower(static_cast<size_t>(3 * params));
+    ck.read("tower.f32", 0, tower.data(), tower.size() * 4);
+    device_copy(ctx_.device, model_->params().data(), Device::kCpu, tower.data(), params * 4);
+    device_copy(ctx_.device, state_.adam_m.data(), Device::kCpu, tower.data() + params, params * 4);
+    device_copy(ctx_.device, state_.adam_v.data(), Device::kCpu, tower.data() + 2 * params,
+                params * 4);
+  }
+  state_.t = m.step;
+  // The tables: each rank reads its block of every array; the collection
+  // sends the rows to the ranks this run's plan gives them.
+  const std::vector<std::string> arrays = state_array_names(table_optimizer_);
+  for (int t = 0; t < tables_->num_tables(); ++t) {
+    const TableSpec& spec = plan_.tables[t];
+    for (int a = 0; a < int(arrays.size()); ++a) {
+      const std::string name = spec.name + "." + arrays[a] + ".f32";
+      NCF_CHECK(ck.bytes(name) == spec.num_rows * plan_.D * 4, "checkpoint ", path, ": ", name,
+                " has ", ck.bytes(name), " bytes, table ", spec.name, " needs ", spec.num_rows,
+                " rows x ", plan_.D, " floats");
+      int64_t first = 0, count = 0;
+      block_range(spec.num_rows, W, r, &first, &count);
+      std::vector<float> block(static_cast<size_t>(count * plan_.D));
+      ck.read(name, first * plan_.D * 4, block.data(), block.size() * 4);
+      tables_->import_block(t, a, block.data());
+    }
+  }
+  // The loss shares of the resumed epoch: each rank its own when W is the
+  // same; otherwise rank 0 takes each step's sum over the old ranks.
+  const int64_t k = m.epoch_step;
+  NCF_CHECK(ck.bytes("loss.f64") == int64_t(m.world) * k * 8, "checkpoint ", path,
+            ": loss.f64 has ", ck.bytes("loss.f64"), " bytes for ", m.world, " ranks x ", k,
+            " steps");
+  resumed_loss_.assign(size_t(k), 0.0);
+  if (m.world == W) {
+    ck.read("loss.f64", int64_t(r) * k * 8, resumed_loss_.data(), size_t(k) * 8);
+  } else if (r == 0) {
+    std::vector<double> all(static_cast<size_t>(m.world * k));
+    ck.read("loss.f64", 0, all.data(), all.size() * 8);
+    for (int p = 0; p < m.world; ++p)
+      for (int64_t s = 0; s < k; ++s) resumed_loss_[size_t(s)] += all[size_t(p * k + s)];
+  }
+  last_checkpoint_ = Clock::now();
 }
 
 }  // namespace ncf

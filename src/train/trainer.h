@@ -5,6 +5,7 @@
 // calls train_step, and keeps the timing and the logs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -39,6 +40,7 @@ struct EpochResult {
   double allreduce_seconds = 0;  // dense-gradient allreduce (the wait for it on GPU ranks)
   double compute_seconds = 0;    // negatives, tower, dense Adam
   int64_t bytes_sent = 0;        // payload bytes this rank sent to other ranks
+  bool stopped = false;          // a stop request ended the epoch early (checkpoint written)
 };
 
 struct EvalResult {
@@ -56,7 +58,27 @@ class Trainer {
   Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx);
   ~Trainer();
 
-  EpochResult train_epoch(int64_t epoch);
+  // Trains epoch `epoch` from its step `first_step` (0, or where a resumed
+  // checkpoint left it). Writes the checkpoints --checkpoint_every_* ask for,
+  // and on a stop request (stop_flag) one more, then returns with stopped set.
+  EpochResult train_epoch(int64_t epoch, int64_t first_step = 0);
+
+  // Where training continues: after epoch_step steps of epoch.
+  struct Position {
+    int64_t epoch = 0, epoch_step = 0;
+  };
+  // --resume: loads the checkpoint it names, if any, after checking that it
+  // belongs to this dataset and these flags (collective). Rank 0 prints what
+  // it took or skipped.
+  Position resume();
+  // A checkpoint of the state after epoch_step steps of epoch (collective);
+  // returns its directory.
+  std::string save_checkpoint(int64_t epoch, int64_t epoch_step);
+  // A flag that a signal handler sets (non-zero: stop at the next step boundary).
+  void set_stop_flag(const volatile int* flag) { stop_flag_ = flag; }
+  bool checkpointing() const { return !cfg_.checkpoint_dir.empty(); }
+  // A checkpoint of where training ended, unless one of that step exists.
+  void save_final_checkpoint();
   EvalResult evaluate();
   const DatasetMeta& meta() const { return meta_; }
   const EmbeddingPlan& plan() const { return plan_; }
@@ -95,8 +117,17 @@ class Trainer {
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;
-  TrainState state_;          // what train_step reads and writes
-  Buffer<double> step_loss_;  // [steps of the epoch] this rank's loss shares
+  // Loads a checkpoint's state (resume()).
+  void load_checkpoint(const class CheckpointReader& ck);
+
+  TrainState state_;     // what train_step reads and writes
+  StepControl control_;  // the requests riding in each step's allreduce
+  const volatile int* stop_flag_ = nullptr;
+  std::chrono::steady_clock::time_point last_checkpoint_;
+  std::vector<double> resumed_loss_;  // loss shares of the resumed epoch's steps taken
+  Position position_;                 // after the last step taken
+  int64_t saved_step_ = -1;           // optimizer step of the last checkpoint written
+  Buffer<double> step_loss_;          // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each).
   Buffer<int32_t> eval_users_, eval_items_;  // [n], [n×L]
   Buffer<uint8_t> eval_mask_;                // [n×L]

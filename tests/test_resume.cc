@@ -1,0 +1,264 @@
+// Checkpoint and resume with the real ncf_dist under real mpirun, against the
+// run that was never interrupted: at the same W the resumed trajectory is the
+// same bit for bit (epoch loss, HR, NDCG and every final parameter); at
+// another W, or with another placement, it stays within the tolerance of
+// trajectory invariance. A signal stops every rank at one step boundary with
+// a checkpoint and exit code 75; bad resumes end with a message.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+constexpr double kLossRel = 1e-5;  // as test_distributed.cc
+constexpr double kParamAbs = 2e-5;
+
+class Resume : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    // 257 users, ~8.7k train positives: 44 steps of 201 positives per epoch.
+    for (const auto& [name, seed] : {std::pair{"data", 11}, std::pair{"other", 12}}) {
+      auto r = run(bin("ncf_prep") +
+                   " --synthetic custom --users 257 --items 131 --interactions 9000 "
+                   "--eval_negatives 50 --record_rows 300 --num_shards 3 --seed " +
+                   std::to_string(seed) + " --output " + dir_->file(name) + " --progress off");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return dir_->file("data"); }
+  static TempDir* dir_;
+
+  struct Run {
+    int exit_code = -1;
+    std::vector<nlohmann::json> epochs;  // the epochs this run trained
+    std::vector<float> params;
+    std::string output;
+  };
+
+  // The common flags, each unless `flags` sets it (the parser takes a flag once).
+  static std::string command(int W, const std::string& flags, const TempDir& t) {
+    const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
+    std::string cmd = launch + bin("ncf_dist") + " --data_dir " + data();
+    for (const auto& [flag, value] :
+         {std::pair{"--batch_size", "1005"}, std::pair{"--train_epochs", "2"},
+          std::pair{"--threads", "1"}, std::pair{"--learning_rate", "0.01"},
+          std::pair{"--progress", "off"}})
+      if (flags.find(std::string(flag) + " ") == std::string::npos)
+        cmd += std::string(" ") + flag + " " + value;
+    return cmd + " " + flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " +
+           t.file("p.bin");
+  }
+
+  static Run collect(const test::RunResult& r, const TempDir& t) {
+    Run out;
+    out.exit_code = r.exit_code;
+    out.output = r.output;
+    std::ifstream f(t.file("m.jsonl"));
+    std::string line;
+    while (std::getline(f, line)) out.epochs.push_back(nlohmann::json::parse(line));
+    if (std::filesystem::exists(t.file("p.bin"))) {
+      const std::string bytes = test::read_file(t.file("p.bin"));
+      out.params.resize(bytes.size() / 4);
+      std::memcpy(out.params.data(), bytes.data(), out.params.size() * 4);
+    }
+    return out;
+  }
+
+  static Run train(int W, const std::string& flags, int expect_exit = 0) {
+    TempDir t;
+    const std::string cmd = command(W, flags, t);
+    Run out = collect(run("timeout 300 " + cmd), t);
+    EXPECT_EQ(out.exit_code, expect_exit) << cmd << "\n" << out.output;
+    return out;
+  }
+
+  // `resumed` trained the last epochs of `whole`: the same numbers, bit for bit.
+  static void expect_identical(const Run& whole, const Run& resumed, const std::string& what) {
+    ASSERT_GE(whole.epochs.size(), resumed.epochs.size()) << what;
+    ASSERT_FALSE(resumed.epochs.empty()) << what << "\n" << resumed.output;
+    const size_t skip = whole.epochs.size() - resumed.epochs.size();
+    for (size_t e = 0; e < resumed.epochs.size(); ++e) {
+      const nlohmann::json& a = whole.epochs[skip + e];
+      const nlohmann::json& b = resumed.epochs[e];
+      EXPECT_EQ(a["epoch"], b["epoch"]) << what;
+      EXPECT_EQ(double(a["loss"]), double(b["loss"])) << what << " epoch " << a["epoch"];
+      EXPECT_EQ(double(a["hr"]), double(b["hr"])) << what << " epoch " << a["epoch"];
+      EXPECT_EQ(double(a["ndcg"]), double(b["ndcg"])) << what << " epoch " << a["epoch"];
+    }
+    ASSERT_EQ(whole.params.size(), resumed.params.size()) << what;
+    ASSERT_GT(whole.params.size(), 0u);
+    EXPECT_EQ(std::memcmp(whole.params.data(), resumed.params.data(), whole.params.size() * 4), 0)
+        << what << ": the final parameters differ";
+  }
+
+  // Within the tolerance of trajectory invariance (test_distributed.cc).
+  static void expect_close(const Run& whole, const Run& resumed, const std::string& what) {
+    ASSERT_GE(whole.epochs.size(), resumed.epochs.size()) << what;
+    ASSERT_FALSE(resumed.epochs.empty()) << what << "\n" << resumed.output;
+    const size_t skip = whole.epochs.size() - resumed.epochs.size();
+    for (size_t e = 0; e < resumed.epochs.size(); ++e) {
+      const double la = whole.epochs[skip + e]["loss"], lb = resumed.epochs[e]["loss"];
+      EXPECT_NEAR(la, lb, kLossRel * std::fabs(la)) << what;
+      EXPECT_NEAR(double(whole.epochs[skip + e]["hr"]), double(resumed.epochs[e]["hr"]), 1.01 / 257)
+          << what;
+    }
+    ASSERT_EQ(whole.params.size(), resumed.params.size()) << what;
+    double worst = 0;
+    for (size_t k = 0; k < whole.params.size(); ++k)
+      worst = std::max(worst, std::fabs(double(whole.params[k]) - resumed.params[k]));
+    EXPECT_LE(worst, kParamAbs) << what;
+  }
+
+  static std::string ckpt(const TempDir& d, int64_t step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%012lld", static_cast<long long>(step));
+    return d.file("ck/") + name;
+  }
+};
+TempDir* Resume::dir_ = nullptr;
+
+TEST_F(Resume, SameWorldSizeContinuesTheIdenticalTrajectory) {
+  for (int W : {1, 2}) {
+    const std::string w = "W=" + std::to_string(W);
+    const Run plain = train(W, "--shard_plan row");
+    TempDir d;
+    const std::string ck = " --checkpoint_dir " + d.file("ck");
+    const Run whole =
+        train(W, "--shard_plan row --checkpoint_every_steps 10 --keep_checkpoints 100" + ck);
+    // Taking checkpoints does not change the run.
+    expect_identical(plain, whole, w + ", checkpointing");
+    // 10 and 40: inside epoch 1 (44 steps); 44: its end, before its eval; 50
+    // and 80: inside epoch 2.
+    for (int64_t step : {10, 40, 44, 50, 80}) {
+      if (step == 44) {
+        // No periodic checkpoint falls there; one written by a resumed run does.
+        TempDir e;
+        train(W, "--shard_plan row --train_epochs 1 --checkpoint_dir " + e.file("ck"));
+        expect_identical(
+            whole,
+            train(W, "--shard_plan row --checkpoint_dir " + e.file("ck") +
+                         " --allow_changed_flags train_epochs --resume " + ckpt(e, 44)),
+            w + ", resumed at the end of epoch 1");
+        continue;
+      }
+      ASSERT_TRUE(std::filesystem::exists(ckpt(d, step))) << whole.output;
+      expect_identical(whole, train(W, "--shard_plan row" + ck + "x --resume " + ckpt(d, step)),
+                       w + ", resumed at step " + std::to_string(step));
+    }
+  }
+}
+
+TEST_F(Resume, AnotherWorldSizeOrPlacementFollowsTheTrajectory) {
+  TempDir d;
+  const std::string ck = " --checkpoint_dir " + d.file("ck");
+  const Run whole =
+      train(3, "--shard_plan row --checkpoint_every_steps 25 --keep_checkpoints 10" + ck);
+  for (int64_t step : {25, 50}) {
+    const std::string from = " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, step);
+    const std::string at = " from W=3 row-wise at step " + std::to_string(step);
+    expect_close(whole, train(2, "--shard_plan row" + from), "W=2 row-wise" + at);
+    expect_close(whole, train(4, "--shard_plan replicated" + from), "W=4 replicated" + at);
+    expect_close(whole, train(1, "" + from), "W=1" + at);
+    expect_close(whole, train(2, "--shard_plan user=table,item=row --dedup" + from),
+                 "W=2 table/row with dedup" + at);
+  }
+  // And back: a replicated W=2 checkpoint into row-wise W=3.
+  TempDir e;
+  const Run rep = train(
+      2,
+      "--shard_plan replicated --checkpoint_every_steps 30 --keep_checkpoints 9 --checkpoint_dir " +
+          e.file("ck"));
+  expect_close(
+      rep,
+      train(3, "--shard_plan row --checkpoint_dir " + e.file("x") + " --resume " + ckpt(e, 30)),
+      "W=3 row-wise from W=2 replicated at step 30");
+}
+
+TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
+  for (const std::string opt : {"lazy_adam", "sgd --embedding_lr 0.5", "adagrad"}) {
+    TempDir d;
+    const std::string f = "--shard_plan row --embedding_optimizer " + opt;
+    const Run whole = train(2, f + " --checkpoint_every_steps 30 --checkpoint_dir " + d.file("ck"));
+    expect_identical(
+        whole, train(2, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 60)), opt);
+  }
+}
+
+// A signal at any rank stops every rank at one step boundary: a checkpoint,
+// exit code 75, and --resume auto finishes the identical run.
+TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
+  for (const auto& [W, sig] : {std::pair{2, "USR1"}, std::pair{1, "TERM"}}) {
+    const std::string what = "W=" + std::to_string(W) + " SIG" + sig;
+    const std::string f = "--shard_plan row --train_epochs 4 --step_log";
+    const Run whole = train(W, f);
+    TempDir d, t;
+    const std::string ck = " --checkpoint_dir " + d.file("ck");
+    // Line-buffered output, so the log shows each step as it ends; the signal
+    // goes to mpirun (which forwards SIGUSR1 to the ranks) or the process.
+    std::string cmd = command(W, f + ck, t);
+    if (W > 1) {
+      const size_t at = cmd.find(bin("ncf_dist"));
+      cmd.insert(at, "stdbuf -oL ");
+    } else {
+      cmd = "stdbuf -oL " + cmd;
+    }
+    const std::string script = cmd + " > " + t.file("log") + " 2>&1 & pid=$!; " +
+                               "for i in $(seq 600); do grep -q \"^step 20:\" " + t.file("log") +
+                               " && break; sleep 0.05; done; kill -" + sig +
+                               " $pid; wait $pid; echo exit=$?; cat " + t.file("log");
+    const test::RunResult r = run("timeout 300 bash -c '" + script + "'");
+    ASSERT_NE(r.output.find("exit=75"), std::string::npos) << what << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string("stopped by SIG") + sig), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("ncf_dist: checkpoint "), std::string::npos) << r.output;
+    // It stopped before the end, so the run left epochs to train.
+    EXPECT_EQ(r.output.find("\n     4 "), std::string::npos) << r.output;
+    const Run resumed = train(W, f + ck + " --resume auto");
+    EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+    // The epochs the stopped run finished and the resumed run's are the whole run's.
+    const Run stopped = collect(r, t);
+    EXPECT_EQ(stopped.epochs.size() + resumed.epochs.size(), 4u) << what;
+    for (size_t e = 0; e < stopped.epochs.size(); ++e)
+      EXPECT_EQ(double(stopped.epochs[e]["loss"]), double(whole.epochs[e]["loss"])) << what;
+    expect_identical(whole, resumed, what);
+  }
+}
+
+TEST_F(Resume, RefusesAnotherDatasetOrChangedFlagsByName) {
+  TempDir d;
+  const std::string ck = " --checkpoint_dir " + d.file("ck");
+  train(1, "--max_steps 5 --train_epochs 1" + ck);
+  const std::string from = ck + " --resume auto --max_steps 5 --train_epochs 1";
+  Run r = train(1, "--batch_size 2010" + from, 1);
+  EXPECT_NE(r.output.find("was written with --batch_size 1005, this run has --batch_size 2010"),
+            std::string::npos)
+      << r.output;
+  r = train(1, "--learning_rate 0.02" + from, 1);
+  EXPECT_NE(r.output.find("pass --allow_changed_flags learning_rate"), std::string::npos)
+      << r.output;
+  r = train(1, "--learning_rate 0.02 --allow_changed_flags learning_rate" + from, 0);
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  TempDir t;
+  const test::RunResult o = run(bin("ncf_dist") + " --data_dir " + dir_->file("other") +
+                                " --batch_size 1005 --threads 1 --progress off" + from);
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("belongs to dataset"), std::string::npos) << o.output;
+  r = train(1, "--resume " + d.file("nothing-here") + ck, 1);
+  EXPECT_NE(r.output.find("flag --resume " + d.file("nothing-here")), std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace ncf
