@@ -96,7 +96,7 @@ TEST_F(Distributed, TrajectoryInvariantForEveryPlacementWithAndWithoutDedup) {
   for (std::string plan :
        {"table", "replicated", "user=row,item=replicated", "user=table,item=row"}) {
     Run one = train(1, "--shard_plan " + plan);
-    for (const std::string dedup : {"", " --dedup"})
+    for (const std::string dedup : {" --dedup off", " --dedup on"})
       for (int W : {2, 3, 4})
         expect_same(one, train(W, "--shard_plan " + plan + dedup),
                     plan + dedup + " W=" + std::to_string(W));

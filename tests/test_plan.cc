@@ -3,6 +3,7 @@
 // imply, forced plans and bad --shard_plan values.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,55 @@ TEST(Plan, PrintoutNamesEachTablePlacementAndSize) {
   const EmbeddingPlan p = plan_tables(request(2, 100, 50, 1000, "table"));
   EXPECT_EQ(describe_rank_tables(p, {3 << 20, 0}),
             "user table table (3.0 MiB), item table table (0.0 MiB)");
+}
+
+// expected_unique against the exact count for tiny cases (hand-worked) and a
+// seeded simulation; the auto decision on both sides of kDedupAutoShare.
+TEST(Plan, DedupAutoFollowsTheExpectedShareOfUniqueIds) {
+  EXPECT_DOUBLE_EQ(expected_unique(1, 5), 1.0);     // one row: always 1
+  EXPECT_NEAR(expected_unique(2, 2), 1.5, 1e-12);   // {0,0},{0,1},{1,0},{1,1}: 6/4
+  EXPECT_NEAR(expected_unique(10, 1), 1.0, 1e-12);  // one draw
+  EXPECT_NEAR(expected_unique(3, 3), 3 * (1 - 8.0 / 27), 1e-12);
+  std::mt19937_64 rng(5);
+  const int64_t N = 1000, n = 1500;
+  double sum = 0;
+  for (int rep = 0; rep < 200; ++rep) {
+    std::vector<char> seen(N, 0);
+    int64_t u = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t x = int64_t(rng() % N);
+      u += !seen[x];
+      seen[x] = 1;
+    }
+    sum += double(u);
+  }
+  EXPECT_NEAR(sum / 200, expected_unique(N, n), 3.0);  // ~777.7; sd of the mean ~0.9
+
+  // Row-wise at W = 2: 2000 lookups of 1000-row tables are ~43% unique (on);
+  // of 100k-row tables ~99% (off). Replicated tables have nothing to route.
+  PlanRequest req = request(2, 1000, 1000, 2000, "row");
+  EmbeddingPlan p = plan_tables(req);
+  EXPECT_TRUE(p.dedup) << p.reason;
+  EXPECT_NE(p.reason.find("dedup on (about 43% of the routed ids"), std::string::npos) << p.reason;
+  req = request(2, 100000, 100000, 2000, "row");
+  p = plan_tables(req);
+  EXPECT_FALSE(p.dedup) << p.reason;
+  req.dedup = "on";
+  EXPECT_TRUE(plan_tables(req).dedup);
+  req = request(2, 1000, 1000, 2000, "row");
+  req.dedup = "off";
+  EXPECT_FALSE(plan_tables(req).dedup);
+  req = request(2, 1000, 1000, 2000, "replicated");
+  EXPECT_FALSE(plan_tables(req).dedup);
+  req = request(1, 1000, 1000, 2000, "auto");
+  EXPECT_FALSE(plan_tables(req).dedup);  // W = 1: nothing travels
+  req.dedup = "maybe";
+  try {
+    plan_tables(req);
+    ADD_FAILURE() << "--dedup maybe accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flag --dedup: 'maybe'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

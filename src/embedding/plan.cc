@@ -2,6 +2,7 @@
 #include "embedding/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -126,8 +127,34 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
           << ")";
     }
   }
+  // Dedup: only routed ids travel, so only they can be de-duplicated.
+  double ids = 0, unique = 0;
+  for (const TableSpec& t : plan.tables)
+    if (routed(t.placement, W)) {
+      ids += double(req.lookups_per_rank);
+      unique += expected_unique(t.num_rows, req.lookups_per_rank);
+    }
+  const double share = ids > 0 ? unique / ids : 1.0;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * share);
+  if (req.dedup == "on" || req.dedup == "off") {
+    plan.dedup = req.dedup == "on" && ids > 0;
+    why << "; dedup " << (plan.dedup ? "on" : "off") << " (forced)";
+  } else if (req.dedup == "auto") {
+    plan.dedup = ids > 0 && share <= kDedupAutoShare;
+    if (ids > 0)
+      why << "; dedup " << (plan.dedup ? "on" : "off") << " (about " << pct
+          << " of the routed ids of a step are unique)";
+  } else {
+    NCF_FAIL("flag --dedup: '", req.dedup, "' (expected auto, on or off)");
+  }
   plan.reason = why.str();
   return plan;
+}
+
+double expected_unique(int64_t N, int64_t n) {
+  if (N <= 0 || n <= 0) return 0;
+  return double(N) * -std::expm1(double(n) * std::log1p(-1.0 / double(N)));
 }
 
 KeyLayout make_key_layout(const EmbeddingPlan& plan, std::vector<int>* layout_index) {

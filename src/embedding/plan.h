@@ -30,7 +30,8 @@ struct EmbeddingPlan {
   int D = 0;
   int W = 1;
   std::vector<TableSpec> tables;
-  std::string reason;  // one clause per table: why it got its placement
+  bool dedup = false;  // routed ids are de-duplicated before the exchange
+  std::string reason;  // one clause per table: why it got its placement; then dedup's
 };
 
 // What the planner decides from.
@@ -43,7 +44,16 @@ struct PlanRequest {
   // --shard_plan: "auto", one placement for all ("row"), or "user=row,item=replicated".
   std::string forced = "auto";
   int64_t replicated_limit_bytes = int64_t{256} << 20;  // the most a replicated table may hold
+  // --dedup: "on", "off", or "auto": on when the routed tables' lookups of a
+  // step are expected to hold at most kDedupAutoShare unique ids.
+  std::string dedup = "auto";
 };
+constexpr double kDedupAutoShare = 0.5;
+
+// Expected distinct rows among n uniform draws from N rows: N·(1 − (1 − 1/N)^n).
+// (Real popularity is skewed, so real batches hold fewer; the estimate errs
+// towards leaving dedup off.)
+double expected_unique(int64_t N, int64_t n);
 
 // The cost model: bytes per step on the busiest link of a rank for one table
 // under a placement. Row- and table-wise move ids out and vectors back in the
@@ -54,7 +64,8 @@ double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_ra
 // Placements: forced ones as given (bad names end with a message naming
 // --shard_plan and the value); otherwise replicated where its allreduce moves
 // fewer bytes than the exchange and the table fits replicated_limit_bytes,
-// row-wise elsewhere. Table-wise owners: table t on rank t mod W.
+// row-wise elsewhere. Table-wise owners: table t on rank t mod W. Then dedup
+// (only where some table is routed, W > 1).
 EmbeddingPlan plan_tables(const PlanRequest& req);
 
 // The key layout of a plan: routed (row- and table-wise) tables first, then

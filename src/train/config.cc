@@ -105,7 +105,12 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "embedding placement: auto (cost model), row, table, replicated, or per table "
                  "e.g. user=row,item=replicated")
       ->capture_default_str();
-  app.add_flag("--dedup", c.dedup, "de-duplicate ids before the all-to-all exchange");
+  app.add_option("--dedup", c.dedup,
+                 "de-duplicate ids before the all-to-all exchange: auto (when the plan expects "
+                 "at most half of a step's routed ids to be unique), on, off")
+      ->expected(0, 1)
+      ->default_str("on")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--memory_limit_gb", c.memory_limit_gb,
                  "memory a rank may use for tables and state (0: the machine's available "
                  "memory divided among the node's ranks)")

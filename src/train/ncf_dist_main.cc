@@ -113,7 +113,7 @@ int train_main(int& argc, char**& argv) {
     for (size_t k = 0; k < cfg.layers.size(); ++k)
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
-                cfg.dedup ? ", dedup" : "");
+                trainer.plan().dedup ? ", dedup" : "");
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
   }
   // Every rank's table bytes and memory estimate, gathered for the plan print.

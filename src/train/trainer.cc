@@ -47,6 +47,7 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
   req.lookups_per_rank = (cfg.batch_size / (cfg.num_neg + 1)) * (cfg.num_neg + 1) / W + 1;
   req.optimizer = parse_embedding_optimizer(cfg.embedding_optimizer);
   req.forced = cfg.shard_plan;
+  req.dedup = cfg.dedup;
   return plan_tables(req);
 }
 
@@ -98,7 +99,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   for (int64_t x : tables) tables_bytes += x;
   const int64_t exchange_bytes = exchange_buffer_bytes(
       plan_, {std::max(local_samples, eval_users), std::max(local_samples, eval_users * L)},
-      cfg.dedup);
+      plan_.dedup);
   const int64_t step_bytes = local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64) +
                              eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
   memory_bytes_ = tables_bytes + exchange_bytes + step_bytes;
@@ -139,7 +140,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   if (ctx.device != Device::kCpu)
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
-  tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, cfg.dedup);
+  tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup);
   tables_->init(cfg.seed);
   model_ = std::make_unique<NeuMF>(mc, ctx.device);
   model_->init(cfg.seed);
