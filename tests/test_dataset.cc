@@ -321,36 +321,126 @@ TEST(DatasetErrors, IdOutOfRange) {
   EXPECT_THROW(tr.next(&b), Error);
 }
 
+// Writes metadata JSON with a valid crc32c for its (edited) content, so that
+// the consistency checks behind the checksum are what a test meets.
+void write_sealed(const std::string& path, nlohmann::json j) {
+  j.erase("crc32c");
+  j["crc32c"] = metadata_crc32c(j);
+  test::write_file(path, j.dump());
+}
+
 TEST(DatasetErrors, MetadataDisagreesWithShards) {
   TempDir d;
   write_small(d.path());
   std::string mp = d.file("metadata.json");
   nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
+  const auto write_file = [](const std::string& path, const std::string& text) {
+    write_sealed(path, nlohmann::json::parse(text));
+  };
   j["num_items"] = 39;
-  test::write_file(mp, j.dump());
+  write_file(mp, j.dump());
   std::string e = verify_error(d.path());
   EXPECT_NE(e.find("num_items is 40 but the metadata says 39"), std::string::npos) << e;
 
   j["num_items"] = 40;
   j["num_train"] = j["num_train"].get<uint64_t>() + 1;
-  test::write_file(mp, j.dump());
+  write_file(mp, j.dump());
   e = verify_error(d.path());
   EXPECT_NE(e.find("metadata.json"), std::string::npos) << e;
   EXPECT_NE(e.find("num_train"), std::string::npos) << e;
 
   j["num_train"] = j["num_train"].get<uint64_t>() - 1;
   j["shards"][0]["bytes"] = j["shards"][0]["bytes"].get<uint64_t>() + 16;
-  test::write_file(mp, j.dump());
+  write_file(mp, j.dump());
   e = verify_error(d.path());
   EXPECT_NE(e.find("bytes but the metadata says"), std::string::npos) << e;
 
   j = nlohmann::json::parse(R"({"format_version": 1})");
-  test::write_file(mp, j.dump());
+  write_file(mp, j.dump());
   e = verify_error(d.path());
   EXPECT_NE(e.find("'dataset_id' is missing"), std::string::npos) << e;
   test::write_file(mp, "{ not json");
   e = verify_error(d.path());
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
+}
+
+// A changed value anywhere in metadata.json is refused by the loader (so by
+// the trainer) and by --verify; so is one without its checksum.
+TEST(DatasetIntegrity, MetadataWithAChangedDigitIsRefused) {
+  TempDir d;
+  write_small(d.path());
+  const std::string mp = d.file("metadata.json");
+  const std::string good = test::read_file(mp);
+  EXPECT_NO_THROW(DatasetMeta::load(d.path()));
+  const size_t at = good.find("\"seed\": ");
+  ASSERT_NE(at, std::string::npos) << good;
+  std::string bad = good;
+  char& digit = bad[at + 8];
+  ASSERT_TRUE(digit >= '0' && digit <= '9') << good.substr(at, 20);
+  digit = digit == '9' ? '8' : char(digit + 1);
+  test::write_file(mp, bad);
+  try {
+    DatasetMeta::load(d.path());
+    ADD_FAILURE() << "a changed seed was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(mp + ": the content does not match its crc32c"), std::string::npos) << what;
+  }
+  EXPECT_NE(verify_error(d.path()).find("does not match its crc32c"), std::string::npos);
+  // Whitespace is not content: the same JSON re-indented still loads.
+  test::write_file(mp, nlohmann::json::parse(good).dump(4));
+  EXPECT_NO_THROW(DatasetMeta::load(d.path()));
+  nlohmann::json j = nlohmann::json::parse(good);
+  j.erase("crc32c");
+  test::write_file(mp, j.dump());
+  EXPECT_NE(verify_error(d.path()).find("no crc32c field"), std::string::npos);
+}
+
+// positives.bin is checked against the metadata's size and CRC-32C when it is
+// opened for training: a flipped or zeroed byte anywhere (header, offsets,
+// items) and a short file are refused with the file's name.
+TEST(DatasetIntegrity, PositivesWithFlippedZeroedOrMissingBytesAreRefusedOnLoad) {
+  TempDir d;
+  write_small(d.path());
+  const std::string p = d.file("positives.bin");
+  const std::string good = test::read_file(p);
+  const DatasetMeta meta = DatasetMeta::load(d.path());
+  EXPECT_NO_THROW(PositiveLists(d.path(), meta));
+  const size_t items_at = good.size() - 4 * meta.num_positives;
+  for (size_t offset :
+       {size_t(0), size_t(9), size_t(40), items_at - 3, items_at + 5, good.size() - 1}) {
+    std::string bad = good;
+    bad[offset] = char(bad[offset] ^ 0x04);
+    test::write_file(p, bad);
+    try {
+      PositiveLists(d.path(), meta);
+      ADD_FAILURE() << "a flipped byte at offset " << offset << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(p + ": CRC-32C"), std::string::npos)
+          << "offset " << offset << ": " << e.what();
+    }
+  }
+  std::string zeroed = good;
+  std::fill(zeroed.begin() + ptrdiff_t(items_at), zeroed.begin() + ptrdiff_t(items_at) + 64, '\0');
+  test::write_file(p, zeroed);
+  EXPECT_THROW(PositiveLists(d.path(), meta), Error);
+  test::write_file(p, good.substr(0, good.size() - 4));
+  try {
+    PositiveLists(d.path(), meta);
+    ADD_FAILURE() << "a truncated positives.bin was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("file has " + std::to_string(good.size() - 4) +
+                                   " bytes, the metadata implies " + std::to_string(good.size())),
+        std::string::npos)
+        << e.what();
+  }
+  // The trainer itself stops with that message and a non-zero exit.
+  test::write_file(p, zeroed);
+  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
+                                      " --batch_size 50 --train_epochs 1 --threads 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(p + ": CRC-32C"), std::string::npos) << r.output;
 }
 
 TEST(DatasetErrors, PositivesFileDamaged) {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "common/check.h"
+#include "common/file_io.h"
 #include "common/philox.h"
 #include "data/format.h"
 
@@ -63,6 +64,12 @@ nlohmann::json DatasetMeta::to_json() const {
 }
 
 namespace {
+
+std::string hex32(uint32_t x) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", x);
+  return buf;
+}
 
 template <typename T>
 T get_field(const nlohmann::json& j, const char* key, const std::string& path) {
@@ -157,19 +164,37 @@ DatasetMeta DatasetMeta::load(const std::string& dir) {
   } catch (const nlohmann::json::parse_error& e) {
     NCF_FAIL(path, ": not valid JSON at byte ", e.byte, ": ", e.what());
   }
+  // The file's own checksum: over the compact dump of everything else (keys
+  // sorted), so a changed value anywhere is caught and whitespace is not.
+  if (!j.is_object() || !j.contains("crc32c"))
+    NCF_FAIL(path,
+             ": no crc32c field (written by an older ncf_prep, or not ncf_prep's): "
+             "re-run ncf_prep to write the dataset again");
+  uint32_t stored = 0;
+  try {
+    stored = j.at("crc32c").get<uint32_t>();
+  } catch (const nlohmann::json::exception&) {
+    NCF_FAIL(path, ": metadata field 'crc32c' has the wrong type (", j.at("crc32c").dump(), ")");
+  }
+  j.erase("crc32c");
+  const uint32_t computed = metadata_crc32c(j);
+  if (computed != stored)
+    NCF_FAIL(path, ": the content does not match its crc32c (", hex32(stored), " stored, ",
+             hex32(computed),
+             " computed): the file changed after ncf_prep wrote it; re-run "
+             "ncf_prep");
   return from_json(j, path);
 }
 
 void DatasetMeta::save(const std::string& dir) const {
-  std::string path = dir + "/" + kMetadataFile;
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) NCF_FAIL("cannot write ", tmp, ": ", std::strerror(errno));
-    f << to_json().dump(2) << "\n";
-    if (!f) NCF_FAIL("write failed: ", tmp);
-  }
-  fs::rename(tmp, path);
+  nlohmann::json j = to_json();
+  j["crc32c"] = metadata_crc32c(j);
+  write_file_atomic(dir + "/" + kMetadataFile, j.dump(2) + "\n");
+}
+
+uint32_t metadata_crc32c(const nlohmann::json& j) {
+  const std::string canonical = j.dump();
+  return crc32c(canonical.data(), canonical.size());
 }
 
 // ---------------------------------------------------------- eval negatives ---

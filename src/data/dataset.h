@@ -53,9 +53,16 @@ struct DatasetMeta {
   nlohmann::json to_json() const;
   // Parses and checks types/ranges; errors name the file and the field.
   static DatasetMeta from_json(const nlohmann::json& j, const std::string& path);
+  // Reads metadata.json and checks its crc32c field (metadata_crc32c) before
+  // anything else: a value changed anywhere in the file is refused.
   static DatasetMeta load(const std::string& dir);
+  // Writes metadata.json (atomically: temporary file, fsync, rename) with its crc32c.
   void save(const std::string& dir) const;
 };
+
+// CRC-32C of the compact dump (sorted keys) of metadata JSON without its
+// "crc32c" field: the value metadata.json carries in that field.
+uint32_t metadata_crc32c(const nlohmann::json& j);
 
 // What a source tells the writer before the first user.
 struct DatasetPlan {

@@ -511,6 +511,18 @@ PositiveLists::PositiveLists(const std::string& dir, const DatasetMeta& meta) {
     map_ = nullptr;
     NCF_FAIL("mmap failed on ", path, ": ", std::strerror(errno));
   }
+  // The whole file against the metadata's CRC before anything in it is
+  // trusted (tens of MB take milliseconds): the negative sampler reads it
+  // without any other check.
+  const uint32_t crc = crc32c(map_, map_bytes_);
+  if (crc != meta.positives_crc32c) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "CRC-32C 0x%08x, the metadata says 0x%08x", crc,
+                  meta.positives_crc32c);
+    NCF_FAIL(path, ": ", msg, " (", map_bytes_,
+             " bytes): the file changed after ncf_prep wrote it; re-run ncf_prep "
+             "(ncf_prep --verify shows what is wrong)");
+  }
   const auto* h = static_cast<const PositivesHeader*>(map_);
   if (std::memcmp(h->magic, kPositivesMagic, 8) != 0)
     NCF_FAIL(path, " at byte 0: bad magic (not a positives file)");
