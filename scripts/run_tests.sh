@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Quick start #2: set up, build, and run the whole test suite (CPU tests; GPU
-# tests run when a GPU is present and are listed as skipped otherwise).
+# tests run when a GPU is present and are listed as skipped otherwise), then
+# the Slurm preemption test.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/build.sh"
 build="${NCF_BUILD_DIR:-$root/build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+# Preemption under a real one-node Slurm cluster (tests/slurm/): needs root to
+# run slurmd; installs Debian's Slurm and munge on first use.
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$root/tests/slurm/test_preempt.sh" "$build"
+else
+  echo "run_tests: skipped tests/slurm/test_preempt.sh (slurmd needs root)"
+fi
