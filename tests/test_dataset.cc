@@ -31,7 +31,7 @@ struct Truth {
   std::multiset<std::pair<int32_t, int32_t>> train;
 };
 
-Truth write_small(const std::string& dir, uint32_t R = 7, uint32_t shards = 3,
+Truth write_small(const std::string& dir, uint32_t record_rows = 7, uint32_t shards = 3,
                   uint64_t shuffle_bytes = 256ull << 20, uint64_t seed = 5) {
   Truth t;
   std::mt19937 gen(1234);
@@ -40,7 +40,7 @@ Truth write_small(const std::string& dir, uint32_t R = 7, uint32_t shards = 3,
   plan.num_users = t.U;
   plan.num_items = t.I;
   plan.eval_negatives = t.E;
-  plan.record_rows = R;
+  plan.record_rows = record_rows;
   plan.num_shards = shards;
   plan.seed = seed;
   plan.shuffle_buffer_bytes = shuffle_bytes;
@@ -321,11 +321,22 @@ TEST(DatasetErrors, IdOutOfRange) {
   EXPECT_THROW(tr.next(&b), Error);
 }
 
+// CRC-32C of text, bit by bit from the polynomial: an independent check of the
+// checksums ncf_prep writes.
+uint32_t slow_crc32c(const std::string& text) {
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : text) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+  }
+  return ~c;
+}
+
 // Writes metadata JSON with a valid crc32c for its (edited) content, so that
 // the consistency checks behind the checksum are what a test meets.
 void write_sealed(const std::string& path, nlohmann::json j) {
   j.erase("crc32c");
-  j["crc32c"] = metadata_crc32c(j);
+  j["crc32c"] = slow_crc32c(j.dump());
   test::write_file(path, j.dump());
 }
 
@@ -355,7 +366,7 @@ TEST(DatasetErrors, MetadataDisagreesWithShards) {
   e = verify_error(d.path());
   EXPECT_NE(e.find("bytes but the metadata says"), std::string::npos) << e;
 
-  j = nlohmann::json::parse(R"({"format_version": 1})");
+  j = nlohmann::json{{"format_version", kFormatVersion}};
   write_file(mp, j.dump());
   e = verify_error(d.path());
   EXPECT_NE(e.find("'dataset_id' is missing"), std::string::npos) << e;
@@ -364,14 +375,59 @@ TEST(DatasetErrors, MetadataDisagreesWithShards) {
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
 }
 
-// A changed value anywhere in metadata.json is refused by the loader (so by
-// the trainer) and by --verify; so is one without its checksum.
+// What the loader throws, or "" when it accepts the directory.
+std::string load_error(const std::string& dir) {
+  try {
+    DatasetMeta::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// What opening positives.bin the way the trainer does throws, or "".
+std::string positives_error(const std::string& dir) {
+  try {
+    const DatasetMeta meta = DatasetMeta::load(dir);
+    PositiveLists lists(dir, meta);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The checksums ncf_prep writes, recomputed bit by bit: metadata.json's own
+// crc32c covers its compact dump (sorted keys) without that field, and the
+// positives entry holds the file's size and CRC.
+TEST(DatasetIntegrity, MetadataRecordsItsOwnAndThePositivesChecksums) {
+  TempDir d;
+  write_small(d.path());
+  nlohmann::json j = nlohmann::json::parse(test::read_file(d.file("metadata.json")));
+  EXPECT_EQ(j.at("format_version").get<uint32_t>(), 2u);
+  const uint32_t stored = j.at("crc32c").get<uint32_t>();
+  j.erase("crc32c");
+  EXPECT_EQ(stored, slow_crc32c(j.dump()));
+  const std::string positives = test::read_file(d.file("positives.bin"));
+  EXPECT_EQ(j.at("positives").at("bytes").get<uint64_t>(), positives.size());
+  EXPECT_EQ(j.at("positives").at("crc32c").get<uint32_t>(), slow_crc32c(positives));
+}
+
+// A changed digit anywhere in metadata.json is refused by the loader (so by
+// the trainer), by verify_dataset and by both programs; whitespace is not
+// content.
 TEST(DatasetIntegrity, MetadataWithAChangedDigitIsRefused) {
   TempDir d;
   write_small(d.path());
   const std::string mp = d.file("metadata.json");
   const std::string good = test::read_file(mp);
-  EXPECT_NO_THROW(DatasetMeta::load(d.path()));
+  EXPECT_EQ(load_error(d.path()), "");
+  EXPECT_EQ(verify_error(d.path()), "");
+
+  // The seed: the loader, verify, ncf_prep --verify and ncf_dist all refuse it.
   const size_t at = good.find("\"seed\": ");
   ASSERT_NE(at, std::string::npos) << good;
   std::string bad = good;
@@ -379,68 +435,148 @@ TEST(DatasetIntegrity, MetadataWithAChangedDigitIsRefused) {
   ASSERT_TRUE(digit >= '0' && digit <= '9') << good.substr(at, 20);
   digit = digit == '9' ? '8' : char(digit + 1);
   test::write_file(mp, bad);
-  try {
-    DatasetMeta::load(d.path());
-    ADD_FAILURE() << "a changed seed was accepted";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(mp + ": the content does not match its crc32c"), std::string::npos) << what;
+  const std::string refused = mp + ": the content does not match its crc32c";
+  std::string e = load_error(d.path());
+  EXPECT_TRUE(has(e, refused)) << e;
+  EXPECT_TRUE(has(e, "re-run ncf_prep")) << e;
+  e = verify_error(d.path());
+  EXPECT_TRUE(has(e, refused)) << e;
+  test::RunResult r = test::run(test::bin("ncf_prep") + " --verify " + d.path());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, refused)) << r.output;
+  r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
+                " --batch_size 50 --train_epochs 1 --threads 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, refused)) << r.output;
+
+  // Every digit of the file, one at a time.
+  size_t digits = 0;
+  for (size_t k = 0; k < good.size(); ++k) {
+    if (good[k] < '0' || good[k] > '9') continue;
+    ++digits;
+    bad = good;
+    bad[k] = char('0' + (good[k] - '0' + 1) % 10);
+    test::write_file(mp, bad);
+    e = load_error(d.path());
+    EXPECT_TRUE(has(e, mp)) << "digit at byte " << k << " (" << good.substr(k > 20 ? k - 20 : 0, 40)
+                            << "): " << e;
   }
-  EXPECT_NE(verify_error(d.path()).find("does not match its crc32c"), std::string::npos);
+  EXPECT_GT(digits, 100u);
+
   // Whitespace is not content: the same JSON re-indented still loads.
   test::write_file(mp, nlohmann::json::parse(good).dump(4));
-  EXPECT_NO_THROW(DatasetMeta::load(d.path()));
-  nlohmann::json j = nlohmann::json::parse(good);
+  EXPECT_EQ(load_error(d.path()), "");
+  EXPECT_EQ(verify_error(d.path()), "");
+}
+
+// A dataset from the previous format (version 1: no crc32c in metadata.json)
+// is refused with the file's name and a request to run ncf_prep again.
+TEST(DatasetIntegrity, OlderFormatIsRefusedWithARequestToRerunPrep) {
+  TempDir d;
+  write_small(d.path());
+  const std::string mp = d.file("metadata.json");
+  nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
   j.erase("crc32c");
-  test::write_file(mp, j.dump());
-  EXPECT_NE(verify_error(d.path()).find("no crc32c field"), std::string::npos);
+  j["format_version"] = 1;
+  test::write_file(mp, j.dump(2));
+  for (const std::string& e : {load_error(d.path()), verify_error(d.path())}) {
+    EXPECT_TRUE(has(e, mp + ": dataset format version 1, written by an older ncf_prep")) << e;
+    EXPECT_TRUE(has(e, "re-run ncf_prep")) << e;
+  }
+  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
+                                      " --batch_size 50 --train_epochs 1 --threads 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, mp + ": dataset format version 1")) << r.output;
+
+  // The current version without its checksum, and a sealed version 1.
+  j["format_version"] = kFormatVersion;
+  test::write_file(mp, j.dump(2));
+  EXPECT_TRUE(has(load_error(d.path()), mp + ": no crc32c field")) << load_error(d.path());
+  j["format_version"] = 1;
+  write_sealed(mp, j);
+  EXPECT_TRUE(has(load_error(d.path()), mp + ": format_version 1 is not supported"))
+      << load_error(d.path());
 }
 
 // positives.bin is checked against the metadata's size and CRC-32C when it is
 // opened for training: a flipped or zeroed byte anywhere (header, offsets,
-// items) and a short file are refused with the file's name.
+// items) and a short or long file are refused with the file's name.
 TEST(DatasetIntegrity, PositivesWithFlippedZeroedOrMissingBytesAreRefusedOnLoad) {
   TempDir d;
-  write_small(d.path());
+  const Truth t = write_small(d.path());
   const std::string p = d.file("positives.bin");
   const std::string good = test::read_file(p);
   const DatasetMeta meta = DatasetMeta::load(d.path());
-  EXPECT_NO_THROW(PositiveLists(d.path(), meta));
-  const size_t items_at = good.size() - 4 * meta.num_positives;
-  for (size_t offset :
-       {size_t(0), size_t(9), size_t(40), items_at - 3, items_at + 5, good.size() - 1}) {
+  {
+    PositiveLists lists(d.path(), meta);
+    for (uint64_t u = 0; u < t.U; ++u)
+      EXPECT_EQ(std::vector<int32_t>(lists.begin(u), lists.end(u)), t.positives[u]);
+  }
+  // Layout: a 32-byte header (magic, U, nnz, reserved), U + 1 int64 offsets,
+  // then the int32 items.
+  const size_t offsets_at = 32, items_at = offsets_at + 8 * (t.U + 1);
+  ASSERT_EQ(good.size(), items_at + 4 * meta.num_positives);
+  const std::string crc_error = p + ": CRC-32C ";
+  for (size_t offset : {size_t(0), size_t(9), size_t(17), size_t(26), offsets_at + 8, items_at - 3,
+                        items_at, items_at + 5, good.size() - 1}) {
     std::string bad = good;
     bad[offset] = char(bad[offset] ^ 0x04);
     test::write_file(p, bad);
-    try {
-      PositiveLists(d.path(), meta);
-      ADD_FAILURE() << "a flipped byte at offset " << offset << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(p + ": CRC-32C"), std::string::npos)
-          << "offset " << offset << ": " << e.what();
-    }
+    const std::string e = positives_error(d.path());
+    EXPECT_TRUE(has(e, crc_error)) << "offset " << offset << ": " << e;
+    EXPECT_TRUE(has(e, "re-run ncf_prep")) << "offset " << offset << ": " << e;
   }
-  std::string zeroed = good;
-  std::fill(zeroed.begin() + ptrdiff_t(items_at), zeroed.begin() + ptrdiff_t(items_at) + 64, '\0');
-  test::write_file(p, zeroed);
-  EXPECT_THROW(PositiveLists(d.path(), meta), Error);
-  test::write_file(p, good.substr(0, good.size() - 4));
-  try {
-    PositiveLists(d.path(), meta);
-    ADD_FAILURE() << "a truncated positives.bin was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(
-        std::string(e.what()).find("file has " + std::to_string(good.size() - 4) +
-                                   " bytes, the metadata implies " + std::to_string(good.size())),
-        std::string::npos)
-        << e.what();
+  // Zeroed ranges: in the offsets, and in the items.
+  for (size_t begin : {offsets_at + 16, items_at + 8}) {
+    std::string zeroed = good;
+    std::fill(zeroed.begin() + ptrdiff_t(begin), zeroed.begin() + ptrdiff_t(begin) + 64, '\0');
+    ASSERT_NE(zeroed, good);
+    test::write_file(p, zeroed);
+    const std::string e = positives_error(d.path());
+    EXPECT_TRUE(has(e, crc_error)) << "zeroed from " << begin << ": " << e;
   }
-  // The trainer itself stops with that message and a non-zero exit.
-  test::write_file(p, zeroed);
+  // Short and long files: the sizes are in the message.
+  for (const std::string& other : {good.substr(0, good.size() - 4), good + std::string(4, '\0')}) {
+    test::write_file(p, other);
+    const std::string e = positives_error(d.path());
+    EXPECT_TRUE(has(e, p + ": file has " + std::to_string(other.size()) +
+                           " bytes, the metadata says " + std::to_string(good.size())))
+        << e;
+    EXPECT_TRUE(has(e, "re-run ncf_prep")) << e;
+  }
+  // A metadata whose recorded size disagrees with its own counts (sealed, so
+  // only that check can catch it).
+  test::write_file(p, good);
+  const std::string mp = d.file("metadata.json");
+  const std::string good_meta = test::read_file(mp);
+  nlohmann::json j = nlohmann::json::parse(good_meta);
+  j["positives"]["bytes"] = good.size() + 4;
+  write_sealed(mp, j);
+  EXPECT_TRUE(has(positives_error(d.path()),
+                  mp + ": positives.bytes is " + std::to_string(good.size() + 4)))
+      << positives_error(d.path());
+  test::write_file(mp, good_meta);
+  EXPECT_EQ(positives_error(d.path()), "");
+
+  // verify_dataset, and the trainer itself: a non-zero exit with that message.
+  std::string flipped = good;
+  flipped[items_at + 1] = char(flipped[items_at + 1] ^ 0x10);
+  test::write_file(p, flipped);
+  EXPECT_TRUE(has(verify_error(d.path()), p)) << verify_error(d.path());
   const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
                                       " --batch_size 50 --train_epochs 1 --threads 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find(p + ": CRC-32C"), std::string::npos) << r.output;
+  EXPECT_TRUE(has(r.output, crc_error)) << r.output;
+  EXPECT_TRUE(has(r.output, "re-run ncf_prep")) << r.output;
+}
+
+// The untouched dataset trains: the checks above refuse only damage.
+TEST(DatasetIntegrity, UntouchedDatasetTrains) {
+  TempDir d;
+  write_small(d.path());
+  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
+                                      " --batch_size 50 --train_epochs 1 --threads 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(DatasetErrors, PositivesFileDamaged) {
@@ -450,7 +586,10 @@ TEST(DatasetErrors, PositivesFileDamaged) {
   std::string bytes = test::read_file(p);
   test::write_file(p, bytes.substr(0, bytes.size() - 4));
   std::string e = verify_error(d.path());
-  EXPECT_NE(e.find("positives.bin"), std::string::npos) << e;
+  EXPECT_NE(e.find(p + ": file has " + std::to_string(bytes.size() - 4) +
+                   " bytes but the metadata says " + std::to_string(bytes.size())),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

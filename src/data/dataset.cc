@@ -88,7 +88,7 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
   m.format_version = get_field<uint32_t>(j, "format_version", path);
   if (m.format_version != kFormatVersion)
     NCF_FAIL(path, ": format_version ", m.format_version, " is not supported (this build reads ",
-             kFormatVersion, ")");
+             kFormatVersion, "): re-run this build's ncf_prep");
   m.dataset_id = get_field<std::string>(j, "dataset_id", path);
   m.source = get_field<std::string>(j, "source", path);
   m.num_users = get_field<uint64_t>(j, "num_users", path);
@@ -164,25 +164,34 @@ DatasetMeta DatasetMeta::load(const std::string& dir) {
   } catch (const nlohmann::json::parse_error& e) {
     NCF_FAIL(path, ": not valid JSON at byte ", e.byte, ": ", e.what());
   }
-  // The file's own checksum: over the compact dump of everything else (keys
-  // sorted), so a changed value anywhere is caught and whitespace is not.
-  if (!j.is_object() || !j.contains("crc32c"))
+  if (!j.is_object()) NCF_FAIL(path, ": not a JSON object");
+  // The file's own checksum, before any value in it is used: over the compact
+  // dump of everything else (keys sorted), so a changed value anywhere is
+  // caught and whitespace is not. A file without one is from format version 1.
+  if (!j.contains("crc32c")) {
+    const auto v = j.find("format_version");
+    if (v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() < kFormatVersion)
+      NCF_FAIL(path, ": dataset format version ", v->get<uint64_t>(),
+               ", written by an older ncf_prep (this build reads version ", kFormatVersion,
+               ", whose metadata.json carries its own crc32c): re-run ncf_prep to write the "
+               "dataset again");
     NCF_FAIL(path,
-             ": no crc32c field (written by an older ncf_prep, or not ncf_prep's): "
-             "re-run ncf_prep to write the dataset again");
+             ": no crc32c field (not written by this ncf_prep): re-run ncf_prep to write the "
+             "dataset again");
+  }
   uint32_t stored = 0;
   try {
     stored = j.at("crc32c").get<uint32_t>();
   } catch (const nlohmann::json::exception&) {
-    NCF_FAIL(path, ": metadata field 'crc32c' has the wrong type (", j.at("crc32c").dump(), ")");
+    NCF_FAIL(path, ": metadata field 'crc32c' has the wrong type (", j.at("crc32c").dump(),
+             "): re-run ncf_prep");
   }
-  j.erase("crc32c");
   const uint32_t computed = metadata_crc32c(j);
   if (computed != stored)
     NCF_FAIL(path, ": the content does not match its crc32c (", hex32(stored), " stored, ",
              hex32(computed),
-             " computed): the file changed after ncf_prep wrote it; re-run "
-             "ncf_prep");
+             " computed): the file changed after ncf_prep wrote it; re-run ncf_prep");
+  j.erase("crc32c");
   return from_json(j, path);
 }
 
@@ -193,7 +202,14 @@ void DatasetMeta::save(const std::string& dir) const {
 }
 
 uint32_t metadata_crc32c(const nlohmann::json& j) {
-  const std::string canonical = j.dump();
+  std::string canonical;
+  if (j.is_object() && j.contains("crc32c")) {
+    nlohmann::json rest = j;
+    rest.erase("crc32c");
+    canonical = rest.dump();
+  } else {
+    canonical = j.dump();
+  }
   return crc32c(canonical.data(), canonical.size());
 }
 

@@ -12,7 +12,9 @@
 
 namespace ncf {
 
-constexpr uint32_t kFormatVersion = 1;
+// 2: metadata.json carries its own crc32c and positives.bin is checked against
+// its size and CRC whenever it is opened. Version 1 datasets are refused.
+constexpr uint32_t kFormatVersion = 2;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
 
@@ -36,7 +38,7 @@ struct DatasetMeta {
   uint64_t num_positives = 0;      // entries of positives.bin (train + test)
   uint64_t num_eval_users = 0;     // eval records (one per user)
   uint32_t eval_negatives = 0;     // E
-  uint32_t train_record_rows = 0;  // R
+  uint32_t train_record_rows = 0;  // positives per train record
   uint64_t train_frame_bytes = 0;  // every train record frame has this size
   uint64_t eval_frame_bytes = 0;   // every eval record frame has this size
   uint64_t dropped_users = 0;      // users with too few interactions to split
@@ -54,14 +56,17 @@ struct DatasetMeta {
   // Parses and checks types/ranges; errors name the file and the field.
   static DatasetMeta from_json(const nlohmann::json& j, const std::string& path);
   // Reads metadata.json and checks its crc32c field (metadata_crc32c) before
-  // anything else: a value changed anywhere in the file is refused.
+  // anything else: a value changed anywhere in the file is refused, and so is
+  // a file without the field (format version 1), asking for ncf_prep again.
   static DatasetMeta load(const std::string& dir);
   // Writes metadata.json (atomically: temporary file, fsync, rename) with its crc32c.
   void save(const std::string& dir) const;
 };
 
-// CRC-32C of the compact dump (sorted keys) of metadata JSON without its
-// "crc32c" field: the value metadata.json carries in that field.
+// CRC-32C of the compact dump (sorted keys, no whitespace) of metadata JSON
+// without its top-level "crc32c" field: the value metadata.json carries in that
+// field. It covers every parsed value, so only whitespace and number spellings
+// that parse to the same value can change without changing it.
 uint32_t metadata_crc32c(const nlohmann::json& j);
 
 // What a source tells the writer before the first user.
@@ -72,7 +77,7 @@ struct DatasetPlan {
   uint64_t num_train = 0;      // total training pairs that will be added
   uint64_t num_positives = 0;  // total positives (train + test) that will be added
   uint32_t eval_negatives = 999;
-  uint32_t record_rows = 65536;  // R: positives per train record
+  uint32_t record_rows = 65536;  // positives per train record
   uint32_t num_shards = 4;
   uint64_t seed = 0;
   uint64_t dropped_users = 0;
@@ -129,7 +134,9 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress = false)
 // each user's items sorted ascending.
 class PositiveLists {
  public:
-  // Opens and checks sizes against the metadata; does not read every page.
+  // Opens and checks the file's size and whole-file CRC-32C against the
+  // metadata (reading every page once), then the header and offset bounds.
+  // Every program that reads positives.bin goes through here.
   PositiveLists(const std::string& dir, const DatasetMeta& meta);
   ~PositiveLists();
   PositiveLists(const PositiveLists&) = delete;

@@ -85,7 +85,7 @@ void check_shard_header(const std::string& payload, const DatasetMeta& meta, con
     NCF_FAIL(path, " at byte offset ", offset, ": shard header does not parse");
   if (h.format_version() != kFormatVersion)
     NCF_FAIL(path, " at byte offset ", offset, ": format version ", h.format_version(),
-             " is not supported (expected ", kFormatVersion, ")");
+             " is not supported (expected ", kFormatVersion, "): re-run ncf_prep");
   const bool train = si.kind == "train";
   if (h.kind() != (train ? proto::TRAIN : proto::EVAL))
     NCF_FAIL(path, " at byte offset ", offset, ": shard kind ", proto::ShardKind_Name(h.kind()),
@@ -495,14 +495,25 @@ void PositivesWriter::finish(uint64_t* bytes, uint32_t* crc) {
 
 PositiveLists::PositiveLists(const std::string& dir, const DatasetMeta& meta) {
   std::string path = dir + "/" + kPositivesFile;
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // The layout fixes the size from the counts; a metadata whose recorded size
+  // disagrees was not written by ncf_prep.
+  const uint64_t want = positives_file_bytes(meta.num_users, meta.num_positives);
+  if (meta.positives_bytes != want)
+    NCF_FAIL(dir, "/", kMetadataFile, ": positives.bytes is ", meta.positives_bytes, " but ",
+             meta.num_users, " users and ", meta.num_positives, " positives make ", want,
+             " bytes; re-run ncf_prep");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) NCF_FAIL("cannot open ", path, ": ", std::strerror(errno));
   struct stat st;
-  ::fstat(fd, &st);
-  const uint64_t want = positives_file_bytes(meta.num_users, meta.num_positives);
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    NCF_FAIL("cannot stat ", path, ": ", std::strerror(err));
+  }
   if (static_cast<uint64_t>(st.st_size) != want) {
     ::close(fd);
-    NCF_FAIL(path, ": file has ", st.st_size, " bytes, the metadata implies ", want);
+    NCF_FAIL(path, ": file has ", st.st_size, " bytes, the metadata says ", want,
+             ": truncated or replaced after ncf_prep wrote it; re-run ncf_prep");
   }
   map_bytes_ = want;
   map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
@@ -511,32 +522,39 @@ PositiveLists::PositiveLists(const std::string& dir, const DatasetMeta& meta) {
     map_ = nullptr;
     NCF_FAIL("mmap failed on ", path, ": ", std::strerror(errno));
   }
-  // The whole file against the metadata's CRC before anything in it is
-  // trusted (tens of MB take milliseconds): the negative sampler reads it
-  // without any other check.
-  const uint32_t crc = crc32c(map_, map_bytes_);
-  if (crc != meta.positives_crc32c) {
-    char msg[96];
-    std::snprintf(msg, sizeof msg, "CRC-32C 0x%08x, the metadata says 0x%08x", crc,
-                  meta.positives_crc32c);
-    NCF_FAIL(path, ": ", msg, " (", map_bytes_,
-             " bytes): the file changed after ncf_prep wrote it; re-run ncf_prep "
-             "(ncf_prep --verify shows what is wrong)");
+  // The destructor does not run when the constructor throws: unmap here.
+  try {
+    // The whole file against the metadata's CRC before anything in it is
+    // trusted (tens of MB take milliseconds): the negative sampler reads it
+    // with no other check, so a flipped byte would silently change training.
+    const uint32_t crc = crc32c(map_, map_bytes_);
+    if (crc != meta.positives_crc32c) {
+      char msg[96];
+      std::snprintf(msg, sizeof msg, "CRC-32C 0x%08x, the metadata says 0x%08x", crc,
+                    meta.positives_crc32c);
+      NCF_FAIL(path, ": ", msg, " (", want,
+               " bytes): the file changed after ncf_prep wrote it; re-run ncf_prep "
+               "(ncf_prep --verify shows what is wrong)");
+    }
+    const auto* h = static_cast<const PositivesHeader*>(map_);
+    if (std::memcmp(h->magic, kPositivesMagic, 8) != 0)
+      NCF_FAIL(path, " at byte 0: bad magic (not a positives file)");
+    if (h->num_users != meta.num_users || h->nnz != meta.num_positives)
+      NCF_FAIL(path, " at byte 8: header says ", h->num_users, " users / ", h->nnz,
+               " positives, the metadata ", meta.num_users, " / ", meta.num_positives);
+    num_users_ = h->num_users;
+    nnz_ = h->nnz;
+    offsets_ = reinterpret_cast<const int64_t*>(static_cast<const char*>(map_) + sizeof(*h));
+    items_ = reinterpret_cast<const int32_t*>(static_cast<const char*>(map_) +
+                                              positives_items_offset(num_users_));
+    if (offsets_[0] != 0 || offsets_[num_users_] != static_cast<int64_t>(nnz_))
+      NCF_FAIL(path, ": offsets run from ", offsets_[0], " to ", offsets_[num_users_],
+               ", expected 0 to ", nnz_);
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
   }
-  const auto* h = static_cast<const PositivesHeader*>(map_);
-  if (std::memcmp(h->magic, kPositivesMagic, 8) != 0)
-    NCF_FAIL(path, " at byte 0: bad magic (not a positives file)");
-  if (h->num_users != meta.num_users || h->nnz != meta.num_positives)
-    NCF_FAIL(path, " at byte 8: header says ", h->num_users, " users / ", h->nnz,
-             " positives, the metadata ", meta.num_users, " / ", meta.num_positives);
-  num_users_ = h->num_users;
-  nnz_ = h->nnz;
-  offsets_ = reinterpret_cast<const int64_t*>(static_cast<const char*>(map_) + sizeof(*h));
-  items_ = reinterpret_cast<const int32_t*>(static_cast<const char*>(map_) +
-                                            positives_items_offset(num_users_));
-  if (offsets_[0] != 0 || offsets_[num_users_] != static_cast<int64_t>(nnz_))
-    NCF_FAIL(path, ": offsets run from ", offsets_[0], " to ", offsets_[num_users_],
-             ", expected 0 to ", nnz_);
 }
 
 PositiveLists::~PositiveLists() {

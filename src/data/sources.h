@@ -25,7 +25,7 @@ const char* format_name(InputFormat f);
 // Options shared by every source.
 struct PrepOptions {
   uint32_t eval_negatives = 999;  // E
-  uint32_t record_rows = 65536;   // R: positives per train record
+  uint32_t record_rows = 65536;   // positives per train record
   uint32_t num_shards = 4;        // files per kind
   uint64_t seed = 1;
   uint64_t shuffle_buffer_bytes = 256ull << 20;

@@ -19,9 +19,14 @@ void check_file_against_meta(const std::string& path, uint64_t bytes, uint32_t c
   uint32_t got_crc;
   file_crc32c(path, &got_bytes, &got_crc);
   if (got_bytes != bytes)
-    NCF_FAIL(path, ": file has ", got_bytes, " bytes but the metadata says ", bytes);
-  if (got_crc != crc)
-    NCF_FAIL(path, ": file CRC-32C ", got_crc, " does not match the metadata's ", crc);
+    NCF_FAIL(path, ": file has ", got_bytes, " bytes but the metadata says ", bytes,
+             "; re-run ncf_prep");
+  if (got_crc != crc) {
+    char msg[80];
+    std::snprintf(msg, sizeof msg, "file CRC-32C 0x%08x does not match the metadata's 0x%08x",
+                  got_crc, crc);
+    NCF_FAIL(path, ": ", msg, "; re-run ncf_prep");
+  }
 }
 
 }  // namespace
