@@ -4,7 +4,8 @@
 # Builds each commit (CPU, Release) in a worktree under $NCF_BENCH_DATA, then,
 # REPS times and alternating the two builds, times:
 #   synthetic ml-1m shape, batch 65,536, dense Adam, no eval: W = 1 (2 threads)
-#                                 and W = 2 (mpirun --oversubscribe, 1 thread each);
+#                                 and W = 2 (mpirun --oversubscribe, 1 thread each),
+#                                 the latter also with --shard_plan row;
 #   synthetic ml-20m shape, --preset ml-20m-mlperf, W = 1 (2 threads).
 # Also logs each build's per-step collectives and bytes (--step_log; the older
 # log has no collective count). Writes the raw log to OUT (default
@@ -32,18 +33,24 @@ build() {  # build COMMIT: a CPU Release build of COMMIT in its own worktree
 }
 build "$before"
 build "$after"
-prep="$work/src-$after/build/src/ncf_prep"
-[ -f "$work/ml1m/metadata.json" ] ||
-  "$prep" --synthetic ml-1m --eval_negatives 99 --output "$work/ml1m" --progress off >/dev/null
-[ -f "$work/ml20m/metadata.json" ] ||
-  "$prep" --synthetic ml-20m --output "$work/ml20m" --progress off >/dev/null
+# Each commit reads the data its own ncf_prep writes (the dataset format may
+# differ between them; the synthetic content is the same for the same seed).
+for c in "$before" "$after"; do
+  prep="$work/src-$c/build/src/ncf_prep"
+  [ -f "$work/data-$c/ml1m/metadata.json" ] ||
+    "$prep" --synthetic ml-1m --eval_negatives 99 --output "$work/data-$c/ml1m" \
+      --progress off >/dev/null
+  [ -f "$work/data-$c/ml20m/metadata.json" ] ||
+    "$prep" --synthetic ml-20m --output "$work/data-$c/ml20m" --progress off >/dev/null
+done
 
 declare -A cases=(
-  [ml1m_w1]="1|--data_dir $work/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 2"
-  [ml1m_w2]="2|--data_dir $work/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1"
-  [ml20m_w1]="1|--data_dir $work/ml20m --preset ml-20m-mlperf --train_epochs 1 --max_steps 12 --no_eval --threads 2"
+  [ml1m_w1]="1|--data_dir @DATA@/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 2"
+  [ml1m_w2]="2|--data_dir @DATA@/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1"
+  [ml1m_w2_row]="2|--data_dir @DATA@/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1 --shard_plan row"
+  [ml20m_w1]="1|--data_dir @DATA@/ml20m --preset ml-20m-mlperf --train_epochs 1 --max_steps 12 --no_eval --threads 2"
 )
-order=(ml1m_w1 ml1m_w2 ml20m_w1)
+order=(ml1m_w1 ml1m_w2 ml1m_w2_row ml20m_w1)
 
 launch() {  # launch W: the launcher prefix for W ranks
   if [ "$1" = 1 ]; then echo ""; else echo "mpirun -np $1 --oversubscribe"; fi
@@ -59,7 +66,8 @@ launch() {  # launch W: the launcher prefix for W ranks
     for rep in $(seq "$reps"); do
       for side in before after; do
         commit=${!side}
-        cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $flags --progress off"
+        cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist ${flags//@DATA@/$work/data-$commit}"
+        cmd+=" --progress off"
         echo "# load $(cut -d' ' -f1-3 /proc/loadavg)"
         echo "\$ $cmd"
         # The last epoch's samples/s (the first holds the warm-up).
@@ -71,7 +79,8 @@ launch() {  # launch W: the launcher prefix for W ranks
       commit=${!side}
       # One epoch of 4 steps (the case's own epoch and step flags replaced).
       log_flags=$(echo "$flags" | sed -E 's/--train_epochs [0-9]+|--max_steps [0-9]+//g')
-      cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist $log_flags --train_epochs 1"
+      cmd="$(launch "$W") $work/src-$commit/build/src/ncf_dist ${log_flags//@DATA@/$work/data-$commit}"
+      cmd+=" --train_epochs 1"
       cmd+=" --max_steps 4 --progress off --step_log"
       echo "\$ $cmd"
       { $cmd 2>&1 || true; } | { grep '^step [23]:' || true; } |
