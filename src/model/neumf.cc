@@ -123,7 +123,7 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
   }
   head_backward(ctx, h_.data(), p + head_w_offset_, dlogits, dh_.data(), gp + head_w_offset_,
                 gp + head_c_offset_, B, F, GradMode::kOverwrite);
-  // dH = [dG ; d(MLP output)]
+  // dH = [dgmf ; d(MLP output)]
   float* dtop = tower_.empty() ? dx0_.data() : dacts_.back().data();
   split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
   for (size_t l = tower_.size(); l-- > 0;) {
@@ -133,7 +133,7 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
     linear_backward(ctx, x, p + v.w_offset, acts_[l].data(), dacts_[l].data(), dx, gp + v.w_offset,
                     gp + v.b_offset, B, v.in, v.out, true, GradMode::kOverwrite);
   }
-  // dX0 → the mlp parts of the row gradients, dG → their mf parts.
+  // dX0 → the mlp parts of the row gradients, dgmf → their mf parts.
   split_cols(ctx, dx0_.data(), h, h, d_user_rows + mf, D, d_item_rows + mf, D, B);
   gmf_backward(ctx, user_rows_, D, item_rows_, D, dg_.data(), mf, d_user_rows, D, d_item_rows, D, B,
                mf);

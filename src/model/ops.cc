@@ -142,13 +142,13 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
   }
 }
 
-// dW/db part of a linear backward, given dZ (already masked).
-void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float* dZ, float* dW,
+// dweight/db part of a linear backward, given dZ (already masked).
+void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float* dZ, float* dweight,
                             float* db, int64_t B, int in, int out, GradMode mode) {
   float beta = mode == GradMode::kAccumulate ? 1.0f : 0.0f;
-  // dW[out×in] = dZ^T[out×B] · X[B×in]
-  cpu_gemm(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta, dW,
-           in);
+  // dweight[out×in] = dZ^T[out×B] · X[B×in]
+  cpu_gemm(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta,
+           dweight, in);
   if (!db) return;
   std::vector<double> sums(out);
   block_sums(
@@ -217,7 +217,7 @@ void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
   cpu_gemm(ctx.threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
                     float* Y, int64_t B, int in, int out, bool relu) {
   const char* op = "linear_forward";
   check_rows(op, B);
@@ -225,12 +225,12 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
   check_width(op, "out", out);
   NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
   check_ptr(op, "X", X, B);
-  check_ptr(op, "W", W, B);
+  check_ptr(op, "weight", weight, B);
   check_ptr(op, "Y", Y, B);
-  NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, W, bias, Y, B, in, out, relu);
+  NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, weight, bias, Y, B, in, out, relu);
   if (B == 0) return;
-  // Y = X · W^T
-  cpu_gemm(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X, in, W, in, 0.0f, Y,
+  // Y = X · weight^T
+  cpu_gemm(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X, in, weight, in, 0.0f, Y,
            out);
   if (!bias && !relu) return;
   parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
@@ -244,8 +244,8 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
   });
 }
 
-void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
-                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
+                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
                      bool relu, GradMode mode) {
   const char* op = "linear_backward";
   check_rows(op, B);
@@ -253,49 +253,50 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
   check_width(op, "out", out);
   NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
   check_ptr(op, "X", X, B);
-  check_ptr(op, "W", W, B);
+  check_ptr(op, "weight", weight, B);
   check_ptr(op, "dY", dY, B);
   if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, B);
-  NCF_CHECK(dW != nullptr, op, ": dW is null");
-  NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, W, Y, dY, dX, dW, db, B, in, out, relu, mode);
+  NCF_CHECK(dweight != nullptr, op, ": dweight is null");
+  NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
+                    mode);
   if (relu) {
     parallel_for(ctx.threads, B * out, 1 << 14, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         if (!(Y[i] > 0.0f)) dY[i] = 0.0f;
     });
   }
-  // dX[B×in] = dZ[B×out] · W[out×in]
+  // dX[B×in] = dZ[B×out] · weight[out×in]
   if (dX && B > 0)
-    cpu_gemm(ctx.threads, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, W, in, 0.0f,
-             dX, in);
-  cpu_linear_param_grads(ctx, X, dY, dW, db, B, in, out, mode);
+    cpu_gemm(ctx.threads, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, weight, in,
+             0.0f, dX, in);
+  cpu_linear_param_grads(ctx, X, dY, dweight, db, B, in, out, mode);
 }
 
-void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                 float* G, int64_t ldg, int64_t B, int mf) {
+void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                 int64_t ldi, float* gmf, int64_t ldg, int64_t B, int mf) {
   const char* op = "gmf_forward";
   check_rows(op, B);
   check_width(op, "mf", mf);
   check_ld(op, "ldu", ldu, mf);
   check_ld(op, "ldi", ldi, mf);
   check_ld(op, "ldg", ldg, mf);
-  check_ptr(op, "U", U, B);
-  check_ptr(op, "I", I, B);
-  check_ptr(op, "G", G, B);
-  NCF_DISPATCH_CUDA(ctx, gmf_forward, ctx, U, ldu, I, ldi, G, ldg, B, mf);
+  check_ptr(op, "urows", urows, B);
+  check_ptr(op, "irows", irows, B);
+  check_ptr(op, "gmf", gmf, B);
+  NCF_DISPATCH_CUDA(ctx, gmf_forward, ctx, urows, ldu, irows, ldi, gmf, ldg, B, mf);
   parallel_for(ctx.threads, B, row_grain(mf), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const float* u = U + b * ldu;
-      const float* it = I + b * ldi;
-      float* g = G + b * ldg;
+      const float* u = urows + b * ldu;
+      const float* it = irows + b * ldi;
+      float* g = gmf + b * ldg;
       for (int k = 0; k < mf; ++k) g[k] = u[k] * it[k];
     }
   });
 }
 
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
-                  int64_t B, int mf) {
+void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                  int64_t ldi, const float* dgmf, int64_t ldg, float* durows, int64_t lddu,
+                  float* dirows, int64_t lddi, int64_t B, int mf) {
   const char* op = "gmf_backward";
   check_rows(op, B);
   check_width(op, "mf", mf);
@@ -304,19 +305,20 @@ void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const flo
   check_ld(op, "ldg", ldg, mf);
   check_ld(op, "lddu", lddu, mf);
   check_ld(op, "lddi", lddi, mf);
-  check_ptr(op, "U", U, B);
-  check_ptr(op, "I", I, B);
-  check_ptr(op, "dG", dG, B);
-  check_ptr(op, "dU", dU, B);
-  check_ptr(op, "dI", dI, B);
-  NCF_DISPATCH_CUDA(ctx, gmf_backward, ctx, U, ldu, I, ldi, dG, ldg, dU, lddu, dI, lddi, B, mf);
+  check_ptr(op, "urows", urows, B);
+  check_ptr(op, "irows", irows, B);
+  check_ptr(op, "dgmf", dgmf, B);
+  check_ptr(op, "durows", durows, B);
+  check_ptr(op, "dirows", dirows, B);
+  NCF_DISPATCH_CUDA(ctx, gmf_backward, ctx, urows, ldu, irows, ldi, dgmf, ldg, durows, lddu, dirows,
+                    lddi, B, mf);
   parallel_for(ctx.threads, B, row_grain(mf), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const float* u = U + b * ldu;
-      const float* it = I + b * ldi;
-      const float* g = dG + b * ldg;
-      float* du = dU + b * lddu;
-      float* di = dI + b * lddi;
+      const float* u = urows + b * ldu;
+      const float* it = irows + b * ldi;
+      const float* g = dgmf + b * ldg;
+      float* du = durows + b * lddu;
+      float* di = dirows + b * lddi;
       for (int k = 0; k < mf; ++k) {
         du[k] = g[k] * it[k];
         di[k] = g[k] * u[k];

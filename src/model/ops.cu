@@ -77,24 +77,24 @@ __global__ void copy_cols_kernel(const V* src, int64_t lds, V* dst, int64_t ldd,
   }
 }
 
-__global__ void gmf_forward_kernel(const float* U, int64_t ldu, const float* I, int64_t ldi,
-                                   float* G, int64_t ldg, int64_t B, int mf) {
+__global__ void gmf_forward_kernel(const float* urows, int64_t ldu, const float* irows, int64_t ldi,
+                                   float* gmf, int64_t ldg, int64_t B, int mf) {
   const int64_t total = B * mf;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t b = i / mf, k = i % mf;
-    G[b * ldg + k] = U[b * ldu + k] * I[b * ldi + k];
+    gmf[b * ldg + k] = urows[b * ldu + k] * irows[b * ldi + k];
   }
 }
 
-__global__ void gmf_backward_kernel(const float* U, int64_t ldu, const float* I, int64_t ldi,
-                                    const float* dG, int64_t ldg, float* dU, int64_t lddu,
-                                    float* dI, int64_t lddi, int64_t B, int mf) {
+__global__ void gmf_backward_kernel(const float* urows, int64_t ldu, const float* irows,
+                                    int64_t ldi, const float* dgmf, int64_t ldg, float* durows,
+                                    int64_t lddu, float* dirows, int64_t lddi, int64_t B, int mf) {
   const int64_t total = B * mf;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t b = i / mf, k = i % mf;
-    const float g = dG[b * ldg + k];
-    dU[b * lddu + k] = g * I[b * ldi + k];
-    dI[b * lddi + k] = g * U[b * ldu + k];
+    const float g = dgmf[b * ldg + k];
+    durows[b * lddu + k] = g * irows[b * ldi + k];
+    dirows[b * lddi + k] = g * urows[b * ldu + k];
   }
 }
 
@@ -323,14 +323,14 @@ struct LtChoice {
 std::mutex g_lt_mutex;
 std::map<LtKey, LtChoice> g_lt_choices;
 
-// Y = act(X·W^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
+// Y = act(X·weight^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
 // algorithm for this shape and alignment (the caller then runs GEMM + epilogue).
 // The heuristic filters algorithms by the operands' alignment, but users of the
 // bias epilogue report misaligned-address faults for biases below 16 bytes, so
 // such a bias (a layer width not a multiple of 4 in the flat parameter buffer)
 // takes the unfused path.
 //
-// X and W are both FP32 or both BF16 (`in_type`); Y and the bias are FP32 in
+// X and weight are both FP32 or both BF16 (`in_type`); Y and the bias are FP32 in
 // either case. cuBLASLt lists BF16 A/B with FP32 C/D under CUBLAS_COMPUTE_32F
 // among its supported type combinations (cuBLAS docs, cublasLtMatmul), and the
 // bias vector takes D's type by default (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE in
@@ -338,7 +338,7 @@ std::map<LtKey, LtChoice> g_lt_choices;
 // Should a cuBLASLt build offer no algorithm for it, the heuristic fails and the
 // caller takes the unfused path on the same BF16 copies.
 bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, const void* X,
-                       const void* W, cudaDataType_t in_type, const float* bias, float* Y,
+                       const void* weight, cudaDataType_t in_type, const float* bias, float* Y,
                        int64_t B, int in, int out, bool relu) {
   if (bias && !aligned16(bias)) return false;
   const cublasComputeType_t compute = compute_type(mode);
@@ -346,7 +346,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
       bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
            : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
   LtDescriptors m;
-  // Column-major view: D[out×B] = op(A)·B with A = W stored [in×out] (ld in),
+  // Column-major view: D[out×B] = op(A)·B with A = weight stored [in×out] (ld in),
   // op(A) = A^T, and B = X stored [in×B] (ld in); D is Y stored [out×B] (ld out).
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -363,7 +363,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, in_type, uint64_t(in), uint64_t(B), in));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(out), uint64_t(B), out));
 
-  const uint32_t al_w = alignment_of(W), al_x = alignment_of(X), al_y = alignment_of(Y);
+  const uint32_t al_w = alignment_of(weight), al_x = alignment_of(X), al_y = alignment_of(Y);
   const uint32_t al_b = bias ? alignment_of(bias) : 256;
   const LtKey key{r.device_id,  B,           in, out, al_w, al_x, al_y, al_b, int(epilogue),
                   int(compute), int(in_type)};
@@ -401,7 +401,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   }
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, W, m.a, X, m.b, &beta, Y, m.d, Y, m.d,
+  CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, weight, m.a, X, m.b, &beta, Y, m.d, Y, m.d,
                               &choice.algo, r.lt_workspace, r.lt_workspace_bytes, stream_of(ctx)));
   return true;
 }
@@ -436,13 +436,13 @@ void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
   gemm_on(ctx, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, "gemm");
 }
 
-void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
                     float* Y, int64_t B, int in, int out, bool relu) {
   const char* op = "linear_forward";
   if (B == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
   const MathMode mode = math_mode();
-  GemmInput x{X, CUDA_R_32F}, w{W, CUDA_R_32F};
+  GemmInput x{X, CUDA_R_32F}, w{weight, CUDA_R_32F};
   if (mode == MathMode::kBf16) {
     __nv_bfloat16 *x16 = nullptr, *w16 = nullptr;
     carve_scratch(r, [&](ScratchLayout& s) {
@@ -450,7 +450,7 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
       w16 = s.take<__nv_bfloat16>(bf16_copy_elems(out, in, in));
     });
     x = to_bf16(stream_of(ctx), X, in, B, in, x16, op);
-    w = to_bf16(stream_of(ctx), W, in, out, in, w16, op);
+    w = to_bf16(stream_of(ctx), weight, in, out, in, w16, op);
   }
   if (lt_linear_forward(ctx, r, mode, x.data, w.data, x.type, bias, Y, B, in, out, relu)) return;
   gemm_typed(ctx, mode, false, true, static_cast<int>(B), out, in, 1.0f, x, in, w, in, 0.0f, Y, out,
@@ -461,8 +461,8 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
   }
 }
 
-void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
-                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
+                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
                      bool relu, GradMode mode) {
   const char* op = "linear_backward";
   cudaStream_t stream = stream_of(ctx);
@@ -471,7 +471,7 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
   const bool bf16 = math == MathMode::kBf16 && B > 0;
   // One scratch layout for the whole op (carving again could move the arena
   // under arrays still in use): the bias partial sums, and in kBf16 the BF16
-  // copies of dZ [B×out], W [out×in] (only for dX) and X [B×in].
+  // copies of dZ [B×out], weight [out×in] (only for dX) and X [B×in].
   double* partial = nullptr;
   __nv_bfloat16 *dz16 = nullptr, *w16 = nullptr, *x16 = nullptr;
   if (db || bf16) {
@@ -492,36 +492,36 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* W, con
     relu_mask_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(dY, Y, B * out);
     check_launch(op);
   }
-  // The GEMM inputs: FP32 as they are, or BF16 copies of the masked dZ, W and X.
-  GemmInput dz{dY, CUDA_R_32F}, w{W, CUDA_R_32F}, x{X, CUDA_R_32F};
+  // The GEMM inputs: FP32 as they are, or BF16 copies of the masked dZ, weight and X.
+  GemmInput dz{dY, CUDA_R_32F}, w{weight, CUDA_R_32F}, x{X, CUDA_R_32F};
   if (bf16) {
     dz = to_bf16(stream, dY, out, B, out, dz16, op);
-    if (dX) w = to_bf16(stream, W, in, out, in, w16, op);
+    if (dX) w = to_bf16(stream, weight, in, out, in, w16, op);
     x = to_bf16(stream, X, in, B, in, x16, op);
   }
-  // 2. dX[B×in] = dZ[B×out]·W[out×in].
+  // 2. dX[B×in] = dZ[B×out]·weight[out×in].
   if (dX && B > 0)
     gemm_typed(ctx, math, false, false, static_cast<int>(B), in, out, 1.0f, dz, out, w, in, 0.0f,
                dX, in, op);
-  // 3. dW[out×in] = dZ^T·X (B == 0: K == 0, so dW = beta·dW).
+  // 3. dweight[out×in] = dZ^T·X (B == 0: K == 0, so dweight = beta·dweight).
   gemm_typed(ctx, math, true, false, out, in, static_cast<int>(B), 1.0f, dz, out, x, in,
-             add ? 1.0f : 0.0f, dW, in, op);
+             add ? 1.0f : 0.0f, dweight, in, op);
 }
 
-void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                 float* G, int64_t ldg, int64_t B, int mf) {
+void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                 int64_t ldi, float* gmf, int64_t ldg, int64_t B, int mf) {
   if (B == 0) return;
-  gmf_forward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(U, ldu, I, ldi, G, ldg, B,
-                                                                        mf);
+  gmf_forward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(urows, ldu, irows, ldi, gmf,
+                                                                        ldg, B, mf);
   check_launch("gmf_forward");
 }
 
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
-                  int64_t B, int mf) {
+void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                  int64_t ldi, const float* dgmf, int64_t ldg, float* durows, int64_t lddu,
+                  float* dirows, int64_t lddi, int64_t B, int mf) {
   if (B == 0) return;
-  gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(U, ldu, I, ldi, dG, ldg,
-                                                                         dU, lddu, dI, lddi, B, mf);
+  gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(
+      urows, ldu, irows, ldi, dgmf, ldg, durows, lddu, dirows, lddi, B, mf);
   check_launch("gmf_backward");
 }
 

@@ -58,10 +58,10 @@ void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
-// Y[B×out] = act(X[B×in] · W^T + bias), W is [out×in] (the PyTorch nn.Linear
+// Y[B×out] = act(X[B×in] · weight^T + bias), weight is [out×in] (the PyTorch nn.Linear
 // layout: row j holds the weights into output j), bias[out] may be null, act is
 // ReLU when relu, identity otherwise.
-void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
                     float* Y, int64_t B, int in, int out, bool relu);
 
 // Backward of linear_forward.
@@ -69,24 +69,24 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* W, cons
 //       mask Y > 0 (the gradient at Z = 0 is taken as 0), may be null otherwise.
 //   dY  [B×out] in: dL/dY; out: dL/dZ (the masked gradient) when relu, else unchanged.
 //   dX  [B×in]  dL/dX, always overwritten; null skips it.
-//   dW  [out×in], db [out] (db null when the layer has no bias): written as `mode` says.
-// dW = dZ^T·X (GEMM), db = column sums of dZ (block_sums: fixed row blocks).
-void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
-                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+//   dweight  [out×in], db [out] (db null when the layer has no bias): written as `mode` says.
+// dweight = dZ^T·X (GEMM), db = column sums of dZ (block_sums: fixed row blocks).
+void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
+                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
                      bool relu, GradMode mode);
 
-// GMF: G[b, k] = U[b, k] · I[b, k] for k < mf. U and I are the gathered user and
+// GMF: gmf[b, k] = urows[b, k] · irows[b, k] for k < mf. urows and irows are the gathered user and
 // item embedding rows; the GMF part is their first mf columns.
-void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                 float* G, int64_t ldg, int64_t B, int mf);
-// dU[b, k] = dG[b, k] · I[b, k], dI[b, k] = dG[b, k] · U[b, k] for k < mf,
-// overwritten; columns ≥ mf of dU/dI are not touched.
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
-                  int64_t B, int mf);
+void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                 int64_t ldi, float* gmf, int64_t ldg, int64_t B, int mf);
+// durows[b, k] = dgmf[b, k] · irows[b, k], dirows[b, k] = dgmf[b, k] · urows[b, k] for k < mf,
+// overwritten; columns ≥ mf of durows/dirows are not touched.
+void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                  int64_t ldi, const float* dgmf, int64_t ldg, float* durows, int64_t lddu,
+                  float* dirows, int64_t lddi, int64_t B, int mf);
 
 // Y[B×(wa+wc)] = [A[B×wa] ; C[B×wc]] (column concat, Y contiguous).
-// The MLP input is concat_cols(U + mf, D, h, I + mf, D, h, X0, B) with h = layers[0]/2.
+// The MLP input is concat_cols(urows + mf, D, h, irows + mf, D, h, X0, B) with h = layers[0]/2.
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
                  int64_t ldc, int wc, float* Y, int64_t B);
 // Inverse of concat_cols for gradients: dA = dY[:, :wa], dC = dY[:, wa:], overwritten.
@@ -127,16 +127,16 @@ namespace cuda {
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
-void linear_forward(const ExecContext& ctx, const float* X, const float* W, const float* bias,
+void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
                     float* Y, int64_t B, int in, int out, bool relu);
-void linear_backward(const ExecContext& ctx, const float* X, const float* W, const float* Y,
-                     float* dY, float* dX, float* dW, float* db, int64_t B, int in, int out,
+void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
+                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
                      bool relu, GradMode mode);
-void gmf_forward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                 float* G, int64_t ldg, int64_t B, int mf);
-void gmf_backward(const ExecContext& ctx, const float* U, int64_t ldu, const float* I, int64_t ldi,
-                  const float* dG, int64_t ldg, float* dU, int64_t lddu, float* dI, int64_t lddi,
-                  int64_t B, int mf);
+void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                 int64_t ldi, float* gmf, int64_t ldg, int64_t B, int mf);
+void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                  int64_t ldi, const float* dgmf, int64_t ldg, float* durows, int64_t lddu,
+                  float* dirows, int64_t lddi, int64_t B, int mf);
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
                  int64_t ldc, int wc, float* Y, int64_t B);
 void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
