@@ -91,6 +91,7 @@ enum RngStream : uint32_t {
   kStreamTrainNegatives = 5,
   kStreamInit = 6,
   kStreamEpochOrder = 7,
+  kStreamEvalUsers = 8,
 };
 
 }  // namespace ncf

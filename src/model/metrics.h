@@ -25,6 +25,18 @@ namespace ncf {
 void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,
               int L, int K, double* hr_sum, double* ndcg_sum);
 
+// Full-catalogue ranking (as against E sampled negatives; Krichene and Rendle,
+// KDD 2020): for each of n users, scores[u×I .. u×I + I) of all I items, in
+// HOST memory; its test item test_items[u]; and the items that do not take
+// part, excluded[offsets[u] .. offsets[u+1]) (its training positives, sorted
+// ascending; the test item may be among them and always takes part).
+// rank = the number of items j ≠ test_items[u], not excluded, whose score is
+// not strictly below the test item's (ties and NaNs count against it, as in
+// hit_ndcg). Hits and NDCG terms as hit_ndcg, summed over fixed user blocks.
+void full_ranking_hit_ndcg(int threads, const float* scores, int64_t n, int64_t I,
+                           const int32_t* test_items, const int64_t* offsets,
+                           const int32_t* excluded, int K, double* hr_sum, double* ndcg_sum);
+
 #ifdef NCF_WITH_CUDA
 namespace cuda {
 void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,

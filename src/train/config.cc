@@ -120,6 +120,14 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_flag("!--no_shuffle", c.shuffle_records,
                "read train records in file order every epoch (default: an order per epoch)");
   app.add_flag("!--no_eval", c.eval_each_epoch, "skip evaluation after each epoch");
+  app.add_flag("--eval_full_ranking", c.eval_full_ranking,
+               "also rank each eval user's test item against every item it has no training "
+               "interaction with (full-catalogue HR@K and NDCG@K)");
+  app.add_flag("--eval_only", c.eval_only,
+               "evaluate the checkpoint --resume names (or finds) and stop, without training");
+  app.add_option("--eval_users", c.eval_users,
+                 "evaluate a fixed subset of this many users, drawn with --seed (0: all)")
+      ->capture_default_str();
   app.add_option("--metrics_json", c.metrics_json, "append one JSON line per epoch to this file");
   app.add_flag("--mlperf_log", c.mlperf_log, "print MLPerf-style :::MLLOG lines");
   app.add_option("--progress", c.progress,
@@ -208,6 +216,11 @@ void validate_config(const TrainConfig& c) {
              c.l2_dense);
   if (c.threads < 0) NCF_FAIL("flag --threads must be >= 0, got ", c.threads);
   if (c.max_steps == 0) NCF_FAIL("flag --max_steps must be > 0 (or negative for whole epochs)");
+  if (c.eval_users < 0) NCF_FAIL("flag --eval_users must be >= 0, got ", c.eval_users);
+  if (c.eval_only && c.resume == "never")
+    NCF_FAIL(
+        "flag --eval_only needs a checkpoint: --resume PATH, or --resume auto with "
+        "--checkpoint_dir");
   if (c.checkpoint_every_steps < 0)
     NCF_FAIL("flag --checkpoint_every_steps must be >= 0, got ", c.checkpoint_every_steps);
   if (c.checkpoint_every_minutes < 0)

@@ -38,6 +38,9 @@ struct TrainConfig {
   int64_t max_steps = -1;           // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
+  bool eval_full_ranking = false;  // also rank each eval user's test item against all items
+  bool eval_only = false;          // evaluate the --resume checkpoint and stop
+  int64_t eval_users = 0;          // > 0: evaluate a fixed seeded subset of this many users
   std::string metrics_json;
   bool mlperf_log = false;
   std::string progress = "auto";  // auto | on | off

@@ -160,6 +160,29 @@ int train_main(int& argc, char**& argv) {
     install_stop_handlers();
   }
   const Trainer::Position start = trainer.resume();
+  if (cfg.eval_only) {
+    // Evaluate the loaded checkpoint and stop.
+    const EvalResult ev = trainer.evaluate();
+    if (lead) {
+      std::printf(
+          "ncf_dist: eval of the checkpoint (epoch %lld, %lld steps into it), %lld users: "
+          "sampled HR@%d %.4f NDCG@%d %.4f (1 + %u candidates)",
+          (long long)start.epoch + 1, (long long)start.epoch_step, (long long)ev.users, cfg.topk,
+          ev.hr, cfg.topk, ev.ndcg, meta.eval_negatives);
+      if (ev.full)
+        std::printf("; full ranking HR@%d %.4f NDCG@%d %.4f (%llu items)", cfg.topk, ev.full_hr,
+                    cfg.topk, ev.full_ndcg, (unsigned long long)meta.num_items);
+      std::printf(" in %.2f s\n", ev.seconds);
+      if (metrics.is_open()) {
+        nlohmann::json j = {{"eval_only", true}, {"hr", ev.hr},       {"ndcg", ev.ndcg},
+                            {"k", cfg.topk},     {"users", ev.users}, {"eval_seconds", ev.seconds}};
+        if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
+        metrics << j.dump() << "\n";
+      }
+    }
+    comm->barrier();
+    return 0;
+  }
   bool reached = false;
   for (int e = int(start.epoch); e < cfg.train_epochs && !reached; ++e) {
     mllog.event("epoch_start", nullptr, {{"epoch_num", e + 1}}, "INTERVAL_START");
@@ -187,6 +210,10 @@ int train_main(int& argc, char**& argv) {
     if (lead) {
       std::printf("%6d %9.5f %8.4f %8.4f %9.2f %12.0f %8.2f\n", e + 1, r.loss, ev.hr, ev.ndcg,
                   r.train_seconds, sps, ev.seconds);
+      if (ev.full)
+        std::printf("       full ranking: HR@%d %.4f NDCG@%d %.4f (%lld users x %llu items)\n",
+                    cfg.topk, ev.full_hr, cfg.topk, ev.full_ndcg, (long long)ev.users,
+                    (unsigned long long)meta.num_items);
       if (cfg.step_log)
         std::printf(
             "  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
@@ -210,6 +237,7 @@ int train_main(int& argc, char**& argv) {
                             {"allreduce_seconds", r.allreduce_seconds},
                             {"bytes_sent_per_step", r.steps ? r.bytes_sent / r.steps : 0},
                             {"world", info.world}};
+        if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
         metrics << j.dump() << "\n";
         metrics.flush();
       }

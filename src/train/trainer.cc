@@ -15,6 +15,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/memory.h"
+#include "common/philox.h"
 #include "data/negatives.h"
 #include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
@@ -156,6 +157,23 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   for (Buffer<float>* b : {&eval_rows_, &scores_}) *b = Buffer<float>(ctx.device, 0);
   eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
   eval_expand_ = Buffer<int64_t>(ctx.device, 0);
+  for (Buffer<float>* b : {&full_item_tile_, &full_user_rows_, &full_scores_})
+    *b = Buffer<float>(ctx.device, 0);
+  full_expand_ = Buffer<int64_t>(ctx.device, 0);
+  if (cfg.eval_users > 0) {
+    // A fixed subset of exactly eval_users users (selection sampling over the
+    // user ids in order, keyed by the seed): the same on every rank and any W.
+    const uint64_t U = meta_.num_eval_users;
+    const uint64_t want = std::min<uint64_t>(uint64_t(cfg.eval_users), U);
+    const CounterRng rng{cfg.seed, kStreamEvalUsers, 0};
+    eval_selected_.assign(U, 0);
+    uint64_t chosen = 0;
+    for (uint64_t u = 0; u < U && chosen < want; ++u)
+      if (rng.uniform_double(u) * double(U - u) < double(want - chosen)) {
+        eval_selected_[u] = 1;
+        ++chosen;
+      }
+  }
   step_loss_ = Buffer<double>(ctx.device, 0);
   stager_ = std::make_unique<InputStager>(ctx);
   timer_ = std::make_unique<StepTimer>(ctx);
@@ -318,19 +336,46 @@ EvalResult Trainer::evaluate() {
   const int64_t most = int64_t((meta_.num_eval_users + W - 1) / W);
   const int64_t batches = (most + per_batch - 1) / per_batch;
   eval_reader_->start();
+  // Full ranking: every rank scores its users against the whole item table.
+  const bool full = cfg_.eval_full_ranking;
+  const int64_t I = int64_t(meta_.num_items);
+  const int64_t group = std::max<int64_t>(1, cfg_.eval_batch_size / I);  // users scored at once
+  std::vector<float> host_scores;
+  std::vector<int32_t> test_items;
+  std::vector<int64_t> excl_offsets;
+  std::vector<int32_t> excluded;
+  if (full) {
+    const std::vector<float> item_rows = tables_->gather_table(1);  // collective
+    full_item_tile_.reserve(size_t(group * I) * D);
+    for (int64_t g = 0; g < group; ++g)
+      device_copy(dev, full_item_tile_.data() + g * I * D, Device::kCpu, item_rows.data(),
+                  item_rows.size() * 4);
+  }
   EvalBatch b;
   std::vector<int32_t> users;
   std::vector<int64_t> expand;
-  double sums[2] = {0, 0};
+  double sums[4] = {0, 0, 0, 0};
   for (int64_t k = 0; k < batches; ++k) {
     if (!eval_reader_->next(&b)) b = EvalBatch{};
-    const int64_t n = b.num_users;
-    users.resize(n);
-    expand.resize(n * L);
-    for (int64_t u = 0; u < n; ++u) {
-      users[u] = int32_t(b.first_user + u);
-      std::fill_n(&expand[u * L], L, u);
+    if (!eval_selected_.empty()) {
+      // Keep the selected users of the batch (their lists move up in place).
+      int64_t kept = 0;
+      users.clear();
+      for (int64_t u = 0; u < b.num_users; ++u) {
+        if (!eval_selected_[size_t(b.first_user + u)]) continue;
+        users.push_back(int32_t(b.first_user + u));
+        std::copy_n(&b.items[u * L], L, &b.items[kept * L]);
+        std::copy_n(&b.mask[u * L], L, &b.mask[kept * L]);
+        ++kept;
+      }
+      b.num_users = kept;
+    } else {
+      users.resize(b.num_users);
+      for (int64_t u = 0; u < b.num_users; ++u) users[u] = int32_t(b.first_user + u);
     }
+    const int64_t n = b.num_users;
+    expand.resize(n * L);
+    for (int64_t u = 0; u < n; ++u) std::fill_n(&expand[u * L], L, u);
     eval_users_.reserve(n);
     eval_items_.reserve(n * L);
     eval_mask_.reserve(n * L);
@@ -351,11 +396,49 @@ EvalResult Trainer::evaluate() {
     hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
     sums[1] += ndcg;
+    if (!full) continue;
+    // The users' rows (still in tables_->rows(0)) against every item, a group
+    // of users at a time; the ranks are counted on the host.
+    for (int64_t a = 0; a < n; a += group) {
+      const int64_t m = std::min(group, n - a);
+      expand.resize(m * I);
+      for (int64_t x = 0; x < m * I; ++x) expand[x] = a + x / I;
+      full_expand_.reserve(m * I);
+      full_user_rows_.reserve(size_t(m * I) * D);
+      full_scores_.reserve(m * I);
+      device_copy(dev, full_expand_.data(), Device::kCpu, expand.data(), size_t(m * I) * 8);
+      permute_rows(ctx_, tables_->rows(0), n, full_expand_.data(), full_user_rows_.data(), m * I,
+                   D);
+      model_->score(ctx_, full_user_rows_.data(), full_item_tile_.data(), m * I,
+                    full_scores_.data());
+      host_scores.resize(m * I);
+      device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);
+      test_items.resize(m);
+      excl_offsets.assign(1, 0);
+      excluded.clear();
+      for (int64_t x = 0; x < m; ++x) {
+        test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
+        const int32_t u = users[a + x];
+        const int64_t* off = positives_->offsets();
+        excluded.insert(excluded.end(), positives_->items() + off[u],
+                        positives_->items() + off[u + 1]);
+        excl_offsets.push_back(int64_t(excluded.size()));
+      }
+      double fh = 0, fn = 0;
+      full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
+                            excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
+      sums[2] += fh;
+      sums[3] += fn;
+    }
   }
-  all_reduce_sum_on(comm_, Device::kCpu, sums, 2, DType::kFloat64);
-  res.users = int64_t(meta_.num_eval_users);
+  all_reduce_sum_on(comm_, Device::kCpu, sums, 4, DType::kFloat64);
+  res.users = eval_selected_.empty() ? int64_t(meta_.num_eval_users)
+                                     : std::min<int64_t>(cfg_.eval_users, meta_.num_eval_users);
   res.hr = sums[0] / double(res.users);
   res.ndcg = sums[1] / double(res.users);
+  res.full = full;
+  res.full_hr = sums[2] / double(res.users);
+  res.full_ndcg = sums[3] / double(res.users);
   res.seconds = seconds_since(t0);
   return res;
 }
@@ -484,7 +567,11 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   // Every flag the trajectory depends on must match, unless allowed to change.
   const nlohmann::json now = trajectory_flags(cfg_);
   for (auto it = now.begin(); it != now.end(); ++it) {
-    const bool allowed = std::find(cfg_.allow_changed.begin(), cfg_.allow_changed.end(),
+    // Evaluating needs only what fixes the shapes and the state arrays.
+    const bool shape =
+        it.key() == "num_factors" || it.key() == "layers" || it.key() == "embedding_optimizer";
+    const bool allowed = (cfg_.eval_only && !shape) ||
+                         std::find(cfg_.allow_changed.begin(), cfg_.allow_changed.end(),
                                    it.key()) != cfg_.allow_changed.end();
     if (!m.config.contains(it.key()))
       NCF_FAIL("checkpoint ", path, " does not record flag --", it.key());

@@ -44,9 +44,13 @@ struct EpochResult {
 };
 
 struct EvalResult {
-  double hr = 0, ndcg = 0;
+  double hr = 0, ndcg = 0;  // sampled: the test item among its E negatives
   int64_t users = 0;
   double seconds = 0;
+  // --eval_full_ranking: the test item among every item the user has no
+  // training interaction with.
+  bool full = false;
+  double full_hr = 0, full_ndcg = 0;
 };
 
 // The plan of the user and item tables for a job: the planner's request
@@ -133,6 +137,11 @@ class Trainer {
   Buffer<uint8_t> eval_mask_;                // [n×L]
   Buffer<int64_t> eval_expand_;              // [n×L] user row of each entry
   Buffer<float> eval_rows_, scores_;         // [n×L×D] user rows per entry, [n×L]
+  std::vector<uint8_t> eval_selected_;       // --eval_users: 1 for the users evaluated
+  // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
+  // the users' rows expanded to match, their scores, and the expansion.
+  Buffer<float> full_item_tile_, full_user_rows_, full_scores_;
+  Buffer<int64_t> full_expand_;
 };
 
 }  // namespace ncf
