@@ -236,6 +236,46 @@ TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
   }
 }
 
+// SIGKILL (no handler runs) at many instants while a run checkpoints after
+// every step, and a double SIGTERM (the second ends the process at once):
+// --resume auto always finds a whole checkpoint, and the run it finishes is
+// the uninterrupted one, bit for bit.
+TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
+  const std::string f = "--shard_plan row --train_epochs 2";
+  const Run whole = train(1, f);
+  TempDir d, t;
+  const std::string ck = " --checkpoint_dir " + d.file("ck") + " --keep_checkpoints 2";
+  const std::string cmd = "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 1", t);
+  int killed_mid_run = 0;
+  for (int k = 0; k < 12; ++k) {
+    // Delays spread over a run of well under a second; the later runs resume.
+    const std::string delay = std::to_string(0.02 + 0.037 * k);
+    const std::string resume = k == 0 ? "" : " --resume auto";
+    const std::string script = cmd + resume + " > " + t.file("log") + " 2>&1 & pid=$!; sleep " +
+                               delay + "; kill -KILL $pid; wait $pid; echo exit=$?";
+    const test::RunResult r = run("bash -c '" + script + "'");
+    killed_mid_run += r.output.find("exit=137") != std::string::npos;
+  }
+  EXPECT_GT(killed_mid_run, 0) << "no kill landed before the run ended";
+  // Two SIGTERMs in a row: stopped at once or after its checkpoint.
+  const std::string script = cmd + " --resume auto > " + t.file("log") +
+                             " 2>&1 & pid=$!; for i in $(seq 400); do grep -q \"checkpoint\" " +
+                             t.file("log") + " && break; sleep 0.01; done; kill -TERM $pid; " +
+                             "kill -TERM $pid; wait $pid; echo exit=$?";
+  const test::RunResult r = run("bash -c '" + script + "'");
+  EXPECT_TRUE(r.output.find("exit=143") != std::string::npos ||
+              r.output.find("exit=75") != std::string::npos ||
+              r.output.find("exit=0") != std::string::npos)
+      << r.output;
+  const Run resumed = train(1, f + ck + " --resume auto");
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("skipping"), std::string::npos)
+      << "a committed checkpoint was not whole:\n"
+      << resumed.output;
+  ASSERT_EQ(whole.params.size(), resumed.params.size());
+  EXPECT_EQ(std::memcmp(whole.params.data(), resumed.params.data(), whole.params.size() * 4), 0);
+}
+
 TEST_F(Resume, RefusesAnotherDatasetOrChangedFlagsByName) {
   TempDir d;
   const std::string ck = " --checkpoint_dir " + d.file("ck");

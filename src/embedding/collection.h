@@ -84,8 +84,11 @@ class EmbeddingCollection {
   // rank's block of array `array` of table t in global row order (the rows
   // common/partition.h's block_range gives rank r); import_block stores such
   // a block, each rank passing its own. Both collective, host memory.
+  // export_block's pointer stays valid until the next export or import (on a
+  // CPU rank it may point into the table itself); nothing is allocated anew
+  // after the first checkpoint.
   int num_state_arrays() const;
-  std::vector<float> export_block(int t, int array);
+  const float* export_block(int t, int array);
   void import_block(int t, int array, const float* block);
 
   // Bytes of this rank's rows and optimizer state.
@@ -97,6 +100,9 @@ class EmbeddingCollection {
  private:
   bool is_routed(int t) const;
   float* state_array(int array);  // params_, m_ or v_ on the context's device
+  // This rank's rows of array `array` of table t in host memory: the table
+  // itself on a CPU rank, a copy in io_mine_ on a GPU rank.
+  const float* host_rows(int t, int array);
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
@@ -139,6 +145,8 @@ class EmbeddingCollection {
   Buffer<float> reduced_grads_;               // and their summed gradient rows
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
+  // Checkpoint I/O staging, grow-only (host memory).
+  std::vector<float> io_mine_, io_send_, io_recv_, io_block_;
 };
 
 }  // namespace ncf

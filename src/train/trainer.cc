@@ -507,11 +507,11 @@ std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
   for (int t = 0; t < tables_->num_tables(); ++t) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
-      const std::vector<float> block = tables_->export_block(t, a);
+      const float* block = tables_->export_block(t, a);
       int64_t first = 0, count = 0;
       block_range(spec.num_rows, W, r, &first, &count);
       w.write(spec.name + "." + arrays[a] + ".f32", spec.num_rows * plan_.D * 4,
-              first * plan_.D * 4, block.data(), block.size() * 4);
+              first * plan_.D * 4, block, size_t(count * plan_.D) * 4);
     }
     tables.push_back(
         {{"name", spec.name}, {"rows", spec.num_rows}, {"width", plan_.D}, {"arrays", arrays}});
