@@ -73,14 +73,6 @@ RankInfo bootstrap(int* argc, char*** argv, bool force_mpi) {
   return bootstrap_single();
 }
 
-void finalize(const RankInfo& info) {
-  if (!info.mpi) return;
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_CHECK(MPI_Finalize());
-}
-
 int select_local_gpu(const RankInfo& info) {
 #ifdef NCF_WITH_CUDA
   int count = 0;

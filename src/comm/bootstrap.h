@@ -52,8 +52,6 @@ std::string detect_launcher();
 // --comm mpi) takes bootstrap_mpi even without a launcher: a singleton W = 1 job
 // when MPI can start one, MPI's own error otherwise.
 RankInfo bootstrap(int* argc, char*** argv, bool force_mpi = false);
-// MPI_Finalize when info.mpi and MPI is still up. Destroy communicators first.
-void finalize(const RankInfo& info);
 
 // Makes the current CUDA device local_rank % (GPUs on the node) and returns it; call
 // it before creating the streams and buffers that the NCCL communicator will use.

@@ -49,7 +49,6 @@ struct DatasetMeta {
   uint32_t positives_crc32c = 0;
 
   uint64_t num_train_records() const;
-  uint64_t num_eval_records() const { return num_eval_users; }
   std::vector<const ShardInfo*> shards_of(const std::string& kind) const;
 
   nlohmann::json to_json() const;

@@ -165,11 +165,30 @@ void CheckpointWriter::write(const std::string& name, int64_t bytes, int64_t off
   comm_.barrier();
   uint32_t crc = 0;
   if (n > 0) {
+    // In chunks, each checksummed and then handed to writeback at once, so
+    // dirty pages never pile up to the point where the kernel throttles the
+    // writer; the fsync at the end waits for the last of them.
+    // Once the chunk before is on disk its pages leave the page cache: a
+    // checkpoint of many GB would otherwise push out what training uses and
+    // make every new page cost a reclaim.
     FileHandle f(path, O_WRONLY);
-    f.write_at(offset, data, n);
+    const char* p = static_cast<const char*>(data);
+    for (size_t at = 0; at < n; at += kChunkBytes) {
+      const size_t k = std::min(kChunkBytes, n - at);
+      crc = crc32c_extend(crc, p + at, k);
+      const off_t here = off_t(offset + int64_t(at));
+      f.write_at(here, p + at, k);
+      ::sync_file_range(f.fd(), here, off_t(k), SYNC_FILE_RANGE_WRITE);
+      if (at > 0) {
+        const off_t before = here - off_t(kChunkBytes);
+        ::sync_file_range(
+            f.fd(), before, off_t(kChunkBytes),
+            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+        ::posix_fadvise(f.fd(), before, off_t(kChunkBytes), POSIX_FADV_DONTNEED);
+      }
+    }
     f.sync();
     f.close();
-    crc = crc32c(data, n);
   }
   const std::vector<int64_t> parts = gather_all(comm_, {offset, int64_t(n), int64_t(crc)});
   // The parts must tile the file in rank order; their CRCs then combine.
