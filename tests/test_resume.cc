@@ -136,8 +136,10 @@ TEST_F(Resume, SameWorldSizeContinuesTheIdenticalTrajectory) {
     const Run plain = train(W, "--shard_plan row");
     TempDir d;
     const std::string ck = " --checkpoint_dir " + d.file("ck");
-    const Run whole =
-        train(W, "--shard_plan row --checkpoint_every_steps 10 --keep_checkpoints 100" + ck);
+    const Run whole = train(W,
+                            "--shard_plan row --checkpoint_every_steps 10 --keep_checkpoints 100 "
+                            "--checkpoint_chunk_kib 1" +
+                                ck);
     // Taking checkpoints does not change the run.
     expect_identical(plain, whole, w + ", checkpointing");
     // 10 and 40: inside epoch 1 (44 steps); 44: its end, before its eval; 50
@@ -164,13 +166,18 @@ TEST_F(Resume, SameWorldSizeContinuesTheIdenticalTrajectory) {
 TEST_F(Resume, AnotherWorldSizeOrPlacementFollowsTheTrajectory) {
   TempDir d;
   const std::string ck = " --checkpoint_dir " + d.file("ck");
-  const Run whole =
-      train(3, "--shard_plan row --checkpoint_every_steps 25 --keep_checkpoints 10" + ck);
+  // Written in chunks of 6 rows (1 KiB), read back in one: the chunking is
+  // not part of the format.
+  const Run whole = train(3,
+                          "--shard_plan row --checkpoint_every_steps 25 --keep_checkpoints 10 "
+                          "--checkpoint_chunk_kib 1" +
+                              ck);
   for (int64_t step : {25, 50}) {
     const std::string from = " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, step);
     const std::string at = " from W=3 row-wise at step " + std::to_string(step);
     expect_close(whole, train(2, "--shard_plan row" + from), "W=2 row-wise" + at);
-    expect_close(whole, train(4, "--shard_plan replicated" + from), "W=4 replicated" + at);
+    expect_close(whole, train(4, "--shard_plan replicated --checkpoint_chunk_kib 2" + from),
+                 "W=4 replicated, read in chunks of 12 rows" + at);
     expect_close(whole, train(1, "" + from), "W=1" + at);
     expect_close(whole, train(2, "--shard_plan user=table,item=row --dedup" + from),
                  "W=2 table/row with dedup" + at);

@@ -80,16 +80,22 @@ class EmbeddingCollection {
 
   // Checkpoint I/O (collection_io.cc). A table's state is num_state_arrays()
   // [N×D] arrays: 0 the rows, then the optimizer's (1: Adam's first moment or
-  // Adagrad's accumulator, 2: Adam's second moment). export_block returns this
-  // rank's block of array `array` of table t in global row order (the rows
-  // common/partition.h's block_range gives rank r); import_block stores such
-  // a block, each rank passing its own. Both collective, host memory.
-  // export_block's pointer stays valid until the next export or import (on a
-  // CPU rank it may point into the table itself); nothing is allocated anew
-  // after the first checkpoint.
+  // Adagrad's accumulator, 2: Adam's second moment). Rank r's block of a table
+  // is the rows common/partition.h's block_range gives it, in global row
+  // order, cut into num_chunks(t) chunks of chunk_rows() rows (the last ones
+  // shorter or empty; the same count on every rank). export_chunk returns this
+  // rank's chunk c of array `array` of table t and its row count, valid until
+  // the next export or import (on a CPU rank it may point into the table);
+  // import_chunk stores such a chunk. Both collective, host memory; call the
+  // chunks of one array in order, 0 first.
   int num_state_arrays() const;
-  const float* export_block(int t, int array);
-  void import_block(int t, int array, const float* block);
+  // Bytes of rows per chunk (default 64 MiB): what each staging buffer holds.
+  void set_chunk_bytes(int64_t bytes);
+  int64_t chunk_rows() const;
+  int64_t num_chunks(int t) const;
+  void chunk_range(int t, int rank, int64_t c, int64_t* first, int64_t* rows) const;
+  const float* export_chunk(int t, int array, int64_t c, int64_t* rows);
+  void import_chunk(int t, int array, int64_t c, const float* rows);
 
   // Bytes of this rank's rows and optimizer state.
   int64_t bytes_on_rank() const;
@@ -100,9 +106,6 @@ class EmbeddingCollection {
  private:
   bool is_routed(int t) const;
   float* state_array(int array);  // params_, m_ or v_ on the context's device
-  // This rank's rows of array `array` of table t in host memory: the table
-  // itself on a CPU rank, a copy in io_mine_ on a GPU rank.
-  const float* host_rows(int t, int array);
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
@@ -147,6 +150,8 @@ class EmbeddingCollection {
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
   // Checkpoint I/O staging, grow-only (host memory).
   std::vector<float> io_mine_, io_send_, io_recv_, io_block_;
+  const float* io_rows_ = nullptr;  // the exported array's rows on the host
+  int64_t chunk_bytes_ = int64_t{64} << 20;
 };
 
 }  // namespace ncf

@@ -1,8 +1,9 @@
 // The collection's tables in global row order, for checkpoints: each rank
 // hands over or takes the block of rows common/partition.h gives it, whatever
 // the placement that holds them. One all-to-all per array moves the rows
-// between the owners and the blocks, so any W writes a file that any W reads
-// and no rank ever holds a whole routed table.
+// between the owners and the blocks, chunk by chunk so the staging stays
+// small, and any W writes a file that any W reads; no rank ever holds a whole
+// routed table.
 #include <algorithm>
 
 #include "common/check.h"
@@ -23,33 +24,22 @@ float* EmbeddingCollection::state_array(int array) {
 
 namespace {
 
-// Which of rank p's rows of a table fall into rank q's block, as the global
-// row ids in ascending order: [first, first + count) of the block, and for a
-// row-wise table only those with id ≡ p (mod W).
-struct BlockSlice {
-  int64_t first = 0;  // first global row of the slice
+// The rows of global range [lo, lo + n) that rank p holds, in ascending order:
+// for a row-wise table those with id ≡ p (mod W), for a table-wise table all
+// of them on the owner.
+struct Slice {
+  int64_t first = 0;  // first global row
   int64_t count = 0;  // rows
   int64_t step = 1;   // id stride: W for row-wise, else 1
 };
 
-BlockSlice slice_of(Placement placement, int owner, int64_t N, int W, int p, int q) {
-  int64_t first = 0, count = 0;
-  block_range(N, W, q, &first, &count);
-  BlockSlice s;
-  switch (placement) {
-    case Placement::kRowWise: {
-      const int64_t g0 = first + ((p - first % W) % W + W) % W;  // first id ≡ p in the block
-      s.first = g0;
-      s.count = g0 < first + count ? (first + count - 1 - g0) / W + 1 : 0;
-      s.step = W;
-      break;
-    }
-    case Placement::kTableWise:
-      if (p == owner) s = {first, count, 1};
-      break;
-    case Placement::kReplicated:
-      if (p == q) s = {first, count, 1};
-      break;
+Slice slice_in(Placement placement, int owner, int W, int p, int64_t lo, int64_t n) {
+  Slice s;
+  if (placement == Placement::kRowWise) {
+    const int64_t g0 = lo + ((p - lo % W) % W + W) % W;  // first id ≡ p in the range
+    s = {g0, g0 < lo + n ? (lo + n - 1 - g0) / W + 1 : 0, W};
+  } else if (placement == Placement::kTableWise && p == owner) {
+    s = {lo, n, 1};
   }
   return s;
 }
@@ -58,10 +48,6 @@ BlockSlice slice_of(Placement placement, int owner, int64_t N, int W, int p, int
 int64_t local_row(Placement placement, int64_t g, int W) {
   return placement == Placement::kRowWise ? g / W : g;
 }
-
-}  // namespace
-
-namespace {
 
 // Grows v to at least n elements (never shrinks: the pages stay mapped from
 // one checkpoint to the next, and faulting in fresh pages is what costs).
@@ -72,81 +58,110 @@ float* at_least(std::vector<float>& v, int64_t n) {
 
 }  // namespace
 
-const float* EmbeddingCollection::host_rows(int t, int array) {
-  const int u = lt_[t];
-  const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
-  const float* rows = state_array(array) + base * plan_.D;
-  if (ctx_.device == Device::kCpu) return rows;
-  float* host = at_least(io_mine_, R * plan_.D);
-  if (R > 0) device_copy(Device::kCpu, host, ctx_.device, rows, size_t(R) * plan_.D * 4);
-  return host;
+void EmbeddingCollection::set_chunk_bytes(int64_t bytes) {
+  NCF_CHECK(bytes > 0, "checkpoint chunk size ", bytes, " bytes must be > 0");
+  chunk_bytes_ = bytes;
 }
 
-const float* EmbeddingCollection::export_block(int t, int array) {
-  NCF_CHECK(t >= 0 && t < num_tables(), "export_block: table ", t);
+int64_t EmbeddingCollection::chunk_rows() const {
+  return std::max<int64_t>(1, chunk_bytes_ / (int64_t(plan_.D) * 4));
+}
+
+int64_t EmbeddingCollection::num_chunks(int t) const {
+  const int64_t most = (plan_.tables[t].num_rows + W_ - 1) / W_;  // the largest block
+  return std::max<int64_t>(1, (most + chunk_rows() - 1) / chunk_rows());
+}
+
+void EmbeddingCollection::chunk_range(int t, int rank, int64_t c, int64_t* lo, int64_t* n) const {
+  int64_t first = 0, count = 0;
+  block_range(plan_.tables[t].num_rows, W_, rank, &first, &count);
+  const int64_t a = std::min(count, c * chunk_rows()), b = std::min(count, (c + 1) * chunk_rows());
+  *lo = first + a;
+  *n = b - a;
+}
+
+const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int64_t* rows) {
+  NCF_CHECK(t >= 0 && t < num_tables() && c >= 0 && c < num_chunks(t), "export_chunk: table ", t,
+            " chunk ", c);
   const int D = plan_.D;
   const TableSpec& spec = plan_.tables[t];
-  const int64_t N = spec.num_rows;
-  const float* mine = host_rows(t, array);  // this rank's rows of the table, on the host
-  int64_t first = 0, count = 0;
-  block_range(N, W_, rank_, &first, &count);
+  const int u = lt_[t];
+  if (c == 0) {  // this rank's rows of the array on the host, for all its chunks
+    const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
+    const float* src = state_array(array) + base * D;
+    if (ctx_.device != Device::kCpu) {
+      float* host = at_least(io_mine_, R * D);
+      if (R > 0) device_copy(Device::kCpu, host, ctx_.device, src, size_t(R) * D * 4);
+      src = host;
+    }
+    io_rows_ = src;
+  }
+  const float* mine = io_rows_;
+  int64_t lo = 0, n = 0;
+  chunk_range(t, rank_, c, &lo, &n);
+  *rows = n;
   const Placement pl = local_ ? Placement::kReplicated : spec.placement;
-  if (pl == Placement::kReplicated) return mine + first * D;  // every rank holds all rows
-  // Send to each block's rank the rows of its block that this rank holds.
+  if (pl == Placement::kReplicated) return mine + lo * D;  // every rank holds all rows
+  // Send each rank the rows of its chunk that this rank holds.
   std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
-  int64_t total = 0;
-  for (int q = 0; q < W_; ++q) {
-    sd[q] = total;
-    sc[q] = slice_of(pl, spec.owner, N, W_, rank_, q).count * D;
-    total += sc[q];
-  }
-  float* send = at_least(io_send_, total);
-  for (int q = 0; q < W_; ++q) {
-    const BlockSlice s = slice_of(pl, spec.owner, N, W_, rank_, q);
-    for (int64_t k = 0; k < s.count; ++k)
-      std::copy_n(mine + local_row(pl, s.first + k * s.step, W_) * D, D, send + sd[q] + k * D);
-  }
-  total = 0;
+  std::vector<Slice> to(W_), from(W_);
+  int64_t sent = 0, received = 0;
   for (int p = 0; p < W_; ++p) {
-    rd[p] = total;
-    rc[p] = slice_of(pl, spec.owner, N, W_, p, rank_).count * D;
-    total += rc[p];
+    int64_t plo = 0, pn = 0;
+    chunk_range(t, p, c, &plo, &pn);
+    to[p] = slice_in(pl, spec.owner, W_, rank_, plo, pn);
+    from[p] = slice_in(pl, spec.owner, W_, p, lo, n);
+    sd[p] = sent;
+    sc[p] = to[p].count * D;
+    sent += sc[p];
+    rd[p] = received;
+    rc[p] = from[p].count * D;
+    received += rc[p];
   }
-  float* recv = at_least(io_recv_, total);
+  float* send = at_least(io_send_, sent);
+  for (int p = 0; p < W_; ++p)
+    for (int64_t k = 0; k < to[p].count; ++k)
+      std::copy_n(mine + local_row(pl, to[p].first + k * to[p].step, W_) * D, D,
+                  send + sd[p] + k * D);
+  float* recv = at_least(io_recv_, received);
   all_to_all_v_on(comm_, Device::kCpu, send, sc.data(), sd.data(), recv, rc.data(), rd.data(),
                   DType::kFloat32);
-  float* block = at_least(io_block_, count * D);
-  for (int p = 0; p < W_; ++p) {
-    const BlockSlice s = slice_of(pl, spec.owner, N, W_, p, rank_);
-    for (int64_t k = 0; k < s.count; ++k)
-      std::copy_n(recv + rd[p] + k * D, D, block + (s.first + k * s.step - first) * D);
-  }
-  return block;
+  float* chunk = at_least(io_block_, n * D);
+  for (int p = 0; p < W_; ++p)
+    for (int64_t k = 0; k < from[p].count; ++k)
+      std::copy_n(recv + rd[p] + k * D, D, chunk + (from[p].first + k * from[p].step - lo) * D);
+  return chunk;
 }
 
-void EmbeddingCollection::import_block(int t, int array, const float* block) {
-  NCF_CHECK(t >= 0 && t < num_tables(), "import_block: table ", t);
+void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float* rows) {
+  NCF_CHECK(t >= 0 && t < num_tables() && c >= 0 && c < num_chunks(t), "import_chunk: table ", t,
+            " chunk ", c);
   const int D = plan_.D;
   const TableSpec& spec = plan_.tables[t];
-  const int64_t N = spec.num_rows;
   const int u = lt_[t];
   const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
-  int64_t first = 0, count = 0;
-  block_range(N, W_, rank_, &first, &count);
-  // The rank's rows are written in place on a CPU rank, staged on a GPU rank.
+  // The rank's rows are written in place on a CPU rank, staged on a GPU rank
+  // and copied to the device after the last chunk.
   float* mine =
       ctx_.device == Device::kCpu ? state_array(array) + base * D : at_least(io_mine_, R * D);
+  int64_t lo = 0, n = 0;
+  chunk_range(t, rank_, c, &lo, &n);
   const Placement pl = local_ ? Placement::kReplicated : spec.placement;
-  // Each block goes to the ranks that hold its rows: to a row's owner, or,
+  // Each chunk goes to the ranks that hold its rows: to a row's owner, or,
   // for a replicated table, to every rank.
-  std::vector<BlockSlice> to(W_), from(W_);
+  std::vector<Slice> to(W_), from(W_);
   std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
   int64_t sent = 0, received = 0;
   for (int p = 0; p < W_; ++p) {
-    to[p] = slice_of(pl, spec.owner, N, W_, p, rank_);
-    if (pl == Placement::kReplicated) to[p] = {first, count, 1};
-    from[p] = slice_of(pl, spec.owner, N, W_, rank_, p);
-    if (pl == Placement::kReplicated) block_range(N, W_, p, &from[p].first, &from[p].count);
+    int64_t plo = 0, pn = 0;
+    chunk_range(t, p, c, &plo, &pn);
+    if (pl == Placement::kReplicated) {
+      to[p] = {lo, n, 1};
+      from[p] = {plo, pn, 1};
+    } else {
+      to[p] = slice_in(pl, spec.owner, W_, p, lo, n);
+      from[p] = slice_in(pl, spec.owner, W_, rank_, plo, pn);
+    }
     if (local_ && p != rank_) to[p] = from[p] = {};
     sd[p] = sent;
     sc[p] = to[p].count * D;
@@ -155,23 +170,22 @@ void EmbeddingCollection::import_block(int t, int array, const float* block) {
     rc[p] = from[p].count * D;
     received += rc[p];
   }
-  const float* recv = block;  // W = 1: the block is all this rank's rows
+  const float* recv = rows;  // W = 1: the chunk is this rank's own
   if (!local_) {
     float* send = at_least(io_send_, sent);
     for (int p = 0; p < W_; ++p)
       for (int64_t k = 0; k < to[p].count; ++k)
-        std::copy_n(block + (to[p].first + k * to[p].step - first) * D, D, send + sd[p] + k * D);
+        std::copy_n(rows + (to[p].first + k * to[p].step - lo) * D, D, send + sd[p] + k * D);
     float* r = at_least(io_recv_, received);
     all_to_all_v_on(comm_, Device::kCpu, send, sc.data(), sd.data(), r, rc.data(), rd.data(),
                     DType::kFloat32);
     recv = r;
   }
   for (int q = 0; q < W_; ++q)
-    for (int64_t k = 0; k < from[q].count; ++k) {
-      const int64_t row = local_row(pl, from[q].first + k * from[q].step, W_);
-      std::copy_n(recv + rd[q] + k * D, D, mine + row * D);
-    }
-  if (ctx_.device != Device::kCpu && R > 0)
+    for (int64_t k = 0; k < from[q].count; ++k)
+      std::copy_n(recv + rd[q] + k * D, D,
+                  mine + local_row(pl, from[q].first + k * from[q].step, W_) * D);
+  if (ctx_.device != Device::kCpu && R > 0 && c == num_chunks(t) - 1)
     device_copy(ctx_.device, state_array(array) + base * D, Device::kCpu, mine, size_t(R) * D * 4);
 }
 

@@ -157,40 +157,68 @@ CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& dir, i
 
 void CheckpointWriter::write(const std::string& name, int64_t bytes, int64_t offset,
                              const void* data, size_t n) {
-  NCF_CHECK(offset >= 0 && offset + int64_t(n) <= bytes, "checkpoint file ", name, ": part [",
-            offset, ", ", offset + int64_t(n), ") outside its ", bytes, " bytes");
+  begin_part(name, bytes, offset, int64_t(n));
+  append(data, n);
+  end_part();
+}
+
+void CheckpointWriter::begin_part(const std::string& name, int64_t bytes, int64_t offset,
+                                  int64_t n) {
+  NCF_CHECK(part_name_.empty(), "checkpoint file ", name, ": file ", part_name_, " is still open");
+  NCF_CHECK(offset >= 0 && n >= 0 && offset + n <= bytes, "checkpoint file ", name, ": part [",
+            offset, ", ", offset + n, ") outside its ", bytes, " bytes");
   const std::string path = (fs::path(tmp_) / name).string();
   // Rank 0 creates and sizes the file; then every rank writes its part.
   if (comm_.rank() == 0) FileHandle(path, O_WRONLY | O_CREAT | O_TRUNC).truncate(bytes);
   comm_.barrier();
-  uint32_t crc = 0;
-  if (n > 0) {
-    // In chunks, each checksummed and then handed to writeback at once, so
-    // dirty pages never pile up to the point where the kernel throttles the
-    // writer; the fsync at the end waits for the last of them.
-    // Once the chunk before is on disk its pages leave the page cache: a
-    // checkpoint of many GB would otherwise push out what training uses and
-    // make every new page cost a reclaim.
-    FileHandle f(path, O_WRONLY);
-    const char* p = static_cast<const char*>(data);
-    for (size_t at = 0; at < n; at += kChunkBytes) {
-      const size_t k = std::min(kChunkBytes, n - at);
-      crc = crc32c_extend(crc, p + at, k);
-      const off_t here = off_t(offset + int64_t(at));
-      f.write_at(here, p + at, k);
-      ::sync_file_range(f.fd(), here, off_t(k), SYNC_FILE_RANGE_WRITE);
-      if (at > 0) {
-        const off_t before = here - off_t(kChunkBytes);
-        ::sync_file_range(
-            f.fd(), before, off_t(kChunkBytes),
-            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-        ::posix_fadvise(f.fd(), before, off_t(kChunkBytes), POSIX_FADV_DONTNEED);
-      }
+  part_name_ = name;
+  part_bytes_ = bytes;
+  part_offset_ = offset;
+  part_n_ = n;
+  part_at_ = 0;
+  part_crc_ = 0;
+  part_flushed_ = off_t(offset);
+  if (n > 0) part_file_ = FileHandle(path, O_WRONLY);
+}
+
+void CheckpointWriter::append(const void* data, size_t n) {
+  NCF_CHECK(part_at_ + int64_t(n) <= part_n_, "checkpoint file ", part_name_, ": ",
+            part_at_ + int64_t(n), " bytes appended to a part of ", part_n_);
+  // In pieces, each checksummed and handed to writeback at once, so dirty
+  // pages never pile up until the kernel throttles the writer; once the piece
+  // before is on disk its pages leave the page cache, so a checkpoint of many
+  // GB does not push out what training uses or make every new page cost a
+  // reclaim. end_part's fsync waits for the last of them.
+  const char* p = static_cast<const char*>(data);
+  for (size_t at = 0; at < n;) {
+    const size_t k = std::min(kChunkBytes, n - at);
+    part_crc_ = crc32c_extend(part_crc_, p + at, k);
+    const off_t here = off_t(part_offset_ + part_at_);
+    part_file_.write_at(here, p + at, k);
+    ::sync_file_range(part_file_.fd(), here, off_t(k), SYNC_FILE_RANGE_WRITE);
+    if (part_flushed_ < here) {
+      ::sync_file_range(
+          part_file_.fd(), part_flushed_, here - part_flushed_,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(part_file_.fd(), part_flushed_, here - part_flushed_, POSIX_FADV_DONTNEED);
     }
-    f.sync();
-    f.close();
+    part_flushed_ = here;
+    at += k;
+    part_at_ += int64_t(k);
   }
-  const std::vector<int64_t> parts = gather_all(comm_, {offset, int64_t(n), int64_t(crc)});
+}
+
+void CheckpointWriter::end_part() {
+  NCF_CHECK(part_at_ == part_n_, "checkpoint file ", part_name_, ": ", part_at_, " of the part's ",
+            part_n_, " bytes were written");
+  if (part_n_ > 0) {
+    part_file_.sync();
+    part_file_.close();
+  }
+  const std::string name = part_name_;
+  part_name_.clear();
+  part_flushed_ = 0;
+  const std::vector<int64_t> parts = gather_all(comm_, {part_offset_, part_n_, int64_t(part_crc_)});
   // The parts must tile the file in rank order; their CRCs then combine.
   uint32_t file_crc = 0;
   int64_t at = 0;
@@ -202,10 +230,10 @@ void CheckpointWriter::write(const std::string& name, int64_t bytes, int64_t off
     file_crc = crc32c_combine(file_crc, uint32_t(parts[3 * p + 2]), uint64_t(len));
     at += len;
   }
-  NCF_CHECK(at == bytes, "checkpoint file ", name, ": the ranks wrote ", at, " of its ", bytes,
-            " bytes");
-  files_.push_back({name, bytes, file_crc});
-  bytes_ += bytes;
+  NCF_CHECK(at == part_bytes_, "checkpoint file ", name, ": the ranks wrote ", at, " of its ",
+            part_bytes_, " bytes");
+  files_.push_back({name, part_bytes_, file_crc});
+  bytes_ += part_bytes_;
 }
 
 std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {

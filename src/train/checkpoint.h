@@ -18,6 +18,8 @@
 // manifest or with a file whose size or CRC differs is never loaded.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/file_io.h"
 #include "common/partition.h"  // block_range: the rows each rank writes and reads
 
 namespace ncf {
@@ -68,6 +71,12 @@ class CheckpointWriter {
   // File `name` of `bytes` bytes: this rank writes data[0, n) at `offset`. The
   // parts of ranks 0, 1, …, W−1 tile [0, bytes) in rank order (n may be 0).
   void write(const std::string& name, int64_t bytes, int64_t offset, const void* data, size_t n);
+  // The same, with this rank's n bytes arriving in pieces: begin_part, then
+  // append until n bytes are in (in order), then end_part. begin_part and
+  // end_part are collective; one file at a time.
+  void begin_part(const std::string& name, int64_t bytes, int64_t offset, int64_t n);
+  void append(const void* data, size_t n);
+  void end_part();
 
   // fsync, manifest, rename, fsync of DIR; then rank 0 removes all but the
   // newest `keep` committed checkpoints and any unfinished ones. Returns the
@@ -80,6 +89,12 @@ class CheckpointWriter {
   std::string dir_, tmp_, final_;
   std::vector<CheckpointFile> files_;
   int64_t bytes_ = 0;
+  // The open part.
+  std::string part_name_;
+  FileHandle part_file_;
+  int64_t part_bytes_ = 0, part_offset_ = 0, part_n_ = 0, part_at_ = 0;
+  off_t part_flushed_ = 0;  // the part's bytes before this are on disk and out of the cache
+  uint32_t part_crc_ = 0;
 };
 
 // A committed checkpoint whose files were all checked.

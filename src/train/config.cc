@@ -150,6 +150,9 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--keep_checkpoints", c.keep_checkpoints,
                  "committed checkpoints to keep in --checkpoint_dir")
       ->capture_default_str();
+  app.add_option("--checkpoint_chunk_kib", c.checkpoint_chunk_kib,
+                 "table rows a checkpoint stages per exchange, in KiB (bounds its extra memory)")
+      ->capture_default_str();
   app.add_option("--resume", c.resume,
                  "never, auto (the newest whole checkpoint in --checkpoint_dir, if any), or "
                  "the path of one checkpoint")
@@ -225,6 +228,8 @@ void validate_config(const TrainConfig& c) {
     NCF_FAIL("flag --checkpoint_every_steps must be >= 0, got ", c.checkpoint_every_steps);
   if (c.checkpoint_every_minutes < 0)
     NCF_FAIL("flag --checkpoint_every_minutes must be >= 0, got ", c.checkpoint_every_minutes);
+  if (c.checkpoint_chunk_kib < 1)
+    NCF_FAIL("flag --checkpoint_chunk_kib must be >= 1, got ", c.checkpoint_chunk_kib);
   if (c.keep_checkpoints < 1)
     NCF_FAIL("flag --keep_checkpoints must be >= 1, got ", c.keep_checkpoints);
   if ((c.checkpoint_every_steps > 0 || c.checkpoint_every_minutes > 0) && c.checkpoint_dir.empty())

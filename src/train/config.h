@@ -51,6 +51,7 @@ struct TrainConfig {
   int64_t checkpoint_every_steps = 0;   // 0: not by steps
   double checkpoint_every_minutes = 0;  // 0: not by time
   int keep_checkpoints = 2;
+  int64_t checkpoint_chunk_kib = 65536;    // rows staged per exchange when checkpointing
   std::string resume = "never";            // never | auto | PATH
   std::vector<std::string> allow_changed;  // flags a resumed run may change
 };

@@ -143,6 +143,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
 
   tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup);
   tables_->init(cfg.seed);
+  tables_->set_chunk_bytes(cfg.checkpoint_chunk_kib * 1024);
   model_ = std::make_unique<NeuMF>(mc, ctx.device);
   model_->init(cfg.seed);
   state_.positives = positives_.get();
@@ -501,17 +502,23 @@ std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
     w.write("loss.f64", int64_t(W) * epoch_step * 8, int64_t(r) * epoch_step * 8, shares.data(),
             shares.size() * 8);
   }
-  // The tables, each rank writing its block of global rows.
+  // The tables, each rank writing its block of global rows, chunk by chunk.
   nlohmann::json tables = nlohmann::json::array();
   const std::vector<std::string> arrays = state_array_names(table_optimizer_);
+  const int64_t row_bytes = int64_t(plan_.D) * 4;
   for (int t = 0; t < tables_->num_tables(); ++t) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
-      const float* block = tables_->export_block(t, a);
       int64_t first = 0, count = 0;
       block_range(spec.num_rows, W, r, &first, &count);
-      w.write(spec.name + "." + arrays[a] + ".f32", spec.num_rows * plan_.D * 4,
-              first * plan_.D * 4, block, size_t(count * plan_.D) * 4);
+      w.begin_part(spec.name + "." + arrays[a] + ".f32", spec.num_rows * row_bytes,
+                   first * row_bytes, count * row_bytes);
+      for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
+        int64_t rows = 0;
+        const float* chunk = tables_->export_chunk(t, a, c, &rows);
+        w.append(chunk, size_t(rows * row_bytes));
+      }
+      w.end_part();
     }
     tables.push_back(
         {{"name", spec.name}, {"rows", spec.num_rows}, {"width", plan_.D}, {"arrays", arrays}});
@@ -596,9 +603,10 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
                 params * 4);
   }
   state_.t = m.step;
-  // The tables: each rank reads its block of every array; the collection
-  // sends the rows to the ranks this run's plan gives them.
+  // The tables: each rank reads its block of every array, chunk by chunk; the
+  // collection sends the rows to the ranks this run's plan gives them.
   const std::vector<std::string> arrays = state_array_names(table_optimizer_);
+  std::vector<float> chunk(static_cast<size_t>(tables_->chunk_rows() * plan_.D));
   for (int t = 0; t < tables_->num_tables(); ++t) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
@@ -606,11 +614,12 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
       NCF_CHECK(ck.bytes(name) == spec.num_rows * plan_.D * 4, "checkpoint ", path, ": ", name,
                 " has ", ck.bytes(name), " bytes, table ", spec.name, " needs ", spec.num_rows,
                 " rows x ", plan_.D, " floats");
-      int64_t first = 0, count = 0;
-      block_range(spec.num_rows, W, r, &first, &count);
-      std::vector<float> block(static_cast<size_t>(count * plan_.D));
-      ck.read(name, first * plan_.D * 4, block.data(), block.size() * 4);
-      tables_->import_block(t, a, block.data());
+      for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
+        int64_t lo = 0, rows = 0;
+        tables_->chunk_range(t, r, c, &lo, &rows);
+        ck.read(name, lo * plan_.D * 4, chunk.data(), size_t(rows * plan_.D) * 4);
+        tables_->import_chunk(t, a, c, chunk.data());
+      }
     }
   }
   // The loss shares of the resumed epoch: each rank its own when W is the
