@@ -49,6 +49,22 @@ int64_t local_row(Placement placement, int64_t g, int W) {
   return placement == Placement::kRowWise ? g / W : g;
 }
 
+// All-to-all counts and displacements (in floats) of sending to[p] and
+// receiving from[p] rows of width D with each rank p; returns the totals.
+void exchange_layout(const std::vector<Slice>& to, const std::vector<Slice>& from, int D,
+                     std::vector<int64_t>& sc, std::vector<int64_t>& sd, std::vector<int64_t>& rc,
+                     std::vector<int64_t>& rd, int64_t* sent, int64_t* received) {
+  *sent = *received = 0;
+  for (size_t p = 0; p < to.size(); ++p) {
+    sd[p] = *sent;
+    sc[p] = to[p].count * D;
+    *sent += sc[p];
+    rd[p] = *received;
+    rc[p] = from[p].count * D;
+    *received += rc[p];
+  }
+}
+
 // Grows v to at least n elements (never shrinks: the pages stay mapped from
 // one checkpoint to the next, and faulting in fresh pages is what costs).
 float* at_least(std::vector<float>& v, int64_t n) {
@@ -105,19 +121,14 @@ const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int6
   // Send each rank the rows of its chunk that this rank holds.
   std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
   std::vector<Slice> to(W_), from(W_);
-  int64_t sent = 0, received = 0;
   for (int p = 0; p < W_; ++p) {
     int64_t plo = 0, pn = 0;
     chunk_range(t, p, c, &plo, &pn);
     to[p] = slice_in(pl, spec.owner, W_, rank_, plo, pn);
     from[p] = slice_in(pl, spec.owner, W_, p, lo, n);
-    sd[p] = sent;
-    sc[p] = to[p].count * D;
-    sent += sc[p];
-    rd[p] = received;
-    rc[p] = from[p].count * D;
-    received += rc[p];
   }
+  int64_t sent = 0, received = 0;
+  exchange_layout(to, from, D, sc, sd, rc, rd, &sent, &received);
   float* send = at_least(io_send_, sent);
   for (int p = 0; p < W_; ++p)
     for (int64_t k = 0; k < to[p].count; ++k)
@@ -151,7 +162,6 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
   // for a replicated table, to every rank.
   std::vector<Slice> to(W_), from(W_);
   std::vector<int64_t> sc(W_), sd(W_), rc(W_), rd(W_);
-  int64_t sent = 0, received = 0;
   for (int p = 0; p < W_; ++p) {
     int64_t plo = 0, pn = 0;
     chunk_range(t, p, c, &plo, &pn);
@@ -163,13 +173,9 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
       from[p] = slice_in(pl, spec.owner, W_, rank_, plo, pn);
     }
     if (local_ && p != rank_) to[p] = from[p] = {};
-    sd[p] = sent;
-    sc[p] = to[p].count * D;
-    sent += sc[p];
-    rd[p] = received;
-    rc[p] = from[p].count * D;
-    received += rc[p];
   }
+  int64_t sent = 0, received = 0;
+  exchange_layout(to, from, D, sc, sd, rc, rd, &sent, &received);
   const float* recv = rows;  // W = 1: the chunk is this rank's own
   if (!local_) {
     float* send = at_least(io_send_, sent);
