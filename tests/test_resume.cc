@@ -253,22 +253,30 @@ TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck") + " --keep_checkpoints 2";
   const std::string cmd = "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 1", t);
+  // Each kill waits for the run to commit 1-3 more checkpoints, then lands a
+  // few milliseconds later: the instants are spread over steps, checkpoint
+  // writes and evals by the run's own progress, not by the machine's speed.
+  const std::string committed = "grep -c \"^ncf_dist: checkpoint /\" " + t.file("log");
   int killed_mid_run = 0;
   for (int k = 0; k < 12; ++k) {
-    // Delays spread over a run of well under a second; the later runs resume.
-    const std::string delay = std::to_string(0.02 + 0.037 * k);
+    const std::string want = std::to_string(1 + k % 3);
+    const std::string delay = std::to_string(0.003 * k);
     const std::string resume = k == 0 ? "" : " --resume auto";
-    const std::string script = cmd + resume + " > " + t.file("log") + " 2>&1 & pid=$!; sleep " +
-                               delay + "; kill -KILL $pid; wait $pid; echo exit=$?";
+    const std::string script =
+        cmd + resume + " > " + t.file("log") + " 2>&1 & pid=$!; " +
+        "for i in $(seq 3000); do [ \"$(" + committed + ")\" -ge " + want +
+        " ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.01; done; " + "sleep " + delay +
+        "; kill -KILL $pid; wait $pid; echo exit=$?";
     const test::RunResult r = run("bash -c '" + script + "'");
     killed_mid_run += r.output.find("exit=137") != std::string::npos;
   }
-  EXPECT_GT(killed_mid_run, 0) << "no kill landed before the run ended";
+  EXPECT_EQ(killed_mid_run, 12) << "a run ended before its kill";
   // Two SIGTERMs in a row: stopped at once or after its checkpoint.
-  const std::string script = cmd + " --resume auto > " + t.file("log") +
-                             " 2>&1 & pid=$!; for i in $(seq 400); do grep -q \"checkpoint\" " +
-                             t.file("log") + " && break; sleep 0.01; done; kill -TERM $pid; " +
-                             "kill -TERM $pid; wait $pid; echo exit=$?";
+  const std::string script =
+      cmd + " --resume auto > " + t.file("log") +
+      " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^ncf_dist: checkpoint /\" " +
+      t.file("log") + " && break; sleep 0.01; done; kill -TERM $pid; " +
+      "kill -TERM $pid; wait $pid; echo exit=$?";
   const test::RunResult r = run("bash -c '" + script + "'");
   EXPECT_TRUE(r.output.find("exit=143") != std::string::npos ||
               r.output.find("exit=75") != std::string::npos ||
