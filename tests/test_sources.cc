@@ -15,8 +15,10 @@
 #include "common/check.h"
 #include "data/dataset.h"
 #include "data/format.h"
+#include "data/id_map.h"
 #include "data/ncf_record.pb.h"
 #include "data/sources.h"
+#include "data/synthetic.h"
 #include "test_util.h"
 
 namespace ncf {
@@ -421,6 +423,68 @@ TEST(Sources, PrepareMovielensHandWorked) {
       if (i != want_test[u]) want_train.push_back({u, i});
   std::sort(want_train.begin(), want_train.end());
   EXPECT_EQ(read_train_pairs(out.path(), meta), want_train);
+}
+
+// The original ids survive as user_ids.i64 and item_ids.i64: the kept users
+// (5 dropped) and items (99 only rated by user 5) in ascending order.
+TEST(Sources, PrepareMovielensKeepsTheOriginalIds) {
+  TempDir in, out;
+  std::string text =
+      "3::50::4::5\n10::30::4::1\n3::20::4::9\n7::20::4::3\n5::99::4::1\n"
+      "7::90::4::4\n3::70::4::9\n10::20::4::2\n";
+  for (int k = 0; k < 15; ++k) text += "10::" + std::to_string(200 + k) + "::1::0\n";
+  write_file(in.file("ratings.dat"), text);
+  const DatasetMeta meta =
+      prepare_movielens(in.path(), InputFormat::kAuto, out.path(), small_options(3));
+  ASSERT_EQ(meta.id_maps.size(), 2u);
+  EXPECT_EQ(meta.id_maps[0].name, "user_ids.i64");
+  EXPECT_EQ(meta.id_maps[1].count, 20u);
+  const IdMaps maps = load_id_maps(out.path(), DatasetMeta::load(out.path()));
+  EXPECT_FALSE(maps.user.identity());
+  ASSERT_EQ(maps.user.size(), 3);
+  EXPECT_EQ(maps.user.raw(0), 3);
+  EXPECT_EQ(maps.user.raw(1), 7);
+  EXPECT_EQ(maps.user.raw(2), 10);
+  std::vector<int64_t> items;
+  for (int64_t d = 0; d < maps.item.size(); ++d) items.push_back(maps.item.raw(d));
+  std::vector<int64_t> want = {20, 30, 50, 70, 90};
+  for (int k = 0; k < 15; ++k) want.push_back(200 + k);
+  EXPECT_EQ(items, want);
+  EXPECT_EQ(maps.item.dense(50), std::optional<int64_t>(2));
+  EXPECT_EQ(maps.item.dense(214), std::optional<int64_t>(19));
+  EXPECT_EQ(maps.item.dense(99), std::nullopt);
+  EXPECT_EQ(maps.user.dense(5), std::nullopt);
+  EXPECT_EQ(maps.user.dense(-1), std::nullopt);
+  verify_dataset(out.path());
+
+  // One byte changed, then a short file: refused by name, by the loader and
+  // by --verify.
+  const std::string path = out.file("item_ids.i64");
+  std::string bytes = test::read_file(path);
+  std::string bad = bytes;
+  bad[17] ^= 1;
+  write_file(path, bad);
+  expect_has(error_of([&] { load_id_maps(out.path(), meta); }), {path, "CRC-32C"});
+  expect_has(error_of([&] { verify_dataset(out.path()); }), {path, "CRC-32C"});
+  write_file(path, bytes.substr(0, 80));
+  expect_has(error_of([&] { load_id_maps(out.path(), meta); }),
+             {path, "80 bytes but the metadata says 160"});
+}
+
+// Sources whose ids are dense already keep none: identity maps.
+TEST(Sources, DenseSourcesHaveIdentityMaps) {
+  TempDir out;
+  SyntheticParams p;
+  p.shape = {"custom", 50, 40, 600};
+  p.min_per_user = 5;
+  const DatasetMeta meta = generate_synthetic(p, out.path(), small_options(5));
+  EXPECT_TRUE(meta.id_maps.empty());
+  const IdMaps maps = load_id_maps(out.path(), meta);
+  EXPECT_TRUE(maps.user.identity() && maps.item.identity());
+  EXPECT_EQ(maps.item.size(), 40);
+  EXPECT_EQ(maps.user.raw(7), 7);
+  EXPECT_EQ(maps.item.dense(39), std::optional<int64_t>(39));
+  EXPECT_EQ(maps.item.dense(40), std::nullopt);
 }
 
 TEST(Sources, PrepareMovielensErrors) {

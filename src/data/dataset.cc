@@ -12,6 +12,7 @@
 #include "common/check.h"
 #include "common/file_io.h"
 #include "common/philox.h"
+#include "data/crc32c.h"
 #include "data/format.h"
 
 namespace fs = std::filesystem;
@@ -60,6 +61,15 @@ nlohmann::json DatasetMeta::to_json() const {
   j["shards"] = sh;
   j["positives"] = {
       {"name", kPositivesFile}, {"bytes", positives_bytes}, {"crc32c", positives_crc32c}};
+  if (!id_maps.empty()) {
+    nlohmann::json maps;
+    for (size_t k = 0; k < id_maps.size(); ++k)
+      maps[k == 0 ? "user" : "item"] = {{"name", id_maps[k].name},
+                                        {"count", id_maps[k].count},
+                                        {"bytes", id_maps[k].bytes},
+                                        {"crc32c", id_maps[k].crc32c}};
+    j["id_maps"] = maps;
+  }
   return j;
 }
 
@@ -123,6 +133,25 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
   const auto& pos = j.contains("positives") ? j["positives"] : nlohmann::json();
   m.positives_bytes = get_field<uint64_t>(pos, "bytes", path);
   m.positives_crc32c = get_field<uint32_t>(pos, "crc32c", path);
+  if (j.contains("id_maps")) {
+    const auto& maps = j["id_maps"];
+    for (const char* which : {"user", "item"}) {
+      if (!maps.is_object() || !maps.contains(which))
+        NCF_FAIL(path, ": metadata field 'id_maps' has no '", which, "' entry");
+      const auto& e = maps[which];
+      IdMapInfo info;
+      info.name = get_field<std::string>(e, "name", path);
+      info.count = get_field<uint64_t>(e, "count", path);
+      info.bytes = get_field<uint64_t>(e, "bytes", path);
+      info.crc32c = get_field<uint32_t>(e, "crc32c", path);
+      const uint64_t want = which[0] == 'u' ? m.num_users : m.num_items;
+      if (info.name.find('/') != std::string::npos || info.count != want ||
+          info.bytes != info.count * 8)
+        NCF_FAIL(path, ": id_maps.", which, " (", info.name, ", ", info.count, " ids, ", info.bytes,
+                 " bytes) does not fit ", want, " ", which, "s");
+      m.id_maps.push_back(info);
+    }
+  }
 
   // Internal consistency, so readers can trust the numbers.
   if (m.num_users == 0 || m.num_items == 0)
@@ -554,6 +583,20 @@ DatasetMeta DatasetWriter::finish() {
   w.positives->finish(&w.meta.positives_bytes, &w.meta.positives_crc32c);
   w.positives.reset();
   w.write_train_shards();
+  if (w.plan.raw_users || w.plan.raw_items) {
+    NCF_CHECK(w.plan.raw_users && w.plan.raw_items, "id maps: give both or neither");
+    const std::pair<const char*, const std::vector<int64_t>*> maps[] = {
+        {kUserIdsFile, w.plan.raw_users}, {kItemIdsFile, w.plan.raw_items}};
+    for (const auto& [name, ids] : maps) {
+      NCF_CHECK(ids->size() == (name == kUserIdsFile ? w.plan.num_users : w.plan.num_items), name,
+                ": ", ids->size(), " ids for ",
+                name == kUserIdsFile ? w.plan.num_users : w.plan.num_items);
+      const std::string bytes(reinterpret_cast<const char*>(ids->data()), ids->size() * 8);
+      write_file_atomic(w.dir + "/" + name, bytes);
+      w.meta.id_maps.push_back(
+          {name, ids->size(), bytes.size(), crc32c(bytes.data(), bytes.size())});
+    }
+  }
   w.meta.save(w.dir);
   return w.meta;
 }

@@ -18,6 +18,18 @@ constexpr uint32_t kFormatVersion = 2;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
 
+// An id map file: entry d (int64, little-endian) is the original id of dense
+// id d, ascending. MovieLens sources write user_ids.i64 and item_ids.i64; the
+// other sources' ids are dense already and have none.
+struct IdMapInfo {
+  std::string name;    // "user_ids.i64" or "item_ids.i64"
+  uint64_t count = 0;  // num_users or num_items
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+constexpr const char* kUserIdsFile = "user_ids.i64";
+constexpr const char* kItemIdsFile = "item_ids.i64";
+
 struct ShardInfo {
   std::string name;  // file name inside the dataset directory
   std::string kind;  // "train" or "eval"
@@ -47,6 +59,8 @@ struct DatasetMeta {
   std::vector<ShardInfo> shards;
   uint64_t positives_bytes = 0;
   uint32_t positives_crc32c = 0;
+  // Original ids ("id_maps" in metadata.json): both or neither.
+  std::vector<IdMapInfo> id_maps;  // [user, item] when the source had its own ids
 
   uint64_t num_train_records() const;
   std::vector<const ShardInfo*> shards_of(const std::string& kind) const;
@@ -82,6 +96,10 @@ struct DatasetPlan {
   uint64_t dropped_users = 0;
   uint64_t shuffle_buffer_bytes = 256ull << 20;  // external shuffle bucket bound
   nlohmann::json generator;
+  // The original id of each dense user and item id (ascending), written as
+  // user_ids.i64 and item_ids.i64; null when the dense ids are the original ones.
+  const std::vector<int64_t>* raw_users = nullptr;
+  const std::vector<int64_t>* raw_items = nullptr;
 };
 
 // Streams a dataset to disk with memory bounded by the shuffle buffer, not by

@@ -563,6 +563,15 @@ class DenseIds {
     }
   }
   int64_t size() const { return size_; }
+  // raw[d] for every dense id d: the ascending distinct inputs.
+  std::vector<int64_t> raw_ids() const {
+    if (table_.empty()) return sorted_;
+    std::vector<int64_t> raw;
+    raw.reserve(size_t(size_));
+    for (size_t k = 0; k < table_.size(); ++k)
+      if (table_[k] >= 0) raw.push_back(min_ + int64_t(k));
+    return raw;
+  }
   // Dense id of a raw id that was among the inputs.
   int64_t operator()(int64_t raw) const {
     if (!table_.empty()) return table_[raw - min_];
@@ -673,7 +682,8 @@ struct DenseRatings {
   std::vector<uint64_t> pos_off;  // U + 1
   std::vector<int32_t> pos;
   std::vector<int32_t> latest;    // U
-  std::vector<int64_t> raw_user;  // U
+  std::vector<int64_t> raw_user;  // U: the original id of each dense user, ascending
+  std::vector<int64_t> raw_item;  // I: the same for items
   uint64_t num_users() const { return latest.size(); }
 };
 
@@ -753,6 +763,7 @@ DenseRatings remap_ids(UserGroups g, uint32_t min_interactions, int threads,
                         g.items.begin() + g.off[u] + distinct[u]);
   const DenseIds items(std::move(kept_items));
   d.num_items = static_cast<uint64_t>(items.size());
+  d.raw_item = items.raw_ids();
   if (d.num_items > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
     NCF_FAIL(file, ": ", d.num_items, " items do not fit int32 ids");
 
@@ -845,6 +856,8 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   plan.seed = opt.seed;
   plan.dropped_users = d.dropped;
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+  plan.raw_users = &d.raw_user;
+  plan.raw_items = &d.raw_item;
   plan.generator = {{"input", file},
                     {"format", format_name(f)},
                     {"ratings", num_ratings},

@@ -9,6 +9,7 @@
 #include "common/check.h"
 #include "data/dataset.h"
 #include "data/format.h"
+#include "data/id_map.h"
 
 namespace ncf {
 
@@ -80,6 +81,9 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   check_file_against_meta(pos_path, meta.positives_bytes, meta.positives_crc32c);
   check_positive_lists(PositiveLists(dir, meta), meta, pos_path);
   sum.bytes += meta.positives_bytes;
+  // The id maps: sizes, CRCs, ascending ids.
+  load_id_maps(dir, meta);
+  for (const IdMapInfo& m : meta.id_maps) sum.bytes += m.bytes;
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }
