@@ -39,6 +39,7 @@
 #include "model/neumf.h"
 #include "model/ops.h"
 #include "model/optim.h"
+#include "model/topk.h"
 #include "test_util.h"
 #include "train/step.h"
 
@@ -1164,6 +1165,55 @@ TEST_F(Parity, RoutingErrorsNameTheOp) {
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bucketize_by_owner"), std::string::npos) << e.what();
+  }
+}
+
+// ---- topk.h ---------------------------------------------------------------------------
+
+// Same items and scores bit for bit: scores from a few levels (many ties, -0
+// and +0 among them), rows with many, none, or all items excluded, K past
+// the items left, and blocks of rows larger than one CUB call sorts.
+TEST_F(Parity, TopKEqualsTheCpuSelection) {
+  const float levels[] = {-0.0f, 0.0f, 1.5f, -2.25f, 3.0f, 1e-3f, -1e-30f};
+  for (const auto& [n, I, K] :
+       {std::tuple{int64_t{0}, int64_t{5}, 3}, std::tuple{int64_t{1}, int64_t{1}, 1},
+        std::tuple{int64_t{7}, int64_t{13}, 20}, std::tuple{int64_t{300}, int64_t{1000}, 10},
+        std::tuple{int64_t{3}, (int64_t{1} << 25) + 7, 5}}) {
+    Vec scores(size_t(n * I));
+    std::uniform_int_distribution<int> pick(0, 6);
+    std::uniform_real_distribution<float> real(-4.0f, 4.0f);
+    for (size_t x = 0; x < scores.size(); ++x)
+      scores[x] = x % 3 == 0 ? real(gen_) : levels[pick(gen_)];
+    LVec offsets(size_t(n + 1), 0);
+    IVec excluded;
+    for (int64_t u = 0; u < n; ++u) {
+      const int64_t every = u % 4 == 0 ? 1 : 2 + u % 5;  // row 0, 4, ...: everything
+      if (u % 4 != 1)
+        for (int64_t j = u % 3; j < std::min<int64_t>(I, 4096); j += every)
+          excluded.push_back(int32_t(j));
+      offsets[size_t(u + 1)] = int64_t(excluded.size());
+    }
+    const std::string what = shape({{"n", n}, {"I", I}, {"K", K}});
+    for (bool with_excluded : {false, true}) {
+      IVec c_items(size_t(n * K)), g_items_host;
+      Vec c_scores(size_t(n * K));
+      top_k(cpu_, scores.data(), n, I, with_excluded ? offsets.data() : nullptr,
+            with_excluded ? excluded.data() : nullptr, K, c_items.data(), c_scores.data());
+      Buffer<float> gs = up(scores);
+      Buffer<int64_t> go = up(offsets);
+      Buffer<int32_t> ge = up(excluded.empty() ? IVec{0} : excluded);
+      Buffer<int32_t> gi(Device::kCuda, size_t(std::max<int64_t>(1, n * K)));
+      Buffer<float> gsc(Device::kCuda, size_t(std::max<int64_t>(1, n * K)));
+      top_k(gpu_, gs.data(), n, I, with_excluded ? go.data() : nullptr,
+            with_excluded ? ge.data() : nullptr, K, gi.data(), gsc.data());
+      IVec gi_host(size_t(n * K));
+      Vec gs_host(size_t(n * K));
+      device_copy(Device::kCpu, gi_host.data(), Device::kCuda, gi.data(), gi_host.size() * 4);
+      device_copy(Device::kCpu, gs_host.data(), Device::kCuda, gsc.data(), gs_host.size() * 4);
+      EXPECT_EQ(gi_host, c_items) << what << (with_excluded ? " excluded" : "");
+      EXPECT_EQ(0, std::memcmp(gs_host.data(), c_scores.data(), c_scores.size() * 4))
+          << what << (with_excluded ? " excluded" : "");
+    }
   }
 }
 
