@@ -11,8 +11,13 @@ packages=(
   libgtest-dev
   libcli11-dev
   nlohmann-json3-dev
-  python3 python3-matplotlib
+  libonnx-dev
+  python3 python3-matplotlib python3-numpy
 )
+# The export test runs ONNX Runtime under Node (tests/onnx/install.sh): Debian's
+# Node and npm unless the machine has its own.
+command -v node >/dev/null || packages+=(nodejs)
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -383,4 +383,16 @@ std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::s
   return std::nullopt;
 }
 
+CheckpointReader open_checkpoint(Communicator& comm, const std::string& path,
+                                 std::vector<std::string>* log) {
+  namespace fs = std::filesystem;
+  const bool one = fs::exists(fs::path(path) / kCheckpointManifestFile);
+  if (!one && !fs::is_directory(path))
+    NCF_FAIL("--checkpoint ", path, ": no such checkpoint or directory");
+  std::optional<CheckpointReader> ck =
+      find_checkpoint(comm, one ? path : "auto", one ? "" : path, log);
+  if (!ck) NCF_FAIL("--checkpoint ", path, ": no whole checkpoint there");
+  return std::move(*ck);
+}
+
 }  // namespace ncf

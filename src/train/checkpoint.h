@@ -124,6 +124,12 @@ std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::s
                                                 const std::string& dir,
                                                 std::vector<std::string>* log);
 
+// What a tool's --checkpoint names: a checkpoint (DIR/step-N, checked whole)
+// or a directory of them (its newest whole one). Errors name the flag and path.
+// Collective.
+CheckpointReader open_checkpoint(Communicator& comm, const std::string& path,
+                                 std::vector<std::string>* log);
+
 // Why the checkpoint at `path` cannot be loaded ("" when it can): its
 // manifest, then every file's size and CRC-32C. Collective.
 std::string check_checkpoint(Communicator& comm, const std::string& path,

@@ -267,6 +267,37 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
           {"shuffle_records", c.shuffle_records}};
 }
 
+void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where, TrainConfig* c) {
+  auto get = [&](const char* key, auto* value) {
+    if (!flags.contains(key)) NCF_FAIL(where, ": no value for flag --", key);
+    try {
+      flags.at(key).get_to(*value);
+    } catch (const nlohmann::json::exception&) {
+      NCF_FAIL(where, ": flag --", key, " has value ", flags.at(key).dump(), " of the wrong type");
+    }
+  };
+  get("batch_size", &c->batch_size);
+  get("learning_rate", &c->learning_rate);
+  get("beta1", &c->beta1);
+  get("beta2", &c->beta2);
+  get("epsilon", &c->epsilon);
+  get("num_factors", &c->num_factors);
+  get("layers", &c->layers);
+  get("num_neg", &c->num_neg);
+  get("train_epochs", &c->train_epochs);
+  get("seed", &c->seed);
+  get("precision", &c->precision);
+  get("embedding_optimizer", &c->embedding_optimizer);
+  get("embedding_lr", &c->embedding_lr);
+  get("l2_embedding", &c->l2_embedding);
+  get("l2_dense", &c->l2_dense);
+  get("adagrad_init", &c->adagrad_init);
+  get("max_steps", &c->max_steps);
+  get("shuffle_records", &c->shuffle_records);
+  if (trajectory_flags(*c) != flags)
+    NCF_FAIL(where, ": its flags ", flags.dump(), " are not the set this program reads");
+}
+
 const std::vector<std::string>& changeable_flags() {
   static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs"};
   return flags;

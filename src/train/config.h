@@ -59,6 +59,10 @@ struct TrainConfig {
 // The flags a training trajectory depends on, by flag name: what a checkpoint
 // records, and what a resumed run must match.
 nlohmann::json trajectory_flags(const TrainConfig& cfg);
+// The inverse: sets cfg's trajectory flags from such an object (a checkpoint
+// manifest's "config"); errors name `where` and the missing or mistyped flag.
+void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where,
+                            TrainConfig* cfg);
 // The trajectory flags a resumed run may change with --allow_changed_flags.
 const std::vector<std::string>& changeable_flags();
 

@@ -84,6 +84,9 @@ class Trainer {
   // A checkpoint of where training ended, unless one of that step exists.
   void save_final_checkpoint();
   EvalResult evaluate();
+  // Loads a found checkpoint (resume(), ncf_recommend): its dataset must be
+  // this one, and its flags this run's (with --eval_only: its shape flags).
+  void load_checkpoint(const class CheckpointReader& ck);
   const DatasetMeta& meta() const { return meta_; }
   const EmbeddingPlan& plan() const { return plan_; }
   // This rank's bytes per table (rows and optimizer state).
@@ -92,6 +95,21 @@ class Trainer {
   // Dense parameters, then the full user and item tables (collective).
   std::vector<float> gather_parameters();
   int64_t memory_estimate_bytes() const { return memory_bytes_; }
+
+  // Serving (ncf_recommend; recommend.cc), on the loaded state. Both are
+  // collective: every rank passes its own share (of any size, 0 included) and
+  // the ranks run the same number of rounds of at most --eval_batch_size scores.
+  // The logits of pairs (users[k], items[k]) of dense ids.
+  std::vector<float> score_pairs(const std::vector<int32_t>& users,
+                                 const std::vector<int32_t>& items);
+  // For each user, its K best items by logit and those logits ([n×K], in
+  // model/topk.h's order: ties by item id; item -1 past the items left). Unless
+  // include_seen, the user's interactions in positives.bin (training items and
+  // the held-out test item) are left out. Scored against the whole item table,
+  // a group of users at a time, through the training tower; selected on the
+  // ranks' device.
+  void recommend(const std::vector<int32_t>& users, int K, bool include_seen,
+                 std::vector<int32_t>* items, std::vector<float>* logits);
 
  private:
   // One global step on the batch acquired from stager_ (train_step); its loss
@@ -121,8 +139,6 @@ class Trainer {
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;
-  // Loads a checkpoint's state (resume()).
-  void load_checkpoint(const class CheckpointReader& ck);
 
   TrainState state_;     // what train_step reads and writes
   StepControl control_;  // the requests riding in each step's allreduce

@@ -1,0 +1,67 @@
+// ncf_export: a checkpoint as one ONNX model or as NumPy arrays.
+//   ncf_export --checkpoint ck --format onnx --output neumf.onnx
+//   ncf_export --checkpoint ck/step-000000000800 --format npy --output emb/ --data_dir data
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "comm/bootstrap.h"
+#include "common/check.h"
+#include "export/npy.h"
+#ifdef NCF_WITH_ONNX
+#include "export/onnx_export.h"
+#endif
+#include "export/trained_model.h"
+
+namespace ncf {
+namespace {
+
+int export_main(int& argc, char**& argv) {
+  std::string checkpoint, format, output, data_dir, external = "auto";
+  CLI::App app{
+      "ncf_export: a trained NeuMF checkpoint as an ONNX model or NumPy arrays.\n"
+      "  ncf_export --checkpoint ck --format onnx --output neumf.onnx\n"
+      "  ncf_export --checkpoint ck --format npy --output emb --data_dir data"};
+  app.add_option("--checkpoint", checkpoint,
+                 "a checkpoint (DIR/step-N) or a --checkpoint_dir (its newest whole checkpoint)")
+      ->required();
+  app.add_option("--format", format, "onnx or npy")
+      ->check(CLI::IsMember({"onnx", "npy"}))
+      ->required();
+  app.add_option("--output", output, "the .onnx file, or the directory of .npy files")->required();
+  app.add_option("--data_dir", data_dir,
+                 "npy: also write the dataset's original ids (user_ids.npy, item_ids.npy)");
+  app.add_option("--external_data", external,
+                 "onnx: tables in external data: auto (when the model would pass 1.5 GiB), "
+                 "always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const TrainedModel m = load_trained_model(checkpoint);
+  if (format == "onnx") {
+#ifndef NCF_WITH_ONNX
+    NCF_FAIL("--format onnx: this build has no ONNX support (install libonnx-dev and rebuild)");
+#else
+    export_onnx(m, output,
+                external == "always"  ? ExternalData::kAlways
+                : external == "never" ? ExternalData::kNever
+                                      : ExternalData::kAuto);
+#endif
+  } else {
+    export_npy(m, output, data_dir);
+  }
+  std::printf("ncf_export: %s (step %lld: %lld users, %lld items, D %d) -> %s (%s)\n",
+              m.path.c_str(), (long long)m.manifest.step, (long long)m.U, (long long)m.I, m.D,
+              output.c_str(), format.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ncf
+
+int main(int argc, char** argv) {
+  return ncf::run_main(argc, argv, ncf::export_main, "ncf_export");
+}

@@ -1,0 +1,90 @@
+// .npy writing and the NumPy export: see npy.h.
+#include "export/npy.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/check.h"
+#include "common/file_io.h"
+#include "data/dataset.h"
+#include "data/id_map.h"
+
+namespace ncf {
+
+void write_npy(const std::string& path, const char* dtype, const std::vector<int64_t>& shape,
+               const void* data, size_t element_bytes) {
+  std::string dims;  // "(3,)" for one dimension, "(3, 4)" for two, as NumPy writes them
+  int64_t count = 1;
+  for (size_t k = 0; k < shape.size(); ++k) {
+    dims += (k ? ", " : "") + std::to_string(shape[k]);
+    count *= shape[k];
+  }
+  if (shape.size() == 1) dims += ",";
+  std::string header =
+      "{'descr': '" + std::string(dtype) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // magic (6) + version (2) + length (2) + header + '\n', a multiple of 64.
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string out = std::string("\x93NUMPY\x01\x00", 8);
+  out += char(header.size() & 0xff);
+  out += char(header.size() >> 8);
+  out += header;
+  out.append(static_cast<const char*>(data), size_t(count) * element_bytes);
+  write_file_atomic(path, out);
+}
+
+void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json files = nlohmann::json::object();
+  auto put = [&](const std::string& name, const std::vector<int64_t>& shape, const float* data,
+                 const std::string& what) {
+    write_npy(dir + "/" + name, "<f4", shape, data, 4);
+    files[name] = {{"shape", shape}, {"dtype", "float32"}, {"what", what}};
+  };
+  put("user_embeddings.npy", {m.U, m.D}, m.users.data(),
+      "user rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP embedding");
+  put("item_embeddings.npy", {m.I, m.D}, m.items.data(),
+      "item rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP embedding");
+  for (size_t l = 0; l < m.tower.size(); ++l) {
+    const DenseLayerView& v = m.tower[l];
+    const std::string p = "mlp_" + std::to_string(l);
+    put(p + "_weight.npy", {v.out, v.in}, m.params.data() + v.w_offset,
+        "x_" + std::to_string(l + 1) + " = relu(x_" + std::to_string(l) + " @ W.T + b)");
+    put(p + "_bias.npy", {v.out}, m.params.data() + v.b_offset, "b of " + p);
+  }
+  const int F = m.config.head_width();
+  put("head_weight.npy", {F}, m.params.data() + m.head_w_offset,
+      "logit = [gmf ; x_last] @ w + c: the first mf_dim entries weigh the GMF product");
+  put("head_bias.npy", {1}, m.params.data() + m.head_c_offset, "c");
+  if (!data_dir.empty()) {
+    const DatasetMeta meta = DatasetMeta::load(data_dir);
+    if (meta.dataset_id != m.manifest.dataset_id)
+      NCF_FAIL("checkpoint ", m.path, " belongs to dataset ", m.manifest.dataset_id,
+               ", but --data_dir ", data_dir, " holds dataset ", meta.dataset_id);
+    const IdMaps maps = load_id_maps(data_dir, meta);
+    for (const auto& [name, map] :
+         {std::pair{"user_ids.npy", &maps.user}, std::pair{"item_ids.npy", &maps.item}}) {
+      std::vector<int64_t> ids(size_t(map->size()));
+      for (int64_t d = 0; d < map->size(); ++d) ids[size_t(d)] = map->raw(d);
+      write_npy(dir + "/" + name, "<i8", {map->size()}, ids.data(), 8);
+      files[name] = {{"shape", {map->size()}},
+                     {"dtype", "int64"},
+                     {"what", "the dataset's original id of each row"}};
+    }
+  }
+  const nlohmann::json manifest = {{"model", "NeuMF"},
+                                   {"mf_dim", m.config.mf_dim},
+                                   {"layers", m.config.layers},
+                                   {"embedding_width", m.D},
+                                   {"num_users", m.U},
+                                   {"num_items", m.I},
+                                   {"checkpoint", m.path},
+                                   {"step", m.manifest.step},
+                                   {"dataset_id", m.manifest.dataset_id},
+                                   {"score", "sigmoid(logit)"},
+                                   {"files", files}};
+  write_file_atomic(dir + "/manifest.json", manifest.dump(2) + "\n");
+}
+
+}  // namespace ncf

@@ -1,0 +1,192 @@
+// export_onnx: see onnx_export.h.
+#include "export/onnx_export.h"
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "common/check.h"
+#include "common/file_io.h"
+
+namespace ncf {
+
+namespace {
+
+constexpr int kOpset = 17;
+constexpr int kIrVersion = 8;
+// Initializers kept inside the model stay below this; the rest go external.
+constexpr int64_t kInlineBytes = int64_t{3} << 29;  // 1.5 GiB
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> dims;
+  std::vector<float> data;
+};
+
+// Columns [c0, c0 + w) of a [rows×D] table.
+Tensor columns(const std::string& name, const std::vector<float>& table, int64_t rows, int D,
+               int c0, int w) {
+  Tensor t{name, {rows, w}, std::vector<float>(size_t(rows * w))};
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(&table[size_t(r * D + c0)], w, &t.data[size_t(r * w)]);
+  return t;
+}
+
+onnx::NodeProto* node(onnx::GraphProto* g, const char* op, std::vector<std::string> in,
+                      const std::string& out) {
+  onnx::NodeProto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(out);
+  for (const std::string& x : in) n->add_input(x);
+  n->add_output(out);
+  return n;
+}
+
+void int_attribute(onnx::NodeProto* n, const char* name, int64_t v) {
+  onnx::AttributeProto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+void vector_value(onnx::ValueInfoProto* v, const std::string& name, int elem) {
+  v->set_name(name);
+  onnx::TypeProto_Tensor* t = v->mutable_type()->mutable_tensor_type();
+  t->set_elem_type(elem);
+  t->mutable_shape()->add_dim()->set_dim_param("N");
+}
+
+}  // namespace
+
+void export_onnx(const TrainedModel& m, const std::string& path, ExternalData external) {
+  const int mf = m.config.mf_dim, h = m.config.mlp_half();
+  std::vector<Tensor> tensors;
+  tensors.push_back(columns("user_gmf", m.users, m.U, m.D, 0, mf));
+  tensors.push_back(columns("item_gmf", m.items, m.I, m.D, 0, mf));
+  tensors.push_back(columns("user_mlp", m.users, m.U, m.D, mf, h));
+  tensors.push_back(columns("item_mlp", m.items, m.I, m.D, mf, h));
+  for (size_t l = 0; l < m.tower.size(); ++l) {
+    const DenseLayerView& v = m.tower[l];
+    const std::string p = "mlp_" + std::to_string(l);
+    tensors.push_back({p + "_weight",
+                       {v.out, v.in},
+                       std::vector<float>(m.params.begin() + v.w_offset,
+                                          m.params.begin() + v.w_offset + int64_t(v.out) * v.in)});
+    tensors.push_back(
+        {p + "_bias",
+         {v.out},
+         std::vector<float>(m.params.begin() + v.b_offset, m.params.begin() + v.b_offset + v.out)});
+  }
+  const int F = m.config.head_width();
+  tensors.push_back({"head_weight",
+                     {F},
+                     std::vector<float>(m.params.begin() + m.head_w_offset,
+                                        m.params.begin() + m.head_w_offset + F)});
+  tensors.push_back({"head_bias", {1}, {m.params[size_t(m.head_c_offset)]}});
+
+  // Which tensors go to external data: all four table parts (kAlways), none
+  // (kNever), or the largest ones until the rest fits inline (kAuto).
+  std::vector<bool> outside(tensors.size(), false);
+  if (external == ExternalData::kAlways) std::fill_n(outside.begin(), 4, true);
+  int64_t inline_bytes = 0;
+  for (size_t k = 0; k < tensors.size(); ++k)
+    if (!outside[k]) inline_bytes += int64_t(tensors[k].data.size()) * 4;
+  if (external == ExternalData::kAuto) {
+    std::vector<size_t> order = {0, 1, 2, 3};
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return tensors[a].data.size() > tensors[b].data.size(); });
+    for (size_t k : order) {
+      if (inline_bytes <= kInlineBytes) break;
+      outside[k] = true;
+      inline_bytes -= int64_t(tensors[k].data.size()) * 4;
+    }
+  }
+  if (inline_bytes > kInlineBytes)
+    NCF_FAIL(path, ": ", inline_bytes, " bytes of initializers stay inside the model, more than ",
+             kInlineBytes, " (--external_data never)");
+
+  onnx::ModelProto model;
+  model.set_ir_version(kIrVersion);
+  model.set_producer_name("ncf_dist");
+  model.set_doc_string("NeuMF (GMF + MLP) from checkpoint " + m.path + " (step " +
+                       std::to_string(m.manifest.step) + ", dataset " + m.manifest.dataset_id +
+                       "); inputs are dense user and item ids");
+  onnx::OperatorSetIdProto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOpset);
+  onnx::GraphProto* g = model.mutable_graph();
+  g->set_name("neumf");
+  vector_value(g->add_input(), "user", onnx::TensorProto::INT64);
+  vector_value(g->add_input(), "item", onnx::TensorProto::INT64);
+  vector_value(g->add_output(), "score", onnx::TensorProto::FLOAT);
+  vector_value(g->add_output(), "logit", onnx::TensorProto::FLOAT);
+
+  const std::string data_name = std::filesystem::path(path).filename().string() + ".data";
+  const std::string data_path = path + ".data";
+  std::ofstream data_file;
+  int64_t data_at = 0;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    onnx::TensorProto* p = g->add_initializer();
+    p->set_name(t.name);
+    p->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : t.dims) p->add_dims(d);
+    const size_t bytes = t.data.size() * 4;
+    if (!outside[k]) {
+      p->set_raw_data(t.data.data(), bytes);
+      continue;
+    }
+    if (!data_file.is_open()) {
+      data_file.open(data_path, std::ios::binary | std::ios::trunc);
+      if (!data_file) NCF_FAIL(data_path, ": cannot open for writing");
+    }
+    data_at = (data_at + 4095) / 4096 * 4096;  // page-aligned, so runtimes may map it
+    data_file.seekp(data_at);
+    data_file.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(bytes));
+    p->set_data_location(onnx::TensorProto::EXTERNAL);
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"location", data_name},
+                                     {"offset", std::to_string(data_at)},
+                                     {"length", std::to_string(bytes)}}) {
+      onnx::StringStringEntryProto* e = p->add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    }
+    data_at += int64_t(bytes);
+  }
+  if (data_file.is_open()) {
+    data_file.close();
+    if (!data_file) NCF_FAIL(data_path, ": write failed");
+  }
+
+  node(g, "Gather", {"user_gmf", "user"}, "user_gmf_rows");
+  node(g, "Gather", {"item_gmf", "item"}, "item_gmf_rows");
+  node(g, "Mul", {"user_gmf_rows", "item_gmf_rows"}, "gmf");
+  node(g, "Gather", {"user_mlp", "user"}, "user_mlp_rows");
+  node(g, "Gather", {"item_mlp", "item"}, "item_mlp_rows");
+  int_attribute(node(g, "Concat", {"user_mlp_rows", "item_mlp_rows"}, "mlp_0_in"), "axis", 1);
+  std::string x = "mlp_0_in";
+  for (size_t l = 0; l < m.tower.size(); ++l) {
+    const std::string p = "mlp_" + std::to_string(l);
+    int_attribute(node(g, "Gemm", {x, p + "_weight", p + "_bias"}, p + "_linear"), "transB", 1);
+    x = "mlp_" + std::to_string(l + 1) + "_in";
+    node(g, "Relu", {p + "_linear"}, x);
+  }
+  int_attribute(node(g, "Concat", {"gmf", x}, "head_in"), "axis", 1);
+  node(g, "MatMul", {"head_in", "head_weight"}, "head_dot");
+  node(g, "Add", {"head_dot", "head_bias"}, "logit");
+  node(g, "Sigmoid", {"logit"}, "score");
+
+  std::string bytes;
+  if (!model.SerializeToString(&bytes)) NCF_FAIL(path, ": the model does not serialize");
+  write_file_atomic(path, bytes);
+  try {
+    onnx::checker::check_model(path);
+  } catch (const std::exception& e) {
+    NCF_FAIL(path, ": the ONNX checker refuses the model: ", e.what());
+  }
+}
+
+}  // namespace ncf

@@ -1,0 +1,351 @@
+// ncf_recommend: the top-K items of users, or the scores of given pairs, from
+// a checkpoint, as one or many MPI ranks with the tables sharded as in
+// training. Ids in and out are the dataset's original ids when ncf_prep kept
+// its id maps (MovieLens), else its dense ids.
+//
+//   ncf_recommend --checkpoint ck --data_dir data --users all --topk 10 --output top.csv
+//   mpirun -np 2 ncf_recommend --checkpoint ck/step-000000000800 --data_dir data
+//       --pairs pairs.csv --output scores.csv
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "comm/bootstrap.h"
+#include "common/blas_setup.h"
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "common/file_io.h"
+#include "common/partition.h"
+#include "data/id_map.h"
+#include "model/ops.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace ncf {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RecommendFlags {
+  std::string checkpoint, data_dir, users, pairs, output = "-", format = "csv";
+  int topk = 10;
+  bool include_seen = false;
+  std::string device = "cpu", comm = "auto", shard_plan = "auto";
+  int threads = 0;
+  int64_t batch_size = int64_t{1} << 20;
+};
+
+bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
+  CLI::App app{
+      "ncf_recommend: top-K recommendations or pair scores from an ncf_dist checkpoint.\n"
+      "  ncf_recommend --checkpoint ck --data_dir data --users all --topk 10 --output top.csv\n"
+      "  ncf_recommend --checkpoint ck --data_dir data --pairs pairs.csv --output scores.csv"};
+  app.get_formatter()->column_width(30);
+  app.add_option("--checkpoint", f->checkpoint,
+                 "a checkpoint (DIR/step-N) or a --checkpoint_dir (its newest whole checkpoint)")
+      ->required();
+  app.add_option("--data_dir", f->data_dir, "the dataset the checkpoint was trained on")
+      ->required();
+  auto* users = app.add_option("--users", f->users,
+                               "all, a file of user ids (one per line), or a comma-separated "
+                               "list of user ids");
+  auto* pairs = app.add_option("--pairs", f->pairs,
+                               "a CSV file of 'user,item' lines (header 'user,item' allowed) to "
+                               "score");
+  users->excludes(pairs);
+  app.add_option("--topk", f->topk, "items per user")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--include_seen", f->include_seen,
+               "keep the user's known interactions (training items and the held-out test item)");
+  app.add_option("--output", f->output, "output file, - for standard output")
+      ->capture_default_str();
+  app.add_option("--format", f->format, "csv or jsonl")
+      ->check(CLI::IsMember({"csv", "jsonl"}))
+      ->capture_default_str();
+  app.add_option("--device", f->device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--threads", f->threads, "CPU threads per rank (0: cores / local ranks)")
+      ->capture_default_str();
+  app.add_option("--comm", f->comm, "auto, mpi, nccl or single")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl", "single"}))
+      ->capture_default_str();
+  app.add_option("--shard_plan", f->shard_plan, "table placement, as ncf_dist's --shard_plan")
+      ->capture_default_str();
+  app.add_option("--batch_size", f->batch_size, "scores per round on each rank")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    *code = app.exit(e);
+    return false;
+  }
+  if (f->users.empty() && f->pairs.empty()) {
+    std::fprintf(stderr, "ncf_recommend: error: give --users or --pairs\n");
+    *code = 2;
+    return false;
+  }
+  return true;
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(" \t\r\n") + 1 - a);
+}
+
+// An integer id, the whole of `s`; false when it is not one.
+bool parse_id(const std::string& s, int64_t* v) {
+  if (s.empty()) return false;
+  size_t used = 0;
+  try {
+    *v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == s.size();
+}
+
+// The dense id of user or item `raw`, or an error naming where it came from.
+int32_t dense_or_fail(const IdMap& map, int64_t raw, const char* what, const std::string& where,
+                      const std::string& data_dir) {
+  const std::optional<int64_t> d = map.dense(raw);
+  if (!d)
+    NCF_FAIL(where, ": ", what, " ", raw, " is not in the dataset ", data_dir, " (", map.size(),
+             " ", what, "s)");
+  return int32_t(*d);
+}
+
+std::vector<int32_t> read_users(const RecommendFlags& f, const IdMap& map) {
+  std::vector<int32_t> out;
+  if (f.users == "all") {
+    out.resize(size_t(map.size()));
+    for (size_t u = 0; u < out.size(); ++u) out[u] = int32_t(u);
+    return out;
+  }
+  if (fs::is_regular_file(f.users)) {
+    std::ifstream in(f.users);
+    if (!in) NCF_FAIL("--users ", f.users, ": cannot open");
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      const std::string t = trim(line);
+      if (t.empty() || (n == 1 && t == "user")) continue;
+      int64_t v = 0;
+      const std::string where = f.users + ":" + std::to_string(n);
+      if (!parse_id(t, &v)) NCF_FAIL(where, ": expected a user id, got '", t, "'");
+      out.push_back(dense_or_fail(map, v, "user", where, f.data_dir));
+    }
+    if (out.empty()) NCF_FAIL("--users ", f.users, ": the file lists no user");
+    return out;
+  }
+  std::stringstream ss(f.users);
+  std::string tok;
+  for (int k = 1; std::getline(ss, tok, ','); ++k) {
+    int64_t v = 0;
+    if (!parse_id(trim(tok), &v))
+      NCF_FAIL("--users '", f.users,
+               "' is neither all, an existing file, nor a comma-separated "
+               "list of user ids (entry ",
+               k, " is '", tok, "')");
+    out.push_back(dense_or_fail(map, v, "user", "--users entry " + std::to_string(k), f.data_dir));
+  }
+  return out;
+}
+
+void read_pairs(const RecommendFlags& f, const IdMaps& maps, std::vector<int32_t>* users,
+                std::vector<int32_t>* items) {
+  std::ifstream in(f.pairs);
+  if (!in) NCF_FAIL("--pairs ", f.pairs, ": cannot open");
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    const std::string t = trim(line);
+    if (t.empty() || (n == 1 && t == "user,item")) continue;
+    const std::string where = f.pairs + ":" + std::to_string(n);
+    const size_t comma = t.find(',');
+    int64_t u = 0, i = 0;
+    if (comma == std::string::npos || !parse_id(trim(t.substr(0, comma)), &u) ||
+        !parse_id(trim(t.substr(comma + 1)), &i))
+      NCF_FAIL(where, ": expected 'user,item' (two integer ids), got '", t, "'");
+    users->push_back(dense_or_fail(maps.user, u, "user", where, f.data_dir));
+    items->push_back(dense_or_fail(maps.item, i, "item", where, f.data_dir));
+  }
+  if (users->empty()) NCF_FAIL("--pairs ", f.pairs, ": the file holds no pair");
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Rank 0 writes every rank's text in rank order: its own, then each other
+// rank's in pieces of at most 64 MiB (one all-to-all each, only to rank 0).
+void write_in_rank_order(Communicator& comm, const std::string& mine, std::FILE* out,
+                         const std::string& name) {
+  const int W = comm.world(), r = comm.rank();
+  std::vector<int64_t> sizes(size_t(W), 0);
+  sizes[size_t(r)] = int64_t(mine.size());
+  all_reduce_sum_on(comm, Device::kCpu, sizes.data(), sizes.size(), DType::kInt64);
+  auto put = [&](const char* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, out) != n) NCF_FAIL(name, ": write failed");
+  };
+  if (r == 0) put(mine.data(), mine.size());
+  constexpr int64_t kPiece = int64_t{64} << 20;
+  std::vector<char> recv;
+  for (int src = 1; src < W; ++src)
+    for (int64_t at = 0; at < sizes[size_t(src)]; at += kPiece) {
+      const int64_t n = std::min(kPiece, sizes[size_t(src)] - at);
+      std::vector<int64_t> send_counts(size_t(W), 0), recv_counts(size_t(W), 0),
+          displs(size_t(W), 0);
+      if (r == src) send_counts[0] = n;
+      if (r == 0) recv_counts[size_t(src)] = n;
+      recv.resize(size_t(r == 0 ? n : 0));
+      all_to_all_v_on(comm, Device::kCpu, r == src ? mine.data() + at : nullptr, send_counts.data(),
+                      displs.data(), recv.data(), recv_counts.data(), displs.data(), DType::kUInt8);
+      if (r == 0) put(recv.data(), recv.size());
+    }
+}
+
+int recommend_main(int& argc, char**& argv) {
+  RecommendFlags f;
+  int code = 0;
+  if (!parse_flags(argc, argv, &f, &code)) return code;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Device device = parse_device(f.device);
+  if (device == Device::kCuda) {
+    std::string why;
+    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
+  }
+  RankInfo info = bootstrap(&argc, &argv, f.comm == "mpi");
+  struct ContextOwner {
+    ExecContext ctx;
+    ~ContextOwner() { destroy_cuda_context(ctx); }
+  } owner;
+  ExecContext& ctx = owner.ctx;
+  if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
+  std::unique_ptr<Communicator> comm = make_communicator(info, device, f.comm, ctx.stream);
+  const bool lead = info.rank == 0;
+  ctx.device = device;
+  ctx.threads = f.threads > 0
+                    ? f.threads
+                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
+
+  // The checkpoint: a step directory, or the newest whole one in a directory.
+  std::vector<std::string> log;
+  const CheckpointReader ck = open_checkpoint(*comm, f.checkpoint, &log);
+
+  TrainConfig cfg;
+  apply_trajectory_flags(ck.manifest().config, ck.path() + "/" + kCheckpointManifestFile, &cfg);
+  cfg.data_dir = f.data_dir;
+  cfg.device = f.device;
+  cfg.comm = f.comm;
+  cfg.threads = ctx.threads;
+  cfg.shard_plan = f.shard_plan;
+  cfg.eval_batch_size = f.batch_size;
+  cfg.eval_only = true;
+  set_math_mode(parse_math_mode(cfg.precision));
+  Trainer trainer(cfg, *comm, ctx);
+  trainer.load_checkpoint(ck);
+  const DatasetMeta& meta = trainer.meta();
+  const IdMaps maps = load_id_maps(f.data_dir, meta);
+  if (lead) {
+    for (std::string line : log) {
+      if (line.rfind("resuming from ", 0) == 0) line = "loading " + line.substr(14);
+      std::fprintf(stderr, "ncf_recommend: %s\n", line.c_str());
+    }
+    std::fprintf(stderr,
+                 "ncf_recommend: %s (step %lld), %s: %llu users, %llu items; %d rank(s), %s\n",
+                 ck.path().c_str(), (long long)ck.manifest().step, f.data_dir.c_str(),
+                 (unsigned long long)meta.num_users, (unsigned long long)meta.num_items, info.world,
+                 device_name(device));
+  }
+
+  std::string text;
+  char buf[160];
+  const bool csv = f.format == "csv";
+  int64_t total = 0;
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!f.pairs.empty()) {
+    std::vector<int32_t> users, items;
+    read_pairs(f, maps, &users, &items);
+    total = int64_t(users.size());
+    int64_t first = 0, count = 0;
+    block_range(total, info.world, info.rank, &first, &count);
+    const std::vector<int32_t> my_users(users.begin() + first, users.begin() + first + count),
+        my_items(items.begin() + first, items.begin() + first + count);
+    const std::vector<float> logits = trainer.score_pairs(my_users, my_items);
+    if (lead && csv) text = "user,item,score\n";
+    for (int64_t k = 0; k < count; ++k) {
+      const long long u = (long long)maps.user.raw(my_users[size_t(k)]);
+      const long long i = (long long)maps.item.raw(my_items[size_t(k)]);
+      const float s = sigmoid(logits[size_t(k)]);
+      std::snprintf(buf, sizeof buf,
+                    csv ? "%lld,%lld,%.9g\n" : "{\"user\":%lld,\"item\":%lld,\"score\":%.9g}\n", u,
+                    i, double(s));
+      text += buf;
+    }
+  } else {
+    const std::vector<int32_t> users = read_users(f, maps.user);
+    total = int64_t(users.size());
+    int64_t first = 0, count = 0;
+    block_range(total, info.world, info.rank, &first, &count);
+    const std::vector<int32_t> mine(users.begin() + first, users.begin() + first + count);
+    std::vector<int32_t> items;
+    std::vector<float> logits;
+    trainer.recommend(mine, f.topk, f.include_seen, &items, &logits);
+    if (lead && csv) text = "user,rank,item,score\n";
+    for (int64_t k = 0; k < count; ++k)
+      for (int r = 0; r < f.topk; ++r) {
+        const size_t x = size_t(k * f.topk + r);
+        if (items[x] < 0) break;  // fewer items left than K
+        const long long u = (long long)maps.user.raw(mine[size_t(k)]);
+        const long long i = (long long)maps.item.raw(items[x]);
+        std::snprintf(buf, sizeof buf,
+                      csv ? "%lld,%d,%lld,%.9g\n"
+                          : "{\"user\":%lld,\"rank\":%d,\"item\":%lld,\"score\":%.9g}\n",
+                      u, r + 1, i, double(sigmoid(logits[x])));
+        text += buf;
+      }
+  }
+  const double score_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  // Rank 0 writes the output: a temporary file renamed into place, or stdout.
+  const bool to_stdout = f.output == "-";
+  const std::string tmp = f.output + ".tmp";
+  std::FILE* out = nullptr;
+  if (lead) {
+    out = to_stdout ? stdout : std::fopen(tmp.c_str(), "w");
+    if (!out) NCF_FAIL("--output ", f.output, ": cannot open ", tmp, " for writing");
+  }
+  write_in_rank_order(*comm, text, out, f.output);
+  if (lead && !to_stdout) {
+    if (std::fflush(out) != 0 || fsync(fileno(out)) != 0 || std::fclose(out) != 0)
+      NCF_FAIL("--output ", f.output, ": write failed");
+    fs::rename(tmp, f.output);
+  }
+  if (lead) {
+    std::fflush(stdout);
+    const double all_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "ncf_recommend: %lld %s in %.2f s (%.0f/s), %.2f s in all\n",
+                 (long long)total, f.pairs.empty() ? "users" : "pairs", score_s,
+                 score_s > 0 ? double(total) / score_s : 0.0, all_s);
+  }
+  comm->barrier();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ncf
+
+int main(int argc, char** argv) {
+  ncf::upgrade_blas_kernels(argv);
+  return ncf::run_main(argc, argv, ncf::recommend_main, "ncf_recommend");
+}
