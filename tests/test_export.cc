@@ -23,6 +23,7 @@ namespace ncf {
 namespace {
 
 using test::bin;
+using test::csv_rows;
 using test::run;
 using test::TempDir;
 
@@ -31,18 +32,6 @@ std::vector<float> floats(const std::string& path, size_t skip = 0) {
   std::vector<float> v((b.size() - skip) / 4);
   std::memcpy(v.data(), b.data() + skip, v.size() * 4);
   return v;
-}
-
-std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
-  std::vector<std::vector<std::string>> rows;
-  std::stringstream ss(text);
-  std::string line, cell;
-  while (std::getline(ss, line)) {
-    rows.emplace_back();
-    std::stringstream ls(line);
-    while (std::getline(ls, cell, ',')) rows.back().push_back(cell);
-  }
-  return rows;
 }
 
 class Export : public ::testing::Test {

@@ -27,6 +27,7 @@ namespace ncf {
 namespace {
 
 using test::bin;
+using test::csv_rows;
 using test::run;
 using test::TempDir;
 
@@ -155,20 +156,6 @@ struct Reference {
 };
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
-
-std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
-  std::vector<std::vector<std::string>> rows;
-  std::stringstream ss(text);
-  std::string line;
-  while (std::getline(ss, line)) {
-    std::vector<std::string> cells;
-    std::stringstream ls(line);
-    std::string cell;
-    while (std::getline(ls, cell, ',')) cells.push_back(cell);
-    rows.push_back(cells);
-  }
-  return rows;
-}
 
 class Recommend : public ::testing::Test {
  protected:

@@ -39,6 +39,18 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
+std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::stringstream ss(text);
+  std::string line, cell;
+  while (std::getline(ss, line)) {
+    rows.emplace_back();
+    std::stringstream ls(line);
+    while (std::getline(ls, cell, ',')) rows.back().push_back(cell);
+  }
+  return rows;
+}
+
 RunResult run(const std::string& command) {
   RunResult r;
   std::string cmd = command + " 2>&1";

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/cuda_context.h"
 #include "common/device.h"
@@ -30,6 +31,9 @@ struct RunResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together
 };
+
+// The cells of each line of comma-separated text (no quoting).
+std::vector<std::vector<std::string>> csv_rows(const std::string& text);
 
 // Runs a shell command, capturing its output.
 RunResult run(const std::string& command);

@@ -10,14 +10,17 @@
 #endif
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "comm/single_communicator.h"
 #include "common/check.h"
+#include "common/cuda_context.h"
 
 #ifdef NCF_WITH_CUDA
 #include <cuda_runtime.h>
@@ -165,6 +168,26 @@ int run_main(int argc, char** argv, const std::function<int(int& argc, char**& a
   if (code != 0 && code != kExitPreempted) return fail(program, "", code);
   if (mpi_world_if_running() > 0) MPI_Finalize();
   return code;
+}
+
+RankRuntime::RankRuntime(int* argc, char*** argv, Device device, const std::string& comm_kind,
+                         int threads) {
+  if (device == Device::kCuda) {
+    std::string why;
+    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
+  }
+  info = bootstrap(argc, argv, comm_kind == "mpi");
+  if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
+  comm = make_communicator(info, device, comm_kind, ctx.stream);
+  ctx.device = device;
+  ctx.threads = threads > 0
+                    ? threads
+                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
+}
+
+RankRuntime::~RankRuntime() {
+  comm.reset();
+  destroy_cuda_context(ctx);
 }
 
 }  // namespace ncf

@@ -72,6 +72,21 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
                                                 const std::string& kind = "auto",
                                                 void* stream = nullptr);
 
+// A rank's start in a program's main, after its flags: the device checked
+// (--device cuda without a usable GPU is an error naming it), bootstrap (MPI
+// only under a launcher or with comm_kind "mpi"), the local GPU's context,
+// the communicator, and the CPU kernel threads (`threads`, or the node's cores
+// divided among its ranks). The communicator goes before the context.
+struct RankRuntime {
+  RankInfo info;
+  ExecContext ctx;
+  std::unique_ptr<Communicator> comm;
+  RankRuntime(int* argc, char*** argv, Device device, const std::string& comm_kind, int threads);
+  ~RankRuntime();
+  RankRuntime(const RankRuntime&) = delete;
+  RankRuntime& operator=(const RankRuntime&) = delete;
+};
+
 // The exit code of a run that stopped on a signal (SIGTERM, SIGUSR1) after
 // writing its checkpoint: "resume me". Every rank returns it; run_main then
 // ends MPI normally instead of aborting the job.

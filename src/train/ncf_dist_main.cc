@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "comm/bootstrap.h"
 #include "common/blas_setup.h"
@@ -69,26 +68,14 @@ int train_main(int& argc, char**& argv) {
   // Flags are checked before MPI starts, so --help and bad flags need no launcher.
   if (!parse_train_flags(argc, argv, &cfg, &code)) return code;
 
-  Device device = parse_device(cfg.device);
-  if (device == Device::kCuda) {
-    std::string why;
-    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
-  }
+  const Device device = parse_device(cfg.device);
   // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
-  RankInfo info = bootstrap(&argc, &argv, cfg.comm == "mpi");
-  // Declared before the communicator and the trainer so it outlives them.
-  struct ContextOwner {
-    ExecContext ctx;
-    ~ContextOwner() { destroy_cuda_context(ctx); }
-  } owner;
-  ExecContext& ctx = owner.ctx;
-  if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
-  std::unique_ptr<Communicator> comm = make_communicator(info, device, cfg.comm, ctx.stream);
+  // Declared before the trainer so that the context and communicator outlive it.
+  RankRuntime rt(&argc, &argv, device, cfg.comm, cfg.threads);
+  const RankInfo& info = rt.info;
+  ExecContext& ctx = rt.ctx;
+  std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
-  ctx.device = device;
-  ctx.threads = cfg.threads > 0
-                    ? cfg.threads
-                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
   set_math_mode(parse_math_mode(cfg.precision));
 
   MlLog mllog(cfg.mlperf_log && lead);

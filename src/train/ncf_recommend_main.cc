@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "comm/bootstrap.h"
 #include "common/blas_setup.h"
@@ -218,23 +217,11 @@ int recommend_main(int& argc, char**& argv) {
   if (!parse_flags(argc, argv, &f, &code)) return code;
   const auto t0 = std::chrono::steady_clock::now();
   const Device device = parse_device(f.device);
-  if (device == Device::kCuda) {
-    std::string why;
-    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
-  }
-  RankInfo info = bootstrap(&argc, &argv, f.comm == "mpi");
-  struct ContextOwner {
-    ExecContext ctx;
-    ~ContextOwner() { destroy_cuda_context(ctx); }
-  } owner;
-  ExecContext& ctx = owner.ctx;
-  if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
-  std::unique_ptr<Communicator> comm = make_communicator(info, device, f.comm, ctx.stream);
+  RankRuntime rt(&argc, &argv, device, f.comm, f.threads);
+  const RankInfo& info = rt.info;
+  ExecContext& ctx = rt.ctx;
+  std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
-  ctx.device = device;
-  ctx.threads = f.threads > 0
-                    ? f.threads
-                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
 
   // The checkpoint: a step directory, or the newest whole one in a directory.
   std::vector<std::string> log;
