@@ -627,7 +627,7 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
     if (!bench.selected(name)) continue;
     set_math_mode(mode);
     auto step = [&] {
-      model.forward(ctx, urows.data(), irows.data(), B, logits.data());
+      model.forward(ctx, urows.data(), irows.data(), B, 1, logits.data());
       model.backward(ctx, dlogits.data(), du.data(), di.data());
     };
     bench.run(name, shape_str("B=%lld D=%d layers 256,256,128,64", (long long)B, D), 0, double(B),

@@ -550,7 +550,7 @@ TEST(NeuMF, GradientsMatchFiniteDifferences) {
   Vec labels = {1, 0, 0, 1, 0, 1, 1};
   ExecContext ctx = cpu(2);
   Vec logits(B), dlogits(B), dU(B * D), dI(B * D);
-  model.forward(ctx, U.data(), I.data(), B, logits.data());
+  model.forward(ctx, U.data(), I.data(), B, 1, logits.data());
   bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, dlogits.data(), B, n_valid,
                            global_batch);
   model.backward(ctx, dlogits.data(), dU.data(), dI.data());
@@ -591,7 +591,7 @@ TEST(NeuMF, SingleWidthTowerHasNoLinearLayers) {
   EXPECT_EQ(model.num_params(), 2 + 4 + 1);
   Vec U = random_vec(B * D, 70), I = random_vec(B * D, 71), R = random_vec(B, 72);
   Vec logits(B), dU(B * D), dI(B * D);
-  model.forward(cpu(1), U.data(), I.data(), B, logits.data());
+  model.forward(cpu(1), U.data(), I.data(), B, 1, logits.data());
   model.backward(cpu(1), R.data(), dU.data(), dI.data());
   RefNeuMF ref{cfg.mf_dim, cfg.layers};
   DVec p(model.params().data(), model.params().data() + model.num_params());
@@ -606,20 +606,59 @@ TEST(NeuMF, SingleWidthTowerHasNoLinearLayers) {
   expect_close(dU, fd_grad(u, loss), kAtol, kRtol, "d_user_rows");
 }
 
+// Users shared by groups of S samples (a positive and its negatives): the
+// grouped forward equals the per-sample reference with user row b / S, and
+// every gradient matches finite differences, with and without hidden layers.
+TEST(NeuMF, GroupedUsersMatchFiniteDifferences) {
+  for (const std::vector<int>& layers : {std::vector<int>{8, 6, 4}, std::vector<int>{6}}) {
+    NeuMFConfig cfg;
+    cfg.mf_dim = 3;
+    cfg.layers = layers;
+    const int n = 3, S = 4, B = n * S, D = cfg.embedding_width();
+    NeuMF model(cfg, Device::kCpu);
+    model.init(321);
+    Vec bias_noise = random_vec(model.num_params(), 90, -0.2f, 0.2f);
+    for (const DenseLayerView& v : model.tower())
+      for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = bias_noise[j];
+    Vec U = random_vec(n * D, 91), I = random_vec(B * D, 92), R = random_vec(B, 93);
+    Vec logits(B), dU(n * D), dI(B * D);
+    ExecContext ctx = cpu(2);
+    model.forward(ctx, U.data(), I.data(), n, S, logits.data());
+    model.backward(ctx, R.data(), dU.data(), dI.data());
+    RefNeuMF ref{cfg.mf_dim, cfg.layers};
+    DVec p(model.params().data(), model.params().data() + model.num_params());
+    DVec u = to_double(U), it = to_double(I), r = to_double(R);
+    DVec want(B);
+    for (int b = 0; b < B; ++b) want[b] = ref.logit(p, &u[(b / S) * D], &it[b * D]);
+    expect_close(logits, want, 1e-5, 1e-5, "grouped logits");
+    auto loss = [&] {
+      double s = 0;
+      for (int b = 0; b < B; ++b) s += r[b] * ref.logit(p, &u[(b / S) * D], &it[b * D]);
+      return s;
+    };
+    Vec grads(model.grads().data(), model.grads().data() + model.num_params());
+    const std::string what = "layers " + std::to_string(layers.size());
+    expect_close(grads, fd_grad(p, loss), kAtol, kRtol, ("dense grads, " + what).c_str());
+    expect_close(dU, fd_grad(u, loss), kAtol, kRtol, ("d_user_rows, " + what).c_str());
+    expect_close(dI, fd_grad(it, loss), kAtol, kRtol, ("d_item_rows, " + what).c_str());
+  }
+}
+
 // Runs forward, loss and backward; returns every output concatenated.
 Vec run_step(int threads, uint64_t seed) {
   NeuMFConfig cfg;
   cfg.mf_dim = 8;
   cfg.layers = {32, 16, 8};
-  const int B = 3000, n_valid = 2900, D = cfg.embedding_width();
+  // 600 users with 5 samples each, as a training step has them.
+  const int n = 600, S = 5, B = n * S, n_valid = 2900, D = cfg.embedding_width();
   NeuMF model(cfg, Device::kCpu);
   model.init(seed);
-  Vec U = random_vec(B * D, 80), I = random_vec(B * D, 81);
+  Vec U = random_vec(n * D, 80), I = random_vec(B * D, 81);
   Vec labels = random_vec(B, 82, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
   ExecContext ctx = cpu(threads);
-  Vec logits(B), dlogits(B), dU(B * D), dI(B * D);
-  model.forward(ctx, U.data(), I.data(), B, logits.data());
+  Vec logits(B), dlogits(B), dU(n * D), dI(B * D);
+  model.forward(ctx, U.data(), I.data(), n, S, logits.data());
   double loss;
   bce_with_logits_forward(ctx, logits.data(), labels.data(), nullptr, &loss, B, n_valid, B);
   bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, dlogits.data(), B, n_valid,

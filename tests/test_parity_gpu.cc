@@ -518,6 +518,41 @@ TEST_F(Parity, GmfForwardBackwardOnStridedRows) {
     }
 }
 
+// Groups of S rows sharing a per-group row: the copy and the forward add are
+// exact on both devices, and so are the group sums (double, s order); only the
+// bias column sums may differ in summation order.
+TEST_F(Parity, GroupOpsForwardAndBackward) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}})
+    for (int S : {1, 5, 51})
+      for (int w : {1, 8, 64}) {
+        const std::string what = shape({{"n", n}, {"S", S}, {"w", w}});
+        const int64_t B = n * S, ldx = w + 3;
+        Vec X = random_vec(size_t(n) * ldx, gen_), R(size_t(B) * w, 9.0f);
+        Buffer<float> gX = up(X), gR = up(R);
+        repeat_rows(cpu_, X.data(), ldx, w, R.data(), n, S);
+        repeat_rows(gpu_, gX.data(), ldx, w, gR.data(), n, S);
+        expect_same(down(gR), R, what + " repeat_rows");
+        Vec Y = random_vec(size_t(B) * w, gen_), U = random_vec(size_t(n) * w, gen_),
+            bias = random_vec(size_t(w), gen_);
+        Buffer<float> gY = up(Y), gU = up(U), gb = up(bias);
+        group_bias_act(cpu_, Y.data(), U.data(), bias.data(), n, S, w, true);
+        group_bias_act(gpu_, gY.data(), gU.data(), gb.data(), n, S, w, true);
+        expect_same(down(gY), Y, what + " group_bias_act");
+        Vec dY = random_vec(size_t(B) * w, gen_), dU(size_t(n) * (w + 2), 7.0f),
+            db(static_cast<size_t>(w));
+        Buffer<float> gdY = up(dY), gdU = up(dU), gdb = up(db);
+        group_sum_backward(cpu_, Y.data(), dY.data(), n, S, w, dU.data(), w + 2, db.data(), true);
+        group_sum_backward(gpu_, gY.data(), gdY.data(), n, S, w, gdU.data(), w + 2, gdb.data(),
+                           true);
+        expect_same(down(gdY), dY, what + " masked dY");
+        expect_same(down(gdU), dU, what + " group sums (padding untouched)");
+        const Vec gpu_db = down(gdb);
+        for (int j = 0; j < w; ++j)
+          EXPECT_NEAR(gpu_db[size_t(j)], db[size_t(j)], 1e-5 + 1e-5 * std::fabs(db[size_t(j)]))
+              << what << " db[" << j << "]";
+      }
+}
+
 TEST_F(Parity, ConcatSplitScalarAndVectorPaths) {
   // (wa, wc, pad): {4, 8, 0} and {64, 192, 4} take the float4 path.
   const int cases[][3] = {{1, 1, 0}, {3, 5, 1}, {4, 8, 0}, {8, 3, 2}, {64, 192, 4}, {5, 64, 3}};

@@ -102,25 +102,26 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
         dlogits(static_cast<size_t>(B));
     sample_negatives(ctx, positives, uint64_t(I), b.users.data(), b.items.data(), b.slice_begin, n,
                      num_neg, seed, b.epoch, su.data(), si.data(), labels.data());
-    std::vector<float> rows[2] = {std::vector<float>(size_t(B) * D),
+    // One user row per positive (its S samples share it), one item row per sample.
+    std::vector<float> rows[2] = {std::vector<float>(size_t(n) * D),
                                   std::vector<float>(size_t(B) * D)};
-    gather_rows(ctx, ref_table[0].data(), su.data(), rows[0].data(), U, B, D);
+    gather_rows(ctx, ref_table[0].data(), b.users.data(), rows[0].data(), U, n, D);
     gather_rows(ctx, ref_table[1].data(), si.data(), rows[1].data(), I, B, D);
-    ref_model.forward(ctx, rows[0].data(), rows[1].data(), B, logits.data());
+    ref_model.forward(ctx, rows[0].data(), rows[1].data(), n, S, logits.data());
     double ref_loss = 0;
     bce_with_logits_forward(ctx, logits.data(), labels.data(), nullptr, &ref_loss, B, B, G);
     bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, dlogits.data(), B, B, G);
-    std::vector<float> drows[2] = {std::vector<float>(size_t(B) * D),
+    std::vector<float> drows[2] = {std::vector<float>(size_t(n) * D),
                                    std::vector<float>(size_t(B) * D)};
     ref_model.backward(ctx, dlogits.data(), drows[0].data(), drows[1].data());
     const int64_t t = steps + 1;
-    const int32_t* ids[2] = {su.data(), si.data()};
-    const int64_t N[2] = {U, I};
+    const int32_t* ids[2] = {b.users.data(), si.data()};
+    const int64_t N[2] = {U, I}, count[2] = {n, B};
     for (int k = 0; k < 2; ++k) {
-      std::vector<RowId> urows(static_cast<size_t>(B));
-      std::vector<float> ugrads(static_cast<size_t>(B) * D);
+      std::vector<RowId> urows(static_cast<size_t>(count[k]));
+      std::vector<float> ugrads(static_cast<size_t>(count[k]) * D);
       int64_t nu = 0;
-      sort_reduce_rows(ctx, ids[k], drows[k].data(), B, D, urows.data(), ugrads.data(), &nu);
+      sort_reduce_rows(ctx, ids[k], drows[k].data(), count[k], D, urows.data(), ugrads.data(), &nu);
       embedding_dense_adam(ctx, ref_table[k].data(), ref_m[k].data(), ref_v[k].data(), urows.data(),
                            ugrads.data(), N[k], nu, D, t, eopt.adam);
     }

@@ -45,7 +45,9 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
     acts_[l] = Buffer<float>(device, 0);
     dacts_[l] = Buffer<float>(device, 0);
   }
-  for (Buffer<float>* b : {&x0_, &g_, &h_, &dx0_, &dg_, &dh_}) *b = Buffer<float>(device, 0);
+  for (Buffer<float>* b :
+       {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_})
+    *b = Buffer<float>(device, 0);
 }
 
 void NeuMF::init(uint64_t seed) {
@@ -65,35 +67,75 @@ void NeuMF::init(uint64_t seed) {
   device_copy(params_.device(), params_.data(), Device::kCpu, host.data(),
               host.size() * sizeof(float));
   grads_.zero();
-  B_ = -1;
+  n_ = -1;
 }
 
 void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
-                    int64_t B, float* logits) {
+                    int64_t n, int S, float* logits) {
   NCF_CHECK(ctx.device == params_.device(), "NeuMF::forward: context device ",
             device_name(ctx.device), " differs from the parameters' device ",
             device_name(params_.device()));
-  NCF_CHECK(B >= 0, "NeuMF::forward: negative batch B=", B);
+  NCF_CHECK(n >= 0 && S >= 1, "NeuMF::forward: n=", n, " groups of S=", S);
+  const int64_t B = n * S;
   const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
   const int F = config_.head_width();
   const size_t rows = static_cast<size_t>(B);
-  x0_.reserve(rows * config_.layers[0]);
+  const bool tower = !tower_.empty();
   g_.reserve(rows * mf);
   h_.reserve(rows * F);
+  ug_.reserve(S > 1 ? rows * mf : 0);
+  if (tower) {
+    u0_.reserve(static_cast<size_t>(n) * tower_[0].out);
+  } else {
+    x0_.reserve(rows * config_.layers[0]);
+    ux_.reserve(S > 1 ? rows * h : 0);
+  }
   for (size_t l = 0; l < tower_.size(); ++l) acts_[l].reserve(rows * tower_[l].out);
-  B_ = B;
+  n_ = n;
+  S_ = S;
   user_rows_ = user_rows;
   item_rows_ = item_rows;
   if (B == 0) return;
 
   const float* p = params_.data();
-  gmf_forward(ctx, user_rows, D, item_rows, D, g_.data(), mf, B, mf);
-  concat_cols(ctx, user_rows + mf, D, h, item_rows + mf, D, h, x0_.data(), B);
-  const float* x = x0_.data();
-  for (size_t l = 0; l < tower_.size(); ++l) {
-    const DenseLayerView& v = tower_[l];
-    linear_forward(ctx, x, p + v.w_offset, p + v.b_offset, acts_[l].data(), B, v.in, v.out, true);
-    x = acts_[l].data();
+  // GMF: the users' GMF columns, repeated over their S samples when S > 1.
+  const float* ug = user_rows;
+  int64_t ldug = D;
+  if (S > 1) {
+    repeat_rows(ctx, user_rows, D, mf, ug_.data(), n, S);
+    ug = ug_.data();
+    ldug = mf;
+  }
+  gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
+  const float* x = nullptr;
+  if (tower) {
+    // Layer 0 without the concatenated input: Z0 = u_mlp · W0[:, :h]^T, once per
+    // user, plus i_mlp · W0[:, h:]^T per sample, plus the bias, then ReLU.
+    const DenseLayerView& v = tower_[0];
+    const float* w0 = p + v.w_offset;
+    gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, w0, v.in, 0.0f,
+         u0_.data(), v.out);
+    gemm(ctx, false, true, static_cast<int>(B), v.out, h, 1.0f, item_rows + mf, D, w0 + h, v.in,
+         0.0f, acts_[0].data(), v.out);
+    group_bias_act(ctx, acts_[0].data(), u0_.data(), p + v.b_offset, n, S, v.out, true);
+    x = acts_[0].data();
+    for (size_t l = 1; l < tower_.size(); ++l) {
+      const DenseLayerView& vl = tower_[l];
+      linear_forward(ctx, x, p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B, vl.in, vl.out,
+                     true);
+      x = acts_[l].data();
+    }
+  } else {
+    // No hidden layer: the MLP output is X0 = [u_mlp ; i_mlp] itself.
+    const float* um = user_rows + mf;
+    int64_t ldum = D;
+    if (S > 1) {
+      repeat_rows(ctx, user_rows + mf, D, h, ux_.data(), n, S);
+      um = ux_.data();
+      ldum = h;
+    }
+    concat_cols(ctx, um, ldum, h, item_rows + mf, D, h, x0_.data(), B);
+    x = x0_.data();
   }
   concat_cols(ctx, g_.data(), mf, mf, x, config_.layers.back(), config_.layers.back(), h_.data(),
               B);
@@ -102,17 +144,25 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
 
 void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user_rows,
                      float* d_item_rows) {
-  NCF_CHECK(B_ >= 0, "NeuMF::backward called without a forward");
+  NCF_CHECK(n_ >= 0, "NeuMF::backward called without a forward");
   NCF_CHECK(ctx.device == params_.device(), "NeuMF::backward: context device ",
             device_name(ctx.device), " differs from the parameters' device ",
             device_name(params_.device()));
-  const int64_t B = B_;
+  const int64_t n = n_, B = n_ * S_;
+  const int S = S_;
   const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
   const int F = config_.head_width(), last = config_.layers.back();
   const size_t rows = static_cast<size_t>(B);
-  dx0_.reserve(rows * config_.layers[0]);
+  const bool tower = !tower_.empty();
   dg_.reserve(rows * mf);
   dh_.reserve(rows * F);
+  dug_.reserve(S > 1 ? rows * mf : 0);
+  if (tower) {
+    du0_.reserve(static_cast<size_t>(n) * tower_[0].out);
+  } else {
+    dx0_.reserve(rows * config_.layers[0]);
+    dux_.reserve(S > 1 ? rows * h : 0);
+  }
   for (size_t l = 0; l < tower_.size(); ++l) dacts_[l].reserve(rows * tower_[l].out);
 
   const float* p = params_.data();
@@ -124,19 +174,45 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
   head_backward(ctx, h_.data(), p + head_w_offset_, dlogits, dh_.data(), gp + head_w_offset_,
                 gp + head_c_offset_, B, F, GradMode::kOverwrite);
   // dH = [dgmf ; d(MLP output)]
-  float* dtop = tower_.empty() ? dx0_.data() : dacts_.back().data();
+  float* dtop = tower ? dacts_.back().data() : dx0_.data();
   split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
-  for (size_t l = tower_.size(); l-- > 0;) {
-    const DenseLayerView& v = tower_[l];
-    const float* x = l == 0 ? x0_.data() : acts_[l - 1].data();
-    float* dx = l == 0 ? dx0_.data() : dacts_[l - 1].data();
-    linear_backward(ctx, x, p + v.w_offset, acts_[l].data(), dacts_[l].data(), dx, gp + v.w_offset,
-                    gp + v.b_offset, B, v.in, v.out, true, GradMode::kOverwrite);
+  if (tower) {
+    for (size_t l = tower_.size(); l-- > 1;) {
+      const DenseLayerView& v = tower_[l];
+      linear_backward(ctx, acts_[l - 1].data(), p + v.w_offset, acts_[l].data(), dacts_[l].data(),
+                      dacts_[l - 1].data(), gp + v.w_offset, gp + v.b_offset, B, v.in, v.out, true,
+                      GradMode::kOverwrite);
+    }
+    // Layer 0: dZ0 (masked in place), its sum over each user's samples dU0,
+    // the bias gradient, then both halves of dW0 and of the input gradient.
+    const DenseLayerView& v = tower_[0];
+    const float* w0 = p + v.w_offset;
+    float* dz = dacts_[0].data();
+    group_sum_backward(ctx, acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out, gp + v.b_offset,
+                       true);
+    gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
+         D, 0.0f, gp + v.w_offset, v.in);
+    gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D, 0.0f,
+         gp + v.w_offset + h, v.in);
+    gemm(ctx, false, false, static_cast<int>(n), h, v.out, 1.0f, du0_.data(), v.out, w0, v.in, 0.0f,
+         d_user_rows + mf, D);
+    gemm(ctx, false, false, static_cast<int>(B), h, v.out, 1.0f, dz, v.out, w0 + h, v.in, 0.0f,
+         d_item_rows + mf, D);
+  } else if (S > 1) {
+    split_cols(ctx, dx0_.data(), h, h, dux_.data(), h, d_item_rows + mf, D, B);
+    group_sum_backward(ctx, nullptr, dux_.data(), n, S, h, d_user_rows + mf, D, nullptr, false);
+  } else {
+    split_cols(ctx, dx0_.data(), h, h, d_user_rows + mf, D, d_item_rows + mf, D, B);
   }
-  // dX0 → the mlp parts of the row gradients, dgmf → their mf parts.
-  split_cols(ctx, dx0_.data(), h, h, d_user_rows + mf, D, d_item_rows + mf, D, B);
-  gmf_backward(ctx, user_rows_, D, item_rows_, D, dg_.data(), mf, d_user_rows, D, d_item_rows, D, B,
-               mf);
+  // dgmf → the GMF columns: per sample for items, summed over the S samples for users.
+  if (S > 1) {
+    gmf_backward(ctx, ug_.data(), mf, item_rows_, D, dg_.data(), mf, dug_.data(), mf, d_item_rows,
+                 D, B, mf);
+    group_sum_backward(ctx, nullptr, dug_.data(), n, S, mf, d_user_rows, D, nullptr, false);
+  } else {
+    gmf_backward(ctx, user_rows_, D, item_rows_, D, dg_.data(), mf, d_user_rows, D, d_item_rows, D,
+                 B, mf);
+  }
 }
 
 }  // namespace ncf

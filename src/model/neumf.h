@@ -3,7 +3,7 @@
 // gradient buffer, so a step needs one allreduce and one optimizer call; the
 // embedding tables are owned elsewhere (embedding/) and enter as gathered rows.
 //
-// Per sample, with the gathered rows u, i of width D = mf_dim + h, h = layers[0]/2
+// Per sample (user u, item i), with the gathered rows u, i of width D = mf_dim + h, h = layers[0]/2
 // (row layout [mf part | mlp part]):
 //   G  = u[:mf] ⊙ i[:mf]                                  GMF, width mf_dim
 //   X0 = [u[mf:] ; i[mf:]]                                 width layers[0]
@@ -53,20 +53,24 @@ class NeuMF {
   void init(uint64_t seed);
   static constexpr uint64_t kInitIndexBase = uint64_t{1} << 48;
 
-  // logits[B] from the gathered rows user_rows[B×D], item_rows[B×D] (contiguous,
-  // on the parameters' device). Activations are kept in this object's
-  // workspace (grown to the largest B seen); the row pointers are kept too, so
-  // both must stay valid and unchanged until backward.
-  void forward(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t B,
-               float* logits);
-  // Scores for evaluation: the same computation as forward.
-  void score(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t B,
-             float* logits) {
-    forward(ctx, user_rows, item_rows, B, logits);
+  // logits[n·S] for n users with S samples each: sample b pairs user row
+  // b / S of user_rows [n×D] with item row b of item_rows [n·S × D] (both
+  // contiguous, on the parameters' device). The users' half of the first layer
+  // and their GMF factors are read once per user, not once per sample.
+  // Activations are kept in this object's workspace (grown to the largest batch
+  // seen); the row pointers are kept too, so both must stay valid and unchanged
+  // until backward.
+  void forward(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t n,
+               int S, float* logits);
+  // Scores for evaluation and serving: the same computation as forward.
+  void score(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t n,
+             int S, float* logits) {
+    forward(ctx, user_rows, item_rows, n, S, logits);
   }
-  // Backward of the last forward: dlogits[B] → the dense gradients (overwritten
-  // in grads()) and d_user_rows[B×D], d_item_rows[B×D] (overwritten), the
-  // gradients w.r.t. the gathered rows, ready to be sent back to the owners.
+  // Backward of the last forward: dlogits[n·S] → the dense gradients (overwritten
+  // in grads()), d_user_rows [n×D] (each user's sum over its samples) and
+  // d_item_rows [n·S × D] (overwritten), the gradients w.r.t. the gathered rows,
+  // ready to be sent back to the owners.
   void backward(const ExecContext& ctx, const float* dlogits, float* d_user_rows,
                 float* d_item_rows);
 
@@ -87,12 +91,15 @@ class NeuMF {
   int64_t head_w_offset_ = 0, head_c_offset_ = 0, num_params_ = 0;
   Buffer<float> params_, grads_;
 
-  // Workspace of the last forward (B rows): X0 [B×layers[0]], acts_[l] [B×layers[l+1]],
-  // G [B×mf], H [B×F]; and their gradients.
-  int64_t B_ = -1;
+  // Workspace of the last forward (n users, B = n·S rows): acts_[l] [B×layers[l+1]],
+  // G [B×mf], H [B×F], U0 [n×layers[1]] (the users' half of layer 0); with S > 1
+  // the users' GMF columns repeated [B×mf]; without a hidden layer X0 [B×layers[0]]
+  // (and the users' MLP columns repeated [B×h]); and their gradients.
+  int64_t n_ = -1;
+  int S_ = 1;
   const float* user_rows_ = nullptr;
   const float* item_rows_ = nullptr;
-  Buffer<float> x0_, g_, h_, dx0_, dg_, dh_;
+  Buffer<float> x0_, g_, h_, dx0_, dg_, dh_, u0_, du0_, ug_, dug_, ux_, dux_;
   std::vector<Buffer<float>> acts_, dacts_;
 };
 

@@ -370,6 +370,79 @@ void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* 
   });
 }
 
+void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
+                 int S) {
+  const char* op = "repeat_rows";
+  check_rows(op, n);
+  check_width(op, "w", w);
+  check_width(op, "S", S);
+  check_ld(op, "ldx", ldx, w);
+  check_ptr(op, "X", X, n);
+  check_ptr(op, "Y", Y, n);
+  NCF_DISPATCH_CUDA(ctx, repeat_rows, ctx, X, ldx, w, Y, n, S);
+  parallel_for(ctx.threads, n * S, row_grain(w), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) std::copy_n(X + (b / S) * ldx, w, Y + b * w);
+  });
+}
+
+void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+                    int S, int out, bool relu) {
+  const char* op = "group_bias_act";
+  check_rows(op, n);
+  check_width(op, "S", S);
+  check_width(op, "out", out);
+  check_ptr(op, "Y", Y, n);
+  check_ptr(op, "U", U, n);
+  NCF_DISPATCH_CUDA(ctx, group_bias_act, ctx, Y, U, bias, n, S, out, relu);
+  parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* y = Y + b * out;
+      const float* u = U + (b / S) * out;
+      for (int j = 0; j < out; ++j) {
+        const float z = (y[j] + u[j]) + (bias ? bias[j] : 0.0f);
+        y[j] = relu ? (z > 0.0f ? z : 0.0f) : z;
+      }
+    }
+  });
+}
+
+void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
+                        int out, float* dU, int64_t lddu, float* db, bool relu) {
+  const char* op = "group_sum_backward";
+  check_rows(op, n);
+  check_width(op, "S", S);
+  check_width(op, "out", out);
+  check_ld(op, "lddu", lddu, out);
+  check_ptr(op, "dY", dY, n);
+  check_ptr(op, "dU", dU, n);
+  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dU, lddu, db, relu);
+  parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
+    std::vector<double> acc(static_cast<size_t>(out));
+    for (int64_t p = p0; p < p1; ++p) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int s = 0; s < S; ++s) {
+        const int64_t i = (p * S + s) * out;
+        for (int j = 0; j < out; ++j) {
+          if (relu && !(Y[i + j] > 0.0f)) dY[i + j] = 0.0f;
+          acc[size_t(j)] += dY[i + j];
+        }
+      }
+      for (int j = 0; j < out; ++j) dU[p * lddu + j] = static_cast<float>(acc[size_t(j)]);
+    }
+  });
+  if (!db) return;
+  std::vector<double> sums(static_cast<size_t>(out));
+  block_sums(
+      ctx.threads, n, out,
+      [&](int64_t p0, int64_t p1, double* acc) {
+        for (int64_t p = p0; p < p1; ++p)
+          for (int j = 0; j < out; ++j) acc[j] += dU[p * lddu + j];
+      },
+      sums.data());
+  for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);
+}
+
 void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
                   float* logits, int64_t B, int F) {
   const char* op = "head_forward";

@@ -421,6 +421,47 @@ void copy_cols(cudaStream_t stream, const float* src, int64_t lds, float* dst, i
   check_launch(op);
 }
 
+// ---- groups (repeat_rows, group_bias_act, group_sum_backward) ------------------------
+
+__global__ void repeat_rows_kernel(const float* X, int64_t ldx, int w, float* Y, int64_t n, int S) {
+  for (int64_t i = thread_first(); i < n * S * w; i += thread_stride()) {
+    const int64_t b = i / w, k = i % w;
+    Y[i] = X[(b / S) * ldx + k];
+  }
+}
+
+__global__ void group_bias_act_kernel(float* Y, const float* U, const float* bias, int64_t n, int S,
+                                      int out, bool relu) {
+  for (int64_t i = thread_first(); i < n * S * out; i += thread_stride()) {
+    const int64_t b = i / out;
+    const int j = static_cast<int>(i % out);
+    const float z = __fadd_rn(__fadd_rn(Y[i], U[(b / S) * out + j]), bias ? bias[j] : 0.0f);
+    Y[i] = relu ? (z > 0.0f ? z : 0.0f) : z;
+  }
+}
+
+// One thread per (group, column): the mask, then the group's sum in s order.
+__global__ void group_sum_kernel(const float* Y, float* dY, int64_t n, int S, int out, float* dU,
+                                 int64_t lddu, bool relu) {
+  for (int64_t x = thread_first(); x < n * out; x += thread_stride()) {
+    const int64_t p = x / out;
+    const int j = static_cast<int>(x % out);
+    double acc = 0.0;
+    for (int s = 0; s < S; ++s) {
+      const int64_t i = (p * S + s) * out + j;
+      if (relu && !(Y[i] > 0.0f)) dY[i] = 0.0f;
+      acc += dY[i];
+    }
+    dU[p * lddu + j] = static_cast<float>(acc);
+  }
+}
+
+struct GroupRowsOp {  // column sums of dU
+  const float* dU;
+  int64_t lddu;
+  __device__ double operator()(int64_t p, int c) const { return dU[p * lddu + c]; }
+};
+
 }  // namespace
 
 // ---- the twins -------------------------------------------------------------------------
@@ -523,6 +564,37 @@ void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
   gmf_backward_kernel<<<grid_for(B * mf), kThreads, 0, stream_of(ctx)>>>(
       urows, ldu, irows, ldi, dgmf, ldg, durows, lddu, dirows, lddi, B, mf);
   check_launch("gmf_backward");
+}
+
+void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
+                 int S) {
+  if (n == 0) return;
+  repeat_rows_kernel<<<grid_for(n * S * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, Y, n, S);
+  check_launch("repeat_rows");
+}
+
+void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+                    int S, int out, bool relu) {
+  if (n == 0) return;
+  group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream_of(ctx)>>>(Y, U, bias, n, S,
+                                                                                out, relu);
+  check_launch("group_bias_act");
+}
+
+void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
+                        int out, float* dU, int64_t lddu, float* db, bool relu) {
+  const char* op = "group_sum_backward";
+  cudaStream_t stream = stream_of(ctx);
+  if (n > 0) {
+    group_sum_kernel<<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dU, lddu, relu);
+    check_launch(op);
+  }
+  if (!db) return;
+  double* partial = nullptr;
+  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
+  });
+  deterministic_col_sums(stream, n, out, GroupRowsOp{dU, lddu}, partial, GradStore{db, false}, op);
 }
 
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,

@@ -93,6 +93,22 @@ void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, co
 void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* dA, int64_t ldda,
                 float* dC, int64_t lddc, int64_t B);
 
+// Groups: B = n·S rows in n groups of S consecutive rows that share one
+// row of a per-group array (the S samples of one positive share its user).
+// Y[b, :] = X[b / S, :] for b < n·S (Y contiguous [n·S × w], X with stride ldx).
+void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
+                 int S);
+// Y[b, j] = act((Y[b, j] + U[b / S, j]) + bias[j]) for b < n·S, j < out; act is
+// ReLU when relu; bias may be null.
+void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+                    int S, int out, bool relu);
+// Backward of group_bias_act. dY [n·S × out] in: dL/dY; out: the masked dL/dZ
+// (when relu, from the forward output Y; Y may be null otherwise). dU[p, :] (row
+// stride lddu) = Σ_s dZ[p·S + s, :], summed in double in s order, overwritten;
+// db (may be null) = Σ_p dU[p, :] (fixed row blocks), overwritten.
+void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
+                        int out, float* dU, int64_t lddu, float* db, bool relu);
+
 // The logit head: logits[b] = w · H[b, :] + c[0], H[B×F] = [GMF ; MLP output].
 // c points at the scalar (inside the parameter buffer, on ctx.device).
 void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
@@ -151,6 +167,12 @@ void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const 
 void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const float* labels,
                               const float* weights, float* dlogits, int64_t B, int64_t n_valid,
                               int64_t global_batch);
+void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
+                 int S);
+void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+                    int S, int out, bool relu);
+void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
+                        int out, float* dU, int64_t lddu, float* db, bool relu);
 }  // namespace cuda
 #endif
 

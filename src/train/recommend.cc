@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "embedding/embedding_kernels.h"
 #include "model/topk.h"
 #include "train/trainer.h"
 
@@ -43,7 +42,7 @@ std::vector<float> Trainer::score_pairs(const std::vector<int32_t>& users,
     tables_->lookup({{u.data(), m}, {i.data(), m}});
     if (m == 0) continue;
     s.reserve(size_t(m));
-    model_->score(ctx_, tables_->rows(0), tables_->rows(1), m, s.data());
+    model_->score(ctx_, tables_->rows(0), tables_->rows(1), m, 1, s.data());
     device_copy(Device::kCpu, logits.data() + a, dev, s.data(), size_t(m) * 4);
   }
   return logits;
@@ -57,17 +56,13 @@ void Trainer::recommend(const std::vector<int32_t>& users, int K, bool include_s
   const int64_t n = int64_t(users.size()), I = int64_t(meta_.num_items);
   // Users scored at once: group × I scores per round.
   const int64_t group = std::max<int64_t>(1, cfg_.eval_batch_size / I);
-  // Every item's row, tiled for a group; the expansion of the group's user rows.
+  // Every item's row, tiled for a group: user x of the group meets every item.
   const std::vector<float> item_rows = tables_->gather_table(1);  // collective
   const int64_t tiles = std::min(group, std::max<int64_t>(n, 1));
   Buffer<float> tile(dev, size_t(tiles * I) * D);
   for (int64_t g = 0; g < tiles; ++g)
     device_copy(dev, tile.data() + g * I * D, Device::kCpu, item_rows.data(), item_rows.size() * 4);
-  std::vector<int64_t> expand(size_t(tiles * I));
-  for (int64_t x = 0; x < tiles * I; ++x) expand[size_t(x)] = x / I;
-  Buffer<int64_t> expand_dev(dev, expand.size());
-  device_copy(dev, expand_dev.data(), Device::kCpu, expand.data(), expand.size() * 8);
-  Buffer<float> user_rows(dev, size_t(tiles * I) * D), scores(dev, size_t(tiles * I));
+  Buffer<float> scores(dev, size_t(tiles * I));
   Buffer<int32_t> ids(dev, 0), top_items(dev, 0), excluded_dev(dev, 0);
   Buffer<float> top_scores(dev, 0);
   Buffer<int64_t> offsets_dev(dev, 0);
@@ -83,8 +78,7 @@ void Trainer::recommend(const std::vector<int32_t>& users, int K, bool include_s
     device_copy(dev, ids.data(), Device::kCpu, users.data() + a, size_t(m) * 4);
     tables_->lookup({{ids.data(), m}, {ids.data(), 0}});
     if (m == 0) continue;
-    permute_rows(ctx_, tables_->rows(0), m, expand_dev.data(), user_rows.data(), m * I, D);
-    model_->score(ctx_, user_rows.data(), tile.data(), m * I, scores.data());
+    model_->score(ctx_, tables_->rows(0), tile.data(), m, int(I), scores.data());
     const int64_t* off = nullptr;
     const int32_t* ex = nullptr;
     if (!include_seen) {

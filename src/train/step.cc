@@ -50,8 +50,9 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
                      s.items.data(), s.labels.data());
   mark(StepPhase::kCompute);
 
-  // 2. Lookup: both tables in one exchange per phase.
-  tables.lookup({{s.users.data(), B}, {s.items.data(), B}});
+  // 2. Lookup: both tables in one exchange per phase; one user row per
+  //    positive (its S samples share it), one item row per sample.
+  tables.lookup({{batch.users, n}, {s.items.data(), B}});
   mark(StepPhase::kExchange);
 
   // 3. Tower forward and backward: the loss share, the tower's gradient, and
@@ -59,7 +60,7 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   s.logits.reserve(size_t(B));
   s.dlogits.reserve(size_t(B));
   if (B > 0) {
-    model.forward(ctx, tables.rows(0), tables.rows(1), B, s.logits.data());
+    model.forward(ctx, tables.rows(0), tables.rows(1), n, S, s.logits.data());
     bce_with_logits_forward(ctx, s.logits.data(), s.labels.data(), nullptr, loss_share, B, B, G);
     bce_with_logits_backward(ctx, s.logits.data(), s.labels.data(), nullptr, s.dlogits.data(), B, B,
                              G);

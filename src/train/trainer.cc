@@ -17,7 +17,6 @@
 #include "common/memory.h"
 #include "common/philox.h"
 #include "data/negatives.h"
-#include "embedding/embedding_kernels.h"
 #include "model/metrics.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
@@ -155,12 +154,9 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   state_.model = model_.get();
   state_.allocate(ctx);
   for (Buffer<int32_t>* b : {&eval_users_, &eval_items_}) *b = Buffer<int32_t>(ctx.device, 0);
-  for (Buffer<float>* b : {&eval_rows_, &scores_}) *b = Buffer<float>(ctx.device, 0);
+  scores_ = Buffer<float>(ctx.device, 0);
   eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
-  eval_expand_ = Buffer<int64_t>(ctx.device, 0);
-  for (Buffer<float>* b : {&full_item_tile_, &full_user_rows_, &full_scores_})
-    *b = Buffer<float>(ctx.device, 0);
-  full_expand_ = Buffer<int64_t>(ctx.device, 0);
+  for (Buffer<float>* b : {&full_item_tile_, &full_scores_}) *b = Buffer<float>(ctx.device, 0);
   if (cfg.eval_users > 0) {
     // A fixed subset of exactly eval_users users (selection sampling over the
     // user ids in order, keyed by the seed): the same on every rank and any W.
@@ -354,7 +350,6 @@ EvalResult Trainer::evaluate() {
   }
   EvalBatch b;
   std::vector<int32_t> users;
-  std::vector<int64_t> expand;
   double sums[4] = {0, 0, 0, 0};
   for (int64_t k = 0; k < batches; ++k) {
     if (!eval_reader_->next(&b)) b = EvalBatch{};
@@ -375,24 +370,18 @@ EvalResult Trainer::evaluate() {
       for (int64_t u = 0; u < b.num_users; ++u) users[u] = int32_t(b.first_user + u);
     }
     const int64_t n = b.num_users;
-    expand.resize(n * L);
-    for (int64_t u = 0; u < n; ++u) std::fill_n(&expand[u * L], L, u);
     eval_users_.reserve(n);
     eval_items_.reserve(n * L);
     eval_mask_.reserve(n * L);
-    eval_expand_.reserve(n * L);
     device_copy(dev, eval_users_.data(), Device::kCpu, users.data(), size_t(n) * 4);
     device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
     device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
-    device_copy(dev, eval_expand_.data(), Device::kCpu, expand.data(), size_t(n * L) * 8);
-    // One user lookup per user, repeated over its L candidates; both tables in
-    // one exchange, as in the training step.
-    eval_rows_.reserve(size_t(n * L) * D);
+    // One user row per user, shared by its L candidates; both tables in one
+    // exchange, as in the training step.
     tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
-    permute_rows(ctx_, tables_->rows(0), n, eval_expand_.data(), eval_rows_.data(), n * L, D);
     if (n == 0) continue;
     scores_.reserve(n * L);
-    model_->score(ctx_, eval_rows_.data(), tables_->rows(1), n * L, scores_.data());
+    model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
     double hr = 0, ndcg = 0;
     hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
@@ -402,15 +391,8 @@ EvalResult Trainer::evaluate() {
     // of users at a time; the ranks are counted on the host.
     for (int64_t a = 0; a < n; a += group) {
       const int64_t m = std::min(group, n - a);
-      expand.resize(m * I);
-      for (int64_t x = 0; x < m * I; ++x) expand[x] = a + x / I;
-      full_expand_.reserve(m * I);
-      full_user_rows_.reserve(size_t(m * I) * D);
       full_scores_.reserve(m * I);
-      device_copy(dev, full_expand_.data(), Device::kCpu, expand.data(), size_t(m * I) * 8);
-      permute_rows(ctx_, tables_->rows(0), n, full_expand_.data(), full_user_rows_.data(), m * I,
-                   D);
-      model_->score(ctx_, full_user_rows_.data(), full_item_tile_.data(), m * I,
+      model_->score(ctx_, tables_->rows(0) + a * D, full_item_tile_.data(), m, int(I),
                     full_scores_.data());
       host_scores.resize(m * I);
       device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);

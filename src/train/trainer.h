@@ -151,13 +151,11 @@ class Trainer {
   // Eval buffers (n users, L = 1 + E list entries each).
   Buffer<int32_t> eval_users_, eval_items_;  // [n], [n×L]
   Buffer<uint8_t> eval_mask_;                // [n×L]
-  Buffer<int64_t> eval_expand_;              // [n×L] user row of each entry
-  Buffer<float> eval_rows_, scores_;         // [n×L×D] user rows per entry, [n×L]
+  Buffer<float> scores_;                     // [n×L]
   std::vector<uint8_t> eval_selected_;       // --eval_users: 1 for the users evaluated
   // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
-  // the users' rows expanded to match, their scores, and the expansion.
-  Buffer<float> full_item_tile_, full_user_rows_, full_scores_;
-  Buffer<int64_t> full_expand_;
+  // and their scores.
+  Buffer<float> full_item_tile_, full_scores_;
 };
 
 }  // namespace ncf
