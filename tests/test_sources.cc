@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -455,6 +456,12 @@ TEST(Sources, PrepareMovielensKeepsTheOriginalIds) {
   EXPECT_EQ(maps.item.dense(99), std::nullopt);
   EXPECT_EQ(maps.user.dense(5), std::nullopt);
   EXPECT_EQ(maps.user.dense(-1), std::nullopt);
+  EXPECT_EQ(maps.item.dense(25), std::nullopt);  // a gap between raw ids 20 and 30
+  for (int64_t d = 0; d < maps.user.size(); ++d)
+    EXPECT_EQ(maps.user.dense(maps.user.raw(d)), std::optional<int64_t>(d)) << "user " << d;
+  for (int64_t d = 0; d < maps.item.size(); ++d)
+    EXPECT_EQ(maps.item.dense(maps.item.raw(d)), std::optional<int64_t>(d)) << "item " << d;
+  EXPECT_EQ(test::read_file(out.file("user_ids.i64")).size(), 3u * 8u);
   verify_dataset(out.path());
 
   // One byte changed, then a short file: refused by name, by the loader and
@@ -630,6 +637,14 @@ TEST(Sources, PrepareNcfPaperKeepsSplitAndNegatives) {
   std::vector<std::pair<int32_t, int32_t>> want_train = {{0, 1}, {0, 3}, {1, 0}, {1, 2}, {2, 4}};
   EXPECT_EQ(read_train_pairs(out.path(), meta), want_train);
   EXPECT_EQ(meta.generator["negatives_equal_to_test"].get<uint64_t>(), 1u);
+  // The paper's ids are dense already: no map files, identity maps.
+  EXPECT_TRUE(meta.id_maps.empty());
+  EXPECT_FALSE(std::filesystem::exists(out.file("user_ids.i64")));
+  const IdMaps maps = load_id_maps(out.path(), meta);
+  EXPECT_TRUE(maps.user.identity() && maps.item.identity());
+  EXPECT_EQ(maps.user.size(), 3);
+  EXPECT_EQ(maps.item.size(), 13);
+  EXPECT_EQ(maps.item.raw(12), 12);
 
   // The directory holding the set and a file of the set work as inputs too.
   TempDir out2;
