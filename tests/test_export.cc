@@ -1,10 +1,11 @@
 // ncf_export against the checkpoint it reads and against independent
 // computations: the ONNX model parsed back (initializers equal the
-// checkpoint's arrays, the checker passes, only the documented operators),
-// run by a real ONNX Runtime (onnxruntime-node) on 10,000 random pairs and
-// compared with ncf_recommend --pairs, inline and with external data; the
-// NumPy files read back byte for byte and used by NumPy to recompute the
-// scores; bad input named by path or flag.
+// checkpoint's arrays, the checker passes, only the documented operators,
+// external data where the limit puts it), run by a real ONNX Runtime
+// (onnxruntime-node) on 10,000 random pairs and compared with ncf_recommend
+// --pairs and with a naive double-precision loop over the checkpoint's files,
+// inline and with external data; the NumPy files read back byte for byte and
+// used by NumPy to recompute the scores; bad input named by path or flag.
 #include <gtest/gtest.h>
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -32,6 +34,72 @@ std::vector<float> floats(const std::string& path, size_t skip = 0) {
   std::vector<float> v((b.size() - skip) / 4);
   std::memcpy(v.data(), b.data() + skip, v.size() * 4);
   return v;
+}
+
+// The model the fixture trains: mf_dim 6, layers 32,16,8 (D = 6 + 16 = 22),
+// on 157 users and 211 items.
+constexpr int kMf = 6, kD = 22, kUsers = 157, kItems = 211;
+const std::vector<int> kLayers = {32, 16, 8};
+
+// NeuMF's logit for each (user, item), in double, straight from the
+// checkpoint's files and the flat layout written in model/neumf.h (per layer
+// W [out×in] then b [out], then the head w [F] and c): no code of the program
+// under test.
+std::vector<double> reference_logits(const std::string& ck,
+                                     const std::vector<std::pair<int, int>>& pairs) {
+  const std::vector<float> p = floats(ck + "/tower.f32");
+  const std::vector<float> users = floats(ck + "/user.rows.f32");
+  const std::vector<float> items = floats(ck + "/item.rows.f32");
+  EXPECT_EQ(users.size(), size_t(kUsers * kD));
+  EXPECT_EQ(items.size(), size_t(kItems * kD));
+  std::vector<double> logits;
+  for (const auto& [u, i] : pairs) {
+    const float* ur = &users[size_t(u * kD)];
+    const float* ir = &items[size_t(i * kD)];
+    std::vector<double> x;  // X0 = [u_mlp ; i_mlp]
+    for (int k = kMf; k < kD; ++k) x.push_back(ur[k]);
+    for (int k = kMf; k < kD; ++k) x.push_back(ir[k]);
+    size_t at = 0;
+    for (size_t l = 0; l + 1 < kLayers.size(); ++l) {
+      const int in = kLayers[l], out = kLayers[l + 1];
+      std::vector<double> y(static_cast<size_t>(out));
+      for (int o = 0; o < out; ++o) {
+        double acc = p[at + size_t(out * in + o)];
+        for (int k = 0; k < in; ++k) acc += double(p[at + size_t(o * in + k)]) * x[size_t(k)];
+        y[size_t(o)] = std::max(acc, 0.0);
+      }
+      at += size_t(out * in + out);
+      x = y;
+    }
+    double logit = p[at + size_t(kMf + kLayers.back())];  // c
+    for (int k = 0; k < kMf; ++k) logit += double(p[at + size_t(k)]) * ur[k] * ir[k];
+    for (int k = 0; k < kLayers.back(); ++k)
+      logit += double(p[at + size_t(kMf + k)]) * x[size_t(k)];
+    logits.push_back(logit);
+    at += size_t(kMf + kLayers.back() + 1);
+    EXPECT_EQ(at, p.size() / 3);  // the parameters, then Adam's m and v
+  }
+  return logits;
+}
+
+// Installs onnxruntime-node (once per build tree) and returns its directory.
+std::string onnx_runtime_dir() {
+  const std::string ort = std::string(NCF_BIN_DIR) + "/../onnx-node";
+  auto r = run("bash " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/install.sh " + ort);
+  EXPECT_EQ(r.exit_code, 0) << "installing onnxruntime-node:\n" << r.output;
+  return ort;
+}
+
+// tests/onnx/score_pairs.js: the model's 'user,item,score,logit' rows for a pairs file.
+std::vector<std::vector<std::string>> onnx_runtime_scores(const std::string& ort,
+                                                          const std::string& model,
+                                                          const std::string& pairs,
+                                                          const std::string& out) {
+  auto r = run("NODE_PATH=" + ort + "/node_modules node " + std::string(NCF_SOURCE_DIR) +
+               "/tests/onnx/score_pairs.js " + model + " " + pairs + " " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? csv_rows(test::read_file(out))
+                          : std::vector<std::vector<std::string>>{};
 }
 
 class Export : public ::testing::Test {
@@ -71,6 +139,7 @@ TEST_F(Export, OnnxHoldsTheCheckpointAndPassesTheChecker) {
   const std::string path = t.file("m.onnx");
   auto r = run(ncf_export("--format onnx --output " + path));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path + ".data"));  // a small model stays whole
   onnx::ModelProto model;
   std::ifstream in(path, std::ios::binary);
   ASSERT_TRUE(model.ParseFromIstream(&in));
@@ -116,15 +185,17 @@ TEST_F(Export, OnnxHoldsTheCheckpointAndPassesTheChecker) {
 
 TEST_F(Export, OnnxRuntimeScoresEqualNcfRecommend) {
   TempDir t;
-  const std::string ort = std::string(NCF_BIN_DIR) + "/../onnx-node";
-  auto r = run("bash " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/install.sh " + ort);
-  ASSERT_EQ(r.exit_code, 0) << "installing onnxruntime-node:\n" << r.output;
+  const std::string ort = onnx_runtime_dir();
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(std::filesystem::exists(bin("ncf_recommend")))
+      << bin("ncf_recommend") << " is missing: build the ncf_recommend target";
   std::mt19937 gen(11);
   std::string pairs = "user,item\n";
   for (int k = 0; k < 10000; ++k)
     pairs += std::to_string(gen() % 157) + "," + std::to_string(gen() % 211) + "\n";
   test::write_file(t.file("pairs.csv"), pairs);
-  r = run(bin("ncf_recommend") + " --checkpoint " + *ck_ + " --data_dir " + dir_->file("data") +
+  auto r =
+      run(bin("ncf_recommend") + " --checkpoint " + *ck_ + " --data_dir " + dir_->file("data") +
           " --threads 1 --pairs " + t.file("pairs.csv") + " --output " + t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = csv_rows(test::read_file(t.file("rec.csv")));
@@ -135,11 +206,7 @@ TEST_F(Export, OnnxRuntimeScoresEqualNcfRecommend) {
                        model));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(std::filesystem::exists(model + ".data"), std::string(external) == "always");
-    r = run("NODE_PATH=" + ort + "/node_modules node " + std::string(NCF_SOURCE_DIR) +
-            "/tests/onnx/score_pairs.js " + model + " " + t.file("pairs.csv") + " " +
-            t.file("ort.csv"));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto got = csv_rows(test::read_file(t.file("ort.csv")));
+    const auto got = onnx_runtime_scores(ort, model, t.file("pairs.csv"), t.file("ort.csv"));
     ASSERT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t k = 1; k < got.size(); ++k) {
@@ -152,6 +219,117 @@ TEST_F(Export, OnnxRuntimeScoresEqualNcfRecommend) {
     }
     std::printf("external data %s: 10000 pairs, max |score difference| %.3g\n", external, worst);
   }
+}
+
+TEST_F(Export, OnnxExternalDataPastALoweredLimit) {
+  // Table parts: item_mlp 13,504 bytes, user_mlp 10,048, item_gmf 5,064,
+  // user_gmf 3,768; the tower 2,716. Under 20,000 bytes inline the two MLP
+  // parts must go outside (the largest first) and the GMF parts stay.
+  TempDir t;
+  const std::string path = t.file("m.onnx");
+  auto r = run(ncf_export("--format onnx --external_data_bytes 20000 --output " + path));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NO_THROW(onnx::checker::check_model(path));
+  onnx::ModelProto model;
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(model.ParseFromIstream(&in));
+  const std::string data = test::read_file(path + ".data");
+  const std::vector<float> users = floats(*ck_ + "/user.rows.f32");
+  const std::vector<float> items = floats(*ck_ + "/item.rows.f32");
+  std::set<std::string> outside;
+  for (const auto& init : model.graph().initializer()) {
+    if (init.data_location() != onnx::TensorProto::EXTERNAL) {
+      EXPECT_EQ(init.external_data_size(), 0) << init.name();
+      continue;
+    }
+    outside.insert(init.name());
+    std::map<std::string, std::string> kv;
+    for (const auto& e : init.external_data()) kv[e.key()] = e.value();
+    EXPECT_EQ(kv["location"], "m.onnx.data");
+    const size_t offset = std::stoul(kv["offset"]), length = std::stoul(kv["length"]);
+    EXPECT_EQ(offset % 4096, 0u);
+    ASSERT_LE(offset + length, data.size());
+    // The MLP columns [6, 22) of each row, from the checkpoint's own file.
+    const bool user = init.name() == "user_mlp";
+    const std::vector<float>& rows = user ? users : items;
+    const int n = user ? kUsers : kItems;
+    ASSERT_EQ(length, size_t(n * (kD - kMf) * 4)) << init.name();
+    std::vector<float> got(size_t(n * (kD - kMf)));
+    std::memcpy(got.data(), data.data() + offset, length);
+    for (int row = 0; row < n; ++row)
+      for (int k = kMf; k < kD; ++k)
+        ASSERT_EQ(got[size_t(row * (kD - kMf) + k - kMf)], rows[size_t(row * kD + k)])
+            << init.name() << " row " << row << " column " << k;
+  }
+  EXPECT_EQ(outside, (std::set<std::string>{"item_mlp", "user_mlp"}));
+
+  // Exported again under the default limit: all inline, the stale .data gone.
+  r = run(ncf_export("--format onnx --output " + path));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path + ".data"));
+  // A limit the tower alone passes is refused, naming the model's path.
+  r = run(ncf_export("--format onnx --external_data_bytes 100 --output " + path));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(path + ": 2716 bytes of initializers"), std::string::npos) << r.output;
+}
+
+TEST_F(Export, OnnxRuntimeScoresEqualANaiveLoop) {
+  // Needs no ncf_recommend: the reference is reference_logits above, and NumPy
+  // (tests/onnx/check_npy.py) is held to the same reference.
+  TempDir t;
+  const std::string ort = onnx_runtime_dir();
+  ASSERT_FALSE(HasFailure());
+  std::mt19937 gen(13);
+  std::vector<std::pair<int, int>> pairs;
+  std::string text = "user,item\n";
+  for (int k = 0; k < 10000; ++k) {
+    pairs.emplace_back(int(gen() % kUsers), int(gen() % kItems));
+    text += std::to_string(pairs.back().first) + "," + std::to_string(pairs.back().second) + "\n";
+  }
+  test::write_file(t.file("pairs.csv"), text);
+  const std::vector<double> want = reference_logits(*ck_, pairs);
+  ASSERT_FALSE(HasFailure());
+  std::string ref = "user,item,score\n";
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    char score[32];
+    std::snprintf(score, sizeof score, "%.9g", 1 / (1 + std::exp(-want[k])));
+    ref +=
+        std::to_string(pairs[k].first) + "," + std::to_string(pairs[k].second) + "," + score + "\n";
+  }
+  test::write_file(t.file("ref.csv"), ref);
+
+  // Inline (the default limit), and the MLP parts in external data.
+  for (const std::string flags : {"", "--external_data_bytes 20000"}) {
+    const std::string model = t.file(flags.empty() ? "inline.onnx" : "external.onnx");
+    auto r = run(ncf_export("--format onnx " + flags + " --output " + model));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(std::filesystem::exists(model + ".data"), !flags.empty());
+    const auto got = onnx_runtime_scores(ort, model, t.file("pairs.csv"), t.file("ort.csv"));
+    ASSERT_EQ(got.size(), pairs.size() + 1);
+    double worst = 0;
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      const auto& row = got[k + 1];
+      ASSERT_EQ(row.size(), 4u);
+      ASSERT_EQ(row[0], std::to_string(pairs[k].first));
+      ASSERT_EQ(row[1], std::to_string(pairs[k].second));
+      const double score = 1 / (1 + std::exp(-want[k]));
+      const double d = std::fabs(std::stod(row[2]) - score);
+      worst = std::max(worst, d);
+      ASSERT_LE(d, 1e-5) << flags << " pair " << k << ": onnxruntime " << row[2] << ", reference "
+                         << score;
+      ASSERT_LE(std::fabs(std::stod(row[3]) - want[k]), 1e-5 * std::max(1.0, std::fabs(want[k])))
+          << flags << " pair " << k << ": onnxruntime logit " << row[3] << ", reference "
+          << want[k];
+    }
+    std::printf("%s: 10000 pairs, max |score - naive loop| %.3g\n",
+                flags.empty() ? "inline" : "external data", worst);
+  }
+
+  auto r = run(ncf_export("--format npy --output " + t.file("npy")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+          t.file("npy") + " " + t.file("ref.csv"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST_F(Export, NumpyFilesHoldTheArraysAndRecomputeTheScores) {
@@ -198,6 +376,8 @@ TEST_F(Export, BadInputIsNamed) {
                   " --format onnx --output " + t.file("m.onnx")),
               "--checkpoint " + t.file("none") + ": no such checkpoint");
   expect_fail(run(ncf_export("--format tflite --output " + t.file("m"))), "--format");
+  expect_fail(run(ncf_export("--format onnx --output " + t.file("no/such/dir/m.onnx"))),
+              t.file("no/such/dir/m.onnx"));
   expect_fail(run(ncf_export("--format npy --output " + t.file("n") + " --data_dir " +
                              dir_->file("other"))),
               "belongs to dataset");

@@ -35,6 +35,16 @@ int export_main(int& argc, char**& argv) {
                  "always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+#ifdef NCF_WITH_ONNX
+  int64_t inline_limit = kOnnxInlineBytes;
+#else
+  int64_t inline_limit = 0;
+#endif
+  // Hidden: the tests lower it to cover external data on a small model.
+  app.add_option("--external_data_bytes", inline_limit,
+                 "onnx, auto: most bytes of initializers kept inside the model")
+      ->check(CLI::NonNegativeNumber)
+      ->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -48,7 +58,8 @@ int export_main(int& argc, char**& argv) {
     export_onnx(m, output,
                 external == "always"  ? ExternalData::kAlways
                 : external == "never" ? ExternalData::kNever
-                                      : ExternalData::kAuto);
+                                      : ExternalData::kAuto,
+                inline_limit);
 #endif
   } else {
     export_npy(m, output, data_dir);

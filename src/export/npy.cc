@@ -1,6 +1,11 @@
 // .npy writing and the NumPy export: see npy.h.
 #include "export/npy.h"
 
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -26,12 +31,25 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string out = std::string("\x93NUMPY\x01\x00", 8);
-  out += char(header.size() & 0xff);
-  out += char(header.size() >> 8);
-  out += header;
-  out.append(static_cast<const char*>(data), size_t(count) * element_bytes);
-  write_file_atomic(path, out);
+  NCF_CHECK(header.size() <= 0xffff, path, ": a .npy 1.0 header of ", header.size(), " bytes");
+  std::string head = std::string("\x93NUMPY\x01\x00", 8);
+  head += char(header.size() & 0xff);
+  head += char(header.size() >> 8);
+  head += header;
+  // Written in place from `data` (tables can be most of memory), through a
+  // temporary file and a rename like write_file_atomic.
+  const std::string tmp = path + ".tmp";
+  {
+    FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    f.write_at(0, head.data(), head.size());
+    f.write_at(int64_t(head.size()), data, size_t(count) * element_bytes);
+    f.sync();
+    f.close();
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    NCF_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  sync_directory(parent.empty() ? "." : parent);
 }
 
 void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir) {

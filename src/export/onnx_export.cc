@@ -17,8 +17,6 @@ namespace {
 
 constexpr int kOpset = 17;
 constexpr int kIrVersion = 8;
-// Initializers kept inside the model stay below this; the rest go external.
-constexpr int64_t kInlineBytes = int64_t{3} << 29;  // 1.5 GiB
 
 struct Tensor {
   std::string name;
@@ -61,7 +59,9 @@ void vector_value(onnx::ValueInfoProto* v, const std::string& name, int elem) {
 
 }  // namespace
 
-void export_onnx(const TrainedModel& m, const std::string& path, ExternalData external) {
+void export_onnx(const TrainedModel& m, const std::string& path, ExternalData external,
+                 int64_t inline_limit) {
+  NCF_CHECK(inline_limit >= 0, path, ": the inline limit must be >= 0, not ", inline_limit);
   const int mf = m.config.mf_dim, h = m.config.mlp_half();
   std::vector<Tensor> tensors;
   tensors.push_back(columns("user_gmf", m.users, m.U, m.D, 0, mf));
@@ -88,7 +88,8 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
   tensors.push_back({"head_bias", {1}, {m.params[size_t(m.head_c_offset)]}});
 
   // Which tensors go to external data: all four table parts (kAlways), none
-  // (kNever), or the largest ones until the rest fits inline (kAuto).
+  // (kNever), or the largest ones until the rest fits inline (kAuto). The
+  // tower stays inside: it is small and runtimes read it at load either way.
   std::vector<bool> outside(tensors.size(), false);
   if (external == ExternalData::kAlways) std::fill_n(outside.begin(), 4, true);
   int64_t inline_bytes = 0;
@@ -96,17 +97,20 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
     if (!outside[k]) inline_bytes += int64_t(tensors[k].data.size()) * 4;
   if (external == ExternalData::kAuto) {
     std::vector<size_t> order = {0, 1, 2, 3};
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return tensors[a].data.size() > tensors[b].data.size(); });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return tensors[a].data.size() > tensors[b].data.size();
+    });
     for (size_t k : order) {
-      if (inline_bytes <= kInlineBytes) break;
+      if (inline_bytes <= inline_limit) break;
       outside[k] = true;
       inline_bytes -= int64_t(tensors[k].data.size()) * 4;
     }
   }
-  if (inline_bytes > kInlineBytes)
+  if (inline_bytes > inline_limit)
     NCF_FAIL(path, ": ", inline_bytes, " bytes of initializers stay inside the model, more than ",
-             kInlineBytes, " (--external_data never)");
+             inline_limit,
+             external == ExternalData::kNever ? " (--external_data never)"
+                                              : " (the tower alone; tables are already outside)");
 
   onnx::ModelProto model;
   model.set_ir_version(kIrVersion);
@@ -159,6 +163,11 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
   if (data_file.is_open()) {
     data_file.close();
     if (!data_file) NCF_FAIL(data_path, ": write failed");
+  } else {
+    // A .data file of an earlier export to the same path would otherwise look
+    // like part of this model.
+    std::error_code ec;
+    std::filesystem::remove(data_path, ec);
   }
 
   node(g, "Gather", {"user_gmf", "user"}, "user_gmf_rows");
