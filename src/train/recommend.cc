@@ -52,16 +52,13 @@ void Trainer::recommend(const std::vector<int32_t>& users, int K, bool include_s
                         std::vector<int32_t>* items, std::vector<float>* logits) {
   NCF_CHECK(K >= 1, "recommend: K=", K, " must be >= 1");
   const Device dev = ctx_.device;
-  const int D = plan_.D;
   const int64_t n = int64_t(users.size()), I = int64_t(meta_.num_items);
   // Users scored at once: group × I scores per round.
   const int64_t group = std::max<int64_t>(1, cfg_.eval_batch_size / I);
   // Every item's row, tiled for a group: user x of the group meets every item.
-  const std::vector<float> item_rows = tables_->gather_table(1);  // collective
   const int64_t tiles = std::min(group, std::max<int64_t>(n, 1));
-  Buffer<float> tile(dev, size_t(tiles * I) * D);
-  for (int64_t g = 0; g < tiles; ++g)
-    device_copy(dev, tile.data() + g * I * D, Device::kCpu, item_rows.data(), item_rows.size() * 4);
+  Buffer<float> tile(dev, 0);
+  tile_item_table(tiles, &tile);
   Buffer<float> scores(dev, size_t(tiles * I));
   Buffer<int32_t> ids(dev, 0), top_items(dev, 0), excluded_dev(dev, 0);
   Buffer<float> top_scores(dev, 0);
@@ -82,13 +79,7 @@ void Trainer::recommend(const std::vector<int32_t>& users, int K, bool include_s
     const int64_t* off = nullptr;
     const int32_t* ex = nullptr;
     if (!include_seen) {
-      offsets.assign(1, 0);
-      excluded.clear();
-      for (int64_t x = 0; x < m; ++x) {
-        const uint64_t user = uint64_t(users[size_t(a + x)]);
-        excluded.insert(excluded.end(), positives_->begin(user), positives_->end(user));
-        offsets.push_back(int64_t(excluded.size()));
-      }
+      seen_items(users.data() + a, m, &offsets, &excluded);
       offsets_dev.reserve(offsets.size());
       excluded_dev.reserve(std::max<size_t>(excluded.size(), 1));
       device_copy(dev, offsets_dev.data(), Device::kCpu, offsets.data(), offsets.size() * 8);

@@ -341,13 +341,7 @@ EvalResult Trainer::evaluate() {
   std::vector<int32_t> test_items;
   std::vector<int64_t> excl_offsets;
   std::vector<int32_t> excluded;
-  if (full) {
-    const std::vector<float> item_rows = tables_->gather_table(1);  // collective
-    full_item_tile_.reserve(size_t(group * I) * D);
-    for (int64_t g = 0; g < group; ++g)
-      device_copy(dev, full_item_tile_.data() + g * I * D, Device::kCpu, item_rows.data(),
-                  item_rows.size() * 4);
-  }
+  if (full) tile_item_table(group, &full_item_tile_);
   EvalBatch b;
   std::vector<int32_t> users;
   double sums[4] = {0, 0, 0, 0};
@@ -397,16 +391,9 @@ EvalResult Trainer::evaluate() {
       host_scores.resize(m * I);
       device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);
       test_items.resize(m);
-      excl_offsets.assign(1, 0);
-      excluded.clear();
-      for (int64_t x = 0; x < m; ++x) {
+      for (int64_t x = 0; x < m; ++x)
         test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
-        const int32_t u = users[a + x];
-        const int64_t* off = positives_->offsets();
-        excluded.insert(excluded.end(), positives_->items() + off[u],
-                        positives_->items() + off[u + 1]);
-        excl_offsets.push_back(int64_t(excluded.size()));
-      }
+      seen_items(users.data() + a, m, &excl_offsets, &excluded);
       double fh = 0, fn = 0;
       full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
                             excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
@@ -424,6 +411,26 @@ EvalResult Trainer::evaluate() {
   res.full_ndcg = sums[3] / double(res.users);
   res.seconds = seconds_since(t0);
   return res;
+}
+
+void Trainer::tile_item_table(int64_t copies, Buffer<float>* tile) {
+  const std::vector<float> item_rows = tables_->gather_table(1);  // collective
+  const size_t bytes = item_rows.size() * sizeof(float);
+  tile->reserve(size_t(copies) * item_rows.size());
+  for (int64_t g = 0; g < copies; ++g)
+    device_copy(ctx_.device, tile->data() + size_t(g) * item_rows.size(), Device::kCpu,
+                item_rows.data(), bytes);
+}
+
+void Trainer::seen_items(const int32_t* users, int64_t m, std::vector<int64_t>* offsets,
+                         std::vector<int32_t>* items) const {
+  offsets->assign(1, 0);
+  items->clear();
+  for (int64_t x = 0; x < m; ++x) {
+    const uint64_t u = uint64_t(users[x]);
+    items->insert(items->end(), positives_->begin(u), positives_->end(u));
+    offsets->push_back(int64_t(items->size()));
+  }
 }
 
 std::vector<float> Trainer::gather_parameters() {

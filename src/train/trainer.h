@@ -118,6 +118,14 @@ class Trainer {
   // Adds the phase times of the steps the timer has finished to *r (and prints
   // their --step_log lines); wait_all at the end of an epoch.
   void account_step_times(bool wait_all, EpochResult* r);
+  // The whole item table (gathered: collective) copied `copies` times into
+  // *tile on this rank's device, so that `copies` users meet every item in
+  // one NeuMF::score ([copies × I × D]).
+  void tile_item_table(int64_t copies, Buffer<float>* tile);
+  // The positives.bin interactions of users[0..m) as one CSR on the host:
+  // user x's items are (*items)[(*offsets)[x] .. (*offsets)[x+1]).
+  void seen_items(const int32_t* users, int64_t m, std::vector<int64_t>* offsets,
+                  std::vector<int32_t>* items) const;
 
   TrainConfig cfg_;
   Communicator& comm_;
