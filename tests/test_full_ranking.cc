@@ -200,5 +200,60 @@ TEST_F(FullRankingRun, EvalOnlyNeedsACheckpoint) {
   EXPECT_NE(r.output.find("flag --eval_only needs a checkpoint"), std::string::npos) << r.output;
 }
 
+// Evaluating a checkpoint needs the tables' rows, not the optimizer state they
+// were trained with: a 100,000-user table of width 40 is 16,000,000 bytes of
+// rows, 48,000,000 with dense Adam's m and v. Under a limit of twice the rows
+// training is refused and --eval_only runs, with the numbers it gives without
+// a limit; under half the rows it is refused too, naming the table.
+TEST(EvalOnlyMemory, HoldsTheRowsWithoutTheOptimizerState) {
+  TempDir t;
+  const std::string data = t.file("data"), ck = t.file("ck");
+  auto r = run(bin("ncf_prep") +
+               " --synthetic custom --users 100000 --items 50 --interactions 300000 "
+               "--min_per_user 3 --eval_negatives 20 --seed 3 --progress off --output " +
+               data);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string train = bin("ncf_dist") + " --data_dir " + data +
+                            " --batch_size 20000 --train_epochs 1 --threads 1 --no_eval "
+                            "--progress off --embedding_optimizer dense_adam --checkpoint_dir " +
+                            ck;
+  r = run(train);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double rows_gib = 100000.0 * 40 * 4 / double(1ull << 30);
+  auto limit = [](double gib) { return " --memory_limit_gb " + std::to_string(gib); };
+  r = run(train + limit(2 * rows_gib));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("for table user alone (100000 rows x 40, row, with dense_adam state)"),
+            std::string::npos)
+      << r.output;
+
+  auto eval_only = [&](int W, const std::string& flags, nlohmann::json* metrics) {
+    TempDir m;
+    const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
+    const auto e = run("timeout 300 " + launch + bin("ncf_dist") + " --data_dir " + data +
+                       " --threads 1 --progress off --eval_only --resume auto --checkpoint_dir " +
+                       ck + " --eval_batch_size 2100 --metrics_json " + m.file("m.jsonl") + flags);
+    std::ifstream f(m.file("m.jsonl"));
+    std::string line;
+    if (std::getline(f, line)) *metrics = nlohmann::json::parse(line);
+    return e;
+  };
+  for (int W : {1, 2}) {
+    nlohmann::json free, limited, none;
+    r = eval_only(W, "", &free);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = eval_only(W, limit(2 * rows_gib / W), &limited);
+    ASSERT_EQ(r.exit_code, 0) << "W=" << W << "\n" << r.output;
+    EXPECT_EQ(limited["hr"], free["hr"]) << "W=" << W;
+    EXPECT_EQ(limited["ndcg"], free["ndcg"]) << "W=" << W;
+    EXPECT_EQ(limited["users"], 100000);
+    r = eval_only(W, limit(0.5 * rows_gib / W), &none);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
+    EXPECT_NE(r.output.find("rows x 40, row, rows only)"), std::string::npos) << r.output;
+    EXPECT_TRUE(none.is_null()) << none.dump();
+  }
+}
+
 }  // namespace
 }  // namespace ncf

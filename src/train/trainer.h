@@ -59,6 +59,8 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
 
 class Trainer {
  public:
+  // With cfg.eval_only (ncf_dist --eval_only, ncf_recommend) it holds the
+  // tables' rows only, without optimizer state, and cannot train.
   Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx);
   ~Trainer();
 
