@@ -18,6 +18,15 @@ namespace ncf {
 
 void write_npy(const std::string& path, const char* dtype, const std::vector<int64_t>& shape,
                const void* data, size_t element_bytes) {
+  write_npy(path, dtype, shape, element_bytes, [&](const NpyAppend& append) {
+    size_t count = 1;
+    for (int64_t d : shape) count *= size_t(d);
+    append(data, count * element_bytes);
+  });
+}
+
+void write_npy(const std::string& path, const char* dtype, const std::vector<int64_t>& shape,
+               size_t element_bytes, const std::function<void(const NpyAppend&)>& body) {
   std::string dims;  // "(3,)" for one dimension, "(3, 4)" for two, as NumPy writes them
   int64_t count = 1;
   for (size_t k = 0; k < shape.size(); ++k) {
@@ -36,13 +45,21 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
   head += char(header.size() & 0xff);
   head += char(header.size() >> 8);
   head += header;
-  // Written in place from `data` (tables can be most of memory), through a
+  // Written as the pieces come (a table need not fit in memory), through a
   // temporary file and a rename like write_file_atomic.
   const std::string tmp = path + ".tmp";
   {
     FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
     f.write_at(0, head.data(), head.size());
-    f.write_at(int64_t(head.size()), data, size_t(count) * element_bytes);
+    int64_t at = int64_t(head.size());
+    const int64_t end = at + count * int64_t(element_bytes);
+    body([&](const void* data, size_t n) {
+      NCF_CHECK(at + int64_t(n) <= end, path, ": more than the ", count, " elements of its shape");
+      f.write_at(at, data, n);
+      at += int64_t(n);
+    });
+    NCF_CHECK(at == end, path, ": ", at - int64_t(head.size()), " bytes written, its shape needs ",
+              end - int64_t(head.size()));
     f.sync();
     f.close();
   }
@@ -60,10 +77,21 @@ void export_npy(const TrainedModel& m, const std::string& dir, const std::string
     write_npy(dir + "/" + name, "<f4", shape, data, 4);
     files[name] = {{"shape", shape}, {"dtype", "float32"}, {"what", what}};
   };
-  put("user_embeddings.npy", {m.U, m.D}, m.users.data(),
-      "user rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP embedding");
-  put("item_embeddings.npy", {m.I, m.D}, m.items.data(),
-      "item rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP embedding");
+  for (const auto& [name, table] :
+       {std::pair{"user", TrainedModel::kUsers}, std::pair{"item", TrainedModel::kItems}}) {
+    const std::string file = std::string(name) + "_embeddings.npy";
+    const std::vector<int64_t> shape = {m.rows(table), m.D};
+    write_npy(dir + "/" + file, "<f4", shape, 4, [&](const NpyAppend& append) {
+      m.for_each_piece(
+          table, export_piece_rows(m.D),
+          [&](int64_t, int64_t rows, const float* data) { append(data, size_t(rows * m.D) * 4); });
+    });
+    files[file] = {
+        {"shape", shape},
+        {"dtype", "float32"},
+        {"what", std::string(name) + " rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP "
+                                     "embedding"}};
+  }
   for (size_t l = 0; l < m.tower.size(); ++l) {
     const DenseLayerView& v = m.tower[l];
     const std::string p = "mlp_" + std::to_string(l);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "common/check.h"
 #include "common/file_io.h"
@@ -21,16 +22,40 @@ constexpr int kIrVersion = 8;
 struct Tensor {
   std::string name;
   std::vector<int64_t> dims;
-  std::vector<float> data;
+  std::vector<float> data;  // the tower's tensors
+  // A table part: columns [c0, c0 + w) of every row of `table`, read from the
+  // checkpoint piece by piece as it is written.
+  bool from_table = false;
+  TrainedModel::Table table = TrainedModel::kUsers;
+  int c0 = 0, w = 0;
+  int64_t bytes() const {
+    int64_t n = 4;
+    for (int64_t d : dims) n *= d;
+    return n;
+  }
 };
 
-// Columns [c0, c0 + w) of a [rows×D] table.
-Tensor columns(const std::string& name, const std::vector<float>& table, int64_t rows, int D,
-               int c0, int w) {
-  Tensor t{name, {rows, w}, std::vector<float>(size_t(rows * w))};
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy_n(&table[size_t(r * D + c0)], w, &t.data[size_t(r * w)]);
+Tensor columns(const std::string& name, const TrainedModel& m, TrainedModel::Table table, int c0,
+               int w) {
+  Tensor t{name, {m.rows(table), w}, {}};
+  t.from_table = true;
+  t.table = table;
+  t.c0 = c0;
+  t.w = w;
   return t;
+}
+
+// A table part's bytes in order, in pieces: emit(data, bytes).
+void stream_columns(const TrainedModel& m, const Tensor& t,
+                    const std::function<void(const float*, size_t)>& emit) {
+  const int64_t piece = export_piece_rows(m.D);
+  std::vector<float> cols;
+  m.for_each_piece(t.table, piece, [&](int64_t, int64_t rows, const float* data) {
+    cols.resize(size_t(rows * t.w));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(data + r * m.D + t.c0, t.w, cols.data() + r * t.w);
+    emit(cols.data(), cols.size() * 4);
+  });
 }
 
 onnx::NodeProto* node(onnx::GraphProto* g, const char* op, std::vector<std::string> in,
@@ -64,10 +89,10 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
   NCF_CHECK(inline_limit >= 0, path, ": the inline limit must be >= 0, not ", inline_limit);
   const int mf = m.config.mf_dim, h = m.config.mlp_half();
   std::vector<Tensor> tensors;
-  tensors.push_back(columns("user_gmf", m.users, m.U, m.D, 0, mf));
-  tensors.push_back(columns("item_gmf", m.items, m.I, m.D, 0, mf));
-  tensors.push_back(columns("user_mlp", m.users, m.U, m.D, mf, h));
-  tensors.push_back(columns("item_mlp", m.items, m.I, m.D, mf, h));
+  tensors.push_back(columns("user_gmf", m, TrainedModel::kUsers, 0, mf));
+  tensors.push_back(columns("item_gmf", m, TrainedModel::kItems, 0, mf));
+  tensors.push_back(columns("user_mlp", m, TrainedModel::kUsers, mf, h));
+  tensors.push_back(columns("item_mlp", m, TrainedModel::kItems, mf, h));
   for (size_t l = 0; l < m.tower.size(); ++l) {
     const DenseLayerView& v = m.tower[l];
     const std::string p = "mlp_" + std::to_string(l);
@@ -94,16 +119,15 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
   if (external == ExternalData::kAlways) std::fill_n(outside.begin(), 4, true);
   int64_t inline_bytes = 0;
   for (size_t k = 0; k < tensors.size(); ++k)
-    if (!outside[k]) inline_bytes += int64_t(tensors[k].data.size()) * 4;
+    if (!outside[k]) inline_bytes += tensors[k].bytes();
   if (external == ExternalData::kAuto) {
     std::vector<size_t> order = {0, 1, 2, 3};
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return tensors[a].data.size() > tensors[b].data.size();
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return tensors[a].bytes() > tensors[b].bytes(); });
     for (size_t k : order) {
       if (inline_bytes <= inline_limit) break;
       outside[k] = true;
-      inline_bytes -= int64_t(tensors[k].data.size()) * 4;
+      inline_bytes -= tensors[k].bytes();
     }
   }
   if (inline_bytes > inline_limit)
@@ -138,9 +162,17 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
     p->set_name(t.name);
     p->set_data_type(onnx::TensorProto::FLOAT);
     for (int64_t d : t.dims) p->add_dims(d);
-    const size_t bytes = t.data.size() * 4;
+    const size_t bytes = size_t(t.bytes());
     if (!outside[k]) {
-      p->set_raw_data(t.data.data(), bytes);
+      if (!t.from_table) {
+        p->set_raw_data(t.data.data(), bytes);
+        continue;
+      }
+      std::string raw;
+      raw.reserve(bytes);
+      stream_columns(
+          m, t, [&](const float* d, size_t n) { raw.append(reinterpret_cast<const char*>(d), n); });
+      p->set_raw_data(std::move(raw));
       continue;
     }
     if (!data_file.is_open()) {
@@ -149,7 +181,9 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
     }
     data_at = (data_at + 4095) / 4096 * 4096;  // page-aligned, so runtimes may map it
     data_file.seekp(data_at);
-    data_file.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(bytes));
+    stream_columns(m, t, [&](const float* d, size_t n) {
+      data_file.write(reinterpret_cast<const char*>(d), std::streamsize(n));
+    });
     p->set_data_location(onnx::TensorProto::EXTERNAL);
     for (const auto& [key, value] : {std::pair<std::string, std::string>{"location", data_name},
                                      {"offset", std::to_string(data_at)},

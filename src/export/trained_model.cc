@@ -1,16 +1,48 @@
-// load_trained_model: see trained_model.h.
+// load_trained_model and the table reads: see trained_model.h.
 #include "export/trained_model.h"
+
+#include <algorithm>
 
 #include "comm/single_communicator.h"
 #include "common/check.h"
 
 namespace ncf {
 
+namespace {
+
+const char* table_file(TrainedModel::Table t) {
+  return t == TrainedModel::kUsers ? "user.rows.f32" : "item.rows.f32";
+}
+
+}  // namespace
+
+void TrainedModel::read_rows(Table t, int64_t first, int64_t count, float* out) const {
+  NCF_CHECK(first >= 0 && count >= 0 && first + count <= rows(t), path, "/", table_file(t),
+            ": rows [", first, ", ", first + count, ") out of [0, ", rows(t), ")");
+  reader->read(table_file(t), first * D * 4, out, size_t(count * D) * 4);
+}
+
+void TrainedModel::for_each_piece(
+    Table t, int64_t piece_rows,
+    const std::function<void(int64_t, int64_t, const float*)>& visit) const {
+  NCF_CHECK(piece_rows >= 1, "for_each_piece: piece_rows ", piece_rows, " must be >= 1");
+  const int64_t n = rows(t);
+  std::vector<float> buf(size_t(std::min(piece_rows, std::max<int64_t>(n, 1)) * D));
+  for (int64_t a = 0; a < n; a += piece_rows) {
+    const int64_t m = std::min(piece_rows, n - a);
+    read_rows(t, a, m, buf.data());
+    visit(a, m, buf.data());
+  }
+}
+
+int64_t export_piece_rows(int D) { return std::max<int64_t>(1, (int64_t{64} << 20) / (4 * D)); }
+
 TrainedModel load_trained_model(const std::string& checkpoint) {
   SingleCommunicator comm;
   std::vector<std::string> log;
-  const CheckpointReader ck = open_checkpoint(comm, checkpoint, &log);
   TrainedModel m;
+  m.reader = std::make_shared<const CheckpointReader>(open_checkpoint(comm, checkpoint, &log));
+  const CheckpointReader& ck = *m.reader;
   m.path = ck.path();
   m.manifest = ck.manifest();
   const std::string where = ck.path() + "/" + kCheckpointManifestFile;
@@ -31,15 +63,12 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
             ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * P * 4);
   m.params.resize(size_t(P));
   ck.read("tower.f32", 0, m.params.data(), m.params.size() * 4);
-  for (const char* table : {"user", "item"}) {
-    const std::string name = std::string(table) + ".rows.f32";
+  for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {
+    const std::string name = table_file(t);
     const int64_t bytes = ck.bytes(name);
     NCF_CHECK(bytes % (int64_t(m.D) * 4) == 0, ck.path(), ": ", name, " has ", bytes,
               " bytes, not whole rows of ", m.D, " floats");
-    std::vector<float>& rows = table[0] == 'u' ? m.users : m.items;
-    rows.resize(size_t(bytes / 4));
-    ck.read(name, 0, rows.data(), size_t(bytes));
-    (table[0] == 'u' ? m.U : m.I) = bytes / (int64_t(m.D) * 4);
+    (t == TrainedModel::kUsers ? m.U : m.I) = bytes / (int64_t(m.D) * 4);
   }
   return m;
 }

@@ -1,8 +1,12 @@
 // A trained NeuMF read from a checkpoint on one process, for export: the
-// tower's parameters and the user and item tables, whatever W wrote it.
+// tower's parameters in memory, the user and item tables read from the
+// checkpoint's files piece by piece (a table can be larger than the host's
+// memory), whatever W wrote it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,8 +24,20 @@ struct TrainedModel {
   std::vector<float> params;  // the tower in NeuMF's flat layout (model/neumf.h)
   std::vector<DenseLayerView> tower;
   int64_t head_w_offset = 0, head_c_offset = 0;
-  std::vector<float> users, items;  // [U×D], [I×D]
+  std::shared_ptr<const CheckpointReader> reader;
+
+  enum Table { kUsers, kItems };
+  int64_t rows(Table t) const { return t == kUsers ? U : I; }
+  // Rows [first, first + count) of a table ([count×D]) from the checkpoint.
+  void read_rows(Table t, int64_t first, int64_t count, float* out) const;
+  // The whole table in order, in pieces of at most `piece_rows` rows through
+  // one buffer: visit(first row, rows, data [rows×D]).
+  void for_each_piece(Table t, int64_t piece_rows,
+                      const std::function<void(int64_t, int64_t, const float*)>& visit) const;
 };
+
+// Rows per piece when a table is streamed: 64 MiB of rows.
+int64_t export_piece_rows(int D);
 
 // --checkpoint: a checkpoint or a directory of them (train/checkpoint.h:
 // open_checkpoint), every file checked against its size and CRC first.
