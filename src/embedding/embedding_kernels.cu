@@ -227,13 +227,13 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   std::fill(counts, counts + W, int64_t{0});
   if (n == 0) return;
   check_int_range(op, "n", n);
-  const int N = static_cast<int>(n);
+  const int n_int = static_cast<int>(n);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
   size_t temp_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, key_bits(W),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, key_bits(W),
       stream));
   int32_t* owners = nullptr;         // [n] owner of each input key
   int32_t* rows = nullptr;           // [n] its flat row on the owner
@@ -257,7 +257,7 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   check_launch(op);
   // LSD radix sort is stable: equal owners keep input order, like the CPU's counting sort.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, owners, sorted_owners, pos_in,
-                                             pos_sorted, N, 0, key_bits(W), stream));
+                                             pos_sorted, n_int, 0, key_bits(W), stream));
   owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, pos_sorted, n, out_perm, out_rows);
   owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_owners, n, W, dev_counts);
   check_launch(op);
@@ -276,17 +276,17 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
     return;
   }
   check_int_range(op, "n", n);
-  const int N = static_cast<int>(n);
+  const int n_int = static_cast<int>(n);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
 
   size_t sort_bytes = 0, scan_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, 32, stream));
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, 32, stream));
   CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
                                            static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), N, stream));
+                                           static_cast<int32_t*>(nullptr), n_int, stream));
   const size_t temp_bytes = std::max({sort_bytes, scan_bytes, size_t{1}});
   int32_t* sorted = nullptr;      // [n] ids ascending
   int32_t* pos_in = nullptr;      // [n] 0..n-1
@@ -305,12 +305,12 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   size_t bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, N, 0, 32,
-                                             stream));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, n_int, 0,
+                                             32, stream));
   run_heads_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, n, head);
   check_launch(op);
   bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, N, stream));
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, n_int, stream));
   unique_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, pos_sorted, head, run, n,
                                                               out_unique, out_inverse);
   check_launch(op);

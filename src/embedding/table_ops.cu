@@ -157,14 +157,15 @@ __global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_st
     for (int32_t k = 0; k < n_sub[u]; ++k) owner[sub_start[u] + k] = static_cast<int32_t>(u);
 }
 
-// partial[s, :] = the sum of sub-run s (of the P sub-runs of the long runs):
+// partial[s, :] = the sum of sub-run s (of the n_partials sub-runs of the long runs):
 // kSubRun rows (fewer for a run's last) in sorted = input order.
 template <bool kVec>
 __global__ void sub_run_sums_kernel(const float* grads, const int32_t* pos, const int32_t* start,
                                     const int32_t* len, const int32_t* sub_start,
-                                    const int32_t* owner, float* partial, int64_t P, int D) {
+                                    const int32_t* owner, float* partial, int64_t n_partials,
+                                    int D) {
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = P * lanes;
+  const int64_t total = n_partials * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t s = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -300,7 +301,7 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   const bool own_unique = unique == nullptr;
   int32_t* map = nullptr;
   check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
-  const int N = static_cast<int>(n);
+  const int n_int = static_cast<int>(n);
   cudaStream_t stream = stream_of(ctx);
   // Sub-runs of the runs longer than kSubRun: each such run has L > kSubRun rows
   // and ceil(L / kSubRun) < 2·L / kSubRun sub-runs, so there are fewer than
@@ -311,16 +312,16 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0, sub_scan_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, ids, static_cast<RowId*>(nullptr), static_cast<const int32_t*>(nullptr),
-      static_cast<int32_t*>(nullptr), N, 0, int(sizeof(RowId) * 8), stream));
+      static_cast<int32_t*>(nullptr), n_int, 0, int(sizeof(RowId) * 8), stream));
   CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
       nullptr, rle_bytes, static_cast<const RowId*>(nullptr), unique,
-      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, stream));
+      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, stream));
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
                                            static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), N, stream));
+                                           static_cast<int32_t*>(nullptr), n_int, stream));
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, sub_scan_bytes,
                                            static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), N + 1, stream));
+                                           static_cast<int32_t*>(nullptr), n_int + 1, stream));
   const size_t temp_bytes =
       std::max({sort_bytes, rle_bytes, scan_bytes, sub_scan_bytes, size_t{1}});
 
@@ -330,10 +331,11 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   int32_t* run_len = nullptr;     // [n] rows per unique id (first n_unique used)
   int32_t* run_start = nullptr;   // [n] first sorted position of each unique id
   int32_t* n_sub = nullptr;       // [n+1] sub-runs of each long run (0: short run, or unused)
-  int32_t* sub_start = nullptr;   // [n+1] first partial of each long run; [n] = P, the total
-  int32_t* owner = nullptr;       // [max_partials] the run of each partial
-  float* partial = nullptr;       // [max_partials×D] sub-run sums of the long runs
-  int32_t* num_runs = nullptr;    // [1]
+  int32_t* sub_start =
+      nullptr;                  // [n+1] first partial of each long run; [n] = n_partials, the total
+  int32_t* owner = nullptr;     // [max_partials] the run of each partial
+  float* partial = nullptr;     // [max_partials×D] sub-run sums of the long runs
+  int32_t* num_runs = nullptr;  // [1]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
     sorted_ids = s.take<RowId>(n);
@@ -355,18 +357,18 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   check_launch(op);
   size_t bytes = temp_bytes;
   // LSD radix sort is stable: equal ids keep their input order.
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, pos_in, pos_sorted, N, 0,
-                                             int(sizeof(RowId) * 8), stream));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, pos_in, pos_sorted,
+                                             n_int, 0, int(sizeof(RowId) * 8), stream));
   CUDA_CHECK(cudaMemsetAsync(run_len, 0, sizeof(int32_t) * n, stream));  // the scans read all n
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, sorted_ids, unique, run_len, num_runs,
-                                                N, stream));
+                                                n_int, stream));
   bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, run_len, run_start, N, stream));
+  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, run_len, run_start, n_int, stream));
   count_sub_runs_kernel<<<grid_for(n + 1), kThreads, 0, stream>>>(run_len, n, n_sub);
   check_launch(op);
   bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, n_sub, sub_start, N + 1, stream));
+  CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, n_sub, sub_start, n_int + 1, stream));
 
   // The one wait: the unique count and the partial count, as host values.
   auto* host_counts = static_cast<int32_t*>(r.pinned(2 * sizeof(int32_t)));
@@ -375,20 +377,21 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   CUDA_CHECK(cudaMemcpyAsync(host_counts + 1, sub_start + n, sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
-  const int64_t n_runs = host_counts[0], P = host_counts[1];
+  const int64_t n_runs = host_counts[0], n_partials = host_counts[1];
   RunList out;
-  NCF_CHECK(P >= 0 && P <= max_partials, op, ": ", P, " sub-runs exceed the bound ", max_partials);
+  NCF_CHECK(n_partials >= 0 && n_partials <= max_partials, op, ": ", n_partials,
+            " sub-runs exceed the bound ", max_partials);
 
   const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial);
-  if (P > 0) {
+  if (n_partials > 0) {
     sub_run_owner_kernel<<<grid_for(n_runs), kThreads, 0, stream>>>(n_sub, sub_start, n_runs,
                                                                     owner);
     if (vec)
-      sub_run_sums_kernel<true><<<grid_for(P * (D / 4)), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, P, D);
+      sub_run_sums_kernel<true><<<grid_for(n_partials * (D / 4)), kThreads, 0, stream>>>(
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D);
     else
-      sub_run_sums_kernel<false><<<grid_for(P * D), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, P, D);
+      sub_run_sums_kernel<false><<<grid_for(n_partials * D), kThreads, 0, stream>>>(
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D);
     check_launch(op);
   }
   out.pos = pos_sorted;

@@ -58,10 +58,10 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   m.tower = shape.tower();
   m.head_w_offset = shape.head_w_offset();
   m.head_c_offset = shape.head_c_offset();
-  const int64_t P = shape.num_params();
-  NCF_CHECK(ck.bytes("tower.f32") == 3 * P * 4, ck.path(), ": tower.f32 has ",
-            ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * P * 4);
-  m.params.resize(size_t(P));
+  const int64_t n_params = shape.num_params();
+  NCF_CHECK(ck.bytes("tower.f32") == 3 * n_params * 4, ck.path(), ": tower.f32 has ",
+            ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * n_params * 4);
+  m.params.resize(size_t(n_params));
   ck.read("tower.f32", 0, m.params.data(), m.params.size() * 4);
   for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {
     const std::string name = table_file(t);

@@ -385,19 +385,19 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
   });
 }
 
-void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu) {
   const char* op = "group_bias_act";
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "out", out);
   check_ptr(op, "Y", Y, n);
-  check_ptr(op, "U", U, n);
-  NCF_DISPATCH_CUDA(ctx, group_bias_act, ctx, Y, U, bias, n, S, out, relu);
+  check_ptr(op, "Yg", Yg, n);
+  NCF_DISPATCH_CUDA(ctx, group_bias_act, ctx, Y, Yg, bias, n, S, out, relu);
   parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       float* y = Y + b * out;
-      const float* u = U + (b / S) * out;
+      const float* u = Yg + (b / S) * out;
       for (int j = 0; j < out; ++j) {
         const float z = (y[j] + u[j]) + (bias ? bias[j] : 0.0f);
         y[j] = relu ? (z > 0.0f ? z : 0.0f) : z;
@@ -407,16 +407,16 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const floa
 }
 
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dU, int64_t lddu, float* db, bool relu) {
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "out", out);
-  check_ld(op, "lddu", lddu, out);
+  check_ld(op, "lddyg", lddyg, out);
   check_ptr(op, "dY", dY, n);
-  check_ptr(op, "dU", dU, n);
+  check_ptr(op, "dYg", dYg, n);
   if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
-  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dU, lddu, db, relu);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
   parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
     std::vector<double> acc(static_cast<size_t>(out));
     for (int64_t p = p0; p < p1; ++p) {
@@ -428,7 +428,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
           acc[size_t(j)] += dY[i + j];
         }
       }
-      for (int j = 0; j < out; ++j) dU[p * lddu + j] = static_cast<float>(acc[size_t(j)]);
+      for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[size_t(j)]);
     }
   });
   if (!db) return;
@@ -437,7 +437,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
       ctx.threads, n, out,
       [&](int64_t p0, int64_t p1, double* acc) {
         for (int64_t p = p0; p < p1; ++p)
-          for (int j = 0; j < out; ++j) acc[j] += dU[p * lddu + j];
+          for (int j = 0; j < out; ++j) acc[j] += dYg[p * lddyg + j];
       },
       sums.data());
   for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);

@@ -430,19 +430,19 @@ __global__ void repeat_rows_kernel(const float* X, int64_t ldx, int w, float* Y,
   }
 }
 
-__global__ void group_bias_act_kernel(float* Y, const float* U, const float* bias, int64_t n, int S,
-                                      int out, bool relu) {
+__global__ void group_bias_act_kernel(float* Y, const float* Yg, const float* bias, int64_t n,
+                                      int S, int out, bool relu) {
   for (int64_t i = thread_first(); i < n * S * out; i += thread_stride()) {
     const int64_t b = i / out;
     const int j = static_cast<int>(i % out);
-    const float z = __fadd_rn(__fadd_rn(Y[i], U[(b / S) * out + j]), bias ? bias[j] : 0.0f);
+    const float z = __fadd_rn(__fadd_rn(Y[i], Yg[(b / S) * out + j]), bias ? bias[j] : 0.0f);
     Y[i] = relu ? (z > 0.0f ? z : 0.0f) : z;
   }
 }
 
 // One thread per (group, column): the mask, then the group's sum in s order.
-__global__ void group_sum_kernel(const float* Y, float* dY, int64_t n, int S, int out, float* dU,
-                                 int64_t lddu, bool relu) {
+__global__ void group_sum_kernel(const float* Y, float* dY, int64_t n, int S, int out, float* dYg,
+                                 int64_t lddyg, bool relu) {
   for (int64_t x = thread_first(); x < n * out; x += thread_stride()) {
     const int64_t p = x / out;
     const int j = static_cast<int>(x % out);
@@ -452,14 +452,14 @@ __global__ void group_sum_kernel(const float* Y, float* dY, int64_t n, int S, in
       if (relu && !(Y[i] > 0.0f)) dY[i] = 0.0f;
       acc += dY[i];
     }
-    dU[p * lddu + j] = static_cast<float>(acc);
+    dYg[p * lddyg + j] = static_cast<float>(acc);
   }
 }
 
-struct GroupRowsOp {  // column sums of dU
-  const float* dU;
-  int64_t lddu;
-  __device__ double operator()(int64_t p, int c) const { return dU[p * lddu + c]; }
+struct GroupRowsOp {  // column sums of dYg
+  const float* dYg;
+  int64_t lddyg;
+  __device__ double operator()(int64_t p, int c) const { return dYg[p * lddyg + c]; }
 };
 
 }  // namespace
@@ -573,20 +573,21 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
   check_launch("repeat_rows");
 }
 
-void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu) {
   if (n == 0) return;
-  group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream_of(ctx)>>>(Y, U, bias, n, S,
+  group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream_of(ctx)>>>(Y, Yg, bias, n, S,
                                                                                 out, relu);
   check_launch("group_bias_act");
 }
 
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dU, int64_t lddu, float* db, bool relu) {
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";
   cudaStream_t stream = stream_of(ctx);
   if (n > 0) {
-    group_sum_kernel<<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dU, lddu, relu);
+    group_sum_kernel<<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg,
+                                                                 relu);
     check_launch(op);
   }
   if (!db) return;
@@ -594,7 +595,8 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
   carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
     partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
   });
-  deterministic_col_sums(stream, n, out, GroupRowsOp{dU, lddu}, partial, GradStore{db, false}, op);
+  deterministic_col_sums(stream, n, out, GroupRowsOp{dYg, lddyg}, partial, GradStore{db, false},
+                         op);
 }
 
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,

@@ -98,16 +98,16 @@ void split_cols(const ExecContext& ctx, const float* dY, int wa, int wc, float* 
 // Y[b, :] = X[b / S, :] for b < n·S (Y contiguous [n·S × w], X with stride ldx).
 void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
                  int S);
-// Y[b, j] = act((Y[b, j] + U[b / S, j]) + bias[j]) for b < n·S, j < out; act is
+// Y[b, j] = act((Y[b, j] + Yg[b / S, j]) + bias[j]) for b < n·S, j < out; act is
 // ReLU when relu; bias may be null.
-void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu);
 // Backward of group_bias_act. dY [n·S × out] in: dL/dY; out: the masked dL/dZ
-// (when relu, from the forward output Y; Y may be null otherwise). dU[p, :] (row
-// stride lddu) = Σ_s dZ[p·S + s, :], summed in double in s order, overwritten;
-// db (may be null) = Σ_p dU[p, :] (fixed row blocks), overwritten.
+// (when relu, from the forward output Y; Y may be null otherwise). dYg[p, :] (row
+// stride lddyg) = Σ_s dZ[p·S + s, :], summed in double in s order, overwritten;
+// db (may be null) = Σ_p dYg[p, :] (fixed row blocks), overwritten.
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dU, int64_t lddu, float* db, bool relu);
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu);
 
 // The logit head: logits[b] = w · H[b, :] + c[0], H[B×F] = [GMF ; MLP output].
 // c points at the scalar (inside the parameter buffer, on ctx.device).
@@ -169,10 +169,10 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
                               int64_t global_batch);
 void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, float* Y, int64_t n,
                  int S);
-void group_bias_act(const ExecContext& ctx, float* Y, const float* U, const float* bias, int64_t n,
+void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu);
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dU, int64_t lddu, float* db, bool relu);
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu);
 }  // namespace cuda
 #endif
 

@@ -79,19 +79,19 @@ void top_k(const ExecContext& ctx, const float* scores, int64_t n, int64_t I,
   cudaStream_t stream = stream_of(ctx);
   const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(n, kBlockElements / I));
   check_int_range(op, "rows x I", rows * I);
-  const int N = static_cast<int>(rows * I);
+  const int block_keys = static_cast<int>(rows * I);
   size_t temp_bytes = 0;
   CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
       nullptr, temp_bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
-      N, static_cast<int>(rows), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr),
-      0, 64, stream));
+      block_keys, static_cast<int>(rows), static_cast<const int*>(nullptr),
+      static_cast<const int*>(nullptr), 0, 64, stream));
   uint64_t* keys = nullptr;    // [rows×I]
   uint64_t* sorted = nullptr;  // [rows×I]
   int* seg = nullptr;          // [rows+1]
   void* temp = nullptr;
   carve_scratch(r, [&](ScratchLayout& s) {
-    keys = s.take<uint64_t>(size_t(N));
-    sorted = s.take<uint64_t>(size_t(N));
+    keys = s.take<uint64_t>(size_t(block_keys));
+    sorted = s.take<uint64_t>(size_t(block_keys));
     seg = s.take<int>(size_t(rows + 1));
     temp = s.take<char>(temp_bytes);
   });
