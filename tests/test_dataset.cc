@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "common/check.h"
 #include "data/dataset.h"
@@ -469,33 +471,117 @@ TEST(DatasetIntegrity, MetadataWithAChangedDigitIsRefused) {
   EXPECT_EQ(verify_error(d.path()), "");
 }
 
-// A dataset from the previous format (version 1: no crc32c in metadata.json)
-// is refused with the file's name and a request to run ncf_prep again.
-TEST(DatasetIntegrity, OlderFormatIsRefusedWithARequestToRerunPrep) {
-  TempDir d;
-  write_small(d.path());
-  const std::string mp = d.file("metadata.json");
+// Rewrites a dataset the way ncf_prep's format version 1 wrote it: every
+// shard header says format_version 1 (the shards' sizes and CRCs in the
+// metadata follow), and metadata.json says format_version 1 and has no
+// crc32c of its own. Records, positives.bin and the dataset id are the same.
+void make_format_1(const std::string& dir) {
+  const std::string mp = dir + "/metadata.json";
   nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
+  for (auto& s : j.at("shards")) {
+    const std::string path = dir + "/" + s.at("name").get<std::string>();
+    rewrite_record(path, 0, [](const std::string& payload) {
+      proto::ShardHeader h;
+      EXPECT_TRUE(h.ParseFromString(payload));
+      EXPECT_EQ(h.format_version(), 2u);
+      h.set_format_version(1);
+      return h.SerializeAsString();
+    });
+    const std::string bytes = test::read_file(path);
+    s["bytes"] = bytes.size();
+    s["crc32c"] = slow_crc32c(bytes);
+  }
   j.erase("crc32c");
   j["format_version"] = 1;
   test::write_file(mp, j.dump(2));
-  for (const std::string& e : {load_error(d.path()), verify_error(d.path())}) {
-    EXPECT_TRUE(has(e, mp + ": dataset format version 1, written by an older ncf_prep")) << e;
-    EXPECT_TRUE(has(e, "re-run ncf_prep")) << e;
-  }
-  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
-                                      " --batch_size 50 --train_epochs 1 --threads 1");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r.output, mp + ": dataset format version 1")) << r.output;
+}
 
-  // The current version without its checksum, and a sealed version 1.
-  j["format_version"] = kFormatVersion;
-  test::write_file(mp, j.dump(2));
-  EXPECT_TRUE(has(load_error(d.path()), mp + ": no crc32c field")) << load_error(d.path());
-  j["format_version"] = 1;
+// The loss, HR and NDCG columns of ncf_dist's epoch lines.
+std::vector<std::string> epoch_metrics(const std::string& output) {
+  std::vector<std::string> rows;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string epoch, loss, hr, ndcg;
+    if (f >> epoch >> loss >> hr >> ndcg && !epoch.empty() &&
+        std::all_of(epoch.begin(), epoch.end(), ::isdigit))
+      rows.push_back(epoch + " " + loss + " " + hr + " " + ndcg);
+  }
+  return rows;
+}
+
+// A dataset from format version 1 (no crc32c in metadata.json) still loads
+// and trains exactly as the same dataset in version 2, with a warning that
+// names the file; its shards and positives.bin are still checked. A version 2
+// file without its checksum, or whose version changed, is refused: one
+// damaged byte cannot pass as an older dataset.
+TEST(DatasetIntegrity, OlderFormatLoadsWithAWarningAndTrainsTheSame) {
+  TempDir d2, d1;
+  write_small(d2.path());
+  std::filesystem::copy(d2.path(), d1.path(), std::filesystem::copy_options::recursive);
+  make_format_1(d1.path());
+  const std::string mp = d1.file("metadata.json");
+  const std::string warning =
+      mp + ": dataset format version 1 (an older ncf_prep): its metadata has no checksum";
+  EXPECT_EQ(load_error(d1.path()), "");
+  EXPECT_EQ(verify_error(d1.path()), "");
+  const DatasetMeta m1 = DatasetMeta::load(d1.path()), m2 = DatasetMeta::load(d2.path());
+  EXPECT_EQ(m1.format_version, 1u);
+  EXPECT_TRUE(has(m1.unsealed_warning, warning)) << m1.unsealed_warning;
+  EXPECT_EQ(m2.unsealed_warning, "");
+  EXPECT_EQ(m1.dataset_id, m2.dataset_id);
+
+  test::RunResult r = test::run(test::bin("ncf_prep") + " --verify " + d1.path());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "ncf_prep: warning: " + warning)) << r.output;
+  const std::string train = " --batch_size 50 --train_epochs 2 --threads 1 --progress off";
+  const test::RunResult r1 = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
+  const test::RunResult r2 = test::run(test::bin("ncf_dist") + " --data_dir " + d2.path() + train);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_TRUE(has(r1.output, "warning: " + warning)) << r1.output;
+  EXPECT_FALSE(has(r2.output, "warning")) << r2.output;
+  EXPECT_EQ(epoch_metrics(r1.output).size(), 2u) << r1.output;
+  EXPECT_EQ(epoch_metrics(r1.output), epoch_metrics(r2.output));
+
+  // A version 1 dataset's positives.bin and shards are still checked.
+  const std::string pp = d1.file("positives.bin");
+  const std::string positives = test::read_file(pp);
+  std::string bad = positives;
+  bad[bad.size() - 3] ^= 4;
+  test::write_file(pp, bad);
+  r = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, pp + ": CRC-32C ")) << r.output;
+  test::write_file(pp, positives);
+  const std::string shard = first_shard(d1.path(), "train");
+  const std::string shard_bytes = test::read_file(shard);
+  bad = shard_bytes;
+  bad[bad.size() / 2] ^= 1;
+  test::write_file(shard, bad);
+  EXPECT_TRUE(has(verify_error(d1.path()), shard)) << verify_error(d1.path());
+  test::write_file(shard, shard_bytes);
+  EXPECT_EQ(verify_error(d1.path()), "");
+
+  // Not version 1: the current version without its checksum, a version that
+  // never existed, and a version 2 metadata sealed over version 1 shards.
+  nlohmann::json j = nlohmann::json::parse(test::read_file(mp));
+  for (int v : {2, 0, 3}) {
+    j["format_version"] = v;
+    test::write_file(mp, j.dump(2));
+    EXPECT_TRUE(has(load_error(d1.path()), mp + ": no crc32c field")) << load_error(d1.path());
+    r = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(has(r.output, mp + ": no crc32c field")) << r.output;
+  }
+  j["format_version"] = 2;
   write_sealed(mp, j);
-  EXPECT_TRUE(has(load_error(d.path()), mp + ": format_version 1 is not supported"))
-      << load_error(d.path());
+  EXPECT_TRUE(has(verify_error(d1.path()), ": format version 1 but the metadata's is 2"))
+      << verify_error(d1.path());
+  j["format_version"] = 7;
+  write_sealed(mp, j);
+  EXPECT_TRUE(has(load_error(d1.path()), mp + ": format_version 7 is not supported"))
+      << load_error(d1.path());
 }
 
 // positives.bin is checked against the metadata's size and CRC-32C when it is

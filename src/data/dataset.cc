@@ -96,9 +96,9 @@ T get_field(const nlohmann::json& j, const char* key, const std::string& path) {
 DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& path) {
   DatasetMeta m;
   m.format_version = get_field<uint32_t>(j, "format_version", path);
-  if (m.format_version != kFormatVersion)
+  if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion)
     NCF_FAIL(path, ": format_version ", m.format_version, " is not supported (this build reads ",
-             kFormatVersion, "): re-run this build's ncf_prep");
+             kOldestFormatVersion, " to ", kFormatVersion, "): re-run this build's ncf_prep");
   m.dataset_id = get_field<std::string>(j, "dataset_id", path);
   m.source = get_field<std::string>(j, "source", path);
   m.num_users = get_field<uint64_t>(j, "num_users", path);
@@ -196,17 +196,23 @@ DatasetMeta DatasetMeta::load(const std::string& dir) {
   if (!j.is_object()) NCF_FAIL(path, ": not a JSON object");
   // The file's own checksum, before any value in it is used: over the compact
   // dump of everything else (keys sorted), so a changed value anywhere is
-  // caught and whitespace is not. A file without one is from format version 1.
+  // caught and whitespace is not. Only format version 1 was written without
+  // one: a version 2 file that lost the field (or whose version changed) is
+  // refused, so one damaged byte cannot pass as an older dataset.
   if (!j.contains("crc32c")) {
     const auto v = j.find("format_version");
-    if (v != j.end() && v->is_number_unsigned() && v->get<uint64_t>() < kFormatVersion)
-      NCF_FAIL(path, ": dataset format version ", v->get<uint64_t>(),
-               ", written by an older ncf_prep (this build reads version ", kFormatVersion,
-               ", whose metadata.json carries its own crc32c): re-run ncf_prep to write the "
+    if (v == j.end() || !v->is_number_unsigned() || v->get<uint64_t>() != 1)
+      NCF_FAIL(path,
+               ": no crc32c field (not written by this ncf_prep): re-run ncf_prep to write the "
                "dataset again");
-    NCF_FAIL(path,
-             ": no crc32c field (not written by this ncf_prep): re-run ncf_prep to write the "
-             "dataset again");
+    DatasetMeta m = from_json(j, path);
+    m.unsealed_warning =
+        path +
+        ": dataset format version 1 (an older ncf_prep): its metadata has no checksum of its "
+        "own, so a changed value in it cannot be detected (the shards and positives.bin are "
+        "still checked against their CRCs); re-run ncf_prep to write version " +
+        std::to_string(kFormatVersion);
+    return m;
   }
   uint32_t stored = 0;
   try {

@@ -13,8 +13,10 @@
 namespace ncf {
 
 // 2: metadata.json carries its own crc32c and positives.bin is checked against
-// its size and CRC whenever it is opened. Version 1 datasets are refused.
+// its size and CRC whenever it is opened. Version 1 (the same shards and files,
+// a metadata.json without its crc32c) still loads, with a warning.
 constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
 
@@ -42,6 +44,9 @@ struct ShardInfo {
 
 struct DatasetMeta {
   uint32_t format_version = kFormatVersion;
+  // Empty for a sealed metadata.json; for a version 1 dataset, the warning
+  // that its metadata cannot be checked (each program prints it once).
+  std::string unsealed_warning;
   std::string dataset_id;          // random-looking id tying shards to this metadata
   std::string source;              // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
   uint64_t num_users = 0;          // U: user ids are 0 .. U-1
@@ -69,8 +74,9 @@ struct DatasetMeta {
   // Parses and checks types/ranges; errors name the file and the field.
   static DatasetMeta from_json(const nlohmann::json& j, const std::string& path);
   // Reads metadata.json and checks its crc32c field (metadata_crc32c) before
-  // anything else: a value changed anywhere in the file is refused, and so is
-  // a file without the field (format version 1), asking for ncf_prep again.
+  // anything else: a value changed anywhere in the file is refused. A file
+  // without the field loads only as format version 1 (unsealed_warning set);
+  // any other version without it is refused, asking for ncf_prep again.
   static DatasetMeta load(const std::string& dir);
   // Writes metadata.json (atomically: temporary file, fsync, rename) with its crc32c.
   void save(const std::string& dir) const;
@@ -140,6 +146,7 @@ struct VerifySummary {
   uint64_t train_records = 0, train_rows = 0, eval_records = 0, bytes = 0;
   uint64_t num_shards = 0;
   double seconds = 0;
+  std::string warning;  // DatasetMeta::unsealed_warning of a version 1 dataset
 };
 
 // Walks every record of every shard: framing, CRCs, headers, versions, counts,

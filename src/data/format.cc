@@ -83,9 +83,9 @@ void check_shard_header(const std::string& payload, const DatasetMeta& meta, con
   proto::ShardHeader h;
   if (!h.ParseFromString(payload))
     NCF_FAIL(path, " at byte offset ", offset, ": shard header does not parse");
-  if (h.format_version() != kFormatVersion)
+  if (h.format_version() != meta.format_version)
     NCF_FAIL(path, " at byte offset ", offset, ": format version ", h.format_version(),
-             " is not supported (expected ", kFormatVersion, "): re-run ncf_prep");
+             " but the metadata's is ", meta.format_version, ": re-run ncf_prep");
   const bool train = si.kind == "train";
   if (h.kind() != (train ? proto::TRAIN : proto::EVAL))
     NCF_FAIL(path, " at byte offset ", offset, ": shard kind ", proto::ShardKind_Name(h.kind()),

@@ -36,6 +36,7 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   auto t0 = std::chrono::steady_clock::now();
   VerifySummary sum;
   DatasetMeta meta = DatasetMeta::load(dir);
+  sum.warning = meta.unsealed_warning;
   const uint64_t record_rows = meta.train_record_rows, L = uint64_t(meta.eval_negatives) + 1;
   std::vector<int32_t> users(record_rows), items(std::max<uint64_t>(record_rows, L));
   std::vector<uint8_t> mask(L);

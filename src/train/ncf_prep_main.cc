@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
       NCF_FAIL("give exactly one of --input, --synthetic or --verify (got ", modes, ")");
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
+      if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());
       std::printf(
           "ncf_prep: %s OK: %llu shard files, %llu train records (%llu positives), %llu eval "
           "records, %s checked in %.2f s\n",

@@ -55,6 +55,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
     : cfg_(cfg), comm_(comm), ctx_(ctx) {
   meta_ = DatasetMeta::load(cfg.data_dir);
   const int W = comm.world(), r = comm.rank();
+  if (r == 0 && !meta_.unsealed_warning.empty())
+    std::fprintf(stderr, "warning: %s\n", meta_.unsealed_warning.c_str());
   const int S = cfg.num_neg + 1;
   P_ = cfg.batch_size / S;
   if (P_ > int64_t(meta_.num_train))
