@@ -51,13 +51,15 @@ double sum_over_ranks(Communicator& comm, double v) {
   return v;
 }
 
+// Every rank's v, gathered by a sum in which rank r fills only slot r.
 double max_over_ranks(Communicator& comm, double v) {
   const int W = comm.world();
-  Buffer<double> mine(comm.device(), 1), all(comm.device(), W);
-  device_copy(comm.device(), mine.data(), Device::kCpu, &v, sizeof v);
-  comm.all_gather(mine.data(), all.data(), 1, DType::kFloat64);
+  std::vector<double> h(size_t(W), 0.0);
+  h[size_t(comm.rank())] = v;
+  Buffer<double> all(comm.device(), W);
+  device_copy(comm.device(), all.data(), Device::kCpu, h.data(), W * sizeof(double));
+  comm.all_reduce_sum(all.data(), W, DType::kFloat64);
   comm.synchronize();
-  std::vector<double> h(W);
   device_copy(Device::kCpu, h.data(), comm.device(), all.data(), W * sizeof(double));
   return *std::max_element(h.begin(), h.end());
 }

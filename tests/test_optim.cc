@@ -1,4 +1,4 @@
-// The tower's optimizers (model/optim.h) against their formulas written out
+// The tower's dense Adam (model/optim.h) against its formula written out
 // in double (optim_reference.h), over several steps.
 #include <gtest/gtest.h>
 
@@ -18,9 +18,7 @@ using test::expect_close;
 using test::kAtol;
 using test::kRtol;
 using test::random_vec;
-using test::ref_adagrad;
 using test::ref_adam;
-using test::ref_sgd;
 using test::tf_garden_adam;
 using test::Vec;
 
@@ -55,32 +53,6 @@ TEST(DenseOptim, AdamFirstStepMovesEachParamByAboutLr) {
   EXPECT_NEAR(p[0], 0.99f, 1e-6);
   EXPECT_NEAR(p[1], 1.01f, 1e-6);
   EXPECT_NEAR(p[2], 0.99f, 1e-5);
-}
-
-TEST(DenseOptim, AdagradAndSgdFollowFormula) {
-  const int n = 23, steps = 4;
-  AdagradHyper ha;
-  ha.lr = 0.05f;
-  ha.l2 = 0.01f;
-  SgdHyper hs;
-  hs.lr = 0.1f;
-  hs.l2 = 0.02f;
-  Vec pa = random_vec(n, 2), ps = random_vec(n, 3), acc(n);
-  adagrad_init(cpu(1), acc.data(), n, ha);
-  for (float a : acc) EXPECT_EQ(a, 0.1f);
-  DVec pad(pa.begin(), pa.end()), psd(ps.begin(), ps.end()), accd(n, 0.1);
-  for (int t = 1; t <= steps; ++t) {
-    Vec g = random_vec(n, 200 + t);
-    dense_adagrad_step(cpu(2), pa.data(), g.data(), acc.data(), n, ha);
-    dense_sgd_step(cpu(2), ps.data(), g.data(), n, hs);
-    for (int k = 0; k < n; ++k) {
-      ref_adagrad(pad[k], accd[k], g[k], ha);
-      ref_sgd(psd[k], g[k], hs);
-    }
-  }
-  expect_close(pa, pad, kAtol, kRtol, "adagrad p");
-  expect_close(acc, accd, kAtol, kRtol, "adagrad acc");
-  expect_close(ps, psd, kAtol, kRtol, "sgd p");
 }
 
 TEST(DenseOptim, AdamRejectsStepZero) {

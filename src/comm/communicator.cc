@@ -101,21 +101,6 @@ void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
   do_all_reduce_sum(buf, n, t);
 }
 
-void Communicator::broadcast(void* buf, size_t n, DType t, int root) {
-  NCF_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " outside [0, ", world_, ")");
-  if (n == 0) return;
-  NCF_CHECK(buf != nullptr, "broadcast: null buffer for ", n, " elements");
-  count(CollectiveKind::kOther, rank_ == root ? int64_t(n * dtype_size(t)) * (world_ - 1) : 0);
-  do_broadcast(buf, n, t, root);
-}
-
-void Communicator::all_gather(const void* send, void* recv, size_t n, DType t) {
-  if (n == 0) return;
-  NCF_CHECK(send != nullptr && recv != nullptr, "all_gather: null buffer for ", n, " elements");
-  count(CollectiveKind::kOther, int64_t(n * dtype_size(t)) * (world_ - 1));
-  do_all_gather(send, recv, n, t);
-}
-
 void Communicator::barrier() {
   count(CollectiveKind::kOther, 0);
   do_barrier();
@@ -136,18 +121,6 @@ int64_t CommCounters::total_bytes() const {
   int64_t b = 0;
   for (int64_t x : bytes) b += x;
   return b;
-}
-
-void Communicator::abort(int code, const std::string& message) {
-  // ncf::Error messages already carry the rank; do not print it twice.
-  if (message.rfind("[rank ", 0) == 0)
-    std::fprintf(stderr, "ncf_dist: error: %s\n", message.c_str());
-  else
-    std::fprintf(stderr, "ncf_dist: error: [rank %d] %s\n", rank_, message.c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  do_abort(code);
-  _exit(code);
 }
 
 void* Communicator::host_staging(int slot, size_t bytes) {

@@ -1,5 +1,5 @@
 // The collectives a rank needs — all-to-all-v for the embedding exchanges, allreduce
-// for the dense gradients and eval sums, broadcast, all-gather, barrier — behind one
+// for the dense gradients and eval sums, the count exchange and a barrier — behind one
 // interface with three implementations: SingleCommunicator (W = 1, no MPI),
 // MpiCommunicator (host buffers) and the NCCL one (device buffers, CUDA builds).
 //
@@ -96,10 +96,6 @@ class Communicator {
   // float result is reproducible run to run and identical on every rank (see the
   // implementation notes); it does depend on W, like any change of summation order.
   void all_reduce_sum(void* buf, size_t n, DType t);
-  // In place: buf on every rank = buf on root.
-  void broadcast(void* buf, size_t n, DType t, int root);
-  // recv[r*n .. r*n+n) = send of rank r; recv holds W*n elements.
-  void all_gather(const void* send, void* recv, size_t n, DType t);
   // The same collectives, started: on a stream-ordered communicator (NCCL) the
   // compute stream does not wait for the result until join(ticket), so work issued
   // in between overlaps the transfer. Until then the compute stream must not write
@@ -116,9 +112,6 @@ class Communicator {
   void barrier();
   // Waits until the collectives issued so far have completed (no-op on host).
   virtual void synchronize() {}
-  // Prints "ncf_dist: error: [rank r] <message>" to stderr and takes the whole job
-  // down (MPI_Abort on multi-rank communicators) so that no rank is left waiting.
-  [[noreturn]] void abort(int code, const std::string& message);
 
   const CommCounters& counters() const { return counters_; }
 
@@ -144,11 +137,7 @@ class Communicator {
                                const int64_t* recv_displs, DType t) = 0;
   virtual void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) = 0;
   virtual void do_all_reduce_sum(void* buf, size_t n, DType t) = 0;
-  virtual void do_broadcast(void* buf, size_t n, DType t, int root) = 0;
-  virtual void do_all_gather(const void* send, void* recv, size_t n, DType t) = 0;
   virtual void do_barrier() = 0;
-  // Must not return; the base falls back to _Exit(code) if it does.
-  virtual void do_abort(int code) = 0;
 
  private:
   void count(CollectiveKind k, int64_t bytes);

@@ -11,7 +11,7 @@
 namespace ncf {
 
 namespace {
-// Allreduce and broadcast act element-wise, so a buffer beyond INT_MAX elements can
+// Allreduce acts element-wise, so a buffer beyond INT_MAX elements can
 // go in pieces with the same result; 2^30 keeps every piece well inside an int.
 constexpr size_t kMaxChunk = size_t{1} << 30;
 }  // namespace
@@ -91,25 +91,6 @@ void MpiCommunicator::do_all_reduce_sum(void* buf, size_t n, DType t) {
   }
 }
 
-void MpiCommunicator::do_broadcast(void* buf, size_t n, DType t, int root) {
-  const size_t es = dtype_size(t);
-  for (size_t off = 0; off < n; off += kMaxChunk) {
-    const int c = static_cast<int>(std::min(kMaxChunk, n - off));
-    MPI_CHECK(MPI_Bcast(static_cast<char*>(buf) + off * es, c, mpi_dtype(t), root, comm_));
-  }
-}
-
-void MpiCommunicator::do_all_gather(const void* send, void* recv, size_t n, DType t) {
-  // All-gather is meant for metadata blocks, so one int count is plenty.
-  const int c = to_mpi_count(static_cast<int64_t>(n), "all_gather block size");
-  MPI_CHECK(MPI_Allgather(send, c, mpi_dtype(t), recv, c, mpi_dtype(t), comm_));
-}
-
 void MpiCommunicator::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
-
-void MpiCommunicator::do_abort(int code) {
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
-}
 
 }  // namespace ncf

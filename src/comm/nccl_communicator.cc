@@ -175,35 +175,10 @@ class NcclCommunicator : public Communicator {
     end_collective();
   }
 
-  void do_broadcast(void* buf, size_t n, DType dtype, int root) override {
-    begin_collective();
-    NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_dtype(dtype), root, comm_, stream_));
-    end_collective();
-  }
-
-  void do_all_gather(const void* send, void* recv, size_t n, DType dtype) override {
-    begin_collective();
-    NCCL_CHECK(ncclAllGather(send, recv, n, nccl_dtype(dtype), comm_, stream_));
-    end_collective();
-  }
-
   void do_barrier() override {
     wait_stream(compute_);
     synchronize();
     if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
-  }
-
-  void do_abort(int code) override {
-    {
-      std::lock_guard<std::mutex> lock(abort_mu_);
-      if (comm_) ncclCommAbort(comm_);
-      comm_ = nullptr;
-    }
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
-    std::_Exit(code);
   }
 
  private:

@@ -58,12 +58,6 @@ void SingleCommunicator::do_exchange_counts(const int64_t* send_counts, int64_t*
   recv_counts[0] = send_counts[0];
 }
 
-void SingleCommunicator::do_all_gather(const void* send, void* recv, size_t n, DType t) {
-  copy(recv, send, n * dtype_size(t));
-}
-
 void SingleCommunicator::do_barrier() { synchronize(); }
-
-void SingleCommunicator::do_abort(int code) { std::_Exit(code); }
 
 }  // namespace ncf

@@ -22,10 +22,7 @@ class SingleCommunicator : public Communicator {
                        DType t) override;
   void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override;
   void do_all_reduce_sum(void* buf, size_t n, DType t) override {}
-  void do_broadcast(void* buf, size_t n, DType t, int root) override {}
-  void do_all_gather(const void* send, void* recv, size_t n, DType t) override;
   void do_barrier() override;
-  [[noreturn]] void do_abort(int code) override;
 
  private:
   void copy(void* dst, const void* src, size_t bytes);

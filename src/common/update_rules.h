@@ -31,7 +31,7 @@ struct AdamHyper {
 };
 
 // Adagrad as Keras: acc ← acc + g²; p ← p − lr · g / (sqrt(acc) + eps). The
-// accumulator starts at initial_accumulator (fill it with adagrad_init).
+// accumulator starts at initial_accumulator (EmbeddingCollection fills it).
 struct AdagradHyper {
   float lr = 0.01f;
   float initial_accumulator = 0.1f;

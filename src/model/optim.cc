@@ -31,28 +31,4 @@ void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, 
   });
 }
 
-void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
-                        int64_t n, const AdagradHyper& h) {
-  const char* op = "dense_adagrad_step";
-  check_dense(op, params, grads, n);
-  NCF_CHECK(n == 0 || acc, op, ": acc is null");
-  NCF_DISPATCH_CUDA(ctx, dense_adagrad_step, ctx, params, grads, acc, n, h);
-  parallel_for(ctx.threads, n, kElemGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) adagrad_update(&params[i], &acc[i], grads[i], h);
-  });
-}
-
-void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,
-                    const SgdHyper& h) {
-  check_dense("dense_sgd_step", params, grads, n);
-  NCF_DISPATCH_CUDA(ctx, dense_sgd_step, ctx, params, grads, n, h);
-  parallel_for(ctx.threads, n, kElemGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) sgd_update(&params[i], grads[i], h);
-  });
-}
-
-void adagrad_init(const ExecContext& ctx, float* acc, int64_t n, const AdagradHyper& h) {
-  fill(ctx, acc, n, h.initial_accumulator);
-}
-
 }  // namespace ncf

@@ -28,14 +28,4 @@ void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, 
   launch_dense(ctx, AdamRule{params, m, v, adam_step_scalars(h, t)}, grads, n, "dense_adam_step");
 }
 
-void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
-                        int64_t n, const AdagradHyper& h) {
-  launch_dense(ctx, AdagradRule{params, acc, h}, grads, n, "dense_adagrad_step");
-}
-
-void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,
-                    const SgdHyper& h) {
-  launch_dense(ctx, SgdRule{params, h}, grads, n, "dense_sgd_step");
-}
-
 }  // namespace ncf::cuda

@@ -1,4 +1,4 @@
-// The dense tower's optimizers: element-wise updates of the flat NeuMF
+// The dense tower's optimizer, dense Adam: element-wise updates of the flat NeuMF
 // parameter buffer with the shared rules of common/update_rules.h. The table
 // optimizers live with the tables, in embedding/table_ops.h.
 //
@@ -16,22 +16,12 @@ namespace ncf {
 
 void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
                      int64_t n, int64_t t, const AdamHyper& h);
-void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
-                        int64_t n, const AdagradHyper& h);
-void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,
-                    const SgdHyper& h);
-// acc[0..n) = h.initial_accumulator (ops.h fill, so no twin of its own).
-void adagrad_init(const ExecContext& ctx, float* acc, int64_t n, const AdagradHyper& h);
 
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (optim.cu); called through the dispatch in optim.cc only.
 namespace cuda {
 void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, float* m, float* v,
                      int64_t n, int64_t t, const AdamHyper& h);
-void dense_adagrad_step(const ExecContext& ctx, float* params, const float* grads, float* acc,
-                        int64_t n, const AdagradHyper& h);
-void dense_sgd_step(const ExecContext& ctx, float* params, const float* grads, int64_t n,
-                    const SgdHyper& h);
 }  // namespace cuda
 #endif
 
