@@ -209,7 +209,9 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
 TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
   for (const auto& [W, sig] : {std::pair{2, "USR1"}, std::pair{1, "TERM"}}) {
     const std::string what = "W=" + std::to_string(W) + " SIG" + sig;
-    const std::string f = "--shard_plan row --train_epochs 4 --step_log";
+    // 30 epochs of 44 steps: the signal, sent within 10 ms of step 20, lands
+    // hundreds of steps before the end even on a fast machine.
+    const std::string f = "--shard_plan row --train_epochs 30 --step_log";
     const Run whole = train(W, f);
     TempDir d, t;
     const std::string ck = " --checkpoint_dir " + d.file("ck");
@@ -223,20 +225,20 @@ TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
       cmd = "stdbuf -oL " + cmd;
     }
     const std::string script = cmd + " > " + t.file("log") + " 2>&1 & pid=$!; " +
-                               "for i in $(seq 600); do grep -q \"^step 20:\" " + t.file("log") +
-                               " && break; sleep 0.05; done; kill -" + sig +
+                               "for i in $(seq 3000); do grep -q \"^step 20:\" " + t.file("log") +
+                               " && break; sleep 0.01; done; kill -" + sig +
                                " $pid; wait $pid; echo exit=$?; cat " + t.file("log");
     const test::RunResult r = run("timeout 300 bash -c '" + script + "'");
     ASSERT_NE(r.output.find("exit=75"), std::string::npos) << what << "\n" << r.output;
     EXPECT_NE(r.output.find(std::string("stopped by SIG") + sig), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("ncf_dist: checkpoint "), std::string::npos) << r.output;
     // It stopped before the end, so the run left epochs to train.
-    EXPECT_EQ(r.output.find("\n     4 "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("\n    30 "), std::string::npos) << r.output;
     const Run resumed = train(W, f + ck + " --resume auto");
     EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
     // The epochs the stopped run finished and the resumed run's are the whole run's.
     const Run stopped = collect(r, t);
-    EXPECT_EQ(stopped.epochs.size() + resumed.epochs.size(), 4u) << what;
+    EXPECT_EQ(stopped.epochs.size() + resumed.epochs.size(), 30u) << what;
     for (size_t e = 0; e < stopped.epochs.size(); ++e)
       EXPECT_EQ(double(stopped.epochs[e]["loss"]), double(whole.epochs[e]["loss"])) << what;
     expect_identical(whole, resumed, what);
@@ -248,7 +250,9 @@ TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
 // --resume auto always finds a whole checkpoint, and the run it finishes is
 // the uninterrupted one, bit for bit.
 TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
-  const std::string f = "--shard_plan row --train_epochs 2";
+  // 16 epochs (704 steps, each checkpointed): the 12 runs together take at
+  // most 24 commits plus 66 ms of delays, far from the end on a fast machine.
+  const std::string f = "--shard_plan row --train_epochs 16";
   const Run whole = train(1, f);
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck") + " --keep_checkpoints 2";
@@ -260,7 +264,7 @@ TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
   int killed_mid_run = 0;
   for (int k = 0; k < 12; ++k) {
     const std::string want = std::to_string(1 + k % 3);
-    const std::string delay = std::to_string(0.003 * k);
+    const std::string delay = std::to_string(0.001 * k);
     const std::string resume = k == 0 ? "" : " --resume auto";
     const std::string script =
         cmd + resume + " > " + t.file("log") + " 2>&1 & pid=$!; " +
@@ -268,7 +272,11 @@ TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
         " ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.01; done; " + "sleep " + delay +
         "; kill -KILL $pid; wait $pid; echo exit=$?";
     const test::RunResult r = run("bash -c '" + script + "'");
-    killed_mid_run += r.output.find("exit=137") != std::string::npos;
+    const bool killed = r.output.find("exit=137") != std::string::npos;
+    killed_mid_run += killed;
+    if (!killed)
+      ADD_FAILURE() << "run " << k << " ended before its kill:\n"
+                    << r.output << test::read_file(t.file("log"));
   }
   EXPECT_EQ(killed_mid_run, 12) << "a run ended before its kill";
   // Two SIGTERMs in a row: stopped at once or after its checkpoint.
