@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -208,8 +209,8 @@ class Parity : public ::testing::Test {
 };
 
 // In a test of what only the GPU does: past this point the test needs one.
-#define DEVICE_HALF_NEEDS_A_GPU()                                                \
-  do {                                                                         \
+#define DEVICE_HALF_NEEDS_A_GPU()                                                            \
+  do {                                                                                       \
     if (!on_gpu()) GTEST_SKIP() << "device half skipped (no usable GPU: " << no_gpu_ << ")"; \
   } while (0)
 
@@ -1154,6 +1155,94 @@ TEST_F(Parity, KernelErrorsAreRaisedAndLeaveTablesAlone) {
 
 // ---- the fused table update ------------------------------------------------------------
 
+// A bad row in an update, for every table optimizer, fused or not: each device
+// refuses it (at the call, or at the next check on the GPU) and leaves the
+// table and its state exactly as they were. The rows are sorted, so the bad
+// one is first or last and the others are valid: an update that checked rows
+// while it applied them would have changed some.
+TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
+  const int64_t R = 50;
+  const int D = 8;
+  EmbeddingOptimizerConfig opt;
+  opt.adam = {0.01f, 0.9f, 0.999f, 1e-7f, 0.01f};
+  opt.adagrad = {0.05f, 0.1f, 1e-7f, 0.01f};
+  opt.sgd = {0.3f, 0.01f};
+  auto refused = [](const ExecContext& ctx, const std::function<void()>& op,
+                    const std::string& what) {
+    try {
+      op();
+      check_device_errors(ctx);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error&) {
+    }
+    EXPECT_NO_THROW(check_device_errors(ctx)) << what << ": the record was not cleared";
+  };
+  for (int32_t bad : {-1, int32_t(R), int32_t(R) + 1000})
+    for (size_t at : {size_t{0}, size_t{10}, size_t{19}}) {
+      // Valid rows 0, 2, 4, ... with the one at `at` replaced by the bad row;
+      // sorted, the bad row lands first (-1) or last (R and beyond).
+      IVec rows;
+      for (int32_t k = 0; k < 20; ++k) rows.push_back(2 * k);
+      rows[at] = bad;
+      std::sort(rows.begin(), rows.end());  // ascending and distinct, as the updates expect
+      const int64_t n = int64_t(rows.size());
+      const Vec grads = random_vec(size_t(n) * D, gen_, -0.1f, 0.1f);
+      const Vec tab0 = random_vec(size_t(R) * D, gen_),
+                m0 = random_vec(size_t(R) * D, gen_, 0, 0.1f),
+                v0 = random_vec(size_t(R) * D, gen_, 0.0f, 0.01f);
+      for (const ExecContext* ctx : {&cpu_, &gpu_}) {
+        const bool dev = ctx == &gpu_;
+        const std::string what =
+            shape({{"bad", bad}, {"at", int64_t(at)}}) + (dev ? "device " : "cpu ");
+        for (EmbeddingOptimizer kind :
+             {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam,
+              EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad}) {
+          opt.kind = kind;
+          // reduce_update_rows (the trainer's fused path) and the optimizer on
+          // already-unique rows, each on fresh copies of the table and state.
+          for (int fused = 0; fused < 2; ++fused) {
+            const std::string w = what + optimizer_name(kind) + (fused ? " fused" : " unique");
+            Vec tab = tab0, m = m0, v = v0;
+            Buffer<RowId> grows = up(rows);
+            Buffer<float> ggrads = up(grads), gtab = up(tab), gm = up(m), gv = up(v);
+            const RowId* r = dev ? grows.data() : rows.data();
+            const float* g = dev ? ggrads.data() : grads.data();
+            float* pt = dev ? gtab.data() : tab.data();
+            float* pm = dev ? gm.data() : m.data();
+            float* pv = dev ? gv.data() : v.data();
+            refused(
+                *ctx,
+                [&] {
+                  if (fused) {
+                    int64_t nu = 0;
+                    reduce_update_rows(*ctx, r, g, n, TableRows{pt, pm, pv, R, D}, opt, 1, &nu);
+                    return;
+                  }
+                  switch (kind) {
+                    case EmbeddingOptimizer::kDenseAdam:
+                      embedding_dense_adam(*ctx, pt, pm, pv, r, g, R, n, D, 1, opt.adam);
+                      break;
+                    case EmbeddingOptimizer::kLazyAdam:
+                      embedding_lazy_adam(*ctx, pt, pm, pv, r, g, R, n, D, 1, opt.adam);
+                      break;
+                    case EmbeddingOptimizer::kSgd:
+                      embedding_sgd(*ctx, pt, r, g, R, n, D, opt.sgd);
+                      break;
+                    case EmbeddingOptimizer::kAdagrad:
+                      embedding_adagrad(*ctx, pt, pm, r, g, R, n, D, opt.adagrad);
+                      break;
+                  }
+                },
+                w);
+            expect_same(dev ? down(gtab) : tab, tab0, w + " table");
+            expect_same(dev ? down(gm) : m, m0, w + " state 1");
+            expect_same(dev ? down(gv) : v, v0, w + " state 2");
+          }
+        }
+      }
+    }
+}
+
 TEST_F(Parity, ReduceUpdateRowsEveryOptimizer) {
   EmbeddingOptimizerConfig opt;
   opt.adam = {0.01f, 0.9f, 0.999f, 1e-7f, 0.01f};
@@ -1273,6 +1362,38 @@ TEST_F(Parity, TopKEqualsTheCpuSelection) {
       EXPECT_EQ(gi_host, c_items) << what << (with_excluded ? " excluded" : "");
       EXPECT_EQ(0, std::memcmp(gs_host.data(), c_scores.data(), c_scores.size() * 4))
           << what << (with_excluded ? " excluded" : "");
+    }
+  }
+}
+
+// An excluded item outside [0, I) would mark another row's item (or memory
+// past the scores) on the GPU: both devices refuse it, naming the op.
+TEST_F(Parity, TopKRefusesExcludedItemsOutsideTheRow) {
+  const int64_t n = 3, I = 6;
+  const int K = 8;  // more than the row: the tail is item -1
+  const Vec scores = random_vec(size_t(n * I), gen_);
+  for (int32_t bad : {-1, int32_t(I), int32_t(I) + 7}) {
+    const LVec offsets = {0, 1, 3, 4};
+    const IVec excluded = {2, 0, bad, 5};  // row 1 holds the bad entry
+    for (const ExecContext* ctx : {&cpu_, &gpu_}) {
+      const bool dev = ctx == &gpu_;
+      const std::string what = shape({{"bad", bad}}) + (dev ? "device" : "cpu");
+      Buffer<float> gs = up(scores);
+      Buffer<int64_t> go = up(offsets);
+      Buffer<int32_t> ge = up(excluded);
+      Buffer<int32_t> gi(g_dev, size_t(n * K));
+      Buffer<float> gsc(g_dev, size_t(n * K));
+      IVec items(size_t(n * K));
+      Vec top(size_t(n * K));
+      try {
+        top_k(*ctx, dev ? gs.data() : scores.data(), n, I, dev ? go.data() : offsets.data(),
+              dev ? ge.data() : excluded.data(), K, dev ? gi.data() : items.data(),
+              dev ? gsc.data() : top.data());
+        check_device_errors(*ctx);
+        ADD_FAILURE() << what << ": accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("top_k"), std::string::npos) << what << e.what();
+      }
     }
   }
 }

@@ -17,7 +17,9 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
+#include <string>
 
 #include "data/dataset.h"
 #include "model/topk.h"
@@ -270,6 +272,20 @@ TEST_F(Recommend, IncludeSeenAndJsonLines) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t seen = size_t(pos.end(3) - pos.begin(3));
   EXPECT_EQ(csv_rows(test::read_file(t.file("top.csv"))).size(), 1 + 211 - seen);
+}
+
+// --topk past the catalogue lists every item once, and says it clamped K.
+TEST_F(Recommend, TopKPastTheCatalogueIsClampedWithAMessage) {
+  TempDir t;
+  auto r =
+      run(recommend(1, "--users 3,156 --topk 500 --include_seen --output " + t.file("top.csv")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--topk 500 is more than the 211 items"), std::string::npos) << r.output;
+  const auto rows = csv_rows(test::read_file(t.file("top.csv")));
+  ASSERT_EQ(rows.size(), 1 + 2u * 211u);
+  std::set<std::string> items;
+  for (size_t k = 1; k <= 211; ++k) items.insert(rows[k][2]);
+  EXPECT_EQ(items.size(), 211u) << "every item of user 3 once";
 }
 
 TEST_F(Recommend, PairsMatchTheNaiveLoopAtAnyRankCount) {

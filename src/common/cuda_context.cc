@@ -111,6 +111,8 @@ const char* device_error_text(DeviceErrorCode code) {
       return "sample_negatives: the user interacted with all items, no negative exists";
     case DeviceErrorCode::kIndexOutOfRange:
       return "permute_rows: idx[index] outside [0, n_src)";
+    case DeviceErrorCode::kTopKExcludedOutOfRange:
+      return "top_k: excluded[index] outside the items [0, I)";
     case DeviceErrorCode::kNotAPermutation:
       return "unpermute_rows: perm[index] repeated or outside [0, n)";
     case DeviceErrorCode::kScatterRowsInvalid:

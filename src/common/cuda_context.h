@@ -91,6 +91,7 @@ enum class DeviceErrorCode : int {
   kIdOutOfRange = 10,       // ids_to_keys: ids[index] = value outside [0, bound)
   kKeyNotRouted = 11,       // bucketize_by_owner: keys[index] = value outside the
                             // routed tables' keys [0, bound) or of a replicated table
+  kTopKExcludedOutOfRange = 12,  // top_k: excluded[index] = value outside [0, bound)
 };
 const char* device_error_text(DeviceErrorCode code);
 

@@ -35,6 +35,23 @@ __global__ void check_rows_kernel(const RowId* rows, int64_t R, int64_t n, Devic
   }
 }
 
+// Every row of a reduce-and-update lies in [0, R): checked for all n rows
+// before the sort, so a bad row is raised at sort_runs' wait, before a single
+// table row changes (the CPU twin's contract), and the sort may stop at R's bits.
+__global__ void check_ids_kernel(const RowId* ids, int64_t n, int64_t R, DeviceErrorRecord* err) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride())
+    if (ids[k] < 0 || ids[k] >= R)
+      record_error(err, DeviceErrorCode::kUniqueRowOutOfRange, k, ids[k], R);
+}
+
+// The bits a radix sort of keys in [0, bound) needs (at least 1); 32 without a bound.
+int key_end_bit(int64_t bound) {
+  if (bound <= 0) return 32;
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) < bound) ++bits;
+  return bits;
+}
+
 // map[r] = k for the gradient row k of table row r (map starts at -1 everywhere).
 __global__ void scatter_row_map_kernel(const RowId* rows, int64_t n, int32_t* map,
                                        const DeviceErrorRecord* err) {
@@ -295,9 +312,12 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
 // ids keep their input order), run-length encodes them into the unique ids
 // (at `unique`, or in scratch when it is null) and sums the sub-runs of the
 // runs longer than kSubRun. With map_rows > 0 it also carves a [map_rows]
-// int32 row map. The one host wait: the unique and sub-run counts.
+// int32 row map. With bound > 0 the ids must lie in [0, bound): all are
+// checked first (the wait below raises a bad one) and the sort reads only the
+// bits below bound. The one host wait: the unique and sub-run counts.
 RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, const float* grads,
-                  int64_t n, int D, RowId* unique, int64_t map_rows, const char* op) {
+                  int64_t n, int D, RowId* unique, int64_t map_rows, int64_t bound,
+                  const char* op) {
   const bool own_unique = unique == nullptr;
   int32_t* map = nullptr;
   check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
@@ -308,11 +328,12 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   // 2n / kSubRun in all — the partials' room, fixed before the counts are known.
   const int64_t max_partials = 2 * n / kSubRun + 1;
 
+  const int end_bit = key_end_bit(bound);
   // CUB temporary storage: the largest of the four passes (they run one after another).
   size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0, sub_scan_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, ids, static_cast<RowId*>(nullptr), static_cast<const int32_t*>(nullptr),
-      static_cast<int32_t*>(nullptr), n_int, 0, int(sizeof(RowId) * 8), stream));
+      static_cast<int32_t*>(nullptr), n_int, 0, end_bit, stream));
   CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
       nullptr, rle_bytes, static_cast<const RowId*>(nullptr), unique,
       static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, stream));
@@ -353,12 +374,14 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
     if (map_rows > 0) map = s.take<int32_t>(static_cast<size_t>(map_rows));
   });
 
+  if (bound > 0) check_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, bound, r.error_dev);
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   size_t bytes = temp_bytes;
-  // LSD radix sort is stable: equal ids keep their input order.
+  // LSD radix sort is stable: equal ids keep their input order. Without a
+  // bound, all 32 bits: CUB orders signed keys, negative ones first.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, pos_in, pos_sorted,
-                                             n_int, 0, int(sizeof(RowId) * 8), stream));
+                                             n_int, 0, end_bit, stream));
   CUDA_CHECK(cudaMemsetAsync(run_len, 0, sizeof(int32_t) * n, stream));  // the scans read all n
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, sorted_ids, unique, run_len, num_runs,
@@ -455,7 +478,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   cudaStream_t stream = stream_of(ctx);
   RunList runs;
   if (n > 0) {
-    runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, op);
+    // Every row is checked before any is updated (the CPU twin's contract): a
+    // bad row throws here, and the table is left as it was.
+    runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, R, op);
   } else {
     int32_t* map = nullptr;
     carve_scratch(r, [&](ScratchLayout& s) { map = s.take<int32_t>(static_cast<size_t>(R)); });
@@ -560,7 +585,7 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
     return;
   }
   CudaResources& r = cuda_resources(ctx, op);
-  const RunList runs = sort_runs(ctx, r, ids, grads, n, D, out_unique_rows, 0, op);
+  const RunList runs = sort_runs(ctx, r, ids, grads, n, D, out_unique_rows, 0, 0, op);
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && aligned16(out_row_grads))
     reduce_runs_kernel<true>

@@ -27,6 +27,9 @@ void top_k(const ExecContext& ctx, const float* scores, int64_t n, int64_t I,
       cand.clear();
       const int32_t* x = offsets ? excluded + offsets[u] : nullptr;
       const int32_t* x_end = offsets ? excluded + offsets[u + 1] : nullptr;
+      for (const int32_t* e = x; e != x_end; ++e)
+        NCF_CHECK(*e >= 0 && *e < I, op, ": excluded[", e - excluded, "]=", *e,
+                  " outside the items [0, ", I, ")");
       for (int32_t j = 0; j < int32_t(I); ++j) {
         while (x != x_end && *x < j) ++x;
         if (x != x_end && *x == j) continue;

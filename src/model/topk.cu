@@ -37,9 +37,11 @@ __global__ void keys_kernel(const float* scores, int64_t n, int64_t I, uint64_t*
   for (int64_t u = thread_first(); u <= n; u += thread_stride()) seg_offsets[u] = int(u * I);
 }
 
-// Excluded entries of rows [0, n): key 0. One thread per entry.
+// Excluded entries of rows [0, n): key 0. One thread per entry; an entry
+// outside [0, I) would land in another row's keys, so it is recorded instead
+// (the CPU twin refuses it too).
 __global__ void exclude_kernel(uint64_t* keys, int64_t n, int64_t I, const int64_t* offsets,
-                               const int32_t* excluded) {
+                               const int32_t* excluded, DeviceErrorRecord* err) {
   const int64_t first = offsets[0], total = offsets[n] - first;
   for (int64_t e = thread_first(); e < total; e += thread_stride()) {
     // The entry's row: the last u with offsets[u] <= first + e.
@@ -51,7 +53,11 @@ __global__ void exclude_kernel(uint64_t* keys, int64_t n, int64_t I, const int64
       else
         hi = mid - 1;
     }
-    keys[lo * I + excluded[first + e]] = 0;
+    const int32_t item = excluded[first + e];
+    if (item < 0 || item >= I)
+      record_error(err, DeviceErrorCode::kTopKExcludedOutOfRange, first + e, item, I);
+    else
+      keys[lo * I + item] = 0;
   }
 }
 
@@ -60,8 +66,9 @@ __global__ void keep_kernel(const uint64_t* sorted, int64_t n, int64_t I, int K,
   for (int64_t x = thread_first(); x < n * K; x += thread_stride()) {
     const int64_t u = x / K, r = x % K;
     const int64_t remaining = offsets ? I - (offsets[u + 1] - offsets[u]) : I;
-    const uint64_t key = sorted[u * I + r];
+    // K may exceed the row (K > I): read only inside it.
     const bool keep = r < remaining && r < I;
+    const uint64_t key = keep ? sorted[u * I + r] : 0;
     out_items[x] = keep ? int32_t(0xFFFFFFFFu - uint32_t(key)) : -1;
     out_scores[x] = keep ? key_score(key) : -std::numeric_limits<float>::infinity();
   }
@@ -99,7 +106,8 @@ void top_k(const ExecContext& ctx, const float* scores, int64_t n, int64_t I,
     const int64_t m = std::min(rows, n - u0);
     keys_kernel<<<grid_for(m * I), kThreads, 0, stream>>>(scores + u0 * I, m, I, keys, seg);
     if (offsets)
-      exclude_kernel<<<grid_for(m * I), kThreads, 0, stream>>>(keys, m, I, offsets + u0, excluded);
+      exclude_kernel<<<grid_for(m * I), kThreads, 0, stream>>>(keys, m, I, offsets + u0, excluded,
+                                                               r.error_dev);
     check_launch(op);
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
         temp, temp_bytes, keys, sorted, static_cast<int>(m * I), static_cast<int>(m), seg, seg + 1,

@@ -253,6 +253,17 @@ int recommend_main(int& argc, char**& argv) {
                  device_name(device));
   }
 
+  // More items than the catalogue holds cannot be listed: K is clamped, and said.
+  if (uint64_t(f.topk) > meta.num_items) {
+    if (lead)
+      std::fprintf(stderr,
+                   "ncf_recommend: --topk %d is more than the %llu items of %s: listing at most "
+                   "%llu per user\n",
+                   f.topk, (unsigned long long)meta.num_items, f.data_dir.c_str(),
+                   (unsigned long long)meta.num_items);
+    f.topk = int(meta.num_items);
+  }
+
   std::string text;
   char buf[160];
   const bool csv = f.format == "csv";
