@@ -510,20 +510,48 @@ fig_probe() {
 
 # ---- tests ------------------------------------------------------------------------------------------
 do_ctest() { ours env NCF_REQUIRE_GPU="$2" ctest --test-dir "$build" -L "$1" --output-on-failure --no-tests=error -j "$3"; }
-san_parity="${NCF_KIT_PARITY_FILTER:-Parity.Fill:Parity.GmfForwardBackwardOnStridedRows:Parity.HeadForwardBackward:Parity.SortReduceRowsBitExact:Parity.BucketizeByOwnerExact:Parity.UniqueIdsExact}"
+san_parity="${NCF_KIT_PARITY_FILTER:-Parity.Fill:Parity.GmfForwardBackwardOnStridedRows:Parity.HeadForwardBackward:Parity.SortReduceRowsBitExact:Parity.BucketizeByOwnerExact:Parity.UniqueIdsExact:Parity.ReduceUpdateRowsEveryOptimizer:Parity.BadRowLeavesTablesAloneWithEveryOptimizer:Parity.TopKRefusesExcludedItemsOutsideTheRow}"
 do_sanitizer() {
   local tool=$1 rc=0 cs
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   local sc=("$cs" --tool "$tool" --error-exitcode 99)
-  [ "$tool" = memcheck ] && sc+=(--leak-check no)
-  echo "== test_pipeline_gpu"
-  ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_pipeline_gpu" || rc=1
-  echo "== test_parity_gpu --gtest_filter=$san_parity"
-  ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_parity_gpu" --gtest_filter="$san_parity" || rc=1
-  echo "== ncf_dist --device cuda --max_steps 20"
-  ours "${sc[@]}" "$build/src/ncf_dist" --device cuda --data_dir "$data/small" --train_epochs 1 \
-    --max_steps 20 --progress off || rc=1
+  [ "$tool" = memcheck ] && sc+=(--leak-check no --padding 64)
+  # NCF_SCRATCH_DEBUG=separate: every array an op takes from the scratch arena is an
+  # allocation of its own, so memcheck sees an overrun from one array into the next, and
+  # initcheck a read of an array no kernel of this op wrote (the arena would hide both).
+  local dbg=(env NCF_SCRATCH_DEBUG=separate)
+  if [ "$tool" != initcheck ]; then
+    echo "== test_pipeline_gpu"
+    ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_pipeline_gpu" || rc=1
+  fi
+  echo "== test_parity_gpu --gtest_filter=$san_parity (NCF_SCRATCH_DEBUG=separate)"
+  ours "${dbg[@]}" NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_parity_gpu" \
+    --gtest_filter="$san_parity" || rc=1
+  echo "== ncf_dist --device cuda --max_steps 20 (NCF_SCRATCH_DEBUG=separate)"
+  ours "${dbg[@]}" "${sc[@]}" "$build/src/ncf_dist" --device cuda --data_dir "$data/small" \
+    --train_epochs 1 --max_steps 20 --progress off || rc=1
   return "$rc"
+}
+do_parity() {
+  ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1
+}
+fig_parity() {
+  grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\]' "$1" | grep -v ', listed below' | tr '\n' ' ' | cut -c1-160
+}
+# One profile of ml-20m-mlperf steps: --step_log splits each step into its phases
+# (exchanges, tower, allreduce, update) with the bytes moved; then Nsight Compute, when
+# the machine has it, over the kernels of two steps (summary per kernel).
+do_profile_steps() {
+  ours "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --train_epochs 1 --max_steps 30 --no_eval --step_log --progress off
+}
+do_profile_kernels() {
+  local ncu
+  ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+  [ -x "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  ours "$ncu" --target-processes all --launch-count 400 --print-summary per-kernel \
+    "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --train_epochs 1 --max_steps 2 --no_eval --progress off
 }
 do_small_data() {
   [ -f "$data/small/metadata.json" ] && { echo "have $data/small"; return 0; }
@@ -542,18 +570,29 @@ do_determinism() {
     echo "identical: $(stat -c %s "$d/params_1.bin") bytes of parameters, $(wc -l <"$d/metrics_1.cmp") metric lines"
 }
 
+# The order gives a short GPU window the most: the parity suite, the sanitizers and one
+# profile of ml-20m steps first; the whole GPU label, determinism and the CPU tests (which
+# CI runs anyway) after them.
 run_tests() {
   built || { record tests FAIL "no build in $build" 0; return 0; }
   local j
   j=$(nproc)
-  stage ctest_gpu 1 300 fig_ctest -- do_ctest gpu 1 1
-  stage ctest_cpu 0 420 fig_ctest -- do_ctest cpu 0 "$j"
+  stage parity 1 180 fig_parity -- do_parity
   stage data_small 0 120 fig_tail -- do_small_data
   local tool
-  for tool in memcheck racecheck synccheck; do
+  for tool in memcheck initcheck racecheck synccheck; do
     stage "sanitizer_$tool" 1 150 fig_sanitizer -- do_sanitizer "$tool"
   done
+  if [ "$have_gpu" = 1 ]; then
+    stage data_ml20m 0 240 fig_tail -- do_m20_data
+  else
+    record data_ml20m "no GPU" "only the GPU runs read it" 0
+  fi
+  stage profile_steps 1 120 fig_tail -- do_profile_steps
+  stage profile_kernels 1 180 fig_tail -- do_profile_kernels
+  stage ctest_gpu 1 300 fig_ctest -- do_ctest gpu 1 1
   stage determinism 1 120 fig_tail -- do_determinism
+  stage ctest_cpu 0 420 fig_ctest -- do_ctest cpu 0 "$j"
 }
 
 # ---- bench ---------------------------------------------------------------------------------------------

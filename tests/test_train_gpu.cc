@@ -87,6 +87,23 @@ TEST_F(TrainGpu, RanksSharingOneGpuViaMpiFollowOneRank) {
   }
 }
 
+// The exchange, de-duplication and replicated-table paths on the GPU: 2 and 3
+// ranks sharing the one GPU through --comm mpi (host-staged collectives), with
+// each placement and dedup setting forced, follow the 1-rank GPU run.
+TEST_F(TrainGpu, SharedGpuRanksFollowOneRankWithEveryPlacementAndDedup) {
+  for (const std::string plan :
+       {"row", "table", "replicated", "user=row,item=replicated", "user=table,item=row"}) {
+    auto one = train("", dir_.file("data"), "--device cuda --comm mpi --shard_plan " + plan);
+    for (const char* dedup : {"on", "off"})
+      for (int W : {2, 3}) {
+        const std::string flags =
+            "--device cuda --comm mpi --shard_plan " + plan + " --dedup " + dedup;
+        auto many = train(test::mpirun(W) + " ", dir_.file("data"), flags);
+        expect_close(one, many, 1e-5, "W=" + std::to_string(W) + " " + flags);
+      }
+  }
+}
+
 TEST_F(TrainGpu, NcclRanksFollowOneRankWhenThereAreSeveralGpus) {
   int gpus = 0;
   auto r = run("nvidia-smi -L | wc -l");
