@@ -826,17 +826,20 @@ TEST_F(Parity, SortReduceRowsBitExact) {
           Vec rgrads(size_t(n) * D + offset, 0.0f);
           Buffer<RowId> gids = up(ids), gurows = up(urows);
           Buffer<float> ggrads = up(grads), grgrads = up(rgrads);
-          int64_t nu_cpu = -1, nu_gpu = -1;
-          sort_reduce_rows(cpu_, ids.data(), grads.data() + offset, n, D, urows.data(),
-                           rgrads.data() + offset, &nu_cpu);
-          sort_reduce_rows(gpu_, gids.data(), ggrads.data() + offset, n, D, gurows.data(),
-                           grgrads.data() + offset, &nu_gpu);
-          ASSERT_EQ(nu_gpu, nu_cpu) << what;
-          IVec gu = down(gurows, nu_cpu);
-          expect_same(gu, IVec(urows.begin(), urows.begin() + nu_cpu), what + "unique rows");
-          Vec gr = down(grgrads, size_t(nu_cpu) * D + offset);
-          expect_same(gr, Vec(rgrads.begin(), rgrads.begin() + nu_cpu * D + offset),
-                      what + "row sums");
+          for (int64_t bound : {int64_t{0}, int64_t{range}}) {  // 0: no bound, all 32 bits
+            const std::string w = what + "bound=" + std::to_string(bound) + " ";
+            int64_t nu_cpu = -1, nu_gpu = -1;
+            sort_reduce_rows(cpu_, ids.data(), grads.data() + offset, n, D, urows.data(),
+                             rgrads.data() + offset, &nu_cpu, bound);
+            sort_reduce_rows(gpu_, gids.data(), ggrads.data() + offset, n, D, gurows.data(),
+                             grgrads.data() + offset, &nu_gpu, bound);
+            ASSERT_EQ(nu_gpu, nu_cpu) << w;
+            IVec gu = down(gurows, nu_cpu);
+            expect_same(gu, IVec(urows.begin(), urows.begin() + nu_cpu), w + "unique rows");
+            Vec gr = down(grgrads, size_t(nu_cpu) * D + offset);
+            expect_same(gr, Vec(rgrads.begin(), rgrads.begin() + nu_cpu * D + offset),
+                        w + "row sums");
+          }
         }
 }
 
@@ -1044,6 +1047,15 @@ TEST_F(Parity, UniqueIdsExact) {
       ASSERT_EQ(gnu, nu) << what;
       expect_same(down(guniq, nu), IVec(uniq.begin(), uniq.begin() + nu), what + "unique");
       expect_same(down(ginv), inv, what + "inverse");
+      // With the ids' bound the GPU sorts fewer bits: the same result.
+      Buffer<int32_t> guniq_b = up(IVec(n, -1));
+      Buffer<int64_t> ginv_b = up(LVec(n, -1));
+      int64_t gnu_b = -1;
+      unique_ids(gpu_, gids.data(), n, guniq_b.data(), ginv_b.data(), &gnu_b, range);
+      ASSERT_EQ(gnu_b, nu) << what << "bounded";
+      expect_same(down(guniq_b, nu), IVec(uniq.begin(), uniq.begin() + nu),
+                  what + "bounded unique");
+      expect_same(down(ginv_b), inv, what + "bounded inverse");
     }
 }
 

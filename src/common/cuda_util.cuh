@@ -54,6 +54,15 @@ inline void check_launch(const char* op) {
 // every row start (so the row stride is a multiple of 4 floats).
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// The bits a radix sort of keys in [0, bound) reads (end_bit): at least one;
+// 32 without a bound (bound <= 0). Fewer bits, fewer passes over the keys.
+inline int key_end_bit(int64_t bound) {
+  if (bound <= 0) return 32;
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < bound) ++bits;
+  return bits;
+}
+
 // Device-side checks of sizes that CUB and the 2-D grids take as int.
 inline void check_int_range(const char* op, const char* what, int64_t v) {
   NCF_CHECK(v >= 0 && v <= INT_MAX, op, ": ", what, "=", v,
@@ -123,6 +132,15 @@ namespace {  // kernels and their templates: one private copy per .cu file
 template <typename T>
 __global__ void iota_kernel(T* x, int64_t n) {
   for (int64_t i = thread_first(); i < n; i += thread_stride()) x[i] = static_cast<T>(i);
+}
+
+// Records the first id of ids[n] outside [0, bound) under `code`: run before a
+// sort that reads only key_end_bit(bound) bits, whose order a bad id would spoil;
+// the sorting op's wait then raises it.
+__global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t bound, DeviceErrorCode code,
+                                 DeviceErrorRecord* err) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride())
+    if (ids[k] < 0 || ids[k] >= bound) record_error(err, code, k, ids[k], bound);
 }
 
 // ---- deterministic scalar sums ----------------------------------------------------

@@ -188,7 +188,8 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   if (dedup_) {
     unique_.reserve(size_t(n_routed_));
     inverse_.reserve(size_t(n_routed_));
-    unique_ids(ctx_, keys_.data(), n_routed_, unique_.data(), inverse_.data(), &nu_);
+    unique_ids(ctx_, keys_.data(), n_routed_, unique_.data(), inverse_.data(), &nu_,
+               layout_.num_keys());
     travel = unique_.data();
   }
   perm_.reserve(size_t(nu_));
@@ -267,7 +268,7 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
       reduced_grads_.reserve(size_t(n_routed_) * D);
       int64_t nu = 0;
       sort_reduce_rows(ctx_, keys_.data(), grads_.data(), n_routed_, D, reduced_rows_.data(),
-                       reduced_grads_.data(), &nu);
+                       reduced_grads_.data(), &nu, layout_.num_keys());
       NCF_CHECK(nu == nu_, "embedding backward: ", nu, " unique keys, ", nu_, " in the forward");
       per_key = reduced_grads_.data();
     }
@@ -292,7 +293,7 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
       reduced_grads_.reserve(size_t(std::max(n, N)) * D);
       int64_t nu = 0;
       sort_reduce_rows(ctx_, keys_.data() + off_[t], grads_.data() + off_[t] * D, n, D,
-                       reduced_rows_.data(), reduced_grads_.data(), &nu);
+                       reduced_rows_.data(), reduced_grads_.data(), &nu, N);
       scatter_rows_dense(ctx_, reduced_rows_.data(), reduced_grads_.data(), nu, D, N,
                          replicated_grads + rep_offset_[t]);
     }

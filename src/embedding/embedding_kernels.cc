@@ -88,13 +88,17 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
 }
 
 void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
-                int64_t* out_inverse, int64_t* n_unique) {
+                int64_t* out_inverse, int64_t* n_unique, int64_t bound) {
   const char* op = "unique_ids";
   NCF_CHECK(n >= 0, op, ": negative count n=", n);
   NCF_CHECK(n_unique != nullptr, op, ": n_unique is null");
   NCF_CHECK(n == 0 || (ids && out_unique && out_inverse), op,
             ": an input or output array is null with n=", n);
-  NCF_DISPATCH_CUDA(ctx, unique_ids, ctx, ids, n, out_unique, out_inverse, n_unique);
+  NCF_DISPATCH_CUDA(ctx, unique_ids, ctx, ids, n, out_unique, out_inverse, n_unique, bound);
+  if (bound > 0)
+    for (int64_t k = 0; k < n; ++k)
+      NCF_CHECK(ids[k] >= 0 && ids[k] < bound, op, ": ids[", k, "]=", ids[k], " outside [0, ",
+                bound, ")");
   std::vector<int32_t> sorted(ids, ids + n);
   std::sort(sorted.begin(), sorted.end());
   const int64_t nu = std::unique(sorted.begin(), sorted.end()) - sorted.begin();

@@ -154,13 +154,6 @@ __global__ void unpermute_rows_kernel(const float* src, const int64_t* perm, flo
   }
 }
 
-// Bits needed to sort keys in [0, W): at least one.
-int key_bits(int W) {
-  int bits = 1;
-  while (bits < 31 && (int64_t{1} << bits) < W) ++bits;
-  return bits;
-}
-
 // ---- replicated tables: dense gradient and its touched rows -------------------------
 
 // dense[rows[k], :] = [grads[k, :], 1]; a row outside [0, N) or not above its
@@ -233,8 +226,8 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   size_t temp_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, temp_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, key_bits(W),
-      stream));
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0,
+      key_end_bit(W), stream));
   int32_t* owners = nullptr;         // [n] owner of each input key
   int32_t* rows = nullptr;           // [n] its flat row on the owner
   int32_t* sorted_owners = nullptr;  // [n] owners in owner order
@@ -257,7 +250,7 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   check_launch(op);
   // LSD radix sort is stable: equal owners keep input order, like the CPU's counting sort.
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, owners, sorted_owners, pos_in,
-                                             pos_sorted, n_int, 0, key_bits(W), stream));
+                                             pos_sorted, n_int, 0, key_end_bit(W), stream));
   owner_order_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, pos_sorted, n, out_perm, out_rows);
   owner_counts_kernel<<<grid_for(W), kThreads, 0, stream>>>(sorted_owners, n, W, dev_counts);
   check_launch(op);
@@ -269,7 +262,7 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
 }
 
 void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
-                int64_t* out_inverse, int64_t* n_unique) {
+                int64_t* out_inverse, int64_t* n_unique, int64_t bound) {
   const char* op = "unique_ids";
   if (n == 0) {
     *n_unique = 0;
@@ -280,10 +273,14 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
 
+  // With a bound the ids are checked first (raised at the wait below) and the
+  // sort reads only the bits below it; without one, all 32 (negative ids first).
+  const int end_bit = key_end_bit(bound);
   size_t sort_bytes = 0, scan_bytes = 0;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, 32, stream));
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, end_bit,
+      stream));
   CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
                                            static_cast<const int32_t*>(nullptr),
                                            static_cast<int32_t*>(nullptr), n_int, stream));
@@ -302,11 +299,14 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
     run = s.take<int32_t>(n);
     temp = s.take<char>(temp_bytes);
   });
+  if (bound > 0)
+    check_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+        ids, n, bound, DeviceErrorCode::kSortIdOutOfRange, r.error_dev);
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   size_t bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, n_int, 0,
-                                             32, stream));
+                                             end_bit, stream));
   run_heads_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, n, head);
   check_launch(op);
   bytes = temp_bytes;

@@ -110,9 +110,10 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
 
 // The distinct ids of ids[n], ascending, in out_unique[*n_unique] (room for n),
 // and out_inverse[k] = the index of ids[k] in out_unique. *n_unique is a host
-// value; synchronizes on CUDA.
+// value; synchronizes on CUDA. With bound > 0 every id must lie in [0, bound)
+// (checked), and the CUDA sort reads only the bits below bound.
 void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
-                int64_t* out_inverse, int64_t* n_unique);
+                int64_t* out_inverse, int64_t* n_unique, int64_t bound = 0);
 
 // out[k, :] = src[idx[k], :] for k < n (a row gather: idx may repeat); every
 // idx[k] must lie in [0, n_src). src is [n_src×D], out [n×D].
@@ -147,7 +148,7 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
                         const KeyLayout& layout, int64_t* out_perm, int32_t* out_rows,
                         int64_t* counts);
 void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* out_unique,
-                int64_t* out_inverse, int64_t* n_unique);
+                int64_t* out_inverse, int64_t* n_unique, int64_t bound);
 void permute_rows(const ExecContext& ctx, const float* src, int64_t n_src, const int64_t* idx,
                   float* out, int64_t n, int D);
 void unpermute_rows(const ExecContext& ctx, const float* src, const int64_t* perm, float* out,

@@ -387,7 +387,8 @@ void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, f
 }
 
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
-                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique) {
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique,
+                      int64_t bound) {
   const char* op = "sort_reduce_rows";
   NCF_CHECK(n >= 0, op, ": negative size n=", n);
   NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
@@ -395,11 +396,15 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   NCF_CHECK(n == 0 || (ids && grads && out_unique_rows && out_row_grads), op,
             ": an input or output array is null with n=", n);
   NCF_DISPATCH_CUDA(ctx, sort_reduce_rows, ctx, ids, grads, n, D, out_unique_rows, out_row_grads,
-                    n_unique);
-  for (int64_t k = 0; k < n; ++k)
+                    n_unique, bound);
+  for (int64_t k = 0; k < n; ++k) {
     NCF_CHECK(ids[k] >= 0, op, ": ids[", k, "]=", ids[k], " is negative");
+    NCF_CHECK(bound <= 0 || ids[k] < bound, op, ": ids[", k, "]=", ids[k], " outside [0, ", bound,
+              ")");
+  }
   SortScratch& sc = scratch();
-  const int64_t n_runs = n ? sort_runs(ctx.threads, ids, n, max_row(ids, n), sc) : 0;
+  const RowId max_id = bound > 0 ? RowId(bound - 1) : max_row(ids, n);
+  const int64_t n_runs = n ? sort_runs(ctx.threads, ids, n, max_id, sc) : 0;
   const int32_t* pos = sc.pos.data();
   const int64_t* run = sc.run.data();
   parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {

@@ -35,23 +35,6 @@ __global__ void check_rows_kernel(const RowId* rows, int64_t R, int64_t n, Devic
   }
 }
 
-// Every row of a reduce-and-update lies in [0, R): checked for all n rows
-// before the sort, so a bad row is raised at sort_runs' wait, before a single
-// table row changes (the CPU twin's contract), and the sort may stop at R's bits.
-__global__ void check_ids_kernel(const RowId* ids, int64_t n, int64_t R, DeviceErrorRecord* err) {
-  for (int64_t k = thread_first(); k < n; k += thread_stride())
-    if (ids[k] < 0 || ids[k] >= R)
-      record_error(err, DeviceErrorCode::kUniqueRowOutOfRange, k, ids[k], R);
-}
-
-// The bits a radix sort of keys in [0, bound) needs (at least 1); 32 without a bound.
-int key_end_bit(int64_t bound) {
-  if (bound <= 0) return 32;
-  int bits = 1;
-  while (bits < 32 && (int64_t{1} << bits) < bound) ++bits;
-  return bits;
-}
-
 // map[r] = k for the gradient row k of table row r (map starts at -1 everywhere).
 __global__ void scatter_row_map_kernel(const RowId* rows, int64_t n, int32_t* map,
                                        const DeviceErrorRecord* err) {
@@ -317,7 +300,7 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
 // bits below bound. The one host wait: the unique and sub-run counts.
 RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, const float* grads,
                   int64_t n, int D, RowId* unique, int64_t map_rows, int64_t bound,
-                  const char* op) {
+                  DeviceErrorCode bad_id, const char* op) {
   const bool own_unique = unique == nullptr;
   int32_t* map = nullptr;
   check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
@@ -374,7 +357,8 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
     if (map_rows > 0) map = s.take<int32_t>(static_cast<size_t>(map_rows));
   });
 
-  if (bound > 0) check_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, bound, r.error_dev);
+  if (bound > 0)
+    check_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, bound, bad_id, r.error_dev);
   iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
   check_launch(op);
   size_t bytes = temp_bytes;
@@ -480,7 +464,8 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   if (n > 0) {
     // Every row is checked before any is updated (the CPU twin's contract): a
     // bad row throws here, and the table is left as it was.
-    runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, R, op);
+    runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, R,
+                     DeviceErrorCode::kUniqueRowOutOfRange, op);
   } else {
     int32_t* map = nullptr;
     carve_scratch(r, [&](ScratchLayout& s) { map = s.take<int32_t>(static_cast<size_t>(R)); });
@@ -578,14 +563,16 @@ void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, f
 }
 
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
-                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique) {
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique,
+                      int64_t bound) {
   const char* op = "sort_reduce_rows";
   if (n == 0) {
     *n_unique = 0;
     return;
   }
   CudaResources& r = cuda_resources(ctx, op);
-  const RunList runs = sort_runs(ctx, r, ids, grads, n, D, out_unique_rows, 0, 0, op);
+  const RunList runs = sort_runs(ctx, r, ids, grads, n, D, out_unique_rows, 0, bound,
+                                 DeviceErrorCode::kSortIdOutOfRange, op);
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && aligned16(out_row_grads))
     reduce_runs_kernel<true>

@@ -79,9 +79,11 @@ constexpr int64_t kSubRun = 64;
 // of L ≤ kSubRun is one plain left-to-right sum. Writes *n_unique (a host value)
 // rows: out_unique_rows[*n_unique] strictly increasing and
 // out_row_grads[*n_unique×D]; both outputs need room for n rows. Ids must be
-// >= 0; they are not range-checked here (the optimizers do that).
+// >= 0, and below bound when bound > 0 (checked; the sorts then read only the
+// bits below bound); the optimizers check them against their table.
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
-                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique);
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique,
+                      int64_t bound = 0);
 
 // The table optimizers on the output of sort_reduce_rows: unique_rows[n]
 // (strictly increasing, in [0, R); checked) and row_grads[n×D].
@@ -116,7 +118,8 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
                  int64_t R, int64_t n, int D);
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
-                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique);
+                      int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique,
+                      int64_t bound);
 void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float* v,
                           const RowId* unique_rows, const float* row_grads, int64_t R, int64_t n,
                           int D, int64_t t, const AdamHyper& h);
