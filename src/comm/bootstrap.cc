@@ -13,14 +13,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "comm/single_communicator.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "common/gpu_identity.h"
 
 #ifdef NCF_WITH_CUDA
 #include <cuda_runtime.h>
@@ -76,15 +80,74 @@ RankInfo bootstrap(int* argc, char*** argv, bool force_mpi) {
   return bootstrap_single();
 }
 
+std::vector<std::string> gather_node_gpu_ids(const RankInfo& info, const std::string& id,
+                                             std::vector<int>* world_ranks) {
+  std::vector<int> ranks{info.rank};
+  std::vector<std::string> ids{id};
+  if (info.mpi && info.local_world > 1) {
+    struct Entry {
+      int world_rank;
+      char id[60];
+    };
+    Entry mine{};
+    mine.world_rank = info.rank;
+    NCF_CHECK(id.size() < sizeof mine.id, "GPU identity '", id, "' is longer than ",
+              sizeof mine.id - 1, " characters");
+    id.copy(mine.id, id.size());
+    // The node communicator again (bootstrap_mpi freed its own): the same split and
+    // key, so the ranks come back in local rank order.
+    struct NodeComm {
+      MPI_Comm c = MPI_COMM_NULL;
+      ~NodeComm() {
+        if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+      }
+    } node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL,
+                                  &node.c));
+    int size = 0;
+    MPI_CHECK(MPI_Comm_size(node.c, &size));
+    NCF_CHECK(size == info.local_world, "the node communicator has ", size,
+              " ranks, bootstrap counted ", info.local_world);
+    std::vector<Entry> all(static_cast<size_t>(size));
+    MPI_CHECK(MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, all.data(), int(sizeof mine),
+                            MPI_BYTE, node.c));
+    NCF_CHECK(all[size_t(info.local_rank)].world_rank == info.rank, "local rank ", info.local_rank,
+              " is world rank ", all[size_t(info.local_rank)].world_rank, ", bootstrap said ",
+              info.rank);
+    ranks.clear();
+    ids.clear();
+    for (const Entry& e : all) {
+      ids.push_back(std::string(e.id, strnlen(e.id, sizeof e.id)));
+      ranks.push_back(e.world_rank);
+    }
+  }
+  if (world_ranks) *world_ranks = ranks;
+  return ids;
+}
+
 int select_local_gpu(const RankInfo& info) {
 #ifdef NCF_WITH_CUDA
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   NCF_CHECK(e == cudaSuccess && count > 0, "no usable GPU on this node for local rank ",
             info.local_rank, ": ", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+  // local_rank % count is right both when every rank sees all of the node's GPUs
+  // (local rank l takes GPU l) and when the launcher gave each rank its own (each
+  // sees one: device 0). Whether ranks share a GPU is read from the bus ids.
   const int gpu = info.local_rank % count;
   e = cudaSetDevice(gpu);
   NCF_CHECK(e == cudaSuccess, "cudaSetDevice(", gpu, "): ", cudaGetErrorString(e));
+  // The PCI bus id ("0000:1b:00.0") is one string for one physical GPU whatever
+  // ordinal CUDA_VISIBLE_DEVICES gave it in each process; NCCL tells GPUs apart by it too.
+  char bus_id[64] = {};
+  e = cudaDeviceGetPCIBusId(bus_id, int(sizeof bus_id), gpu);
+  NCF_CHECK(e == cudaSuccess, "cudaDeviceGetPCIBusId(", gpu, "): ", cudaGetErrorString(e));
+  LocalGpu me;
+  me.device = gpu;
+  me.id = bus_id;
+  const std::vector<std::string> ids = gather_node_gpu_ids(info, me.id, &me.world_ranks);
+  me.sharing = gpu_sharing(ids, ids.size() > 1 ? info.local_rank : 0);
+  set_local_gpu(me);
   return gpu;
 #else
   NCF_FAIL("select_local_gpu: this build has no CUDA backend (configure with -DNCF_CUDA=ON)");

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "common/device.h"
@@ -53,19 +54,33 @@ std::string detect_launcher();
 // when MPI can start one, MPI's own error otherwise.
 RankInfo bootstrap(int* argc, char*** argv, bool force_mpi = false);
 
-// Makes the current CUDA device local_rank % (GPUs on the node) and returns it; call
-// it before creating the streams and buffers that the NCCL communicator will use.
-// Throws in builds without CUDA or when no GPU answers.
+// The identities of the GPUs the node's ranks took, in local rank order: each rank
+// passes its own (select_local_gpu: the PCI bus id); *world_ranks (if given) gets
+// their world ranks. With MPI and several ranks on the node it is collective over
+// MPI_COMM_WORLD (the node communicator is split again); otherwise it returns {id}.
+std::vector<std::string> gather_node_gpu_ids(const RankInfo& info, const std::string& id,
+                                             std::vector<int>* world_ranks = nullptr);
+
+// Makes the current CUDA device local_rank % (GPUs this process sees) and returns it;
+// call it before creating the streams and buffers that the NCCL communicator will use.
+// That choice is right whether every rank sees all of the node's GPUs or the launcher
+// gave each rank its own (it then sees one, device 0). With MPI and several ranks on
+// the node it is collective over MPI_COMM_WORLD: the node's ranks gather their GPUs'
+// PCI bus ids and record which of them share one GPU (common/gpu_identity.h), for
+// the memory guard and the NCCL communicator. Throws in builds without CUDA or when
+// no GPU answers.
 int select_local_gpu(const RankInfo& info);
 
 // kind:
 //   "single"  W = 1 only; buffers on `device`.
 //   "mpi"     host buffers (device() is kCpu whatever `device` is: GPU ranks stage
 //             through the host); needs MPI (bootstrap_mpi, or bootstrap with force_mpi).
-//   "nccl"    CUDA builds, device kCuda: selects the local GPU, rank 0 makes the NCCL
-//             id, MPI_Bcast, ncclCommInitRank; collectives are ordered with the
-//             compute stream `stream` (a cudaStream_t, nullptr = default stream) and
-//             run on a communication stream of their own.
+//   "nccl"    CUDA builds, device kCuda: selects the local GPU (select_local_gpu),
+//             refuses a node where two ranks share one GPU (naming them and the
+//             GPU's bus id), rank 0 makes the NCCL id, MPI_Bcast, ncclCommInitRank;
+//             collectives are ordered with the compute stream `stream` (a
+//             cudaStream_t, nullptr = default stream) and run on a communication
+//             stream of their own.
 //   "auto"    single when W = 1 (no NCCL set-up, no copies through a communicator);
 //             else kCuda -> nccl, kCpu -> mpi.
 std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device device,

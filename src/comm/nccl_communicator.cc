@@ -49,6 +49,7 @@
 #include "comm/bootstrap.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "common/gpu_identity.h"
 
 namespace ncf {
 namespace {
@@ -80,12 +81,18 @@ class NcclCommunicator : public Communicator {
       MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_));
       MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
     }
-    // NCCL refuses two ranks of one communicator on one GPU; say what to do instead.
-    int gpus = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&gpus));
-    NCF_CHECK(info.local_world <= gpus, "NCCL needs one GPU per rank, but this node runs ",
-              info.local_world, " ranks on ", gpus,
-              " GPUs; use --comm mpi (host-staged) to share GPUs");
+    // NCCL refuses two ranks of one communicator on one GPU; say which and what to do
+    // instead. The node's bus ids decide it (select_local_gpu gathered them): how many
+    // GPUs a rank sees says nothing when the launcher gives each rank its own.
+    if (info.local_world > 1) {
+      const LocalGpu gpu = local_gpu();
+      NCF_CHECK(gpu.device >= 0,
+                "NCCL communicator: this rank's GPU was not chosen with "
+                "select_local_gpu, so its sharing is unknown");
+      NCF_CHECK(gpu.sharing.exclusive(), "NCCL needs one GPU per rank, but on this node ",
+                describe_gpu_sharing(gpu.sharing, gpu.world_ranks),
+                "; use --comm mpi (host-staged) to share GPUs");
+    }
     ncclUniqueId id;
     if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     if (info.world > 1) MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_));

@@ -1,11 +1,13 @@
 // Free memory on the host or the rank's GPU: see memory.h.
 #include "common/memory.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
 #include "common/check.h"
 #include "common/cuda_context.h"  // CUDA_CHECK and the runtime API in CUDA builds
+#include "common/gpu_identity.h"
 
 namespace ncf {
 
@@ -29,13 +31,15 @@ MemoryInfo device_memory(const ExecContext& ctx, int local_world) {
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaGetDevice(&m.gpu));
   CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  int gpus = 1;
-  CUDA_CHECK(cudaGetDeviceCount(&gpus));
   m.free = int64_t(free);
   m.total = int64_t(total);
-  m.sharing = 0;
-  for (int lr = 0; lr < local_world; ++lr) m.sharing += lr % gpus == m.gpu % gpus;
-  if (m.sharing < 1) m.sharing = 1;
+  const LocalGpu g = local_gpu();
+  if (g.device == m.gpu) {
+    m.gpu_id = g.id;
+    m.sharing = g.sharing.sharing;
+  } else {
+    m.sharing = std::max(1, local_world);
+  }
   return m;
 #else
   (void)local_world;

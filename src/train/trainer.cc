@@ -20,6 +20,7 @@
 #include "model/metrics.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
+#include "train/memory_estimate.h"
 
 namespace ncf {
 
@@ -93,42 +94,27 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   mc.layers = cfg.layers;
   mc.validate();
 
-  // Memory: tables and state, their exchange buffers (grow-only, sized by the
-  // larger of the training and the eval lookups), the tower's step buffers, and
-  // the eval buffers. On a GPU rank the limit is what cudaMemGetInfo reports
-  // free, shared among the local ranks mapped to that GPU.
+  // Memory (train/memory_estimate.h): tables and state, their exchange buffers,
+  // the tower's step buffers and the eval buffers, and on a GPU the scratch arena at
+  // its largest and the context's workspaces. On a GPU rank the limit is what
+  // cudaMemGetInfo reports free, shared among the local ranks on that physical GPU.
   const int D = mc.embedding_width();
-  const int64_t local_samples = (P_ / W + 1) * S;
   const int64_t L = meta_.eval_negatives + 1;
   const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
-  int64_t widest = 0;
-  for (int w : cfg.layers) widest += w;
-  const std::vector<int64_t> tables = table_bytes();
-  int64_t tables_bytes = 0;
-  for (int64_t x : tables) tables_bytes += x;
-  // Without training the largest lookups are --eval_batch_size ids a table
-  // (eval lists, or ncf_recommend's rounds of pairs).
-  const int64_t most_lookups = rows_only ? std::max<int64_t>(1, cfg.eval_batch_size) : 0;
-  const int64_t exchange_bytes = exchange_buffer_bytes(
-      plan_,
-      rows_only ? std::vector<int64_t>{most_lookups, most_lookups}
-                : std::vector<int64_t>{std::max(local_samples, eval_users),
-                                       std::max(local_samples, eval_users * L)},
-      plan_.dedup);
-  const int64_t step_bytes =
-      (rows_only ? 0 : local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64)) +
-      eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
-  memory_bytes_ = tables_bytes + exchange_bytes + step_bytes;
+  const MemoryEstimate est = estimate_rank_memory(cfg, meta_, plan_, r, ctx.device);
+  const std::vector<int64_t>& tables = est.tables;
+  memory_bytes_ = est.total();
   const MemoryInfo mem = device_memory(ctx, comm.local_world());
   const bool on_gpu = ctx.device == Device::kCuda;
   const int64_t limit = cfg.memory_limit_gb > 0
                             ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
                             : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
+  const std::string gpu_name =
+      "GPU " + std::to_string(mem.gpu) + (mem.gpu_id.empty() ? "" : " (PCI " + mem.gpu_id + ")");
   const std::string where =
       cfg.memory_limit_gb > 0 ? std::string("--memory_limit_gb says it may use")
-      : on_gpu ? "GPU " + std::to_string(mem.gpu) + " has " + gib(double(mem.free)) + " free of " +
-                     gib(double(mem.total)) + " for " + std::to_string(mem.sharing) +
-                     " rank(s), so it may use"
+      : on_gpu ? gpu_name + " has " + gib(double(mem.free)) + " free of " + gib(double(mem.total)) +
+                     " for " + std::to_string(mem.sharing) + " rank(s), so it may use"
                : "the host has " + gib(double(mem.free)) + " available for " +
                      std::to_string(comm.local_world()) + " local rank(s), so it may use";
   const std::string advice =
@@ -147,9 +133,11 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   if (memory_bytes_ > limit)
     NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " on its ",
              device_name(ctx.device), " (user table ", gib(double(tables[0])), ", item table ",
-             gib(double(tables[1])), ", exchange buffers ", gib(double(exchange_bytes)),
-             ", step and eval buffers ", gib(double(step_bytes)), " for ", local_samples,
-             " samples), but ", where, " ", gib(double(limit)), advice);
+             gib(double(tables[1])), ", exchange buffers ", gib(double(est.exchange)),
+             ", step and eval buffers ", gib(double(est.step)), " for ", est.samples, " samples",
+             on_gpu ? ", scratch and workspaces " + gib(double(est.scratch + est.workspaces))
+                    : std::string(),
+             "), but ", where, " ", gib(double(limit)), advice);
 
   if (!rows_only)
     train_reader_ =

@@ -1,0 +1,332 @@
+// The memory guard's estimate: see memory_estimate.h. The scratch bounds follow the
+// carves of the CUDA ops one by one (embedding/table_ops.cu, embedding_kernels.cu,
+// model/ops.cu, metrics.cu, topk.cu), array by array.
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "embedding/table_ops.h"
+#include "model/ops.h"
+
+namespace ncf {
+namespace {
+
+// common/cuda_util.cuh: items per partial of the deterministic scalar sums, rows
+// per partial of the column sums; model/topk.cu: keys sorted per top_k block.
+constexpr int64_t kSumChunk = 2048;
+constexpr int64_t kColChunk = 256;
+constexpr int64_t kTopKBlockElements = int64_t{1} << 26;
+
+int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
+int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
+
+// ScratchLayout's arithmetic (common/cuda_util.cuh): arrays one after another,
+// each starting on a 256-byte boundary.
+class Carve {
+ public:
+  Carve& take(int64_t bytes) {
+    used_ = (used_ + 255) / 256 * 256 + bytes;
+    return *this;
+  }
+  int64_t used() const { return std::max<int64_t>(used_, 1); }
+
+ private:
+  int64_t used_ = 0;
+};
+
+// Bytes of the BF16 copy of a rows × cols matrix with stride ld (model/ops.cu).
+int64_t bf16_copy_bytes(int64_t rows, int64_t cols, int64_t ld) {
+  return rows > 0 && cols > 0 ? ((rows - 1) * ld + cols) * 2 : 0;
+}
+
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// The largest carve of each op family; `keep` takes the maximum.
+class Peak {
+ public:
+  explicit Peak(const ScratchShapes& s) : s_(s) {}
+  int64_t value() const { return peak_; }
+
+  // EmbeddingCollection::lookup_start / lookup_finish over ids[t] per table.
+  void lookup(const std::vector<int64_t>& ids) {
+    if (s_.W == 1) return;  // gathers only
+    const int64_t n = routed_ids(ids);
+    if (n == 0) return;
+    if (s_.dedup)  // unique_ids: sorted ids, positions, heads, runs; the CUB temporary
+      keep(Carve()
+               .take(4 * n)
+               .take(4 * n)
+               .take(4 * n)
+               .take(4 * n)
+               .take(4 * n)
+               .take(std::max(cub_sort_pairs_bytes(n, 4, 4), cub_scan_bytes(n)))
+               .used());
+    // bucketize_by_owner: owners, rows, sorted owners, positions, [W] counts, the sort.
+    keep(Carve()
+             .take(4 * n)
+             .take(4 * n)
+             .take(4 * n)
+             .take(4 * n)
+             .take(4 * n)
+             .take(8 * int64_t(s_.W))
+             .take(cub_sort_pairs_bytes(n, 4, 4))
+             .used());
+    keep(Carve().take(4 * n).used());  // unpermute_rows: the marks
+  }
+
+  // gradients_start / gradients_finish / update_replicated: the owners' fused
+  // update, the dedup sums, the replicated tables' sums and dense optimizer.
+  void embedding_backward(const std::vector<int64_t>& ids, const std::vector<int64_t>& received) {
+    const int64_t map = s_.dense_adam ? s_.routed_rows : 0;
+    if (s_.W == 1) {
+      fused_update(sum_of(ids), map);
+      return;
+    }
+    const int64_t n = routed_ids(ids);
+    if (s_.dedup && n > 0) keep(sort_runs_scratch_bytes(n, s_.D, false, 0));
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const int64_t N = s_.replicated_rows[t];
+      if (N == 0) continue;
+      if (ids[t] > 0) keep(sort_runs_scratch_bytes(ids[t], s_.D, false, 0));
+      // compact_touched_rows: flags, their scan, the CUB temporary.
+      keep(Carve().take(4 * N).take(4 * N).take(std::max<int64_t>(cub_scan_bytes(N), 1)).used());
+      if (s_.dense_adam) keep(Carve().take(4 * N).used());  // embedding_dense_adam's row map
+    }
+    if (any_routed()) fused_update(sum_of(received), map);
+  }
+
+  // NeuMF::forward over n users of S samples each (B = n·S rows).
+  void tower_forward(int64_t n, int64_t S) {
+    const int64_t B = n * S;
+    if (B == 0 || !tower() || !s_.bf16) return;  // only the BF16 copies carve here
+    const int64_t h = s_.layers[0] / 2, in0 = s_.layers[0], out0 = s_.layers[1];
+    keep(gemm_copies(bf16_copy_bytes(n, h, s_.D), bf16_copy_bytes(out0, h, in0)));
+    keep(gemm_copies(bf16_copy_bytes(B, h, s_.D), bf16_copy_bytes(out0, h, in0)));
+    for (size_t l = 1; l + 1 < s_.layers.size(); ++l) {
+      const int64_t in = s_.layers[l], out = s_.layers[l + 1];
+      keep(gemm_copies(B * in * 2, out * in * 2));  // linear_forward
+    }
+  }
+
+  // The loss and NeuMF::backward of a training step.
+  void tower_backward(int64_t n, int64_t S) {
+    const int64_t B = n * S;
+    if (B == 0) return;
+    keep(Carve().take(sum_chunks(B) * 8).used());  // bce_with_logits_forward
+    const int64_t F = s_.mf + s_.layers.back();
+    keep(Carve().take(col_chunks(B) * (F + 1) * 8).used());  // head_backward
+    if (!tower()) return;
+    for (size_t l = 1; l + 1 < s_.layers.size(); ++l) {  // linear_backward
+      const int64_t in = s_.layers[l], out = s_.layers[l + 1];
+      Carve c;
+      c.take(col_chunks(B) * out * 8);
+      if (s_.bf16) c.take(B * out * 2).take(out * in * 2).take(B * in * 2);
+      keep(c.used());
+    }
+    const int64_t h = s_.layers[0] / 2, in0 = s_.layers[0], out0 = s_.layers[1];
+    keep(Carve().take(col_chunks(n) * out0 * 8).used());  // group_sum_backward, bias sums
+    if (!s_.bf16) return;
+    // Layer 0's four GEMMs: dW0 (users, items), then the rows' gradients.
+    keep(gemm_copies(bf16_copy_bytes(n, out0, out0), bf16_copy_bytes(n, h, s_.D)));
+    keep(gemm_copies(bf16_copy_bytes(B, out0, out0), bf16_copy_bytes(B, h, s_.D)));
+    keep(gemm_copies(bf16_copy_bytes(n, out0, out0), bf16_copy_bytes(out0, h, in0)));
+    keep(gemm_copies(bf16_copy_bytes(B, out0, out0), bf16_copy_bytes(out0, h, in0)));
+  }
+
+  // hit_ndcg over U users: per-user sums, chunk partials, totals.
+  void metrics(int64_t U) { keep(Carve().take(U * 16).take(sum_chunks(U) * 16).take(16).used()); }
+
+  // top_k over users × I scores, a block of rows × I keys per CUB call.
+  void top_k(int64_t users, int64_t I) {
+    if (users == 0 || I == 0) return;
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(users, kTopKBlockElements / I));
+    const int64_t keys = rows * I;
+    keep(Carve()
+             .take(8 * keys)
+             .take(8 * keys)
+             .take(4 * (rows + 1))
+             .take(cub_segmented_sort_keys_bytes(keys, 8))
+             .used());
+  }
+
+ private:
+  void keep(int64_t bytes) { peak_ = std::max(peak_, bytes); }
+  bool tower() const { return s_.layers.size() > 1; }
+  bool any_routed() const {
+    return std::find(s_.routed.begin(), s_.routed.end(), true) != s_.routed.end();
+  }
+  int64_t routed_ids(const std::vector<int64_t>& ids) const {
+    int64_t n = 0;
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (s_.routed[t]) n += ids[t];
+    return n;
+  }
+  // reduce_update_rows: the sort with its own unique ids, and the dense row map;
+  // with no ids only the map.
+  void fused_update(int64_t n, int64_t map) {
+    if (n > 0)
+      keep(sort_runs_scratch_bytes(n, s_.D, true, map));
+    else if (map > 0)
+      keep(Carve().take(4 * map).used());
+  }
+  static int64_t gemm_copies(int64_t a, int64_t b) { return Carve().take(a).take(b).used(); }
+
+  const ScratchShapes& s_;
+  int64_t peak_ = 1;
+};
+
+}  // namespace
+
+int64_t cub_sort_pairs_bytes(int64_t n, int key_bytes, int value_bytes) {
+  return n * (key_bytes + value_bytes) + n / 4 + (int64_t{256} << 10);
+}
+
+int64_t cub_scan_bytes(int64_t n) { return n / 4 + 4096; }
+
+int64_t cub_segmented_sort_keys_bytes(int64_t n, int key_bytes) { return n * key_bytes + 512; }
+
+int64_t sort_runs_scratch_bytes(int64_t n, int D, bool own_unique, int64_t map_rows) {
+  const int64_t max_partials = 2 * n / kSubRun + 1;
+  const int64_t temp = std::max({cub_sort_pairs_bytes(n, 4, 4), cub_scan_bytes(n + 1), int64_t{1}});
+  Carve c;
+  c.take(4 * n)                    // sorted ids
+      .take(4 * n)                 // positions 0..n-1
+      .take(4 * n)                 // positions in id order
+      .take(4 * n)                 // run lengths
+      .take(4 * n)                 // run starts
+      .take(4 * (n + 1))           // sub-runs per run
+      .take(4 * (n + 1))           // first partial per run
+      .take(4 * max_partials)      // owner run of each partial
+      .take(4 * max_partials * D)  // partial sums
+      .take(4)                     // the run count
+      .take(temp);
+  if (own_unique) c.take(4 * n);
+  if (map_rows > 0) c.take(4 * map_rows);
+  return c.used();
+}
+
+ScratchShapes scratch_shapes(const TrainConfig& cfg, const DatasetMeta& meta,
+                             const EmbeddingPlan& plan, int rank) {
+  NCF_CHECK(plan.tables.size() == 2, "memory estimate: the plan has ", plan.tables.size(),
+            " tables, expected user and item");
+  ScratchShapes s;
+  s.W = plan.W;
+  s.D = plan.D;
+  s.mf = cfg.num_factors;
+  s.layers = cfg.layers;
+  s.dedup = plan.dedup;
+  s.bf16 = parse_math_mode(cfg.precision) == MathMode::kBf16;
+  s.train = !cfg.eval_only;
+  s.dense_adam = s.train && parse_embedding_optimizer(cfg.embedding_optimizer) ==
+                                EmbeddingOptimizer::kDenseAdam;
+  s.S = cfg.num_neg + 1;
+  const int64_t P = cfg.batch_size / s.S;  // positives per global step
+  s.positives = s.train ? P / s.W + 1 : 0;
+  s.train_lookups = {s.positives, s.positives * s.S};
+  for (size_t t = 0; t < plan.tables.size(); ++t) {
+    const TableSpec& spec = plan.tables[t];
+    const bool replicated = spec.placement == Placement::kReplicated;
+    s.routed.push_back(s.W > 1 && !replicated);
+    s.replicated_rows.push_back(s.W > 1 && replicated ? spec.num_rows : 0);
+    if (s.W == 1)
+      s.routed_rows += spec.num_rows;
+    else if (!replicated)
+      s.routed_rows += table_rank_rows(spec, rank, s.W);
+    int64_t received = 0;
+    if (s.W > 1 && spec.placement == Placement::kRowWise) received = s.train_lookups[t];
+    if (s.W > 1 && spec.placement == Placement::kTableWise && spec.owner == rank)
+      received = s.W * s.train_lookups[t];
+    s.train_received.push_back(received);
+  }
+  s.eval_list = int64_t(meta.eval_negatives) + 1;
+  s.eval_users = std::max<int64_t>(1, cfg.eval_batch_size / s.eval_list);
+  s.eval_lookups = {s.eval_users, s.eval_users * s.eval_list};
+  // Full ranking and ncf_recommend score a group of users against every item.
+  if (cfg.eval_full_ranking || cfg.eval_only) {
+    s.score_items = int64_t(meta.num_items);
+    s.score_users = std::max<int64_t>(1, cfg.eval_batch_size / std::max<int64_t>(1, s.score_items));
+  }
+  s.top_k = cfg.eval_only;
+  if (cfg.eval_only) s.pairs = std::max<int64_t>(1, cfg.eval_batch_size);
+  return s;
+}
+
+int64_t cuda_scratch_peak_bytes(const ScratchShapes& s) {
+  NCF_CHECK(
+      s.routed.size() == s.replicated_rows.size() && s.routed.size() == s.train_lookups.size() &&
+          s.routed.size() == s.train_received.size() && s.routed.size() == s.eval_lookups.size(),
+      "cuda_scratch_peak_bytes: per-table sizes of different lengths");
+  Peak p(s);
+  if (s.train) {
+    p.lookup(s.train_lookups);
+    p.tower_forward(s.positives, s.S);
+    p.tower_backward(s.positives, s.S);
+    p.embedding_backward(s.train_lookups, s.train_received);
+  }
+  p.lookup(s.eval_lookups);
+  p.tower_forward(s.eval_users, s.eval_list);
+  p.metrics(s.eval_users);
+  if (s.score_users > 0) {
+    std::vector<int64_t> users_only(s.routed.size(), 0);
+    users_only[0] = s.score_users;
+    p.lookup(users_only);
+    p.tower_forward(s.score_users, s.score_items);
+    if (s.top_k) p.top_k(s.score_users, s.score_items);
+  }
+  if (s.pairs > 0) {
+    p.lookup(std::vector<int64_t>(s.routed.size(), s.pairs));
+    p.tower_forward(s.pairs, 1);
+  }
+  return p.value();
+}
+
+int64_t MemoryEstimate::total() const {
+  int64_t t = exchange + step + scratch + workspaces;
+  for (int64_t x : tables) t += x;
+  return t;
+}
+
+MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
+                                    const EmbeddingPlan& plan, int rank, Device device) {
+  // Evaluating a checkpoint and serving hold the tables' rows only.
+  const bool rows_only = cfg.eval_only;
+  const EmbeddingOptimizer opt =
+      rows_only ? EmbeddingOptimizer::kSgd : parse_embedding_optimizer(cfg.embedding_optimizer);
+  const int W = plan.W, D = plan.D;
+  const int64_t S = cfg.num_neg + 1;
+  const int64_t P = cfg.batch_size / S;
+  const int64_t local_samples = (P / W + 1) * S;
+  const int64_t L = int64_t(meta.eval_negatives) + 1;
+  const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
+  int64_t widest = 0;
+  for (int w : cfg.layers) widest += w;
+
+  MemoryEstimate e;
+  for (const TableSpec& t : plan.tables) e.tables.push_back(table_rank_bytes(t, D, rank, W, opt));
+  // The exchange buffers are grow-only, sized by the larger of the training and the
+  // eval lookups; without training the largest lookups are --eval_batch_size ids a
+  // table (eval lists, or ncf_recommend's rounds of pairs).
+  const int64_t most_lookups = rows_only ? std::max<int64_t>(1, cfg.eval_batch_size) : 0;
+  e.exchange = exchange_buffer_bytes(
+      plan,
+      rows_only ? std::vector<int64_t>{most_lookups, most_lookups}
+                : std::vector<int64_t>{std::max(local_samples, eval_users),
+                                       std::max(local_samples, eval_users * L)},
+      plan.dedup);
+  e.step = (rows_only ? 0 : local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64)) +
+           eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
+  e.samples = local_samples;
+  if (device == Device::kCuda) {
+    e.scratch =
+        cuda_scratch_arena_bytes(cuda_scratch_peak_bytes(scratch_shapes(cfg, meta, plan, rank)));
+    e.workspaces = cuda_fixed_bytes();
+  }
+  return e;
+}
+
+}  // namespace ncf
