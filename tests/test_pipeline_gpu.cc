@@ -1,10 +1,11 @@
 // The step pipeline on a GPU: the input stager's copy stream and events, the NCCL
 // communicator's own stream with deferred collectives and join, the pinned host
 // staging of device buffers for a host communicator and the device staging of host
-// buffers for NCCL, and the interruptible host wait (wait_stream). Each data test
-// checks data that crossed a stream boundary, read back on the compute stream after
-// the ordering call under test, against the values written on the host. Skips, with
-// the reason, where there is no usable GPU.
+// buffers for NCCL, and the interruptible host waits (wait_stream, wait_event,
+// wait_device) with every wait routed through them. Each data test checks data that
+// crossed a stream boundary, read back on the compute stream after the ordering call
+// under test, against the values written on the host. Skips, with the reason, where
+// there is no usable GPU.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/device.h"
+#include "common/step_timer.h"
 #include "test_util.h"
 #include "train/input_stager.h"
 
@@ -221,6 +223,285 @@ TEST_F(PipelineGpu, WaitStreamEndsWithAPollersErrorBeforeTheStreamDrains) {
     EXPECT_LT(waited, 0.2) << name << " waited for the stream instead of the poller";
     EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady) << name << ": the host function ended already";
     CUDA_CHECK(cudaStreamSynchronize(s));  // let the host function finish
+  }
+}
+
+TEST_F(PipelineGpu, WaitStreamOnTwoThreadsWaitsForEachOnesOwnStream) {
+  // Each thread re-records an event of its own: a shared one would let the second
+  // wait's record end the first thread's wait early.
+  int key = 0;
+  ScopedPoller p(&key, [] {});
+  cudaStream_t slow = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&slow, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaLaunchHostFunc(slow, sleep_300ms, nullptr));
+  double slow_waited = 0;
+  std::string slow_error;
+  std::thread t([&] {
+    try {
+      CUDA_CHECK(cudaSetDevice(0));
+      const auto t0 = std::chrono::steady_clock::now();
+      wait_stream(slow);
+      slow_waited = seconds_since(t0);
+    } catch (const Error& e) {
+      slow_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // t is waiting by now
+  const auto t0 = std::chrono::steady_clock::now();
+  wait_stream(static_cast<cudaStream_t>(gpu_.stream));  // idle
+  wait_stream(static_cast<cudaStream_t>(gpu_.stream));  // the same event, re-recorded
+  EXPECT_LT(seconds_since(t0), 0.2);
+  t.join();
+  EXPECT_EQ(slow_error, "");
+  EXPECT_GE(slow_waited, 0.2) << "the slow stream's wait ended before its host function";
+  EXPECT_EQ(cudaStreamQuery(slow), cudaSuccess);
+  CUDA_CHECK(cudaStreamDestroy(slow));
+}
+
+// ---- every host wait ends with a poller's error (issue 22) -------------------------
+// Each test holds a stream at a gate, so that the wait under test cannot end; arms a
+// poller that throws as the NCCL communicator's does after a peer died; expects the
+// wait to end with that error long before the gate's limit; then opens the gate and
+// checks that the interrupted object still works. No CUDA buffer may be freed while
+// a gate is closed (its destructor would wait for the gate), hence the buffers made
+// up front.
+
+// A stream held by a host function until open() or `limit` seconds, so that a
+// failing test cannot hang the suite. The destructor opens the gate and waits for
+// the stream, so that the host function never outlives the gate.
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t s, double limit = 10) : s_(s), limit_(limit) {
+    CUDA_CHECK(cudaLaunchHostFunc(s, &StreamGate::hold, this));
+  }
+  ~StreamGate() {
+    open();
+    cudaStreamSynchronize(s_);
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+  void open() { open_.store(true); }
+
+ private:
+  static void CUDART_CB hold(void* p) {
+    auto* g = static_cast<StreamGate*>(p);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!g->open_.load() && seconds_since(t0) < g->limit_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  cudaStream_t s_;
+  double limit_;
+  std::atomic<bool> open_{false};
+};
+
+// A non-blocking stream of the test's own, standing in for the NCCL communicator's:
+// neither the compute stream nor the legacy stream waits for it, but cudaFree does.
+struct OtherStream {
+  cudaStream_t s = nullptr;
+  OtherStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~OtherStream() { cudaStreamDestroy(s); }
+  OtherStream(const OtherStream&) = delete;
+  OtherStream& operator=(const OtherStream&) = delete;
+};
+
+// A wait poller that, while armed, throws as the NCCL communicator's does.
+class FailingPoller {
+ public:
+  void arm(bool on) { armed_.store(on); }
+
+ private:
+  std::atomic<bool> armed_{false};
+  ScopedPoller poller_{this, [this] {
+                         if (armed_.load()) NCF_FAIL("injected asynchronous error");
+                       }};
+};
+
+// Runs `wait`, which a closed gate keeps from ending, with the poller armed.
+void expect_interrupted(FailingPoller& poller, const std::string& name,
+                        const std::function<void()>& wait) {
+  poller.arm(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what = "no throw";
+  try {
+    wait();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  const double waited = seconds_since(t0);
+  poller.arm(false);
+  EXPECT_NE(what.find("injected asynchronous error"), std::string::npos) << name << ": " << what;
+  EXPECT_LT(waited, 1.0) << name << " waited for the gate instead of the poller";
+}
+
+TEST_F(PipelineGpu, StepTimerReadEndsWithAPollersError) {
+  cudaStream_t s = static_cast<cudaStream_t>(gpu_.stream);
+  StepTimer timer(gpu_);
+  FailingPoller poller;
+  timer.begin(5);
+  {
+    StreamGate gate(s);
+    timer.mark(StepPhase::kCompute);  // recorded behind the gate
+    timer.end();
+    EXPECT_TRUE(timer.take_finished(false).empty());  // not ready: no wait
+    expect_interrupted(poller, "StepTimer::read", [&] { timer.take_finished(true); });
+    EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  }
+  const std::vector<StepTimes> times = timer.take_finished(true);
+  ASSERT_EQ(times.size(), 1u) << "the interrupted read lost or repeated the step";
+  EXPECT_EQ(times[0].step, 5);
+  EXPECT_GT(times[0].seconds[int(StepPhase::kCompute)], 0.0);
+}
+
+TEST_F(PipelineGpu, InputStagerStageEndsWithAPollersError) {
+  cudaStream_t copy = cuda_resources(gpu_, "test").copy_stream;
+  std::mt19937 rng(11);
+  const int64_t n = 1000;
+  std::vector<TrainBatch> b;
+  for (int k = 0; k < 3; ++k) b.push_back(random_batch(n, rng));
+  InputStager st(gpu_);
+  FailingPoller poller;
+  {
+    StreamGate gate(copy);
+    st.stage(b[0]);  // its copy is held at the gate
+    st.stage(b[1]);
+    st.acquire();
+    st.release();
+    // Slot 0 again: its pinned memory still feeds the held copy.
+    expect_interrupted(poller, "InputStager::stage", [&] { st.stage(b[2]); });
+    EXPECT_EQ(st.staged(), 1);
+    EXPECT_EQ(cudaStreamQuery(copy), cudaErrorNotReady);
+  }
+  st.stage(b[2]);
+  for (int k = 1; k < 3; ++k) {
+    const InputStager::Staged in = st.acquire();
+    ASSERT_EQ(in.n, n);
+    EXPECT_EQ(read_back(in.users, size_t(n)), b[k].users) << "batch " << k;
+    EXPECT_EQ(read_back(in.items, size_t(n)), b[k].items) << "batch " << k;
+    st.release();
+  }
+}
+
+TEST_F(PipelineGpu, InputStagerResetEndsWithAPollersError) {
+  cudaStream_t copy = cuda_resources(gpu_, "test").copy_stream;
+  std::mt19937 rng(12);
+  const int64_t n = 1000;
+  const TrainBatch b = random_batch(n, rng);
+  InputStager st(gpu_);
+  FailingPoller poller;
+  {
+    StreamGate gate(copy);
+    st.stage(b);  // its copy is held at the gate
+    expect_interrupted(poller, "InputStager::reset", [&] { st.reset(); });
+    EXPECT_EQ(cudaStreamQuery(copy), cudaErrorNotReady);
+  }
+  st.reset();
+  EXPECT_EQ(st.staged(), 0);
+  st.stage(b);  // afresh
+  const InputStager::Staged in = st.acquire();
+  ASSERT_EQ(in.n, n);
+  EXPECT_EQ(read_back(in.users, size_t(n)), b.users);
+  EXPECT_EQ(read_back(in.items, size_t(n)), b.items);
+  st.release();
+}
+
+TEST_F(PipelineGpu, ScratchAndPinnedStagingGrowthEndWithAPollersError) {
+  CudaResources& r = cuda_resources(gpu_, "test");
+  void* scratch = r.scratch(4096);
+  void* pinned = r.pinned(4096);
+  OtherStream other;
+  FailingPoller poller;
+  {
+    StreamGate gate(other.s);
+    expect_interrupted(poller, "CudaResources::scratch growth",
+                       [&] { r.scratch(size_t(1) << 24); });
+    EXPECT_EQ(r.scratch(4096), scratch) << "an interrupted growth must keep the old arena";
+    expect_interrupted(poller, "CudaResources::pinned growth", [&] { r.pinned(size_t(1) << 20); });
+    EXPECT_EQ(r.pinned(4096), pinned) << "an interrupted growth must keep the old staging";
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaErrorNotReady);
+  }
+  EXPECT_NE(r.scratch(size_t(1) << 24), nullptr);
+  EXPECT_NE(r.pinned(size_t(1) << 20), nullptr);
+}
+
+TEST_F(PipelineGpu, BufferGrowthAndFreeEndWithAPollersError) {
+  Buffer<int32_t> b(Device::kCuda, 16);
+  Buffer<int32_t> replacement(Device::kCuda, 8);
+  int32_t* const before = b.data();
+  OtherStream other;
+  FailingPoller poller;
+  {
+    StreamGate gate(other.s);
+    expect_interrupted(poller, "Buffer::reserve growth", [&] { b.reserve(size_t(1) << 22); });
+    expect_interrupted(poller, "Buffer move assignment", [&] { b = std::move(replacement); });
+    expect_interrupted(poller, "Buffer::reset", [&] { b.reset(); });
+    EXPECT_EQ(b.data(), before) << "an interrupted free must keep the buffer";
+    EXPECT_EQ(b.size(), 16u);
+    EXPECT_EQ(replacement.size(), 8u);
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaErrorNotReady);
+  }
+  b.reserve(size_t(1) << 22);
+  EXPECT_EQ(b.size(), size_t(1) << 22);
+  b = std::move(replacement);
+  EXPECT_EQ(b.size(), 8u);
+}
+
+TEST_F(PipelineGpu, PinnedBufferGrowthEndsWithAPollersError) {
+  PinnedBuffer<int32_t> p;
+  p.reserve(16);
+  PinnedBuffer<int32_t> replacement;
+  replacement.reserve(8);
+  int32_t* const before = p.data();
+  OtherStream other;
+  FailingPoller poller;
+  {
+    StreamGate gate(other.s);
+    expect_interrupted(poller, "PinnedBuffer::reserve growth", [&] { p.reserve(size_t(1) << 22); });
+    expect_interrupted(poller, "PinnedBuffer move assignment", [&] { p = std::move(replacement); });
+    EXPECT_EQ(p.data(), before) << "an interrupted free must keep the buffer";
+    EXPECT_EQ(p.size(), 16u);
+    EXPECT_EQ(replacement.size(), 8u);
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaErrorNotReady);
+  }
+  p.reserve(size_t(1) << 22);
+  EXPECT_EQ(p.size(), size_t(1) << 22);
+}
+
+TEST_F(PipelineGpu, WaitDeviceWaitsForEveryStreamAndEndsWithAPollersError) {
+  OtherStream other;
+  {
+    // Without pollers, and with a quiet one (the helper thread's path).
+    StreamGate gate(other.s, 0.3);
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_device();
+    EXPECT_GE(seconds_since(t0), 0.29);
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaSuccess);
+  }
+  {
+    std::atomic<int> polls{0};
+    int key = 0;
+    ScopedPoller p(&key, [&] { ++polls; });
+    StreamGate gate(other.s, 0.3);
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_device();
+    EXPECT_GE(seconds_since(t0), 0.29);
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaSuccess);
+    EXPECT_GT(polls.load(), 10);
+  }
+  FailingPoller poller;
+  {
+    StreamGate gate(other.s);
+    expect_interrupted(poller, "wait_device", [] { wait_device(); });
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaErrorNotReady);
+  }
+  {
+    // For destructors: the poller's error ends only the polling, not the wait.
+    StreamGate gate(other.s, 0.3);
+    poller.arm(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_device_nothrow();
+    EXPECT_GE(seconds_since(t0), 0.29);
+    EXPECT_EQ(cudaStreamQuery(other.s), cudaSuccess);
+    poller.arm(false);
   }
 }
 

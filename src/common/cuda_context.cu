@@ -1,7 +1,13 @@
 // CUDA side of cuda_context.h: creating and freeing a rank's stream, handles,
-// workspace, scratch and error record, and raising recorded kernel errors.
+// workspace, scratch and error record, raising recorded kernel errors, and the
+// interruptible waits for a stream, an event and the whole device.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -16,6 +22,47 @@ constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
+void wait_event(cudaEvent_t e) {
+  if (!wait_pollers_registered()) {
+    CUDA_CHECK(cudaEventSynchronize(e));
+    return;
+  }
+  wait_until([e] {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaErrorNotReady) return false;
+    CUDA_CHECK(q);
+    return true;
+  });
+}
+
+namespace {
+
+// wait_stream's event, one per thread and device, made on first use and then
+// re-recorded by every wait instead of made and destroyed per wait (two driver calls
+// on each of a step's waits). Per thread, because a wait re-records it: two threads
+// sharing one could each end up waiting for the other's stream.
+cudaEvent_t this_threads_wait_event() {
+  struct Events {
+    std::vector<std::pair<int, cudaEvent_t>> by_device;
+    ~Events() {
+      // At thread or process exit: errors are ignored. Destroying an event that is
+      // still pending is safe; it is freed once it completes.
+      for (const auto& de : by_device) cudaEventDestroy(de.second);
+    }
+  };
+  thread_local Events events;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  for (const auto& de : events.by_device)
+    if (de.first == device) return de.second;
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  events.by_device.emplace_back(device, e);
+  return e;
+}
+
+}  // namespace
+
 void wait_stream(cudaStream_t s) {
   if (!wait_pollers_registered()) {
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -23,30 +70,63 @@ void wait_stream(cudaStream_t s) {
   }
   // An event at the tail of s covers what cudaStreamSynchronize(s) waits for (on the
   // legacy stream also the blocking streams' earlier work) and can be queried.
-  struct Event {
-    cudaEvent_t e = nullptr;
-    ~Event() {
-      if (e) cudaEventDestroy(e);  // safe while pending: freed once it completes
-    }
-  } ev;
-  CUDA_CHECK(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventRecord(ev.e, s));
-  wait_until([&ev] {
-    const cudaError_t q = cudaEventQuery(ev.e);
-    if (q == cudaErrorNotReady) return false;
-    CUDA_CHECK(q);
+  const cudaEvent_t e = this_threads_wait_event();
+  CUDA_CHECK(cudaEventRecord(e, s));
+  wait_event(e);
+}
+
+void wait_device() {
+  if (!wait_pollers_registered()) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return;
+  }
+  // No CUDA call says without blocking whether every stream of the device is idle,
+  // and the streams that matter most (NCCL's) are not known here. So a helper thread
+  // blocks in cudaDeviceSynchronize and the caller polls for its end. The helper may
+  // outlive this call (when a poller throws first), so it owns its state jointly.
+  // Device memory growth is rare (grow-only buffers), so a thread per wait is cheap.
+  struct Drain {
+    std::atomic<bool> done{false};
+    cudaError_t status = cudaSuccess;
+  };
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  auto drain = std::make_shared<Drain>();
+  std::thread([drain, device] {
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    drain->status = e;
+    drain->done.store(true, std::memory_order_release);
+  }).detach();
+  wait_until([&drain] {
+    if (!drain->done.load(std::memory_order_acquire)) return false;
+    CUDA_CHECK(drain->status);
     return true;
   });
+}
+
+void wait_device_nothrow() noexcept {
+  try {
+    wait_device();
+    return;
+  } catch (...) {
+    // A poller threw (or CUDA failed); finish the wait without pollers below.
+  }
+  cudaDeviceSynchronize();
 }
 
 void* CudaResources::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     // Grow by at least 1.5x, so a slowly growing batch does not reallocate every step.
     const size_t want = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
-    if (scratch_) CUDA_CHECK(cudaFree(scratch_));
+    // Kernels queued on the stream may still use the old arena: device_free drains
+    // the device first. Stream-ordered cudaFreeAsync on this stream would need no
+    // wait at all, but growth is rare and one way of freeing serves every buffer,
+    // also those read by several streams and the pinned ones (no stream-ordered free).
+    device_free(Device::kCuda, scratch_);  // may throw a poller's error: nothing changed yet
     scratch_ = nullptr;
     scratch_bytes_ = 0;
-    CUDA_CHECK(cudaMalloc(&scratch_, want));
+    scratch_ = device_alloc(Device::kCuda, want);
     scratch_bytes_ = want;
   }
   return scratch_;
@@ -54,29 +134,30 @@ void* CudaResources::scratch(size_t bytes) {
 
 void* CudaResources::pinned(size_t bytes) {
   if (bytes > pinned_bytes_) {
-    // The previous staging area may be the target of a copy still in flight.
-    wait_stream(stream);
-    if (pinned_) CUDA_CHECK(cudaFreeHost(pinned_));
+    // The previous staging area may be the target of a copy still in flight;
+    // pinned_free drains the device first.
+    pinned_free(pinned_);
     pinned_ = nullptr;
     pinned_bytes_ = 0;
     const size_t want = std::max<size_t>(bytes, 4096);
-    CUDA_CHECK(cudaMallocHost(&pinned_, want));
+    pinned_ = pinned_alloc(want);
     pinned_bytes_ = want;
   }
   return pinned_;
 }
 
 CudaResources::~CudaResources() {
-  // Destructors do not throw: errors here are ignored (the process is tearing down).
-  if (stream) cudaStreamSynchronize(stream);
-  if (scratch_) cudaFree(scratch_);
-  if (pinned_) cudaFreeHost(pinned_);
-  if (lt_workspace) cudaFree(lt_workspace);
-  if (error_dev) cudaFree(error_dev);
-  if (error_host) cudaFreeHost(error_host);
+  // Destructors cannot throw: the waits here poll (a peer's failure noticed now
+  // still aborts the communicator, so the streams drain) but drop errors. The one
+  // drain covers both streams and everything the frees below would wait for.
+  wait_device_nothrow();
+  device_release(Device::kCuda, scratch_);
+  pinned_release(pinned_);
+  device_release(Device::kCuda, lt_workspace);
+  device_release(Device::kCuda, error_dev);
+  pinned_release(error_host);
   if (lt) cublasLtDestroy(lt);
   if (cublas) cublasDestroy(cublas);
-  if (copy_stream) cudaStreamSynchronize(copy_stream);
   if (copy_stream) cudaStreamDestroy(copy_stream);
   if (stream) cudaStreamDestroy(stream);
 }
@@ -107,10 +188,13 @@ ExecContext make_cuda_context(int device_id) {
     CUBLAS_CHECK(cublasSetStream(r->cublas, r->stream));
     CUBLAS_CHECK(cublasLtCreate(&r->lt));
     r->lt_workspace_bytes = kLtWorkspaceBytes;
-    CUDA_CHECK(cudaMalloc(&r->lt_workspace, r->lt_workspace_bytes));
-    CUDA_CHECK(cudaMalloc(&r->error_dev, sizeof(DeviceErrorRecord)));
+    // Allocated through device.h, so that the destructor's device_release and
+    // pinned_release match.
+    r->lt_workspace = device_alloc(Device::kCuda, r->lt_workspace_bytes);
+    r->error_dev =
+        static_cast<DeviceErrorRecord*>(device_alloc(Device::kCuda, sizeof(DeviceErrorRecord)));
     CUDA_CHECK(cudaMemset(r->error_dev, 0, sizeof(DeviceErrorRecord)));
-    CUDA_CHECK(cudaMallocHost(&r->error_host, sizeof(DeviceErrorRecord)));
+    r->error_host = static_cast<DeviceErrorRecord*>(pinned_alloc(sizeof(DeviceErrorRecord)));
   } catch (...) {
     delete r;
     throw;

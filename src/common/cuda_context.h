@@ -15,11 +15,13 @@
 // ops that synchronize anyway (sort_reduce_rows, unique_ids, bucketize_by_owner,
 // hit_ndcg) and by check_device_errors.
 //
-// Host waits: every place where the host waits for a CUDA stream goes through
-// wait_stream, which can be interrupted by registered pollers. A rank whose peer
-// died may otherwise wait forever for an NCCL kernel that will never finish; the
-// NCCL communicator registers a poller that turns NCCL's asynchronous error into
-// an ncf::Error (and aborts the communicator so the stream drains).
+// Host waits: every place where the host waits for the GPU goes through wait_stream,
+// wait_event or wait_device, which registered pollers can interrupt. A rank whose
+// peer died may otherwise wait forever for an NCCL kernel that will never finish; the
+// NCCL communicator registers a poller that turns NCCL's asynchronous error into an
+// ncf::Error (and aborts the communicator so the streams drain). cudaFree and
+// cudaFreeHost wait for the whole device, so the frees of device.h drain it through
+// wait_device first; tests/test_host_waits.cc holds src/ to this.
 #pragma once
 
 #include <cstddef>
@@ -42,7 +44,7 @@ namespace ncf {
 // cudaMemcpy / cudaMemset (device_copy, Buffer::zero) on the legacy default
 // stream stay ordered with it. Throws when this build or machine has no GPU.
 ExecContext make_cuda_context(int device_id);
-// Frees what make_cuda_context made (waits for the stream first) and resets
+// Frees what make_cuda_context made (waits for the device first) and resets
 // ctx to a CPU context. A context not made by make_cuda_context is left alone.
 void destroy_cuda_context(ExecContext& ctx);
 
@@ -74,6 +76,22 @@ void wait_until(const std::function<bool()>& done);
 // pollers, an event recorded on `s` is polled through wait_until. Throws ncf::Error
 // on a CUDA error, or what a poller throws.
 void wait_stream(cudaStream_t s);
+// Waits on the host for event `e` (of the current device) to complete: without
+// pollers cudaEventSynchronize, with pollers cudaEventQuery through wait_until.
+void wait_event(cudaEvent_t e);
+// Waits on the host for all work queued so far on the current device, on every
+// stream: also the non-blocking streams that no host wait here knows of, such as the
+// NCCL communicator's, which neither wait_stream(nullptr) nor the compute stream
+// covers while a deferred collective is in flight. This is what cudaFree and
+// cudaFreeHost wait for implicitly. Without pollers cudaDeviceSynchronize; with
+// pollers that runs on a helper thread while the caller polls, and when a poller
+// throws, the caller gets the error and the helper ends once the device drains.
+void wait_device();
+// wait_device for destructors, which cannot throw: should a poller throw, the wait goes
+// on without pollers (the NCCL poller aborts its communicator before it throws, so the
+// device drains). Errors are dropped: the error that unwinds the stack, or the next
+// wait's, is the one to report.
+void wait_device_nothrow() noexcept;
 #endif
 
 // What a kernel found wrong (the device error record's code).
@@ -118,10 +136,12 @@ struct CudaResources {
   DeviceErrorRecord* error_dev = nullptr;   // device
   DeviceErrorRecord* error_host = nullptr;  // pinned mirror for the check
 
-  // Grow-only scratch arena on the device. Growing frees the old arena;
-  // cudaFree waits for the device, so kernels still using it have finished.
+  // Grow-only scratch arena on the device. Growing frees the old arena once the
+  // device has drained (device_free), so kernels still using it have finished; when
+  // a poller interrupts that wait, the old arena stays in place.
   void* scratch(size_t bytes);
-  // Grow-only pinned host staging for results copied back (counts, sums).
+  // Grow-only pinned host staging for results copied back (counts, sums); grows
+  // like the scratch arena.
   void* pinned(size_t bytes);
 
   CudaResources() = default;

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "common/cuda_context.h"  // CUDA_CHECK in CUDA builds
+#include "common/cuda_context.h"  // CUDA_CHECK and the interruptible waits in CUDA builds
 
 namespace ncf {
 
@@ -69,7 +69,20 @@ void device_free(Device d, void* p) {
     return;
   }
 #ifdef NCF_WITH_CUDA
-  cudaFree(p);
+  wait_device();  // interruptible; cudaFree's own wait then finds the device idle
+  CUDA_CHECK(cudaFree(p));
+#endif
+}
+
+void device_release(Device d, void* p) noexcept {
+  if (!p) return;
+  if (d == Device::kCpu) {
+    std::free(p);
+    return;
+  }
+#ifdef NCF_WITH_CUDA
+  wait_device_nothrow();
+  cudaFree(p);  // errors ignored: called from destructors
 #endif
 }
 
@@ -132,7 +145,20 @@ void pinned_free(void* p) {
   if (!p) return;
 #ifdef NCF_WITH_CUDA
   if (pinned_by_cuda()) {
-    cudaFreeHost(p);
+    wait_device();  // as in device_free: cudaFreeHost waits for the whole device
+    CUDA_CHECK(cudaFreeHost(p));
+    return;
+  }
+#endif
+  std::free(p);
+}
+
+void pinned_release(void* p) noexcept {
+  if (!p) return;
+#ifdef NCF_WITH_CUDA
+  if (pinned_by_cuda()) {
+    wait_device_nothrow();
+    cudaFreeHost(p);  // errors ignored: called from destructors
     return;
   }
 #endif

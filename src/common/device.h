@@ -28,7 +28,12 @@ struct ExecContext {
 
 // Raw allocation on a device (64-byte aligned on the CPU).
 void* device_alloc(Device d, size_t bytes);
+// Frees p. On a GPU cudaFree waits for the whole device, uninterruptibly, so the
+// device is drained first through wait_device (common/cuda_context.h): a poller's
+// error (a peer rank died) ends that wait and is thrown, and p is not freed.
 void device_free(Device d, void* p);
+// device_free for destructors: never throws (wait_device_nothrow, errors dropped).
+void device_release(Device d, void* p) noexcept;
 // Copies between any two devices (host<->device via cudaMemcpy: the host waits).
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
 void device_zero(Device d, void* p, size_t bytes);
@@ -40,21 +45,26 @@ void device_copy_async(const ExecContext& ctx, Device dst_dev, void* dst, Device
 
 // Page-locked host memory (cudaMallocHost) in CUDA builds with a GPU, so that
 // host<->device copies from it run as DMA without blocking the host; plain
-// aligned memory otherwise. Freed with pinned_free.
+// aligned memory otherwise. Freed with pinned_free, which drains the device first
+// as device_free does (cudaFreeHost also waits for the whole device), or, in
+// destructors, with pinned_release, which never throws.
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* p);
+void pinned_release(void* p) noexcept;
 
 // A grow-only array of page-locked host memory (see pinned_alloc). Move-only.
+// Growing and move assignment free through pinned_free, so they may throw a wait
+// poller's error; the buffer is then unchanged.
 template <typename T>
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  ~PinnedBuffer() { pinned_free(p_); }
+  ~PinnedBuffer() { pinned_release(p_); }
   PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
     o.p_ = nullptr;
     o.n_ = 0;
   }
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+  PinnedBuffer& operator=(PinnedBuffer&& o) {
     if (this != &o) {
       pinned_free(p_);
       p_ = o.p_;
@@ -66,8 +76,9 @@ class PinnedBuffer {
   }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  // Grows (never shrinks) to at least n elements; contents are not kept. The
-  // caller must know that no copy still reads or writes the old memory.
+  // Grows (never shrinks) to at least n elements; contents are not kept. The old
+  // memory is freed once the device has drained (pinned_free), so copies still
+  // reading or writing it have finished.
   void reserve(size_t n) {
     if (n <= n_) return;
     pinned_free(p_);
@@ -85,7 +96,10 @@ class PinnedBuffer {
   size_t n_ = 0;
 };
 
-// An owning, typed, device-tagged array. Move-only.
+// An owning, typed, device-tagged array. Move-only. reset, reserve (growing) and
+// move assignment free through device_free, so on a GPU they wait for the device
+// (its kernels may still read the memory) and may throw a wait poller's error; the
+// buffer is then unchanged.
 template <typename T>
 class Buffer {
  public:
@@ -93,12 +107,12 @@ class Buffer {
   Buffer(Device d, size_t n) : dev_(d), n_(n) {
     if (n) p_ = static_cast<T*>(device_alloc(d, n * sizeof(T)));
   }
-  ~Buffer() { reset(); }
+  ~Buffer() { device_release(dev_, p_); }
   Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) {
     o.p_ = nullptr;
     o.n_ = 0;
   }
-  Buffer& operator=(Buffer&& o) noexcept {
+  Buffer& operator=(Buffer&& o) {
     if (this != &o) {
       reset();
       dev_ = o.dev_;
@@ -113,13 +127,17 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   void reset() {
-    if (p_) device_free(dev_, p_);
+    device_free(dev_, p_);
     p_ = nullptr;
     n_ = 0;
   }
-  // Grows (never shrinks) to at least n elements; contents are not kept.
+  // Grows (never shrinks) to at least n elements; contents are not kept. The old
+  // memory is freed before the new is allocated, so the peak is the larger of the two.
   void reserve(size_t n) {
-    if (n > n_) *this = Buffer(dev_, n);
+    if (n <= n_) return;
+    reset();
+    p_ = static_cast<T*>(device_alloc(dev_, n * sizeof(T)));
+    n_ = n;
   }
   void zero() {
     if (n_) device_zero(dev_, p_, n_ * sizeof(T));

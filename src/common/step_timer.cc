@@ -2,7 +2,7 @@
 #include "common/step_timer.h"
 
 #include "common/check.h"
-#include "common/cuda_context.h"  // CUDA_CHECK and the runtime API in CUDA builds
+#include "common/cuda_context.h"  // CUDA_CHECK, wait_event and the runtime API in CUDA builds
 
 namespace ncf {
 
@@ -90,7 +90,8 @@ StepTimes StepTimer::read(Slot& s) {
   t.step = s.step;
 #ifdef NCF_WITH_CUDA
   if (cuda_) {
-    CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(s.events[s.marks])));
+    // Interruptible: the step's last event may sit behind a collective whose peer died.
+    wait_event(static_cast<cudaEvent_t>(s.events[s.marks]));
     for (int k = 0; k < s.marks; ++k) {
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(s.events[k]),

@@ -40,11 +40,12 @@ InputStager::InputStager(const ExecContext& ctx) : ctx_(ctx), slots_(new Slot[2]
 
 InputStager::~InputStager() {
 #ifdef NCF_WITH_CUDA
+  // No wait here: a copy still pending reads pinned memory that the slots'
+  // PinnedBuffer destructors free after this body, and those drain the device first
+  // (pinned_release, which cannot throw). Destroying a pending event is safe.
   if (ctx_.device == Device::kCuda)
     for (int k = 0; k < 2; ++k) {
       Slot& s = slots_[k];
-      // Destructors do not throw; the copies read pinned memory freed below.
-      if (s.copied) cudaEventSynchronize(s.copied);
       if (s.copied) cudaEventDestroy(s.copied);
       if (s.consumed) cudaEventDestroy(s.consumed);
     }
@@ -64,15 +65,18 @@ void InputStager::stage(const TrainBatch& b) {
 #ifdef NCF_WITH_CUDA
     CudaResources& r = cuda_resources(ctx_, "InputStager::stage");
     const size_t n = size_t(s.n);
-    // The pinned slot may still feed the copy issued two steps ago.
-    if (s.copy_pending) CUDA_CHECK(cudaEventSynchronize(s.copied));
+    // The pinned slot may still feed the copy issued two steps ago. That copy waited
+    // for the step that last read the device slot, which may wait for a collective:
+    // an interruptible wait.
+    if (s.copy_pending) wait_event(s.copied);
     s.copy_pending = false;
+    // Growing frees the old pinned and device arrays once the device has drained
+    // (pinned_free, device_free), so no copy or kernel still uses them.
     s.pinned.reserve(2 * n);
     if (n) {
       std::memcpy(s.pinned.data(), b.users.data(), n * 4);
       std::memcpy(s.pinned.data() + n, b.items.data(), n * 4);
     }
-    // Growing frees the old device array; cudaFree waits for its readers.
     s.dev.reserve(2 * n);
     // The device slot may still be read by the step that used it last.
     if (s.consume_recorded) CUDA_CHECK(cudaStreamWaitEvent(r.copy_stream, s.consumed, 0));
@@ -92,7 +96,7 @@ void InputStager::reset() {
   if (ctx_.device == Device::kCuda)
     for (int k = 0; k < 2; ++k)
       if (slots_[k].copy_pending) {
-        CUDA_CHECK(cudaEventSynchronize(slots_[k].copied));
+        wait_event(slots_[k].copied);  // interruptible, as in stage
         slots_[k].copy_pending = false;
       }
 #endif

@@ -313,11 +313,14 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
     }
   }
   if (show) std::printf("\r%70s\r", "");
+  // Bad input a kernel met in the last steps, if any, is reported first. Its wait
+  // for the compute stream (interruptible, like every host wait) also passes every
+  // step's timing events, so reading the times below waits no more.
+  check_device_errors(ctx_);
   account_step_times(true, &r);
   // The loss shares come back once per epoch; summed over ranks, each step's
   // shares give that step's mean loss over its global batch, and the epoch loss
   // is the mean of the step losses.
-  check_device_errors(ctx_);  // bad input a kernel met in the last step, if any
   std::vector<double> shares(static_cast<size_t>(steps));  // every step's, resumed ones too
   device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data(), shares.size() * 8);
   double loss_sum = 0;
