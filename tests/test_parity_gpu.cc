@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -1408,6 +1409,55 @@ TEST_F(Parity, TopKRefusesExcludedItemsOutsideTheRow) {
       }
     }
   }
+}
+
+// NCF_SCRATCH_DEBUG=separate (the sanitizer stages' mode: every scratch array an
+// allocation of its own) changes where arrays live, not what the ops compute:
+// the sort-reduce and top-K on a context made in that mode equal the CPU's bit
+// for bit. Any other value is refused by name.
+TEST_F(Parity, SeparateScratchModeComputesTheSame) {
+  const int64_t n = 5000, D = 8, I = 300;
+  const IVec ids = random_ids(n, 0, 700, gen_);
+  const Vec grads = random_vec(size_t(n * D), gen_), scores = random_vec(size_t(4 * I), gen_);
+  IVec urows(n, -1), items(size_t(4 * 10));
+  Vec rgrads(size_t(n * D)), top(size_t(4 * 10));
+  int64_t nu = -1;
+  sort_reduce_rows(cpu_, ids.data(), grads.data(), n, D, urows.data(), rgrads.data(), &nu, 700);
+  top_k(cpu_, scores.data(), 4, I, nullptr, nullptr, 10, items.data(), top.data());
+  DEVICE_HALF_NEEDS_A_GPU();
+  struct Env {
+    explicit Env(const char* v) { setenv("NCF_SCRATCH_DEBUG", v, 1); }
+    ~Env() { unsetenv("NCF_SCRATCH_DEBUG"); }
+  };
+  {
+    Env bad("pad");
+    try {
+      make_cuda_context(0);
+      ADD_FAILURE() << "NCF_SCRATCH_DEBUG=pad accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NCF_SCRATCH_DEBUG=pad"), std::string::npos) << e.what();
+    }
+  }
+  Env separate("separate");
+  ExecContext sep = make_cuda_context(0);
+  {
+    Buffer<RowId> gids = up(ids), gurows = up(IVec(n, -1));
+    Buffer<float> ggrads = up(grads), grgrads = up(Vec(size_t(n * D))), gs = up(scores);
+    Buffer<int32_t> gi(g_dev, items.size());
+    Buffer<float> gt(g_dev, top.size());
+    int64_t gnu = -1;
+    sort_reduce_rows(sep, gids.data(), ggrads.data(), n, D, gurows.data(), grgrads.data(), &gnu,
+                     700);
+    top_k(sep, gs.data(), 4, I, nullptr, nullptr, 10, gi.data(), gt.data());
+    check_device_errors(sep);
+    ASSERT_EQ(gnu, nu);
+    expect_same(down(gurows, size_t(nu)), IVec(urows.begin(), urows.begin() + nu), "unique rows");
+    expect_same(down(grgrads, size_t(nu * D)), Vec(rgrads.begin(), rgrads.begin() + nu * D),
+                "row sums");
+    expect_same(down(gi), items, "top-K items");
+    expect_same(down(gt), top, "top-K scores");
+  }
+  destroy_cuda_context(sep);
 }
 
 // ---- one whole training step: train_step on both devices -----------------------------------

@@ -3,6 +3,7 @@
 // interruptible waits for a stream, an event and the whole device.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -132,6 +133,21 @@ void* CudaResources::scratch(size_t bytes) {
   return scratch_;
 }
 
+void* CudaResources::separate_take(size_t bytes) {
+  void* p = nullptr;
+  // At least one byte, so an empty array is an allocation too (and any read of it an error).
+  CUDA_CHECK(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream));
+  separate_.push_back(p);
+  return p;
+}
+
+void CudaResources::separate_release() {
+  // Ordered after every kernel queued so far on the stream, the only one that
+  // uses scratch: no host wait.
+  for (void* p : separate_) CUDA_CHECK(cudaFreeAsync(p, stream));
+  separate_.clear();
+}
+
 void* CudaResources::pinned(size_t bytes) {
   if (bytes > pinned_bytes_) {
     // The previous staging area may be the target of a copy still in flight;
@@ -150,6 +166,7 @@ CudaResources::~CudaResources() {
   // Destructors cannot throw: the waits here poll (a peer's failure noticed now
   // still aborts the communicator, so the streams drain) but drop errors. The one
   // drain covers both streams and everything the frees below would wait for.
+  for (void* p : separate_) cudaFreeAsync(p, stream);  // before the drain, which covers them
   wait_device_nothrow();
   device_release(Device::kCuda, scratch_);
   pinned_release(pinned_);
@@ -177,9 +194,14 @@ ExecContext make_cuda_context(int device_id) {
             " outside [0, ", count, ")");
   CUDA_CHECK(cudaSetDevice(device_id));
 
+  const char* debug = std::getenv("NCF_SCRATCH_DEBUG");
+  NCF_CHECK(debug == nullptr || *debug == '\0' || std::string(debug) == "separate",
+            "NCF_SCRATCH_DEBUG=", debug ? debug : "",
+            ": expected 'separate' (every scratch array its own allocation) or unset");
   auto* r = new CudaResources;
   try {
     r->device_id = device_id;
+    r->separate_scratch = debug != nullptr && std::string(debug) == "separate";
     CUDA_CHECK(cudaStreamCreate(&r->stream));  // blocking: see the header
     // Non-blocking, so input copies overlap the compute stream's kernels and the
     // legacy stream's copies instead of serializing with them.

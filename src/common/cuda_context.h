@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "common/check.h"  // CUDA_CHECK, CUBLAS_CHECK
 #include "common/device.h"
@@ -144,6 +145,16 @@ struct CudaResources {
   // like the scratch arena.
   void* pinned(size_t bytes);
 
+  // NCF_SCRATCH_DEBUG=separate (read by make_cuda_context; any other value is
+  // refused): carve_scratch gives every array an allocation of its own instead of
+  // a place in the arena, so compute-sanitizer's memcheck sees an overrun from
+  // one array into the next and initcheck a read of an array no kernel of the op
+  // wrote. The allocations are stream-ordered (cudaMallocAsync on `stream`) and
+  // freed on the stream when the next op carves, as the arena is reused then.
+  bool separate_scratch = false;
+  void* separate_take(size_t bytes);
+  void separate_release();
+
   CudaResources() = default;
   CudaResources(const CudaResources&) = delete;
   CudaResources& operator=(const CudaResources&) = delete;
@@ -154,6 +165,7 @@ struct CudaResources {
   size_t scratch_bytes_ = 0;
   void* pinned_ = nullptr;
   size_t pinned_bytes_ = 0;
+  std::vector<void*> separate_;  // the last carve's arrays in separate mode
 };
 
 // ctx's resources; throws naming `op` when ctx was not made by make_cuda_context.

@@ -72,12 +72,18 @@ inline void check_int_range(const char* op, const char* what, int64_t v) {
 // ---- scratch ------------------------------------------------------------------
 
 // Lays several arrays out in one scratch allocation. Run the same layout twice:
-// once on ScratchLayout(nullptr) to measure, then on the arena it returned.
+// once on ScratchLayout(nullptr) to measure, then on the arena it returned. In
+// the debug mode of CudaResources::separate_scratch every array is an
+// allocation of its own instead.
 class ScratchLayout {
  public:
-  explicit ScratchLayout(void* base) : base_(static_cast<char*>(base)) {}
+  // base: the arena (nullptr to measure); separate: the resources whose
+  // separate_take gives each array instead.
+  explicit ScratchLayout(void* base, CudaResources* separate = nullptr)
+      : base_(static_cast<char*>(base)), separate_(separate) {}
   template <typename T>
   T* take(size_t count) {
+    if (separate_) return static_cast<T*>(separate_->separate_take(count * sizeof(T)));
     used_ = (used_ + 255) / 256 * 256;  // every array 256-byte aligned (CUB, float4)
     T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
     used_ += count * sizeof(T);
@@ -87,11 +93,21 @@ class ScratchLayout {
 
  private:
   char* base_;
+  CudaResources* separate_;
   size_t used_ = 0;
 };
 
+// One op's arrays. A later carve reuses the arena (or, in the separate mode,
+// frees the earlier arrays), so an op carves once and its arrays live until the
+// next op carves.
 template <typename Layout>
 void carve_scratch(CudaResources& r, Layout&& layout) {
+  if (r.separate_scratch) {
+    r.separate_release();
+    ScratchLayout each(nullptr, &r);
+    layout(each);
+    return;
+  }
   ScratchLayout measure(nullptr);
   layout(measure);
   ScratchLayout real(r.scratch(measure.used()));
