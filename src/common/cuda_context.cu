@@ -15,13 +15,6 @@
 #include "common/cuda_util.cuh"
 
 namespace ncf {
-namespace {
-
-// cuBLASLt may use this much workspace per matmul (split-K partials); 32 MiB is
-// what NVIDIA's samples suggest for Hopper-class GPUs.
-constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-
-}  // namespace
 
 void wait_event(cudaEvent_t e) {
   if (!wait_pollers_registered()) {
@@ -195,13 +188,14 @@ ExecContext make_cuda_context(int device_id) {
   CUDA_CHECK(cudaSetDevice(device_id));
 
   const char* debug = std::getenv("NCF_SCRATCH_DEBUG");
-  NCF_CHECK(debug == nullptr || *debug == '\0' || std::string(debug) == "separate",
+  const bool separate = debug != nullptr && std::string(debug) == "separate";
+  NCF_CHECK(debug == nullptr || *debug == '\0' || separate,
             "NCF_SCRATCH_DEBUG=", debug ? debug : "",
             ": expected 'separate' (every scratch array its own allocation) or unset");
   auto* r = new CudaResources;
   try {
     r->device_id = device_id;
-    r->separate_scratch = debug != nullptr && std::string(debug) == "separate";
+    r->separate_scratch = separate;
     CUDA_CHECK(cudaStreamCreate(&r->stream));  // blocking: see the header
     // Non-blocking, so input copies overlap the compute stream's kernels and the
     // legacy stream's copies instead of serializing with them.
@@ -209,7 +203,7 @@ ExecContext make_cuda_context(int device_id) {
     CUBLAS_CHECK(cublasCreate(&r->cublas));
     CUBLAS_CHECK(cublasSetStream(r->cublas, r->stream));
     CUBLAS_CHECK(cublasLtCreate(&r->lt));
-    r->lt_workspace_bytes = kLtWorkspaceBytes;
+    r->lt_workspace_bytes = cuda::kLtWorkspaceBytes;
     // Allocated through device.h, so that the destructor's device_release and
     // pinned_release match.
     r->lt_workspace = device_alloc(Device::kCuda, r->lt_workspace_bytes);

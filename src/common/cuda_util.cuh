@@ -15,13 +15,13 @@
 
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "common/cuda_sizes.h"  // kThreads, the sums' chunks
 #include "common/device.h"
 
 namespace ncf::cuda {
 
 // ---- launching ----------------------------------------------------------------
 
-constexpr int kThreads = 256;                     // threads per block of the 1-D kernels
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // more work loops inside the kernel
 
 // The launch grid of every 1-D kernel: one thread per work item, in blocks of
@@ -84,7 +84,7 @@ class ScratchLayout {
   template <typename T>
   T* take(size_t count) {
     if (separate_) return static_cast<T*>(separate_->separate_take(count * sizeof(T)));
-    used_ = (used_ + 255) / 256 * 256;  // every array 256-byte aligned (CUB, float4)
+    used_ = (used_ + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
     T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
     used_ += count * sizeof(T);
     return p;
@@ -165,11 +165,6 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t bound, D
 // chunk partials, thread j taking chunks j, j+kThreads, … in order, then the
 // same tree. The order depends only on n, never on the GPU or the timing.
 
-constexpr int kSumItemsPerThread = 8;
-constexpr int64_t kSumChunk = int64_t{kThreads} * kSumItemsPerThread;  // 2048 items
-
-inline int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
-
 template <int kSums>
 __device__ void block_tree_sum(double (&acc)[kSums], double (*sh)[kThreads]) {
   for (int k = 0; k < kSums; ++k) sh[k][threadIdx.x] = acc[k];
@@ -240,10 +235,7 @@ void deterministic_sums(cudaStream_t stream, int64_t n, Op op, double* partial, 
 
 constexpr int kColLanes = 32;
 constexpr int kColRows = 8;
-constexpr int64_t kColChunk = 256;  // rows per partial
-constexpr int64_t kColGroup = 64;   // chunk partials per middle-pass sum
-
-inline int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
+constexpr int64_t kColGroup = 64;  // chunk partials per middle-pass sum (kColChunk rows each)
 
 // op(b, c) returns the double to add (it may also write element (b, c) of an
 // output: each (b, c) is visited exactly once). partial is [chunks × C].

@@ -16,8 +16,6 @@
 namespace ncf::cuda {
 namespace {
 
-constexpr int64_t kBlockElements = int64_t{1} << 26;  // keys sorted per CUB call
-
 __device__ __forceinline__ uint64_t make_key(float score, int64_t item) {
   uint32_t b = __float_as_uint(score + 0.0f);  // -0 + 0 = +0
   b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
@@ -84,7 +82,7 @@ void top_k(const ExecContext& ctx, const float* scores, int64_t n, int64_t I,
   check_int_range(op, "I", I);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(n, kBlockElements / I));
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(n, kTopKBlockElements / I));
   check_int_range(op, "rows x I", rows * I);
   const int block_keys = static_cast<int>(rows * I);
   size_t temp_bytes = 0;

@@ -12,21 +12,22 @@
 namespace ncf {
 namespace {
 
-// common/cuda_util.cuh: items per partial of the deterministic scalar sums, rows
-// per partial of the column sums; model/topk.cu: keys sorted per top_k block.
-constexpr int64_t kSumChunk = 2048;
-constexpr int64_t kColChunk = 256;
-constexpr int64_t kTopKBlockElements = int64_t{1} << 26;
-
-int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
-int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
+using cuda::col_chunks;
+using cuda::kTopKBlockElements;
+using cuda::sum_chunks;
 
 // ScratchLayout's arithmetic (common/cuda_util.cuh): arrays one after another,
-// each starting on a 256-byte boundary.
+// each starting on a kScratchAlign boundary.
 class Carve {
  public:
   Carve& take(int64_t bytes) {
-    used_ = (used_ + 255) / 256 * 256 + bytes;
+    constexpr int64_t a = int64_t(cuda::kScratchAlign);
+    used_ = (used_ + a - 1) / a * a + bytes;
+    return *this;
+  }
+  // `count` arrays of `bytes` each.
+  Carve& take(int count, int64_t bytes) {
+    for (int k = 0; k < count; ++k) take(bytes);
     return *this;
   }
   int64_t used() const { return std::max<int64_t>(used_, 1); }
@@ -57,25 +58,15 @@ class Peak {
     if (s_.W == 1) return;  // gathers only
     const int64_t n = routed_ids(ids);
     if (n == 0) return;
-    if (s_.dedup)  // unique_ids: sorted ids, positions, heads, runs; the CUB temporary
+    // unique_ids: sorted ids, positions in and sorted, heads, runs; the CUB temporary.
+    if (s_.dedup)
       keep(Carve()
-               .take(4 * n)
-               .take(4 * n)
-               .take(4 * n)
-               .take(4 * n)
-               .take(4 * n)
+               .take(5, 4 * n)
                .take(std::max(cub_sort_pairs_bytes(n, 4, 4), cub_scan_bytes(n)))
                .used());
-    // bucketize_by_owner: owners, rows, sorted owners, positions, [W] counts, the sort.
-    keep(Carve()
-             .take(4 * n)
-             .take(4 * n)
-             .take(4 * n)
-             .take(4 * n)
-             .take(4 * n)
-             .take(8 * int64_t(s_.W))
-             .take(cub_sort_pairs_bytes(n, 4, 4))
-             .used());
+    // bucketize_by_owner: owners, rows, sorted owners, positions in and sorted; [W]
+    // counts; the sort.
+    keep(Carve().take(5, 4 * n).take(8 * int64_t(s_.W)).take(cub_sort_pairs_bytes(n, 4, 4)).used());
     keep(Carve().take(4 * n).used());  // unpermute_rows: the marks
   }
 
