@@ -228,20 +228,15 @@ __global__ void reduce_runs_kernel(const float* grads, RunList runs, float* out,
 // The fused update of the touched rows: row unique[u] with the sum of run u,
 // summed in registers and applied right there.
 template <typename Rule, bool kVec>
-__global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, int64_t R, int D,
-                                   DeviceErrorRecord* err) {
+__global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, int D,
+                                   const DeviceErrorRecord* err) {
   if (error_pending(err)) return;
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = runs.n_runs * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
-    const RowId row = runs.unique[u];
-    if (row < 0 || row >= R) {
-      if (d == 0) record_error(err, DeviceErrorCode::kUniqueRowOutOfRange, u, row, R);
-      continue;
-    }
-    const int64_t dst = static_cast<int64_t>(row) * D + d;
+    const int64_t dst = static_cast<int64_t>(runs.unique[u]) * D + d;
     if constexpr (kVec) {
       float4 g;
       run_sum<true>(grads, runs, u, D, d, reinterpret_cast<float*>(&g));
@@ -254,17 +249,10 @@ __global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, 
   }
 }
 
-// map[unique[u]] = u for the runs whose row lies in [0, R); a row outside is
-// recorded (the update kernels then do nothing).
-__global__ void scatter_run_map_kernel(RunList runs, int64_t R, int32_t* map,
-                                       DeviceErrorRecord* err) {
-  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride()) {
-    const RowId row = runs.unique[u];
-    if (row < 0 || row >= R)
-      record_error(err, DeviceErrorCode::kUniqueRowOutOfRange, u, row, R);
-    else
-      map[row] = static_cast<int32_t>(u);
-  }
+// map[unique[u]] = u for every run (sort_runs checked the rows against R).
+__global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
+  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride())
+    map[runs.unique[u]] = static_cast<int32_t>(u);
 }
 
 // The fused dense update: every row r < R, with the sum of run map[r] or 0.
@@ -433,15 +421,15 @@ void launch_touched(const ExecContext& ctx, const Rule& rule, const RowId* rows,
 
 template <typename Rule>
 void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& rule,
-                        const float* grads, const RunList& runs, int64_t R, int D, const char* op) {
+                        const float* grads, const RunList& runs, int D, const char* op) {
   if (runs.n_runs == 0) return;
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && rule.aligned())
     update_runs_kernel<Rule, true><<<grid_for(runs.n_runs * (D / 4)), kThreads, 0, stream>>>(
-        rule, grads, runs, R, D, r.error_dev);
+        rule, grads, runs, D, r.error_dev);
   else
     update_runs_kernel<Rule, false>
-        <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(rule, grads, runs, R, D, r.error_dev);
+        <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(rule, grads, runs, D, r.error_dev);
   check_launch(op);
 }
 
@@ -478,8 +466,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       const AdamRule rule{tab.table, tab.m, tab.v, adam_step_scalars(opt.adam, t)};
       fill_int_kernel<<<grid_for(R), kThreads, 0, stream>>>(runs.map, R, -1);
       if (runs.n_runs > 0)
-        scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, R, runs.map,
-                                                                               r.error_dev);
+        scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, runs.map);
       if (runs.vec && rule.aligned())
         update_all_rows_kernel<AdamRule, true><<<grid_for(R * (D / 4)), kThreads, 0, stream>>>(
             rule, grads, runs, runs.map, R, D, r.error_dev);
@@ -491,13 +478,13 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     }
     case EmbeddingOptimizer::kLazyAdam:
       launch_update_runs(ctx, r, AdamRule{tab.table, tab.m, tab.v, adam_step_scalars(opt.adam, t)},
-                         grads, runs, R, D, op);
+                         grads, runs, D, op);
       return;
     case EmbeddingOptimizer::kSgd:
-      launch_update_runs(ctx, r, SgdRule{tab.table, opt.sgd}, grads, runs, R, D, op);
+      launch_update_runs(ctx, r, SgdRule{tab.table, opt.sgd}, grads, runs, D, op);
       return;
     case EmbeddingOptimizer::kAdagrad:
-      launch_update_runs(ctx, r, AdagradRule{tab.table, tab.m, opt.adagrad}, grads, runs, R, D, op);
+      launch_update_runs(ctx, r, AdagradRule{tab.table, tab.m, opt.adagrad}, grads, runs, D, op);
       return;
   }
 }
