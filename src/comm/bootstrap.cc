@@ -55,7 +55,14 @@ RankInfo bootstrap_mpi(int* argc, char*** argv) {
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node));
   MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
   MPI_CHECK(MPI_Comm_size(node, &info.local_world));
+  // A node is named by its lowest world rank; every rank learns every rank's node.
+  int lowest = info.rank;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node));
   MPI_CHECK(MPI_Comm_free(&node));
+  std::vector<int64_t> ids(static_cast<size_t>(info.world));
+  const int64_t mine = lowest;
+  MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, ids.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+  info.nodes = node_map_from_ids(ids);
   return info;
 }
 

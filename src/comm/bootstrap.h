@@ -28,11 +28,13 @@ struct RankInfo {
   int local_rank = 0;   // rank among the ranks sharing this node (picks the GPU)
   int local_world = 1;  // ranks on this node
   bool mpi = false;     // MPI is initialised (bootstrap_mpi), so MPI communicators work
+  NodeMap nodes;        // every rank's node (empty: one node); what two-hop exchanges follow
 };
 
 // MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) unless MPI is
 // already up, then world rank/size and the node-local rank from
-// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Works under mpirun, srun --mpi=pmix, and
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), and every rank's node (nodes numbered
+// by their lowest rank) from an allgather of those groups. Works under mpirun, srun --mpi=pmix, and
 // as a plain process (Open MPI's singleton init gives W = 1). Sets the rank shown in
 // ncf::Error messages. argc/argv may be null.
 RankInfo bootstrap_mpi(int* argc, char*** argv);

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/device.h"
 
@@ -60,13 +61,53 @@ constexpr DType dtype_of<uint8_t>() {
 // What a rank's collectives did since the communicator started: calls and
 // payload bytes this rank sent to other ranks (a ring allreduce counts 2(W-1)/W
 // of its buffer), by kind. The step log prints the per-step difference.
+// The messages of the count and all-to-all exchanges (both hops of a two-hop one)
+// are also split by where their peer is: a message is a non-empty payload to one
+// other rank in one exchange (a two-hop exchange's hop-1 counts included), intra
+// when the peer is on this rank's node, inter when not. The allreduce is not
+// split: how its bytes cross nodes is the MPI or NCCL algorithm's choice.
 enum class CollectiveKind { kCounts, kAllToAll, kAllReduce, kOther };
 constexpr int kCollectiveKinds = 4;
 struct CommCounters {
   int64_t calls[kCollectiveKinds] = {};
   int64_t bytes[kCollectiveKinds] = {};
+  int64_t intra_msgs = 0, intra_bytes = 0;  // to ranks of this node
+  int64_t inter_msgs = 0, inter_bytes = 0;  // to ranks of other nodes
   int64_t total_calls() const;
   int64_t total_bytes() const;
+};
+
+// How all_to_all_v and exchange_counts move data between nodes.
+//   kFlat    one message per peer rank: (N-1)·L of a rank's W-1 cross the network.
+//   kTwoHop  N nodes of L ranks, numbered node by node (rank = n·L + l). Hop 1,
+//            inside the node: rank (n,l) hands local peer (n,j) the blocks it has
+//            for (m,j) on every node m (L-1 messages). Hop 2, across nodes: (n,j)
+//            sends (m,j) one message holding its node's blocks for (m,j), in
+//            source-rank order (N-1 messages). Every block lands where the flat
+//            exchange puts it, so the receive buffers are byte-identical to flat.
+enum class ExchangeKind { kFlat, kTwoHop };
+const char* exchange_name(ExchangeKind k);  // "flat" | "two_hop"
+
+// The groups a two-hop exchange talks in. kNode: the L ranks of this node, in
+// local order (index l). kRail: the N ranks with this rank's local index, one per
+// node, in node order (index n). kWorld: all W ranks.
+enum class CommGroup { kWorld, kNode, kRail };
+
+// Which node each rank is on, nodes numbered in the order of their lowest rank.
+// two_hop_unavailable() is "" when the map is N > 1 nodes of the same L > 1 ranks
+// numbered node by node, else the reason the exchange must stay flat.
+struct NodeMap {
+  std::vector<int> node_of;  // [W]
+  int nodes() const;
+  int ranks_on(int node) const;
+  std::string two_hop_unavailable() const;
+};
+// A map from a list of node identities (any value per rank; equal = same node).
+NodeMap node_map_from_ids(const std::vector<int64_t>& node_id);
+
+// A block copy for the exchanges' packing: bytes from src+src_off to dst+dst_off.
+struct CopyBlock {
+  int64_t dst_off, src_off, bytes;
 };
 
 class Communicator {
@@ -87,11 +128,33 @@ class Communicator {
   // and receives recv_counts[p] elements from peer p at recv + recv_displs[p].
   // send_counts[p] on rank r must equal recv_counts[r] on rank p (exchange_counts
   // tells each side). Zero counts are allowed; send and recv must not overlap.
+  // Flat or two-hop as set_exchange chose; the result is the same either way.
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
                     void* recv, const int64_t* recv_counts, const int64_t* recv_displs, DType t);
   // All-to-all of one int64 per peer, host arrays of W entries:
-  // recv_counts[p] on rank r = send_counts[r] on rank p.
+  // recv_counts[p] on rank r = send_counts[r] on rank p. Two-hop like all_to_all_v.
   void exchange_counts(const int64_t* send_counts, int64_t* recv_counts);
+
+  // The nodes (from the launcher's view of shared memory, bootstrap.h).
+  const NodeMap& node_map() const { return nodes_; }
+  int node() const { return nodes_.node_of[size_t(rank_)]; }
+  // Collective (every rank, same k): kTwoHop sets up the node and rail groups and
+  // throws, naming the reason, where node_map().two_hop_unavailable() is not "".
+  void set_exchange(ExchangeKind k);
+  ExchangeKind exchange() const { return exchange_; }
+  // Group members (two-hop only for kNode and kRail): size, this rank's index,
+  // and the world rank of member i.
+  int group_size(CommGroup g) const;
+  int group_index(CommGroup g) const;
+  int group_rank(CommGroup g, int i) const;
+  // all_to_all_v among a group's members (counts and displacements of
+  // group_size(g) entries, indexed by member), and exchange_counts of k int64 per
+  // member (host arrays of group_size(g)·k). Node-level de-duplication talks in
+  // these; they count like the world calls.
+  void group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
+                          const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                          const int64_t* recv_displs, DType t);
+  void group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k);
   // In place: buf[i] = sum over ranks of buf[i]. For a fixed W and implementation the
   // float result is reproducible run to run and identical on every rank (see the
   // implementation notes); it does depend on W, like any change of summation order.
@@ -139,13 +202,45 @@ class Communicator {
   virtual void do_all_reduce_sum(void* buf, size_t n, DType t) = 0;
   virtual void do_barrier() = 0;
 
+  // The node map the implementation was started with (its constructor calls it;
+  // W entries).
+  void set_node_map(const NodeMap& m);
+  // Two-hop support. do_setup_groups builds the kNode and kRail groups
+  // (collective); do_group_* act within one, enqueued like do_all_to_all_v but
+  // without the begin/end of a collective, which exchange_begin/exchange_end put
+  // around a whole exchange (a stream-ordered implementation orders it with the
+  // compute stream there and issues its ticket). do_copy_blocks copies within
+  // buffers on device(), ordered with the group calls.
+  virtual void do_setup_groups();
+  virtual void do_group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
+                                     const int64_t* send_displs, void* recv,
+                                     const int64_t* recv_counts, const int64_t* recv_displs,
+                                     DType t);
+  virtual void do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k);
+  virtual void do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n);
+  virtual void exchange_begin() {}
+  virtual void exchange_end() {}
+
  private:
   void count(CollectiveKind k, int64_t bytes);
+  // One payload to world rank `peer` (self and empty ones are not messages).
+  void count_message(int peer, int64_t bytes);
+  void two_hop_all_to_all_v(const void* send, const int64_t* send_counts,
+                            const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                            const int64_t* recv_displs, DType t);
+  void two_hop_exchange_counts(const int64_t* send_counts, int64_t* recv_counts);
+  void* scratch(int slot, size_t bytes);
   CommCounters counters_;
   int rank_, world_, local_rank_, local_world_;
   bool deferred_ = false;
   PinnedBuffer<char> staging_[2];
   Buffer<char> device_staging_[2];
+  NodeMap nodes_;
+  ExchangeKind exchange_ = ExchangeKind::kFlat;
+  int N_ = 1, L_ = 1;        // two-hop: nodes, ranks per node
+  Buffer<char> scratch_[3];  // two-hop packing, on device()
+  std::vector<int64_t> h1s_, h1r_, h2s_, ac_, ad_, bc_, bd_, cc_, cd_, xc_, xd_, xat_;
+  std::vector<CopyBlock> blocks_, own_;
 };
 
 // The collectives for buffers that live on `buf_device`, which may differ from
@@ -160,5 +255,10 @@ void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
                      const int64_t* send_counts, const int64_t* send_displs, void* recv,
                      const int64_t* recv_counts, const int64_t* recv_displs, DType t,
                      CommTicket* ticket = nullptr);
+// group_all_to_all_v for buffers on buf_device, staged like all_to_all_v_on;
+// completes (on a stream-ordered communicator: the compute stream waits for it).
+void group_all_to_all_v_on(Communicator& comm, CommGroup g, Device buf_device, const void* send,
+                           const int64_t* send_counts, const int64_t* send_displs, void* recv,
+                           const int64_t* recv_counts, const int64_t* recv_displs, DType t);
 
 }  // namespace ncf

@@ -49,6 +49,7 @@ MpiCommunicator::MpiCommunicator(const RankInfo& info, MPI_Comm comm)
             info.world, " but the MPI communicator has rank ", rank, " of ", size);
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  set_node_map(info.nodes);
   sc_.resize(size);
   sd_.resize(size);
   rc_.resize(size);
@@ -63,11 +64,59 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+MpiGroups::~MpiGroups() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+  if (rail_ != MPI_COMM_NULL) MPI_Comm_free(&rail_);
+}
+
+void MpiGroups::setup(MPI_Comm parent, int rank, int L) {
+  if (node_ != MPI_COMM_NULL) return;
+  MPI_CHECK(MPI_Comm_split(parent, rank / L, rank % L, &node_));
+  MPI_CHECK(MPI_Comm_split(parent, rank % L, rank / L, &rail_));
+  MPI_CHECK(MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_set_errhandler(rail_, MPI_ERRORS_RETURN));
+}
+
+MPI_Comm MpiGroups::get(CommGroup g) const {
+  const MPI_Comm c = g == CommGroup::kNode ? node_ : g == CommGroup::kRail ? rail_ : MPI_COMM_NULL;
+  NCF_CHECK(c != MPI_COMM_NULL, "MPI group communicator not set up");
+  return c;
+}
+
+void MpiGroups::exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) const {
+  MPI_CHECK(MPI_Alltoall(send, k, MPI_INT64_T, recv, k, MPI_INT64_T, get(g)));
+}
+
+void MpiCommunicator::do_setup_groups() {
+  groups_.setup(comm_, rank(), world() / node_map().nodes());
+}
+
+void MpiCommunicator::do_group_all_to_all_v(CommGroup g, const void* send,
+                                            const int64_t* send_counts, const int64_t* send_displs,
+                                            void* recv, const int64_t* recv_counts,
+                                            const int64_t* recv_displs, DType t) {
+  alltoallv(groups_.get(g), group_size(g), send, send_counts, send_displs, recv, recv_counts,
+            recv_displs, t);
+}
+
+void MpiCommunicator::do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv,
+                                               int k) {
+  groups_.exchange_counts(g, send, recv, k);
+}
+
 void MpiCommunicator::do_all_to_all_v(const void* send, const int64_t* send_counts,
                                       const int64_t* send_displs, void* recv,
                                       const int64_t* recv_counts, const int64_t* recv_displs,
                                       DType t) {
-  const int W = world();
+  alltoallv(comm_, world(), send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+}
+
+void MpiCommunicator::alltoallv(MPI_Comm c, int W, const void* send, const int64_t* send_counts,
+                                const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                                const int64_t* recv_displs, DType t) {
   for (int p = 0; p < W; ++p) {
     sc_[p] = to_mpi_count(send_counts[p], "all_to_all_v send count");
     sd_[p] = to_mpi_count(send_displs[p], "all_to_all_v send displacement");
@@ -75,7 +124,7 @@ void MpiCommunicator::do_all_to_all_v(const void* send, const int64_t* send_coun
     rd_[p] = to_mpi_count(recv_displs[p], "all_to_all_v recv displacement");
   }
   MPI_CHECK(MPI_Alltoallv(send, sc_.data(), sd_.data(), mpi_dtype(t), recv, rc_.data(), rd_.data(),
-                          mpi_dtype(t), comm_));
+                          mpi_dtype(t), c));
 }
 
 void MpiCommunicator::do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {

@@ -26,6 +26,25 @@ struct RankInfo;
 int to_mpi_count(int64_t value, const char* what);
 MPI_Datatype mpi_dtype(DType t);
 
+// The node and rail groups of a two-hop exchange as MPI communicators split from
+// `parent` (collective over it), and the count exchange within one.
+class MpiGroups {
+ public:
+  MpiGroups() = default;
+  ~MpiGroups();
+  MpiGroups(const MpiGroups&) = delete;
+  MpiGroups& operator=(const MpiGroups&) = delete;
+  // Rank r of parent goes to node group r / L (index r % L) and rail group r % L
+  // (index r / L).
+  void setup(MPI_Comm parent, int rank, int L);
+  MPI_Comm get(CommGroup g) const;
+  // k int64 per member: recv[i·k ..] = what member i sent this rank.
+  void exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) const;
+
+ private:
+  MPI_Comm node_ = MPI_COMM_NULL, rail_ = MPI_COMM_NULL;
+};
+
 // Determinism of all_reduce_sum on floats: Open MPI picks its allreduce algorithm
 // from W and the message size only, and its algorithms (recursive doubling, ring,
 // Rabenseifner) combine the same partial sums in the same order on every call and
@@ -49,9 +68,18 @@ class MpiCommunicator : public Communicator {
   void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override;
   void do_all_reduce_sum(void* buf, size_t n, DType t) override;
   void do_barrier() override;
+  void do_setup_groups() override;
+  void do_group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
+                             const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                             const int64_t* recv_displs, DType t) override;
+  void do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) override;
 
  private:
+  void alltoallv(MPI_Comm c, int G, const void* send, const int64_t* send_counts,
+                 const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                 const int64_t* recv_displs, DType t);
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MpiGroups groups_;
   // int copies of the int64 counts/displacements, kept to avoid allocating per call.
   std::vector<int> sc_, sd_, rc_, rd_;  // [W] each
 };

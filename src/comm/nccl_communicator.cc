@@ -47,6 +47,7 @@
 #include <string>
 
 #include "comm/bootstrap.h"
+#include "comm/mpi_communicator.h"  // MpiGroups
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/gpu_identity.h"
@@ -81,6 +82,7 @@ class NcclCommunicator : public Communicator {
       MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_));
       MPI_CHECK(MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN));
     }
+    set_node_map(info.nodes);
     // NCCL refuses two ranks of one communicator on one GPU; say which and what to do
     // instead. The node's bus ids decide it (select_local_gpu gathered them): how many
     // GPUs a rank sees says nothing when the launcher gives each rank its own.
@@ -182,6 +184,58 @@ class NcclCommunicator : public Communicator {
     end_collective();
   }
 
+  // Two-hop: the groups' counts go over MPI like exchange_counts; their data is
+  // a group of ncclSend/ncclRecv with the group's members on the world
+  // communicator (no NCCL sub-communicators), and the packing copies are
+  // cudaMemcpyAsync on the communication stream, all between one
+  // begin_collective and end_collective.
+  void do_setup_groups() override { groups_.setup(mpi_, rank(), world() / node_map().nodes()); }
+
+  void do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) override {
+    groups_.exchange_counts(g, send, recv, k);
+  }
+
+  void do_group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
+                             const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                             const int64_t* recv_displs, DType dtype) override {
+    const int G = group_size(g), me = group_index(g);
+    const size_t es = dtype_size(dtype);
+    const ncclDataType_t nt = nccl_dtype(dtype);
+    const char* s = static_cast<const char*>(send);
+    char* d = static_cast<char*>(recv);
+    NCF_CHECK(send_counts[me] == recv_counts[me], "group all_to_all_v: member ", me, " sends ",
+              send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
+    ncclResult_t rc = ncclGroupStart();
+    for (int i = 0; i < G && rc == ncclSuccess; ++i) {
+      if (i == me) continue;
+      const int peer = group_rank(g, i);
+      if (send_counts[i] > 0)
+        rc = ncclSend(s + send_displs[i] * es, static_cast<size_t>(send_counts[i]), nt, peer, comm_,
+                      stream_);
+      if (rc == ncclSuccess && recv_counts[i] > 0)
+        rc = ncclRecv(d + recv_displs[i] * es, static_cast<size_t>(recv_counts[i]), nt, peer, comm_,
+                      stream_);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    NCCL_CHECK(rc);
+    NCCL_CHECK(end);
+    if (send_counts[me] > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d + recv_displs[me] * es, s + send_displs[me] * es,
+                                 send_counts[me] * es, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n) override {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    for (int64_t i = 0; i < n; ++i)
+      if (blocks[i].bytes > 0)
+        CUDA_CHECK(cudaMemcpyAsync(d + blocks[i].dst_off, s + blocks[i].src_off,
+                                   size_t(blocks[i].bytes), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void exchange_begin() override { begin_collective(); }
+  void exchange_end() override { end_collective(); }
+
   void do_barrier() override {
     wait_stream(compute_);
     synchronize();
@@ -238,6 +292,7 @@ class NcclCommunicator : public Communicator {
   std::mutex abort_mu_;
   std::string async_error_;       // the asynchronous error that aborted comm_
   MPI_Comm mpi_ = MPI_COMM_NULL;  // W > 1: counts, barrier
+  MpiGroups groups_;              // two-hop: the node and rail groups' counts
 };
 
 }  // namespace

@@ -1,0 +1,220 @@
+// The two-hop exchange (comm/communicator.h) against the flat one, on real MPI
+// ranks: for node maps declared over the ranks of one host (2 nodes x 2 ranks,
+// 3 x 2, 2 x 3), every all_to_all_v and exchange_counts must leave the receive
+// buffers byte for byte as the flat exchange does, gaps between blocks
+// included, and the counters must show one message per remote node. The same
+// exchange across real hosts runs in tests/cluster/.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "common/check.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+NodeMap map_of(std::vector<int> node_of) {
+  NodeMap m;
+  m.node_of = std::move(node_of);
+  return m;
+}
+
+TEST(NodeMap, TwoHopNeedsEqualNodesNumberedNodeByNode) {
+  EXPECT_EQ(map_of({0, 0, 1, 1}).two_hop_unavailable(), "");
+  EXPECT_EQ(map_of({0, 0, 1, 1, 2, 2}).two_hop_unavailable(), "");
+  EXPECT_EQ(map_of({0, 0, 0, 0}).two_hop_unavailable(), "one node");
+  EXPECT_EQ(map_of({0, 1, 2}).two_hop_unavailable(),
+            "one rank per node (flat already sends one message per remote node)");
+  EXPECT_EQ(map_of({0, 0, 0, 1, 1}).two_hop_unavailable(),
+            "unequal ranks per node (node 0 has 3, node 1 has 2)");
+  const std::string cyclic = map_of({0, 1, 0, 1}).two_hop_unavailable();
+  EXPECT_NE(cyclic.find("ranks are not numbered node by node (rank 1 is on node 1, not 0"),
+            std::string::npos)
+      << cyclic;
+  EXPECT_EQ(map_of({0, 0, 1, 1}).nodes(), 2);
+  EXPECT_EQ(map_of({0, 0, 1, 1, 1}).ranks_on(1), 3);
+}
+
+TEST(NodeMap, FromIdsNumbersNodesByFirstRank) {
+  EXPECT_EQ(node_map_from_ids({7, 7, 3, 3, 9}).node_of, (std::vector<int>{0, 0, 1, 1, 2}));
+  EXPECT_EQ(node_map_from_ids({5, 2, 5, 2}).node_of, (std::vector<int>{0, 1, 0, 1}));
+}
+
+// ---- multi-process: this binary again, under mpirun ------------------------------
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+  return std::string(buf, size_t(n));
+}
+
+class TwoHopMpi : public ::testing::TestWithParam<int> {};
+
+TEST_P(TwoHopMpi, ReceiveBuffersMatchFlatByteForByte) {
+  const int np = GetParam();
+  test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
+                                " " + self_exe() + " --gtest_filter=TwoHopWorker.*");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
+  // Every declared map ran on every rank.
+  int maps = 0;
+  for (size_t p = r.output.find("two-hop worker: map done"); p != std::string::npos;
+       p = r.output.find("two-hop worker: map done", p + 1))
+    ++maps;
+  EXPECT_EQ(maps, np == 4 ? 4 : 2 * 6) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TwoHopMpi, ::testing::Values(4, 6));
+
+// The element every exchange carries from rank s to rank d at position k, so a
+// misplaced element shows where it came from.
+uint32_t payload(int s, int d, int64_t k, int round) {
+  return uint32_t(s) * 1000003u + uint32_t(d) * 7919u + uint32_t(k) * 31u + uint32_t(round);
+}
+
+struct Layout {
+  std::vector<int64_t> sc, sd, rc, rd;  // this rank's counts and displacements
+  int64_t send_n = 0, recv_n = 0;
+};
+
+// counts[s][d] drawn from one seed on every rank; with gaps, displacements
+// leave holes and go in reverse peer order (any layout is legal).
+Layout make_layout(int W, int rank, uint64_t seed, bool zeros, bool gaps) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> c(size_t(W) * W);
+  for (int64_t& x : c) {
+    x = int64_t(rng() % 40);
+    if (!zeros && x == 0) x = 1;
+    if (zeros && rng() % 4 == 0) x = 0;
+  }
+  Layout l;
+  for (auto* v : {&l.sc, &l.sd, &l.rc, &l.rd}) v->assign(size_t(W), 0);
+  for (int p = 0; p < W; ++p) {
+    l.sc[size_t(p)] = c[size_t(rank) * W + p];
+    l.rc[size_t(p)] = c[size_t(p) * W + rank];
+  }
+  for (int i = 0; i < W; ++i) {
+    const int p = gaps ? W - 1 - i : i;
+    l.sd[size_t(p)] = l.send_n + (gaps ? 3 : 0);
+    l.send_n = l.sd[size_t(p)] + l.sc[size_t(p)];
+    l.rd[size_t(p)] = l.recv_n + (gaps ? 2 : 0);
+    l.recv_n = l.rd[size_t(p)] + l.rc[size_t(p)];
+  }
+  return l;
+}
+
+template <typename T>
+std::vector<T> send_buffer(const Layout& l, int W, int rank, int round) {
+  std::vector<T> s(size_t(l.send_n), T(0));
+  for (int d = 0; d < W; ++d)
+    for (int64_t k = 0; k < l.sc[size_t(d)]; ++k)
+      s[size_t(l.sd[size_t(d)] + k)] = T(payload(rank, d, k, round) % 100000);
+  return s;
+}
+
+template <typename T>
+void compare_exchange(Communicator& flat, Communicator& two, const Layout& l, int round) {
+  const int W = flat.world(), rank = flat.rank();
+  std::vector<T> send = send_buffer<T>(l, W, rank, round);
+  // Gaps hold a pattern neither exchange may touch.
+  std::vector<T> a(size_t(l.recv_n) + 1), b(size_t(l.recv_n) + 1);
+  std::memset(a.data(), 0xA5, a.size() * sizeof(T));
+  std::memset(b.data(), 0xA5, b.size() * sizeof(T));
+  flat.all_to_all_v(send.data(), l.sc.data(), l.sd.data(), a.data(), l.rc.data(), l.rd.data(),
+                    dtype_of<T>());
+  two.all_to_all_v(send.data(), l.sc.data(), l.sd.data(), b.data(), l.rc.data(), l.rd.data(),
+                   dtype_of<T>());
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(T)), 0)
+      << "rank " << rank << " round " << round << ": two-hop receive buffer differs from flat";
+  // And flat is right: each block holds what its source sent.
+  for (int s = 0; s < W; ++s)
+    for (int64_t k = 0; k < l.rc[size_t(s)]; ++k)
+      ASSERT_EQ(a[size_t(l.rd[size_t(s)] + k)], T(payload(s, rank, k, round) % 100000))
+          << "rank " << rank << " from " << s << " at " << k;
+}
+
+TEST(TwoHopWorker, MatchesFlat) {
+  if (!std::getenv("NCF_TWO_HOP_WORKER")) GTEST_SKIP() << "runs only inside TwoHopMpi.* jobs";
+  int rc = run_main(0, nullptr, [](int& argc, char**& argv) {
+    RankInfo info = bootstrap(&argc, &argv, true);
+    const int W = info.world, rank = info.rank;
+    // N nodes of L ranks declared over this host's ranks.
+    std::vector<int> shapes_L = W == 4 ? std::vector<int>{2} : std::vector<int>{2, 3};
+    for (int L : shapes_L) {
+      const int N = W / L;
+      RankInfo declared = info;
+      declared.nodes.node_of.clear();
+      for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+      auto flat = make_communicator(declared, Device::kCpu, "mpi");
+      auto two = make_communicator(declared, Device::kCpu, "mpi");
+      two->set_exchange(ExchangeKind::kTwoHop);
+      EXPECT_EQ(two->exchange(), ExchangeKind::kTwoHop);
+      EXPECT_EQ(two->group_size(CommGroup::kNode), L);
+      EXPECT_EQ(two->group_size(CommGroup::kRail), N);
+      int round = 0;
+      double crossing[2] = {0, 0};  // inter-node bytes this rank sent: flat, two-hop
+      for (bool zeros : {false, true})
+        for (bool gaps : {false, true}) {
+          ++round;
+          const Layout l = make_layout(W, rank, 1000 + round * 17 + L, zeros, gaps);
+          // exchange_counts: the same answer both ways, and the answer is rc.
+          std::vector<int64_t> fc(static_cast<size_t>(W)), tc(static_cast<size_t>(W));
+          flat->exchange_counts(l.sc.data(), fc.data());
+          const CommCounters before = two->counters();
+          two->exchange_counts(l.sc.data(), tc.data());
+          const CommCounters mid = two->counters();
+          EXPECT_EQ(fc, l.rc);
+          EXPECT_EQ(tc, l.rc);
+          // Counts: hop 1 to the L-1 local peers, hop 2 to the N-1 remote rails.
+          EXPECT_EQ(mid.intra_msgs - before.intra_msgs, L - 1);
+          EXPECT_EQ(mid.inter_msgs - before.inter_msgs, N - 1);
+          EXPECT_EQ(mid.intra_bytes - before.intra_bytes, int64_t(L - 1) * N * 8);
+          EXPECT_EQ(mid.inter_bytes - before.inter_bytes, int64_t(N - 1) * L * 8);
+          const CommCounters fb = flat->counters();
+          compare_exchange<int32_t>(*flat, *two, l, round);
+          const CommCounters fa = flat->counters(), ta = two->counters();
+          crossing[0] += double(fa.inter_bytes - fb.inter_bytes);
+          crossing[1] += double(ta.inter_bytes - mid.inter_bytes);
+          if (!zeros) {
+            // Every block non-empty: flat sends (N-1)·L messages across nodes and L-1
+            // inside; two-hop N-1 across, and inside its hop-1 counts and data.
+            EXPECT_EQ(fa.inter_msgs - fb.inter_msgs, (N - 1) * L);
+            EXPECT_EQ(fa.intra_msgs - fb.intra_msgs, L - 1);
+            EXPECT_EQ(ta.inter_msgs - mid.inter_msgs, N - 1);
+            EXPECT_EQ(ta.intra_msgs - mid.intra_msgs, 2 * (L - 1));
+            // Both move the same bytes across nodes: everything bound for other nodes.
+            int64_t leaving = 0;
+            for (int p = 0; p < W; ++p)
+              if (p / L != rank / L) leaving += l.sc[size_t(p)];
+            EXPECT_EQ(fa.inter_bytes - fb.inter_bytes, leaving * 4);
+          }
+          compare_exchange<float>(*flat, *two, l, round + 100);
+          compare_exchange<int64_t>(*flat, *two, l, round + 200);
+          compare_exchange<uint8_t>(*flat, *two, l, round + 300);
+        }
+      // Per rank they differ (a rank carries its node's traffic for its rail), but
+      // summed over the ranks both exchanges move the same bytes across nodes.
+      flat->all_reduce_sum(crossing, 2, DType::kFloat64);
+      EXPECT_EQ(crossing[0], crossing[1]);
+      EXPECT_GT(crossing[0], 0.0);
+      std::printf("two-hop worker: map done N=%d L=%d rank=%d\n", N, L, rank);
+      std::fflush(stdout);
+    }
+    return ::testing::Test::HasFailure() ? 1 : 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+}  // namespace
+}  // namespace ncf
