@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "common/check.h"
+#include "embedding/collection.h"
+#include "embedding/plan.h"
 #include "test_util.h"
 
 namespace ncf {
@@ -76,6 +79,23 @@ TEST_P(TwoHopMpi, ReceiveBuffersMatchFlatByteForByte) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TwoHopMpi, ::testing::Values(4, 6));
+
+// The embedding collection's steps (lookup, gradients, owners' update) with the
+// two-hop exchange equal the flat exchange's bit for bit, for row-wise,
+// table-wise and mixed plans with and without dedup; node-level dedup stays
+// within float tolerance of them and repeats itself bit for bit.
+TEST_P(TwoHopMpi, CollectionStepsMatchFlat) {
+  const int np = GetParam();
+  test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
+                                " " + self_exe() + " --gtest_filter=TwoHopCollectionWorker.*");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
+  int done = 0;
+  for (size_t p = r.output.find("collection worker: done"); p != std::string::npos;
+       p = r.output.find("collection worker: done", p + 1))
+    ++done;
+  EXPECT_EQ(done, np) << r.output;
+}
 
 // The element every exchange carries from rank s to rank d at position k, so a
 // misplaced element shows where it came from.
@@ -211,6 +231,118 @@ TEST(TwoHopWorker, MatchesFlat) {
       std::printf("two-hop worker: map done N=%d L=%d rank=%d\n", N, L, rank);
       std::fflush(stdout);
     }
+    return ::testing::Test::HasFailure() ? 1 : 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+// ---- the collection over declared nodes ------------------------------------------
+
+constexpr int64_t kUsers = 157, kItems = 83;
+constexpr int kD = 5, kSteps = 4;
+
+EmbeddingPlan plan_for(const std::string& forced, int W, bool dedup) {
+  PlanRequest req;
+  req.D = kD;
+  req.W = W;
+  req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
+                {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
+  req.lookups_per_rank = 64;
+  req.forced = forced;
+  req.dedup = dedup ? "on" : "off";
+  return plan_tables(req);
+}
+
+// Both tables after kSteps steps of lookups with hot ids (shared across the
+// ranks of a node and across nodes), gradients that depend on the rows, and
+// Adam updates; the looked-up rows of every step are appended too.
+std::vector<float> run_steps(const EmbeddingPlan& plan, Communicator& comm, bool node_dedup) {
+  ExecContext ctx;
+  EmbeddingOptimizerConfig o;
+  o.kind = EmbeddingOptimizer::kLazyAdam;
+  o.adam = {0.05f, 0.9f, 0.999f, 1e-8f};
+  EmbeddingCollection e(plan, comm, ctx, o, plan.dedup);
+  e.set_node_dedup(node_dedup);
+  EXPECT_EQ(e.node_dedup(), node_dedup);
+  e.init(11);
+  std::vector<float> out;
+  for (int step = 0; step < kSteps; ++step) {
+    std::mt19937 g(uint32_t(1000 * step + 17 * comm.rank() + 3));
+    const int64_t nu = 40 + comm.rank() * 3, ni = 90 - comm.rank() * 5;
+    std::vector<int32_t> u(static_cast<size_t>(nu)), i(static_cast<size_t>(ni));
+    for (auto& x : u) x = int32_t(g() % 3 == 0 ? g() % 6 : g() % kUsers);
+    for (auto& x : i) x = int32_t(g() % 2 == 0 ? g() % 4 : g() % kItems);
+    e.lookup({{u.data(), nu}, {i.data(), ni}});
+    for (int t = 0; t < 2; ++t) {
+      const int64_t n = t == 0 ? nu : ni;
+      const float* rows = e.rows(t);
+      out.insert(out.end(), rows, rows + n * kD);
+      float* gr = e.row_grads(t);
+      for (int64_t k = 0; k < n * kD; ++k) gr[k] = 0.3f * rows[k] + 0.001f * float(k % 7 - 3);
+    }
+    e.gradients_start(nullptr);
+    e.gradients_finish(step + 1);
+  }
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<float> table = e.gather_table(t);
+    out.insert(out.end(), table.begin(), table.end());
+  }
+  return out;
+}
+
+TEST(TwoHopCollectionWorker, MatchesFlat) {
+  if (!std::getenv("NCF_TWO_HOP_WORKER")) GTEST_SKIP() << "runs only inside TwoHopMpi.* jobs";
+  int rc = run_main(0, nullptr, [](int& argc, char**& argv) {
+    RankInfo info = bootstrap(&argc, &argv, true);
+    const int W = info.world;
+    const int L = 2, N = W / L;
+    RankInfo declared = info;
+    declared.nodes.node_of.clear();
+    for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+    for (const std::string forced : {"row", "table", "user=row,item=table"})
+      for (bool dedup : {false, true}) {
+        const EmbeddingPlan plan = plan_for(forced, W, dedup);
+        auto flat = make_communicator(declared, Device::kCpu, "mpi");
+        auto two = make_communicator(declared, Device::kCpu, "mpi");
+        two->set_exchange(ExchangeKind::kTwoHop);
+        const CommCounters before = two->counters();
+        const std::vector<float> a = run_steps(plan, *flat, false);
+        const std::vector<float> b = run_steps(plan, *two, false);
+        const std::string what = forced + (dedup ? " dedup" : "");
+        EXPECT_EQ(a.size(), b.size()) << what;
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
+            << what << ": two-hop differs from flat on rank " << info.rank;
+        // Across nodes only along the rail: at most N-1 messages per exchange.
+        const CommCounters after = two->counters();
+        const int64_t exchanges = after.calls[int(CollectiveKind::kAllToAll)] +
+                                  after.calls[int(CollectiveKind::kCounts)] -
+                                  before.calls[int(CollectiveKind::kAllToAll)] -
+                                  before.calls[int(CollectiveKind::kCounts)];
+        EXPECT_LE(after.inter_msgs - before.inter_msgs, exchanges * (N - 1)) << what;
+        if (!dedup) continue;
+        // Node dedup: the same numbers up to the order of gradient sums.
+        auto nd1 = make_communicator(declared, Device::kCpu, "mpi");
+        auto nd2 = make_communicator(declared, Device::kCpu, "mpi");
+        nd1->set_exchange(ExchangeKind::kTwoHop);
+        nd2->set_exchange(ExchangeKind::kTwoHop);
+        const std::vector<float> c = run_steps(plan, *nd1, true);
+        const std::vector<float> d = run_steps(plan, *nd2, true);
+        EXPECT_EQ(std::memcmp(c.data(), d.data(), c.size() * 4), 0)
+            << what << ": node dedup is not reproducible on rank " << info.rank;
+        double worst = 0;
+        for (size_t k = 0; k < a.size(); ++k)
+          worst = std::max(worst, std::fabs(double(a[k]) - double(c[k])));
+        EXPECT_LT(worst, 1e-6) << what << ": node dedup strays from flat on rank " << info.rank;
+        // Summed over the ranks it sends fewer bytes across nodes than two-hop
+        // without it (hot ids are shared by a node's ranks); per rank it need not,
+        // since an owner's answers to a node all go to one rank.
+        double crossing[2] = {double(nd1->counters().inter_bytes),
+                              double(after.inter_bytes - before.inter_bytes)};
+        flat->all_reduce_sum(crossing, 2, DType::kFloat64);
+        EXPECT_LT(crossing[0], crossing[1]) << what;
+      }
+    std::printf("collection worker: done rank=%d\n", info.rank);
+    std::fflush(stdout);
     return ::testing::Test::HasFailure() ? 1 : 0;
   });
   EXPECT_EQ(rc, 0);

@@ -69,6 +69,37 @@ bool EmbeddingCollection::is_routed(int t) const {
   return !local_ && plan_.tables[t].placement != Placement::kReplicated;
 }
 
+void EmbeddingCollection::set_node_dedup(bool on) {
+  if (on && any_routed()) {
+    NCF_CHECK(dedup_, "node-level de-duplication needs rank-level de-duplication on");
+    NCF_CHECK(comm_.exchange() == ExchangeKind::kTwoHop,
+              "node-level de-duplication needs the two-hop exchange");
+    N_ = comm_.group_size(CommGroup::kRail);
+    L_ = comm_.group_size(CommGroup::kNode);
+    const Device dev = ctx_.device;
+    for (Buffer<int32_t>* b : {&akeys_, &bkeys_, &kkeys_, &nunique_, &nrows_})
+      *b = Buffer<int32_t>(dev, 0);
+    ninv_ = Buffer<int64_t>(dev, 0);
+    for (Buffer<float>* b : {&avec_, &bvec_, &kvec_, &nvec_}) *b = Buffer<float>(dev, 0);
+    node_dedup_ = true;
+    return;
+  }
+  node_dedup_ = false;
+}
+
+void EmbeddingCollection::copy_blocks(void* dst, const void* src,
+                                      const std::vector<RowBlock>& blocks, size_t row_bytes,
+                                      bool reverse) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (const RowBlock& b : blocks) {
+    if (b.rows == 0) continue;
+    const int64_t to = reverse ? b.src : b.dst, from = reverse ? b.dst : b.src;
+    device_copy_async(ctx_, ctx_.device, d + size_t(to) * row_bytes, ctx_.device,
+                      s + size_t(from) * row_bytes, size_t(b.rows) * row_bytes);
+  }
+}
+
 TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
   const int64_t at = first * plan_.D;
   return TableRows{params_.data() + at, m_.size() ? m_.data() + at : nullptr,
@@ -81,10 +112,12 @@ int64_t EmbeddingCollection::bytes_on_rank() const {
 
 int64_t EmbeddingCollection::step_buffer_bytes() const {
   int64_t b = 0;
-  for (const Buffer<int32_t>* x : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_})
+  for (const Buffer<int32_t>* x : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_,
+                                   &akeys_, &bkeys_, &kkeys_, &nunique_, &nrows_})
     b += int64_t(x->bytes());
-  for (const Buffer<int64_t>* x : {&inverse_, &perm_}) b += int64_t(x->bytes());
-  for (const Buffer<float>* x : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
+  for (const Buffer<int64_t>* x : {&inverse_, &perm_, &ninv_}) b += int64_t(x->bytes());
+  for (const Buffer<float>* x : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_,
+                                 &avec_, &bvec_, &kvec_, &nvec_})
     b += int64_t(x->bytes());
   return b;
 }
@@ -197,6 +230,10 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   bucketize_by_owner(ctx_, travel, nu_, layout_, perm_.data(), send_rows_.data(),
                      send_counts_.data());
   for (int p = 1; p < W_; ++p) send_displs_[p] = send_displs_[p - 1] + send_counts_[p - 1];
+  if (node_dedup_) {
+    node_lookup_start();
+    return;
+  }
   comm_.exchange_counts(send_counts_.data(), recv_counts_.data());
   nr_ = 0;
   for (int p = 0; p < W_; ++p) {
@@ -211,6 +248,10 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
 
 void EmbeddingCollection::lookup_gather() {
   if (!any_routed()) return;
+  if (node_dedup_) {
+    node_lookup_gather();
+    return;
+  }
   const int D = plan_.D;
   comm_.join(ticket_);
   // Owners gather the asked rows and send them back.
@@ -234,6 +275,7 @@ void EmbeddingCollection::lookup_finish() {
     return;
   }
   if (any_routed()) {
+    if (node_dedup_) node_lookup_finish();  // this rank's rows in owner order in recv_vec_
     comm_.join(ticket_);
     ticket_ = 0;
     // Back to batch order: owner order -> (unique) key order -> batch positions.
@@ -274,15 +316,19 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
     }
     recv_vec_.reserve(size_t(nu_) * D);  // reused: gradients in owner order
     permute_rows(ctx_, per_key, nu_, perm_.data(), recv_vec_.data(), nu_, D);
-    for (int p = 0; p < W_; ++p) {
-      sc_[p] = send_counts_[p] * D;
-      sd_[p] = send_displs_[p] * D;
-      rc_[p] = recv_counts_[p] * D;
-      rd_[p] = recv_displs_[p] * D;
+    if (node_dedup_) {
+      node_gradients_start();
+    } else {
+      for (int p = 0; p < W_; ++p) {
+        sc_[p] = send_counts_[p] * D;
+        sd_[p] = send_displs_[p] * D;
+        rc_[p] = recv_counts_[p] * D;
+        rd_[p] = recv_displs_[p] * D;
+      }
+      send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
+      all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(),
+                      send_vec_.data(), rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
     }
-    send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
-    all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(), send_vec_.data(),
-                    rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
   }
   // Replicated tables: this rank's sum per row, as a dense gradient with a
   // touch count per row, for the caller's allreduce.
@@ -326,6 +372,169 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
       apply_table_optimizer(ctx_, all_rows(layout_.begin_on(lt_[k], rank_), N),
                             reduced_rows_.data(), reduced_grads_.data(), nu, opt_, t);
     }
+}
+
+// ---- node-level de-duplication (set_node_dedup) ------------------------------
+
+namespace {
+void scale(const std::vector<int64_t>& v, int64_t f, std::vector<int64_t>* out) {
+  out->resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) (*out)[i] = v[i] * f;
+}
+}  // namespace
+
+void EmbeddingCollection::node_lookup_start() {
+  const int N = N_, L = L_, l = comm_.group_index(CommGroup::kNode);
+  const Device dev = ctx_.device;
+  // Hop 1's sizes, then the three layouts' blocks.
+  h1s_.assign(size_t(L) * N, 0);
+  h1r_.assign(size_t(L) * N, 0);
+  for (int j = 0; j < L; ++j)
+    for (int m = 0; m < N; ++m) h1s_[size_t(j) * N + m] = send_counts_[size_t(m) * L + j];
+  comm_.group_exchange_counts(CommGroup::kNode, h1s_.data(), h1r_.data(), N);
+  for (auto* v : {&ac_, &ad_, &bc_, &bd_}) v->assign(size_t(L), 0);
+  for (auto* v : {&kc_, &kd_, &uc_, &urc_, &urd_}) v->assign(size_t(N), 0);
+  pack_.clear();
+  int64_t a = 0;
+  for (int j = 0; j < L; ++j) {
+    ad_[size_t(j)] = a;
+    for (int m = 0; m < N; ++m) {
+      const int64_t k = send_counts_[size_t(m) * L + j];
+      pack_.push_back({a, send_displs_[size_t(m) * L + j], k});
+      a += k;
+    }
+    ac_[size_t(j)] = a - ad_[size_t(j)];
+  }
+  int64_t k_total = 0;
+  for (int m = 0; m < N; ++m) {
+    kd_[size_t(m)] = k_total;
+    for (int i = 0; i < L; ++i) kc_[size_t(m)] += h1r_[size_t(i) * N + m];
+    k_total += kc_[size_t(m)];
+  }
+  regroup_.clear();
+  x1_ = kd_;  // the next free row of each node's run in K
+  int64_t b = 0;
+  for (int i = 0; i < L; ++i) {
+    bd_[size_t(i)] = b;
+    for (int m = 0; m < N; ++m) {
+      const int64_t k = h1r_[size_t(i) * N + m];
+      regroup_.push_back({x1_[size_t(m)], b, k});
+      x1_[size_t(m)] += k;
+      b += k;
+    }
+    bc_[size_t(i)] = b - bd_[size_t(i)];
+  }
+  nb_ = b;
+
+  // Hop 1: this rank's unique keys (flat rows on their owners), owner order
+  // regrouped by local peer, to the ranks that carry them.
+  akeys_.reserve(size_t(nu_));
+  copy_blocks(akeys_.data(), send_rows_.data(), pack_, 4, false);
+  bkeys_.reserve(size_t(nb_));
+  group_all_to_all_v_on(comm_, CommGroup::kNode, dev, akeys_.data(), ac_.data(), ad_.data(),
+                        bkeys_.data(), bc_.data(), bd_.data(), DType::kInt32);
+  kkeys_.reserve(size_t(nb_));
+  copy_blocks(kkeys_.data(), bkeys_.data(), regroup_, 4, false);
+  // Each node's keys for its owner (m, l), unique and ascending: every row once.
+  nunique_.reserve(size_t(nb_));
+  ninv_.reserve(size_t(nb_));
+  for (int m = 0; m < N; ++m) {
+    const int64_t k = kc_[size_t(m)], d = kd_[size_t(m)];
+    if (k == 0) continue;
+    const int owner = m * L + l;
+    int64_t bound = 0;
+    for (int u = 0; u < num_tables(); ++u)
+      if (layout_.placement[u] != Placement::kReplicated) bound += layout_.rows_on(u, owner);
+    unique_ids(ctx_, kkeys_.data() + d, k, nunique_.data() + d, ninv_.data() + d, &uc_[size_t(m)],
+               bound);
+  }
+  // Hop 2: the unique rows to their owners, one message per node.
+  comm_.group_exchange_counts(CommGroup::kRail, uc_.data(), urc_.data(), 1);
+  nr_ = 0;
+  for (int m = 0; m < N; ++m) {
+    urd_[size_t(m)] = nr_;
+    nr_ += urc_[size_t(m)];
+  }
+  recv_rows_.reserve(size_t(nr_));
+  group_all_to_all_v_on(comm_, CommGroup::kRail, dev, nunique_.data(), uc_.data(), kd_.data(),
+                        recv_rows_.data(), urc_.data(), urd_.data(), DType::kInt32);
+}
+
+void EmbeddingCollection::node_lookup_gather() {
+  const int D = plan_.D;
+  send_vec_.reserve(size_t(nr_) * D);
+  gather_rows(ctx_, params_.data(), recv_rows_.data(), send_vec_.data(), R_routed_, nr_, D);
+  scale(urc_, D, &x1_);
+  scale(urd_, D, &x2_);
+  scale(uc_, D, &x3_);
+  scale(kd_, D, &x4_);
+  nvec_.reserve(size_t(nb_) * D);
+  group_all_to_all_v_on(comm_, CommGroup::kRail, ctx_.device, send_vec_.data(), x1_.data(),
+                        x2_.data(), nvec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+}
+
+void EmbeddingCollection::node_lookup_finish() {
+  const int D = plan_.D;
+  // Each node's unique rows expanded to the keys its ranks asked, then back to
+  // each source through hop 1, and into the source's owner order.
+  kvec_.reserve(size_t(nb_) * D);
+  for (int m = 0; m < N_; ++m) {
+    const int64_t k = kc_[size_t(m)], d = kd_[size_t(m)];
+    if (k > 0)
+      permute_rows(ctx_, nvec_.data() + d * D, uc_[size_t(m)], ninv_.data() + d,
+                   kvec_.data() + d * D, k, D);
+  }
+  bvec_.reserve(size_t(nb_) * D);
+  copy_blocks(bvec_.data(), kvec_.data(), regroup_, size_t(D) * 4, true);
+  scale(bc_, D, &x1_);
+  scale(bd_, D, &x2_);
+  scale(ac_, D, &x3_);
+  scale(ad_, D, &x4_);
+  avec_.reserve(size_t(nu_) * D);
+  group_all_to_all_v_on(comm_, CommGroup::kNode, ctx_.device, bvec_.data(), x1_.data(), x2_.data(),
+                        avec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  recv_vec_.reserve(size_t(nu_) * D);
+  copy_blocks(recv_vec_.data(), avec_.data(), pack_, size_t(D) * 4, true);
+}
+
+void EmbeddingCollection::node_gradients_start() {
+  const int D = plan_.D;
+  // recv_vec_: this rank's gradient per unique key, owner order. Hop 1 to the
+  // carrying ranks, then each node's gradients summed per key before hop 2.
+  avec_.reserve(size_t(nu_) * D);
+  copy_blocks(avec_.data(), recv_vec_.data(), pack_, size_t(D) * 4, false);
+  scale(ac_, D, &x1_);
+  scale(ad_, D, &x2_);
+  scale(bc_, D, &x3_);
+  scale(bd_, D, &x4_);
+  bvec_.reserve(size_t(nb_) * D);
+  group_all_to_all_v_on(comm_, CommGroup::kNode, ctx_.device, avec_.data(), x1_.data(), x2_.data(),
+                        bvec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  kvec_.reserve(size_t(nb_) * D);
+  copy_blocks(kvec_.data(), bvec_.data(), regroup_, size_t(D) * 4, false);
+  nvec_.reserve(size_t(nb_) * D);
+  nrows_.reserve(size_t(nb_));
+  const int l = comm_.group_index(CommGroup::kNode);
+  for (int m = 0; m < N_; ++m) {
+    const int64_t k = kc_[size_t(m)], d = kd_[size_t(m)];
+    if (k == 0) continue;
+    const int owner = m * L_ + l;
+    int64_t bound = 0;
+    for (int u = 0; u < num_tables(); ++u)
+      if (layout_.placement[u] != Placement::kReplicated) bound += layout_.rows_on(u, owner);
+    int64_t nu = 0;
+    sort_reduce_rows(ctx_, kkeys_.data() + d, kvec_.data() + d * D, k, D, nrows_.data() + d,
+                     nvec_.data() + d * D, &nu, bound);
+    NCF_CHECK(nu == uc_[size_t(m)], "embedding backward (node de-duplication): ", nu,
+              " unique rows for rank ", owner, ", ", uc_[size_t(m)], " in the forward");
+  }
+  scale(uc_, D, &x1_);
+  scale(kd_, D, &x2_);
+  scale(urc_, D, &x3_);
+  scale(urd_, D, &x4_);
+  send_vec_.reserve(size_t(nr_) * D);  // gradients this rank owns
+  group_all_to_all_v_on(comm_, CommGroup::kRail, ctx_.device, nvec_.data(), x1_.data(), x2_.data(),
+                        send_vec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
 }
 
 std::vector<float> EmbeddingCollection::gather_table(int t) {

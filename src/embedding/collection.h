@@ -15,6 +15,14 @@
 // buffer (the tower's), and update_replicated applies the reduced result.
 // With W = 1 nothing is routed: the lookup is one gather from the flat
 // buffer, the backward one fused update over it.
+// Node-level de-duplication (set_node_dedup, on a two-hop communicator): the
+// rank's unique keys go in owner order through hop 1 to the local rank that
+// carries its node's traffic for their owners' local index; that rank takes the
+// unique keys of everything it received (all of its node's ranks), asks each
+// owner once over hop 2, and hands each source its rows back through hop 1.
+// Backward, the gradients take the same way and the carrying rank sums those of
+// a shared key in sort_reduce_rows' fixed order (its input is source rank by
+// source rank) before they cross nodes.
 // Initial values depend on the table and global row only, so every W starts alike.
 #pragma once
 
@@ -43,6 +51,10 @@ class EmbeddingCollection {
 
   const EmbeddingPlan& plan() const { return plan_; }
   int num_tables() const { return int(plan_.tables.size()); }
+  // Node-level de-duplication on or off (needs dedup and the communicator's
+  // two-hop exchange when on); every rank the same, before the first lookup.
+  void set_node_dedup(bool on);
+  bool node_dedup() const { return node_dedup_; }
 
   // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
   void init(uint64_t seed);
@@ -104,6 +116,9 @@ class EmbeddingCollection {
   int64_t step_buffer_bytes() const;
 
  private:
+  struct RowBlock {  // rows [src, src + rows) go to [dst, dst + rows)
+    int64_t dst, src, rows;
+  };
   bool is_routed(int t) const;
   float* state_array(int array);  // params_, m_ or v_ on the context's device
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
@@ -111,6 +126,15 @@ class EmbeddingCollection {
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
   TableRows all_rows(int64_t first, int64_t count);
   void init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const;
+  // The node-level de-duplication path of the phases.
+  void node_lookup_start();
+  void node_lookup_gather();
+  void node_lookup_finish();
+  void node_gradients_start();
+  // Copies blocks of rows of row_bytes each between buffers on the context's
+  // device; `reverse` swaps each block's source and destination.
+  void copy_blocks(void* dst, const void* src, const std::vector<RowBlock>& blocks,
+                   size_t row_bytes, bool reverse);
 
   EmbeddingPlan plan_;
   Communicator& comm_;
@@ -148,6 +172,22 @@ class EmbeddingCollection {
   Buffer<float> reduced_grads_;               // and their summed gradient rows
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
+  // Node-level de-duplication (N nodes of L ranks; this rank (n, l)). Hop-1
+  // counts: h1s_[j·N + m] keys this rank asks of (m, j); h1r_[i·N + m] keys that
+  // (n, i) asks of (m, l), which this rank carries. Layouts of hop 1: "A"
+  // [local peer j][node m] on the source (ac_/ad_ per peer), "B" [source i][node
+  // m] on the carrying rank (bc_/bd_ per source), and "K" [node m][source i],
+  // each node's nb keys contiguous from kd_[m] (kc_[m] of them). uc_[m] unique
+  // keys go to node m's owner from kd_[m]; urc_/urd_ [N] arrive from each node.
+  bool node_dedup_ = false;
+  int N_ = 1, L_ = 1;
+  int64_t nb_ = 0;
+  std::vector<int64_t> h1s_, h1r_, ac_, ad_, bc_, bd_, kc_, kd_, uc_, urc_, urd_;
+  std::vector<int64_t> x1_, x2_, x3_, x4_;  // one exchange's counts and displacements × D
+  std::vector<RowBlock> pack_, regroup_;    // owner order -> A; B -> K
+  Buffer<int32_t> akeys_, bkeys_, kkeys_, nunique_, nrows_;
+  Buffer<int64_t> ninv_;
+  Buffer<float> avec_, bvec_, kvec_, nvec_;
   // Checkpoint I/O staging, grow-only (host memory).
   std::vector<float> io_mine_, io_send_, io_recv_, io_block_;
   const float* io_rows_ = nullptr;  // the exported array's rows on the host

@@ -137,7 +137,11 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
   const double share = ids > 0 ? unique / ids : 1.0;
   char pct[32];
   std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * share);
-  if (req.dedup == "on" || req.dedup == "off") {
+  if (req.dedup == "node") {
+    // Rank-level first, then the node's (its choice needs the nodes: the trainer's).
+    plan.dedup = plan.node_dedup = ids > 0;
+    why << "; dedup " << (plan.dedup ? "node" : "off") << " (forced)";
+  } else if (req.dedup == "on" || req.dedup == "off") {
     plan.dedup = req.dedup == "on" && ids > 0;
     why << "; dedup " << (plan.dedup ? "on" : "off") << " (forced)";
   } else if (req.dedup == "auto") {
@@ -146,7 +150,7 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
       why << "; dedup " << (plan.dedup ? "on" : "off") << " (about " << pct
           << " of the routed ids of a step are unique)";
   } else {
-    NCF_FAIL("flag --dedup: '", req.dedup, "' (expected auto, on or off)");
+    NCF_FAIL("flag --dedup: '", req.dedup, "' (expected auto, on, off or node)");
   }
   plan.reason = why.str();
   return plan;
@@ -220,6 +224,9 @@ int64_t exchange_buffer_bytes(const EmbeddingPlan& plan, const std::vector<int64
   b += 2 * nr * D * 4;                 // send_vec_, recv_vec_
   b += nr * 16;                        // the owners' fused update: sort scratch
   if (dedup) b += nr * (4 + 8) + nr * D * 4 + nr * (4 + D * 4);  // unique_, inverse_, uvec_, sums
+  // Node dedup: the keys this rank carries for its node (about as many as it
+  // sends) in three layouts, their unique rows and inverse, and four row buffers.
+  if (dedup && plan.node_dedup) b += nr * (5 * 4 + 8) + 4 * nr * D * 4;
   b += rep_reduce * (4 + D * 4 + 24);  // replicated: reduced rows and grads, scratch
   return b;
 }

@@ -31,6 +31,9 @@ struct EmbeddingPlan {
   int W = 1;
   std::vector<TableSpec> tables;
   bool dedup = false;  // routed ids are de-duplicated before the exchange
+  // --dedup node: also across the ranks of a node, on the two-hop exchange
+  // (the trainer turns it off, saying why, where the exchange stays flat).
+  bool node_dedup = false;
   std::string reason;  // one clause per table: why it got its placement; then dedup's
 };
 
@@ -44,8 +47,9 @@ struct PlanRequest {
   // --shard_plan: "auto", one placement for all ("row"), or "user=row,item=replicated".
   std::string forced = "auto";
   int64_t replicated_limit_bytes = int64_t{256} << 20;  // the most a replicated table may hold
-  // --dedup: "on", "off", or "auto": on when the routed tables' lookups of a
-  // step are expected to hold at most kDedupAutoShare unique ids.
+  // --dedup: "on", "off", "node" (on, and across a node's ranks), or "auto":
+  // on when the routed tables' lookups of a step are expected to hold at most
+  // kDedupAutoShare unique ids.
   std::string dedup = "auto";
 };
 constexpr double kDedupAutoShare = 0.5;
