@@ -283,6 +283,17 @@ std::vector<float> run_steps(const EmbeddingPlan& plan, Communicator& comm, bool
     e.gradients_start(nullptr);
     e.gradients_finish(step + 1);
   }
+  // The memory estimate covers what the steps held, where its balance
+  // assumption holds (row-wise and de-duplicated: hot ids travel once).
+  EmbeddingPlan estimated = plan;
+  estimated.node_dedup = node_dedup;
+  const bool balanced = plan.dedup && plan.tables[0].placement == Placement::kRowWise &&
+                        plan.tables[1].placement == Placement::kRowWise;
+  if (balanced) {
+    EXPECT_GE(exchange_buffer_bytes(estimated, {40 + 3 * comm.rank(), 90}, plan.dedup),
+              e.step_buffer_bytes())
+        << "node dedup " << node_dedup << " dedup " << plan.dedup;
+  }
   for (int t = 0; t < 2; ++t) {
     const std::vector<float> table = e.gather_table(t);
     out.insert(out.end(), table.begin(), table.end());
