@@ -107,10 +107,23 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--dedup", c.dedup,
                  "de-duplicate ids before the all-to-all exchange: auto (when the plan expects "
-                 "at most half of a step's routed ids to be unique), on, off")
+                 "at most half of a step's routed ids to be unique), on, off, or node (on, and "
+                 "across the ranks of a node before ids cross nodes; needs the two-hop exchange)")
       ->expected(0, 1)
       ->default_str("on")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
+      ->check(CLI::IsMember({"auto", "on", "off", "node"}));
+  app.add_option("--exchange", c.exchange,
+                 "how the embedding all-to-alls cross nodes: flat (one message per peer rank), "
+                 "two_hop (inside the node first, then one message per remote node), or auto "
+                 "(the cost model's choice); falls back to flat on one node, unequal ranks per "
+                 "node, or ranks not numbered node by node, saying why")
+      ->check(CLI::IsMember({"auto", "flat", "two_hop"}))
+      ->capture_default_str();
+  app.add_option("--topology", c.topology,
+                 "links for the exchange's cost model: a file of key = value lines or inline "
+                 "key=value,... (intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node); "
+                 "unset keys keep the defaults for the device")
+      ->capture_default_str();
   app.add_option("--memory_limit_gb", c.memory_limit_gb,
                  "memory a rank may use for tables and state (0: the machine's available "
                  "memory divided among the node's ranks)")

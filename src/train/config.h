@@ -33,7 +33,9 @@ struct TrainConfig {
   double adagrad_init = 0.1;
   std::string comm = "auto";        // auto | mpi | nccl | single
   std::string shard_plan = "auto";  // auto | row | table | replicated | user=...,item=...
-  std::string dedup = "auto";       // auto | on | off (embedding/plan.h)
+  std::string dedup = "auto";       // auto | on | off | node (embedding/plan.h)
+  std::string exchange = "auto";    // auto | flat | two_hop (comm/communicator.h)
+  std::string topology;             // links for the exchange model (embedding/exchange_model.h)
   double memory_limit_gb = 0;       // per rank, 0: this machine's free memory
   int64_t max_steps = -1;           // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;

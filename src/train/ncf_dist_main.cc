@@ -102,6 +102,8 @@ int train_main(int& argc, char**& argv) {
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
                 trainer.plan().dedup ? ", dedup" : "");
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
+    if (!trainer.exchange_reason().empty())
+      std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());
   }
   // Every rank's table bytes and memory estimate, gathered for the plan print.
   {
@@ -204,9 +206,14 @@ int train_main(int& argc, char**& argv) {
       if (cfg.step_log)
         std::printf(
             "  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
-            "%.1f KiB sent per step\n",
+            "%.1f KiB sent per step; exchanges per step: intra-node %.1f msgs %.1f KiB, "
+            "inter-node %.1f msgs %.1f KiB\n",
             r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
-            r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0);
+            r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0,
+            r.steps ? double(r.intra_msgs) / r.steps : 0.0,
+            r.steps ? double(r.intra_bytes) / r.steps / 1024 : 0.0,
+            r.steps ? double(r.inter_msgs) / r.steps : 0.0,
+            r.steps ? double(r.inter_bytes) / r.steps / 1024 : 0.0);
       std::fflush(stdout);
       if (metrics.is_open()) {
         nlohmann::json j = {{"epoch", e + 1},
@@ -223,6 +230,10 @@ int train_main(int& argc, char**& argv) {
                             {"compute_seconds", r.compute_seconds},
                             {"allreduce_seconds", r.allreduce_seconds},
                             {"bytes_sent_per_step", r.steps ? r.bytes_sent / r.steps : 0},
+                            {"intra_node_msgs", r.intra_msgs},
+                            {"intra_node_bytes", r.intra_bytes},
+                            {"inter_node_msgs", r.inter_msgs},
+                            {"inter_node_bytes", r.inter_bytes},
                             {"world", info.world}};
         if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
         metrics << j.dump() << "\n";

@@ -113,8 +113,15 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   mark(StepPhase::kCompute);
 
   const CommCounters& after = comm.counters();
-  return StepReport{G, after.total_calls() - before.total_calls(),
-                    after.total_bytes() - before.total_bytes()};
+  StepReport report;
+  report.samples = G;
+  report.collectives = after.total_calls() - before.total_calls();
+  report.bytes_sent = after.total_bytes() - before.total_bytes();
+  report.intra_msgs = after.intra_msgs - before.intra_msgs;
+  report.intra_bytes = after.intra_bytes - before.intra_bytes;
+  report.inter_msgs = after.inter_msgs - before.inter_msgs;
+  report.inter_bytes = after.inter_bytes - before.inter_bytes;
+  return report;
 }
 
 }  // namespace ncf

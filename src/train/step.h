@@ -77,6 +77,9 @@ struct StepReport {
   int64_t samples = 0;      // global samples of the step
   int64_t collectives = 0;  // collective calls on this rank
   int64_t bytes_sent = 0;   // payload bytes to other ranks
+  // The count and all-to-all exchanges' messages and bytes to ranks on this
+  // node and on other nodes (comm/communicator.h CommCounters).
+  int64_t intra_msgs = 0, intra_bytes = 0, inter_msgs = 0, inter_bytes = 0;
 };
 
 // One step. Collective: every rank calls it with its slice (n may be 0). The

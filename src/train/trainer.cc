@@ -17,6 +17,7 @@
 #include "common/memory.h"
 #include "common/philox.h"
 #include "data/negatives.h"
+#include "embedding/exchange_model.h"
 #include "model/metrics.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
@@ -148,6 +149,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
   tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup);
+  choose_exchange_across_nodes();
   tables_->init(cfg.seed);
   tables_->set_chunk_bytes(cfg.checkpoint_chunk_kib * 1024);
   model_ = std::make_unique<NeuMF>(mc, ctx.device);
@@ -219,8 +221,13 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   stager_->release();
   timer_->end();
   r->bytes_sent += rep.bytes_sent;
+  r->intra_msgs += rep.intra_msgs;
+  r->intra_bytes += rep.intra_bytes;
+  r->inter_msgs += rep.inter_msgs;
+  r->inter_bytes += rep.inter_bytes;
   r->samples += rep.samples;
-  pending_logs_.push_back({b.step, rep.samples, rep.bytes_sent, rep.collectives});
+  pending_logs_.push_back({b.step, rep.samples, rep.bytes_sent, rep.collectives, rep.intra_msgs,
+                           rep.intra_bytes, rep.inter_msgs, rep.inter_bytes});
   account_step_times(false, r);
 }
 
@@ -239,10 +246,53 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
     if (cfg_.step_log && comm_.rank() == 0)
       std::printf(
           "step %lld: %lld samples, exchange %.2f ms, compute %.2f ms, allreduce %.2f ms, "
-          "%lld collectives, %lld bytes sent by rank 0\n",
+          "%lld collectives, %lld bytes sent by rank 0 (exchanges: intra-node %lld msgs %lld "
+          "bytes, inter-node %lld msgs %lld bytes)\n",
           (long long)l.step, (long long)l.samples, x * 1e3, c * 1e3, a * 1e3,
-          (long long)l.collectives, (long long)l.bytes);
+          (long long)l.collectives, (long long)l.bytes, (long long)l.intra_msgs,
+          (long long)l.intra_bytes, (long long)l.inter_msgs, (long long)l.inter_bytes);
   }
+}
+
+void Trainer::choose_exchange_across_nodes() {
+  const int W = comm_.world();
+  bool routed = false;
+  std::vector<int64_t> rows;
+  double keys = 0;
+  const int64_t lookups =
+      (cfg_.batch_size / (cfg_.num_neg + 1)) * (cfg_.num_neg + 1) / std::max(1, W) + 1;
+  for (const TableSpec& t : plan_.tables)
+    if (W > 1 && t.placement != Placement::kReplicated) {
+      routed = true;
+      rows.push_back(t.num_rows);
+      keys += plan_.dedup ? expected_unique(t.num_rows, lookups) : double(lookups);
+    }
+  if (!routed) {
+    exchange_reason_ = W > 1 ? "none (every table replicated)" : "";
+    return;
+  }
+  const NodeMap& nodes = comm_.node_map();
+  const std::string unavailable = nodes.two_hop_unavailable();
+  if (!unavailable.empty()) {
+    // Every rank sees the same map, so every rank stays flat.
+    exchange_reason_ = std::string("flat (") +
+                       (cfg_.exchange == "two_hop" ? "two_hop asked, " : "") +
+                       "two-hop impossible: " + unavailable +
+                       (plan_.node_dedup ? "; node dedup off with it, rank dedup on" : "") + ")";
+    return;
+  }
+  ExchangeShape shape;
+  shape.nodes = nodes.nodes();
+  shape.per_node = W / shape.nodes;
+  shape.D = plan_.D;
+  shape.keys_per_rank = int64_t(keys);
+  shape.node_unique_share = expected_node_unique_share(rows, lookups, shape.per_node);
+  const LinkLevels links = parse_topology(cfg_.topology, ctx_.device == Device::kCuda);
+  const ExchangeChoice c = choose_exchange(shape, links, cfg_.exchange, cfg_.dedup);
+  comm_.set_exchange(c.two_hop ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
+  tables_->set_node_dedup(c.two_hop && c.node_dedup && plan_.node_dedup);
+  exchange_reason_ = std::string(c.two_hop ? "two_hop" : "flat") +
+                     (tables_->node_dedup() ? " with node dedup" : "") + " (" + c.reason + ")";
 }
 
 EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {

@@ -40,7 +40,10 @@ struct EpochResult {
   double allreduce_seconds = 0;  // dense-gradient allreduce (the wait for it on GPU ranks)
   double compute_seconds = 0;    // negatives, tower, dense Adam
   int64_t bytes_sent = 0;        // payload bytes this rank sent to other ranks
-  bool stopped = false;          // a stop request ended the epoch early (checkpoint written)
+  // Of the count and all-to-all exchanges: messages and bytes this rank sent
+  // inside its node and across nodes.
+  int64_t intra_msgs = 0, intra_bytes = 0, inter_msgs = 0, inter_bytes = 0;
+  bool stopped = false;  // a stop request ended the epoch early (checkpoint written)
 };
 
 struct EvalResult {
@@ -91,6 +94,8 @@ class Trainer {
   void load_checkpoint(const class CheckpointReader& ck);
   const DatasetMeta& meta() const { return meta_; }
   const EmbeddingPlan& plan() const { return plan_; }
+  // How the exchanges cross nodes and why (the startup line); "" at W = 1.
+  const std::string& exchange_reason() const { return exchange_reason_; }
   // This rank's bytes per table (rows and optimizer state).
   std::vector<int64_t> table_bytes() const;
   int64_t positives_per_step() const { return P_; }
@@ -144,8 +149,13 @@ class Trainer {
   std::unique_ptr<StepTimer> timer_;
   struct PendingLog {
     int64_t step, samples, bytes, collectives;
+    int64_t intra_msgs, intra_bytes, inter_msgs, inter_bytes;
   };
   std::deque<PendingLog> pending_logs_;  // steps enqueued, times not yet read
+  std::string exchange_reason_;
+  // --exchange and --dedup node against the nodes and the cost model: sets the
+  // communicator's exchange and the collection's node dedup (collective).
+  void choose_exchange_across_nodes();
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;
