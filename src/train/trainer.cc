@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "comm/bootstrap.h"
 #include "common/check.h"
@@ -256,16 +257,15 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
 
 void Trainer::choose_exchange_across_nodes() {
   const int W = comm_.world();
+  const int S = cfg_.num_neg + 1;
+  // Lookups per rank and step: one user row per positive, one item row per sample.
+  const int64_t samples = (cfg_.batch_size / S) * S / std::max(1, W) + 1;
   bool routed = false;
-  std::vector<int64_t> rows;
-  double keys = 0;
-  const int64_t lookups =
-      (cfg_.batch_size / (cfg_.num_neg + 1)) * (cfg_.num_neg + 1) / std::max(1, W) + 1;
+  std::vector<std::pair<int64_t, int64_t>> tables;  // rows, lookups of the routed tables
   for (const TableSpec& t : plan_.tables)
     if (W > 1 && t.placement != Placement::kReplicated) {
       routed = true;
-      rows.push_back(t.num_rows);
-      keys += plan_.dedup ? expected_unique(t.num_rows, lookups) : double(lookups);
+      tables.push_back({t.num_rows, t.name == "user" ? samples / S + 1 : samples});
     }
   if (!routed) {
     exchange_reason_ = W > 1 ? "none (every table replicated)" : "";
@@ -285,14 +285,22 @@ void Trainer::choose_exchange_across_nodes() {
   shape.nodes = nodes.nodes();
   shape.per_node = W / shape.nodes;
   shape.D = plan_.D;
+  // Keys a rank sends (after rank dedup) and the share a node's dedup keeps.
+  double keys = 0, rank_unique = 0, node_unique = 0;
+  for (const auto& [rows, n] : tables) {
+    const double u = expected_unique(rows, n);
+    keys += plan_.dedup ? u : double(n);
+    rank_unique += shape.per_node * u;
+    node_unique += expected_node_unique_share(rows, n, shape.per_node) * shape.per_node * u;
+  }
   shape.keys_per_rank = int64_t(keys);
-  shape.node_unique_share = expected_node_unique_share(rows, lookups, shape.per_node);
+  shape.node_unique_share = rank_unique > 0 ? node_unique / rank_unique : 1.0;
   const LinkLevels links = parse_topology(cfg_.topology, ctx_.device == Device::kCuda);
   const ExchangeChoice c = choose_exchange(shape, links, cfg_.exchange, cfg_.dedup);
   comm_.set_exchange(c.two_hop ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
   tables_->set_node_dedup(c.two_hop && c.node_dedup && plan_.node_dedup);
-  exchange_reason_ = std::string(c.two_hop ? "two_hop" : "flat") +
-                     (tables_->node_dedup() ? " with node dedup" : "") + " (" + c.reason + ")";
+  // The model's line begins "exchange <what> (...)"; the startup prefix says "exchange:".
+  exchange_reason_ = c.reason.rfind("exchange ", 0) == 0 ? c.reason.substr(9) : c.reason;
 }
 
 EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {

@@ -99,7 +99,7 @@ for hosts in 2 3; do
   # fewer bytes across nodes than two_hop with rank-level dedup only.
   run "h${hosts}_node_a" "$list" --shard_plan row --dedup node --exchange two_hop
   run "h${hosts}_node_b" "$list" --shard_plan row --dedup node --exchange two_hop
-  grep -q "^ncf_dist: exchange: two_hop with node dedup" "$CLUSTER_SHARED/h${hosts}_node_a.out" ||
+  grep -q "^ncf_dist: exchange: two_hop + node dedup" "$CLUSTER_SHARED/h${hosts}_node_a.out" ||
     fail "node dedup was not used: $(grep 'exchange:' "$CLUSTER_SHARED/h${hosts}_node_a.out")"
   cmp -s "$CLUSTER_SHARED/h${hosts}_node_a.bin" "$CLUSTER_SHARED/h${hosts}_node_b.bin" ||
     fail "$hosts hosts: two --dedup node runs differ"
