@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/copy_blocks.h"
 #include "common/check.h"
 
 namespace ncf {
@@ -168,11 +169,7 @@ void Communicator::do_group_exchange_counts(CommGroup, const int64_t*, int64_t*,
 void Communicator::do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n) {
   NCF_CHECK(device() == Device::kCpu, name(), " communicator copies blocks on ",
             device_name(device()), " without a device copy");
-  char* d = static_cast<char*>(dst);
-  const char* s = static_cast<const char*>(src);
-  for (int64_t i = 0; i < n; ++i)
-    if (blocks[i].bytes > 0)
-      std::memcpy(d + blocks[i].dst_off, s + blocks[i].src_off, size_t(blocks[i].bytes));
+  copy_blocks_host(dst, src, blocks, n);
 }
 
 namespace {

@@ -47,6 +47,7 @@
 #include <string>
 
 #include "comm/bootstrap.h"
+#include "comm/copy_blocks.h"
 #include "comm/mpi_communicator.h"  // MpiGroups
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -187,7 +188,7 @@ class NcclCommunicator : public Communicator {
   // Two-hop: the groups' counts go over MPI like exchange_counts; their data is
   // a group of ncclSend/ncclRecv with the group's members on the world
   // communicator (no NCCL sub-communicators), and the packing copies are
-  // cudaMemcpyAsync on the communication stream, all between one
+  // copy_blocks kernels on the communication stream, all between one
   // begin_collective and end_collective.
   void do_setup_groups() override { groups_.setup(mpi_, rank(), world() / node_map().nodes()); }
 
@@ -225,12 +226,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n) override {
-    char* d = static_cast<char*>(dst);
-    const char* s = static_cast<const char*>(src);
-    for (int64_t i = 0; i < n; ++i)
-      if (blocks[i].bytes > 0)
-        CUDA_CHECK(cudaMemcpyAsync(d + blocks[i].dst_off, s + blocks[i].src_off,
-                                   size_t(blocks[i].bytes), cudaMemcpyDeviceToDevice, stream_));
+    copy_blocks_cuda(stream_, dst, src, blocks, n);
   }
 
   void exchange_begin() override { begin_collective(); }
