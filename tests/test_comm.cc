@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "comm/collective_watch.h"
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/single_communicator.h"
@@ -506,6 +507,26 @@ TEST(CommFailure, ThrowingRankTakesJobDown) {
   }
 }
 
+// A peer that never arrives (its node died or was cut off, here: it sleeps): with
+// --peer_timeout the waiting rank ends itself after the limit, naming its rank, its
+// host and the collective, and the job ends well before the peer would have come.
+TEST(CommFailure, RankWaitingForALostPeerEndsItself) {
+  auto t0 = std::chrono::steady_clock::now();
+  test::RunResult r = test::run(worker_command(2, "lost", ""));
+  const double s = test::seconds_since(t0);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: the waiting rank hung\n" << r.output;
+  EXPECT_LT(s, 20.0) << r.output;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  EXPECT_NE(r.output.find(std::string("ncf_dist: error: [rank 0 on ") + host +
+                          "] waited 2 s in "
+                          "all_reduce_sum for its peers (--peer_timeout 2)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("peer arrived"), std::string::npos) << r.output;
+}
+
 // ---- worker side: active only in processes launched by the tests above -------------
 
 bool worker_is(const char* name) {
@@ -577,6 +598,22 @@ TEST(CommWorker, OneRankFails) {
   });
   // Only reached if the job was not taken down.
   ADD_FAILURE() << "run_main returned " << rc << " on rank " << error_rank();
+}
+
+TEST(CommWorker, LostPeer) {
+  if (!worker_is("lost")) GTEST_SKIP() << "runs only inside the jobs that CommFailure.* starts";
+  run_main(0, nullptr, [&](int& argc, char**& argv) {
+    RankInfo info = bootstrap_mpi(&argc, &argv);
+    auto comm = make_communicator(info, Device::kCpu, "mpi");
+    set_collective_timeout(2);
+    comm->barrier();  // a collective that completes: the watch lets it pass
+    if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(40));
+    double x = 1;
+    comm->all_reduce_sum(&x, 1, DType::kFloat64);
+    std::printf("peer arrived\n");
+    return 0;
+  });
+  ADD_FAILURE() << "the waiting rank was not ended, rank " << error_rank();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "comm/collective_watch.h"
 #include "comm/copy_blocks.h"
 #include "common/check.h"
 
@@ -195,6 +196,7 @@ void check_layout(const char* side, const int64_t* counts, const int64_t* displs
 void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
                                 const int64_t* send_displs, void* recv, const int64_t* recv_counts,
                                 const int64_t* recv_displs, DType t) {
+  CollectiveWatch watch("all_to_all_v");
   check_layout("send", send_counts, send_displs, world_, send);
   check_layout("recv", recv_counts, recv_displs, world_, recv);
   if (exchange_ == ExchangeKind::kTwoHop) {
@@ -216,6 +218,7 @@ void Communicator::group_all_to_all_v(CommGroup g, const void* send, const int64
                                       const int64_t* send_displs, void* recv,
                                       const int64_t* recv_counts, const int64_t* recv_displs,
                                       DType t) {
+  CollectiveWatch watch("all_to_all_v (group)");
   NCF_CHECK(g == CommGroup::kWorld || exchange_ == ExchangeKind::kTwoHop,
             "group_all_to_all_v: node and rail groups need the two-hop exchange");
   const int G = group_size(g), me = group_index(g);
@@ -239,6 +242,7 @@ void Communicator::group_all_to_all_v(CommGroup g, const void* send, const int64
 }
 
 void Communicator::group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) {
+  CollectiveWatch watch("exchange_counts (group)");
   NCF_CHECK(g != CommGroup::kWorld && exchange_ == ExchangeKind::kTwoHop,
             "group_exchange_counts: node and rail groups need the two-hop exchange");
   NCF_CHECK(send != nullptr && recv != nullptr && k >= 1, "group_exchange_counts: k = ", k);
@@ -391,6 +395,7 @@ void Communicator::two_hop_exchange_counts(const int64_t* send_counts, int64_t* 
 }
 
 void Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {
+  CollectiveWatch watch("exchange_counts");
   NCF_CHECK(send_counts != nullptr && recv_counts != nullptr, "exchange_counts: null array");
   for (int p = 0; p < world_; ++p)
     NCF_CHECK(send_counts[p] >= 0, "exchange_counts: send_counts[", p, "] = ", send_counts[p],
@@ -406,6 +411,7 @@ void Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_cou
 }
 
 void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
+  CollectiveWatch watch("all_reduce_sum");
   if (n == 0) return;
   NCF_CHECK(buf != nullptr, "all_reduce_sum: null buffer for ", n, " elements");
   // A ring allreduce sends 2(W-1)/W of the buffer from every rank.
@@ -415,6 +421,7 @@ void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
 }
 
 void Communicator::barrier() {
+  CollectiveWatch watch("barrier");
   count(CollectiveKind::kOther, 0);
   do_barrier();
 }

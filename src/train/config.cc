@@ -119,6 +119,12 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "node, or ranks not numbered node by node, saying why")
       ->check(CLI::IsMember({"auto", "flat", "two_hop"}))
       ->capture_default_str();
+  app.add_option("--peer_timeout", c.peer_timeout,
+                 "seconds a rank may wait in one collective before it ends itself, naming its "
+                 "host: ends the ranks a lost or cut-off node leaves waiting (0: no limit; set "
+                 "it above the longest healthy wait, e.g. a checkpoint chunk)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--topology", c.topology,
                  "links for the exchange's cost model: a file of key = value lines or inline "
                  "key=value,... (intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node); "

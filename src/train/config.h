@@ -36,6 +36,7 @@ struct TrainConfig {
   std::string dedup = "auto";       // auto | on | off | node (embedding/plan.h)
   std::string exchange = "auto";    // auto | flat | two_hop (comm/communicator.h)
   std::string topology;             // links for the exchange model (embedding/exchange_model.h)
+  double peer_timeout = 0;          // s a rank may wait in one collective (0: no limit)
   double memory_limit_gb = 0;       // per rank, 0: this machine's free memory
   int64_t max_steps = -1;           // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;

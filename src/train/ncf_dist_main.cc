@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/bootstrap.h"
+#include "comm/collective_watch.h"
 #include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -72,6 +73,7 @@ int train_main(int& argc, char**& argv) {
   // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
   // Declared before the trainer so that the context and communicator outlive it.
   RankRuntime rt(&argc, &argv, device, cfg.comm, cfg.threads);
+  if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
   const RankInfo& info = rt.info;
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
