@@ -77,6 +77,23 @@ NCCL_DEBUG=WARN expect "explicit --env wins" 0 "-x NCCL_DEBUG=INFO .*-x FOO=a b|
   --dry-run -np 1 --env NCCL_DEBUG=INFO --env "FOO=a b" -- prog
 expect "mca and raw args" 0 "--mca btl self,vader --report-bindings prog" -- \
   --dry-run -np 1 --mca btl self,vader --mpirun-arg --report-bindings -- prog
+expect "keepalive on several nodes" 0 \
+  "--mca oob_tcp_keepalive_time 15 --mca oob_tcp_keepalive_intvl 5 --mca oob_tcp_keepalive_probes 3 prog$" -- \
+  --dry-run --gpus-per-node 0 --hosts a:2,b:2 -- prog
+expect "keepalive from --node-timeout" 0 "oob_tcp_keepalive_time 6 --mca oob_tcp_keepalive_intvl 2 " -- \
+  --dry-run --gpus-per-node 0 --hosts a:2,b:2 --node-timeout 12 -- prog
+expect "an explicit keepalive --mca wins" 0 \
+  "keepalive_intvl 5 --mca oob_tcp_keepalive_probes 3 --mca oob_tcp_keepalive_time 99 prog$" -- \
+  --dry-run --gpus-per-node 0 --hosts a:2,b:2 --mca oob_tcp_keepalive_time 99 -- prog
+OMPI_MCA_oob_tcp_keepalive_probes=7 expect "an OMPI_MCA_ keepalive wins" 0 "keepalive_intvl 5 prog$" -- \
+  --dry-run --gpus-per-node 0 --hosts a:2,b:2 -- prog
+out=$("$L" --dry-run --gpus-per-node 0 --hosts a:2 -- prog 2>&1; "$L" --dry-run --gpus-per-node 0 --node-timeout 0 \
+      --hosts a:2,b:2 -- prog 2>&1)
+checks=$((checks + 1))
+if grep -q keepalive <<<"$out"; then fails=$((fails + 1)); echo "FAIL keepalive on one node or with --node-timeout 0: $out"; else
+  echo "ok   no keepalive on one node or with --node-timeout 0"; fi
+expect "bad node timeout" 2 "--node-timeout must be a non-negative integer \(seconds\), got '1m'" -- \
+  --node-timeout 1m -np 1 -- prog
 expect "quoting of program args" 0 "prog --data_dir 'a b'" -- --dry-run -np 1 -- prog --data_dir "a b"
 if [ "$(id -u)" = 0 ]; then
   expect "root flags" 0 "^ncf_launch: env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun" -- \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start #2: set up, build, and run the whole test suite (CPU tests; GPU
 # tests run when a GPU is present and are listed as skipped otherwise), then
-# the Slurm preemption test.
+# the Slurm preemption test and the tests across simulated hosts.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/build.sh"
@@ -15,3 +15,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "run_tests: skipped tests/slurm/test_preempt.sh (slurmd needs root)"
 fi
+# Ranks on several hosts of this machine (tests/cluster/: network namespaces joined
+# by a bridge, mpirun and a multi-node Slurm across them, a host lost mid-run, the
+# two-hop exchange). Needs root; each test says why when it is skipped.
+bash "$root/tests/cluster/run_all.sh" "$build"

@@ -18,6 +18,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$(cd "${1:?usage: $0 BUILD_DIR}" && pwd)"
+# shellcheck source=tests/cluster/lib.sh
 source "$here/lib.sh"
 name=test_two_hop
 why=$(cluster_check) || { echo "$name: skipped: $why"; exit 77; }
@@ -86,8 +87,9 @@ for hosts in 2 3; do
         want_two=$((4 * (hosts - 1)))
         want_flat=$((4 * (hosts - 1) * 2))
         bad=$(inter_msgs "${tag}_two" | grep -vx "$want_two" || true)
-        [ -z "$bad" ] && [ -n "$(inter_msgs "${tag}_two")" ] ||
+        if [ -n "$bad" ] || [ -z "$(inter_msgs "${tag}_two")" ]; then
           fail "$tag: two_hop steps sent inter-node messages $(inter_msgs "${tag}_two" | sort -u | tr '\n' ' ')(want $want_two)"
+        fi
         bad=$(inter_msgs "${tag}_flat" | grep -vx "$want_flat" || true)
         [ -z "$bad" ] ||
           fail "$tag: flat steps sent inter-node messages $(inter_msgs "${tag}_flat" | sort -u | tr '\n' ' ')(want $want_flat)"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every test on the simulated multi-host cluster (sim_cluster.sh), one after another:
+#   test_sim_cluster   the hosts themselves, and a stop that leaves nothing behind
+#   test_mpirun        2 hosts x 2 ranks with mpirun = 4 ranks on one host
+#   test_slurm         ncf_dist_multinode.sbatch on a 2-host Slurm (srun, mpirun), with
+#                      preemption and requeue
+#   test_host_loss     a host killed or cut off mid-run; every rank ends; resume on the rest
+#   test_two_hop       the two-hop exchange against flat on 2 and 3 hosts
+#   bash tests/cluster/run_all.sh BUILD_DIR [TEST...]
+# Without root or namespaces every test is reported as skipped, with the reason, and
+# the exit code is 0; otherwise it is 1 when any test failed. Each test's output goes
+# to a log that is printed when it fails.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+build="$(cd "${1:?usage: $0 BUILD_DIR [TEST...]}" && pwd)"
+shift
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(test_sim_cluster test_mpirun test_slurm test_host_loss test_two_hop)
+# shellcheck source=tests/cluster/lib.sh
+source "$here/lib.sh"
+if ! why=$(cluster_check); then
+  for t in "${tests[@]}"; do echo "cluster: skipped $t: $why"; done
+  exit 0
+fi
+clusters() { ip netns list | awk '{print $1}' | grep -E '^ncf[0-9]+-node' | sort || true; }
+before=$(clusters)
+logs=$(mktemp -d /var/tmp/ncf-cluster-logs-XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+failed=() start=$SECONDS
+for t in "${tests[@]}"; do
+  [ -f "$here/$t.sh" ] || { echo "cluster: no test $t ($here/$t.sh)"; failed+=("$t"); continue; }
+  t0=$SECONDS rc=0
+  bash "$here/$t.sh" "$build" >"$logs/$t.log" 2>&1 || rc=$?
+  case "$rc" in
+    0) grep "^$t: " "$logs/$t.log" | sed 's/^/cluster: /' || true
+       echo "cluster: passed $t ($((SECONDS - t0)) s)" ;;
+    77) echo "cluster: skipped $t: $(grep -m1 "skipped" "$logs/$t.log" || tail -1 "$logs/$t.log")" ;;
+    *) echo "cluster: FAILED $t (exit $rc, $((SECONDS - t0)) s); its output:"
+       sed 's/^/    /' "$logs/$t.log"
+       failed+=("$t") ;;
+  esac
+done
+# Nothing may outlive the tests: a host namespace that was not there before they ran
+# is one of theirs (with its processes, which stop kills).
+left=$(comm -13 <(echo "$before") <(clusters) | grep . || true)
+if [ -n "$left" ]; then
+  echo "cluster: namespaces left behind: $(echo "$left" | tr '\n' ' ')"
+  failed+=(leftovers)
+fi
+echo "cluster: ${#tests[@]} test(s) in $((SECONDS - start)) s${failed[*]:+; failed: ${failed[*]}}"
+[ ${#failed[@]} -eq 0 ]

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The real launch/slurm/ncf_dist_multinode.sbatch on a two-host Slurm cluster
+# (sim_cluster.sh --slurm: slurmctld on node1, a slurmd per host), CPU ranks, 2 per
+# host (W = 4), on the small synthetic set:
+#   S  LAUNCHER=srun   (srun --mpi=pmix starts the ranks)
+#   M  LAUNCHER=mpirun (launch/ncf_launch; Open MPI starts its daemons through Slurm)
+#   PS, PM  the same with CHECKPOINT_DIR on the shared directory; after their second
+#      epoch they get `scancel --signal=USR1 --batch`: every rank must checkpoint and
+#      exit 75, the script must requeue the job, and its second start must resume.
+# Every job must end with the final epoch (--metrics_json, full precision) of the same
+# W = 4 run as 4 ranks on one host, and run 2 ranks on each host.
+#   bash tests/cluster/test_slurm.sh BUILD_DIR      (exit 77: skipped, with the reason)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build="$(cd "${1:?usage: $0 BUILD_DIR}" && pwd)"
+# shellcheck source=tests/cluster/lib.sh
+source "$here/lib.sh"
+name=test_slurm
+why=$(cluster_check) || { echo "$name: skipped: $why"; exit 77; }
+bash "$root/tests/slurm/setup.sh"
+
+fail() {
+  echo "$name: FAIL: $*" >&2
+  for f in "$CLUSTER_SHARED"/*.out; do [ -f "$f" ] && { echo "---- $f" >&2; cat "$f" >&2; }; done
+  cluster_logs >&2 || true
+  exit 1
+}
+
+cluster_start 2 --slurm
+sh_="$CLUSTER_SHARED"
+cluster_small_data "$build" "$sh_/data"
+epochs=12
+common="--batch_size 2560 --train_epochs $epochs --seed 3"   # also EXTRA_ARGS, split on spaces
+read -r -a common_args <<<"$common"
+
+# The reference: W = 4 on one host.
+cluster_mpirun_on node1:4 -- "$build/src/ncf_dist" --data_dir "$sh_/data" --preset ncf-paper \
+  --threads 1 --progress off "${common_args[@]}" --metrics_json "$sh_/ref.jsonl" >"$sh_/ref.out" 2>&1 ||
+  fail "the one-host W = 4 run failed"
+want=$(cluster_final_metrics "$sh_/ref.jsonl")
+[ "${want%% *}" = "$epochs" ] || fail "the one-host run ended at epoch ${want%% *}"
+
+# Each rank says where it runs before it becomes ncf_dist (the scripts run $NCF_DIST).
+printf '#!/bin/sh\nexec %q %q "$@"\n' "$(cluster_where)" "$build/src/ncf_dist" >"$sh_/ncf_dist"
+chmod +x "$sh_/ncf_dist"
+# Every host is this machine's 2 cores: a rank that waits must yield them (srun gives
+# each host 4 CPUs, so Open MPI would otherwise spin).
+export OMPI_MCA_mpi_yield_when_idle=1
+export NCF_ROOT="$root" NCF_DIST="$sh_/ncf_dist" DATA_DIR="$sh_/data" PRESET=ncf-paper DEVICE=cpu
+export GPUS_PER_NODE=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+submit() {  # submit NAME LAUNCHER [CHECKPOINT_DIR]: prints the job id
+  LAUNCHER="$2" CHECKPOINT_DIR="${3:-}" EXTRA_ARGS="$common --metrics_json $sh_/$1.jsonl" \
+    cluster_exec node1 sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 \
+    --cpus-per-task=1 --job-name="$1" --output="$sh_/$1.out" --chdir="$sh_" \
+    "$root/launch/slurm/ncf_dist_multinode.sbatch"
+}
+check_job() {  # check_job NAME: ranks on both hosts, final epoch as the reference
+  local out="$sh_/$1.out" placed got
+  placed=$(cluster_rank_hosts "$(cat "$out")" | sort -u | tr '\n' ' ')
+  [ "$placed" = "0 node1 1 node1 2 node2 3 node2 " ] ||
+    fail "job $1 placed its ranks as '$placed' (want 0-1 on node1, 2-3 on node2)"
+  got=$(cluster_final_metrics "$sh_/$1.jsonl")
+  [ "$want" = "$got" ] || fail "job $1: final epoch (epoch loss hr ndcg) '$got', one host W = 4 '$want'"
+}
+preempt() {  # preempt NAME LAUNCHER: a job preempted after epoch 2, requeued and resumed
+  local j out="$sh_/$1.out" t0=$SECONDS
+  j=$(submit "$1" "$2" "$sh_/ckpt-$1")
+  for _ in $(seq 3000); do
+    cluster_epoch_lines "$out" 2>/dev/null | grep -q '^2 ' && break
+    sleep 0.1
+  done
+  cluster_epoch_lines "$out" | grep -q '^2 ' || fail "job $1 did not reach epoch 2"
+  cluster_exec node1 scancel --signal=USR1 --batch "$j"
+  cluster_slurm_wait "$j" 600 || fail "job $1 ($2)"
+  grep -q "SIGUSR1: the ranks checkpoint and stop" "$out" || fail "job $1: the batch shell did not pass SIGUSR1 on"
+  grep -q "stopped by SIGUSR1" "$out" || fail "job $1: ncf_dist did not stop on SIGUSR1"
+  grep -q "exit 75): requeueing" "$out" || fail "job $1 did not requeue itself"
+  grep -q "(start 2)" "$out" || fail "job $1 did not start a second time"
+  grep -q "ncf_dist: resuming from $sh_/ckpt-$1/step-" "$out" || fail "job $1: the second start did not resume"
+  [ "$(cluster_slurm_field "$j" Restarts)" -ge 1 ] || fail "job $1: Slurm reports Restarts=$(cluster_slurm_field "$j" Restarts)"
+  check_job "$1"
+  echo "$name: $1 ($2): checkpointed on SIGUSR1 $(grep -o "in epoch [0-9]*" "$out" | head -1), requeued, resumed ($((SECONDS - t0)) s)"
+}
+
+t_start=$SECONDS
+for launcher in srun mpirun; do
+  n=$([ "$launcher" = srun ] && echo S || echo M)
+  j=$(submit "$n" "$launcher")
+  cluster_slurm_wait "$j" 600 || fail "job $n ($launcher)"
+  check_job "$n"
+  echo "$name: $n ($launcher): 2 hosts x 2 ranks ended like 4 ranks on one host ($((SECONDS - t_start)) s)"
+  t_start=$SECONDS
+done
+preempt PS srun
+preempt PM mpirun
+echo "$name: ok: ncf_dist_multinode.sbatch on 2 hosts with srun and mpirun, plain and preempted" \
+  "with requeue, ended with the one-host W = 4 run's final epoch: $want"
