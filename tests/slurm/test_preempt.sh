@@ -38,7 +38,7 @@ submit() {  # submit NAME [CHECKPOINT_DIR]: prints the job id
 }
 field() { scontrol show job "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 wait_done() {  # wait_done JOB SECONDS
-  local ended=0
+  local ended=0 held=""
   for _ in $(seq $(($2 * 5))); do
     local state
     state=$(field "$1" JobState)
@@ -51,10 +51,14 @@ wait_done() {  # wait_done JOB SECONDS
     case "$state" in
       COMPLETED) return 0 ;;
       # Slurm holds a requeued batch job for two minutes (its BeginTime); the
-      # test lets it start now, as an administrator could.
+      # test lets it start now, as an administrator could, but not within 2 s of
+      # the requeue: a node refuses a credential issued in the second (Slurm counts
+      # whole seconds) in which it revoked the job's previous one ("Job credential
+      # revoked").
       PENDING)
         if [ "$(field "$1" Reason)" = BeginTime ]; then
-          scontrol update JobId="$1" StartTime=now || true
+          [ -n "$held" ] || held=$SECONDS
+          if [ $((SECONDS - held)) -ge 2 ]; then scontrol update JobId="$1" StartTime=now || true; fi
         fi
         ;;
       FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY)
