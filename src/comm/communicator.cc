@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "comm/collective_watch.h"
 #include "comm/copy_blocks.h"
