@@ -97,6 +97,13 @@ TEST_P(TwoHopMpi, CollectionStepsMatchFlat) {
   EXPECT_EQ(done, np) << r.output;
 }
 
+// NCF_TWO_HOP_REAL_NODES=1: the workers use the nodes MPI found (ranks on several
+// hosts) instead of declaring nodes over the ranks of one host.
+bool real_nodes() {
+  const char* e = std::getenv("NCF_TWO_HOP_REAL_NODES");
+  return e && std::string(e) == "1";
+}
+
 // The element every exchange carries from rank s to rank d at position k, so a
 // misplaced element shows where it came from.
 uint32_t payload(int s, int d, int64_t k, int round) {
@@ -170,12 +177,20 @@ TEST(TwoHopWorker, MatchesFlat) {
     RankInfo info = bootstrap(&argc, &argv, true);
     const int W = info.world, rank = info.rank;
     // N nodes of L ranks declared over this host's ranks.
-    std::vector<int> shapes_L = W == 4 ? std::vector<int>{2} : std::vector<int>{2, 3};
+    // N nodes of L ranks declared over this host's ranks, or (on several hosts,
+    // tests/cluster/test_two_hop.sh) the real nodes MPI reports.
+    const bool real = real_nodes();
+    std::vector<int> shapes_L = real     ? std::vector<int>{W / info.nodes.nodes()}
+                                : W == 4 ? std::vector<int>{2}
+                                         : std::vector<int>{2, 3};
     for (int L : shapes_L) {
       const int N = W / L;
       RankInfo declared = info;
-      declared.nodes.node_of.clear();
-      for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+      if (!real) {
+        declared.nodes.node_of.clear();
+        for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+      }
+      EXPECT_EQ(declared.nodes.two_hop_unavailable(), "");
       auto flat = make_communicator(declared, Device::kCpu, "mpi");
       auto two = make_communicator(declared, Device::kCpu, "mpi");
       two->set_exchange(ExchangeKind::kTwoHop);
@@ -228,7 +243,8 @@ TEST(TwoHopWorker, MatchesFlat) {
       flat->all_reduce_sum(crossing, 2, DType::kFloat64);
       EXPECT_EQ(crossing[0], crossing[1]);
       EXPECT_GT(crossing[0], 0.0);
-      std::printf("two-hop worker: map done N=%d L=%d rank=%d\n", N, L, rank);
+      std::printf("two-hop worker: map done N=%d L=%d rank=%d%s\n", N, L, rank,
+                  real ? " (real nodes)" : "");
       std::fflush(stdout);
     }
     return ::testing::Test::HasFailure() ? 1 : 0;
@@ -306,10 +322,13 @@ TEST(TwoHopCollectionWorker, MatchesFlat) {
   int rc = run_main(0, nullptr, [](int& argc, char**& argv) {
     RankInfo info = bootstrap(&argc, &argv, true);
     const int W = info.world;
-    const int L = 2, N = W / L;
+    const bool real = real_nodes();
+    const int L = real ? W / info.nodes.nodes() : 2, N = W / L;
     RankInfo declared = info;
-    declared.nodes.node_of.clear();
-    for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+    if (!real) {
+      declared.nodes.node_of.clear();
+      for (int r = 0; r < W; ++r) declared.nodes.node_of.push_back(r / L);
+    }
     for (const std::string forced : {"row", "table", "user=row,item=table"})
       for (bool dedup : {false, true}) {
         const EmbeddingPlan plan = plan_for(forced, W, dedup);
@@ -352,7 +371,8 @@ TEST(TwoHopCollectionWorker, MatchesFlat) {
         flat->all_reduce_sum(crossing, 2, DType::kFloat64);
         EXPECT_LT(crossing[0], crossing[1]) << what;
       }
-    std::printf("collection worker: done rank=%d\n", info.rank);
+    std::printf("collection worker: done rank=%d N=%d L=%d%s\n", info.rank, N, L,
+                real ? " (real nodes)" : "");
     std::fflush(stdout);
     return ::testing::Test::HasFailure() ? 1 : 0;
   });

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The two-hop exchange across real hosts (network namespaces, TCP between them,
 # shared memory within one), at 2 hosts x 2 ranks and 3 hosts x 2 ranks:
-#  - two_hop against flat at the same W, for row-wise, table-wise and mixed plans
-#    with dedup on and off: the same parameters byte for byte (--save_params) and
-#    the same final metrics to the last digit;
+#  - the communicator's exchanges (tests/test_two_hop.cc's workers, on the real nodes):
+#    every two-hop all_to_all_v and exchange_counts leaves the receive buffers byte for
+#    byte as flat does, and the embedding collection's steps give the same rows and
+#    tables, for row-wise, table-wise and mixed plans with dedup on and off;
+#  - two_hop against flat at the same W in ncf_dist, for the same plans: the same
+#    parameters byte for byte (--save_params) and the same final metrics to the last
+#    digit;
 #  - the step log's inter-node messages per step (rank 0), row-wise: hosts - 1 per
 #    exchange under two_hop, (hosts - 1) x 2 under flat, 4 exchanges a step
 #    (counts, ids, vectors, gradients). Bytes are printed, not compared: under
@@ -69,6 +73,20 @@ for hosts in 2 3; do
   cluster_small_data "$build" "$CLUSTER_SHARED/data"
   list=""
   for k in $(seq "$hosts"); do list+="${list:+,}node$k:2"; done
+  W=$((2 * hosts))
+  # One job per worker: each starts and ends MPI.
+  : >"$CLUSTER_SHARED/h${hosts}_workers.out"
+  for worker in TwoHopWorker TwoHopCollectionWorker; do
+    NCF_TWO_HOP_WORKER=1 NCF_TWO_HOP_REAL_NODES=1 cluster_mpirun 2 -- "$build/tests/test_two_hop" \
+      --gtest_filter="$worker.*" >>"$CLUSTER_SHARED/h${hosts}_workers.out" 2>&1 ||
+      fail "$hosts hosts: $worker failed"
+  done
+  maps=$(grep -c "two-hop worker: map done N=$hosts L=2 rank=[0-9]* (real nodes)" "$CLUSTER_SHARED/h${hosts}_workers.out" || true)
+  steps=$(grep -c "collection worker: done rank=[0-9]* N=$hosts L=2 (real nodes)" "$CLUSTER_SHARED/h${hosts}_workers.out" || true)
+  { [ "$maps" -eq "$W" ] && [ "$steps" -eq "$W" ]; } ||
+    fail "$hosts hosts: $maps of $W ranks compared the exchanges and $steps of $W the collection's steps"
+  ! grep -q "FAILED" "$CLUSTER_SHARED/h${hosts}_workers.out" || fail "$hosts hosts: a worker check failed"
+  summary+=("$hosts hosts x 2: every exchange's receive buffers and the collection's steps (row, table, mixed; dedup on, off; node dedup) as flat's, on $W ranks")
   for plan in row table user=row,item=table; do
     for dedup in on off; do
       tag="h${hosts}_${plan//[=,]/_}_$dedup"
