@@ -47,6 +47,10 @@ chmod +x "$sh_/ncf_dist"
 # Every host is this machine's 2 cores: a rank that waits must yield them (srun gives
 # each host 4 CPUs, so Open MPI would otherwise spin).
 export OMPI_MCA_mpi_yield_when_idle=1
+# PMIx's shared-memory store (gds ds21) of Debian's PMIx 4.2 / Open MPI 4.1 now and
+# then crashes ranks at start under srun --mpi=pmix (segfault at address nil; known
+# upstream, e.g. openpmix issues 1114 and 2210); the ranks use PMIx's hash store instead.
+export PMIX_MCA_gds=hash
 export NCF_ROOT="$root" NCF_DIST="$sh_/ncf_dist" DATA_DIR="$sh_/data" PRESET=ncf-paper DEVICE=cpu
 export GPUS_PER_NODE=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 submit() {  # submit NAME LAUNCHER [CHECKPOINT_DIR]: prints the job id

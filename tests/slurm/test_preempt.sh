@@ -30,6 +30,10 @@ export SLURM_CONF
   --output "$work/data" --progress off >/dev/null
 export NCF_ROOT="$root" NCF_DIST="$build/src/ncf_dist" DATA_DIR="$work/data" PRESET=ncf-paper
 export DEVICE=cpu OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# PMIx's shared-memory store (gds ds21) of Debian's PMIx 4.2 / Open MPI 4.1 now and
+# then crashes ranks at start under srun --mpi=pmix (segfault at address nil; known
+# upstream, e.g. openpmix issues 1114 and 2210); the ranks use PMIx's hash store instead.
+export PMIX_MCA_gds=hash
 submit() {  # submit NAME [CHECKPOINT_DIR]: prints the job id
   CHECKPOINT_DIR="${2:-}" EXTRA_ARGS="--batch_size 2560 --train_epochs 30 --seed 3" \
     sbatch --parsable --gpus-per-node=0 --ntasks-per-node=2 --cpus-per-task=1 \
