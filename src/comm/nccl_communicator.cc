@@ -142,32 +142,10 @@ class NcclCommunicator : public Communicator {
   void do_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
                        void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
                        DType dtype) override {
-    const int W = world(), r = rank();
-    const size_t es = dtype_size(dtype);
-    const ncclDataType_t nt = nccl_dtype(dtype);
-    const char* s = static_cast<const char*>(send);
-    char* d = static_cast<char*>(recv);
-    NCF_CHECK(send_counts[r] == recv_counts[r], "all_to_all_v: rank ", r, " sends ", send_counts[r],
-              " elements to itself but expects to receive ", recv_counts[r]);
+    check_self_block(send_counts, recv_counts, rank());
     begin_collective();
-    ncclResult_t rc = ncclGroupStart();
-    // The group must be closed whatever happens inside it, so errors are collected
-    // and raised after ncclGroupEnd.
-    for (int p = 0; p < W && rc == ncclSuccess; ++p) {
-      if (p == r) continue;
-      if (send_counts[p] > 0)
-        rc = ncclSend(s + send_displs[p] * es, static_cast<size_t>(send_counts[p]), nt, p, comm_,
-                      stream_);
-      if (rc == ncclSuccess && recv_counts[p] > 0)
-        rc = ncclRecv(d + recv_displs[p] * es, static_cast<size_t>(recv_counts[p]), nt, p, comm_,
-                      stream_);
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    NCCL_CHECK(rc);
-    NCCL_CHECK(end);
-    if (send_counts[r] > 0)
-      CUDA_CHECK(cudaMemcpyAsync(d + recv_displs[r] * es, s + send_displs[r] * es,
-                                 send_counts[r] * es, cudaMemcpyDeviceToDevice, stream_));
+    enqueue_all_to_all(CommGroup::kWorld, send, send_counts, send_displs, recv, recv_counts,
+                       recv_displs, dtype);
     end_collective();
   }
 
@@ -199,14 +177,45 @@ class NcclCommunicator : public Communicator {
   void do_group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
                              const int64_t* send_displs, void* recv, const int64_t* recv_counts,
                              const int64_t* recv_displs, DType dtype) override {
+    check_self_block(send_counts, recv_counts, group_index(g));
+    enqueue_all_to_all(g, send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
+  }
+
+  void do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n) override {
+    copy_blocks_cuda(stream_, dst, src, blocks, n);
+  }
+
+  void exchange_begin() override { begin_collective(); }
+  void exchange_end() override { end_collective(); }
+
+  void do_barrier() override {
+    wait_stream(compute_);
+    synchronize();
+    if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
+  }
+
+ private:
+  // Member `me` of a group is this rank: its block to itself is a copy, so both
+  // sides must agree on its size.
+  void check_self_block(const int64_t* send_counts, const int64_t* recv_counts, int me) const {
+    NCF_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", rank(), " sends ",
+              send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
+  }
+
+  // A group of ncclSend/ncclRecv, one pair per member of g with a non-zero count
+  // (world ranks from group_rank), and this rank's own block as a
+  // cudaMemcpyAsync, all on the communication stream.
+  void enqueue_all_to_all(CommGroup g, const void* send, const int64_t* send_counts,
+                          const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                          const int64_t* recv_displs, DType dtype) {
     const int G = group_size(g), me = group_index(g);
     const size_t es = dtype_size(dtype);
     const ncclDataType_t nt = nccl_dtype(dtype);
     const char* s = static_cast<const char*>(send);
     char* d = static_cast<char*>(recv);
-    NCF_CHECK(send_counts[me] == recv_counts[me], "group all_to_all_v: member ", me, " sends ",
-              send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
     ncclResult_t rc = ncclGroupStart();
+    // The group must be closed whatever happens inside it, so errors are collected
+    // and raised after ncclGroupEnd.
     for (int i = 0; i < G && rc == ncclSuccess; ++i) {
       if (i == me) continue;
       const int peer = group_rank(g, i);
@@ -225,20 +234,6 @@ class NcclCommunicator : public Communicator {
                                  send_counts[me] * es, cudaMemcpyDeviceToDevice, stream_));
   }
 
-  void do_copy_blocks(void* dst, const void* src, const CopyBlock* blocks, int64_t n) override {
-    copy_blocks_cuda(stream_, dst, src, blocks, n);
-  }
-
-  void exchange_begin() override { begin_collective(); }
-  void exchange_end() override { end_collective(); }
-
-  void do_barrier() override {
-    wait_stream(compute_);
-    synchronize();
-    if (world() > 1) MPI_CHECK(MPI_Barrier(mpi_));
-  }
-
- private:
   // The wait poller (any thread that waits on a stream): on an asynchronous NCCL
   // error, abort the communicator once and throw. Later calls throw the same error.
   void poll_async_error() {
