@@ -261,17 +261,24 @@ void* Communicator::scratch(int slot, size_t bytes) {
   return b.data();
 }
 
+const std::vector<int64_t>& Communicator::hop1_counts(const int64_t* send_counts) {
+  NCF_CHECK(exchange_ == ExchangeKind::kTwoHop, "hop1_counts needs the two-hop exchange");
+  const int N = N_, L = L_;
+  // Local peer j gets N counts, what this rank sends to (m, j) for every node m;
+  // h1r_[i·N + m] is then what (n, i) sends to (m, l).
+  h1s_.resize(size_t(L) * N);
+  h1r_.resize(size_t(L) * N);
+  for (int j = 0; j < L; ++j)
+    for (int m = 0; m < N; ++m) h1s_[size_t(j) * N + m] = send_counts[m * L + j];
+  group_exchange_counts(CommGroup::kNode, h1s_.data(), h1r_.data(), N);
+  return h1r_;
+}
+
 void Communicator::two_hop_all_to_all_v(const void* send, const int64_t* sc, const int64_t* sd,
                                         void* recv, const int64_t* rc, const int64_t* rd, DType t) {
   const int N = N_, L = L_, n = rank_ / L, l = rank_ % L;
   const int64_t es = int64_t(dtype_size(t));
-  // Hop 1's sizes: local peer j gets N counts, what this rank sends to (m, j) for
-  // every node m; h1r_[i·N + m] is then what (n, i) sends to (m, l).
-  h1s_.resize(size_t(L) * N);
-  h1r_.resize(size_t(L) * N);
-  for (int j = 0; j < L; ++j)
-    for (int m = 0; m < N; ++m) h1s_[size_t(j) * N + m] = sc[m * L + j];
-  group_exchange_counts(CommGroup::kNode, h1s_.data(), h1r_.data(), N);
+  hop1_counts(sc);
   for (auto* v : {&ac_, &ad_, &bc_, &bd_}) v->assign(size_t(L), 0);
   for (auto* v : {&cc_, &cd_, &xc_, &xd_}) v->assign(size_t(N), 0);
   // A: hop 1's send buffer, [peer j][node m]; B: its receive buffer, [source i][node m];
@@ -379,15 +386,10 @@ void Communicator::two_hop_all_to_all_v(const void* send, const int64_t* sc, con
 
 void Communicator::two_hop_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {
   const int N = N_, L = L_;
-  // Hop 1: local peer j gets what this rank sends to (m, j), m = 0..N-1; then
-  // h1r_[i·N + m] = what (n, i) sends to (m, l). Hop 2: rail peer m gets those L
-  // values for (m, l); what arrives from node m is recv_counts[m·L + i].
-  h1s_.resize(size_t(L) * N);
-  h1r_.resize(size_t(L) * N);
+  // Hop 1 as in all_to_all_v. Hop 2: rail peer m gets the L values h1r_ holds for
+  // (m, l); what arrives from node m is recv_counts[m·L + i].
+  hop1_counts(send_counts);
   h2s_.resize(size_t(N) * L);
-  for (int j = 0; j < L; ++j)
-    for (int m = 0; m < N; ++m) h1s_[size_t(j) * N + m] = send_counts[m * L + j];
-  group_exchange_counts(CommGroup::kNode, h1s_.data(), h1r_.data(), N);
   for (int m = 0; m < N; ++m)
     for (int i = 0; i < L; ++i) h2s_[size_t(m) * L + i] = h1r_[size_t(i) * N + m];
   group_exchange_counts(CommGroup::kRail, h2s_.data(), recv_counts, L);

@@ -155,6 +155,10 @@ class Communicator {
                           const int64_t* send_displs, void* recv, const int64_t* recv_counts,
                           const int64_t* recv_displs, DType t);
   void group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k);
+  // Hop 1's sizes for send counts send_counts [W] (two-hop only; collective over
+  // the node): element i·N + m of the result is what local rank i sends to rank
+  // (m, this rank's local index). Valid until the next exchange.
+  const std::vector<int64_t>& hop1_counts(const int64_t* send_counts);
   // In place: buf[i] = sum over ranks of buf[i]. For a fixed W and implementation the
   // float result is reproducible run to run and identical on every rank (see the
   // implementation notes); it does depend on W, like any change of summation order.

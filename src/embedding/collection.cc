@@ -24,8 +24,7 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   layout_ = make_key_layout(plan, &lt_);
   const int T = num_tables();
   R_ = layout_.total_rows_on(rank_);
-  for (int u = 0; u < T; ++u)
-    if (layout_.placement[u] != Placement::kReplicated) R_routed_ += layout_.rows_on(u, rank_);
+  R_routed_ = routed_rows_on(rank_);
   rep_offset_.assign(T, 0);
   for (int t = 0; t < T; ++t)
     if (!local_ && plan.tables[t].placement == Placement::kReplicated) {
@@ -63,6 +62,13 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
     v->assign(W_, 0);
   n_.assign(T, 0);
   off_.assign(T, 0);
+}
+
+int64_t EmbeddingCollection::routed_rows_on(int rank) const {
+  int64_t rows = 0;
+  for (int u = 0; u < num_tables(); ++u)
+    if (layout_.placement[u] != Placement::kReplicated) rows += layout_.rows_on(u, rank);
+  return rows;
 }
 
 bool EmbeddingCollection::is_routed(int t) const {
@@ -376,22 +382,27 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
 
 // ---- node-level de-duplication (set_node_dedup) ------------------------------
 
-namespace {
-void scale(const std::vector<int64_t>& v, int64_t f, std::vector<int64_t>* out) {
-  out->resize(v.size());
-  for (size_t i = 0; i < v.size(); ++i) (*out)[i] = v[i] * f;
+void EmbeddingCollection::exchange_rows(CommGroup g, const float* send,
+                                        const std::vector<int64_t>& send_rows,
+                                        const std::vector<int64_t>& send_at, float* recv,
+                                        const std::vector<int64_t>& recv_rows,
+                                        const std::vector<int64_t>& recv_at) {
+  const int64_t D = plan_.D;
+  std::vector<int64_t>* out[4] = {&x1_, &x2_, &x3_, &x4_};
+  const std::vector<int64_t>* in[4] = {&send_rows, &send_at, &recv_rows, &recv_at};
+  for (int k = 0; k < 4; ++k) {
+    out[k]->resize(in[k]->size());
+    for (size_t i = 0; i < in[k]->size(); ++i) (*out[k])[i] = (*in[k])[i] * D;
+  }
+  group_all_to_all_v_on(comm_, g, ctx_.device, send, x1_.data(), x2_.data(), recv, x3_.data(),
+                        x4_.data(), DType::kFloat32);
 }
-}  // namespace
 
 void EmbeddingCollection::node_lookup_start() {
   const int N = N_, L = L_, l = comm_.group_index(CommGroup::kNode);
   const Device dev = ctx_.device;
   // Hop 1's sizes, then the three layouts' blocks.
-  h1s_.assign(size_t(L) * N, 0);
-  h1r_.assign(size_t(L) * N, 0);
-  for (int j = 0; j < L; ++j)
-    for (int m = 0; m < N; ++m) h1s_[size_t(j) * N + m] = send_counts_[size_t(m) * L + j];
-  comm_.group_exchange_counts(CommGroup::kNode, h1s_.data(), h1r_.data(), N);
+  h1r_ = comm_.hop1_counts(send_counts_.data());
   for (auto* v : {&ac_, &ad_, &bc_, &bd_}) v->assign(size_t(L), 0);
   for (auto* v : {&kc_, &kd_, &uc_, &urc_, &urd_}) v->assign(size_t(N), 0);
   pack_.clear();
@@ -441,12 +452,8 @@ void EmbeddingCollection::node_lookup_start() {
   for (int m = 0; m < N; ++m) {
     const int64_t k = kc_[size_t(m)], d = kd_[size_t(m)];
     if (k == 0) continue;
-    const int owner = m * L + l;
-    int64_t bound = 0;
-    for (int u = 0; u < num_tables(); ++u)
-      if (layout_.placement[u] != Placement::kReplicated) bound += layout_.rows_on(u, owner);
     unique_ids(ctx_, kkeys_.data() + d, k, nunique_.data() + d, ninv_.data() + d, &uc_[size_t(m)],
-               bound);
+               routed_rows_on(m * L + l));
   }
   // Hop 2: the unique rows to their owners, one message per node.
   comm_.group_exchange_counts(CommGroup::kRail, uc_.data(), urc_.data(), 1);
@@ -464,13 +471,8 @@ void EmbeddingCollection::node_lookup_gather() {
   const int D = plan_.D;
   send_vec_.reserve(size_t(nr_) * D);
   gather_rows(ctx_, params_.data(), recv_rows_.data(), send_vec_.data(), R_routed_, nr_, D);
-  scale(urc_, D, &x1_);
-  scale(urd_, D, &x2_);
-  scale(uc_, D, &x3_);
-  scale(kd_, D, &x4_);
   nvec_.reserve(size_t(nb_) * D);
-  group_all_to_all_v_on(comm_, CommGroup::kRail, ctx_.device, send_vec_.data(), x1_.data(),
-                        x2_.data(), nvec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  exchange_rows(CommGroup::kRail, send_vec_.data(), urc_, urd_, nvec_.data(), uc_, kd_);
 }
 
 void EmbeddingCollection::node_lookup_finish() {
@@ -486,13 +488,8 @@ void EmbeddingCollection::node_lookup_finish() {
   }
   bvec_.reserve(size_t(nb_) * D);
   copy_blocks(bvec_.data(), kvec_.data(), regroup_, size_t(D) * 4, true);
-  scale(bc_, D, &x1_);
-  scale(bd_, D, &x2_);
-  scale(ac_, D, &x3_);
-  scale(ad_, D, &x4_);
   avec_.reserve(size_t(nu_) * D);
-  group_all_to_all_v_on(comm_, CommGroup::kNode, ctx_.device, bvec_.data(), x1_.data(), x2_.data(),
-                        avec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  exchange_rows(CommGroup::kNode, bvec_.data(), bc_, bd_, avec_.data(), ac_, ad_);
   recv_vec_.reserve(size_t(nu_) * D);
   copy_blocks(recv_vec_.data(), avec_.data(), pack_, size_t(D) * 4, true);
 }
@@ -503,13 +500,8 @@ void EmbeddingCollection::node_gradients_start() {
   // carrying ranks, then each node's gradients summed per key before hop 2.
   avec_.reserve(size_t(nu_) * D);
   copy_blocks(avec_.data(), recv_vec_.data(), pack_, size_t(D) * 4, false);
-  scale(ac_, D, &x1_);
-  scale(ad_, D, &x2_);
-  scale(bc_, D, &x3_);
-  scale(bd_, D, &x4_);
   bvec_.reserve(size_t(nb_) * D);
-  group_all_to_all_v_on(comm_, CommGroup::kNode, ctx_.device, avec_.data(), x1_.data(), x2_.data(),
-                        bvec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  exchange_rows(CommGroup::kNode, avec_.data(), ac_, ad_, bvec_.data(), bc_, bd_);
   kvec_.reserve(size_t(nb_) * D);
   copy_blocks(kvec_.data(), bvec_.data(), regroup_, size_t(D) * 4, false);
   nvec_.reserve(size_t(nb_) * D);
@@ -519,22 +511,14 @@ void EmbeddingCollection::node_gradients_start() {
     const int64_t k = kc_[size_t(m)], d = kd_[size_t(m)];
     if (k == 0) continue;
     const int owner = m * L_ + l;
-    int64_t bound = 0;
-    for (int u = 0; u < num_tables(); ++u)
-      if (layout_.placement[u] != Placement::kReplicated) bound += layout_.rows_on(u, owner);
     int64_t nu = 0;
     sort_reduce_rows(ctx_, kkeys_.data() + d, kvec_.data() + d * D, k, D, nrows_.data() + d,
-                     nvec_.data() + d * D, &nu, bound);
+                     nvec_.data() + d * D, &nu, routed_rows_on(owner));
     NCF_CHECK(nu == uc_[size_t(m)], "embedding backward (node de-duplication): ", nu,
               " unique rows for rank ", owner, ", ", uc_[size_t(m)], " in the forward");
   }
-  scale(uc_, D, &x1_);
-  scale(kd_, D, &x2_);
-  scale(urc_, D, &x3_);
-  scale(urd_, D, &x4_);
   send_vec_.reserve(size_t(nr_) * D);  // gradients this rank owns
-  group_all_to_all_v_on(comm_, CommGroup::kRail, ctx_.device, nvec_.data(), x1_.data(), x2_.data(),
-                        send_vec_.data(), x3_.data(), x4_.data(), DType::kFloat32);
+  exchange_rows(CommGroup::kRail, nvec_.data(), uc_, kd_, send_vec_.data(), urc_, urd_);
 }
 
 std::vector<float> EmbeddingCollection::gather_table(int t) {

@@ -135,6 +135,12 @@ class EmbeddingCollection {
   // device; `reverse` swaps each block's source and destination.
   void copy_blocks(void* dst, const void* src, const std::vector<RowBlock>& blocks,
                    size_t row_bytes, bool reverse);
+  // group_all_to_all_v of rows of D floats: counts and offsets given in rows.
+  void exchange_rows(CommGroup g, const float* send, const std::vector<int64_t>& send_rows,
+                     const std::vector<int64_t>& send_at, float* recv,
+                     const std::vector<int64_t>& recv_rows, const std::vector<int64_t>& recv_at);
+  // Rows of the routed tables that `rank` holds: the leading flat rows there.
+  int64_t routed_rows_on(int rank) const;
 
   EmbeddingPlan plan_;
   Communicator& comm_;
@@ -173,8 +179,8 @@ class EmbeddingCollection {
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
   // Node-level de-duplication (N nodes of L ranks; this rank (n, l)). Hop-1
-  // counts: h1s_[j·N + m] keys this rank asks of (m, j); h1r_[i·N + m] keys that
-  // (n, i) asks of (m, l), which this rank carries. Layouts of hop 1: "A"
+  // counts (Communicator::hop1_counts): h1r_[i·N + m] keys that (n, i) asks of
+  // (m, l), which this rank carries. Layouts of hop 1: "A"
   // [local peer j][node m] on the source (ac_/ad_ per peer), "B" [source i][node
   // m] on the carrying rank (bc_/bd_ per source), and "K" [node m][source i],
   // each node's nb keys contiguous from kd_[m] (kc_[m] of them). uc_[m] unique
@@ -182,8 +188,8 @@ class EmbeddingCollection {
   bool node_dedup_ = false;
   int N_ = 1, L_ = 1;
   int64_t nb_ = 0;
-  std::vector<int64_t> h1s_, h1r_, ac_, ad_, bc_, bd_, kc_, kd_, uc_, urc_, urd_;
-  std::vector<int64_t> x1_, x2_, x3_, x4_;  // one exchange's counts and displacements × D
+  std::vector<int64_t> h1r_, ac_, ad_, bc_, bd_, kc_, kd_, uc_, urc_, urd_;
+  std::vector<int64_t> x1_, x2_, x3_, x4_;  // exchange_rows' counts and displacements × D
   std::vector<RowBlock> pack_, regroup_;    // owner order -> A; B -> K
   Buffer<int32_t> akeys_, bkeys_, kkeys_, nunique_, nrows_;
   Buffer<int64_t> ninv_;
