@@ -62,20 +62,27 @@ std::string self_exe() {
   return std::string(buf, size_t(n));
 }
 
-class TwoHopMpi : public ::testing::TestWithParam<int> {};
+class TwoHopMpi : public ::testing::TestWithParam<int> {
+ protected:
+  // This binary's worker tests `worker`.* on np ranks under mpirun: they must all
+  // pass; returns how many times `line` appears in the job's output.
+  static int run_workers(int np, const std::string& worker, const std::string& line) {
+    test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
+                                  " " + self_exe() + " --gtest_filter=" + worker + ".*");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
+    int n = 0;
+    for (size_t p = r.output.find(line); p != std::string::npos; p = r.output.find(line, p + 1))
+      ++n;
+    if (n == 0) ADD_FAILURE() << "no '" << line << "' in:\n" << r.output;
+    return n;
+  }
+};
 
 TEST_P(TwoHopMpi, ReceiveBuffersMatchFlatByteForByte) {
   const int np = GetParam();
-  test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
-                                " " + self_exe() + " --gtest_filter=TwoHopWorker.*");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
   // Every declared map ran on every rank.
-  int maps = 0;
-  for (size_t p = r.output.find("two-hop worker: map done"); p != std::string::npos;
-       p = r.output.find("two-hop worker: map done", p + 1))
-    ++maps;
-  EXPECT_EQ(maps, np == 4 ? 4 : 2 * 6) << r.output;
+  EXPECT_EQ(run_workers(np, "TwoHopWorker", "two-hop worker: map done"), np == 4 ? 4 : 2 * 6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TwoHopMpi, ::testing::Values(4, 6));
@@ -86,15 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TwoHopMpi, ::testing::Values(4, 6));
 // within float tolerance of them and repeats itself bit for bit.
 TEST_P(TwoHopMpi, CollectionStepsMatchFlat) {
   const int np = GetParam();
-  test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
-                                " " + self_exe() + " --gtest_filter=TwoHopCollectionWorker.*");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
-  int done = 0;
-  for (size_t p = r.output.find("collection worker: done"); p != std::string::npos;
-       p = r.output.find("collection worker: done", p + 1))
-    ++done;
-  EXPECT_EQ(done, np) << r.output;
+  EXPECT_EQ(run_workers(np, "TwoHopCollectionWorker", "collection worker: done"), np);
 }
 
 // NCF_TWO_HOP_REAL_NODES=1: the workers use the nodes MPI found (ranks on several
