@@ -41,13 +41,21 @@ std::string gib(double b) {
 
 }  // namespace
 
+namespace {
+// Samples one rank looks up per step (rounded up): the planners' lookup count.
+int64_t samples_per_rank(const TrainConfig& cfg, int W) {
+  const int S = cfg.num_neg + 1;
+  return (cfg.batch_size / S) * S / std::max(1, W) + 1;
+}
+}  // namespace
+
 EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int W) {
   PlanRequest req;
   req.D = cfg.num_factors + cfg.layers[0] / 2;
   req.W = W;
   req.tables = {{"user", int64_t(meta.num_users), Placement::kRowWise, 0, 1, 0.01f},
                 {"item", int64_t(meta.num_items), Placement::kRowWise, 0, 2, 0.01f}};
-  req.lookups_per_rank = (cfg.batch_size / (cfg.num_neg + 1)) * (cfg.num_neg + 1) / W + 1;
+  req.lookups_per_rank = samples_per_rank(cfg, W);
   req.optimizer = parse_embedding_optimizer(cfg.embedding_optimizer);
   req.forced = cfg.shard_plan;
   req.dedup = cfg.dedup;
@@ -259,7 +267,7 @@ void Trainer::choose_exchange_across_nodes() {
   const int W = comm_.world();
   const int S = cfg_.num_neg + 1;
   // Lookups per rank and step: one user row per positive, one item row per sample.
-  const int64_t samples = (cfg_.batch_size / S) * S / std::max(1, W) + 1;
+  const int64_t samples = samples_per_rank(cfg_, W);
   bool routed = false;
   std::vector<std::pair<int64_t, int64_t>> tables;  // rows, lookups of the routed tables
   for (const TableSpec& t : plan_.tables)
