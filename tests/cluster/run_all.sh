@@ -18,6 +18,8 @@ tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(test_sim_cluster test_mpirun test_slurm test_host_loss test_two_hop)
 # shellcheck source=tests/cluster/lib.sh
 source "$here/lib.sh"
+# The hosts need ip and tc (iproute2), the Slurm tests Slurm and munge.
+if [ "$(id -u)" -eq 0 ]; then bash "$here/../slurm/setup.sh"; fi
 if ! why=$(cluster_check); then
   for t in "${tests[@]}"; do echo "cluster: skipped $t: $why"; done
   exit 0

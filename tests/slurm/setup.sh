@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the Slurm test needs (Debian's Slurm daemons, client and
-# munge); quiet when they are present. Separate from scripts/setup.sh: training
-# does not need Slurm.
+# Installs what the Slurm tests and the simulated cluster (tests/cluster/) need:
+# Debian's Slurm daemons, client and munge, and iproute2 (ip, tc); quiet when
+# they are present. Separate from scripts/setup.sh: training needs none of them.
 set -euo pipefail
-packages=(slurmctld slurmd slurm-client munge)
+packages=(slurmctld slurmd slurm-client munge iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
