@@ -1,5 +1,6 @@
-// Raw inputs for ncf_prep: MovieLens rating files and the NCF paper's
-// preprocessed files. Parsing errors name the file, the line and the value.
+// Raw inputs for ncf_prep: the input formats, their detection, and the
+// MovieLens and NCF-paper sources (source_movielens.cc, source_ncf_paper.cc).
+// Parsing errors name the file, the line and the value.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,12 @@ enum class InputFormat {
 // "auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper".
 InputFormat parse_input_format(const std::string& name);
 const char* format_name(InputFormat f);
+bool is_movielens(InputFormat f);
+
+// The NCF paper's three files are PREFIX + these.
+constexpr const char* kNcfTrain = ".train.rating";
+constexpr const char* kNcfTest = ".test.rating";
+constexpr const char* kNcfNegative = ".test.negative";
 
 // Options shared by every source.
 struct PrepOptions {
