@@ -10,9 +10,12 @@ packages=(
   libopenblas-dev
   libgtest-dev
   libcli11-dev
+  zlib1g-dev
   nlohmann-json3-dev
   libonnx-dev
   python3 python3-matplotlib python3-numpy
+  # tests/tfmg/make_tfmg.py: TF Model Garden shards (protobuf runtime, CRC-32C)
+  python3-protobuf python3-crcmod
 )
 # The export test runs ONNX Runtime under Node (tests/onnx/install.sh): Debian's
 # Node and npm unless the machine has its own.

@@ -5,7 +5,9 @@
 // (onnxruntime-node) on 10,000 random pairs and compared with ncf_recommend
 // --pairs and with a naive double-precision loop over the checkpoint's files,
 // inline and with external data; the NumPy files read back byte for byte and
-// used by NumPy to recompute the scores; bad input named by path or flag.
+// used by NumPy to recompute the scores; string ids of a CSV interaction log
+// as NumPy bytes (or offsets and bytes), mapped back to rows by NumPy; bad
+// input named by path or flag.
 #include <gtest/gtest.h>
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
@@ -391,6 +393,68 @@ TEST_F(Export, BadInputIsNamed) {
   expect_fail(run(bin("ncf_export") + " --checkpoint " + t.file("ck") + " --format onnx --output " +
                   t.file("m.onnx")),
               "item.rows.f32");
+}
+
+// A CSV interaction log's string ids: user_ids.npy / item_ids.npy hold them as
+// NumPy bytes, row by row as the dataset's maps; NumPy reads them back, maps
+// the ids ncf_recommend wrote to rows and recomputes the scores. One very
+// long id makes the fixed width wasteful: that map comes as offsets and bytes.
+TEST(ExportIds, StringIdsAsNumpyArrays) {
+  TempDir t;
+  const std::string long_item = "sku-" + std::string(40000, 'L');
+  std::string text = "user,item,time\n";
+  std::mt19937 gen(4);
+  for (int u = 0; u < 120; ++u)
+    for (int k = 0; k < 6; ++k) {
+      const int i = int(gen() % 40);
+      text += "\"u," + std::to_string(u) + "\"," +
+              (i == 7 ? long_item : "\"it\"\"em " + std::to_string(i) + "\"") + "," +
+              std::to_string(k) + "\n";
+    }
+  test::write_file(t.file("log.csv"), text);
+  auto r = run(bin("ncf_prep") + " --input " + t.file("log.csv") +
+               " --format csv --columns user=user,item=item,timestamp=time --eval_negatives 5 "
+               "--output " +
+               t.file("data") + " --progress off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(bin("ncf_dist") + " --data_dir " + t.file("data") +
+          " --batch_size 100 --train_epochs 1 --threads 1 --layers 16,8 --num_factors 4 "
+          "--progress off --checkpoint_dir " +
+          t.file("ck"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(bin("ncf_export") + " --checkpoint " + t.file("ck") + " --format npy --output " +
+          t.file("npy") + " --data_dir " + t.file("data"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(t.file("npy/user_ids.npy")));
+  EXPECT_FALSE(std::filesystem::exists(t.file("npy/item_ids.npy")));
+  EXPECT_TRUE(std::filesystem::exists(t.file("npy/item_ids_offsets.npy")));
+  // NumPy's view of the ids equals the dataset's maps, in row order.
+  r =
+      run("/usr/bin/python3 -c 'import numpy as np, sys; d = sys.argv[1]; "
+          "u = np.load(d + \"/user_ids.npy\"); assert u.dtype.kind == \"S\", u.dtype; "
+          "o = np.load(d + \"/item_ids_offsets.npy\"); b = np.load(d + \"/item_ids_bytes.npy\"); "
+          "items = [b[o[k]:o[k + 1]].tobytes() for k in range(len(o) - 1)]; "
+          "print(len(u), u[0].decode(), u[-1].decode(), len(items), items[0].decode(), "
+          "max(len(x) for x in items))' " +
+          t.file("npy"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Users "u,0" .. "u,119" in byte order: "u,0", "u,1", "u,10", ... "u,99".
+  EXPECT_EQ(r.output, "120 u,0 u,99 40 it\"em 0 40004\n");
+  // Pairs by string id, scored by ncf_recommend, recomputed by NumPy.
+  std::string pairs = "user,item\n";
+  for (int k = 0; k < 200; ++k) {
+    const int i = int(gen() % 40);
+    pairs += "\"u," + std::to_string(gen() % 120) + "\"," +
+             (i == 7 ? long_item : "\"it\"\"em " + std::to_string(i) + "\"") + "\n";
+  }
+  test::write_file(t.file("pairs.csv"), pairs);
+  r = run(bin("ncf_recommend") + " --checkpoint " + t.file("ck") + " --data_dir " + t.file("data") +
+          " --threads 1 --pairs " + t.file("pairs.csv") + " --output " + t.file("rec.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+          t.file("npy") + " " + t.file("rec.csv"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("check_npy: 200 pairs"), std::string::npos) << r.output;
 }
 
 // ncf_export's peak resident memory, measured by the kernel (getrusage of the

@@ -6,7 +6,9 @@
 //    checkpoint's files with a naive loop: every pair's score, every user's
 //    top K by a full sort;
 //  - bad input: unknown ids, malformed pairs files, another dataset's
-//    checkpoint, a missing checkpoint; each named with its file and line.
+//    checkpoint, a missing checkpoint; each named with its file and line;
+//  - original ids in and out: MovieLens integer ids, and string ids of a CSV
+//    interaction log (quoted in and out where they hold commas or quotes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -356,6 +358,133 @@ TEST(RecommendIds, MovieLensIdsInAndOut) {
   r = run(base + "--users 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--users entry 1: user 1 is not in the dataset"), std::string::npos)
+      << r.output;
+}
+
+// RFC 4180 rows of a small text, written here so the check does not lean on
+// the reader under test: quoted fields, "" for a quote, line breaks inside quotes.
+std::vector<std::vector<std::string>> quoted_csv_rows(const std::string& text) {
+  std::vector<std::vector<std::string>> rows(1, std::vector<std::string>(1));
+  bool quoted = false;
+  for (size_t k = 0; k < text.size(); ++k) {
+    const char c = text[k];
+    if (quoted) {
+      if (c == '"' && k + 1 < text.size() && text[k + 1] == '"') {
+        rows.back().back() += '"';
+        ++k;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        rows.back().back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      rows.back().emplace_back();
+    } else if (c == '\n') {
+      rows.emplace_back(1);
+    } else {
+      rows.back().back() += c;
+    }
+  }
+  if (rows.back() == std::vector<std::string>(1)) rows.pop_back();
+  return rows;
+}
+
+// A CSV interaction log keeps its string ids: users and items go in (quoted
+// where they hold a comma or a quote) and come out as the file's strings.
+TEST(RecommendIds, StringIdsInAndOut) {
+  TempDir d;
+  auto user = [](int u) {
+    return u % 3 == 0 ? "cust," + std::to_string(u) : "c\"" + std::to_string(u) + "\"x";
+  };
+  auto item = [](int i) {
+    return i % 4 == 0 ? "SKU " + std::to_string(i) + ", XL" : "sku-" + std::to_string(i);
+  };
+  auto quote = [](const std::string& s) {
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  std::string text = "user,item,time\n";
+  std::mt19937 gen(9);
+  std::set<std::string> items;
+  for (int u = 0; u < 30; ++u)
+    for (int k = 0; k < 10; ++k) {
+      const int i = int(gen() % 50);
+      items.insert(item(i));
+      text += quote(user(u)) + "," + quote(item(i)) + "," + std::to_string(k) + "\n";
+    }
+  test::write_file(d.file("log.csv"), text);
+  auto r = run(bin("ncf_prep") + " --input " + d.file("log.csv") +
+               " --format csv --columns user=user,item=item,timestamp=time --eval_negatives 5 "
+               "--output " +
+               d.file("data") + " --progress off");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(bin("ncf_dist") + " --data_dir " + d.file("data") +
+          " --batch_size 100 --train_epochs 1 --threads 1 --progress off --checkpoint_dir " +
+          d.file("ck"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string base = bin("ncf_recommend") + " --checkpoint " + d.file("ck") + " --data_dir " +
+                           d.file("data") + " --threads 1 ";
+  // --users as a list: the quoted id holds a comma, the other a quote.
+  r = run(base + "--users '\"cust,3\",\"c\"\"4\"\"x\"' --topk 3 --output " + d.file("top.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string top = test::read_file(d.file("top.csv"));
+  EXPECT_NE(top.find("\"cust,3\",1,"), std::string::npos) << top;
+  EXPECT_NE(top.find("\"c\"\"4\"\"x\",1,"), std::string::npos) << top;
+  const auto rows = quoted_csv_rows(top);
+  ASSERT_EQ(rows.size(), 7u) << top;
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"user", "rank", "item", "score"}));
+  for (size_t k = 1; k < rows.size(); ++k) {
+    ASSERT_EQ(rows[k].size(), 4u) << top;
+    EXPECT_EQ(rows[k][0], k <= 3 ? "cust,3" : "c\"4\"x");
+    EXPECT_TRUE(items.count(rows[k][2])) << "not an item of the file: " << rows[k][2];
+  }
+  // A users file (header, quoted ids), and pairs by the file's ids: the pair
+  // scores as in the top list.
+  test::write_file(d.file("users.txt"), "user\n\"cust,3\"\n");
+  r = run(base + "--users " + d.file("users.txt") + " --topk 3 --output " + d.file("top2.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(quoted_csv_rows(test::read_file(d.file("top2.csv"))),
+            std::vector<std::vector<std::string>>(rows.begin(), rows.begin() + 4));
+  test::write_file(d.file("p.csv"),
+                   "user,item\n" + quote(rows[1][0]) + "," + quote(rows[1][2]) + "\n");
+  r = run(base + "--pairs " + d.file("p.csv") + " --output " + d.file("s.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto scored = quoted_csv_rows(test::read_file(d.file("s.csv")));
+  ASSERT_EQ(scored.size(), 2u);
+  EXPECT_EQ(scored[1], (std::vector<std::string>{rows[1][0], rows[1][2], rows[1][3]}));
+  // JSON lines carry the ids as JSON strings.
+  r = run(base + "--users '\"c\"\"4\"\"x\"' --topk 2 --format jsonl --output " +
+          d.file("top.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::stringstream ss(test::read_file(d.file("top.jsonl")));
+  std::string line;
+  int n = 0;
+  while (std::getline(ss, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["user"], "c\"4\"x");
+    EXPECT_TRUE(j["item"].is_string() && items.count(j["item"].get<std::string>())) << line;
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+  // Unknown ids and malformed lines are named.
+  r = run(base + "--users '\"cust,3\",nobody'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--users entry 2: user nobody is not in the dataset"), std::string::npos)
+      << r.output;
+  test::write_file(d.file("bad.csv"), "\"cust,3\",sku-1\n\"cust,3\",sku-1,extra\n");
+  r = run(base + "--pairs " + d.file("bad.csv"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(d.file("bad.csv") + ":2: expected 'user,item' (two ids)"),
+            std::string::npos)
+      << r.output;
+  test::write_file(d.file("bad2.csv"), "\"cust,3\",nothing\n");
+  r = run(base + "--pairs " + d.file("bad2.csv"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(d.file("bad2.csv") + ":1: item nothing is not in the dataset"),
+            std::string::npos)
       << r.output;
 }
 

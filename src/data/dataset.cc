@@ -3,7 +3,10 @@
 // negatives and duplicate masks. Every byte it writes is encoded by format.h.
 #include "data/dataset.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -43,6 +46,7 @@ nlohmann::json DatasetMeta::to_json() const {
   j["num_positives"] = num_positives;
   j["num_eval_users"] = num_eval_users;
   j["eval_negatives"] = eval_negatives;
+  if (eval_masks_given) j["eval_masks"] = "given";
   j["train_record_rows"] = train_record_rows;
   j["train_frame_bytes"] = train_frame_bytes;
   j["eval_frame_bytes"] = eval_frame_bytes;
@@ -63,11 +67,14 @@ nlohmann::json DatasetMeta::to_json() const {
       {"name", kPositivesFile}, {"bytes", positives_bytes}, {"crc32c", positives_crc32c}};
   if (!id_maps.empty()) {
     nlohmann::json maps;
-    for (size_t k = 0; k < id_maps.size(); ++k)
-      maps[k == 0 ? "user" : "item"] = {{"name", id_maps[k].name},
-                                        {"count", id_maps[k].count},
-                                        {"bytes", id_maps[k].bytes},
-                                        {"crc32c", id_maps[k].crc32c}};
+    for (size_t k = 0; k < id_maps.size(); ++k) {
+      nlohmann::json& e = maps[k == 0 ? "user" : "item"];
+      e = {{"name", id_maps[k].name},
+           {"count", id_maps[k].count},
+           {"bytes", id_maps[k].bytes},
+           {"crc32c", id_maps[k].crc32c}};
+      if (id_maps[k].strings) e["kind"] = "string";
+    }
     j["id_maps"] = maps;
   }
   return j;
@@ -107,6 +114,12 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
   m.num_positives = get_field<uint64_t>(j, "num_positives", path);
   m.num_eval_users = get_field<uint64_t>(j, "num_eval_users", path);
   m.eval_negatives = get_field<uint32_t>(j, "eval_negatives", path);
+  if (j.contains("eval_masks")) {
+    const auto masks = get_field<std::string>(j, "eval_masks", path);
+    if (masks != "given")
+      NCF_FAIL(path, ": metadata field 'eval_masks' is '", masks, "', expected 'given' or absent");
+    m.eval_masks_given = true;
+  }
   m.train_record_rows = get_field<uint32_t>(j, "train_record_rows", path);
   m.train_frame_bytes = get_field<uint64_t>(j, "train_frame_bytes", path);
   m.eval_frame_bytes = get_field<uint64_t>(j, "eval_frame_bytes", path);
@@ -144,9 +157,17 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
       info.count = get_field<uint64_t>(e, "count", path);
       info.bytes = get_field<uint64_t>(e, "bytes", path);
       info.crc32c = get_field<uint32_t>(e, "crc32c", path);
+      if (e.contains("kind")) {
+        const std::string kind = get_field<std::string>(e, "kind", path);
+        if (kind != "string" && kind != "int64")
+          NCF_FAIL(path, ": id_maps.", which, ".kind is '", kind, "' (expected int64 or string)");
+        info.strings = kind == "string";
+      }
       const uint64_t want = which[0] == 'u' ? m.num_users : m.num_items;
-      if (info.name.find('/') != std::string::npos || info.count != want ||
-          info.bytes != info.count * 8)
+      // int64: 8 bytes an id; string: the offsets and at least a byte an id.
+      const bool size_fits =
+          info.strings ? info.bytes >= info.count * 9 + 8 : info.bytes == info.count * 8;
+      if (info.name.find('/') != std::string::npos || info.count != want || !size_fits)
         NCF_FAIL(path, ": id_maps.", which, " (", info.name, ", ", info.count, " ids, ", info.bytes,
                  " bytes) does not fit ", want, " ", which, "s");
       m.id_maps.push_back(info);
@@ -309,6 +330,31 @@ void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask) {
   for (size_t j = 0; j < n; ++j) seen[uint64_t(uint32_t(items[j])) >> 6] = 0;
 }
 
+size_t given_mask_mismatch(const int32_t* items, size_t n, const uint8_t* mask) {
+  if (n == 0) return 0;
+  if (mask[0] != 1) return 0;
+  // Bitmap of the items whose counting entry was seen, as in duplicate_mask.
+  thread_local std::vector<uint64_t> counted;
+  int64_t top = 0;
+  for (size_t j = 0; j < n; ++j) {
+    if (items[j] < 0 || mask[j] > 1) return j;
+    top = std::max<int64_t>(top, items[j]);
+  }
+  if (counted.size() < size_t(top / 64 + 1)) counted.resize(size_t(top / 64 + 1), 0);
+  auto bit = [](int32_t i) { return 1ull << (uint32_t(i) & 63); };
+  auto word = [&](int32_t i) -> uint64_t& { return counted[uint32_t(i) >> 6]; };
+  size_t bad = n;
+  for (size_t j = 0; j < n && bad == n; ++j) {
+    if (!mask[j]) continue;
+    if (word(items[j]) & bit(items[j])) bad = j;  // a second counting entry
+    word(items[j]) |= bit(items[j]);
+  }
+  for (size_t j = 0; j < n && bad == n; ++j)
+    if (!mask[j] && !(word(items[j]) & bit(items[j]))) bad = j;  // no entry of it counts
+  for (size_t j = 0; j < n; ++j) word(items[j]) = 0;
+  return bad;
+}
+
 // ------------------------------------------------------------------ writer ---
 
 namespace {
@@ -435,6 +481,7 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   m.num_positives = plan.num_positives;
   m.num_eval_users = plan.num_users;
   m.eval_negatives = plan.eval_negatives;
+  m.eval_masks_given = plan.eval_masks_given;
   m.train_record_rows = plan.record_rows;
   m.dropped_users = plan.dropped_users;
   m.seed = plan.seed;
@@ -478,7 +525,7 @@ DatasetWriter::~DatasetWriter() {
 
 void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num_positives,
                              const int32_t* train, size_t num_train, const int32_t* eval,
-                             size_t num_eval) {
+                             size_t num_eval, const uint8_t* eval_mask) {
   Impl& w = *impl_;
   NCF_CHECK(!w.finished, "add_user after finish");
   NCF_CHECK(user == w.next_user, "users must arrive in order: got ", user, ", expected ",
@@ -495,11 +542,18 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   for (size_t k = 0; k < num_eval; ++k)
     NCF_CHECK(eval[k] >= 0 && eval[k] < I, "user ", user, ": eval item ", eval[k],
               " out of range [0, ", I, ")");
+  NCF_CHECK((eval_mask != nullptr) == w.plan.eval_masks_given, "user ", user,
+            ": an eval mask must be given exactly when the plan says eval_masks_given");
+  if (eval_mask) {
+    const size_t bad = given_mask_mismatch(eval, num_eval, eval_mask);
+    NCF_CHECK(bad == num_eval, "user ", user, ": given eval mask is inconsistent at position ", bad,
+              " (item ", bad < num_eval ? eval[bad] : -1, ")");
+  }
   ++w.next_user;
 
   if (w.eval_shard + 1 < w.eval_shards && user >= w.eval_first(w.eval_shard + 1))
     w.open_eval_shard(w.eval_shard + 1);
-  encode_eval_record(user, eval, num_eval, &w.payload);
+  encode_eval_record(user, eval, num_eval, &w.payload, eval_mask);
   w.eval_out->append(w.payload);
 
   w.positives->add(positives, num_positives);
@@ -589,6 +643,38 @@ DatasetMeta DatasetWriter::finish() {
   w.positives->finish(&w.meta.positives_bytes, &w.meta.positives_crc32c);
   w.positives.reset();
   w.write_train_shards();
+  if (w.plan.user_strings || w.plan.item_strings) {
+    NCF_CHECK(w.plan.user_strings && w.plan.item_strings && !w.plan.raw_users && !w.plan.raw_items,
+              "string id maps: give both, and no int64 maps");
+    const std::pair<const char*, const StringList*> maps[] = {
+        {kUserIdsStrFile, w.plan.user_strings}, {kItemIdsStrFile, w.plan.item_strings}};
+    for (const auto& [name, ids] : maps) {
+      const uint64_t want = name == kUserIdsStrFile ? w.plan.num_users : w.plan.num_items;
+      NCF_CHECK(ids->size() == want && ids->offsets.front() == 0 &&
+                    ids->offsets.back() == ids->bytes.size(),
+                name, ": ", ids->size(), " ids for ", want);
+      for (size_t d = 0; d < ids->size(); ++d)
+        NCF_CHECK(!(*ids)[d].empty() && (d == 0 || (*ids)[d - 1] < (*ids)[d]), name,
+                  ": ids must be non-empty and strictly ascending (entry ", d, ")");
+      // The offsets as they are in memory (little-endian hosts), then the bytes.
+      const std::string path = w.dir + "/" + name, tmp = path + ".tmp";
+      const size_t head = ids->offsets.size() * 8;
+      {
+        FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+        f.write_at(0, ids->offsets.data(), head);
+        f.write_at(int64_t(head), ids->bytes.data(), ids->bytes.size());
+        f.sync();
+        f.close();
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        NCF_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+      const uint32_t crc =
+          crc32c_extend(crc32c(ids->offsets.data(), head), ids->bytes.data(), ids->bytes.size());
+      IdMapInfo info{name, true, ids->size(), head + ids->bytes.size(), crc};
+      w.meta.id_maps.push_back(info);
+    }
+    sync_directory(w.dir);
+  }
   if (w.plan.raw_users || w.plan.raw_items) {
     NCF_CHECK(w.plan.raw_users && w.plan.raw_items, "id maps: give both or neither");
     const std::pair<const char*, const std::vector<int64_t>*> maps[] = {
@@ -600,7 +686,7 @@ DatasetMeta DatasetWriter::finish() {
       const std::string bytes(reinterpret_cast<const char*>(ids->data()), ids->size() * 8);
       write_file_atomic(w.dir + "/" + name, bytes);
       w.meta.id_maps.push_back(
-          {name, ids->size(), bytes.size(), crc32c(bytes.data(), bytes.size())});
+          {name, false, ids->size(), bytes.size(), crc32c(bytes.data(), bytes.size())});
     }
   }
   w.meta.save(w.dir);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "data/string_list.h"
+
 namespace ncf {
 
 // 2: metadata.json carries its own crc32c and positives.bin is checked against
@@ -20,17 +22,34 @@ constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
 
-// An id map file: entry d (int64, little-endian) is the original id of dense
-// id d, ascending. MovieLens sources write user_ids.i64 and item_ids.i64; the
-// other sources' ids are dense already and have none.
+// An id map file gives the original id of each dense id, in one of two kinds:
+//
+//  int64 (user_ids.i64, item_ids.i64; MovieLens): entry d (int64,
+//    little-endian) is the original id of dense id d, strictly ascending;
+//    the file is count x 8 bytes.
+//  string (user_ids.str, item_ids.str; CSV interaction logs, whose ids are
+//    arbitrary non-empty byte strings):
+//        uint64 offsets[count + 1]   little-endian; offsets[0] = 0
+//        uint8  bytes[offsets[count]]
+//    string d is bytes[offsets[d], offsets[d + 1]); the strings are non-empty
+//    and strictly ascending bytewise (memcmp order, a prefix first), so a
+//    lookup is a binary search. The file is 8 (count + 1) + offsets[count] bytes.
+//
+// metadata.json lists both maps under "id_maps" with their size and CRC-32C
+// (and "kind": "string" for string maps; no kind means int64), and every
+// reader checks them (id_map.h). The other sources' ids are dense already and
+// have no map.
 struct IdMapInfo {
-  std::string name;    // "user_ids.i64" or "item_ids.i64"
-  uint64_t count = 0;  // num_users or num_items
+  std::string name;      // "user_ids.i64", "item_ids.str", ...
+  bool strings = false;  // the string layout
+  uint64_t count = 0;    // num_users or num_items
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
 };
 constexpr const char* kUserIdsFile = "user_ids.i64";
 constexpr const char* kItemIdsFile = "item_ids.i64";
+constexpr const char* kUserIdsStrFile = "user_ids.str";
+constexpr const char* kItemIdsStrFile = "item_ids.str";
 
 struct ShardInfo {
   std::string name;  // file name inside the dataset directory
@@ -47,14 +66,18 @@ struct DatasetMeta {
   // Empty for a sealed metadata.json; for a version 1 dataset, the warning
   // that its metadata cannot be checked (each program prints it once).
   std::string unsealed_warning;
-  std::string dataset_id;          // random-looking id tying shards to this metadata
-  std::string source;              // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
-  uint64_t num_users = 0;          // U: user ids are 0 .. U-1
-  uint64_t num_items = 0;          // I: item ids are 0 .. I-1
-  uint64_t num_train = 0;          // positive training pairs
-  uint64_t num_positives = 0;      // entries of positives.bin (train + test)
-  uint64_t num_eval_users = 0;     // eval records (one per user)
-  uint32_t eval_negatives = 0;     // E
+  std::string dataset_id;       // random-looking id tying shards to this metadata
+  std::string source;           // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
+  uint64_t num_users = 0;       // U: user ids are 0 .. U-1
+  uint64_t num_items = 0;       // I: item ids are 0 .. I-1
+  uint64_t num_train = 0;       // positive training pairs
+  uint64_t num_positives = 0;   // entries of positives.bin (train + test)
+  uint64_t num_eval_users = 0;  // eval records (one per user)
+  uint32_t eval_negatives = 0;  // E
+  // false: every eval mask is duplicate_mask() of its list (checked equal);
+  // true ("eval_masks": "given"): a source's own masks (TF Model Garden's),
+  // checked with given_mask_mismatch() instead.
+  bool eval_masks_given = false;
   uint32_t train_record_rows = 0;  // positives per train record
   uint64_t train_frame_bytes = 0;  // every train record frame has this size
   uint64_t eval_frame_bytes = 0;   // every eval record frame has this size
@@ -96,7 +119,8 @@ struct DatasetPlan {
   uint64_t num_train = 0;      // total training pairs that will be added
   uint64_t num_positives = 0;  // total positives (train + test) that will be added
   uint32_t eval_negatives = 999;
-  uint32_t record_rows = 65536;  // positives per train record
+  bool eval_masks_given = false;  // add_user receives each list's mask
+  uint32_t record_rows = 65536;   // positives per train record
   uint32_t num_shards = 4;
   uint64_t seed = 0;
   uint64_t dropped_users = 0;
@@ -106,6 +130,10 @@ struct DatasetPlan {
   // user_ids.i64 and item_ids.i64; null when the dense ids are the original ones.
   const std::vector<int64_t>* raw_users = nullptr;
   const std::vector<int64_t>* raw_items = nullptr;
+  // Or string ids (ascending bytewise, non-empty), written as user_ids.str and
+  // item_ids.str.
+  const StringList* user_strings = nullptr;
+  const StringList* item_strings = nullptr;
 };
 
 // Streams a dataset to disk with memory bounded by the shuffle buffer, not by
@@ -120,9 +148,13 @@ class DatasetWriter {
   // Users arrive in id order 0, 1, …, U-1, each exactly once.
   //  positives: every item of the user (train + test), sorted ascending, distinct;
   //  train:     the user's training items, any order;
-  //  eval:      1 + E items, eval[0] the held-out positive.
+  //  eval:      1 + E items, eval[0] the held-out positive;
+  //  eval_mask: null, and the writer stores duplicate_mask(eval); or, when the
+  //             plan says eval_masks_given, the source's mask (1 = counts),
+  //             stored as is once given_mask_mismatch() accepts it.
   void add_user(uint64_t user, const int32_t* positives, size_t num_positives, const int32_t* train,
-                size_t num_train, const int32_t* eval, size_t num_eval);
+                size_t num_train, const int32_t* eval, size_t num_eval,
+                const uint8_t* eval_mask = nullptr);
   // Shuffles and writes the train shards, then metadata.json. Returns the metadata.
   DatasetMeta finish();
 
@@ -141,6 +173,14 @@ void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_pos
 
 // Duplicate mask of an eval list: mask[j] = 0 when items[j] equals an earlier item.
 void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask);
+
+// Checks a mask a source gave with its list (items[0] the positive): the
+// entries that count (mask 1) are distinct, every item of the list has one
+// entry that counts, and the positive's is entry 0 — so each distinct negative
+// counts once and a negative equal to the positive never does, whichever
+// occurrence the source kept. Any such mask ranks exactly as duplicate_mask's.
+// Returns the first position that breaks the rule, or n when none does.
+size_t given_mask_mismatch(const int32_t* items, size_t n, const uint8_t* mask);
 
 struct VerifySummary {
   uint64_t train_records = 0, train_rows = 0, eval_records = 0, bytes = 0;

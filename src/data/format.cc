@@ -404,14 +404,19 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
   }
 }
 
-void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::string* payload) {
+void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::string* payload,
+                        const uint8_t* given_mask) {
   thread_local proto::EvalRecord rec;
   thread_local std::vector<uint8_t> mask;
   thread_local std::string bits;
-  mask.resize(n);
   bits.resize((n + 7) / 8);
-  duplicate_mask(items, n, mask.data());
-  pack_mask(mask.data(), n, bits.data());
+  if (given_mask) {
+    pack_mask(given_mask, n, bits.data());
+  } else {
+    mask.resize(n);
+    duplicate_mask(items, n, mask.data());
+    pack_mask(mask.data(), n, bits.data());
+  }
   rec.set_user(static_cast<uint32_t>(user));
   rec.set_items(reinterpret_cast<const char*>(items), n * 4);
   rec.set_dup_mask(bits);
@@ -439,6 +444,14 @@ void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uin
     if (items[k] < 0 || items[k] >= I)
       NCF_FAIL(path, " at byte offset ", offset, ": eval item ", k, " id ", items[k],
                " out of range [0, ", I, ")");
+  if (meta.eval_masks_given) {
+    const size_t bad = given_mask_mismatch(items, L, mask);
+    if (bad != L)
+      NCF_FAIL(path, " at byte offset ", offset, ": duplicate mask of user ", expected_user,
+               " does not match its items at position ", bad, " (item ", items[bad], ", mask ",
+               int(mask[bad]), ")");
+    return;
+  }
   want.resize(L);
   duplicate_mask(items, L, want.data());
   if (std::memcmp(want.data(), mask, L) != 0)

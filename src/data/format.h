@@ -158,11 +158,15 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
                          uint64_t expected_valid, const std::string& path, uint64_t offset,
                          int32_t* users, int32_t* items);
 
-// An eval record: the user's list of n = L items and its duplicate mask.
-void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::string* payload);
+// An eval record: the user's list of n = L items and its duplicate mask:
+// `mask` when given (1 = counts), else duplicate_mask(items).
+void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::string* payload,
+                        const uint8_t* mask = nullptr);
 
 // Decodes an eval record of global index `expected_user`: sizes, user id, item
-// ranges and that the duplicate mask matches the items.
+// ranges and that the duplicate mask matches the items (equal to
+// duplicate_mask(items), or, when meta.eval_masks_given, accepted by
+// given_mask_mismatch).
 void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t expected_user,
                         const std::string& path, uint64_t offset, int32_t* items, uint8_t* mask);
 

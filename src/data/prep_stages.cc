@@ -87,6 +87,13 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
   const uint64_t E = neg.count;
   NCF_CHECK(block->list_len == E + 1, "eval lists of ", block->list_len, " items for ", E,
             " negatives");
+  if (neg.given_mask) {
+    NCF_CHECK(neg.given, "eval masks are given without their negatives");
+    const uint8_t* from = neg.given_mask + block->first_user * block->list_len;
+    block->eval_mask.assign(from, from + block->num_users * block->list_len);
+  } else {
+    block->eval_mask.clear();
+  }
   if (neg.given) {
     for (uint64_t j = 0; j < block->num_users; ++j) {
       const int32_t* from = neg.given + (block->first_user + j) * E;
@@ -111,9 +118,11 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
 
 void write_stage(const UserBlock& block, DatasetWriter* writer) {
   for (uint64_t j = 0; j < block.num_users; ++j)
-    writer->add_user(block.first_user + j, block.positives.data() + block.positive_off[j],
-                     block.num_positives(j), block.train.data() + block.train_off[j],
-                     block.num_train(j), block.eval.data() + j * block.list_len, block.list_len);
+    writer->add_user(
+        block.first_user + j, block.positives.data() + block.positive_off[j],
+        block.num_positives(j), block.train.data() + block.train_off[j], block.num_train(j),
+        block.eval.data() + j * block.list_len, block.list_len,
+        block.eval_mask.empty() ? nullptr : block.eval_mask.data() + j * block.list_len);
 }
 
 double PrepProgress::seconds() const {

@@ -38,6 +38,7 @@ struct UserBlock {
   std::vector<int32_t> positives;      // per user: sorted ascending, distinct
   std::vector<int32_t> train;          // per user: in the order they enter the shuffle
   std::vector<int32_t> eval;           // num_users x L: the held-out item, then E negatives
+  std::vector<uint8_t> eval_mask;      // num_users x L when the source gives masks, else empty
 
   int32_t* positives_of(uint64_t j) { return positives.data() + positive_off[j]; }
   int32_t* train_of(uint64_t j) { return train.data() + train_off[j]; }
@@ -67,9 +68,13 @@ struct EvalNegatives {
   const int32_t* given = nullptr;  // num_users x E when given, else drawn
   // Names user u in an error message (input file and raw id); may be empty.
   std::function<std::string(uint64_t u)> describe_user;
+  // num_users x L (1 = counts) when the source gives each list's duplicate mask
+  // too (TF Model Garden's), stored as is; else the writer computes them.
+  const uint8_t* given_mask = nullptr;
 };
 
-// Fills eval_of(j)[1 .. L) of every user of the block.
+// Fills eval_of(j)[1 .. L) of every user of the block, and its eval_mask when
+// the masks are given.
 void eval_negatives_stage(const EvalNegatives& negatives, int threads, UserBlock* block);
 
 // Hands the block's users to the writer in id order.

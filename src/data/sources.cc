@@ -33,6 +33,8 @@ const char* format_description(InputFormat f) {
       return "comma-separated userId,movieId,rating,timestamp (ratings.csv)";
     case InputFormat::kNcfPaper:
       return "NCF-paper files NAME.train.rating, NAME.test.rating, NAME.test.negative";
+    case InputFormat::kCsv:
+      return "an interaction log described by --columns";
     default:
       return "auto-detected";
   }
@@ -208,8 +210,9 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "ml-1m" || name == "ml-10m" || name == "ml-1m/ml-10m") return InputFormat::kMlDat;
   if (name == "ml-20m" || name == "ml-25m" || name == "ml-20m/ml-25m") return InputFormat::kMlCsv;
   if (name == "ncf-paper") return InputFormat::kNcfPaper;
+  if (name == "csv") return InputFormat::kCsv;
   NCF_FAIL("unknown input format \"", name,
-           "\" (expected auto, ml-100k, ml-1m, ml-10m, ml-20m, ml-25m or ncf-paper)");
+           "\" (expected auto, ml-100k, ml-1m, ml-10m, ml-20m, ml-25m, ncf-paper or csv)");
 }
 
 const char* format_name(InputFormat f) {
@@ -224,6 +227,8 @@ const char* format_name(InputFormat f) {
       return "ml-20m/ml-25m";
     case InputFormat::kNcfPaper:
       return "ncf-paper";
+    case InputFormat::kCsv:
+      return "csv";
   }
   return "?";
 }
@@ -232,6 +237,17 @@ InputFormat detect_format(const std::string& path, InputFormat want, std::string
   std::string dummy;
   if (!resolved) resolved = &dummy;
   struct stat st;
+  if (want == InputFormat::kCsv) {
+    // An interaction log is read as the user describes it (--columns): no sniffing.
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      NCF_FAIL("cannot open ", path, ": ", std::strerror(err));
+    }
+    if (S_ISDIR(st.st_mode))
+      NCF_FAIL(path, ": --format csv takes the interaction file itself, not a directory");
+    *resolved = path;
+    return InputFormat::kCsv;
+  }
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return detect_dir(path, want, resolved);
     return detect_file(path, want, resolved);

@@ -17,9 +17,10 @@ enum class InputFormat {
   kMlDat,     // ml-1m / ml-10m ratings.dat: user::item::rating::timestamp
   kMlCsv,     // ml-20m / ml-25m ratings.csv, header userId,movieId,rating,timestamp
   kNcfPaper,  // NAME.train.rating / NAME.test.rating / NAME.test.negative
+  kCsv,       // users' own interaction logs (source_csv.h); only when named, never detected
 };
 
-// "auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper".
+// "auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper", "csv".
 InputFormat parse_input_format(const std::string& name);
 const char* format_name(InputFormat f);
 bool is_movielens(InputFormat f);
@@ -44,6 +45,8 @@ struct PrepOptions {
 // Finds the format of `path` (a file, or a directory holding one known file, or
 // an NCF-paper prefix such as dir/ml-1m). Throws naming the path when unknown.
 // When `want` is not kAuto, checks that the file matches it and says so if not.
+// kCsv is never detected (a MovieLens ratings.csv stays MovieLens): with
+// want = kCsv the path must be a file, taken as it is.
 InputFormat detect_format(const std::string& path, InputFormat want, std::string* resolved);
 
 struct Rating {

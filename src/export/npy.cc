@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -69,6 +70,53 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
   sync_directory(parent.empty() ? "." : parent);
 }
 
+namespace {
+
+// String ids (user_ids.str) as NumPy arrays: one fixed-width bytes array
+// (dtype |S<w>, w the longest id, each id zero-padded) when that is at most
+// about twice the ids' bytes, else the map's own layout as two arrays,
+// NAME_offsets.npy (int64 [n + 1]) and NAME_bytes.npy (uint8), so one long id
+// cannot blow up the file.
+void export_string_ids(const std::string& dir, const std::string& name, const StringList& ids,
+                       nlohmann::json* files) {
+  const int64_t n = int64_t(ids.size());
+  size_t width = 1;
+  for (size_t d = 0; d < ids.size(); ++d) width = std::max(width, ids[d].size());
+  const std::string stem = name.substr(0, name.size() - 4);  // without .npy
+  if (uint64_t(n) * width <= 2 * ids.bytes.size() + (uint64_t(1) << 20)) {
+    const std::string dtype = "|S" + std::to_string(width);
+    write_npy(dir + "/" + name, dtype.c_str(), {n}, width, [&](const NpyAppend& append) {
+      std::string piece;
+      for (size_t d = 0; d < ids.size(); ++d) {
+        piece.append(ids[d].data(), ids[d].size());
+        piece.append(width - ids[d].size(), '\0');
+        if (piece.size() >= (size_t(1) << 20) || d + 1 == ids.size()) {
+          append(piece.data(), piece.size());
+          piece.clear();
+        }
+      }
+    });
+    (*files)[name] = {{"shape", {n}},
+                      {"dtype", "bytes" + std::to_string(width)},
+                      {"what",
+                       "the dataset's original id of each row (string ids as NumPy bytes, "
+                       "zero-padded to the longest)"}};
+    return;
+  }
+  const std::string offsets = stem + "_offsets.npy", bytes = stem + "_bytes.npy";
+  std::vector<int64_t> off(ids.offsets.begin(), ids.offsets.end());
+  write_npy(dir + "/" + offsets, "<i8", {n + 1}, off.data(), 8);
+  write_npy(dir + "/" + bytes, "|u1", {int64_t(ids.bytes.size())}, ids.bytes.data(), 1);
+  (*files)[offsets] = {{"shape", {n + 1}},
+                       {"dtype", "int64"},
+                       {"what", "row d's original id is " + bytes + "[offsets[d]:offsets[d + 1]]"}};
+  (*files)[bytes] = {{"shape", {int64_t(ids.bytes.size())}},
+                     {"dtype", "uint8"},
+                     {"what", "the string ids' bytes, one after another (see " + offsets + ")"}};
+}
+
+}  // namespace
+
 void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir) {
   std::filesystem::create_directories(dir);
   nlohmann::json files = nlohmann::json::object();
@@ -111,6 +159,10 @@ void export_npy(const TrainedModel& m, const std::string& dir, const std::string
     const IdMaps maps = load_id_maps(data_dir, meta);
     for (const auto& [name, map] :
          {std::pair{"user_ids.npy", &maps.user}, std::pair{"item_ids.npy", &maps.item}}) {
+      if (map->strings()) {
+        export_string_ids(dir, name, map->string_list(), &files);
+        continue;
+      }
       std::vector<int64_t> ids(size_t(map->size()));
       for (int64_t d = 0; d < map->size(); ++d) ids[size_t(d)] = map->raw(d);
       write_npy(dir + "/" + name, "<i8", {map->size()}, ids.data(), 8);

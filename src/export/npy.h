@@ -25,7 +25,8 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
 // [0, mf): the GMF factors, [mf, D): the MLP embedding), mlp_<l>_weight.npy [out×in] and
 // mlp_<l>_bias.npy [out] per tower layer, head_weight.npy [F] (GMF part first, then the last MLP
 // layer's), head_bias.npy [1], and manifest.json; with id maps (data_dir given and it has them)
-// user_ids.npy and item_ids.npy: the original id of each row.
+// user_ids.npy and item_ids.npy: the original id of each row (int64, or for string ids NumPy
+// bytes |S<w>; when fixed width would be wasteful, NAME_offsets.npy and NAME_bytes.npy instead).
 void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir);
 
 }  // namespace ncf

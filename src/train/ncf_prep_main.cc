@@ -11,6 +11,8 @@
 
 #include "common/check.h"
 #include "data/dataset.h"
+#include "data/source_csv.h"
+#include "data/source_tfmg.h"
 #include "data/sources.h"
 #include "data/synthetic.h"
 
@@ -47,6 +49,9 @@ int main(int argc, char** argv) {
       "  ncf_prep --synthetic ml-20m --output data/syn-ml-20m\n"
       "  ncf_prep --input ~/ml-20m --output data/ml-20m\n"
       "  ncf_prep --input ~/Data/ml-1m --format ncf-paper --output data/ncf-ml-1m\n"
+      "  ncf_prep --input log.csv.gz --format csv --columns user=uid,item=sku,timestamp=ts "
+      "--output data/log\n"
+      "  ncf_prep --input ~/ncf_data/ml-20m --format tfmg --output data/tfmg-ml-20m\n"
       "  ncf_prep --verify data/ml-20m"};
   std::string input, format = "auto", output, verify_dir, synthetic;
   ncf::PrepOptions opt;
@@ -55,13 +60,43 @@ int main(int argc, char** argv) {
   uint32_t eval_negatives = 0;
   uint64_t shuffle_mb = 256;
   std::string progress = "auto";
+  std::string csv_columns, csv_separator = ",", csv_header = "auto";
+  double min_rating = 0;
+  bool skip_bad_rows = false;
+  std::string tfmg_cycles = "all";
 
   app.add_option("--input", input,
-                 "MovieLens file or directory (u.data, ratings.dat, ratings.csv), or an NCF-paper "
-                 "prefix (DIR/ml-1m for ml-1m.train.rating, …)");
+                 "MovieLens file or directory (u.data, ratings.dat, ratings.csv), an NCF-paper "
+                 "prefix (DIR/ml-1m for ml-1m.train.rating, …), or a TF Model Garden NCF data "
+                 "directory (meta_data.json, training_cycle_*/, eval_data/), or with --format csv "
+                 "an interaction file (FILE or FILE.gz)");
   app.add_option("--format", format, "input format")
-      ->check(
-          CLI::IsMember({"auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper"}));
+      ->check(CLI::IsMember(
+          {"auto", "ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-25m", "ncf-paper", "tfmg", "csv"}));
+  auto* columns_opt =
+      app.add_option("--columns", csv_columns,
+                     "csv: user=C,item=C[,timestamp=C][,rating=C], each C a header name or a "
+                     "0-based position");
+  auto* separator_opt =
+      app.add_option("--separator", csv_separator,
+                     "csv: the field separator, one character (\\t or tab for TAB)")
+          ->capture_default_str();
+  auto* header_opt = app.add_option("--header", csv_header,
+                                    "csv: yes, no, or auto (see README: a header when the first "
+                                    "row's timestamp/rating fields are not times/numbers)")
+                         ->check(CLI::IsMember({"yes", "no", "auto"}))
+                         ->capture_default_str();
+  auto* min_rating_opt = app.add_option(
+      "--min_rating", min_rating,
+      "csv: only rows rated at least this are positives (the others are skipped and counted)");
+  auto* skip_opt = app.add_flag("--skip_bad_rows", skip_bad_rows,
+                                "csv: count and skip bad rows (reported, and counted in "
+                                "metadata.json) instead of stopping at the first");
+  app.add_option("--tfmg_cycles", tfmg_cycles,
+                 "tfmg: decode every training cycle and check each holds cycle 0's positives "
+                 "(all), or decode cycle 0 and only check the others' shard files exist (first)")
+      ->check(CLI::IsMember({"all", "first"}))
+      ->capture_default_str();
   app.add_option("--synthetic", synthetic,
                  "generate a synthetic dataset of a named shape: small, ml-1m, ml-20m, or custom "
                  "(then --users/--items/--interactions)");
@@ -106,7 +141,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--min_interactions", opt.min_interactions,
-                 "MovieLens: users with fewer interactions are dropped")
+                 "MovieLens and csv: users with fewer distinct items are dropped")
       ->capture_default_str()
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--progress", progress,
@@ -131,6 +166,10 @@ int main(int argc, char** argv) {
     const int modes = !input.empty() + !synthetic.empty() + !verify_dir.empty();
     if (modes != 1)
       NCF_FAIL("give exactly one of --input, --synthetic or --verify (got ", modes, ")");
+    if (format != "csv")
+      for (const CLI::Option* o :
+           {columns_opt, separator_opt, header_opt, min_rating_opt, skip_opt})
+        if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --format csv only");
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
       if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());
@@ -160,11 +199,28 @@ int main(int argc, char** argv) {
       print_meta_summary(m, output, elapsed());
       return 0;
     }
+    // TF Model Garden shards: named, or a directory that holds their layout.
+    if (format == "tfmg" || (format == "auto" && ncf::is_tfmg_dir(input))) {
+      opt.eval_negatives = eval_negatives;  // 0: as many as the data has
+      ncf::DatasetMeta m =
+          ncf::prepare_tfmg(input, output, opt, ncf::parse_tfmg_cycles(tfmg_cycles));
+      print_meta_summary(m, output, elapsed());
+      return 0;
+    }
     std::string resolved;
     ncf::InputFormat want = ncf::parse_input_format(format);
     ncf::InputFormat fmt = ncf::detect_format(input, want, &resolved);
     ncf::DatasetMeta m;
-    if (fmt == ncf::InputFormat::kNcfPaper) {
+    if (fmt == ncf::InputFormat::kCsv) {
+      ncf::CsvOptions csv;
+      csv.columns = csv_columns;
+      csv.separator = ncf::parse_csv_separator(csv_separator);
+      csv.header = ncf::parse_csv_header(csv_header);
+      if (min_rating_opt->count() > 0) csv.min_rating = min_rating;
+      csv.skip_bad_rows = skip_bad_rows;
+      opt.eval_negatives = eval_negatives ? eval_negatives : 999;
+      m = ncf::prepare_csv(resolved, csv, output, opt);
+    } else if (fmt == ncf::InputFormat::kNcfPaper) {
       opt.eval_negatives = eval_negatives ? eval_negatives : 99;
       m = ncf::prepare_ncf_paper(resolved, output, opt);
     } else {

@@ -1,7 +1,9 @@
 // ncf_recommend: the top-K items of users, or the scores of given pairs, from
 // a checkpoint, as one or many MPI ranks with the tables sharded as in
 // training. Ids in and out are the dataset's original ids when ncf_prep kept
-// its id maps (MovieLens), else its dense ids.
+// its id maps (MovieLens integer ids, CSV string ids), else its dense ids.
+// Lists of ids are read as CSV (csv_reader.h), so a string id holding a comma,
+// a quote or a line break is written, and may be given, quoted.
 //
 //   ncf_recommend --checkpoint ck --data_dir data --users all --topk 10 --output top.csv
 //   mpirun -np 2 ncf_recommend --checkpoint ck/step-000000000800 --data_dir data
@@ -22,7 +24,9 @@
 #include "common/cuda_context.h"
 #include "common/file_io.h"
 #include "common/partition.h"
+#include "data/csv_reader.h"
 #include "data/id_map.h"
+#include "data/text_input.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -115,15 +119,45 @@ bool parse_id(const std::string& s, int64_t* v) {
   return used == s.size();
 }
 
-// The dense id of user or item `raw`, or an error naming where it came from.
-int32_t dense_or_fail(const IdMap& map, int64_t raw, const char* what, const std::string& where,
-                      const std::string& data_dir) {
-  const std::optional<int64_t> d = map.dense(raw);
+// An id as a message shows it: bounded, control characters escaped.
+std::string shown(const std::string& id) { return excerpt(id.data(), id.data() + id.size()); }
+
+// The dense id of a user or item given as text (an integer for integer and
+// identity maps, the string itself for string maps), or an error naming where
+// it came from. `bad_integer` is the message for text that is no integer id.
+int32_t dense_or_fail(const IdMap& map, const std::string& text, const char* what,
+                      const std::string& where, const std::string& data_dir,
+                      const std::string& bad_integer) {
+  std::optional<int64_t> d;
+  if (map.strings()) {
+    d = map.find(text);
+  } else {
+    int64_t v = 0;
+    if (!parse_id(trim(text), &v)) NCF_FAIL(bad_integer);
+    d = map.dense(v);
+  }
   if (!d)
-    NCF_FAIL(where, ": ", what, " ", raw, " is not in the dataset ", data_dir, " (", map.size(),
-             " ", what, "s)");
+    NCF_FAIL(where, ": ", what, " ", map.strings() ? shown(text) : trim(text),
+             " is not in the dataset ", data_dir, " (", map.size(), " ", what, "s)");
   return int32_t(*d);
 }
+
+// The records of a list file; a quoting problem is named with its line.
+std::vector<CsvTextRecord> read_list_file(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) NCF_FAIL(flag, " ", path, ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::vector<CsvTextRecord> recs = parse_csv_text(ss.str(), ',');
+  for (const auto& r : recs)
+    if (r.problem != CsvProblem::kNone)
+      NCF_FAIL(path, ":", r.line, ": ",
+               r.problem == CsvProblem::kStrayQuote ? "stray quote" : "unterminated quote",
+               " (a quoted id is \"...\", with \"\" for a quote inside): '", shown(r.text), "'");
+  return recs;
+}
+
+bool blank(const CsvTextRecord& r) { return r.fields.size() == 1 && trim(r.fields[0]).empty(); }
 
 std::vector<int32_t> read_users(const RecommendFlags& f, const IdMap& map) {
   std::vector<int32_t> out;
@@ -133,52 +167,71 @@ std::vector<int32_t> read_users(const RecommendFlags& f, const IdMap& map) {
     return out;
   }
   if (fs::is_regular_file(f.users)) {
-    std::ifstream in(f.users);
-    if (!in) NCF_FAIL("--users ", f.users, ": cannot open");
-    std::string line;
-    for (int64_t n = 1; std::getline(in, line); ++n) {
-      const std::string t = trim(line);
-      if (t.empty() || (n == 1 && t == "user")) continue;
-      int64_t v = 0;
-      const std::string where = f.users + ":" + std::to_string(n);
-      if (!parse_id(t, &v)) NCF_FAIL(where, ": expected a user id, got '", t, "'");
-      out.push_back(dense_or_fail(map, v, "user", where, f.data_dir));
+    for (const CsvTextRecord& r : read_list_file("--users", f.users)) {
+      if (blank(r) || (r.line == 1 && r.fields.size() == 1 && trim(r.fields[0]) == "user"))
+        continue;
+      const std::string where = f.users + ":" + std::to_string(r.line);
+      if (r.fields.size() != 1)
+        NCF_FAIL(where, ": expected one user id a line, got '", shown(r.text), "'",
+                 map.strings() ? " (quote an id that holds a comma)" : "");
+      out.push_back(dense_or_fail(map, r.fields[0], "user", where, f.data_dir,
+                                  where + ": expected a user id, got '" + trim(r.text) + "'"));
     }
     if (out.empty()) NCF_FAIL("--users ", f.users, ": the file lists no user");
     return out;
   }
-  std::stringstream ss(f.users);
-  std::string tok;
-  for (int k = 1; std::getline(ss, tok, ','); ++k) {
-    int64_t v = 0;
-    if (!parse_id(trim(tok), &v))
-      NCF_FAIL("--users '", f.users,
-               "' is neither all, an existing file, nor a comma-separated "
-               "list of user ids (entry ",
-               k, " is '", tok, "')");
-    out.push_back(dense_or_fail(map, v, "user", "--users entry " + std::to_string(k), f.data_dir));
-  }
+  int k = 0;
+  for (const CsvTextRecord& r : parse_csv_text(f.users, ','))
+    for (const std::string& tok : r.fields) {
+      ++k;
+      if (r.problem != CsvProblem::kNone)
+        NCF_FAIL("--users '", shown(f.users), "': a quote must enclose a whole id (entry ", k, ")");
+      out.push_back(dense_or_fail(map, tok, "user", "--users entry " + std::to_string(k),
+                                  f.data_dir,
+                                  detail::concat("--users '", f.users,
+                                                 "' is neither all, an existing file, nor a "
+                                                 "comma-separated list of user ids (entry ",
+                                                 k, " is '", tok, "')")));
+    }
+  if (out.empty()) NCF_FAIL("--users '", f.users, "' lists no user");
   return out;
 }
 
 void read_pairs(const RecommendFlags& f, const IdMaps& maps, std::vector<int32_t>* users,
                 std::vector<int32_t>* items) {
-  std::ifstream in(f.pairs);
-  if (!in) NCF_FAIL("--pairs ", f.pairs, ": cannot open");
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    const std::string t = trim(line);
-    if (t.empty() || (n == 1 && t == "user,item")) continue;
-    const std::string where = f.pairs + ":" + std::to_string(n);
-    const size_t comma = t.find(',');
-    int64_t u = 0, i = 0;
-    if (comma == std::string::npos || !parse_id(trim(t.substr(0, comma)), &u) ||
-        !parse_id(trim(t.substr(comma + 1)), &i))
-      NCF_FAIL(where, ": expected 'user,item' (two integer ids), got '", t, "'");
-    users->push_back(dense_or_fail(maps.user, u, "user", where, f.data_dir));
-    items->push_back(dense_or_fail(maps.item, i, "item", where, f.data_dir));
+  const bool strings = maps.user.strings() || maps.item.strings();
+  for (const CsvTextRecord& r : read_list_file("--pairs", f.pairs)) {
+    if (blank(r)) continue;
+    if (r.line == 1 && r.fields.size() == 2 && trim(r.fields[0]) == "user" &&
+        trim(r.fields[1]) == "item")
+      continue;
+    const std::string where = f.pairs + ":" + std::to_string(r.line);
+    const std::string expected = where + ": expected 'user,item' (two " +
+                                 (strings ? "ids" : "integer ids") + "), got '" +
+                                 (strings ? shown(r.text) : trim(r.text)) + "'";
+    if (r.fields.size() != 2)
+      NCF_FAIL(expected, strings ? " (quote an id that holds a comma)" : "");
+    users->push_back(dense_or_fail(maps.user, r.fields[0], "user", where, f.data_dir, expected));
+    items->push_back(dense_or_fail(maps.item, r.fields[1], "item", where, f.data_dir, expected));
   }
   if (users->empty()) NCF_FAIL("--pairs ", f.pairs, ": the file holds no pair");
+}
+
+// An id for the output: the integer, or the string quoted as CSV needs
+// (RFC 4180) or as a JSON string (invalid UTF-8 bytes become U+FFFD there).
+std::string id_out(const IdMap& map, int32_t dense, bool csv) {
+  if (!map.strings()) return std::to_string(map.raw(dense));
+  const std::string_view s = map.string(dense);
+  if (!csv)
+    return nlohmann::json(std::string(s))
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(s);
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -280,13 +333,11 @@ int recommend_main(int& argc, char**& argv) {
     const std::vector<float> logits = trainer.score_pairs(my_users, my_items);
     if (lead && csv) text = "user,item,score\n";
     for (int64_t k = 0; k < count; ++k) {
-      const long long u = (long long)maps.user.raw(my_users[size_t(k)]);
-      const long long i = (long long)maps.item.raw(my_items[size_t(k)]);
-      const float s = sigmoid(logits[size_t(k)]);
-      std::snprintf(buf, sizeof buf,
-                    csv ? "%lld,%lld,%.9g\n" : "{\"user\":%lld,\"item\":%lld,\"score\":%.9g}\n", u,
-                    i, double(s));
-      text += buf;
+      const std::string u = id_out(maps.user, my_users[size_t(k)], csv);
+      const std::string i = id_out(maps.item, my_items[size_t(k)], csv);
+      std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[size_t(k)])));
+      text += csv ? u + "," + i + "," + buf + "\n"
+                  : "{\"user\":" + u + ",\"item\":" + i + ",\"score\":" + buf + "}\n";
     }
   } else {
     const std::vector<int32_t> users = read_users(f, maps.user);
@@ -302,13 +353,13 @@ int recommend_main(int& argc, char**& argv) {
       for (int r = 0; r < f.topk; ++r) {
         const size_t x = size_t(k * f.topk + r);
         if (items[x] < 0) break;  // fewer items left than K
-        const long long u = (long long)maps.user.raw(mine[size_t(k)]);
-        const long long i = (long long)maps.item.raw(items[x]);
-        std::snprintf(buf, sizeof buf,
-                      csv ? "%lld,%d,%lld,%.9g\n"
-                          : "{\"user\":%lld,\"rank\":%d,\"item\":%lld,\"score\":%.9g}\n",
-                      u, r + 1, i, double(sigmoid(logits[x])));
-        text += buf;
+        const std::string u = id_out(maps.user, mine[size_t(k)], csv);
+        const std::string i = id_out(maps.item, items[x], csv);
+        std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[x])));
+        const std::string rank = std::to_string(r + 1);
+        text += csv ? u + "," + rank + "," + i + "," + buf + "\n"
+                    : "{\"user\":" + u + ",\"rank\":" + rank + ",\"item\":" + i +
+                          ",\"score\":" + buf + "}\n";
       }
   }
   const double score_s =
