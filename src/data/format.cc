@@ -146,6 +146,16 @@ void RecordWriter::write(const void* payload, size_t n) {
   put(trailer, sizeof trailer);
 }
 
+void RecordWriter::flush() {
+  NCF_CHECK(f_, "record file ", path_, " is closed");
+  errno = 0;
+  if (std::fflush(f_) != 0 || std::ferror(f_) != 0) {
+    const int err = errno;
+    NCF_FAIL("error writing record file ", path_, " after ", bytes_,
+             " bytes: ", err ? errno_text(err) : std::string("I/O error"));
+  }
+}
+
 void RecordWriter::close() {
   if (!f_) return;
   std::FILE* f = f_;

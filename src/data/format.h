@@ -43,6 +43,9 @@ class RecordWriter {
 
   void write(const void* payload, size_t n);
   void write(const std::string& payload) { write(payload.data(), payload.size()); }
+  // Hands what is buffered to the kernel, so readers see whole frames while the
+  // file stays open; errors throw naming the file.
+  void flush();
   // Flushes and closes; errors (disk full…) throw naming the file.
   void close();
 

@@ -158,6 +158,14 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "file");
   app.add_flag("--step_log", c.step_log,
                "log each step's time split (exchange, compute, allreduce) and bytes moved");
+  app.add_option("--tensorboard_dir", c.tensorboard_dir,
+                 "write TensorBoard event files here (rank 0; created when missing): the epoch "
+                 "figures of --metrics_json and the training scalars of "
+                 "--tensorboard_every_steps, on the global step");
+  app.add_option("--tensorboard_every_steps", c.tensorboard_every_steps,
+                 "with --tensorboard_dir: the loss, samples/s and step time split of the last N "
+                 "global steps, every N steps (0: per epoch only)")
+      ->capture_default_str();
   app.add_option("--checkpoint_dir", c.checkpoint_dir,
                  "write checkpoints here (a file system every rank shares)");
   app.add_option("--checkpoint_every_steps", c.checkpoint_every_steps,
@@ -243,6 +251,8 @@ void validate_config(const TrainConfig& c) {
     NCF_FAIL(
         "flag --eval_only needs a checkpoint: --resume PATH, or --resume auto with "
         "--checkpoint_dir");
+  if (c.tensorboard_every_steps < 0)
+    NCF_FAIL("flag --tensorboard_every_steps must be >= 0, got ", c.tensorboard_every_steps);
   if (c.checkpoint_every_steps < 0)
     NCF_FAIL("flag --checkpoint_every_steps must be >= 0, got ", c.checkpoint_every_steps);
   if (c.checkpoint_every_minutes < 0)

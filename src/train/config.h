@@ -49,6 +49,9 @@ struct TrainConfig {
   std::string progress = "auto";  // auto | on | off
   std::string save_params;        // write final parameters (rank 0) to this file
   bool step_log = false;          // per-step time split and bytes moved
+  // TensorBoard event files (train/tensorboard.h), written by rank 0.
+  std::string tensorboard_dir;
+  int64_t tensorboard_every_steps = 100;  // training scalars every N steps (0: per epoch only)
   // Checkpoints (train/checkpoint.h) and resuming.
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;   // 0: not by steps
@@ -60,7 +63,9 @@ struct TrainConfig {
 };
 
 // The flags a training trajectory depends on, by flag name: what a checkpoint
-// records, and what a resumed run must match.
+// records, and what a resumed run must match. Output flags (--metrics_json,
+// --step_log, --tensorboard_dir, --tensorboard_every_steps, ...) are not among
+// them: a resumed run may set them as it likes.
 nlohmann::json trajectory_flags(const TrainConfig& cfg);
 // The inverse: sets cfg's trajectory flags from such an object (a checkpoint
 // manifest's "config"); errors name `where` and the missing or mistyped flag.

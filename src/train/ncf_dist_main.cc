@@ -16,6 +16,7 @@
 #include "common/cuda_context.h"
 #include "model/ops.h"
 #include "train/config.h"
+#include "train/tensorboard.h"
 #include "train/trainer.h"
 
 namespace ncf {
@@ -63,6 +64,29 @@ class MlLog {
   bool on_;
 };
 
+// One epoch's --tensorboard_dir scalars, at the step the epoch ended: the
+// numbers of its --metrics_json line (the eval ones when it evaluated).
+void write_epoch_scalars(TensorBoardWriter& tb, int64_t step, int epoch, const EpochResult& r,
+                         double samples_per_second, bool evaluated, const EvalResult& ev, int k) {
+  tb.scalar(kTbEpoch, step, epoch);
+  tb.scalar(kTbEpochLoss, step, r.loss);
+  tb.scalar(kTbEpochSamplesPerSecond, step, samples_per_second);
+  tb.scalar(kTbEpochTrainSeconds, step, r.train_seconds);
+  tb.scalar(kTbEpochExchangeSeconds, step, r.exchange_seconds);
+  tb.scalar(kTbEpochComputeSeconds, step, r.compute_seconds);
+  tb.scalar(kTbEpochAllreduceSeconds, step, r.allreduce_seconds);
+  if (evaluated) {
+    tb.scalar(tb_eval_tag("HR", k), step, ev.hr);
+    tb.scalar(tb_eval_tag("NDCG", k), step, ev.ndcg);
+    if (ev.full) {
+      tb.scalar(tb_eval_tag("full_HR", k), step, ev.full_hr);
+      tb.scalar(tb_eval_tag("full_NDCG", k), step, ev.full_ndcg);
+    }
+    tb.scalar(kTbEvalSeconds, step, ev.seconds);
+  }
+  tb.flush();
+}
+
 int train_main(int& argc, char**& argv) {
   TrainConfig cfg;
   int code = 0;
@@ -79,6 +103,9 @@ int train_main(int& argc, char**& argv) {
   std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
   set_math_mode(parse_math_mode(cfg.precision));
+  // Before the trainer loads anything, so that a refused directory costs nothing
+  // (collective; none with --eval_only).
+  std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, *comm);
 
   MlLog mllog(cfg.mlperf_log && lead);
   mllog.event("init_start", nullptr, {}, "INTERVAL_START");
@@ -151,6 +178,8 @@ int train_main(int& argc, char**& argv) {
     install_stop_handlers();
   }
   const Trainer::Position start = trainer.resume();
+  trainer.set_tensorboard(tb.get());
+  if (tb) tb->session_start(trainer.global_step() + 1);
   if (cfg.eval_only) {
     // Evaluate the loaded checkpoint and stop.
     const EvalResult ev = trainer.evaluate();
@@ -185,6 +214,7 @@ int train_main(int& argc, char**& argv) {
             "ncf_dist: stopped by %s in epoch %d; checkpoint written; exit code %d "
             "(resume with --resume auto)\n",
             g_stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", e + 1, kExitPreempted);
+      if (tb) tb->close();
       std::fflush(stdout);
       comm->barrier();
       return kExitPreempted;
@@ -241,6 +271,9 @@ int train_main(int& argc, char**& argv) {
         metrics << j.dump() << "\n";
         metrics.flush();
       }
+      if (tb)
+        write_epoch_scalars(*tb, trainer.global_step(), e + 1, r, sps, cfg.eval_each_epoch, ev,
+                            cfg.topk);
     }
   }
   mllog.event("run_stop", nullptr,
@@ -250,6 +283,7 @@ int train_main(int& argc, char**& argv) {
     std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk, cfg.hr_threshold);
 
   trainer.save_final_checkpoint();
+  if (tb) tb->close();
   std::vector<float> params;
   if (!cfg.save_params.empty()) params = trainer.gather_parameters();
   if (lead && !cfg.save_params.empty()) {

@@ -23,6 +23,7 @@
 #include "model/ops.h"
 #include "train/checkpoint.h"
 #include "train/memory_estimate.h"
+#include "train/tensorboard.h"
 
 namespace ncf {
 
@@ -235,6 +236,8 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   r->inter_msgs += rep.inter_msgs;
   r->inter_bytes += rep.inter_bytes;
   r->samples += rep.samples;
+  ++tb_window_.steps;
+  tb_window_.samples += rep.samples;
   pending_logs_.push_back({b.step, rep.samples, rep.bytes_sent, rep.collectives, rep.intra_msgs,
                            rep.intra_bytes, rep.inter_msgs, rep.inter_bytes});
   account_step_times(false, r);
@@ -248,6 +251,7 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
     r->exchange_seconds += x;
     r->compute_seconds += c;
     r->allreduce_seconds += a;
+    for (int k = 0; k < kStepPhases; ++k) tb_window_.phase[k] += st.seconds[k];
     NCF_CHECK(!pending_logs_.empty() && pending_logs_.front().step == st.step,
               "step timer returned step ", st.step, " out of order");
     const PendingLog l = pending_logs_.front();
@@ -323,6 +327,8 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   if (cfg_.max_steps > 0) steps = std::min(steps, cfg_.max_steps);
   auto t0 = Clock::now();
   auto last_print = t0;
+  tb_window_.begin = first_step;
+  tb_window_.since = t0;
   train_reader_->start_epoch(epoch);
   stager_->reset();  // nothing survives an epoch that ended in an error
   timer_->reset();
@@ -357,6 +363,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
     step(batches[s % 2], s, &r);
     ++r.steps;
     position_ = {epoch, s + 1};
+    if (tb_windows() && state_.t % cfg_.tensorboard_every_steps == 0) log_train_window(s, &r);
     if (checkpointing()) {
       const bool stop = control_.sums[kRequestStop] > 0;
       const bool due =
@@ -395,7 +402,42 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);
   r.loss = steps ? sums[0] / double(steps) : 0;
+  if (tb_windows()) {
+    // The training scalars' window goes on in the next epoch: this one's part of it.
+    for (int64_t k = tb_window_.begin; k < steps; ++k) tb_window_.loss += shares[size_t(k)];
+    tb_window_.seconds += seconds_since(tb_window_.since);
+  }
   return r;
+}
+
+void Trainer::log_train_window(int64_t last, EpochResult* r) {
+  // Every rank: the window's step times, read once the device has passed them
+  // (the interruptible wait first, as at the end of an epoch), and its loss
+  // shares, summed over the ranks. A host wait every N steps on GPU ranks.
+  check_device_errors(ctx_);
+  account_step_times(true, r);
+  std::vector<double> shares(static_cast<size_t>(last + 1 - tb_window_.begin));
+  device_copy(Device::kCpu, shares.data(), ctx_.device, step_loss_.data() + tb_window_.begin,
+              shares.size() * 8);
+  double sums[1] = {tb_window_.loss};
+  for (double x : shares) sums[0] += x;
+  all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
+  const double seconds = tb_window_.seconds + seconds_since(tb_window_.since);
+  const double n = double(tb_window_.steps);
+  if (tb_ != nullptr && tb_window_.steps > 0) {
+    const int64_t t = state_.t;
+    const double* phase = tb_window_.phase;
+    tb_->scalar(kTbTrainLoss, t, sums[0] / n);
+    tb_->scalar(kTbTrainSamplesPerSecond, t,
+                seconds > 0 ? double(tb_window_.samples) / seconds : 0.0);
+    tb_->scalar(kTbTrainExchangeMs, t, 1e3 * phase[int(StepPhase::kExchange)] / n);
+    tb_->scalar(kTbTrainComputeMs, t, 1e3 * phase[int(StepPhase::kCompute)] / n);
+    tb_->scalar(kTbTrainAllreduceMs, t, 1e3 * phase[int(StepPhase::kAllreduce)] / n);
+    tb_->flush();
+  }
+  tb_window_ = TbWindow{};
+  tb_window_.begin = last + 1;
+  tb_window_.since = Clock::now();
 }
 
 EvalResult Trainer::evaluate() {

@@ -28,6 +28,8 @@
 
 namespace ncf {
 
+class TensorBoardWriter;  // train/tensorboard.h
+
 struct EpochResult {
   int64_t epoch = 0;
   int64_t steps = 0;
@@ -85,6 +87,12 @@ class Trainer {
   std::string save_checkpoint(int64_t epoch, int64_t epoch_step);
   // A flag that a signal handler sets (non-zero: stop at the next step boundary).
   void set_stop_flag(const volatile int* flag) { stop_flag_ = flag; }
+  // Rank 0's event file (nullptr on other ranks): with --tensorboard_dir every
+  // rank takes part in the training scalars every --tensorboard_every_steps
+  // steps (their loss is summed over the ranks), and rank 0 writes them.
+  void set_tensorboard(TensorBoardWriter* tb) { tb_ = tb; }
+  // Optimizer steps taken since step 0 (a resumed run: counting the checkpoint's).
+  int64_t global_step() const { return state_.t; }
   bool checkpointing() const { return !cfg_.checkpoint_dir.empty(); }
   // A checkpoint of where training ended, unless one of that step exists.
   void save_final_checkpoint();
@@ -125,6 +133,12 @@ class Trainer {
   // Adds the phase times of the steps the timer has finished to *r (and prints
   // their --step_log lines); wait_all at the end of an epoch.
   void account_step_times(bool wait_all, EpochResult* r);
+  // --tensorboard_every_steps: the training scalars of the steps since the
+  // last ones, after the step of index `last` in the epoch (collective).
+  bool tb_windows() const {
+    return !cfg_.tensorboard_dir.empty() && cfg_.tensorboard_every_steps > 0;
+  }
+  void log_train_window(int64_t last, EpochResult* r);
   // The whole item table (gathered: collective) copied `copies` times into
   // *tile on this rank's device, so that `copies` users meet every item in
   // one NeuMF::score ([copies × I × D]).
@@ -163,6 +177,18 @@ class Trainer {
   TrainState state_;     // what train_step reads and writes
   StepControl control_;  // the requests riding in each step's allreduce
   const volatile int* stop_flag_ = nullptr;
+  TensorBoardWriter* tb_ = nullptr;
+  // The steps since the last training scalars; they may span epochs (not the
+  // evaluations between them).
+  struct TbWindow {
+    int64_t begin = 0;  // index in the current epoch of its first step there
+    int64_t steps = 0, samples = 0;
+    double loss = 0;     // this rank's loss shares of its steps in earlier epochs
+    double seconds = 0;  // its training time in earlier epochs
+    double phase[kStepPhases] = {0, 0, 0};        // this rank's step times (StepPhase)
+    std::chrono::steady_clock::time_point since;  // start of its time in this epoch
+  };
+  TbWindow tb_window_;
   std::chrono::steady_clock::time_point last_checkpoint_;
   std::vector<double> resumed_loss_;  // loss shares of the resumed epoch's steps taken
   Position position_;                 // after the last step taken
