@@ -86,13 +86,14 @@ struct MpiSessionBase {
 
 }  // namespace
 
-std::string mpirun(int np) {
+std::string mpirun(int np, const std::string& bind) {
   static const MpiSessionBase base;
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "OMPI_MCA_rmaps_base_oversubscribe=1 " +
          (base.dir.empty() ? std::string() : "OMPI_MCA_orte_tmpdir_base=" + base.dir + " ") +
-         std::string(MPIEXEC) + " -np " + std::to_string(np) +
-         " --oversubscribe --bind-to none --mca btl ^openib,ofi --mca pml ob1 --mca "
+         std::string(MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to " +
+         bind +
+         " --mca btl ^openib,ofi --mca pml ob1 --mca "
          "btl_vader_single_copy_mechanism none";
 }
 

@@ -39,8 +39,8 @@ std::vector<std::vector<std::string>> csv_rows(const std::string& text);
 RunResult run(const std::string& command);
 // Path of a built program (ncf_prep, ncf_dist, …).
 std::string bin(const std::string& name);
-// "mpirun -np N --oversubscribe …" with the flags root needs.
-std::string mpirun(int np);
+// "mpirun -np N --oversubscribe --bind-to BIND …" with the flags root needs.
+std::string mpirun(int np, const std::string& bind = "none");
 
 // Seconds since t0 on the steady clock.
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

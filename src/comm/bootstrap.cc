@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/mpi_communicator.h"
@@ -25,6 +25,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/gpu_identity.h"
+#include "common/parallel.h"
 
 #ifdef NCF_WITH_CUDA
 #include <cuda_runtime.h>
@@ -58,6 +59,13 @@ RankInfo bootstrap_mpi(int* argc, char*** argv) {
   // A node is named by its lowest world rank; every rank learns every rank's node.
   int lowest = info.rank;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node));
+  // How many of the node's ranks may run on each CPU: the sum of their masks.
+  const std::vector<int> cpus = allowed_cpus();
+  int width = cpus.back() + 1;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &width, 1, MPI_INT, MPI_MAX, node));
+  info.node_ranks_on.assign(static_cast<size_t>(width), 0);
+  for (int c : cpus) info.node_ranks_on[static_cast<size_t>(c)] = 1;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, info.node_ranks_on.data(), width, MPI_INT, MPI_SUM, node));
   MPI_CHECK(MPI_Comm_free(&node));
   std::vector<int64_t> ids(static_cast<size_t>(info.world));
   const int64_t mine = lowest;
@@ -250,14 +258,73 @@ RankRuntime::RankRuntime(int* argc, char*** argv, Device device, const std::stri
   if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
   comm = make_communicator(info, device, comm_kind, ctx.stream);
   ctx.device = device;
-  ctx.threads = threads > 0
-                    ? threads
-                    : std::max(1, int(std::thread::hardware_concurrency()) / info.local_world);
+  threads_flag = threads;
+  cpus = cpu_share(info.node_ranks_on);
+  set_pool_cpus(cpus.owned ? cpus.cpus : std::vector<int>{});
+  ctx.threads = threads > 0 ? threads : cpus.threads;
 }
 
 RankRuntime::~RankRuntime() {
   comm.reset();
   destroy_cuda_context(ctx);
+}
+
+CpuReport cpu_report(const RankRuntime& rt, const char* program) {
+  enum { kThreads, kAllowed, kMachine, kLocal, kFields };
+  const int mine[kFields] = {rt.ctx.threads, rt.cpus.allowed(), rt.cpus.machine,
+                             rt.info.local_world};
+  const int W = rt.info.world;
+  std::vector<int> all(static_cast<size_t>(kFields) * W);
+  if (rt.info.mpi && W > 1)
+    MPI_CHECK(MPI_Gather(mine, kFields, MPI_INT, all.data(), kFields, MPI_INT, 0, MPI_COMM_WORLD));
+  else
+    std::copy(mine, mine + kFields, all.begin());
+  CpuReport report;
+  if (rt.info.rank != 0) return report;
+  auto at = [&](int r, int field) { return all[static_cast<size_t>(r) * kFields + field]; };
+  auto range = [&](int field) {
+    int lo = at(0, field), hi = lo;
+    for (int r = 1; r < W; ++r) lo = std::min(lo, at(r, field)), hi = std::max(hi, at(r, field));
+    return lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
+  };
+  report.summary = range(kThreads) + " threads/rank (affinity " + range(kAllowed) + " of " +
+                   range(kMachine) + " cores)";
+  // The rank with the fewest CPUs among those a condition holds for, and how many hold it.
+  auto worst = [&](const std::function<bool(int)>& cond, int* count) {
+    int pick = -1;
+    *count = 0;
+    for (int r = 0; r < W; ++r)
+      if (cond(r)) {
+        ++*count;
+        if (pick < 0 || at(r, kAllowed) < at(pick, kAllowed)) pick = r;
+      }
+    return pick;
+  };
+  auto alike = [&](int count) {
+    return W > 1 ? "; " + std::to_string(count) + " of " + std::to_string(W) + " ranks likewise"
+                 : std::string();
+  };
+  int n = 0;
+  const int flag = rt.threads_flag;
+  int r = worst([&](int q) { return flag > at(q, kAllowed); }, &n);
+  if (r >= 0)
+    report.warnings.push_back(std::string(program) + ": warning: --threads " +
+                              std::to_string(flag) + " is more than the " +
+                              std::to_string(at(r, kAllowed)) + " core(s) rank " +
+                              std::to_string(r) + " may run on (its affinity mask" + alike(n) +
+                              "): threads will take turns on a core");
+  auto share = [&](int q) { return std::max(1, at(q, kMachine) / std::max(1, at(q, kLocal))); };
+  r = worst([&](int q) { return at(q, kAllowed) < share(q); }, &n);
+  if (r >= 0)
+    report.warnings.push_back(
+        std::string(program) + ": note: rank " + std::to_string(r) + " is bound to " +
+        std::to_string(at(r, kAllowed)) + " of the machine's " + std::to_string(at(r, kMachine)) +
+        " cores, fewer than its share (" + std::to_string(share(r)) + " = cores / " +
+        std::to_string(at(r, kLocal)) + " rank(s) on the node" + alike(n) +
+        "); Open MPI's default for -np <= 2 binds each rank to one core. Give it more with "
+        "`mpirun --bind-to none` or `mpirun --map-by slot:PE=" +
+        std::to_string(share(r)) + " --bind-to core` (what launch/ncf_launch passes)");
+  return report;
 }
 
 }  // namespace ncf

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "common/affinity.h"
 #include "common/device.h"
 
 namespace ncf {
@@ -29,14 +30,18 @@ struct RankInfo {
   int local_world = 1;  // ranks on this node
   bool mpi = false;     // MPI is initialised (bootstrap_mpi), so MPI communicators work
   NodeMap nodes;        // every rank's node (empty: one node); what two-hop exchanges follow
+  // Per CPU id: how many of this node's ranks may run on it (their affinity masks);
+  // empty without MPI. What the default thread count divides CPUs by (common/affinity.h).
+  std::vector<int> node_ranks_on;
 };
 
 // MPI_Init_thread (MPI_THREAD_FUNNELED: only the main thread calls MPI) unless MPI is
 // already up, then world rank/size and the node-local rank from
 // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), and every rank's node (nodes numbered
-// by their lowest rank) from an allgather of those groups. Works under mpirun, srun --mpi=pmix, and
-// as a plain process (Open MPI's singleton init gives W = 1). Sets the rank shown in
-// ncf::Error messages. argc/argv may be null.
+// by their lowest rank) from an allgather of those groups, and how many of the node's
+// ranks may run on each CPU (a sum of their affinity masks). Works under mpirun,
+// srun --mpi=pmix, and as a plain process (Open MPI's singleton init gives W = 1). Sets
+// the rank shown in ncf::Error messages. argc/argv may be null.
 RankInfo bootstrap_mpi(int* argc, char*** argv);
 // W = 1 without touching MPI.
 RankInfo bootstrap_single();
@@ -92,17 +97,33 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
 // A rank's start in a program's main, after its flags: the device checked
 // (--device cuda without a usable GPU is an error naming it), bootstrap (MPI
 // only under a launcher or with comm_kind "mpi"), the local GPU's context,
-// the communicator, and the CPU kernel threads (`threads`, or the node's cores
-// divided among its ranks). The communicator goes before the context.
+// the communicator, and the CPU kernel threads: `threads`, or 0 for the rank's
+// share of the CPUs its affinity mask allows (default_threads: each CPU divided
+// among the node's ranks that may run on it). The pool pins its workers to the
+// mask when the rank owns it. The communicator goes before the context.
 struct RankRuntime {
   RankInfo info;
   ExecContext ctx;
   std::unique_ptr<Communicator> comm;
+  CpuShare cpus;         // this rank's mask, the machine's CPUs, the default thread count
+  int threads_flag = 0;  // `threads` as given (0: the default)
   RankRuntime(int* argc, char*** argv, Device device, const std::string& comm_kind, int threads);
   ~RankRuntime();
   RankRuntime(const RankRuntime&) = delete;
   RankRuntime& operator=(const RankRuntime&) = delete;
 };
+
+// What a program says about its ranks' CPUs at start. Collective under MPI (every
+// rank calls it; only rank 0's result is filled in): `summary` reads "2 threads/rank
+// (affinity 2 of 2 cores)" (ranges "1-2" when the ranks differ); `warnings` has one
+// line when --threads asks for more threads than a rank's mask holds, and one when a
+// rank was bound to fewer cores than the machine's cores / its node's ranks, saying how
+// to give it more. `program` opens each warning.
+struct CpuReport {
+  std::string summary;
+  std::vector<std::string> warnings;
+};
+CpuReport cpu_report(const RankRuntime& rt, const char* program);
 
 // The exit code of a run that stopped on a signal (SIGTERM, SIGUSR1) after
 // writing its checkpoint: "resume me". Every rank returns it; run_main then

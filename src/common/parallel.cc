@@ -2,6 +2,15 @@
 // grows to the largest thread count ever asked for) and live until exit, so a
 // training step with dozens of small kernels does not pay thread creation each
 // time. Which worker runs which chunk is not fixed; the chunks themselves are.
+//
+// Pinning: workers are pinned one per CPU of the process's mask (set_pool_cpus), the
+// calling thread is not. Its affinity is what every thread it creates later inherits
+// (MPI's and NCCL's progress threads, the shard readers' prefetch threads, the input
+// stager): narrowed to one CPU, all of them would queue on that CPU while the mask's
+// others idle. Left with the whole mask it runs wherever the scheduler finds room,
+// which, while the workers hold the other CPUs, is the CPU kept free for it (slot 0).
+// A process that shares its mask (unbound ranks, several ranks bound to one socket)
+// pins nothing: the pools of two ranks would otherwise pin onto the same CPUs.
 #include "common/parallel.h"
 
 #include <algorithm>
@@ -11,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/affinity.h"
 #include "common/check.h"
 
 namespace ncf {
@@ -32,6 +42,12 @@ class Pool {
     }
     cv_work_.notify_all();
     for (std::thread& t : workers_) t.join();
+  }
+
+  void set_cpus(const std::vector<int>& cpus) {
+    std::lock_guard<std::mutex> job_lock(job_mu_);
+    order_ = spread_order(cpus);
+    cpus_decided_ = true;
   }
 
   void run(int chunks, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
@@ -63,9 +79,26 @@ class Pool {
  private:
   Pool() = default;
 
+  // Called with job_mu_ held. The mask is read once, when the first worker starts.
   void grow(int want) {
-    while (static_cast<int>(workers_.size()) < want)
-      workers_.emplace_back([this] { worker_main(); });
+    if (static_cast<int>(workers_.size()) >= want) return;
+    if (!cpus_decided_) {
+      try {
+        const CpuShare share = cpu_share();
+        if (share.owned) order_ = spread_order(share.cpus);
+      } catch (const std::exception&) {
+        order_.clear();  // an unreadable mask: leave the workers unpinned
+      }
+      cpus_decided_ = true;
+    }
+    while (static_cast<int>(workers_.size()) < want) {
+      const size_t k = workers_.size() + 1;  // slot 0 is the calling thread
+      const int cpu = order_.empty() ? -1 : order_[k % order_.size()];
+      workers_.emplace_back([this, cpu] {
+        if (cpu >= 0) pin_current_thread(cpu);  // refused: it runs unpinned
+        worker_main();
+      });
+    }
   }
 
   void worker_main() {
@@ -117,6 +150,8 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   std::vector<std::thread> workers_;
+  std::vector<int> order_;  // CPUs handed to workers (spread_order), empty: none pinned
+  bool cpus_decided_ = false;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int chunks_ = 0;
@@ -141,6 +176,8 @@ void parallel_for(int threads, int64_t n, int64_t grain,
   }
   Pool::instance().run(chunks, n, fn);
 }
+
+void set_pool_cpus(const std::vector<int>& cpus) { Pool::instance().set_cpus(cpus); }
 
 void block_sums(int threads, int64_t n, int k,
                 const std::function<void(int64_t begin, int64_t end, double* acc)>& partial,

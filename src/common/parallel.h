@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace ncf {
 
@@ -23,6 +24,17 @@ constexpr int64_t kReduceBlock = 1024;
 // The first exception thrown by fn is rethrown here after all chunks finished.
 void parallel_for(int threads, int64_t n, int64_t grain,
                   const std::function<void(int64_t begin, int64_t end)>& fn);
+
+// The CPUs the pool's workers are pinned to. The thread that calls parallel_for runs
+// chunks too and is not pinned; worker k (k = 1, 2, ...) is pinned to order[k % size],
+// order = spread_order(cpus) (common/affinity.h), so that with threads <= cpus.size()
+// no two threads of a job share a CPU and with more they take the CPUs round-robin.
+// Empty: workers are not pinned (the OS places them within the process's mask).
+// Without a call, the pool decides when it starts its first worker: the process's own
+// mask when the process owns it (cpu_share().owned: narrower than the machine), else
+// none. Workers already started keep their CPU, so call it before the first
+// parallel_for (RankRuntime does).
+void set_pool_cpus(const std::vector<int>& cpus);
 
 // Deterministic sums of k quantities over [0, n): [0, n) is cut into fixed
 // blocks of kReduceBlock indices; partial(begin, end, acc) adds the block's k

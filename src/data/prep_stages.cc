@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
-#include <thread>
 
+#include "common/affinity.h"
 #include "common/check.h"
 #include "common/parallel.h"
 
@@ -61,8 +61,7 @@ void shape_block(const SplitUsers& users, uint64_t first, uint64_t last, uint64_
 
 int resolve_threads(int threads) {
   if (threads > 0) return threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw ? static_cast<int>(hw) : 1;
+  return default_threads(allowed_cpus(), {});  // prep has no node ranks: the mask size
 }
 
 void parallel_ranges(int threads, uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn) {

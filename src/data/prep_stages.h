@@ -19,7 +19,7 @@
 
 namespace ncf {
 
-// threads, or the hardware's thread count when threads is 0.
+// threads, or when threads is 0 the CPUs this process may run on (its affinity mask).
 int resolve_threads(int threads);
 
 // Runs fn(begin, end) over contiguous ranges covering [0, n) on the pool. When

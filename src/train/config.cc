@@ -80,7 +80,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->check(CLI::IsMember({"tf32", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--threads", c.threads,
-                 "CPU kernel threads per rank (0: the node's cores divided among its ranks)")
+                 "CPU kernel threads per rank (0: the cores its affinity mask allows, each shared "
+                 "among the node's ranks that may run on it)")
       ->capture_default_str();
   app.add_option("--embedding_optimizer", c.embedding_optimizer,
                  "dense_adam (every row's moments decay each step, as the references), "

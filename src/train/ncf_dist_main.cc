@@ -102,6 +102,9 @@ int train_main(int& argc, char**& argv) {
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
+  // Collective: every rank's mask and thread count, for the startup line below.
+  const CpuReport cpu = cpu_report(rt, "ncf_dist");
+  for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
   set_math_mode(parse_math_mode(cfg.precision));
   // Before the trainer loads anything, so that a refused directory costs nothing
   // (collective; none with --eval_only).
@@ -120,10 +123,9 @@ int train_main(int& argc, char**& argv) {
         (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
         (unsigned long long)meta.num_eval_users, meta.eval_negatives);
     std::printf(
-        "ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %d threads/rank; batch %lld "
-        "samples "
+        "ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %s; batch %lld samples "
         "(%lld positives x %d), factors %d, layers",
-        info.world, device_name(device), blas_core_name(), comm->name(), ctx.threads,
+        info.world, device_name(device), blas_core_name(), comm->name(), cpu.summary.c_str(),
         (long long)(trainer.positives_per_step() * S), (long long)trainer.positives_per_step(), S,
         cfg.num_factors);
     for (size_t k = 0; k < cfg.layers.size(); ++k)

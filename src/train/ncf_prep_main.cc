@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   app.add_option("--seed", opt.seed, "seed of every random draw")->capture_default_str();
-  app.add_option("--threads", opt.threads, "worker threads (0: all cores)")
+  app.add_option("--threads", opt.threads, "worker threads (0: the cores this process may run on)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   app.add_option("--shuffle_buffer_mb", shuffle_mb,

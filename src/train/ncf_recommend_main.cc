@@ -77,7 +77,9 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
   app.add_option("--device", f->device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--threads", f->threads, "CPU threads per rank (0: cores / local ranks)")
+  app.add_option("--threads", f->threads,
+                 "CPU threads per rank (0: the cores its affinity mask allows, each shared among "
+                 "the node's ranks that may run on it)")
       ->capture_default_str();
   app.add_option("--comm", f->comm, "auto, mpi, nccl or single")
       ->check(CLI::IsMember({"auto", "mpi", "nccl", "single"}))
@@ -275,6 +277,8 @@ int recommend_main(int& argc, char**& argv) {
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
+  const CpuReport cpu = cpu_report(rt, "ncf_recommend");  // collective
+  for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
 
   // The checkpoint: a step directory, or the newest whole one in a directory.
   std::vector<std::string> log;
@@ -300,10 +304,10 @@ int recommend_main(int& argc, char**& argv) {
       std::fprintf(stderr, "ncf_recommend: %s\n", line.c_str());
     }
     std::fprintf(stderr,
-                 "ncf_recommend: %s (step %lld), %s: %llu users, %llu items; %d rank(s), %s\n",
+                 "ncf_recommend: %s (step %lld), %s: %llu users, %llu items; %d rank(s), %s, %s\n",
                  ck.path().c_str(), (long long)ck.manifest().step, f.data_dir.c_str(),
                  (unsigned long long)meta.num_users, (unsigned long long)meta.num_items, info.world,
-                 device_name(device));
+                 device_name(device), cpu.summary.c_str());
   }
 
   // More items than the catalogue holds cannot be listed: K is clamped, and said.
