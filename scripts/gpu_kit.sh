@@ -44,7 +44,7 @@ multiarch() { find "$1" -maxdepth 1 -name '*-linux-gnu' -printf '%f\n' 2>/dev/nu
 # The packages of scripts/setup.sh that the build and the runs need (not the compiler,
 # cmake or python: those are the GPU machine's).
 kit_packages=(openmpi-bin libopenmpi-dev libprotobuf-dev protobuf-compiler libopenblas-dev
-  libgtest-dev libcli11-dev nlohmann-json3-dev)
+  libdnnl-dev libgtest-dev libcli11-dev nlohmann-json3-dev zlib1g-dev)
 # Dependencies never shipped: compilers (gfortran for mpifort), ssh (single-node runs start
 # ranks with fork), autotools (libltdl-dev), hwloc's optional plugins (X11, libxml2, ICU,
 # OpenCL), Open MPI's HTML docs. The baseline (below) covers libc6, libstdc++6, libgcc-s1.

@@ -8,6 +8,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libprotobuf-dev protobuf-compiler
   libopenblas-dev
+  libdnnl-dev  # oneDNN: the tower's CPU matrix products (src/model/cpu_matmul.h)
   libgtest-dev
   libcli11-dev
   zlib1g-dev

@@ -589,6 +589,29 @@ TEST_F(Parity, GroupOpsForwardAndBackward) {
       }
 }
 
+// The users'/items' join of layer 0 in one op: the CPU adds the group rows and
+// the bias inside each block's product, the GPU after its GEMM; FP32 products
+// on both, so they agree to the GEMM tolerance, over strided inputs and a
+// weight slice of a wider layer, across several of the CPU's row blocks.
+TEST_F(Parity, GroupLinearForwardFp32) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{450}})
+    for (int S : {1, 5})
+      for (bool relu : {false, true}) {
+        const int in = 48, out = 40, ldx = in + 16, ldw = 2 * in;
+        const std::string what = shape({{"n", n}, {"S", S}, {"relu", relu}});
+        const int64_t B = n * S;
+        Vec X = random_vec(size_t(B) * ldx, gen_), W = random_vec(size_t(out) * ldw, gen_),
+            U = random_vec(size_t(n) * out, gen_), bias = random_vec(size_t(out), gen_),
+            Y(size_t(B) * out, 7.0f);
+        Buffer<float> gX = up(X), gW = up(W), gU = up(U), gb = up(bias), gY = up(Y);
+        group_linear_forward(cpu_, X.data(), ldx, W.data() + in, ldw, U.data(), bias.data(),
+                             Y.data(), n, S, in, out, relu);
+        group_linear_forward(gpu_, gX.data(), ldx, gW.data() + in, ldw, gU.data(), gb.data(),
+                             gY.data(), n, S, in, out, relu);
+        expect_close(down(gY), Y, kGemmAtolPerSqrtK * std::sqrt(in), kGemmRtol, what);
+      }
+}
+
 TEST_F(Parity, ConcatSplitScalarAndVectorPaths) {
   // (wa, wc, pad): {4, 8, 0} and {64, 192, 4} take the float4 path.
   const int cases[][3] = {{1, 1, 0}, {3, 5, 1}, {4, 8, 0}, {8, 3, 2}, {64, 192, 4}, {5, 64, 3}};

@@ -115,9 +115,8 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     const float* w0 = p + v.w_offset;
     gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, w0, v.in, 0.0f,
          u0_.data(), v.out);
-    gemm(ctx, false, true, static_cast<int>(B), v.out, h, 1.0f, item_rows + mf, D, w0 + h, v.in,
-         0.0f, acts_[0].data(), v.out);
-    group_bias_act(ctx, acts_[0].data(), u0_.data(), p + v.b_offset, n, S, v.out, true);
+    group_linear_forward(ctx, item_rows + mf, D, w0 + h, v.in, u0_.data(), p + v.b_offset,
+                         acts_[0].data(), n, S, h, v.out, true);
     x = acts_[0].data();
     for (size_t l = 1; l < tower_.size(); ++l) {
       const DenseLayerView& vl = tower_[l];

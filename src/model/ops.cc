@@ -3,8 +3,6 @@
 // MathMode::kBf16; parallel_for row loops for the rest).
 #include "model/ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -16,6 +14,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/parallel.h"
+#include "model/cpu_matmul.h"
 
 namespace ncf {
 namespace {
@@ -47,59 +46,66 @@ void check_ld(const char* op, const char* name, int64_t ld, int64_t width) {
   NCF_CHECK(ld >= width, op, ": stride ", name, "=", ld, " is smaller than the row width ", width);
 }
 
-// The `rows` × `cols` block of a row-major matrix with stride ld, rounded to
-// BF16 values (kept as floats, same stride) in `buf`; returns buf's data. The
-// padding between rows is not read.
-const float* bf16_rounded(int threads, const float* src, int rows, int cols, int ld,
-                          std::vector<float>& buf) {
-  const int64_t n = static_cast<int64_t>(rows - 1) * ld + cols;
-  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
-  float* dst = buf.data();
-  parallel_for(threads, rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int c = 0; c < cols; ++c) dst[r * ld + c] = round_to_bf16(src[r * ld + c]);
-  });
-  return dst;
-}
-
-// The GEMM of gemm(): FP32 BLAS, on BF16-rounded copies of A and B when the
-// math mode is kBf16 (kTf32 and kFp32 are plain FP32 here). The copies live in
-// per-thread buffers that only grow, reused by every later GEMM on the thread.
+// The tower's products: cpu_matmul (model/cpu_matmul.h, oneDNN) on fixed
+// blocks, with BF16 operands when the math mode is kBf16 (kTf32 and kFp32 are
+// plain FP32 here), and the epilogue (bias, ReLU) fused into each block's
+// product. The blocks' shapes depend on M, N and K only, never on the thread
+// count, and each runs single-threaded on one pool thread: kGemmRows output rows
+// when M is large (the batch), else kGemmCols output columns when N is, else (a
+// small output, such as a weight gradient, with K ≥ 2·kGemmDepth) slices of
+// kGemmDepth along K, whose partial products are summed in slice order, in
+// double.
 void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+              const float* bias = nullptr, bool relu = false) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // BLAS leaves this case to the implementation; spell it out
+  if (K == 0) {  // no product: C = act(beta·C + bias), spelled out
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         float& c = C[static_cast<int64_t>(i) * ldc + j];
-        c = beta == 0.0f ? 0.0f : beta * c;
+        float v = beta == 0.0f ? 0.0f : beta * c;
+        if (bias) v += bias[j];
+        c = relu ? (v > 0.0f ? v : 0.0f) : v;
       }
     return;
   }
-  if (math_mode() == MathMode::kBf16) {
-    thread_local std::vector<float> a_bf16, b_bf16;
-    A = bf16_rounded(threads, A, trans_a ? K : M, trans_a ? M : K, lda, a_bf16);
-    B = bf16_rounded(threads, B, trans_b ? N : K, trans_b ? K : N, ldb, b_bf16);
-  }
-  // OpenBLAS runs single-threaded; the threads are the pool's. The work is cut
-  // into fixed blocks whose shapes depend on M, N and K only, never on the
-  // thread count: kGemmRows output rows when M is large (the batch), else
-  // kGemmCols output columns when N is, else (a small output, such as a weight
-  // gradient, with K ≥ 2·kGemmDepth) slices of kGemmDepth along K, whose
-  // partial products are summed in slice order, in double.
-  static std::once_flag single;
-  std::call_once(single, [] { openblas_set_num_threads(1); });
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  const MatmulPrecision prec =
+      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  // cpu_matmul adds C with weight 0 or 1; another beta scales C first.
+  auto prescale = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (beta == 0.0f || beta == 1.0f) return;
+    for (int64_t i = r0; i < r1; ++i)
+      for (int64_t j = c0; j < c1; ++j) C[i * ldc + j] *= beta;
+  };
+  const float mm_beta = beta == 0.0f ? 0.0f : 1.0f;
+  auto product = [&](int m, int n, int k, const float* a, const float* bb, float* c,
+                     const float* bias_part, float b) {
+    MatmulShape shape;
+    shape.M = m;
+    shape.N = n;
+    shape.K = k;
+    shape.trans_a = trans_a;
+    shape.trans_b = trans_b;
+    shape.lda = lda;
+    shape.ldb = ldb;
+    shape.ldc = ldc;
+    MatmulEpilogue ep;
+    ep.alpha = alpha;
+    ep.beta = b;
+    ep.bias = bias_part;
+    ep.relu = relu;
+    cpu_matmul(shape, a, bb, c, ep, prec);
+  };
   if (M >= 2 * kGemmRows) {
     const int64_t blocks = (M + kGemmRows - 1) / kGemmRows;
     parallel_for(threads, blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t m0 = b * kGemmRows;
         const int m = static_cast<int>(std::min<int64_t>(kGemmRows, M - m0));
+        prescale(m0, m0 + m, 0, N);
         // Rows m0.. of op(A): rows of A, or columns of A when transposed.
         const float* a = trans_a ? A + m0 : A + m0 * lda;
-        cblas_sgemm(CblasRowMajor, ta, tb, m, N, K, alpha, a, lda, B, ldb, beta, C + m0 * ldc, ldc);
+        product(m, N, K, a, B, C + m0 * ldc, bias, mm_beta);
       }
     });
   } else if (N >= 2 * kGemmCols) {
@@ -108,9 +114,10 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t n0 = b * kGemmCols;
         const int n = static_cast<int>(std::min<int64_t>(kGemmCols, N - n0));
+        prescale(0, M, n0, n0 + n);
         // Columns n0.. of op(B): columns of B, or rows of B when transposed.
         const float* bb = trans_b ? B + n0 * ldb : B + n0;
-        cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, bb, ldb, beta, C + n0, ldc);
+        product(M, n, K, A, bb, C + n0, bias ? bias + n0 : nullptr, mm_beta);
       }
     });
   } else if (K >= 2 * kGemmDepth) {
@@ -120,6 +127,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
     if (partial.size() < static_cast<size_t>(slices * mn))
       partial.resize(static_cast<size_t>(slices * mn));
     float* p = partial.data();
+    const int saved_ldc = ldc;
     parallel_for(threads, slices, 1, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t k0 = s * kGemmDepth;
@@ -127,18 +135,32 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         // Columns k0.. of op(A) and rows k0.. of op(B).
         const float* a = trans_a ? A + k0 * lda : A + k0;
         const float* bb = trans_b ? B + k0 : B + k0 * ldb;
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, k, alpha, a, lda, bb, ldb, 0.0f, p + s * mn, N);
+        MatmulShape shape;
+        shape.M = M;
+        shape.N = N;
+        shape.K = k;
+        shape.trans_a = trans_a;
+        shape.trans_b = trans_b;
+        shape.lda = lda;
+        shape.ldb = ldb;
+        shape.ldc = N;
+        MatmulEpilogue ep;
+        ep.alpha = alpha;
+        cpu_matmul(shape, a, bb, p + s * mn, ep, prec);
       }
     });
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         double acc = 0.0;
         for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + static_cast<int64_t>(i) * N + j];
-        float& c = C[static_cast<int64_t>(i) * ldc + j];
-        c = static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * c);
+        float& c = C[static_cast<int64_t>(i) * saved_ldc + j];
+        float v = static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * c);
+        if (bias) v += bias[j];
+        c = relu ? (v > 0.0f ? v : 0.0f) : v;
       }
   } else {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    prescale(0, M, 0, N);
+    product(M, N, K, A, B, C, bias, mm_beta);
   }
 }
 
@@ -229,19 +251,9 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
   check_ptr(op, "Y", Y, B);
   NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, weight, bias, Y, B, in, out, relu);
   if (B == 0) return;
-  // Y = X · weight^T
+  // Y = act(X · weight^T + bias), the bias and the ReLU applied by each block's product
   cpu_gemm(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X, in, weight, in, 0.0f, Y,
-           out);
-  if (!bias && !relu) return;
-  parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      float* y = Y + b * out;
-      if (bias)
-        for (int j = 0; j < out; ++j) y[j] += bias[j];
-      if (relu)
-        for (int j = 0; j < out; ++j) y[j] = y[j] > 0.0f ? y[j] : 0.0f;
-    }
-  });
+           out, bias, relu);
 }
 
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
@@ -259,17 +271,54 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
   NCF_CHECK(dweight != nullptr, op, ": dweight is null");
   NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
                     mode);
-  if (relu) {
-    parallel_for(ctx.threads, B * out, 1 << 14, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i)
-        if (!(Y[i] > 0.0f)) dY[i] = 0.0f;
-    });
+  if (B == 0) {
+    cpu_linear_param_grads(ctx, X, dY, dweight, db, B, in, out, mode);
+    return;
   }
-  // dX[B×in] = dZ[B×out] · weight[out×in]
-  if (dX && B > 0)
-    cpu_gemm(ctx.threads, false, false, static_cast<int>(B), in, out, 1.0f, dY, out, weight, in,
-             0.0f, dX, in);
-  cpu_linear_param_grads(ctx, X, dY, dweight, db, B, in, out, mode);
+  // One pass over fixed blocks of kReduceBlock rows, each while it is in cache:
+  // the ReLU mask applied to dY in place, the block's column sums of dZ (in
+  // double, summed over blocks in block order afterwards: block_sums' order),
+  // and the block's rows of dX[B×in] = dZ[B×out] · weight[out×in].
+  const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
+  const MatmulPrecision prec =
+      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
+      float* dz = dY + r0 * out;
+      const int64_t len = (r1 - r0) * out;
+      if (relu) {
+        const float* y = Y + r0 * out;
+        for (int64_t i = 0; i < len; ++i)
+          if (!(y[i] > 0.0f)) dz[i] = 0.0f;
+      }
+      if (db) {
+        double* acc = &partial[static_cast<size_t>(k) * out];
+        for (int64_t r = 0; r < r1 - r0; ++r)
+          for (int j = 0; j < out; ++j) acc[j] += dz[r * out + j];
+      }
+      if (dX) {
+        MatmulShape shape;
+        shape.M = static_cast<int>(r1 - r0);
+        shape.N = in;
+        shape.K = out;
+        shape.lda = out;
+        shape.ldb = in;
+        shape.ldc = in;
+        cpu_matmul(shape, dz, weight, dX + r0 * in, MatmulEpilogue{}, prec);
+      }
+    }
+  });
+  cpu_linear_param_grads(ctx, X, dY, dweight, nullptr, B, in, out, mode);
+  if (db) {
+    for (int j = 0; j < out; ++j) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < blocks; ++k) sum += partial[static_cast<size_t>(k) * out + j];
+      const float v = static_cast<float>(sum);
+      db[j] = mode == GradMode::kAccumulate ? db[j] + v : v;
+    }
+  }
 }
 
 void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
@@ -402,6 +451,53 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
         const float z = (y[j] + u[j]) + (bias ? bias[j] : 0.0f);
         y[j] = relu ? (z > 0.0f ? z : 0.0f) : z;
       }
+    }
+  });
+}
+
+void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
+                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
+                          int S, int in, int out, bool relu) {
+  const char* op = "group_linear_forward";
+  check_rows(op, n);
+  check_width(op, "S", S);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  check_ld(op, "ldx", ldx, in);
+  check_ld(op, "ldw", ldw, in);
+  NCF_CHECK(ldx <= INT_MAX && ldw <= INT_MAX, op, ": stride ldx=", ldx, " or ldw=", ldw,
+            " exceeds the BLAS int range");
+  NCF_CHECK(n * S <= INT_MAX, op, ": B=", n * S, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, n);
+  check_ptr(op, "weight", weight, n);
+  check_ptr(op, "Yg", Yg, n);
+  check_ptr(op, "Y", Y, n);
+  NCF_DISPATCH_CUDA(ctx, group_linear_forward, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in, out,
+                    relu);
+  const int64_t B = n * S;
+  const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
+  const MatmulPrecision prec =
+      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r0 = k * kGemmRows, r1 = std::min(B, r0 + kGemmRows);
+      // The block's rows start as their users' rows; the product adds to them
+      // while the block is in cache.
+      for (int64_t b = r0; b < r1; ++b)
+        std::copy(Yg + (b / S) * out, Yg + (b / S + 1) * out, Y + b * out);
+      MatmulShape shape;
+      shape.M = static_cast<int>(r1 - r0);
+      shape.N = out;
+      shape.K = in;
+      shape.trans_b = true;
+      shape.lda = static_cast<int>(ldx);
+      shape.ldb = static_cast<int>(ldw);
+      shape.ldc = out;
+      MatmulEpilogue ep;
+      ep.beta = 1.0f;
+      ep.bias = bias;
+      ep.relu = relu;
+      cpu_matmul(shape, X + r0 * ldx, weight, Y + r0 * out, ep, prec);
     }
   });
 }

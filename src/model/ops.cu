@@ -581,6 +581,15 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
   check_launch("group_bias_act");
 }
 
+void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
+                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
+                          int S, int in, int out, bool relu) {
+  if (n == 0) return;
+  gemm_on(ctx, false, true, static_cast<int>(n * S), out, in, 1.0f, X, static_cast<int>(ldx),
+          weight, static_cast<int>(ldw), 0.0f, Y, out, "group_linear_forward");
+  group_bias_act(ctx, Y, Yg, bias, n, S, out, relu);
+}
+
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
                         int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";

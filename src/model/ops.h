@@ -102,6 +102,15 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
 // ReLU when relu; bias may be null.
 void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu);
+// The two above in one: Y[b, :] = act((X[b, :] · weight^T + Yg[b / S, :]) + bias)
+// for b < n·S, with X [n·S × in] of row stride ldx and weight [out×in] of row
+// stride ldw (a column slice of a wider layer: the items' half of layer 0, whose
+// users' half Yg [n × out] was computed once per user). The CPU adds Yg and the
+// bias inside each block's product (no pass of its own over Y); the GPU runs the
+// GEMM, then group_bias_act.
+void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
+                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
+                          int S, int in, int out, bool relu);
 // Backward of group_bias_act. dY [n·S × out] in: dL/dY; out: the masked dL/dZ
 // (when relu, from the forward output Y; Y may be null otherwise). dYg[p, :] (row
 // stride lddyg) = Σ_s dZ[p·S + s, :], summed in double in s order, overwritten;
@@ -171,6 +180,9 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
                  int S);
 void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu);
+void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
+                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
+                          int S, int in, int out, bool relu);
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
                         int out, float* dYg, int64_t lddyg, float* db, bool relu);
 }  // namespace cuda

@@ -14,6 +14,7 @@
 #include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "model/cpu_matmul.h"
 #include "model/ops.h"
 #include "train/config.h"
 #include "train/tensorboard.h"
@@ -132,6 +133,8 @@ int train_main(int& argc, char**& argv) {
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
                 trainer.plan().dedup ? ", dedup" : "");
+    if (device == Device::kCpu)
+      std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
     if (!trainer.exchange_reason().empty())
       std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());

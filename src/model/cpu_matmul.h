@@ -1,0 +1,61 @@
+// One matrix product on the calling thread, with its epilogue fused, for the
+// CPU ops (model/ops.cc). oneDNN's matmul does the arithmetic: its brgemm
+// kernels reach ~95% of a core's FP32 peak at the tower's shapes where
+// OpenBLAS's transposed-weight products reach 30-45%
+// (bench/bench_tower_gemm.cc), it applies bias, ReLU and "add to C" as
+// post-ops while the output tile is still in registers, and it multiplies BF16
+// operands with the CPU's BF16 instructions (AVX512-BF16, AMX) where they exist.
+//
+// The product always runs on the calling thread alone (the CPU ops share fixed
+// blocks out over their own pool, common/parallel.h), so for given shapes its
+// result does not depend on how many threads the rank has.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ncf {
+
+// C[M×N] = act(alpha·op(A)·op(B) + beta·C + bias), row-major with row strides
+// lda, ldb, ldc; op(A) is M×K (A stored [K×M] when trans_a), op(B) is K×N (B
+// stored [N×K] when trans_b). beta is 0 or 1; bias [N] may be null, and only
+// with alpha = 1; act is ReLU when relu.
+struct MatmulShape {
+  int M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  int lda = 0, ldb = 0, ldc = 0;
+};
+struct MatmulEpilogue {
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const float* bias = nullptr;
+  bool relu = false;
+};
+
+// Operand precision. kBf16 rounds A and B to BF16 (nearest-even, exactly as
+// common/bf16.h) and accumulates in FP32: with BF16 instructions when
+// cpu_bf16_native(), else by multiplying the rounded values in FP32.
+enum class MatmulPrecision { kFp32, kBf16 };
+
+// M, N ≥ 1 and K ≥ 1 (the caller handles empty products); throws ncf::Error if
+// oneDNN refuses the shape.
+void cpu_matmul(const MatmulShape& shape, const float* A, const float* B, float* C,
+                const MatmulEpilogue& epilogue, MatmulPrecision precision);
+
+// Whether --precision bf16 products run on BF16 instructions on this CPU:
+// oneDNN's ISA includes AVX512-BF16 (or AMX). NCF_CPU_BF16=emulate in the
+// environment (read once) forces the emulated path, for tests and comparisons.
+bool cpu_bf16_native();
+// Forces the emulated path (true) or goes back to what was detected (false),
+// process-wide; for tests that compare the two paths on one machine.
+void set_cpu_bf16_emulated(bool emulated);
+
+// For the startup line: "oneDNN 2.6.3 on avx512_core_bf16; bf16 native
+// (AVX512-BF16)" or "...; bf16 emulated (no BF16 instructions: BF16-rounded
+// operands, FP32 products)".
+std::string cpu_matmul_description();
+
+// dst[i] = BF16 bits of src[i] (nearest-even, as float_to_bf16_bits), i < n.
+void round_to_bf16_bits(const float* src, uint16_t* dst, int64_t n);
+
+}  // namespace ncf
