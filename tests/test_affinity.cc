@@ -317,7 +317,9 @@ TEST_F(MpiBinding, BindToCoreGivesOneCoreAndSaysHowToGetMore) {
   const Startup s = dist(test::mpirun(1, "core"));
   EXPECT_EQ(s.threads, std::to_string(S)) << s.output;
   EXPECT_EQ(s.allowed, std::to_string(S)) << s.output;
-  if (whole) EXPECT_EQ(s.machine, std::to_string(M)) << s.output;
+  if (whole) {
+    EXPECT_EQ(s.machine, std::to_string(M)) << s.output;
+  }
   if (whole && S < M) {
     EXPECT_NE(s.output.find(kNote), std::string::npos) << s.output;
     EXPECT_NE(s.output.find("--bind-to none"), std::string::npos) << s.output;

@@ -290,8 +290,7 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
       const int64_t len = (r1 - r0) * out;
       if (relu) {
         const float* y = Y + r0 * out;
-        for (int64_t i = 0; i < len; ++i)
-          if (!(y[i] > 0.0f)) dz[i] = 0.0f;
+        for (int64_t i = 0; i < len; ++i) dz[i] = y[i] > 0.0f ? dz[i] : 0.0f;  // branch-free
       }
       if (db) {
         double* acc = &partial[static_cast<size_t>(k) * out];
@@ -514,17 +513,21 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
   if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
   NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
   parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
-    std::vector<double> acc(static_cast<size_t>(out));
+    std::vector<double> acc_buf(static_cast<size_t>(out));
+    double* acc = acc_buf.data();
     for (int64_t p = p0; p < p1; ++p) {
-      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc, acc + out, 0.0);
       for (int s = 0; s < S; ++s) {
-        const int64_t i = (p * S + s) * out;
-        for (int j = 0; j < out; ++j) {
-          if (relu && !(Y[i + j] > 0.0f)) dY[i + j] = 0.0f;
-          acc[size_t(j)] += dY[i + j];
+        float* dy = dY + (p * S + s) * out;
+        // Two branch-free loops (the mask, then the sums), which the compiler
+        // vectorises; the same values as masking and adding element by element.
+        if (relu) {
+          const float* y = Y + (p * S + s) * out;
+          for (int j = 0; j < out; ++j) dy[j] = y[j] > 0.0f ? dy[j] : 0.0f;
         }
+        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(dy[j]);
       }
-      for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[size_t(j)]);
+      for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[j]);
     }
   });
   if (!db) return;
