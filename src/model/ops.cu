@@ -587,7 +587,7 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
   if (n == 0) return;
   gemm_on(ctx, false, true, static_cast<int>(n * S), out, in, 1.0f, X, static_cast<int>(ldx),
           weight, static_cast<int>(ldw), 0.0f, Y, out, "group_linear_forward");
-  group_bias_act(ctx, Y, Yg, bias, n, S, out, relu);
+  ncf::cuda::group_bias_act(ctx, Y, Yg, bias, n, S, out, relu);
 }
 
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
