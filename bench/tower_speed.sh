@@ -27,6 +27,8 @@
 #                         (--eval_users; default 20000 of 138,493; 0: all)
 #   TOWER_THREADS         threads per run (default: nproc)
 #   TOWER_QUICK           1: ml-1m only, 1 epoch
+#   TOWER_ML20M_NCF_PAPER 0: skip the ncf-paper preset on ml-20m (default 1)
+#   TOWER_SHAPES          the data shapes to run, of "ml-1m ml-20m" (default both; quick: ml-1m)
 #   TOWER_OUT             results directory (default as above)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +40,7 @@ epochs20="${TOWER_ML20M_EPOCHS:-1}"
 samples20="${TOWER_ML20M_SAMPLES:-20971520}"
 eval20="${TOWER_ML20M_EVAL_USERS:-20000}"
 threads="${TOWER_THREADS:-$(nproc)}"
+shapes="${TOWER_SHAPES:-$([ "$quick" = 1 ] && echo ml-1m || echo "ml-1m ml-20m")}"
 py=/usr/bin/python3  # Debian's python3-torch lives here, not in a pyenv python
 commit="$(git -C "$root" rev-parse --short HEAD)"
 tag="$commit"
@@ -111,7 +114,7 @@ one() {
 
 {
   header "tower_speed: ncf_dist fp32 / bf16 against PyTorch NeuMF on the same data"
-  echo "# settings: quick=$quick threads=$threads ml-1m epochs=$epochs" \
+  echo "# settings: quick=$quick shapes=$shapes threads=$threads ml-1m epochs=$epochs" \
     "ml-20m epochs=$epochs20 ml-20m samples/epoch=$samples20 ml-20m eval users=$eval20" \
     "data=$data"
   echo "# lscpu:"
@@ -121,15 +124,21 @@ one() {
 
 {
   cat "$out/info.txt"
-  prepare ml-1m --eval_negatives 99
-  for cfg in "ncf-paper -" "ml-20m-mlperf 65536" "ml-20m-mlperf 1048576"; do
-    read -r preset batch <<<"$cfg"
-    one ml-1m "$preset" "$batch" 0 0 "$epochs"
-  done
-  if [ "$quick" != 1 ]; then
+  if [[ " $shapes " == *" ml-1m "* ]]; then
+    prepare ml-1m --eval_negatives 99
+    for cfg in "ncf-paper -" "ml-20m-mlperf 65536" "ml-20m-mlperf 1048576"; do
+      read -r preset batch <<<"$cfg"
+      one ml-1m "$preset" "$batch" 0 0 "$epochs"
+    done
+  fi
+  if [[ " $shapes " == *" ml-20m "* ]]; then
     prepare ml-20m
     # The preset's batch is 256 for ncf-paper: what its step cap is computed from.
-    for cfg in "ncf-paper - 256" "ml-20m-mlperf 65536 65536" "ml-20m-mlperf 1048576 1048576"; do
+    configs=("ml-20m-mlperf 65536 65536" "ml-20m-mlperf 1048576 1048576")
+    # ncf-paper's dense Adam touches every table row at each of its many small steps
+    # (~40k samples/s here, PyTorch slower still): on only when asked.
+    [ "${TOWER_ML20M_NCF_PAPER:-1}" = 1 ] && configs=("ncf-paper - 256" "${configs[@]}")
+    for cfg in "${configs[@]}"; do
       read -r preset batch samples_per_step <<<"$cfg"
       steps=0
       [ "$samples20" != 0 ] && steps=$(((samples20 + samples_per_step - 1) / samples_per_step))
