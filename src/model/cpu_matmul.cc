@@ -141,16 +141,9 @@ __attribute__((target("avx512f"))) void round_bits_avx512(const float* src, uint
 const uint16_t* to_bf16(const float* src, int rows, int cols, int ld, std::vector<uint16_t>& buf) {
   const size_t n = static_cast<size_t>(rows - 1) * ld + cols;
   if (buf.size() < n) buf.resize(n);
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  for (int r = 0; r < rows; ++r) {
-    const float* s = src + static_cast<int64_t>(r) * ld;
-    uint16_t* d = buf.data() + static_cast<int64_t>(r) * ld;
-    if (avx512) {
-      round_bits_avx512(s, d, cols);
-    } else {
-      for (int c = 0; c < cols; ++c) d[c] = float_to_bf16_bits(s[c]);
-    }
-  }
+  for (int r = 0; r < rows; ++r)
+    round_to_bf16_bits(src + static_cast<int64_t>(r) * ld,
+                       buf.data() + static_cast<int64_t>(r) * ld, cols);
   return buf.data();
 }
 

@@ -46,6 +46,25 @@ void check_ld(const char* op, const char* name, int64_t ld, int64_t width) {
   NCF_CHECK(ld >= width, op, ": stride ", name, "=", ld, " is smaller than the row width ", width);
 }
 
+// The precision of cpu_matmul under the current math mode.
+MatmulPrecision matmul_precision() {
+  return math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+}
+
+MatmulShape matmul_shape(int M, int N, int K, bool trans_a, bool trans_b, int lda, int ldb,
+                         int ldc) {
+  MatmulShape s;
+  s.M = M;
+  s.N = N;
+  s.K = K;
+  s.trans_a = trans_a;
+  s.trans_b = trans_b;
+  s.lda = lda;
+  s.ldb = ldb;
+  s.ldc = ldc;
+  return s;
+}
+
 // The tower's products: cpu_matmul (model/cpu_matmul.h, oneDNN) on fixed
 // blocks, with BF16 operands when the math mode is kBf16 (kTf32 and kFp32 are
 // plain FP32 here), and the epilogue (bias, ReLU) fused into each block's
@@ -69,8 +88,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
       }
     return;
   }
-  const MatmulPrecision prec =
-      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  const MatmulPrecision prec = matmul_precision();
   // cpu_matmul adds C with weight 0 or 1; another beta scales C first.
   auto prescale = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     if (beta == 0.0f || beta == 1.0f) return;
@@ -78,23 +96,14 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
       for (int64_t j = c0; j < c1; ++j) C[i * ldc + j] *= beta;
   };
   const float mm_beta = beta == 0.0f ? 0.0f : 1.0f;
-  auto product = [&](int m, int n, int k, const float* a, const float* bb, float* c,
-                     const float* bias_part, float b) {
-    MatmulShape shape;
-    shape.M = m;
-    shape.N = n;
-    shape.K = k;
-    shape.trans_a = trans_a;
-    shape.trans_b = trans_b;
-    shape.lda = lda;
-    shape.ldb = ldb;
-    shape.ldc = ldc;
+  auto product = [&](int m, int n, int k, const float* a, const float* bb, float* c, int ldc_out,
+                     const float* bias_part, float b, bool act) {
     MatmulEpilogue ep;
     ep.alpha = alpha;
     ep.beta = b;
     ep.bias = bias_part;
-    ep.relu = relu;
-    cpu_matmul(shape, a, bb, c, ep, prec);
+    ep.relu = act;
+    cpu_matmul(matmul_shape(m, n, k, trans_a, trans_b, lda, ldb, ldc_out), a, bb, c, ep, prec);
   };
   if (M >= 2 * kGemmRows) {
     const int64_t blocks = (M + kGemmRows - 1) / kGemmRows;
@@ -105,7 +114,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         prescale(m0, m0 + m, 0, N);
         // Rows m0.. of op(A): rows of A, or columns of A when transposed.
         const float* a = trans_a ? A + m0 : A + m0 * lda;
-        product(m, N, K, a, B, C + m0 * ldc, bias, mm_beta);
+        product(m, N, K, a, B, C + m0 * ldc, ldc, bias, mm_beta, relu);
       }
     });
   } else if (N >= 2 * kGemmCols) {
@@ -117,7 +126,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         prescale(0, M, n0, n0 + n);
         // Columns n0.. of op(B): columns of B, or rows of B when transposed.
         const float* bb = trans_b ? B + n0 * ldb : B + n0;
-        product(M, n, K, A, bb, C + n0, bias ? bias + n0 : nullptr, mm_beta);
+        product(M, n, K, A, bb, C + n0, ldc, bias ? bias + n0 : nullptr, mm_beta, relu);
       }
     });
   } else if (K >= 2 * kGemmDepth) {
@@ -127,7 +136,6 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
     if (partial.size() < static_cast<size_t>(slices * mn))
       partial.resize(static_cast<size_t>(slices * mn));
     float* p = partial.data();
-    const int saved_ldc = ldc;
     parallel_for(threads, slices, 1, [&](int64_t s0, int64_t s1) {
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t k0 = s * kGemmDepth;
@@ -135,32 +143,22 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         // Columns k0.. of op(A) and rows k0.. of op(B).
         const float* a = trans_a ? A + k0 * lda : A + k0;
         const float* bb = trans_b ? B + k0 : B + k0 * ldb;
-        MatmulShape shape;
-        shape.M = M;
-        shape.N = N;
-        shape.K = k;
-        shape.trans_a = trans_a;
-        shape.trans_b = trans_b;
-        shape.lda = lda;
-        shape.ldb = ldb;
-        shape.ldc = N;
-        MatmulEpilogue ep;
-        ep.alpha = alpha;
-        cpu_matmul(shape, a, bb, p + s * mn, ep, prec);
+        // The bias and the ReLU apply to the sum of the slices, below.
+        product(M, N, k, a, bb, p + s * mn, N, nullptr, 0.0f, false);
       }
     });
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         double acc = 0.0;
         for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + static_cast<int64_t>(i) * N + j];
-        float& c = C[static_cast<int64_t>(i) * saved_ldc + j];
+        float& c = C[static_cast<int64_t>(i) * ldc + j];
         float v = static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * c);
         if (bias) v += bias[j];
         c = relu ? (v > 0.0f ? v : 0.0f) : v;
       }
   } else {
     prescale(0, M, 0, N);
-    product(M, N, K, A, B, C, bias, mm_beta);
+    product(M, N, K, A, B, C, ldc, bias, mm_beta, relu);
   }
 }
 
@@ -281,8 +279,7 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
   // and the block's rows of dX[B×in] = dZ[B×out] · weight[out×in].
   const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
-  const MatmulPrecision prec =
-      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  const MatmulPrecision prec = matmul_precision();
   parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
@@ -298,14 +295,8 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
           for (int j = 0; j < out; ++j) acc[j] += dz[r * out + j];
       }
       if (dX) {
-        MatmulShape shape;
-        shape.M = static_cast<int>(r1 - r0);
-        shape.N = in;
-        shape.K = out;
-        shape.lda = out;
-        shape.ldb = in;
-        shape.ldc = in;
-        cpu_matmul(shape, dz, weight, dX + r0 * in, MatmulEpilogue{}, prec);
+        cpu_matmul(matmul_shape(static_cast<int>(r1 - r0), in, out, false, false, out, in, in), dz,
+                   weight, dX + r0 * in, MatmulEpilogue{}, prec);
       }
     }
   });
@@ -475,8 +466,7 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
                     relu);
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
-  const MatmulPrecision prec =
-      math_mode() == MathMode::kBf16 ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  const MatmulPrecision prec = matmul_precision();
   parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kGemmRows, r1 = std::min(B, r0 + kGemmRows);
@@ -484,19 +474,13 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
       // while the block is in cache.
       for (int64_t b = r0; b < r1; ++b)
         std::copy(Yg + (b / S) * out, Yg + (b / S + 1) * out, Y + b * out);
-      MatmulShape shape;
-      shape.M = static_cast<int>(r1 - r0);
-      shape.N = out;
-      shape.K = in;
-      shape.trans_b = true;
-      shape.lda = static_cast<int>(ldx);
-      shape.ldb = static_cast<int>(ldw);
-      shape.ldc = out;
       MatmulEpilogue ep;
       ep.beta = 1.0f;
       ep.bias = bias;
       ep.relu = relu;
-      cpu_matmul(shape, X + r0 * ldx, weight, Y + r0 * out, ep, prec);
+      cpu_matmul(matmul_shape(static_cast<int>(r1 - r0), out, in, false, true,
+                              static_cast<int>(ldx), static_cast<int>(ldw), out),
+                 X + r0 * ldx, weight, Y + r0 * out, ep, prec);
     }
   });
 }
