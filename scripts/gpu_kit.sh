@@ -28,7 +28,9 @@
 # compute capability, e.g. 90; default: nvidia-smi's, else 90), NCF_KIT_TTQ_EPOCHS (20),
 # NCF_KIT_PRECISIONS ("tf32 bf16"), NCF_KIT_PARITY_FILTER (the parity tests run under
 # compute-sanitizer), NCF_KIT_COMMIT (the commit to report when there is no .gpu-kit/commit),
-# NCF_KIT_ROOTFS (rehearse: the cached Debian root, .gpu-kit-root/bookworm).
+# NCF_KIT_ROOTFS (rehearse: the cached Debian root, .gpu-kit-root/bookworm), NCF_KIT_SKIP
+# (stage names, space-separated, recorded as skipped without running: a short window spends
+# itself on the stages that matter most to it).
 # shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -365,6 +367,10 @@ stage() {
   local log="$out/$name.log"
   if [ "$gpu" = 1 ] && [ "$have_gpu" = 0 ]; then
     record "$name" "no GPU" "$gpu_why" 0
+    return 0
+  fi
+  if [[ " ${NCF_KIT_SKIP:-} " == *" $name "* ]]; then
+    record "$name" "skipped" "named in NCF_KIT_SKIP" 0
     return 0
   fi
   remaining=$(left)
