@@ -408,7 +408,7 @@ fig_ctest() {
   echo "${line:-no ctest summary}$( [ "${skipped:-0}" -gt 0 ] && echo "; $skipped skipped")"
 }
 fig_tail() { grep -v '^#' "$1" | grep -v '^\s*$' | tail -n 1 | cut -c1-160; }
-fig_sanitizer() { grep -hE 'ERROR SUMMARY|^# exit' "$1" | tr '\n' ' ' | sed 's/========= //g' | cut -c1-200; }
+fig_sanitizer() { grep -hE 'ERROR SUMMARY|not counted|^# exit' "$1" | tr '\n' ' ' | sed 's/========= //g' | cut -c1-200; }
 # jsonl_fig FILE MODE: samples/s of the last epoch (throughput) or time to quality (ttq).
 jsonl_fig() {
   [ -s "$1" ] || { echo "no metrics"; return 0; }
@@ -517,6 +517,20 @@ fig_probe() {
 # ---- tests ------------------------------------------------------------------------------------------
 do_ctest() { ours env NCF_REQUIRE_GPU="$2" ctest --test-dir "$build" -L "$1" --output-on-failure --no-tests=error -j "$3"; }
 san_parity="${NCF_KIT_PARITY_FILTER:-Parity.Fill:Parity.GmfForwardBackwardOnStridedRows:Parity.HeadForwardBackward:Parity.SortReduceRowsBitExact:Parity.BucketizeByOwnerExact:Parity.UniqueIdsExact:Parity.ReduceUpdateRowsEveryOptimizer:Parity.BadRowLeavesTablesAloneWithEveryOptimizer:Parity.TopKRefusesExcludedItemsOutsideTheRow}"
+# nccl_probe_only LOG: true when every error compute-sanitizer counted in LOG is an API error
+# "no kernel image" whose innermost host frame is in libnccl (NCCL's kernel probe).
+nccl_probe_only() {
+  awk '/ERROR SUMMARY: [0-9]+ error/ {total += $(NF - 1); next}
+    /Program hit .* on CUDA API call/ {head = /cudaErrorNoKernelImageForDevice/; frame = 1; next}
+    frame && /Host Frame:/ {if (head && / in libnccl\.so/) probe++; frame = 0}
+    END {
+      if (total > 0 && probe == total) {
+        printf "gpu_kit: %d API errors, all NCCL probing its kernel images (libnccl), not counted\n", probe
+        exit 0
+      }
+      exit 1
+    }' "$1"
+}
 do_sanitizer() {
   local tool=$1 rc=0 cs
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -528,7 +542,21 @@ do_sanitizer() {
   local dbg=(env NCF_SCRATCH_DEBUG=separate)
   if [ "$tool" != initcheck ]; then
     echo "== test_pipeline_gpu"
-    ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_pipeline_gpu" || rc=1
+    # NCCL probes its kernels with cudaFuncGetAttributes at communicator creation and
+    # takes "no kernel image" for the architectures its build lacks; memcheck reports those
+    # API errors. They are NCCL's own, handled by NCCL: counted apart, not failures. Any
+    # other error (an access, a leak, an API error outside libnccl) still fails the stage.
+    local logf prc=0
+    logf="$(mktemp)"
+    ours env NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_pipeline_gpu" >"$logf" 2>&1 || prc=$?
+    cat "$logf"
+    if [ "$prc" -ne 0 ]; then
+      # forgiven only when the tests themselves passed and the sanitizer's errors are all
+      # NCCL's probe (exit 99 is --error-exitcode's)
+      [ "$prc" -eq 99 ] && grep -q '^\[  PASSED  \]' "$logf" && ! grep -q '^\[  FAILED  \]' "$logf" &&
+        nccl_probe_only "$logf" || rc=1
+    fi
+    rm -f "$logf"
   fi
   echo "== test_parity_gpu --gtest_filter=$san_parity (NCF_SCRATCH_DEBUG=separate)"
   ours "${dbg[@]}" NCF_REQUIRE_GPU=1 "${sc[@]}" "$build/tests/test_parity_gpu" \
