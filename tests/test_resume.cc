@@ -323,5 +323,38 @@ TEST_F(Resume, RefusesAnotherDatasetOrChangedFlagsByName) {
       << r.output;
 }
 
+// One changed digit in a checkpoint's manifest, in a flag that no program
+// compares, is refused by every program that reads checkpoints, naming the
+// manifest, before any value of it is used; no rank is left waiting.
+TEST_F(Resume, EveryProgramRefusesAManifestWithAChangedDigitNamingIt) {
+  TempDir d;
+  train(1, "--max_steps 5 --train_epochs 1 --checkpoint_dir " + d.file("ck"));
+  const std::string ck = ckpt(d, 5), manifest = ck + "/manifest.json";
+  const std::string export_cmd = "timeout 120 " + bin("ncf_export") + " --checkpoint " + ck +
+                                 " --format npy --output " + d.file("npy");
+  const std::string recommend_cmd = "timeout 120 " + bin("ncf_recommend") + " --checkpoint " + ck +
+                                    " --data_dir " + data() + " --users 0,1 --output " +
+                                    d.file("rec.csv");
+  // Untouched, the tools take it (the refusals below are the edit's doing).
+  test::RunResult r = run(export_cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(recommend_cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string text = test::read_file(manifest);
+  const size_t at = text.find("\"adagrad_init\": 0.1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + std::strlen("\"adagrad_init\": 0.")] = '2';  // not used by dense Adam at all
+  test::write_file(manifest, text);
+  const std::string why = manifest + ": the content does not match its crc32c";
+  for (const std::string& cmd :
+       {export_cmd, recommend_cmd,
+        "timeout 120 " + command(1, "--resume " + ck + " --max_steps 5 --train_epochs 1", d),
+        "timeout 120 " + command(2, "--resume " + ck + " --max_steps 5 --train_epochs 1", d)}) {
+    r = run(cmd);
+    EXPECT_EQ(r.exit_code, 1) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << cmd << "\n" << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace ncf

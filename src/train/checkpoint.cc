@@ -7,11 +7,15 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <mutex>
+#include <set>
 #include <system_error>
 
 #include "common/check.h"
 #include "common/file_io.h"
 #include "data/crc32c.h"
+#include "data/dataset.h"  // metadata_crc32c: manifests are sealed the same way
 
 namespace ncf {
 
@@ -21,6 +25,7 @@ namespace {
 
 constexpr const char* kFormatName = "ncf_dist checkpoint";
 constexpr const char* kTmpPrefix = ".tmp-";
+constexpr const char* kOldPrefix = ".tmp-old-";  // a replaced checkpoint of the same step
 constexpr size_t kChunkBytes = size_t(8) << 20;
 
 std::string hex32(uint32_t x) {
@@ -50,6 +55,66 @@ int64_t step_of(const std::string& name) {
   return step;
 }
 
+// True for the names of the directories a writer leaves unfinished:
+// .tmp-step-N and .tmp-old-step-N.
+bool unfinished_name(const std::string& name) {
+  for (const std::string prefix : {kOldPrefix, kTmpPrefix})
+    if (name.rfind(prefix, 0) == 0 && step_of(name.substr(prefix.size())) >= 0) return true;
+  return false;
+}
+
+// Removes `path`, a checkpoint directory this program wrote, and returns "";
+// or leaves it as it is and returns why it is not one. `committed`: a step-N
+// directory, which must hold its manifest and the files it lists and nothing
+// else; otherwise an unfinished one, which must hold regular files only. A
+// symbolic link is never removed nor followed.
+std::string remove_own_directory(const fs::path& path, bool committed) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (ec) return "cannot inspect it: " + ec.message();
+  if (fs::is_symlink(st)) return "it is a symbolic link";
+  if (!fs::is_directory(st)) return "it is not a directory";
+  std::set<std::string> listed;
+  if (committed) {
+    try {
+      const CheckpointManifest m =
+          CheckpointManifest::load((path / kCheckpointManifestFile).string());
+      listed.insert(kCheckpointManifestFile);
+      for (const CheckpointFile& f : m.files) listed.insert(f.name);
+    } catch (const std::exception& e) {
+      return std::string("its manifest does not load (") + e.what() + ")";
+    }
+  }
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const fs::file_status s = it->symlink_status(ec);
+    if (ec) break;
+    if (fs::is_symlink(s)) return "it holds a symbolic link, " + name;
+    if (!fs::is_regular_file(s)) return "it holds " + name + ", which is not a regular file";
+    if (committed && listed.count(name) == 0)
+      return "it holds " + name + ", which its manifest does not list";
+    files.push_back(it->path());
+  }
+  if (ec) return "cannot list it: " + ec.message();
+  for (const fs::path& f : files) {
+    fs::remove(f, ec);
+    if (ec) return "cannot remove " + f.filename().string() + ": " + ec.message();
+  }
+  fs::remove(path, ec);  // fails, and says so, if something appeared meanwhile
+  if (ec) return "cannot remove it: " + ec.message();
+  return "";
+}
+
+// A note said once per process: retention runs at every checkpoint and would
+// otherwise repeat the same lines.
+bool first_time(const std::string& note) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(note).second;
+}
+
 // Committed checkpoints in dir, newest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
@@ -61,6 +126,21 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
+}
+
+// An integer field in [lo, hi]: a fraction, a string or a value out of range
+// is refused (nlohmann's get<> would cast it silently).
+int64_t int_field(const nlohmann::json& j, const char* key, const std::string& path, int64_t lo,
+                  int64_t hi) {
+  if (!j.is_object() || !j.contains(key))
+    NCF_FAIL(path, ": field \"", key, "\" is missing from the checkpoint manifest");
+  const nlohmann::json& v = j.at(key);
+  if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi))) {
+    const int64_t x = v.get<int64_t>();
+    if (x >= lo && x <= hi) return x;
+  }
+  NCF_FAIL(path, ": field \"", key, "\" of the checkpoint manifest must be an integer in [", lo,
+           ", ", hi, "], got ", v.dump());
 }
 
 template <typename T>
@@ -96,32 +176,90 @@ nlohmann::json CheckpointManifest::to_json() const {
 CheckpointManifest CheckpointManifest::from_json(const nlohmann::json& j, const std::string& path) {
   if (field<std::string>(j, "format", path) != kFormatName)
     NCF_FAIL(path, ": not an ncf_dist checkpoint manifest (format ", j.at("format").dump(), ")");
-  const int version = field<int>(j, "version", path);
-  if (version != kCheckpointFormatVersion)
-    NCF_FAIL(path, ": checkpoint format version ", version, "; this build reads version ",
+  const nlohmann::json& v = j.at("version");
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kCheckpointFormatVersion)
+    NCF_FAIL(path, ": checkpoint format version ", v.dump(), "; this build reads versions 1 to ",
              kCheckpointFormatVersion);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   CheckpointManifest m;
-  m.step = field<int64_t>(j, "step", path);
-  m.epoch = field<int64_t>(j, "epoch", path);
-  m.epoch_step = field<int64_t>(j, "epoch_step", path);
-  m.world = field<int>(j, "world", path);
+  m.step = int_field(j, "step", path, 0, kMax);
+  m.epoch = int_field(j, "epoch", path, 0, kMax);
+  m.epoch_step = int_field(j, "epoch_step", path, 0, kMax);
+  m.world = int(int_field(j, "world", path, 1, std::numeric_limits<int>::max()));
   m.dataset_id = field<std::string>(j, "dataset_id", path);
   m.config = field<nlohmann::json>(j, "config", path);
   m.tables = field<nlohmann::json>(j, "tables", path);
-  NCF_CHECK(m.step >= 0 && m.epoch >= 0 && m.epoch_step >= 0 && m.world >= 1, path,
-            ": checkpoint counters out of range (step ", m.step, ", epoch ", m.epoch,
-            ", epoch_step ", m.epoch_step, ", world ", m.world, ")");
-  for (const nlohmann::json& f : field<nlohmann::json>(j, "files", path)) {
+  if (!m.config.is_object())
+    NCF_FAIL(path, ": field \"config\" of the checkpoint manifest must be an object, got ",
+             m.config.dump());
+  if (!m.tables.is_array())
+    NCF_FAIL(path, ": field \"tables\" of the checkpoint manifest must be an array, got ",
+             m.tables.dump());
+  const nlohmann::json files = field<nlohmann::json>(j, "files", path);
+  if (!files.is_array())
+    NCF_FAIL(path, ": field \"files\" of the checkpoint manifest must be an array, got ",
+             files.dump());
+  std::set<std::string> names;
+  for (const nlohmann::json& f : files) {
     CheckpointFile cf;
     cf.name = field<std::string>(f, "name", path);
-    cf.bytes = field<int64_t>(f, "bytes", path);
-    cf.crc32c = field<uint32_t>(f, "crc32c", path);
-    NCF_CHECK(!cf.name.empty() && cf.name.find('/') == std::string::npos && cf.bytes >= 0, path,
-              ": bad file entry ", f.dump());
+    cf.bytes = int_field(f, "bytes", path, 0, kMax);
+    cf.crc32c = uint32_t(int_field(f, "crc32c", path, 0, 0xffffffffll));
+    // The names are joined to the checkpoint's directory: only a plain name
+    // keeps every read inside it.
+    if (cf.name.empty() || cf.name == "." || cf.name == ".." ||
+        cf.name.find('/') != std::string::npos || cf.name.find('\0') != std::string::npos ||
+        cf.name == kCheckpointManifestFile)
+      NCF_FAIL(path, ": file name ", nlohmann::json(cf.name).dump(-1, ' ', true),
+               " in the checkpoint manifest is not a plain file name of the checkpoint (no '/', "
+               "not \".\" or \"..\", not ",
+               kCheckpointManifestFile, ")");
+    if (!names.insert(cf.name).second)
+      NCF_FAIL(path, ": file ", cf.name, " is listed twice in the checkpoint manifest");
     m.files.push_back(cf);
   }
   return m;
 }
+
+CheckpointManifest CheckpointManifest::load(const std::string& path) {
+  const std::string text = read_text_file(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    NCF_FAIL(path, ": not valid JSON at byte ", e.byte, ": ", e.what());
+  }
+  if (!j.is_object()) NCF_FAIL(path, ": not a JSON object");
+  // Its own checksum before any value in it is used, as metadata.json's.
+  std::string unsealed;
+  const auto crc = j.find("crc32c");
+  if (crc == j.end()) {
+    const auto v = j.find("version");
+    if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
+      NCF_FAIL(path,
+               ": no crc32c field: the checkpoint manifest was not written by this ncf_dist, or "
+               "was edited");
+    unsealed = path +
+               ": checkpoint format version 1 (an older ncf_dist): its manifest has no checksum "
+               "of its own, so an edit in it cannot be detected (its files are still checked "
+               "against their sizes and CRCs)";
+  } else {
+    if (!crc->is_number_unsigned() || crc->get<uint64_t>() > 0xffffffffull)
+      NCF_FAIL(path, ": field \"crc32c\" of the checkpoint manifest has the wrong type (",
+               crc->dump(), ")");
+    const uint32_t stored = uint32_t(crc->get<uint64_t>());
+    const uint32_t computed = checkpoint_manifest_crc32c(j);
+    if (stored != computed)
+      NCF_FAIL(path, ": the content does not match its crc32c (", hex32(stored), " stored, ",
+               hex32(computed), " computed): the manifest changed after ncf_dist wrote it");
+    j.erase("crc32c");
+  }
+  CheckpointManifest m = from_json(j, path);
+  m.unsealed_warning = unsealed;
+  return m;
+}
+
+uint32_t checkpoint_manifest_crc32c(const nlohmann::json& j) { return metadata_crc32c(j); }
 
 const CheckpointFile& CheckpointManifest::file(const std::string& name,
                                                const std::string& path) const {
@@ -147,8 +285,13 @@ CheckpointWriter::CheckpointWriter(Communicator& comm, const std::string& dir, i
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) NCF_FAIL("flag --checkpoint_dir: cannot create ", dir, ": ", ec.message());
-    fs::remove_all(tmp_, ec);
-    if (ec) NCF_FAIL("cannot remove the unfinished checkpoint ", tmp_, ": ", ec.message());
+    if (fs::exists(fs::symlink_status(tmp_, ec))) {
+      const std::string why = remove_own_directory(tmp_, false);
+      if (!why.empty())
+        NCF_FAIL("cannot write checkpoint ", name, ": ", tmp_,
+                 " is in the way and is not an unfinished checkpoint of this program (", why,
+                 "); move it elsewhere");
+    }
     fs::create_directory(tmp_, ec);
     if (ec) NCF_FAIL("cannot create ", tmp_, ": ", ec.message());
   }
@@ -240,29 +383,63 @@ std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {
   manifest.files = files_;
   comm_.barrier();  // every part is written and fsynced
   if (comm_.rank() == 0) {
-    write_file_atomic((fs::path(tmp_) / kCheckpointManifestFile).string(),
-                      manifest.to_json().dump(1) + "\n");
+    nlohmann::json j = manifest.to_json();
+    j["crc32c"] = checkpoint_manifest_crc32c(j);
+    write_file_atomic((fs::path(tmp_) / kCheckpointManifestFile).string(), j.dump(1) + "\n");
     sync_directory(tmp_);
     std::error_code ec;
     if (fs::exists(final_, ec)) {
       // The same step written again (a resumed run that stopped where its
       // checkpoint was taken): the new one replaces it only once it is whole.
-      const std::string old = (fs::path(dir_) / (kTmpPrefix + std::string("old-") +
-                                                 fs::path(final_).filename().string()))
-                                  .string();
-      fs::remove_all(old, ec);
+      const std::string old =
+          (fs::path(dir_) / (kOldPrefix + fs::path(final_).filename().string())).string();
+      if (fs::exists(fs::symlink_status(old, ec))) {
+        const std::string why = remove_own_directory(old, false);
+        if (!why.empty())
+          NCF_FAIL("cannot replace ", final_, ": ", old,
+                   " is in the way and is not an unfinished checkpoint of this program (", why,
+                   "); move it elsewhere");
+      }
       fs::rename(final_, old, ec);
       if (ec) NCF_FAIL("cannot move ", final_, " aside: ", ec.message());
     }
     fs::rename(tmp_, final_, ec);
     if (ec) NCF_FAIL("cannot rename ", tmp_, " to ", final_, ": ", ec.message());
     sync_directory(dir_);
-    // Retention: the newest `keep` committed checkpoints stay; unfinished ones go.
-    const auto all = list_checkpoints(dir_);
-    for (size_t i = size_t(std::max(keep, 1)); i < all.size(); ++i)
-      fs::remove_all(all[i].second, ec);
-    for (const auto& e : fs::directory_iterator(dir_, ec))
-      if (e.path().filename().string().rfind(kTmpPrefix, 0) == 0) fs::remove_all(e.path(), ec);
+    // Retention: the newest `keep` committed checkpoints stay (the one just
+    // written always); older ones and unfinished ones go, as far as they are
+    // this program's. Symbolic links are neither removed nor counted.
+    std::vector<std::pair<int64_t, fs::path>> committed;
+    std::vector<fs::path> unfinished;
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (step_of(name) >= 0)
+        committed.emplace_back(step_of(name), it->path());
+      else if (unfinished_name(name))
+        unfinished.push_back(it->path());
+    }
+    std::sort(committed.begin(), committed.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    auto leave = [&](const fs::path& p, const std::string& why) {
+      const std::string note = "retention left " + p.string() + " alone: " + why;
+      if (first_time(note)) notes_.push_back(note);
+    };
+    int kept = 0;
+    for (const auto& [step, p] : committed) {
+      std::error_code lec;
+      if (fs::is_symlink(fs::symlink_status(p, lec))) {
+        leave(p, "it is a symbolic link (neither removed nor counted among the kept)");
+      } else if (p == fs::path(final_) || kept < std::max(keep, 1)) {
+        ++kept;
+      } else {
+        const std::string why = remove_own_directory(p, true);
+        if (!why.empty()) leave(p, why);
+      }
+    }
+    for (const fs::path& p : unfinished) {
+      const std::string why = remove_own_directory(p, false);
+      if (!why.empty()) leave(p, why);
+    }
     sync_directory(dir_);
   }
   comm_.barrier();
@@ -294,13 +471,7 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
   else if (!fs::exists(mpath, ec))
     why = std::string("no ") + kCheckpointManifestFile + " (unfinished)";
   if (why.empty()) try {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_text_file(mpath));
-      } catch (const nlohmann::json::exception& e) {
-        NCF_FAIL(mpath, " is not valid JSON: ", e.what());
-      }
-      m = CheckpointManifest::from_json(j, mpath);
+      m = CheckpointManifest::load(mpath);
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -364,6 +535,7 @@ std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::s
     const std::string why = check_checkpoint(comm, resume, &m);
     if (!why.empty()) NCF_FAIL("flag --resume ", resume, ": cannot load this checkpoint: ", why);
     log->push_back("resuming from " + resume + " (step " + std::to_string(m.step) + ")");
+    if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
     return CheckpointReader(resume, m);
   }
   NCF_CHECK(!dir.empty(), "flag --resume auto needs --checkpoint_dir");
@@ -374,6 +546,7 @@ std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::s
       log->push_back("resuming from " + path + " (step " + std::to_string(m.step) + ", epoch " +
                      std::to_string(m.epoch + 1) + " after " + std::to_string(m.epoch_step) +
                      " of its steps)");
+      if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
       return CheckpointReader(path, m);
     }
     log->push_back("skipping checkpoint " + path + ": " + why);

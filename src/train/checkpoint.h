@@ -3,8 +3,10 @@
 //
 //   DIR/step-000000000120/        a committed checkpoint (optimizer step 120)
 //     manifest.json               written last: the state's counters, the
-//                                 config and dataset it belongs to, and every
-//                                 file with its size and CRC-32C
+//                                 config and dataset it belongs to, every
+//                                 file with its size and CRC-32C, and its own
+//                                 CRC-32C (checkpoint_manifest_crc32c), checked
+//                                 before any value in it is used
 //     <files>                     raw little-endian arrays (what the trainer
 //                                 puts there: trainer.h)
 //   DIR/.tmp-step-000000000120/   the same while it is being written
@@ -16,6 +18,12 @@
 // renames the directory into place and fsyncs DIR. Killed at any instant, the
 // job leaves the previous checkpoint as it was; a directory without a
 // manifest or with a file whose size or CRC differs is never loaded.
+//
+// Retention deletes only what this program wrote: a real directory (never a
+// symbolic link, nor what one points to) named step-N whose manifest loads and
+// which holds exactly the manifest and the files it lists, all regular files;
+// and unfinished .tmp-step-N / .tmp-old-step-N directories holding only
+// regular files. Anything else in DIR stays, and commit() says so.
 #pragma once
 
 #include <sys/types.h>
@@ -32,7 +40,9 @@
 
 namespace ncf {
 
-constexpr int kCheckpointFormatVersion = 1;
+// 2: the manifest carries its own crc32c. Version 1 manifests (no checksum)
+// still load, with a warning that an edit in them cannot be detected.
+constexpr int kCheckpointFormatVersion = 2;
 constexpr const char* kCheckpointManifestFile = "manifest.json";
 
 struct CheckpointFile {
@@ -50,13 +60,29 @@ struct CheckpointManifest {
   nlohmann::json config;   // the flags the trajectory depends on
   nlohmann::json tables;   // [{name, rows, width, arrays}] of the embedding tables
   std::vector<CheckpointFile> files;
+  // Set by load() for a version 1 manifest, which has no checksum of its own.
+  std::string unsealed_warning;
 
+  // The manifest's fields, without its crc32c (commit adds it).
   nlohmann::json to_json() const;
-  // Checks types and the format version; errors name `path` and the field.
+  // Checks types, ranges, the format version and that every file name is a
+  // plain name inside the checkpoint (no '/', not "." or "..", not the
+  // manifest's, no repeats); errors name `path` and the field. Does not look
+  // at a crc32c field: load() checks that first.
   static CheckpointManifest from_json(const nlohmann::json& j, const std::string& path);
+  // Reads the manifest file at `path`: valid JSON, an object, its crc32c equal
+  // to checkpoint_manifest_crc32c of the rest (a changed value anywhere is
+  // refused, naming the file), then from_json. A manifest without crc32c loads
+  // only as format version 1, with unsealed_warning set.
+  static CheckpointManifest load(const std::string& path);
   // The entry of file `name`; an error naming the checkpoint when it is absent.
   const CheckpointFile& file(const std::string& name, const std::string& path) const;
 };
+
+// CRC-32C of the compact dump (keys sorted, no whitespace) of a manifest
+// without its top-level "crc32c" field: the value manifest.json carries in
+// that field (the scheme of metadata.json's, data/dataset.h).
+uint32_t checkpoint_manifest_crc32c(const nlohmann::json& j);
 
 // "step-000000000120": the directory name of the checkpoint at step `step`.
 std::string checkpoint_name(int64_t step);
@@ -79,10 +105,13 @@ class CheckpointWriter {
   void end_part();
 
   // fsync, manifest, rename, fsync of DIR; then rank 0 removes all but the
-  // newest `keep` committed checkpoints and any unfinished ones. Returns the
+  // newest `keep` committed checkpoints and any unfinished ones, as far as
+  // they are this program's (see the top of this file). Returns the
   // committed directory. `manifest.files` is filled here.
   std::string commit(CheckpointManifest manifest, int keep);
   int64_t bytes_written() const { return bytes_; }  // by all ranks
+  // Rank 0, after commit: what retention left in DIR and why, a line each.
+  const std::vector<std::string>& retention_notes() const { return notes_; }
 
  private:
   Communicator& comm_;
@@ -95,6 +124,7 @@ class CheckpointWriter {
   int64_t part_bytes_ = 0, part_offset_ = 0, part_n_ = 0, part_at_ = 0;
   off_t part_flushed_ = 0;  // the part's bytes before this are on disk and out of the cache
   uint32_t part_crc_ = 0;
+  std::vector<std::string> notes_;
 };
 
 // A committed checkpoint whose files were all checked.

@@ -647,6 +647,7 @@ std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
     std::printf("ncf_dist: checkpoint %s: step %lld, %.1f MiB in %.2f s (%.0f MiB/s)\n",
                 path.c_str(), (long long)state_.t, double(w.bytes_written()) / 1048576.0, sec,
                 sec > 0 ? double(w.bytes_written()) / 1048576.0 / sec : 0.0);
+    for (const std::string& note : w.retention_notes()) std::printf("ncf_dist: %s\n", note.c_str());
     std::fflush(stdout);
   }
   return path;
