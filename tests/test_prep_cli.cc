@@ -3,6 +3,8 @@
 // good runs print a summary and --verify accepts what was written.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "test_util.h"
 
 namespace ncf {
@@ -55,6 +57,43 @@ TEST(PrepCli, BadInputsStopWithFileLineAndValue) {
   r = run(bin("ncf_prep") + " --verify " + t.file("nowhere"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("nowhere/metadata.json"), std::string::npos) << r.output;
+}
+
+// Writing into a directory that holds other things: an earlier dataset's
+// shards go by their exact names, a user's files stay, and a link by a shard's
+// name stops the run instead of being written through.
+TEST(PrepCli, OutputDirectoryLosesOnlyAnEarlierDatasetsFiles) {
+  namespace fs = std::filesystem;
+  TempDir t;
+  const std::string out = t.file("out");
+  const std::string prep = bin("ncf_prep") +
+                           " --synthetic custom --users 60 --items 80 --interactions 1500 "
+                           "--eval_negatives 9 --record_rows 50 --progress off --output " +
+                           out;
+  auto r = run(prep + " --num_shards 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(out + "/train-00002-of-00003.tfrecord"));
+  for (const char* mine : {"train-notes.txt", "eval-plan.md", "train-00001-of-00003.tfrecord.bak",
+                           "eval-1-of-2.tfrecord.txt", "README"})
+    test::write_file(out + "/" + mine, "the user's");
+  r = run(prep + " --num_shards 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/train-00002-of-00003.tfrecord"));  // the earlier layout's
+  EXPECT_FALSE(fs::exists(out + "/eval-00000-of-00003.tfrecord"));
+  for (const char* mine : {"train-notes.txt", "eval-plan.md", "train-00001-of-00003.tfrecord.bak",
+                           "eval-1-of-2.tfrecord.txt", "README"})
+    EXPECT_EQ(test::read_file(out + "/" + mine), "the user's") << mine;
+  r = run(bin("ncf_prep") + " --verify " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // A link by a shard's name: refused by name, its target untouched.
+  test::write_file(t.file("elsewhere.bin"), "precious");
+  fs::remove(out + "/train-00000-of-00002.tfrecord");
+  fs::create_symlink(t.file("elsewhere.bin"), out + "/train-00000-of-00002.tfrecord");
+  r = run(prep + " --num_shards 2");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train-00000-of-00002.tfrecord is a symbolic link"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::read_file(t.file("elsewhere.bin")), "precious");
 }
 
 TEST(PrepCli, WritesThenVerifiesAndCorruptionIsCaught) {

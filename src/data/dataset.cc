@@ -465,12 +465,22 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) NCF_FAIL("cannot create dataset directory ", dir, ": ", ec.message());
-  // Old shards of another layout would confuse readers globbing the directory.
+  // Old shards of another layout would confuse readers globbing the directory:
+  // the files of an earlier dataset go, by their exact names. Anything else in
+  // the directory stays; a link by such a name stops the run (the new file
+  // would be written through it, outside the directory).
   for (const auto& e : fs::directory_iterator(dir)) {
-    std::string n = e.path().filename().string();
-    if (n.rfind("train-", 0) == 0 || n.rfind("eval-", 0) == 0 || n == kMetadataFile ||
-        n == kPositivesFile)
-      fs::remove(e.path());
+    const std::string n = e.path().filename().string();
+    if (!is_shard_file_name(n) && n != kMetadataFile && n != kPositivesFile) continue;
+    const fs::file_status st = e.symlink_status();
+    if (fs::is_symlink(st))
+      NCF_FAIL("output directory ", dir, ": ", n,
+               " is a symbolic link; ncf_prep writes its files only inside the directory: move "
+               "it away or choose another --output");
+    if (!fs::is_regular_file(st))
+      NCF_FAIL("output directory ", dir, ": ", n,
+               " is in the way (not a regular file): move it away or choose another --output");
+    fs::remove(e.path());
   }
 
   DatasetMeta& m = w.meta;

@@ -259,6 +259,25 @@ std::string shard_file_name(const std::string& kind, uint32_t index, uint32_t co
   return kind + buf;
 }
 
+bool is_shard_file_name(const std::string& name) {
+  // Parsed by hand: sscanf's %u would also take signs and spaces.
+  size_t at = 0;
+  if (name.rfind("train-", 0) == 0)
+    at = 6;
+  else if (name.rfind("eval-", 0) == 0)
+    at = 5;
+  else
+    return false;
+  auto digits = [&]() {
+    const size_t from = at;
+    while (at < name.size() && name[at] >= '0' && name[at] <= '9') ++at;
+    return at > from;
+  };
+  if (!digits() || name.compare(at, 4, "-of-") != 0) return false;
+  at += 4;
+  return digits() && name.compare(at, std::string::npos, ".tfrecord") == 0;
+}
+
 uint64_t train_frame_bytes(uint32_t record_rows) {
   proto::TrainRecord r;
   r.set_num_valid(record_rows);

@@ -96,6 +96,9 @@ class RecordReader {
 
 // "train-00001-of-00004.tfrecord".
 std::string shard_file_name(const std::string& kind, uint32_t index, uint32_t count);
+// True for the names shard_file_name writes: train- or eval-, digits, -of-,
+// digits, .tfrecord.
+bool is_shard_file_name(const std::string& name);
 
 // Frame sizes, the same for every record of a kind in a dataset, so readers
 // seek to record k directly.
