@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "train/checkpoint.h"
 
 namespace ncf {
 namespace {
@@ -354,6 +355,22 @@ TEST_F(Resume, EveryProgramRefusesAManifestWithAChangedDigitNamingIt) {
     EXPECT_EQ(r.exit_code, 1) << cmd << "\n" << r.output;
     EXPECT_NE(r.output.find(why), std::string::npos) << cmd << "\n" << r.output;
   }
+}
+
+// A manifest sealed with counters no run could have written (as a tool that
+// rewrote it, or a fuzzer, would): refused by name, without arithmetic
+// overflowing on them.
+TEST_F(Resume, ImpossibleCountersInASealedManifestAreRefusedByName) {
+  TempDir d;
+  train(1, "--max_steps 5 --train_epochs 1 --checkpoint_dir " + d.file("ck"));
+  const std::string ck = ckpt(d, 5), manifest = ck + "/manifest.json";
+  nlohmann::json j = nlohmann::json::parse(test::read_file(manifest));
+  j.erase("crc32c");
+  j["epoch_step"] = int64_t(1) << 61;
+  j["crc32c"] = checkpoint_manifest_crc32c(j);
+  test::write_file(manifest, j.dump(1));
+  const Run r = train(1, "--resume " + ck + " --max_steps 5 --train_epochs 1", 1);
+  EXPECT_NE(r.output.find("epoch_step 2305843009213693952"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -734,6 +735,10 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   // The loss shares of the resumed epoch: each rank its own when W is the
   // same; otherwise rank 0 takes each step's sum over the old ranks.
   const int64_t k = m.epoch_step;
+  // Bounded before the product: a manifest's counters are only known to be
+  // non-negative integers.
+  NCF_CHECK(k <= std::numeric_limits<int64_t>::max() / 8 / m.world, "checkpoint ", path,
+            ": epoch_step ", k, " of ", m.world, " ranks is beyond any loss.f64");
   NCF_CHECK(ck.bytes("loss.f64") == int64_t(m.world) * k * 8, "checkpoint ", path,
             ": loss.f64 has ", ck.bytes("loss.f64"), " bytes for ", m.world, " ranks x ", k,
             " steps");
