@@ -15,8 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "comm/bootstrap.h"
 #include "common/blas_setup.h"
@@ -24,12 +22,11 @@
 #include "common/cuda_context.h"
 #include "common/file_io.h"
 #include "common/partition.h"
-#include "data/csv_reader.h"
 #include "data/id_map.h"
-#include "data/text_input.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/recommend_lists.h"
 #include "train/trainer.h"
 
 namespace ncf {
@@ -101,122 +98,6 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
     return false;
   }
   return true;
-}
-
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r\n") + 1 - a);
-}
-
-// An integer id, the whole of `s`; false when it is not one.
-bool parse_id(const std::string& s, int64_t* v) {
-  if (s.empty()) return false;
-  size_t used = 0;
-  try {
-    *v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return used == s.size();
-}
-
-// An id as a message shows it: bounded, control characters escaped.
-std::string shown(const std::string& id) { return excerpt(id.data(), id.data() + id.size()); }
-
-// The dense id of a user or item given as text (an integer for integer and
-// identity maps, the string itself for string maps), or an error naming where
-// it came from. `bad_integer` is the message for text that is no integer id.
-int32_t dense_or_fail(const IdMap& map, const std::string& text, const char* what,
-                      const std::string& where, const std::string& data_dir,
-                      const std::string& bad_integer) {
-  std::optional<int64_t> d;
-  if (map.strings()) {
-    d = map.find(text);
-  } else {
-    int64_t v = 0;
-    if (!parse_id(trim(text), &v)) NCF_FAIL(bad_integer);
-    d = map.dense(v);
-  }
-  if (!d)
-    NCF_FAIL(where, ": ", what, " ", map.strings() ? shown(text) : trim(text),
-             " is not in the dataset ", data_dir, " (", map.size(), " ", what, "s)");
-  return int32_t(*d);
-}
-
-// The records of a list file; a quoting problem is named with its line.
-std::vector<CsvTextRecord> read_list_file(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) NCF_FAIL(flag, " ", path, ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::vector<CsvTextRecord> recs = parse_csv_text(ss.str(), ',');
-  for (const auto& r : recs)
-    if (r.problem != CsvProblem::kNone)
-      NCF_FAIL(path, ":", r.line, ": ",
-               r.problem == CsvProblem::kStrayQuote ? "stray quote" : "unterminated quote",
-               " (a quoted id is \"...\", with \"\" for a quote inside): '", shown(r.text), "'");
-  return recs;
-}
-
-bool blank(const CsvTextRecord& r) { return r.fields.size() == 1 && trim(r.fields[0]).empty(); }
-
-std::vector<int32_t> read_users(const RecommendFlags& f, const IdMap& map) {
-  std::vector<int32_t> out;
-  if (f.users == "all") {
-    out.resize(size_t(map.size()));
-    for (size_t u = 0; u < out.size(); ++u) out[u] = int32_t(u);
-    return out;
-  }
-  if (fs::is_regular_file(f.users)) {
-    for (const CsvTextRecord& r : read_list_file("--users", f.users)) {
-      if (blank(r) || (r.line == 1 && r.fields.size() == 1 && trim(r.fields[0]) == "user"))
-        continue;
-      const std::string where = f.users + ":" + std::to_string(r.line);
-      if (r.fields.size() != 1)
-        NCF_FAIL(where, ": expected one user id a line, got '", shown(r.text), "'",
-                 map.strings() ? " (quote an id that holds a comma)" : "");
-      out.push_back(dense_or_fail(map, r.fields[0], "user", where, f.data_dir,
-                                  where + ": expected a user id, got '" + trim(r.text) + "'"));
-    }
-    if (out.empty()) NCF_FAIL("--users ", f.users, ": the file lists no user");
-    return out;
-  }
-  int k = 0;
-  for (const CsvTextRecord& r : parse_csv_text(f.users, ','))
-    for (const std::string& tok : r.fields) {
-      ++k;
-      if (r.problem != CsvProblem::kNone)
-        NCF_FAIL("--users '", shown(f.users), "': a quote must enclose a whole id (entry ", k, ")");
-      out.push_back(dense_or_fail(map, tok, "user", "--users entry " + std::to_string(k),
-                                  f.data_dir,
-                                  detail::concat("--users '", f.users,
-                                                 "' is neither all, an existing file, nor a "
-                                                 "comma-separated list of user ids (entry ",
-                                                 k, " is '", tok, "')")));
-    }
-  if (out.empty()) NCF_FAIL("--users '", f.users, "' lists no user");
-  return out;
-}
-
-void read_pairs(const RecommendFlags& f, const IdMaps& maps, std::vector<int32_t>* users,
-                std::vector<int32_t>* items) {
-  const bool strings = maps.user.strings() || maps.item.strings();
-  for (const CsvTextRecord& r : read_list_file("--pairs", f.pairs)) {
-    if (blank(r)) continue;
-    if (r.line == 1 && r.fields.size() == 2 && trim(r.fields[0]) == "user" &&
-        trim(r.fields[1]) == "item")
-      continue;
-    const std::string where = f.pairs + ":" + std::to_string(r.line);
-    const std::string expected = where + ": expected 'user,item' (two " +
-                                 (strings ? "ids" : "integer ids") + "), got '" +
-                                 (strings ? shown(r.text) : trim(r.text)) + "'";
-    if (r.fields.size() != 2)
-      NCF_FAIL(expected, strings ? " (quote an id that holds a comma)" : "");
-    users->push_back(dense_or_fail(maps.user, r.fields[0], "user", where, f.data_dir, expected));
-    items->push_back(dense_or_fail(maps.item, r.fields[1], "item", where, f.data_dir, expected));
-  }
-  if (users->empty()) NCF_FAIL("--pairs ", f.pairs, ": the file holds no pair");
 }
 
 // An id for the output: the integer, or the string quoted as CSV needs
@@ -328,7 +209,7 @@ int recommend_main(int& argc, char**& argv) {
   const auto t1 = std::chrono::steady_clock::now();
   if (!f.pairs.empty()) {
     std::vector<int32_t> users, items;
-    read_pairs(f, maps, &users, &items);
+    read_pairs(f.pairs, f.data_dir, maps, &users, &items);
     total = int64_t(users.size());
     int64_t first = 0, count = 0;
     block_range(total, info.world, info.rank, &first, &count);
@@ -344,7 +225,7 @@ int recommend_main(int& argc, char**& argv) {
                   : "{\"user\":" + u + ",\"item\":" + i + ",\"score\":" + buf + "}\n";
     }
   } else {
-    const std::vector<int32_t> users = read_users(f, maps.user);
+    const std::vector<int32_t> users = read_users(f.users, f.data_dir, maps.user);
     total = int64_t(users.size());
     int64_t first = 0, count = 0;
     block_range(total, info.world, info.rank, &first, &count);
