@@ -665,6 +665,31 @@ TEST(DatasetIntegrity, UntouchedDatasetTrains) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// Fuzzing found (fuzz/regressions/metadata/): the JSON parser throws more than
+// parse_error, and a number too large for any JSON number type (1e999, or an
+// integer past 2^64 written with an exponent) escaped the loader as a bare
+// nlohmann exception whose message named no file. Every such file is refused
+// as bad JSON, naming it.
+TEST(DatasetErrors, MetadataWithAnUnrepresentableNumberIsRefusedNamingTheFile) {
+  TempDir d;
+  write_small(d.path());
+  const std::string mp = d.file("metadata.json");
+  for (const std::string text : {"{\"seed\": 1e999}", "{\"seed\": -1e86083626}", "[1E400]"}) {
+    test::write_file(mp, text);
+    std::string e;
+    try {
+      DatasetMeta::load(d.path());
+    } catch (const Error& err) {
+      e = err.what();
+    } catch (const std::exception& err) {
+      ADD_FAILURE() << text << ": not an ncf::Error: " << err.what();
+    }
+    EXPECT_TRUE(has(e, mp + ": not valid JSON")) << text << ": " << e;
+    e = verify_error(d.path());
+    EXPECT_TRUE(has(e, mp + ": not valid JSON")) << text << ": " << e;
+  }
+}
+
 TEST(DatasetErrors, PositivesFileDamaged) {
   TempDir d;
   write_small(d.path());

@@ -23,6 +23,7 @@
 #include "data/dataset.h"
 #include "data/format.h"
 #include "data/ncf_record.pb.h"
+#include "data/source_tfmg.h"
 #include "model/metrics.h"
 #include "test_util.h"
 
@@ -548,6 +549,27 @@ TEST(Tfmg, TrainsLikeTheDirectlyPreparedData) {
   // both are samples over 2,000 users. Measured over 3 trainer seeds x 3
   // generator seeds: TF-MG higher by 0.004 .. 0.013; the bound allows 0.03.
   EXPECT_NEAR(hr_direct, hr_tf, 0.03);
+}
+
+// Fuzzing found (fuzz/regressions/tfmg/, the parse dataset.cc had too): a
+// number beyond every JSON number type in meta_data.json escaped as a bare
+// nlohmann exception naming no file; it is refused as bad JSON, naming it.
+TEST(Tfmg, MetaDataWithAnUnrepresentableNumberIsRefusedNamingTheFile) {
+  TempDir t;
+  std::filesystem::create_directories(t.file("tf/training_cycle_0"));
+  const std::string meta = t.file("tf/meta_data.json");
+  test::write_file(meta, "{\"num_users\": 1e999}");
+  std::string e;
+  try {
+    PrepOptions opt;
+    opt.threads = 1;
+    prepare_tfmg(t.file("tf"), t.file("out"), opt);
+  } catch (const Error& err) {
+    e = err.what();
+  } catch (const std::exception& err) {
+    ADD_FAILURE() << "not an ncf::Error: " << err.what();
+  }
+  EXPECT_NE(e.find(meta + ": not valid JSON"), std::string::npos) << e;
 }
 
 }  // namespace

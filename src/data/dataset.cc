@@ -213,6 +213,10 @@ DatasetMeta DatasetMeta::load(const std::string& dir) {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
     NCF_FAIL(path, ": not valid JSON at byte ", e.byte, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {
+    // The parser throws more than parse_error: a number beyond every JSON
+    // number type (1e999) is an out_of_range error.
+    NCF_FAIL(path, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) NCF_FAIL(path, ": not a JSON object");
   // The file's own checksum, before any value in it is used: over the compact

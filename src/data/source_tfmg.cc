@@ -89,6 +89,10 @@ TfmgMeta read_meta(const std::string& dir) {
     j = nlohmann::json::parse(f);
   } catch (const nlohmann::json::parse_error& e) {
     NCF_FAIL(m.path, ": not valid JSON at byte ", e.byte, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {
+    // The parser throws more than parse_error: a number beyond every JSON
+    // number type (1e999) is an out_of_range error.
+    NCF_FAIL(m.path, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) NCF_FAIL(m.path, ": not a JSON object");
   const uint64_t kIds = INT32_MAX, kBig = 1ull << 62;
