@@ -690,6 +690,48 @@ TEST(DatasetErrors, MetadataWithAnUnrepresentableNumberIsRefusedNamingTheFile) {
   }
 }
 
+// Fuzzing found (fuzz/regressions/dataset/): integer fields were read with
+// nlohmann's get<T>, which converts a float (undefined behaviour past the
+// type's range: 1.1e73 as a count), wraps a negative and cuts a wide value,
+// so a sealed metadata.json with "seed": -1 or "eval_negatives": 4294967297
+// loaded as 2^64 - 1 or 1. Every integer field is now an integer its type
+// holds, or the file is refused naming the field.
+TEST(DatasetErrors, MetadataIntegersMustFitTheirFields) {
+  TempDir d;
+  write_small(d.path());
+  const std::string mp = d.file("metadata.json");
+  const nlohmann::json good = nlohmann::json::parse(test::read_file(mp));
+  struct Case {
+    std::string key;
+    nlohmann::json value;
+  };
+  const std::vector<Case> cases = {{"seed", -1},
+                                   {"eval_negatives", 4294967297ull},
+                                   {"num_users", 50.0},
+                                   {"train_frame_bytes", 1.1e73},
+                                   {"dropped_users", "0"}};
+  for (const Case& c : cases) {
+    nlohmann::json j = good;
+    j[c.key] = c.value;
+    j["crc32c"] = metadata_crc32c(j);
+    test::write_file(mp, j.dump(2));
+    const std::string e = load_error(d.path());
+    EXPECT_TRUE(has(e, mp + ": metadata field '" + c.key + "'")) << c.value.dump() << ": " << e;
+  }
+  // The CRCs of the files it lists, and its own, are below 2^32 too.
+  nlohmann::json j = good;
+  j["positives"]["crc32c"] = j["positives"]["crc32c"].get<uint64_t>() + (uint64_t{1} << 32);
+  j["crc32c"] = metadata_crc32c(j);
+  test::write_file(mp, j.dump(2));
+  EXPECT_TRUE(has(load_error(d.path()), mp + ": metadata field 'crc32c'")) << load_error(d.path());
+  j = good;
+  j["crc32c"] = uint64_t(metadata_crc32c(j)) + (uint64_t{1} << 32);
+  test::write_file(mp, j.dump(2));
+  EXPECT_TRUE(has(load_error(d.path()), mp + ": metadata field 'crc32c'")) << load_error(d.path());
+  test::write_file(mp, good.dump(2));
+  EXPECT_EQ(load_error(d.path()), "");
+}
+
 TEST(DatasetErrors, PositivesFileDamaged) {
   TempDir d;
   write_small(d.path());

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include "common/check.h"
 #include "common/file_io.h"
@@ -91,10 +93,23 @@ std::string hex32(uint32_t x) {
 template <typename T>
 T get_field(const nlohmann::json& j, const char* key, const std::string& path) {
   if (!j.is_object() || !j.contains(key)) NCF_FAIL(path, ": metadata field '", key, "' is missing");
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    NCF_FAIL(path, ": metadata field '", key, "' has the wrong type (", j.at(key).dump(), ")");
+  const nlohmann::json& v = j.at(key);
+  if constexpr (std::is_integral_v<T>) {
+    // Counts, sizes and CRCs are JSON integers the field's type holds:
+    // nlohmann's get<T> would convert a float (undefined behaviour when it is
+    // out of range), wrap a negative and cut a wide value, each silently.
+    static_assert(std::is_unsigned_v<T>, "metadata integers are unsigned");
+    const bool integer = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+    if (!integer || v.get<uint64_t>() > std::numeric_limits<T>::max())
+      NCF_FAIL(path, ": metadata field '", key, "' must be an integer in [0, ",
+               uint64_t(std::numeric_limits<T>::max()), "], got ", v.dump());
+    return static_cast<T>(v.get<uint64_t>());
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      NCF_FAIL(path, ": metadata field '", key, "' has the wrong type (", v.dump(), ")");
+    }
   }
 }
 
@@ -239,13 +254,12 @@ DatasetMeta DatasetMeta::load(const std::string& dir) {
         std::to_string(kFormatVersion);
     return m;
   }
-  uint32_t stored = 0;
-  try {
-    stored = j.at("crc32c").get<uint32_t>();
-  } catch (const nlohmann::json::exception&) {
-    NCF_FAIL(path, ": metadata field 'crc32c' has the wrong type (", j.at("crc32c").dump(),
+  // A CRC is an integer below 2^32 (get<uint32_t> would take 4294967297 as 1).
+  const nlohmann::json& sealed = j.at("crc32c");
+  if (!sealed.is_number_unsigned() || sealed.get<uint64_t>() > 0xffffffffull)
+    NCF_FAIL(path, ": metadata field 'crc32c' has the wrong type (", sealed.dump(),
              "): re-run ncf_prep");
-  }
+  const uint32_t stored = static_cast<uint32_t>(sealed.get<uint64_t>());
   const uint32_t computed = metadata_crc32c(j);
   if (computed != stored)
     NCF_FAIL(path, ": the content does not match its crc32c (", hex32(stored), " stored, ",
