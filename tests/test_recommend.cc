@@ -24,8 +24,10 @@
 #include <string>
 
 #include "data/dataset.h"
+#include "data/id_map.h"
 #include "model/topk.h"
 #include "test_util.h"
+#include "train/recommend_lists.h"
 
 namespace ncf {
 namespace {
@@ -517,6 +519,36 @@ TEST_F(Recommend, BadInputIsNamedWithItsFileAndLine) {
                   " --users all"),
               "no whole checkpoint");
   expect_fail(run(recommend(1, "")), "give --users or --pairs");
+}
+
+// Fuzzing found (fuzz/regressions/recommend_lists/): an inline --users list is
+// first looked up as a file, and a list of 256 characters or more (some 60
+// ids) made that lookup throw std::filesystem's "File name too long", so
+// ncf_recommend stopped naming no flag instead of reading the list.
+TEST(RecommendLists, ALongInlineListIsAListNotAFileName) {
+  std::string list;
+  std::vector<int32_t> want;
+  for (int k = 0; k < 150; ++k) {
+    list += (k ? "," : "") + std::to_string(k % 7);
+    want.push_back(k % 7);
+  }
+  ASSERT_GT(list.size(), 256u);
+  std::vector<int32_t> got;
+  try {
+    got = read_users(list, "data", IdMap(int64_t(10)));
+  } catch (const std::exception& e) {
+    FAIL() << e.what();
+  }
+  EXPECT_EQ(got, want);
+  // An id that is not in the dataset is still named by its entry.
+  try {
+    read_users(list + ",12", "data", IdMap(int64_t(10)));
+    ADD_FAILURE() << "user 12 of 10 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--users entry 151: user 12 is not in the dataset data"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -80,7 +80,11 @@ std::vector<int32_t> read_users(const std::string& users, const std::string& dat
     for (size_t u = 0; u < out.size(); ++u) out[u] = int32_t(u);
     return out;
   }
-  if (fs::is_regular_file(users)) {
+  // A list is not a file name: one of 256 characters or more (about 60 ids)
+  // makes stat fail with ENAMETOOLONG, which the throwing overload would turn
+  // into an exception naming no flag.
+  std::error_code not_a_file;
+  if (fs::is_regular_file(users, not_a_file)) {
     for (const CsvTextRecord& r : read_list_file("--users", users)) {
       if (blank(r) || (r.line == 1 && r.fields.size() == 1 && trim(r.fields[0]) == "user"))
         continue;
