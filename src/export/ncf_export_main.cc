@@ -11,6 +11,9 @@
 #include "export/onnx_export.h"
 #endif
 #include "export/trained_model.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/flag_range.h"
 
 namespace ncf {
 namespace {
@@ -40,17 +43,25 @@ int export_main(int& argc, char**& argv) {
 #else
   int64_t inline_limit = 0;
 #endif
-  // Hidden: the tests lower it to cover external data on a small model.
-  app.add_option("--external_data_bytes", inline_limit,
-                 "onnx, auto: most bytes of initializers kept inside the model")
-      ->check(CLI::NonNegativeNumber)
+  // Hidden: the tests lower it to cover external data on a small model. A
+  // protobuf message, the .onnx file, cannot pass 2 GiB.
+  add_ranged(app, "--external_data_bytes", inline_limit,
+             "onnx, auto: most bytes of initializers kept inside the model",
+             FlagRange::ints(0, INT32_MAX))
       ->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    throw_if_range_refusal(e);
     return app.exit(e);
   }
   const TrainedModel m = load_trained_model(checkpoint);
+  // The manifest's flags, each within the range ncf_dist's command line has:
+  // the model's shape came from them.
+  {
+    TrainConfig recorded;
+    apply_trajectory_flags(m.manifest.config, m.path + "/" + kCheckpointManifestFile, &recorded);
+  }
   if (format == "onnx") {
 #ifndef NCF_WITH_ONNX
     NCF_FAIL("--format onnx: this build has no ONNX support (install libonnx-dev and rebuild)");

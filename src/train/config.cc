@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
 
 #include "common/check.h"
+#include "train/flag_range.h"
 
 namespace ncf {
 
@@ -26,6 +28,75 @@ const Preset kPresets[] = {
     {"ml-20m-mlperf", 1048576, 0.0045, 0.25, 0.5, 1e-8, 64, {256, 256, 128, 64}, 4, 0.635},
     {"ncf-paper", 256, 0.001, 0.9, 0.999, 1e-8, 8, {64, 32, 16, 8}, 4, -1},
 };
+
+// Every numeric flag of ncf_dist with its range, in one place: the parser
+// attaches them (so --help states them and the command line is checked as it
+// is read), validate_config checks them again once the presets are applied,
+// and apply_trajectory_flags checks what a checkpoint's manifest recorded.
+// The size bounds keep the int64 products of the memory estimate and of the
+// buffers (samples x widths x bytes) far from overflowing; the others are
+// wide of any setting a recommender is trained with.
+template <class Config, class Visit>
+void for_each_numeric_flag(Config& c, Visit&& visit) {
+  constexpr uint64_t kMaxSteps = uint64_t{1} << 40;
+  visit("batch_size", c.batch_size, FlagRange::ints(1, uint64_t{1} << 34));
+  visit("eval_batch_size", c.eval_batch_size, FlagRange::ints(1, uint64_t{1} << 31));
+  visit("learning_rate", c.learning_rate, FlagRange::reals(0, 1000).open_low());
+  visit("beta1", c.beta1, FlagRange::reals(0, 1).open_high());
+  visit("beta2", c.beta2, FlagRange::reals(0, 1).open_high());
+  visit("epsilon", c.epsilon, FlagRange::reals(0, 1).open_low());
+  visit("num_factors", c.num_factors, FlagRange::ints(1, 4096));
+  visit("num_neg", c.num_neg, FlagRange::ints(0, 1000));
+  visit("train_epochs", c.train_epochs, FlagRange::ints(1, 100000));
+  visit("hr_threshold", c.hr_threshold, FlagRange::reals(0, 1).or_negative("never"));
+  visit("seed", c.seed, FlagRange::ints(0, UINT64_MAX));
+  visit("topk", c.topk, FlagRange::ints(1, 1 << 20));
+  visit("threads", c.threads, FlagRange::ints(0, 1024));
+  visit("embedding_lr", c.embedding_lr,
+        FlagRange::reals(0, 1000).open_low().or_negative("use --learning_rate"));
+  visit("l2_embedding", c.l2_embedding, FlagRange::reals(0, 1000));
+  visit("l2_dense", c.l2_dense, FlagRange::reals(0, 1000));
+  visit("adagrad_init", c.adagrad_init, FlagRange::reals(0, 1000));
+  visit("peer_timeout", c.peer_timeout, FlagRange::reals(0, 7 * 86400));
+  visit("memory_limit_gb", c.memory_limit_gb, FlagRange::reals(0, 1 << 20));
+  visit("max_steps", c.max_steps, FlagRange::ints(1, kMaxSteps).or_negative("whole epochs"));
+  visit("eval_users", c.eval_users, FlagRange::ints(0, uint64_t{1} << 31));
+  visit("tensorboard_every_steps", c.tensorboard_every_steps, FlagRange::ints(0, kMaxSteps));
+  visit("checkpoint_every_steps", c.checkpoint_every_steps, FlagRange::ints(0, kMaxSteps));
+  visit("checkpoint_every_minutes", c.checkpoint_every_minutes, FlagRange::reals(0, 525600));
+  visit("keep_checkpoints", c.keep_checkpoints, FlagRange::ints(1, 10000));
+  visit("checkpoint_chunk_kib", c.checkpoint_chunk_kib, FlagRange::ints(1, 1 << 24));
+}
+
+// --layers: each width, and how many there may be.
+FlagRange layer_width() { return FlagRange::ints(1, 65536); }
+constexpr size_t kMaxLayers = 32;
+
+template <typename T>
+std::string refusal_of(const FlagRange& r, const std::string& flag, T v) {
+  if constexpr (std::is_integral_v<T>)
+    return r.refusal(flag, static_cast<__int128>(v));
+  else
+    return r.refusal(flag, static_cast<double>(v));
+}
+
+// The checks of values a checkpoint records as well; `where` names the
+// manifest they came from ("" for the command line).
+void check_recorded_combinations(const TrainConfig& c, const std::string& where) {
+  const std::string at = where.empty() ? std::string() : where + ": ";
+  if (c.layers.empty() || c.layers.size() > kMaxLayers)
+    NCF_FAIL(at, "flag --layers needs 1 to ", kMaxLayers, " widths, got ", c.layers.size());
+  for (size_t k = 0; k < c.layers.size(); ++k) {
+    const std::string why = refusal_of(layer_width(), "--layers", c.layers[k]);
+    if (!why.empty()) NCF_FAIL(at, why, " (width ", k, ")");
+  }
+  if (c.layers[0] % 2 != 0)
+    NCF_FAIL(at, "flag --layers: layers[0] = ", c.layers[0],
+             " must be even (it is the user and item MLP embeddings side by side)");
+  if (c.batch_size < c.num_neg + 1)
+    NCF_FAIL(at, "flag --batch_size ", c.batch_size,
+             " holds no positive: it must be at least 1 + num_neg = ", c.num_neg + 1);
+}
 
 }  // namespace
 
@@ -68,7 +139,9 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--seed", c.seed, "seed of initialisation, negatives and record order")
       ->capture_default_str();
-  app.add_option("--topk", c.topk, "K of HR@K and NDCG@K")->capture_default_str();
+  app.add_option("--topk", c.topk,
+                 "K of HR@K and NDCG@K; at most the eval list's length, 1 + E of the dataset")
+      ->capture_default_str();
   app.add_option("--device", c.device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -124,7 +197,6 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "seconds a rank may wait in one collective before it ends itself, naming its "
                  "host: ends the ranks a lost or cut-off node leaves waiting (0: no limit; set "
                  "it above the longest healthy wait, e.g. a checkpoint chunk)")
-      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--topology", c.topology,
                  "links for the exchange's cost model: a file of key = value lines or inline "
@@ -135,7 +207,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "memory a rank may use for tables and state (0: the machine's available "
                  "memory divided among the node's ranks)")
       ->capture_default_str();
-  app.add_option("--max_steps", c.max_steps, "stop each epoch after this many global steps")
+  app.add_option("--max_steps", c.max_steps,
+                 "stop each epoch after this many global steps (negative: whole epochs)")
       ->capture_default_str();
   app.add_flag("!--no_shuffle", c.shuffle_records,
                "read train records in file order every epoch (default: an order per epoch)");
@@ -146,7 +219,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_flag("--eval_only", c.eval_only,
                "evaluate the checkpoint --resume names (or finds) and stop, without training");
   app.add_option("--eval_users", c.eval_users,
-                 "evaluate a fixed subset of this many users, drawn with --seed (0: all)")
+                 "evaluate a fixed subset of this many users, drawn with --seed (0: all; at "
+                 "most the dataset's eval users)")
       ->capture_default_str();
   app.add_option("--metrics_json", c.metrics_json, "append one JSON line per epoch to this file");
   app.add_flag("--mlperf_log", c.mlperf_log, "print MLPerf-style :::MLLOG lines");
@@ -189,14 +263,21 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "flags a resumed run may set differently from the checkpoint (some of "
                  "learning_rate, embedding_lr, train_epochs)")
       ->delimiter(',');
+  for_each_numeric_flag(c, [&](const char* name, auto& field, const FlagRange& range) {
+    const std::string flag = std::string("--") + name;
+    app.get_option(flag)->transform(range_check<std::decay_t<decltype(field)>>(flag, range));
+  });
+  app.get_option("--layers")->transform(range_check<std::vector<int>>("--layers", layer_width()));
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    throw_if_range_refusal(e);
     *exit_code = app.exit(e);
     return false;
   }
 
+  c.topk_given = app.count("--topk") > 0;
   if (!c.preset.empty()) {
     for (const Preset& p : kPresets) {
       if (c.preset != p.name) continue;
@@ -217,51 +298,16 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
 }
 
 void validate_config(const TrainConfig& c) {
-  auto positive = [](const char* flag, double v) {
-    if (!(v > 0)) NCF_FAIL("flag ", flag, " must be > 0, got ", v);
-  };
-  positive("--batch_size", double(c.batch_size));
-  positive("--eval_batch_size", double(c.eval_batch_size));
-  positive("--learning_rate", c.learning_rate);
-  positive("--epsilon", c.epsilon);
-  positive("--num_factors", c.num_factors);
-  positive("--train_epochs", c.train_epochs);
-  positive("--topk", c.topk);
-  if (c.num_neg < 0) NCF_FAIL("flag --num_neg must be >= 0, got ", c.num_neg);
-  if (c.num_neg > 1000) NCF_FAIL("flag --num_neg must be <= 1000, got ", c.num_neg);
-  if (!(c.beta1 >= 0 && c.beta1 < 1)) NCF_FAIL("flag --beta1 must be in [0, 1), got ", c.beta1);
-  if (!(c.beta2 >= 0 && c.beta2 < 1)) NCF_FAIL("flag --beta2 must be in [0, 1), got ", c.beta2);
-  if (c.layers.empty()) NCF_FAIL("flag --layers needs at least one width");
-  for (size_t k = 0; k < c.layers.size(); ++k)
-    if (c.layers[k] <= 0) NCF_FAIL("flag --layers: width ", k, " must be > 0, got ", c.layers[k]);
-  if (c.layers[0] % 2 != 0)
-    NCF_FAIL("flag --layers: layers[0] = ", c.layers[0],
-             " must be even (it is the user and item MLP embeddings side by side)");
-  if (c.batch_size < c.num_neg + 1)
-    NCF_FAIL("flag --batch_size ", c.batch_size,
-             " holds no positive: it must be at least 1 + "
-             "num_neg = ",
-             c.num_neg + 1);
-  if (c.l2_embedding < 0 || c.l2_dense < 0)
-    NCF_FAIL("L2 coefficients must be >= 0, got --l2_embedding ", c.l2_embedding, " --l2_dense ",
-             c.l2_dense);
-  if (c.threads < 0) NCF_FAIL("flag --threads must be >= 0, got ", c.threads);
-  if (c.max_steps == 0) NCF_FAIL("flag --max_steps must be > 0 (or negative for whole epochs)");
-  if (c.eval_users < 0) NCF_FAIL("flag --eval_users must be >= 0, got ", c.eval_users);
+  // Again after the presets; the command line's values were checked as read.
+  for_each_numeric_flag(c, [&](const char* name, const auto& value, const FlagRange& range) {
+    const std::string why = refusal_of(range, std::string("--") + name, value);
+    if (!why.empty()) NCF_FAIL(why);
+  });
+  check_recorded_combinations(c, "");
   if (c.eval_only && c.resume == "never")
     NCF_FAIL(
         "flag --eval_only needs a checkpoint: --resume PATH, or --resume auto with "
         "--checkpoint_dir");
-  if (c.tensorboard_every_steps < 0)
-    NCF_FAIL("flag --tensorboard_every_steps must be >= 0, got ", c.tensorboard_every_steps);
-  if (c.checkpoint_every_steps < 0)
-    NCF_FAIL("flag --checkpoint_every_steps must be >= 0, got ", c.checkpoint_every_steps);
-  if (c.checkpoint_every_minutes < 0)
-    NCF_FAIL("flag --checkpoint_every_minutes must be >= 0, got ", c.checkpoint_every_minutes);
-  if (c.checkpoint_chunk_kib < 1)
-    NCF_FAIL("flag --checkpoint_chunk_kib must be >= 1, got ", c.checkpoint_chunk_kib);
-  if (c.keep_checkpoints < 1)
-    NCF_FAIL("flag --keep_checkpoints must be >= 1, got ", c.keep_checkpoints);
   if ((c.checkpoint_every_steps > 0 || c.checkpoint_every_minutes > 0) && c.checkpoint_dir.empty())
     NCF_FAIL("flags --checkpoint_every_steps/--checkpoint_every_minutes need --checkpoint_dir");
   if (c.resume == "auto" && c.checkpoint_dir.empty())
@@ -298,34 +344,67 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
 }
 
 void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where, TrainConfig* c) {
-  auto get = [&](const char* key, auto* value) {
+  if (!flags.is_object()) NCF_FAIL(where, ": its flags ", flags.dump(), " are not an object");
+  auto value = [&](const char* key) -> const nlohmann::json& {
     if (!flags.contains(key)) NCF_FAIL(where, ": no value for flag --", key);
-    try {
-      flags.at(key).get_to(*value);
-    } catch (const nlohmann::json::exception&) {
-      NCF_FAIL(where, ": flag --", key, " has value ", flags.at(key).dump(), " of the wrong type");
-    }
+    return flags.at(key);
   };
-  get("batch_size", &c->batch_size);
-  get("learning_rate", &c->learning_rate);
-  get("beta1", &c->beta1);
-  get("beta2", &c->beta2);
-  get("epsilon", &c->epsilon);
-  get("num_factors", &c->num_factors);
-  get("layers", &c->layers);
-  get("num_neg", &c->num_neg);
-  get("train_epochs", &c->train_epochs);
-  get("seed", &c->seed);
-  get("precision", &c->precision);
-  get("embedding_optimizer", &c->embedding_optimizer);
-  get("embedding_lr", &c->embedding_lr);
-  get("l2_embedding", &c->l2_embedding);
-  get("l2_dense", &c->l2_dense);
-  get("adagrad_init", &c->adagrad_init);
-  get("max_steps", &c->max_steps);
-  get("shuffle_records", &c->shuffle_records);
+  auto wrong_type = [&](const char* key) {
+    NCF_FAIL(where, ": flag --", key, " has value ", flags.at(key).dump(), " of the wrong type");
+  };
+  // Numbers are range-checked as on the command line: a manifest may be old,
+  // or edited with its checksum recomputed, and a JSON integer converted
+  // unchecked would wrap (a seed of -1) or truncate.
+  const nlohmann::json recorded = trajectory_flags(*c);
+  for_each_numeric_flag(*c, [&](const char* key, auto& field, const FlagRange& range) {
+    using T = std::decay_t<decltype(field)>;
+    if (!recorded.contains(key)) return;
+    const nlohmann::json& j = value(key);
+    std::string why;
+    if constexpr (std::is_integral_v<T>) {
+      if (!j.is_number_integer()) wrong_type(key);
+      const __int128 v =
+          j.is_number_unsigned() ? __int128(j.get<uint64_t>()) : __int128(j.get<int64_t>());
+      why = range.refusal(std::string("--") + key, v);
+      if (why.empty()) field = static_cast<T>(v);  // in range, so it fits
+    } else {
+      if (!j.is_number()) wrong_type(key);
+      const double v = j.get<double>();
+      why = range.refusal(std::string("--") + key, v);
+      if (why.empty()) field = v;
+    }
+    if (!why.empty()) NCF_FAIL(where, ": ", why);
+  });
+  {
+    const nlohmann::json& j = value("layers");
+    if (!j.is_array()) wrong_type("layers");
+    std::vector<int> layers;
+    for (const nlohmann::json& w : j) {
+      if (!w.is_number_integer()) wrong_type("layers");
+      const __int128 v =
+          w.is_number_unsigned() ? __int128(w.get<uint64_t>()) : __int128(w.get<int64_t>());
+      const std::string why = layer_width().refusal("--layers", v);
+      if (!why.empty()) NCF_FAIL(where, ": ", why, " (width ", layers.size(), ")");
+      layers.push_back(int(v));
+    }
+    c->layers = layers;
+  }
+  auto get_string = [&](const char* key, std::string* out,
+                        const std::vector<std::string>& allowed) {
+    const nlohmann::json& j = value(key);
+    if (!j.is_string()) wrong_type(key);
+    *out = j.get<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), *out) == allowed.end())
+      NCF_FAIL(where, ": flag --", key, " has value ", j.dump(), ", not one of this program's");
+  };
+  get_string("precision", &c->precision, {"tf32", "fp32", "bf16"});
+  get_string("embedding_optimizer", &c->embedding_optimizer,
+             {"dense_adam", "lazy_adam", "sgd", "adagrad"});
+  if (!value("shuffle_records").is_boolean()) wrong_type("shuffle_records");
+  c->shuffle_records = flags.at("shuffle_records").get<bool>();
   if (trajectory_flags(*c) != flags)
     NCF_FAIL(where, ": its flags ", flags.dump(), " are not the set this program reads");
+  check_recorded_combinations(*c, where);
 }
 
 const std::vector<std::string>& changeable_flags() {

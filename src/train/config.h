@@ -23,7 +23,8 @@ struct TrainConfig {
   int train_epochs = 20;
   double hr_threshold = -1;  // stop when HR@K reaches it (< 0: never)
   uint64_t seed = 1;
-  int topk = 10;  // K of HR@K / NDCG@K
+  int topk = 10;            // K of HR@K / NDCG@K
+  bool topk_given = false;  // --topk was on the command line (not the default)
   std::string device = "cpu";
   std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
@@ -68,17 +69,21 @@ struct TrainConfig {
 // them: a resumed run may set them as it likes.
 nlohmann::json trajectory_flags(const TrainConfig& cfg);
 // The inverse: sets cfg's trajectory flags from such an object (a checkpoint
-// manifest's "config"); errors name `where` and the missing or mistyped flag.
+// manifest's "config"), each checked against the range the command line has;
+// errors name `where` and the missing, mistyped or out-of-range flag.
 void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where,
                             TrainConfig* cfg);
 // The trajectory flags a resumed run may change with --allow_changed_flags.
 const std::vector<std::string>& changeable_flags();
 
 // Parses argv (CLI11). Returns false when the program should exit right away
-// (--help), with *exit_code set. Throws ncf::Error on bad values.
+// (--help), with *exit_code set. Throws ncf::Error on bad values: every
+// numeric flag has a range, which --help states.
 bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code);
 
-// Checks that need no data: sizes, layer widths, combinations.
+// Checks that need no data: every numeric flag's range, layer widths,
+// combinations. (The ones that need the dataset, --topk and --eval_users
+// against its eval lists, are ncf_dist's.)
 void validate_config(const TrainConfig& cfg);
 
 }  // namespace ncf

@@ -14,6 +14,7 @@
 #include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "data/dataset.h"
 #include "model/cpu_matmul.h"
 #include "model/ops.h"
 #include "train/config.h"
@@ -88,6 +89,33 @@ void write_epoch_scalars(TensorBoardWriter& tb, int64_t step, int epoch, const E
   tb.flush();
 }
 
+// The flags whose range depends on the dataset: only its metadata knows how
+// long an eval list is (1 + E) and how many users it evaluates. Every rank
+// reads the same metadata, so every rank refuses alike, before any collective
+// of the trainer and before anything is written.
+void check_flags_against_data(const TrainConfig& cfg, const DatasetMeta& meta, bool lead) {
+  // Without evaluation neither flag is used (a checkpoint evaluated later is
+  // checked then, with --eval_only).
+  if (!cfg.eval_each_epoch && !cfg.eval_only) return;
+  const uint64_t list = uint64_t(meta.eval_negatives) + 1;
+  // Past the list's length every positive is in the top K: HR@K is 1 whatever
+  // the model. (K = 1 + E still gives the whole list's NDCG, so it stays.) The
+  // default K only earns a note, as the run goes on: a dataset with few
+  // negatives would otherwise need --topk on every run.
+  if (uint64_t(cfg.topk) > list) {
+    const std::string what = detail::concat(
+        " is more than the ", list, " candidates of each eval list of ", cfg.data_dir, " (1 + ",
+        meta.eval_negatives, " eval negatives): HR@K would count every user as a hit");
+    if (cfg.topk_given) NCF_FAIL("flag --topk ", cfg.topk, what, "; use --topk <= ", list);
+    if (lead)
+      std::fprintf(stderr, "ncf_dist: note: the default --topk %d%s; give --topk <= %llu\n",
+                   cfg.topk, what.c_str(), (unsigned long long)list);
+  }
+  if (uint64_t(cfg.eval_users) > meta.num_eval_users)
+    NCF_FAIL("flag --eval_users ", cfg.eval_users, " is more than the ", meta.num_eval_users,
+             " eval users of ", cfg.data_dir, " (0 evaluates them all)");
+}
+
 int train_main(int& argc, char**& argv) {
   TrainConfig cfg;
   int code = 0;
@@ -107,6 +135,7 @@ int train_main(int& argc, char**& argv) {
   const CpuReport cpu = cpu_report(rt, "ncf_dist");
   for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
   set_math_mode(parse_math_mode(cfg.precision));
+  check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
   // Before the trainer loads anything, so that a refused directory costs nothing
   // (collective; none with --eval_only).
   std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, *comm);

@@ -5,9 +5,11 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "common/check.h"
 #include "data/dataset.h"
@@ -15,6 +17,7 @@
 #include "data/source_tfmg.h"
 #include "data/sources.h"
 #include "data/synthetic.h"
+#include "train/flag_range.h"
 
 namespace {
 
@@ -86,9 +89,10 @@ int main(int argc, char** argv) {
                                     "row's timestamp/rating fields are not times/numbers)")
                          ->check(CLI::IsMember({"yes", "no", "auto"}))
                          ->capture_default_str();
-  auto* min_rating_opt = app.add_option(
-      "--min_rating", min_rating,
-      "csv: only rows rated at least this are positives (the others are skipped and counted)");
+  auto* min_rating_opt = ncf::add_ranged(
+      app, "--min_rating", min_rating,
+      "csv: only rows rated at least this are positives (the others are skipped and counted)",
+      ncf::FlagRange::reals(-1e9, 1e9));
   auto* skip_opt = app.add_flag("--skip_bad_rows", skip_bad_rows,
                                 "csv: count and skip bad rows (reported, and counted in "
                                 "metadata.json) instead of stopping at the first");
@@ -100,50 +104,61 @@ int main(int argc, char** argv) {
   app.add_option("--synthetic", synthetic,
                  "generate a synthetic dataset of a named shape: small, ml-1m, ml-20m, or custom "
                  "(then --users/--items/--interactions)");
-  app.add_option("--users", users, "synthetic: number of users (overrides the shape)");
-  app.add_option("--items", items, "synthetic: number of items (overrides the shape)");
-  app.add_option("--interactions", interactions,
-                 "synthetic: total interactions, train + test (overrides the shape)");
-  app.add_option("--zipf", sp.zipf_s, "synthetic: item popularity exponent s (weight 1/rank^s)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 4.0));
-  app.add_option("--activity_alpha", sp.activity_alpha,
-                 "synthetic: Pareto tail exponent of user activity")
-      ->capture_default_str()
-      ->check(CLI::Range(1.01, 10.0));
-  app.add_option("--rank", sp.rank, "synthetic: rank of the planted preferences")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--preference", sp.preference,
-                 "synthetic: share of interactions drawn from the planted taste, in [0, 1)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 0.999999));
-  app.add_option("--min_per_user", sp.min_per_user, "synthetic: interactions per user, at least")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
+  // Dense ids are int32 everywhere downstream; the interaction bound keeps
+  // users x per-user counts within uint64.
+  using ncf::add_ranged;
+  using ncf::FlagRange;
+  constexpr uint64_t kMaxId = INT32_MAX;
+  const std::vector<CLI::Option*> synthetic_opts = {
+      add_ranged(app, "--users", users, "synthetic: number of users (overrides the shape)",
+                 FlagRange::ints(1, kMaxId)),
+      add_ranged(app, "--items", items, "synthetic: number of items (overrides the shape)",
+                 FlagRange::ints(2, kMaxId)),
+      add_ranged(app, "--interactions", interactions,
+                 "synthetic: total interactions, train + test (overrides the shape)",
+                 FlagRange::ints(1, uint64_t{1} << 48)),
+      add_ranged(app, "--zipf", sp.zipf_s,
+                 "synthetic: item popularity exponent s (weight 1/rank^s)", FlagRange::reals(0, 4))
+          ->capture_default_str(),
+      add_ranged(app, "--activity_alpha", sp.activity_alpha,
+                 "synthetic: Pareto tail exponent of user activity", FlagRange::reals(1.01, 10))
+          ->capture_default_str(),
+      add_ranged(app, "--rank", sp.rank, "synthetic: rank of the planted preferences",
+                 FlagRange::ints(1, 1024))
+          ->capture_default_str(),
+      // Some popularity mass must stay, or items nobody's taste picks are never drawn.
+      add_ranged(app, "--preference", sp.preference,
+                 "synthetic: share of interactions drawn from the planted taste",
+                 FlagRange::reals(0, 1).open_high())
+          ->capture_default_str(),
+      add_ranged(app, "--min_per_user", sp.min_per_user,
+                 "synthetic: interactions per user, at least", FlagRange::ints(2, 1 << 20))
+          ->capture_default_str(),
+  };
   app.add_option("--output,-o", output, "dataset directory to write");
-  app.add_option("--eval_negatives", eval_negatives,
-                 "eval negatives per user, E (default 999; 99 for the NCF paper's files and the "
-                 "small synthetic shape)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--record_rows", opt.record_rows, "positive pairs per train record")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--num_shards", opt.num_shards, "files per kind (train, eval)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--seed", opt.seed, "seed of every random draw")->capture_default_str();
-  app.add_option("--threads", opt.threads, "worker threads (0: the cores this process may run on)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
-  app.add_option("--shuffle_buffer_mb", shuffle_mb,
-                 "memory bound of the train-pair shuffle; larger sets spill to temporary buckets")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--min_interactions", opt.min_interactions,
-                 "MovieLens and csv: users with fewer distinct items are dropped")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
+  add_ranged(app, "--eval_negatives", eval_negatives,
+             "eval negatives per user, E (default 999; 99 for the NCF paper's files and the "
+             "small synthetic shape)",
+             FlagRange::ints(1, 1 << 20));
+  add_ranged(app, "--record_rows", opt.record_rows, "positive pairs per train record",
+             FlagRange::ints(1, 1 << 24))
+      ->capture_default_str();
+  add_ranged(app, "--num_shards", opt.num_shards, "files per kind (train, eval)",
+             FlagRange::ints(1, 100000))
+      ->capture_default_str();
+  add_ranged(app, "--seed", opt.seed, "seed of every random draw", FlagRange::ints(0, UINT64_MAX))
+      ->capture_default_str();
+  add_ranged(app, "--threads", opt.threads, "worker threads (0: the cores this process may run on)",
+             FlagRange::ints(0, 1024))
+      ->capture_default_str();
+  add_ranged(app, "--shuffle_buffer_mb", shuffle_mb,
+             "memory bound of the train-pair shuffle; larger sets spill to temporary buckets",
+             FlagRange::ints(1, 1 << 20))
+      ->capture_default_str();
+  add_ranged(app, "--min_interactions", opt.min_interactions,
+             "MovieLens and csv: users with fewer distinct items are dropped",
+             FlagRange::ints(2, 1 << 20))
+      ->capture_default_str();
   app.add_option("--progress", progress,
                  "progress lines: auto (when stderr is a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -153,6 +168,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    try {
+      ncf::throw_if_range_refusal(e);
+    } catch (const std::exception& refusal) {
+      std::fprintf(stderr, "ncf_prep: error: %s\n", refusal.what());
+      return 1;
+    }
     return app.exit(e);
   }
 
@@ -170,6 +191,9 @@ int main(int argc, char** argv) {
       for (const CLI::Option* o :
            {columns_opt, separator_opt, header_opt, min_rating_opt, skip_opt})
         if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --format csv only");
+    if (synthetic.empty())
+      for (const CLI::Option* o : synthetic_opts)
+        if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --synthetic only");
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
       if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());

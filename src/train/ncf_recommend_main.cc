@@ -26,6 +26,7 @@
 #include "model/ops.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/flag_range.h"
 #include "train/recommend_lists.h"
 #include "train/trainer.h"
 
@@ -61,8 +62,7 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
                                "a CSV file of 'user,item' lines (header 'user,item' allowed) to "
                                "score");
   users->excludes(pairs);
-  app.add_option("--topk", f->topk, "items per user")
-      ->check(CLI::Range(1, 1 << 20))
+  add_ranged(app, "--topk", f->topk, "items per user", FlagRange::ints(1, 1 << 20))
       ->capture_default_str();
   app.add_flag("--include_seen", f->include_seen,
                "keep the user's known interactions (training items and the held-out test item)");
@@ -74,21 +74,23 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
   app.add_option("--device", f->device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--threads", f->threads,
-                 "CPU threads per rank (0: the cores its affinity mask allows, each shared among "
-                 "the node's ranks that may run on it)")
+  add_ranged(app, "--threads", f->threads,
+             "CPU threads per rank (0: the cores its affinity mask allows, each shared among "
+             "the node's ranks that may run on it)",
+             FlagRange::ints(0, 1024))
       ->capture_default_str();
   app.add_option("--comm", f->comm, "auto, mpi, nccl or single")
       ->check(CLI::IsMember({"auto", "mpi", "nccl", "single"}))
       ->capture_default_str();
   app.add_option("--shard_plan", f->shard_plan, "table placement, as ncf_dist's --shard_plan")
       ->capture_default_str();
-  app.add_option("--batch_size", f->batch_size, "scores per round on each rank")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+  add_ranged(app, "--batch_size", f->batch_size, "scores per round on each rank",
+             FlagRange::ints(1, uint64_t{1} << 31))
       ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    throw_if_range_refusal(e);
     *code = app.exit(e);
     return false;
   }
