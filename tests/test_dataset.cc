@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "data/crc32c.h"
 #include "data/dataset.h"
 #include "data/format.h"
 #include "data/ncf_record.pb.h"
@@ -730,6 +731,42 @@ TEST(DatasetErrors, MetadataIntegersMustFitTheirFields) {
   EXPECT_TRUE(has(load_error(d.path()), mp + ": metadata field 'crc32c'")) << load_error(d.path());
   test::write_file(mp, good.dump(2));
   EXPECT_EQ(load_error(d.path()), "");
+}
+
+// Found by reading the code behind fuzz_positives (reproducer in
+// fuzz/regressions/positives/, where the target's layout property catches it):
+// positives.bin's expected size was computed from the metadata's counts with
+// wrapping arithmetic, so num_positives = 2^62 + 2 made the size of 2 and a
+// 56-byte file whose header and last offset said 2^62 + 2 was accepted; every
+// reader of the lists would then read past the end of the map. Such a count
+// is refused, naming the metadata.
+TEST(DatasetErrors, PositivesCountBeyondAnyFileIsRefused) {
+  TempDir d;
+  const uint64_t nnz = (uint64_t{1} << 62) + 2;
+  std::string file = "NCFPOS01";
+  auto put64 = [&](uint64_t v) { file.append(reinterpret_cast<const char*>(&v), 8); };
+  put64(1);    // users
+  put64(nnz);  // positives
+  put64(0);
+  put64(0);  // offsets: [0, nnz)
+  put64(nnz);
+  for (int32_t item : {1, 2}) file.append(reinterpret_cast<const char*>(&item), 4);
+  ASSERT_EQ(file.size(), 56u);
+  test::write_file(d.file("positives.bin"), file);
+  DatasetMeta m;
+  m.num_users = 1;
+  m.num_items = 5;
+  m.num_positives = nnz;
+  m.positives_bytes = file.size();
+  m.positives_crc32c = crc32c(file.data(), file.size());
+  try {
+    PositiveLists lists(d.path(), m);
+    ADD_FAILURE() << "accepted " << lists.nnz() << " positives in a file of " << file.size()
+                  << " bytes";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), d.file("metadata.json") + ": num_positives " + std::to_string(nnz)))
+        << e.what();
+  }
 }
 
 TEST(DatasetErrors, PositivesFileDamaged) {

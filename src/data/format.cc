@@ -538,7 +538,12 @@ void PositivesWriter::finish(uint64_t* bytes, uint32_t* crc) {
 PositiveLists::PositiveLists(const std::string& dir, const DatasetMeta& meta) {
   std::string path = dir + "/" + kPositivesFile;
   // The layout fixes the size from the counts; a metadata whose recorded size
-  // disagrees was not written by ncf_prep.
+  // disagrees was not written by ncf_prep. Counted without wrapping: 2^62 + k
+  // positives would make the size of k and pass, and every list would then be
+  // read past the end of the file.
+  if (meta.num_positives > (UINT64_MAX - positives_items_offset(meta.num_users)) / 4)
+    NCF_FAIL(dir, "/", kMetadataFile, ": num_positives ", meta.num_positives, " with ",
+             meta.num_users, " users is more than a positives.bin can hold; re-run ncf_prep");
   const uint64_t want = positives_file_bytes(meta.num_users, meta.num_positives);
   if (meta.positives_bytes != want)
     NCF_FAIL(dir, "/", kMetadataFile, ": positives.bytes is ", meta.positives_bytes, " but ",
