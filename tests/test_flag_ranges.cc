@@ -333,6 +333,16 @@ TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {
         << r.output;
   }
   {
+    // A width past the range is refused before the model's shape is built
+    // from it (ncf_export would otherwise size the tower first).
+    TempDir t;
+    const std::string copy = edited_checkpoint(t, "layers", {64, 1 << 30});
+    const auto r = run(bin("ncf_export") + " --checkpoint " + copy + " --format npy --output " +
+                       t.file("npy"));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(copy + "/manifest.json: flag --layers"), std::string::npos) << r.output;
+  }
+  {
     TempDir t;
     const std::string copy = edited_checkpoint(t, "num_neg", 1001);
     const auto r = run("timeout 120 " + bin("ncf_recommend") + " --checkpoint " + copy +

@@ -55,13 +55,11 @@ int export_main(int& argc, char**& argv) {
     throw_if_range_refusal(e);
     return app.exit(e);
   }
+  // The manifest's flags are held to ncf_dist's ranges inside, before the
+  // model's shape is built from them.
   const TrainedModel m = load_trained_model(checkpoint);
-  // The manifest's flags, each within the range ncf_dist's command line has:
-  // the model's shape came from them.
-  {
-    TrainConfig recorded;
-    apply_trajectory_flags(m.manifest.config, m.path + "/" + kCheckpointManifestFile, &recorded);
-  }
+  for (const std::string& w : m.warnings)
+    std::fprintf(stderr, "ncf_export: warning: %s\n", w.c_str());
   if (format == "onnx") {
 #ifndef NCF_WITH_ONNX
     NCF_FAIL("--format onnx: this build has no ONNX support (install libonnx-dev and rebuild)");

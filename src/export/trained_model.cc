@@ -5,6 +5,7 @@
 
 #include "comm/single_communicator.h"
 #include "common/check.h"
+#include "train/config.h"
 
 namespace ncf {
 
@@ -45,13 +46,17 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   const CheckpointReader& ck = *m.reader;
   m.path = ck.path();
   m.manifest = ck.manifest();
+  m.warnings = m.manifest.unsealed_warning.empty()
+                   ? std::vector<std::string>{}
+                   : std::vector<std::string>{m.manifest.unsealed_warning};
   const std::string where = ck.path() + "/" + kCheckpointManifestFile;
-  try {
-    m.config.mf_dim = m.manifest.config.at("num_factors").get<int>();
-    m.config.layers = m.manifest.config.at("layers").get<std::vector<int>>();
-  } catch (const nlohmann::json::exception&) {
-    NCF_FAIL(where, ": config has no valid num_factors and layers");
-  }
+  // The recorded flags, each within the range ncf_dist's command line has,
+  // before the model's shape is built from them (a width past the range would
+  // otherwise be allocated first).
+  TrainConfig recorded;
+  apply_trajectory_flags(m.manifest.config, where, &recorded);
+  m.config.mf_dim = recorded.num_factors;
+  m.config.layers = recorded.layers;
   m.config.validate();
   m.D = m.config.embedding_width();
   const NeuMF shape(m.config, Device::kCpu);

@@ -25,6 +25,8 @@ struct TrainedModel {
   std::vector<DenseLayerView> tower;
   int64_t head_w_offset = 0, head_c_offset = 0;
   std::shared_ptr<const CheckpointReader> reader;
+  // For the user: a version 1 manifest, which has no checksum of its own.
+  std::vector<std::string> warnings;
 
   enum Table { kUsers, kItems };
   int64_t rows(Table t) const { return t == kUsers ? U : I; }
