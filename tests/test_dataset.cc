@@ -769,6 +769,36 @@ TEST(DatasetErrors, PositivesCountBeyondAnyFileIsRefused) {
   }
 }
 
+// Fuzzing found (fuzz/regressions/dataset/): verify_dataset, and the readers,
+// size buffers from train_record_rows and eval_negatives before reading a
+// shard, and metadata.json took any uint32 for them, so a sealed file with
+// "train_record_rows": 4000000000 (and no train shards) or "eval_negatives":
+// 4000000000 made them allocate 16 GB. Both are bounded by what ncf_prep
+// writes (--record_rows 2^24, --eval_negatives 2^20), naming the field.
+TEST(DatasetErrors, MetadataRecordAndListSizesAreBounded) {
+  TempDir d;
+  write_small(d.path());
+  const std::string mp = d.file("metadata.json");
+  const nlohmann::json good = nlohmann::json::parse(test::read_file(mp));
+  nlohmann::json j = good;
+  nlohmann::json eval_only = nlohmann::json::array();
+  for (const auto& s : j["shards"])
+    if (s["kind"] == "eval") eval_only.push_back(s);
+  j["shards"] = eval_only;
+  j["num_train"] = 0;
+  j["train_record_rows"] = 4000000000u;
+  j["crc32c"] = metadata_crc32c(j);
+  test::write_file(mp, j.dump(2));
+  std::string e = load_error(d.path());
+  EXPECT_TRUE(has(e, mp + ": train_record_rows 4000000000 is outside [1, 16777216]")) << e;
+  j = good;
+  j["eval_negatives"] = 4000000000u;
+  j["crc32c"] = metadata_crc32c(j);
+  test::write_file(mp, j.dump(2));
+  e = load_error(d.path());
+  EXPECT_TRUE(has(e, mp + ": eval_negatives 4000000000 is more than 1048576")) << e;
+}
+
 TEST(DatasetErrors, PositivesFileDamaged) {
   TempDir d;
   write_small(d.path());

@@ -195,7 +195,11 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
   if (m.num_users > INT32_MAX || m.num_items > INT32_MAX)
     NCF_FAIL(path, ": ids must fit int32 (num_users ", m.num_users, ", num_items ", m.num_items,
              ")");
-  if (m.train_record_rows == 0) NCF_FAIL(path, ": train_record_rows is 0");
+  if (m.train_record_rows == 0 || m.train_record_rows > kMaxRecordRows)
+    NCF_FAIL(path, ": train_record_rows ", m.train_record_rows, " is outside [1, ", kMaxRecordRows,
+             "]");
+  if (m.eval_negatives > kMaxEvalNegatives)
+    NCF_FAIL(path, ": eval_negatives ", m.eval_negatives, " is more than ", kMaxEvalNegatives);
   uint64_t recs = 0, rows = 0;
   for (const ShardInfo* s : m.shards_of("train")) {
     if (s->first_record != recs)
@@ -478,7 +482,10 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   NCF_CHECK(plan.num_train > 0, "dataset has no training pairs");
   NCF_CHECK(plan.num_users <= INT32_MAX && plan.num_items <= INT32_MAX,
             "ids must fit int32: num_users ", plan.num_users, ", num_items ", plan.num_items);
-  NCF_CHECK(plan.record_rows > 0, "record_rows must be > 0, got ", plan.record_rows);
+  NCF_CHECK(plan.record_rows > 0 && plan.record_rows <= kMaxRecordRows,
+            "record_rows must be in [1, ", kMaxRecordRows, "], got ", plan.record_rows);
+  NCF_CHECK(plan.eval_negatives <= kMaxEvalNegatives, "eval_negatives must be at most ",
+            kMaxEvalNegatives, ", got ", plan.eval_negatives);
   NCF_CHECK(plan.num_shards > 0, "num_shards must be > 0, got ", plan.num_shards);
   std::error_code ec;
   fs::create_directories(dir, ec);

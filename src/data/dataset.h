@@ -21,6 +21,12 @@ constexpr uint32_t kFormatVersion = 2;
 constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
+// The largest train record (positives) and eval list (E negatives) a dataset
+// may have, ncf_prep's --record_rows and --eval_negatives ranges: readers and
+// verify size their buffers from these fields before any shard is read, so
+// metadata beyond them is refused rather than allocated for.
+constexpr uint32_t kMaxRecordRows = uint32_t{1} << 24;
+constexpr uint32_t kMaxEvalNegatives = uint32_t{1} << 20;
 
 // An id map file gives the original id of each dense id, in one of two kinds:
 //
