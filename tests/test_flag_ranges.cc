@@ -128,8 +128,15 @@ bool running_with(const std::string& marker) {
     const std::string pid = e.path().filename();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
     if (pid == std::to_string(getpid())) continue;
-    std::ifstream f(e.path() / "cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // A process that ends between the listing and the read fails the read with
+    // ESRCH, which libstdc++'s filebuf throws as ios_base::failure: it is not running.
+    std::string cmd;
+    try {
+      std::ifstream f(e.path() / "cmdline", std::ios::binary);
+      cmd.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::ios_base::failure&) {
+      continue;
+    }
     if (cmd.find(marker) != std::string::npos) return true;
   }
   return false;
