@@ -17,12 +17,24 @@
 namespace ncf {
 namespace {
 
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 // Shard files are written once, front to back: a big buffer turns many small
 // frame pieces into few large write(2) calls.
 constexpr size_t kWriteBuffer = size_t{4} << 20;
 // Reads are mostly sequential, but seek() followed by a small read refills the
 // whole buffer, so it is kept smaller than the writer's.
 constexpr size_t kReadBuffer = size_t{1} << 20;
+// file_crc32c reads whole files in pieces of this size.
+constexpr size_t kCrcChunk = size_t{4} << 20;
+#else
+// The fuzz targets' build (fuzz/CMakeLists.txt): AddressSanitizer poisons and
+// unpoisons every byte of an allocation this large when it is made and freed,
+// which made each small file the targets write cost milliseconds. Only the
+// sizes of the buffers differ; the bytes written and read are the same.
+constexpr size_t kWriteBuffer = size_t{64} << 10;
+constexpr size_t kReadBuffer = size_t{64} << 10;
+constexpr size_t kCrcChunk = size_t{64} << 10;
+#endif
 constexpr size_t kHeaderBytes = 12;  // uint64 length + uint32 masked CRC of it
 // A shard header is a few dozen bytes; a larger length field is corruption.
 constexpr uint64_t kMaxHeaderBytes = 1 << 20;
@@ -630,14 +642,16 @@ void check_positive_lists(const PositiveLists& pos, const DatasetMeta& meta,
 // ------------------------------------------------------------- whole files ---
 
 void file_crc32c(const std::string& path, uint64_t* bytes, uint32_t* crc) {
+  // Not zero-filled: fread fills what is used, and most files checksummed are
+  // far smaller than the buffer.
+  std::unique_ptr<char[]> buf(new char[kCrcChunk]);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) NCF_FAIL("cannot open ", path, ": ", std::strerror(errno));
-  std::vector<char> buf(4 << 20);
   uint32_t c = 0;
   uint64_t n = 0;
   size_t got;
-  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
-    c = crc32c_extend(c, buf.data(), got);
+  while ((got = std::fread(buf.get(), 1, kCrcChunk, f)) > 0) {
+    c = crc32c_extend(c, buf.get(), got);
     n += got;
   }
   bool err = std::ferror(f);
