@@ -24,6 +24,7 @@
 #include "data/format.h"
 #include "data/ncf_record.pb.h"
 #include "data/source_tfmg.h"
+#include "data/tf_example.pb.h"
 #include "model/metrics.h"
 #include "test_util.h"
 
@@ -570,6 +571,64 @@ TEST(Tfmg, MetaDataWithAnUnrepresentableNumberIsRefusedNamingTheFile) {
     ADD_FAILURE() << "not an ncf::Error: " << err.what();
   }
   EXPECT_NE(e.find(meta + ": not valid JSON"), std::string::npos) << e;
+}
+
+// Found by reading source_tfmg.cc while fuzzing it (reproducer in
+// fuzz/regressions/tfmg/): meta_data.json's counts were held to the records
+// only once they were read, and cycle 0's per-user offsets and the eval lists
+// were sized by num_users first, so a meta claiming 10^7 users (2 x 10^9 in
+// the reproducer: 16 GB) with a few small shards allocated for all of them.
+// Eval shards too small for num_eval_elements rows are refused up front.
+TEST(Tfmg, UsersBeyondWhatTheEvalShardsHoldAreRefusedBeforeAllocating) {
+  TempDir t;
+  const std::string dir = t.file("tf");
+  std::filesystem::create_directories(dir + "/training_cycle_0");
+  std::filesystem::create_directories(dir + "/eval_data");
+  const uint64_t users = 10000000;
+  const nlohmann::json meta = {{"num_users", users},
+                               {"num_items", 14},
+                               {"constructor_type", "bisection"},
+                               {"num_train_elements", 60},
+                               {"num_eval_elements", users * 4},
+                               {"num_train_epochs", 1},
+                               {"train_prebatch_size", 16},
+                               {"eval_prebatch_size", 12},
+                               {"num_train_steps", 4},
+                               {"num_eval_steps", (users * 4 + 11) / 12}};
+  test::write_file(dir + "/meta_data.json", meta.dump());
+  // Cycle 0 as TF-MG writes it: 60 valid rows in 4 records of 16, each a
+  // distinct positive (user r % 10, item r / 10).
+  {
+    RecordWriter w(dir + "/training_cycle_0/shard_0.tfrecords");
+    for (int rec = 0; rec < 4; ++rec) {
+      tfexample::Example ex;
+      auto& f = *ex.mutable_features()->mutable_feature();
+      for (int k = 0; k < 16; ++k) {
+        const int r = rec * 16 + k;
+        const bool valid = r < 60;
+        f["user_id"].mutable_int64_list()->add_value(valid ? r % 10 : 0);
+        f["item_id"].mutable_int64_list()->add_value(valid ? r / 10 : 0);
+        f["labels"].mutable_int64_list()->add_value(valid ? 1 : 0);
+        f["valid_point_mask"].mutable_int64_list()->add_value(valid ? 1 : 0);
+      }
+      w.write(ex.SerializeAsString());
+    }
+    w.close();
+  }
+  test::write_file(dir + "/eval_data/shard_0.tfrecords", "");
+  std::string e;
+  try {
+    PrepOptions opt;
+    opt.threads = 1;
+    opt.eval_negatives = 0;  // as many as the data has
+    prepare_tfmg(dir, t.file("out"), opt);
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find(dir + "/eval_data: its 1 shard files hold 0 bytes, too few for the 40000000 "
+                         "eval rows"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace

@@ -219,6 +219,26 @@ Layout find_layout(const std::string& dir, const TfmgMeta& m) {
   return lay;
 }
 
+// Every eval row is three Int64List values of at least a byte each, so shard
+// files of fewer than 3 x num_eval_elements bytes cannot hold the rows the meta
+// announces. Checked before anything is sized by num_users (cycle 0's
+// per-user offsets, the eval lists): meta_data.json's counts are otherwise
+// only held to the records once they are read, and 2 x 10^9 users with a few
+// small shards asked for 16 GB first.
+void check_eval_bytes(const std::string& dir, const Layout& lay, const TfmgMeta& m) {
+  uint64_t bytes = 0;
+  for (const std::string& path : lay.eval) {
+    std::error_code ec;
+    const uint64_t n = fs::file_size(path, ec);
+    if (ec) NCF_FAIL("cannot read the size of ", path, ": ", ec.message());
+    bytes += n;
+  }
+  if (m.num_eval_elements > bytes / 3)
+    NCF_FAIL(dir, "/", kEvalDir, ": its ", lay.eval.size(), " shard files hold ", bytes,
+             " bytes, too few for the ", m.num_eval_elements, " eval rows ", m.path,
+             " announces (num_eval_elements; a row takes at least 3 bytes)");
+}
+
 // ------------------------------------------------------------- records ---
 
 // A bound on a record's size: Int64List values take at most 10 bytes each.
@@ -647,6 +667,7 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
              "num_users - 1) but ", opt.eval_negatives, " were requested (pass --eval_negatives ",
              E, " or leave it unset)");
   const Layout lay = find_layout(dir, m);
+  check_eval_bytes(dir, lay, m);
   auto say = [&](const std::string& what) {
     if (opt.progress) std::fprintf(stderr, "prep: %s (%.1f s)\n", what.c_str(), progress.seconds());
   };
