@@ -6,8 +6,8 @@
 # they are checked too. Exits non-zero on a failed test or on any sanitizer
 # report, including one from a program a test expected to fail.
 #   bash scripts/sanitize.sh [ctest arguments, e.g. -R Csv]
-# NCF_ASAN_BUILD_DIR overrides the build directory. Takes about an hour on a
-# 2-core machine (README, "Building by hand"), so CI does not run it.
+# NCF_ASAN_BUILD_DIR overrides the build directory. About 26 minutes on a 2-core
+# machine from nothing (README, "Building by hand"), so CI does not run it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
