@@ -538,6 +538,36 @@ TEST(Csv, HeaderRuleAndColumnErrors) {
   EXPECT_EQ(b.held_out["b"], "x");
 }
 
+// Fuzzing found (fuzz/regressions/csv/): the header rule reads the first two
+// rows, and when a block of the file ended exactly where the first row did it
+// stopped at one row, so where the blocks fell (NCF_CSV_BLOCK_BYTES here, 32
+// MiB of blank lines first in a real file) decided between a header, a
+// request for --header and a too-long row. The rows are read on past a block
+// boundary: the outcome is the same whatever the block size.
+TEST(Csv, TheHeaderRuleSeesTwoRowsWhereverABlockEnds) {
+  TempDir in;
+  const std::string file = in.file("log.csv");
+  const std::string text = "user,item\n1,2\n1,3\n4,2\n4,3\n6,7\n6,8\n";
+  write_file(file, text);
+  TempDir base;
+  ASSERT_TRUE(
+      prepare_csv(file, csv_options("user=0,item=1"), base.path(), options(1)).generator["header"]);
+  // Every block size, the first row ("user,item\n", 10 bytes) ending a block
+  // at 10 and 5, and the second row ending one at 7 and 14.
+  for (size_t block = 1; block <= text.size() + 1; ++block) {
+    ScopedEnv env("NCF_CSV_BLOCK_BYTES", std::to_string(block));
+    TempDir out;
+    std::string e;
+    try {
+      prepare_csv(file, csv_options("user=0,item=1"), out.path(), options(1));
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    EXPECT_EQ(e, "") << "block " << block;
+    if (e.empty()) expect_same_dirs(base.path(), out.path(), "block " + std::to_string(block));
+  }
+}
+
 TEST(Csv, FlagsAndFormats) {
   EXPECT_EQ(parse_input_format("csv"), InputFormat::kCsv);
   EXPECT_EQ(parse_input_format(format_name(InputFormat::kCsv)), InputFormat::kCsv);

@@ -663,7 +663,10 @@ FirstRows first_rows(BlockReader& reader, std::vector<char>* buf, size_t start, 
     if (sc.status() == CsvScanner::Status::kTooLong)
       NCF_FAIL(file, ":", 1 + sc.lines(), ": a row longer than ", syntax.max_record_bytes,
                " bytes: not an interaction file with these --separator and quoting rules");
-    if (f.rows.size() >= want || *eof || sc.status() != CsvScanner::Status::kNeedMore) return f;
+    // Fewer rows than wanted and more input: read on, also when the buffer
+    // ended exactly at a record's end (the scanner then says kDone, not
+    // kNeedMore), or where the blocks happen to end would decide the header.
+    if (f.rows.size() >= want || *eof) return f;
     if (reader.append_next(buf) == 0) *eof = true;
   }
 }
