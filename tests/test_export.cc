@@ -18,12 +18,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
 #include <tuple>
 
 #include "test_util.h"
+#include "train/checkpoint.h"
 
 namespace ncf {
 namespace {
@@ -393,6 +395,27 @@ TEST_F(Export, BadInputIsNamed) {
   expect_fail(run(bin("ncf_export") + " --checkpoint " + t.file("ck") + " --format onnx --output " +
                   t.file("m.onnx")),
               "item.rows.f32");
+}
+
+// Fuzzing found (fuzz/regressions/trained_model/): ncf_export built the
+// model's shape, allocating its parameters and gradients, before holding
+// tower.f32 to it, so a sealed manifest with layers 65536,65536 (each width
+// within ncf_dist's range) asked for 2 x 17 GB for a file of a few hundred
+// bytes. The file's size is checked first: under a 6 GB address-space limit
+// the refusal names the file instead of running out of memory.
+TEST_F(Export, ATowerLargerThanItsFileIsRefusedBeforeAllocating) {
+  TempDir t;
+  const std::string copy = t.file("ck");
+  std::filesystem::copy(*ck_, copy);
+  const std::string manifest = copy + "/" + kCheckpointManifestFile;
+  nlohmann::json j = nlohmann::json::parse(test::read_file(manifest));
+  j["config"]["layers"] = {65536, 65536};
+  j["crc32c"] = checkpoint_manifest_crc32c(j);
+  test::write_file(manifest, j.dump(1));
+  const auto r = run("ulimit -v 6000000; " + bin("ncf_export") + " --checkpoint " + copy +
+                     " --format npy --output " + t.file("npy"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(copy + ": tower.f32 has "), std::string::npos) << r.output;
 }
 
 // A CSV interaction log's string ids: user_ids.npy / item_ids.npy hold them as

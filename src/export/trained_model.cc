@@ -59,13 +59,16 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   m.config.layers = recorded.layers;
   m.config.validate();
   m.D = m.config.embedding_width();
+  // tower.f32 against the shape before the shape is built: widths within
+  // ncf_dist's ranges (65536,65536) still make a tower of 17 GB, which the
+  // model's buffers would otherwise allocate for a file of a few bytes.
+  const int64_t n_params = NeuMF::param_count(m.config);
+  NCF_CHECK(ck.bytes("tower.f32") == 3 * n_params * 4, ck.path(), ": tower.f32 has ",
+            ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * n_params * 4);
   const NeuMF shape(m.config, Device::kCpu);
   m.tower = shape.tower();
   m.head_w_offset = shape.head_w_offset();
   m.head_c_offset = shape.head_c_offset();
-  const int64_t n_params = shape.num_params();
-  NCF_CHECK(ck.bytes("tower.f32") == 3 * n_params * 4, ck.path(), ": tower.f32 has ",
-            ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * n_params * 4);
   m.params.resize(size_t(n_params));
   ck.read("tower.f32", 0, m.params.data(), m.params.size() * 4);
   for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {

@@ -19,24 +19,39 @@ void NeuMFConfig::validate() const {
             " must be even (it is the concat of the user and item MLP parts)");
 }
 
-NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
-  config_.validate();
+namespace {
+
+// The flat layout (see neumf.h): each tower layer's W then b, then the head's
+// w and c. Returns the floats in all; fills the views and offsets when given.
+int64_t flat_layout(const NeuMFConfig& config, std::vector<DenseLayerView>* tower,
+                    int64_t* head_w_offset, int64_t* head_c_offset) {
   int64_t off = 0;
-  for (size_t l = 0; l + 1 < config_.layers.size(); ++l) {
+  for (size_t l = 0; l + 1 < config.layers.size(); ++l) {
     DenseLayerView v;
-    v.in = config_.layers[l];
-    v.out = config_.layers[l + 1];
+    v.in = config.layers[l];
+    v.out = config.layers[l + 1];
     v.w_offset = off;
     off += static_cast<int64_t>(v.in) * v.out;
     v.b_offset = off;
     off += v.out;
-    tower_.push_back(v);
+    if (tower) tower->push_back(v);
   }
-  head_w_offset_ = off;
-  off += config_.head_width();
-  head_c_offset_ = off;
-  off += 1;
-  num_params_ = off;
+  if (head_w_offset) *head_w_offset = off;
+  off += config.head_width();
+  if (head_c_offset) *head_c_offset = off;
+  return off + 1;
+}
+
+}  // namespace
+
+int64_t NeuMF::param_count(const NeuMFConfig& config) {
+  config.validate();
+  return flat_layout(config, nullptr, nullptr, nullptr);
+}
+
+NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
+  config_.validate();
+  num_params_ = flat_layout(config_, &tower_, &head_w_offset_, &head_c_offset_);
   params_ = Buffer<float>(device, static_cast<size_t>(num_params_));
   grads_ = Buffer<float>(device, static_cast<size_t>(num_params_));
   acts_.resize(tower_.size());

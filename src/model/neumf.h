@@ -77,6 +77,9 @@ class NeuMF {
   const NeuMFConfig& config() const { return config_; }
   Device device() const { return params_.device(); }
   int64_t num_params() const { return num_params_; }
+  // The floats of the flat buffer a model of this shape has, without building
+  // it: readers of a checkpoint hold its files to the shape before allocating.
+  static int64_t param_count(const NeuMFConfig& config);
   Buffer<float>& params() { return params_; }
   const Buffer<float>& params() const { return params_; }
   Buffer<float>& grads() { return grads_; }
