@@ -8,6 +8,10 @@ bash "$root/scripts/build.sh"
 build="${NCF_BUILD_DIR:-$root/build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+# Every reader of outside bytes under libFuzzer with ASan and UBSan (fuzz/):
+# each seed and each finding's reproducer replayed, then a few seconds of
+# fuzzing per target. Builds build-fuzz/ with clang (installed when missing).
+bash "$root/scripts/fuzz_replay.sh"
 # Preemption under a real one-node Slurm cluster (tests/slurm/): needs root to
 # run slurmd; installs Debian's Slurm and munge on first use.
 if [ "$(id -u)" -eq 0 ]; then

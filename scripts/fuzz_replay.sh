@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# CI's fuzzing step (scripts/run_tests.sh runs it after ctest): builds the fuzz
+# targets (scripts/fuzz_build.sh: clang, libFuzzer, ASan + UBSan), replays
+# every seed (fuzz/corpus/<t>) and every finding's reproducer
+# (fuzz/regressions/<t>) once under the sanitizers, then fuzzes each target
+# for a few seconds from them (NCF_FUZZ_SECONDS, default 5), nproc targets at
+# a time. What the short runs learn is thrown away; what they find is kept in
+# build-fuzz/ci/findings/<t>/ and fails the step, with the log's end printed.
+#   bash scripts/fuzz_replay.sh [target ...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${NCF_FUZZ_BUILD_DIR:-$root/build-fuzz}"
+seconds="${NCF_FUZZ_SECONDS:-5}"
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in "$root"/fuzz/fuzz_*.cc; do
+    t="$(basename "$f" .cc)"
+    [ "$t" = fuzz_util ] || targets+=("${t#fuzz_}")
+  done
+fi
+t0=$SECONDS
+bash "$root/scripts/fuzz_build.sh"
+echo "fuzz_replay: built the fuzz targets in $((SECONDS - t0)) s" >&2
+
+ci="$build/ci"
+rm -rf "$ci"
+mkdir -p "$ci"
+flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048)
+# Stack traces for undefined behaviour too (ASan prints its own).
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+
+# Replay, then a short fuzz; the exit status is the target's first failure.
+one() {
+  local t="$1" bin="$build/fuzz_$1" log="$ci/$1.log"
+  local dirs=("$root/fuzz/corpus/$t")
+  [ -d "$root/fuzz/regressions/$t" ] && dirs+=("$root/fuzz/regressions/$t")
+  mkdir -p "$ci/corpus/$t" "$ci/findings/$t"
+  {
+    "$bin" "${flags[@]}" -runs=0 -artifact_prefix="$ci/findings/$t/" "${dirs[@]}" &&
+      "$bin" "${flags[@]}" -max_total_time="$seconds" -print_final_stats=1 \
+        -artifact_prefix="$ci/findings/$t/" "$ci/corpus/$t" "${dirs[@]}"
+  } >"$log" 2>&1
+}
+
+t1=$SECONDS
+pids=()
+names=()
+failed=()
+for t in "${targets[@]}"; do
+  if [ ${#pids[@]} -ge "$(nproc)" ]; then
+    if ! wait "${pids[0]}"; then failed+=("${names[0]}"); fi
+    pids=("${pids[@]:1}")
+    names=("${names[@]:1}")
+  fi
+  one "$t" &
+  pids+=($!)
+  names+=("$t")
+done
+for k in "${!pids[@]}"; do
+  if ! wait "${pids[$k]}"; then failed+=("${names[$k]}"); fi
+done
+
+total=0
+for t in "${targets[@]}"; do
+  n="$(sed -n 's/^stat::number_of_executed_units: *//p' "$ci/$t.log" | tail -1)"
+  total=$((total + ${n:-0}))
+done
+echo "fuzz_replay: ${#targets[@]} targets: seeds and regressions replayed, then ${seconds} s of" \
+  "fuzzing each ($total inputs) in $((SECONDS - t1)) s; $((SECONDS - t0)) s in all" >&2
+if [ ${#failed[@]} -gt 0 ]; then
+  for t in "${failed[@]}"; do
+    echo "fuzz_replay: fuzz_$t FAILED; the end of $ci/$t.log:" >&2
+    tail -n 40 "$ci/$t.log" >&2
+    ls "$ci/findings/$t" >&2 || true
+  done
+  exit 1
+fi
