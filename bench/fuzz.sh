@@ -5,6 +5,7 @@
 #   bash bench/fuzz.sh --time 600                    # every target, 10 minutes each
 #   bash bench/fuzz.sh --runs 1000000 csv tfmg       # these two, 10^6 inputs each
 #   bash bench/fuzz.sh --time 60 --jobs 1 --out DIR metadata
+#   bash bench/fuzz.sh --record-only --out DIR       # the record of a finished run
 #
 # Builds build-fuzz/ first (scripts/fuzz_build.sh: installs clang and the
 # sanitizer runtimes when missing). Each target starts from its seeds
@@ -16,6 +17,10 @@
 #                peak RSS, wall seconds, findings
 #   logs/<t>.log the last 200 lines of each target's libFuzzer log
 #   findings/<t>/ what it found (crash-, leak-, timeout-, oom- inputs)
+# --record-only writes the record again from the run's working files
+# (build-fuzz/work/<run>/: each target's log, wall time and artifacts, and in
+# its file run the commit, command and limit it started with), for a run whose
+# targets ran in parts.
 # Exits non-zero when any target found something.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +31,7 @@ targets_all=(metadata records dataset positives id_maps movielens ncf_paper csv 
 limit=(-max_total_time=60)
 jobs="$(nproc)"
 out=""
+record_only=0
 targets=()
 command_line="bash bench/fuzz.sh $*"
 while [ $# -gt 0 ]; do
@@ -34,7 +40,8 @@ while [ $# -gt 0 ]; do
     --runs) limit=(-runs="$2"); shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    --record-only) record_only=1; shift ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -44,7 +51,7 @@ for t in "${targets[@]}"; do
   [ -f "$root/fuzz/fuzz_$t.cc" ] || { echo "fuzz.sh: no target $t (fuzz/fuzz_$t.cc)" >&2; exit 2; }
 done
 
-bash "$root/scripts/fuzz_build.sh"
+[ "$record_only" -eq 1 ] || bash "$root/scripts/fuzz_build.sh"
 # Stack traces for undefined behaviour too (ASan prints its own).
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 commit="$(git -C "$root" rev-parse --short HEAD)"
@@ -52,6 +59,13 @@ dirty="$(git -C "$root" status --short -- src fuzz | wc -l)"
 stamp="$(date -u +%Y-%m-%d)"
 [ -n "$out" ] || out="$root/bench/results/fuzz_${stamp}_${commit}"
 work="$build/work/$(basename "$out")"
+if [ "$record_only" -eq 1 ]; then
+  [ -f "$work/run" ] || { echo "fuzz.sh: no run to record in $work (no $work/run)" >&2; exit 2; }
+  { read -r commit dirty; read -r jobs; read -r -a limit; read -r command_line; } <"$work/run"
+  for t in "${targets[@]}"; do
+    [ -f "$work/$t.wall" ] || { echo "fuzz.sh: $t has not finished in $work (no $t.wall)" >&2; exit 2; }
+  done
+fi
 mkdir -p "$out/logs" "$out/findings" "$work"
 
 # One target: its own working corpus, seeds and regressions read as extra
@@ -67,17 +81,20 @@ run_one() {
   echo "$((SECONDS - t0)) $rc" >"$work/$t.wall"
 }
 
-echo "fuzz.sh: ${targets[*]}: ${limit[*]}, $jobs at a time; record in $out" >&2
-running=0
-for t in "${targets[@]}"; do
-  if [ "$running" -ge "$jobs" ]; then
-    wait -n || true
-    running=$((running - 1))
-  fi
-  run_one "$t" &
-  running=$((running + 1))
-done
-wait || true
+if [ "$record_only" -eq 0 ]; then
+  printf '%s %s\n%s\n%s\n%s\n' "$commit" "$dirty" "$jobs" "${limit[*]}" "$command_line" >"$work/run"
+  echo "fuzz.sh: ${targets[*]}: ${limit[*]}, $jobs at a time; record in $out" >&2
+  running=0
+  for t in "${targets[@]}"; do
+    if [ "$running" -ge "$jobs" ]; then
+      wait -n || true
+      running=$((running - 1))
+    fi
+    run_one "$t" &
+    running=$((running + 1))
+  done
+  wait || true
+fi
 
 # The record.
 found=0
@@ -89,8 +106,8 @@ found=0
     "fuzz/regressions/<t>\`), $jobs at a time"
   echo "- commit: $commit ($dirty files under src/ and fuzz/ differ from it)"
   echo "- machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
-    "$(free -g | awk '/^Mem:/{print $2}') GiB memory; load at the end" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)"
+    "$(free -g | awk '/^Mem:/{print $2}') GiB memory$(
+      [ "$record_only" -eq 1 ] || echo "; load at the end $(cut -d' ' -f1-3 /proc/loadavg)")"
   echo "- compiler: $(clang++ --version | head -1); -O1, -fsanitize=fuzzer,address,undefined," \
     "-fno-sanitize-recover=undefined"
   echo "- date: $(date -u +%FT%TZ)"
