@@ -316,6 +316,28 @@ TEST_F(DataRanges, NegativeSeedIsRefusedNotWrapped) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// CLI11 drops the empty pieces of a split list value, which would read
+// --layers 64,,8 as 64,8: a value with an empty entry is refused whole.
+TEST_F(DataRanges, ListFlagsWithAnEmptyEntryAreRefused) {
+  for (const std::string flags :
+       {"--layers 64,,8", "--layers=64,32,", "--layers ,64,32", "--layers '64, ,32'",
+        "--allow_changed_flags learning_rate,,train_epochs"}) {
+    const auto r = run(train(1, "--max_steps 1 --train_epochs 1 --no_eval " + flags));
+    EXPECT_NE(r.exit_code, 0) << flags << "\n" << r.output;
+    const std::string flag = flags.substr(0, flags.find_first_of(" ="));
+    std::string value = flags.substr(flag.size() + 1);
+    if (value.front() == '\'') value = value.substr(1, value.size() - 2);
+    EXPECT_NE(r.output.find("flag " + flag + " has an empty entry in '" + value + "'"),
+              std::string::npos)
+        << flags << "\n"
+        << r.output;
+    EXPECT_EQ(r.output.find("samples/s"), std::string::npos) << "it trained\n" << r.output;
+  }
+  // Spaces around entries are no entries of their own.
+  const auto r = run(train(1, "--max_steps 1 --train_epochs 1 --no_eval --layers '64, 32'"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // A checkpoint's recorded flags meet the ranges of the command line, and the
 // refusal names the manifest; a JSON -1 is not taken as the seed 2^64 - 1.
 TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {

@@ -184,8 +184,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "at most half of a step's routed ids to be unique), on, off, or node (on, and "
                  "across the ranks of a node before ids cross nodes; needs the two-hop exchange)")
       ->expected(0, 1)
-      ->default_str("on")
-      ->check(CLI::IsMember({"auto", "on", "off", "node"}));
+      ->default_str("on")  // the value of --dedup given alone
+      ->check(CLI::IsMember({"auto", "on", "off", "node"}))
+      // CLI11 would show the default_str, "on", as the default.
+      ->option_text("TEXT:{auto,on,off,node}=auto (given alone: on)");
   app.add_option("--exchange", c.exchange,
                  "how the embedding all-to-alls cross nodes: flat (one message per peer rank), "
                  "two_hop (inside the node first, then one message per remote node), or auto "
@@ -269,6 +271,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   });
   app.get_option("--layers")->transform(range_check<std::vector<int>>("--layers", layer_width()));
 
+  refuse_empty_list_entries(argc, argv, {"--layers", "--allow_changed_flags"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

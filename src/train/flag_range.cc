@@ -166,4 +166,31 @@ void throw_if_range_refusal(const CLI::ParseError& e) {
   NCF_FAIL(what.substr(at + 2));
 }
 
+void refuse_empty_list_entries(int argc, const char* const* argv,
+                               const std::vector<std::string>& flags, char delimiter) {
+  for (int k = 1; k < argc; ++k) {
+    const std::string arg = argv[k];
+    if (arg == "--") return;  // what follows is no flag
+    for (const std::string& flag : flags) {
+      std::string value;
+      if (arg == flag && k + 1 < argc)
+        value = argv[k + 1];
+      else if (arg.rfind(flag + "=", 0) == 0)
+        value = arg.substr(flag.size() + 1);
+      else
+        continue;
+      if (value.find(delimiter) == std::string::npos) continue;
+      size_t start = 0;
+      while (true) {
+        const size_t end = value.find(delimiter, start);
+        const std::string entry = value.substr(start, end - start);
+        if (entry.find_first_not_of(" \t") == std::string::npos)
+          NCF_FAIL("flag ", flag, " has an empty entry in '", value, "'");
+        if (end == std::string::npos) break;
+        start = end + 1;
+      }
+    }
+  }
+}
+
 }  // namespace ncf

@@ -98,4 +98,12 @@ CLI::Option* add_ranged(CLI::App& app, const std::string& flag, T& value, const 
 // one; returns otherwise.
 void throw_if_range_refusal(const CLI::ParseError& e);
 
+// CLI11 splits a list flag's value at its delimiter and drops the empty
+// pieces, so "--layers 64,,8" would be read as 64,8. Refuses (ncf::Error
+// naming the flag and the value) a value of one of `flags` in argv, as
+// "--flag V" or "--flag=V", with an empty entry between, before or after
+// `delimiter`s. Call before CLI::App::parse.
+void refuse_empty_list_entries(int argc, const char* const* argv,
+                               const std::vector<std::string>& flags, char delimiter = ',');
+
 }  // namespace ncf
