@@ -338,6 +338,73 @@ TEST_F(DataRanges, ListFlagsWithAnEmptyEntryAreRefused) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// A flag the run would never read: ncf_dist names it in a note and trains on
+// (a job script's shared flags stay valid across its variants); the one-shot
+// tools refuse it, as ncf_prep does its csv-only and synthetic-only flags.
+TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
+  {
+    const auto r = run(
+        train(1,
+              "--max_steps 1 --train_epochs 1 --no_eval --hr_threshold 0.5 --topk 5 "
+              "--eval_users 3 --eval_full_ranking --tensorboard_every_steps 3 --keep_checkpoints "
+              "3 --checkpoint_chunk_kib 64 --allow_changed_flags learning_rate --peer_timeout 60"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const std::string note :
+         {"--topk: no evaluation (--no_eval)", "--hr_threshold: no evaluation (--no_eval)",
+          "--eval_users: no evaluation (--no_eval)",
+          "--eval_full_ranking: no evaluation (--no_eval)",
+          "--tensorboard_every_steps: no --tensorboard_dir",
+          "--checkpoint_chunk_kib: no --checkpoint_dir and no --resume",
+          "--keep_checkpoints: no --checkpoint_dir", "--allow_changed_flags: no --resume",
+          "--peer_timeout: one rank has no peers to wait for"})
+      EXPECT_NE(r.output.find("ncf_dist: note: flag " + note), std::string::npos) << note << "\n"
+                                                                                  << r.output;
+  }
+  {
+    // The same flags where they are read: no note.
+    TempDir t;
+    const auto r = run(train(1,
+                             "--max_steps 1 --train_epochs 1 --hr_threshold 0.99 --topk 5 "
+                             "--eval_users 3 --tensorboard_dir " +
+                                 t.file("tb") + " --tensorboard_every_steps 3 --checkpoint_dir " +
+                                 t.file("ck") + " --keep_checkpoints 3 --checkpoint_chunk_kib 64"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("has no effect"), std::string::npos) << r.output;
+  }
+  TempDir t;
+  auto refused = [&](const std::string& cmd, const std::string& message) {
+    const auto r = run(cmd);
+    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << cmd << "\n" << r.output;
+  };
+  test::write_file(t.file("u.data"), "1\t10\t5\t100\n1\t11\t4\t101\n1\t12\t4\t102\n");
+  refused(bin("ncf_prep") + " --synthetic small --min_interactions 3 --output " + t.file("d"),
+          "--min_interactions applies to MovieLens and csv input only");
+  refused(bin("ncf_prep") + " --synthetic small --tfmg_cycles first --output " + t.file("d"),
+          "--tfmg_cycles applies to TF Model Garden input only");
+  refused(bin("ncf_prep") + " --input " + t.file("u.data") + " --tfmg_cycles all --output " +
+              t.file("d"),
+          "--tfmg_cycles applies to TF Model Garden input only");
+  EXPECT_FALSE(fs::exists(t.file("d")));
+  refused(bin("ncf_recommend") + " --checkpoint " + ck() + " --data_dir " + data() + " --pairs " +
+              t.file("pairs.csv") + " --topk 3",
+          "flag --topk applies to --users only");
+  refused(bin("ncf_recommend") + " --checkpoint " + ck() + " --data_dir " + data() + " --pairs " +
+              t.file("pairs.csv") + " --include_seen",
+          "flag --include_seen applies to --users only");
+  refused(bin("ncf_export") + " --checkpoint " + ck() + " --format npy --output " + t.file("npy") +
+              " --external_data never",
+          "flag --external_data applies to --format onnx only");
+  refused(bin("ncf_export") + " --checkpoint " + ck() + " --format npy --output " + t.file("npy") +
+              " --external_data_bytes 5",
+          "flag --external_data_bytes applies to --format onnx only");
+  refused(bin("ncf_export") + " --checkpoint " + ck() + " --format onnx --output " +
+              t.file("m.onnx") + " --data_dir " + data(),
+          "flag --data_dir applies to --format npy only");
+  EXPECT_FALSE(fs::exists(t.file("npy")));
+  EXPECT_FALSE(fs::exists(t.file("m.onnx")));
+}
+
 // A checkpoint's recorded flags meet the ranges of the command line, and the
 // refusal names the manifest; a JSON -1 is not taken as the seed 2^64 - 1.
 TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {

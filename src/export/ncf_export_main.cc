@@ -31,13 +31,15 @@ int export_main(int& argc, char**& argv) {
       ->check(CLI::IsMember({"onnx", "npy"}))
       ->required();
   app.add_option("--output", output, "the .onnx file, or the directory of .npy files")->required();
-  app.add_option("--data_dir", data_dir,
-                 "npy: also write the dataset's original ids (user_ids.npy, item_ids.npy)");
-  app.add_option("--external_data", external,
-                 "onnx: tables in external data: auto (when the model would pass 1.5 GiB), "
-                 "always, never")
-      ->check(CLI::IsMember({"auto", "always", "never"}))
-      ->capture_default_str();
+  auto* data_dir_opt =
+      app.add_option("--data_dir", data_dir,
+                     "npy: also write the dataset's original ids (user_ids.npy, item_ids.npy)");
+  auto* external_opt =
+      app.add_option("--external_data", external,
+                     "onnx: tables in external data: auto (when the model would pass 1.5 GiB), "
+                     "always, never")
+          ->check(CLI::IsMember({"auto", "always", "never"}))
+          ->capture_default_str();
 #ifdef NCF_WITH_ONNX
   int64_t inline_limit = kOnnxInlineBytes;
 #else
@@ -45,16 +47,25 @@ int export_main(int& argc, char**& argv) {
 #endif
   // Hidden: the tests lower it to cover external data on a small model. A
   // protobuf message, the .onnx file, cannot pass 2 GiB.
-  add_ranged(app, "--external_data_bytes", inline_limit,
-             "onnx, auto: most bytes of initializers kept inside the model",
-             FlagRange::ints(0, INT32_MAX))
-      ->group("");
+  auto* external_bytes_opt =
+      add_ranged(app, "--external_data_bytes", inline_limit,
+                 "onnx, auto: most bytes of initializers kept inside the model",
+                 FlagRange::ints(0, INT32_MAX))
+          ->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     throw_if_range_refusal(e);
     return app.exit(e);
   }
+  // (CLI11 names a hidden option "", so the names are written out.)
+  for (const auto& [o, name] :
+       {std::pair<const CLI::Option*, const char*>{external_opt, "--external_data"},
+        {external_bytes_opt, "--external_data_bytes"}})
+    if (format == "npy" && o->count() > 0)
+      NCF_FAIL("flag ", name, " applies to --format onnx only");
+  if (format == "onnx" && data_dir_opt->count() > 0)
+    NCF_FAIL("flag --data_dir applies to --format npy only");
   // The manifest's flags are held to ncf_dist's ranges inside, before the
   // model's shape is built from them.
   const TrainedModel m = load_trained_model(checkpoint);

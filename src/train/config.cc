@@ -281,6 +281,22 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   }
 
   c.topk_given = app.count("--topk") > 0;
+  {
+    // Flags given that this combination never reads. A note, not a refusal: a
+    // job script's common flags stay valid across its variants.
+    auto unused = [&](const char* flag, bool never_read, const std::string& why) {
+      if (never_read && app.count(flag) > 0) c.unused_flags.push_back(flag + (": " + why));
+    };
+    const bool no_eval = !c.eval_each_epoch && !c.eval_only;
+    for (const char* f : {"--topk", "--hr_threshold", "--eval_users", "--eval_full_ranking"})
+      unused(f, no_eval, "no evaluation (--no_eval)");
+    unused("--hr_threshold", c.eval_only, "--eval_only trains nothing to stop");
+    unused("--tensorboard_every_steps", c.tensorboard_dir.empty(), "no --tensorboard_dir");
+    const bool no_checkpoints = c.checkpoint_dir.empty() && c.resume == "never";
+    unused("--checkpoint_chunk_kib", no_checkpoints, "no --checkpoint_dir and no --resume");
+    unused("--keep_checkpoints", c.checkpoint_dir.empty(), "no --checkpoint_dir");
+    unused("--allow_changed_flags", c.resume == "never", "no --resume");
+  }
   if (!c.preset.empty()) {
     for (const Preset& p : kPresets) {
       if (c.preset != p.name) continue;

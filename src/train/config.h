@@ -61,6 +61,10 @@ struct TrainConfig {
   int64_t checkpoint_chunk_kib = 65536;    // rows staged per exchange when checkpointing
   std::string resume = "never";            // never | auto | PATH
   std::vector<std::string> allow_changed;  // flags a resumed run may change
+  // Flags the command line gave that this combination never reads, each with
+  // why ("--hr_threshold: no evaluation (--no_eval)"); ncf_dist prints them as
+  // notes and runs on.
+  std::vector<std::string> unused_flags;
 };
 
 // The flags a training trajectory depends on, by flag name: what a checkpoint

@@ -131,6 +131,14 @@ int train_main(int& argc, char**& argv) {
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
   const bool lead = info.rank == 0;
+  if (lead) {
+    for (const std::string& u : cfg.unused_flags)
+      std::fprintf(stderr, "ncf_dist: note: flag %s; it has no effect\n", u.c_str());
+    if (info.world == 1 && cfg.peer_timeout > 0)
+      std::fprintf(stderr,
+                   "ncf_dist: note: flag --peer_timeout: one rank has no peers to wait "
+                   "for; it has no effect\n");
+  }
   // Collective: every rank's mask and thread count, for the startup line below.
   const CpuReport cpu = cpu_report(rt, "ncf_dist");
   for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());

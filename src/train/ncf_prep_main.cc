@@ -96,11 +96,13 @@ int main(int argc, char** argv) {
   auto* skip_opt = app.add_flag("--skip_bad_rows", skip_bad_rows,
                                 "csv: count and skip bad rows (reported, and counted in "
                                 "metadata.json) instead of stopping at the first");
-  app.add_option("--tfmg_cycles", tfmg_cycles,
-                 "tfmg: decode every training cycle and check each holds cycle 0's positives "
-                 "(all), or decode cycle 0 and only check the others' shard files exist (first)")
-      ->check(CLI::IsMember({"all", "first"}))
-      ->capture_default_str();
+  auto* tfmg_cycles_opt =
+      app.add_option(
+             "--tfmg_cycles", tfmg_cycles,
+             "tfmg: decode every training cycle and check each holds cycle 0's positives "
+             "(all), or decode cycle 0 and only check the others' shard files exist (first)")
+          ->check(CLI::IsMember({"all", "first"}))
+          ->capture_default_str();
   app.add_option("--synthetic", synthetic,
                  "generate a synthetic dataset of a named shape: small, ml-1m, ml-20m, or custom "
                  "(then --users/--items/--interactions)");
@@ -155,10 +157,11 @@ int main(int argc, char** argv) {
              "memory bound of the train-pair shuffle; larger sets spill to temporary buckets",
              FlagRange::ints(1, 1 << 20))
       ->capture_default_str();
-  add_ranged(app, "--min_interactions", opt.min_interactions,
-             "MovieLens and csv: users with fewer distinct items are dropped",
-             FlagRange::ints(2, 1 << 20))
-      ->capture_default_str();
+  auto* min_interactions_opt =
+      add_ranged(app, "--min_interactions", opt.min_interactions,
+                 "MovieLens and csv: users with fewer distinct items are dropped",
+                 FlagRange::ints(2, 1 << 20))
+          ->capture_default_str();
   app.add_option("--progress", progress,
                  "progress lines: auto (when stderr is a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -194,6 +197,14 @@ int main(int argc, char** argv) {
     if (synthetic.empty())
       for (const CLI::Option* o : synthetic_opts)
         if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --synthetic only");
+    // Flags of one kind of input only (the kind is known once it is detected).
+    auto refuse_given = [](const CLI::Option* o, const char* applies_to) {
+      if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to ", applies_to, " only");
+    };
+    if (!verify_dir.empty() || !synthetic.empty()) {
+      refuse_given(min_interactions_opt, "MovieLens and csv input");
+      refuse_given(tfmg_cycles_opt, "TF Model Garden input");
+    }
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
       if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());
@@ -225,6 +236,7 @@ int main(int argc, char** argv) {
     }
     // TF Model Garden shards: named, or a directory that holds their layout.
     if (format == "tfmg" || (format == "auto" && ncf::is_tfmg_dir(input))) {
+      refuse_given(min_interactions_opt, "MovieLens and csv input");
       opt.eval_negatives = eval_negatives;  // 0: as many as the data has
       ncf::DatasetMeta m =
           ncf::prepare_tfmg(input, output, opt, ncf::parse_tfmg_cycles(tfmg_cycles));
@@ -234,6 +246,9 @@ int main(int argc, char** argv) {
     std::string resolved;
     ncf::InputFormat want = ncf::parse_input_format(format);
     ncf::InputFormat fmt = ncf::detect_format(input, want, &resolved);
+    refuse_given(tfmg_cycles_opt, "TF Model Garden input");
+    if (fmt == ncf::InputFormat::kNcfPaper)
+      refuse_given(min_interactions_opt, "MovieLens and csv input");
     ncf::DatasetMeta m;
     if (fmt == ncf::InputFormat::kCsv) {
       ncf::CsvOptions csv;

@@ -62,10 +62,12 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
                                "a CSV file of 'user,item' lines (header 'user,item' allowed) to "
                                "score");
   users->excludes(pairs);
-  add_ranged(app, "--topk", f->topk, "items per user", FlagRange::ints(1, 1 << 20))
-      ->capture_default_str();
-  app.add_flag("--include_seen", f->include_seen,
-               "keep the user's known interactions (training items and the held-out test item)");
+  auto* topk =
+      add_ranged(app, "--topk", f->topk, "items per user (--users)", FlagRange::ints(1, 1 << 20))
+          ->capture_default_str();
+  auto* include_seen = app.add_flag(
+      "--include_seen", f->include_seen,
+      "keep the user's known interactions (training items and the held-out test item)");
   app.add_option("--output", f->output, "output file, - for standard output")
       ->capture_default_str();
   app.add_option("--format", f->format, "csv or jsonl")
@@ -94,6 +96,10 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
     *code = app.exit(e);
     return false;
   }
+  // --pairs scores the pairs it lists: nothing to rank or leave out.
+  if (!f->pairs.empty())
+    for (const CLI::Option* o : {topk, include_seen})
+      if (o->count() > 0) NCF_FAIL("flag ", o->get_name(), " applies to --users only");
   if (f->users.empty() && f->pairs.empty()) {
     std::fprintf(stderr, "ncf_recommend: error: give --users or --pairs\n");
     *code = 2;
