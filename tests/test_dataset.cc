@@ -301,6 +301,30 @@ TEST(DatasetErrors, WrongFormatVersion) {
   EXPECT_NE(e.find(path + " at byte offset 0"), std::string::npos) << e;
 }
 
+// A damaged dataset id (bytes that are no UTF-8) is refused by the id check,
+// the bytes shown escaped, with no log line of protobuf's before it.
+TEST(DatasetErrors, ADamagedDatasetIdIsRefusedByNameAndShownEscaped) {
+  TempDir d;
+  write_small(d.path());
+  std::string path = first_shard(d.path(), "train");
+  rewrite_record(path, 0, [](const std::string& s) {
+    proto::ShardHeader h;
+    h.ParseFromString(s);
+    // Same length, so the file's size still matches the metadata.
+    std::string id = h.dataset_id();
+    id.replace(0, 3, "\xff\xfe\n");
+    h.set_dataset_id(id);
+    return h.SerializeAsString();
+  });
+  testing::internal::CaptureStderr();
+  std::string e = verify_error(d.path());
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_NE(e.find(path + " at byte offset 0: dataset id '\\xff\\xfe\\x0a"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("' does not match the metadata's"), std::string::npos) << e;
+  EXPECT_EQ(logged.find("libprotobuf"), std::string::npos) << logged;
+}
+
 TEST(DatasetErrors, IdOutOfRange) {
   TempDir d;
   Truth t = write_small(d.path());

@@ -89,6 +89,24 @@ std::string encode_shard_header(const DatasetMeta& meta, const ShardInfo& si, ui
   return h.SerializeAsString();
 }
 
+// The first 64 bytes of s for a message, each byte outside printable ASCII as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t k = 0; k < s.size() && k < 64; ++k) {
+    const unsigned char c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += char(c);
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (s.size() > 64) out += "...";
+  return out;
+}
+
 // Parses and checks a shard's header record against the metadata.
 void check_shard_header(const std::string& payload, const DatasetMeta& meta, const ShardInfo& si,
                         uint32_t index, uint32_t count, const std::string& path, uint64_t offset) {
@@ -103,7 +121,7 @@ void check_shard_header(const std::string& payload, const DatasetMeta& meta, con
     NCF_FAIL(path, " at byte offset ", offset, ": shard kind ", proto::ShardKind_Name(h.kind()),
              " but the metadata lists it as ", si.kind);
   if (h.dataset_id() != meta.dataset_id)
-    NCF_FAIL(path, " at byte offset ", offset, ": dataset id '", h.dataset_id(),
+    NCF_FAIL(path, " at byte offset ", offset, ": dataset id '", printable(h.dataset_id()),
              "' does not match the metadata's '", meta.dataset_id, "'");
   const uint32_t rows = train ? meta.train_record_rows : meta.eval_negatives + 1;
   auto mismatch = [&](const char* field, uint64_t got, uint64_t want) {
