@@ -631,5 +631,57 @@ TEST(Tfmg, UsersBeyondWhatTheEvalShardsHoldAreRefusedBeforeAllocating) {
       << e;
 }
 
+// A feature name that is no UTF-8 fails tf.train.Example's parse: refused
+// naming the file and the record's offset, without protobuf's own log line.
+TEST(Tfmg, AFeatureNameThatIsNoUtf8IsRefusedNamingTheRecord) {
+  TempDir t;
+  const std::string dir = t.file("tf");
+  std::filesystem::create_directories(dir + "/training_cycle_0");
+  std::filesystem::create_directories(dir + "/eval_data");
+  const nlohmann::json meta = {
+      {"num_users", 10},           {"num_items", 14},         {"constructor_type", "bisection"},
+      {"num_train_elements", 60},  {"num_eval_elements", 40}, {"num_train_epochs", 1},
+      {"train_prebatch_size", 16}, {"eval_prebatch_size", 4}, {"num_train_steps", 4},
+      {"num_eval_steps", 10}};
+  test::write_file(dir + "/meta_data.json", meta.dump());
+  const std::string shard = dir + "/training_cycle_0/shard_0.tfrecords";
+  {
+    RecordWriter w(shard);
+    for (int rec = 0; rec < 4; ++rec) {
+      tfexample::Example ex;
+      auto& f = *ex.mutable_features()->mutable_feature();
+      for (int k = 0; k < 16; ++k) {
+        const int r = rec * 16 + k;
+        const bool valid = r < 60;
+        f["user_id"].mutable_int64_list()->add_value(valid ? r % 10 : 0);
+        f["item_id"].mutable_int64_list()->add_value(valid ? r / 10 : 0);
+        f["labels"].mutable_int64_list()->add_value(valid ? 1 : 0);
+        f["valid_point_mask"].mutable_int64_list()->add_value(valid ? 1 : 0);
+      }
+      std::string payload = ex.SerializeAsString();
+      // The first record's "labels" becomes "l\xffbels", the same length.
+      if (rec == 0) payload.replace(payload.find("labels") + 1, 1, "\xff");
+      w.write(payload);
+    }
+    w.close();
+  }
+  test::write_file(dir + "/eval_data/shard_0.tfrecords", std::string(4096, '\0'));
+  std::string e;
+  testing::internal::CaptureStderr();
+  try {
+    PrepOptions opt;
+    opt.threads = 1;
+    opt.eval_negatives = 0;
+    prepare_tfmg(dir, t.file("out"), opt);
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  const std::string logged = testing::internal::GetCapturedStderr();
+  EXPECT_NE(e.find(shard + " at byte offset 0: record is not a tf.train.Example"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(logged.find("libprotobuf"), std::string::npos) << logged;
+}
+
 }  // namespace
 }  // namespace ncf

@@ -8,6 +8,8 @@
 // given, as the NCF-paper source gives its negatives.
 #include "data/source_tfmg.h"
 
+#include <google/protobuf/stubs/logging.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -266,8 +268,17 @@ template <int N>
 void decode_features(const std::string& payload, const char* const (&names)[N], uint64_t len,
                      const char* len_field, const std::string& at, tfexample::Example* ex,
                      const Int64s* (&lists)[N]) {
-  if (!ex->ParseFromArray(payload.data(), static_cast<int>(payload.size())))
-    NCF_FAIL(at, ": record is not a tf.train.Example (it does not parse)");
+  bool parsed;
+  {
+    // A feature name that is no UTF-8 fails the parse, which is refused below
+    // naming the record; protobuf's own ERROR line would come first.
+    google::protobuf::LogSilencer quiet;
+    parsed = ex->ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+  }
+  if (!parsed)
+    NCF_FAIL(at,
+             ": record is not a tf.train.Example (it does not parse; a feature name must be "
+             "UTF-8)");
   const auto& fmap = ex->features().feature();
   std::vector<std::string> keys;
   for (const auto& kv : fmap) keys.push_back(kv.first);
