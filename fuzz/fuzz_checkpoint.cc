@@ -14,9 +14,6 @@
 //   4: open_checkpoint is given the directory that holds the checkpoint
 //      (step-000000000007/), so it looks for the newest whole one.
 // Property: a checkpoint that opens reads back every byte written.
-#include <filesystem>
-#include <nlohmann/json.hpp>
-
 #include "comm/single_communicator.h"
 #include "fuzz_util.h"
 #include "train/checkpoint.h"
@@ -32,32 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1), fuzz::kFileSep);
   const std::string dir = fuzz::in_scratch("ck");
   const std::string path = dir + "/" + checkpoint_name(7);
-  std::filesystem::create_directories(path);
-
-  std::string manifest = parts[0];
-  std::vector<std::pair<std::string, std::string>> written;  // name, bytes
-  nlohmann::json j = nlohmann::json::parse(manifest, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) {
-    if (j.contains("files") && j["files"].is_array()) {
-      size_t next = 1;
-      for (nlohmann::json& f : j["files"]) {
-        const std::string bytes = next < parts.size() ? parts[next] : std::string();
-        ++next;
-        if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
-        const std::string name = f["name"].get<std::string>();
-        if (!fuzz::safe_name(name) || name == kCheckpointManifestFile) continue;
-        fuzz::write_file(path + "/" + name, bytes);
-        written.emplace_back(name, bytes);
-        if (fix) {
-          f["bytes"] = bytes.size();
-          f["crc32c"] = fuzz::crc_of(bytes);
-        }
-      }
-    }
-    if (reseal) j["crc32c"] = checkpoint_manifest_crc32c(j);
-    manifest = j.dump(1);
-  }
-  fuzz::write_file(path + "/" + kCheckpointManifestFile, manifest);
+  const std::vector<std::pair<std::string, std::string>> written =
+      fuzz::write_checkpoint(path, parts, reseal, fix);
 
   SingleCommunicator comm;
   std::vector<std::string> log;

@@ -7,9 +7,6 @@
 // it lists, in its order), with the same mode bits 1 and 2.
 // Properties: the tables hold whole rows of D floats, and streaming them in
 // pieces reads every row once, in order.
-#include <filesystem>
-#include <nlohmann/json.hpp>
-
 #include "export/trained_model.h"
 #include "fuzz_util.h"
 #include "train/checkpoint.h"
@@ -24,29 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<std::string> parts = fuzz::split(
       std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1), fuzz::kFileSep);
   const std::string path = fuzz::in_scratch(checkpoint_name(3));
-  std::filesystem::create_directories(path);
-  std::string manifest = parts[0];
-  nlohmann::json j = nlohmann::json::parse(manifest, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) {
-    if (j.contains("files") && j["files"].is_array()) {
-      size_t next = 1;
-      for (nlohmann::json& f : j["files"]) {
-        const std::string bytes = next < parts.size() ? parts[next] : std::string();
-        ++next;
-        if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
-        const std::string name = f["name"].get<std::string>();
-        if (!fuzz::safe_name(name) || name == kCheckpointManifestFile) continue;
-        fuzz::write_file(path + "/" + name, bytes);
-        if (fix) {
-          f["bytes"] = bytes.size();
-          f["crc32c"] = fuzz::crc_of(bytes);
-        }
-      }
-    }
-    if (reseal) j["crc32c"] = checkpoint_manifest_crc32c(j);
-    manifest = j.dump(1);
-  }
-  fuzz::write_file(path + "/" + kCheckpointManifestFile, manifest);
+  fuzz::write_checkpoint(path, parts, reseal, fix);
 
   fuzz::refused_or_ran(path, [&] {
     const TrainedModel m = load_trained_model(path);

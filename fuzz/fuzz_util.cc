@@ -5,15 +5,47 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "data/crc32c.h"
 #include "data/dataset.h"
 #include "data/format.h"
+#include "train/checkpoint.h"
 
 namespace ncf::fuzz {
 
 namespace fs = std::filesystem;
+
+std::vector<std::pair<std::string, std::string>> write_checkpoint(
+    const std::string& path, const std::vector<std::string>& parts, bool reseal, bool fix) {
+  fs::create_directories(path);
+  std::string manifest = parts[0];
+  std::vector<std::pair<std::string, std::string>> written;
+  nlohmann::json j = nlohmann::json::parse(manifest, nullptr, false);
+  if (!j.is_discarded() && j.is_object()) {
+    if (j.contains("files") && j["files"].is_array()) {
+      size_t next = 1;
+      for (nlohmann::json& f : j["files"]) {
+        const std::string bytes = next < parts.size() ? parts[next] : std::string();
+        ++next;
+        if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+        const std::string name = f["name"].get<std::string>();
+        if (!safe_name(name) || name == kCheckpointManifestFile) continue;
+        write_file(path + "/" + name, bytes);
+        written.emplace_back(name, bytes);
+        if (fix) {
+          f["bytes"] = bytes.size();
+          f["crc32c"] = crc_of(bytes);
+        }
+      }
+    }
+    if (reseal) j["crc32c"] = checkpoint_manifest_crc32c(j);
+    manifest = j.dump(1);
+  }
+  write_file(path + "/" + kCheckpointManifestFile, manifest);
+  return written;
+}
 
 std::vector<std::string> split(std::string_view in, std::string_view sep) {
   std::vector<std::string> parts;

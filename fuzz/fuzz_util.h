@@ -21,6 +21,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -55,6 +56,15 @@ std::string frame_records(const std::vector<std::string>& payloads);
 
 // CRC-32C of bytes (what metadata.json and manifest.json list for a file).
 uint32_t crc_of(std::string_view bytes);
+
+// A checkpoint directory at `path` (created) from an input's parts, as
+// fuzz_checkpoint and fuzz_trained_model read them: parts[0] is manifest.json,
+// parts[1..] the bytes of the files its "files" list names, in that order
+// (names safe_name refuses, and manifest.json itself, are skipped). With `fix`
+// each listed file's bytes and crc32c are set to its own; with `reseal` the
+// manifest gets its crc32c again. Returns the files written: name, bytes.
+std::vector<std::pair<std::string, std::string>> write_checkpoint(
+    const std::string& path, const std::vector<std::string>& parts, bool reseal, bool fix);
 
 // A byte of the input's header, or 0 past its end.
 inline uint8_t byte_at(std::string_view in, size_t k) {
