@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -579,6 +580,31 @@ TEST(Tfmg, MetaDataWithAnUnrepresentableNumberIsRefusedNamingTheFile) {
 // were sized by num_users first, so a meta claiming 10^7 users (2 x 10^9 in
 // the reproducer: 16 GB) with a few small shards allocated for all of them.
 // Eval shards too small for num_eval_elements rows are refused up front.
+// Cycle 0 as TF-MG writes it, for a meta of 10 users, 14 items, 60 train
+// elements and prebatches of 16: 4 records, 60 valid rows, each a distinct
+// positive (user r % 10, item r / 10). `edit`, if given, may change record
+// rec's serialized payload before it is framed.
+void write_small_cycle0(const std::string& shard,
+                        const std::function<void(int rec, std::string* payload)>& edit = {}) {
+  RecordWriter w(shard);
+  for (int rec = 0; rec < 4; ++rec) {
+    tfexample::Example ex;
+    auto& f = *ex.mutable_features()->mutable_feature();
+    for (int k = 0; k < 16; ++k) {
+      const int r = rec * 16 + k;
+      const bool valid = r < 60;
+      f["user_id"].mutable_int64_list()->add_value(valid ? r % 10 : 0);
+      f["item_id"].mutable_int64_list()->add_value(valid ? r / 10 : 0);
+      f["labels"].mutable_int64_list()->add_value(valid ? 1 : 0);
+      f["valid_point_mask"].mutable_int64_list()->add_value(valid ? 1 : 0);
+    }
+    std::string payload = ex.SerializeAsString();
+    if (edit) edit(rec, &payload);
+    w.write(payload);
+  }
+  w.close();
+}
+
 TEST(Tfmg, UsersBeyondWhatTheEvalShardsHoldAreRefusedBeforeAllocating) {
   TempDir t;
   const std::string dir = t.file("tf");
@@ -596,25 +622,7 @@ TEST(Tfmg, UsersBeyondWhatTheEvalShardsHoldAreRefusedBeforeAllocating) {
                                {"num_train_steps", 4},
                                {"num_eval_steps", (users * 4 + 11) / 12}};
   test::write_file(dir + "/meta_data.json", meta.dump());
-  // Cycle 0 as TF-MG writes it: 60 valid rows in 4 records of 16, each a
-  // distinct positive (user r % 10, item r / 10).
-  {
-    RecordWriter w(dir + "/training_cycle_0/shard_0.tfrecords");
-    for (int rec = 0; rec < 4; ++rec) {
-      tfexample::Example ex;
-      auto& f = *ex.mutable_features()->mutable_feature();
-      for (int k = 0; k < 16; ++k) {
-        const int r = rec * 16 + k;
-        const bool valid = r < 60;
-        f["user_id"].mutable_int64_list()->add_value(valid ? r % 10 : 0);
-        f["item_id"].mutable_int64_list()->add_value(valid ? r / 10 : 0);
-        f["labels"].mutable_int64_list()->add_value(valid ? 1 : 0);
-        f["valid_point_mask"].mutable_int64_list()->add_value(valid ? 1 : 0);
-      }
-      w.write(ex.SerializeAsString());
-    }
-    w.close();
-  }
+  write_small_cycle0(dir + "/training_cycle_0/shard_0.tfrecords");
   test::write_file(dir + "/eval_data/shard_0.tfrecords", "");
   std::string e;
   try {
@@ -645,26 +653,10 @@ TEST(Tfmg, AFeatureNameThatIsNoUtf8IsRefusedNamingTheRecord) {
       {"num_eval_steps", 10}};
   test::write_file(dir + "/meta_data.json", meta.dump());
   const std::string shard = dir + "/training_cycle_0/shard_0.tfrecords";
-  {
-    RecordWriter w(shard);
-    for (int rec = 0; rec < 4; ++rec) {
-      tfexample::Example ex;
-      auto& f = *ex.mutable_features()->mutable_feature();
-      for (int k = 0; k < 16; ++k) {
-        const int r = rec * 16 + k;
-        const bool valid = r < 60;
-        f["user_id"].mutable_int64_list()->add_value(valid ? r % 10 : 0);
-        f["item_id"].mutable_int64_list()->add_value(valid ? r / 10 : 0);
-        f["labels"].mutable_int64_list()->add_value(valid ? 1 : 0);
-        f["valid_point_mask"].mutable_int64_list()->add_value(valid ? 1 : 0);
-      }
-      std::string payload = ex.SerializeAsString();
-      // The first record's "labels" becomes "l\xffbels", the same length.
-      if (rec == 0) payload.replace(payload.find("labels") + 1, 1, "\xff");
-      w.write(payload);
-    }
-    w.close();
-  }
+  // The first record's "labels" becomes "l\xffbels", the same length.
+  write_small_cycle0(shard, [](int rec, std::string* payload) {
+    if (rec == 0) payload->replace(payload->find("labels") + 1, 1, "\xff");
+  });
   test::write_file(dir + "/eval_data/shard_0.tfrecords", std::string(4096, '\0'));
   std::string e;
   testing::internal::CaptureStderr();
