@@ -190,17 +190,17 @@ int main(int argc, char** argv) {
     const int modes = !input.empty() + !synthetic.empty() + !verify_dir.empty();
     if (modes != 1)
       NCF_FAIL("give exactly one of --input, --synthetic or --verify (got ", modes, ")");
-    if (format != "csv")
-      for (const CLI::Option* o :
-           {columns_opt, separator_opt, header_opt, min_rating_opt, skip_opt})
-        if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --format csv only");
-    if (synthetic.empty())
-      for (const CLI::Option* o : synthetic_opts)
-        if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to --synthetic only");
-    // Flags of one kind of input only (the kind is known once it is detected).
+    // Flags of one kind of input only (for some, the kind is known once it is
+    // detected, below).
     auto refuse_given = [](const CLI::Option* o, const char* applies_to) {
       if (o->count() > 0) NCF_FAIL(o->get_name(), " applies to ", applies_to, " only");
     };
+    if (format != "csv")
+      for (const CLI::Option* o :
+           {columns_opt, separator_opt, header_opt, min_rating_opt, skip_opt})
+        refuse_given(o, "--format csv");
+    if (synthetic.empty())
+      for (const CLI::Option* o : synthetic_opts) refuse_given(o, "--synthetic");
     if (!verify_dir.empty() || !synthetic.empty()) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
       refuse_given(tfmg_cycles_opt, "TF Model Garden input");
