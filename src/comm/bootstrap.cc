@@ -21,6 +21,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/peer_watch.h"
 #include "comm/single_communicator.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -225,6 +226,9 @@ int fail(const char* program, const std::string& what, int code) {
   }
   std::fflush(stdout);
   std::fflush(stderr);
+  // The other ranks learn that this one ends with an error before the launcher takes
+  // them down, so that none reports another as lost on the way.
+  announce_job_ending(what.empty() ? "exit code " + std::to_string(code) : what);
   const int w = mpi_world_if_running();
   if (w > 1) MPI_Abort(MPI_COMM_WORLD, code);
   if (w == 1) MPI_Finalize();
@@ -244,6 +248,7 @@ int run_main(int argc, char** argv, const std::function<int(int& argc, char**& a
     return fail(program, "unknown exception", 1);
   }
   if (code != 0 && code != kExitPreempted) return fail(program, "", code);
+  stop_peer_watch();  // goodbye to the neighbours: this rank is not lost
   if (mpi_world_if_running() > 0) MPI_Finalize();
   return code;
 }

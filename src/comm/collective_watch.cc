@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/peer_watch.h"
 #include "common/check.h"
 
 namespace ncf {
@@ -43,6 +44,7 @@ int64_t now_ns() {
     (void)w;
   }
   std::fflush(stdout);
+  announce_job_ending(std::string("gave up waiting in ") + (what ? what : "a collective"));
   _exit(1);
 }
 
@@ -65,6 +67,15 @@ void set_collective_timeout(double seconds) {
 }
 
 double collective_timeout() { return g_limit.load(); }
+
+bool collective_in_progress(const char** what, double* waited) {
+  const int64_t since = g_since_ns.load();
+  if (since == 0) return false;
+  *what = g_what.load();
+  if (*what == nullptr) *what = "a collective";
+  *waited = double(now_ns() - since) * 1e-9;
+  return true;
+}
 
 CollectiveWatch::CollectiveWatch(const char* what) : outer_(t_depth++ == 0) {
   if (!outer_) return;

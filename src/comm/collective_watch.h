@@ -17,6 +17,10 @@ namespace ncf {
 void set_collective_timeout(double seconds);
 double collective_timeout();
 
+// The collective this process is waiting in, for messages from other threads:
+// true with its name and how long it has waited so far, false between collectives.
+bool collective_in_progress(const char** what, double* waited);
+
 class CollectiveWatch {
  public:
   explicit CollectiveWatch(const char* what);  // what: a string literal

@@ -49,6 +49,7 @@
 #include "comm/bootstrap.h"
 #include "comm/copy_blocks.h"
 #include "comm/mpi_communicator.h"  // MpiGroups
+#include "comm/peer_watch.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/gpu_identity.h"
@@ -245,10 +246,13 @@ class NcclCommunicator : public Communicator {
     if (rc != ncclSuccess) async = rc;
     if (async == ncclSuccess || async == ncclInProgress) return;
     const char* detail = ncclGetLastError(comm_);
-    async_error_ = std::string("NCCL asynchronous error '") + ncclGetErrorString(async) + "' (" +
-                   (detail ? detail : "") +
-                   ") on the communicator: a peer rank failed or the network broke; the "
-                   "communicator was aborted";
+    // Which peer, when the peer watch knows (it names rank and host); else NCCL's words.
+    const std::string lost = peer_watch_lost();
+    async_error_ =
+        std::string("NCCL asynchronous error '") + ncclGetErrorString(async) + "' (" +
+        (detail ? detail : "") + ") on the communicator: " +
+        (lost.empty() ? std::string("a peer rank failed or the network broke") : "lost " + lost) +
+        "; the communicator was aborted";
     ncclCommAbort(comm_);  // ends this rank's NCCL kernels, so the streams drain
     comm_ = nullptr;
     NCF_FAIL(async_error_);

@@ -58,6 +58,7 @@ void for_each_numeric_flag(Config& c, Visit&& visit) {
   visit("l2_dense", c.l2_dense, FlagRange::reals(0, 1000));
   visit("adagrad_init", c.adagrad_init, FlagRange::reals(0, 1000));
   visit("peer_timeout", c.peer_timeout, FlagRange::reals(0, 7 * 86400));
+  visit("peer_lost_after", c.peer_lost_after, FlagRange::reals(0, 86400));
   visit("memory_limit_gb", c.memory_limit_gb, FlagRange::reals(0, 1 << 20));
   visit("max_steps", c.max_steps, FlagRange::ints(1, kMaxSteps).or_negative("whole epochs"));
   visit("eval_users", c.eval_users, FlagRange::ints(0, uint64_t{1} << 31));
@@ -200,6 +201,13 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "host: ends the ranks a lost or cut-off node leaves waiting (0: no limit; set "
                  "it above the longest healthy wait, e.g. a checkpoint chunk)")
       ->capture_default_str();
+  app.add_option("--peer_lost_after", c.peer_lost_after,
+                 "seconds of silence after which a neighbouring rank counts as lost: every rank "
+                 "keeps a heartbeat connection to ranks r-1 and r+1 of its own, and a rank that "
+                 "loses one (connection closed: process or host died; silence: host cut off) "
+                 "says which rank and host, in which collective, and ends, as do the others it "
+                 "tells (0: no watch)")
+      ->capture_default_str();
   app.add_option("--topology", c.topology,
                  "links for the exchange's cost model: a file of key = value lines or inline "
                  "key=value,... (intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node); "
@@ -281,6 +289,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   }
 
   c.topk_given = app.count("--topk") > 0;
+  c.peer_lost_after_given = app.count("--peer_lost_after") > 0;
   {
     // Flags given that this combination never reads. A note, not a refusal: a
     // job script's common flags stay valid across its variants.

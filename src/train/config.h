@@ -25,6 +25,7 @@ struct TrainConfig {
   uint64_t seed = 1;
   int topk = 10;            // K of HR@K / NDCG@K
   bool topk_given = false;  // --topk was on the command line (not the default)
+  bool peer_lost_after_given = false;
   std::string device = "cpu";
   std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
@@ -38,6 +39,7 @@ struct TrainConfig {
   std::string exchange = "auto";    // auto | flat | two_hop (comm/communicator.h)
   std::string topology;             // links for the exchange model (embedding/exchange_model.h)
   double peer_timeout = 0;          // s a rank may wait in one collective (0: no limit)
+  double peer_lost_after = 30;      // s of a neighbour's silence that make it lost (0: no watch)
   double memory_limit_gb = 0;       // per rank, 0: this machine's free memory
   int64_t max_steps = -1;           // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;

@@ -14,6 +14,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/collective_watch.h"
+#include "comm/peer_watch.h"
 #include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -36,6 +37,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) {
   if (g_stop_signal != 0 && sig == SIGTERM) _exit(128 + SIGTERM);
   g_stop_signal = sig;
+  peer_watch_stop_signal();
 }
 
 // Called on the main thread, which Linux hands a signal sent to the process
@@ -140,6 +142,11 @@ int train_main(int& argc, char**& argv) {
   // Declared before the trainer so that the context and communicator outlive it.
   RankRuntime rt(&argc, &argv, device, cfg.comm, cfg.threads);
   if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
+  // Collective: every rank's heartbeat connections to its ring neighbours.
+  if (cfg.peer_lost_after > 0) {
+    const PeerWatchStart w = start_peer_watch(rt.info, {cfg.peer_lost_after, "ncf_dist"});
+    if (!w.warning.empty()) std::fprintf(stderr, "ncf_dist: warning: %s\n", w.warning.c_str());
+  }
   const RankInfo& info = rt.info;
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
@@ -151,6 +158,10 @@ int train_main(int& argc, char**& argv) {
       std::fprintf(stderr,
                    "ncf_dist: note: flag --peer_timeout: one rank has no peers to wait "
                    "for; it has no effect\n");
+    if (info.world == 1 && cfg.peer_lost_after_given)
+      std::fprintf(stderr,
+                   "ncf_dist: note: flag --peer_lost_after: one rank has no peers to lose; "
+                   "it has no effect\n");
   }
   // Collective: every rank's mask and thread count, for the startup line below.
   const CpuReport cpu = cpu_report(rt, "ncf_dist");
