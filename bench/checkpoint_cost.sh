@@ -37,9 +37,9 @@ dist="$build/src/ncf_dist"
   for case in ml20m u10m; do
     for W in 1 2; do
       if [ "$case" = ml20m ]; then
-        flags="--data_dir $work/ml20m --preset ml-20m-mlperf --max_steps 2"
+        flags="--device cpu --data_dir $work/ml20m --preset ml-20m-mlperf --max_steps 2"
       else
-        flags="--data_dir $work/u10m --batch_size 65536 --max_steps 2"
+        flags="--device cpu --data_dir $work/u10m --batch_size 65536 --max_steps 2"
       fi
       launch=""
       [ "$W" -gt 1 ] && launch="mpirun -np $W --oversubscribe"

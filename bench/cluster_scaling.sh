@@ -198,7 +198,7 @@ for rate in "${RATES[@]}"; do
     # cluster_mpirun_on: mpirun on node1 reaching the other hosts through the rsh agent,
     # ranks host by host (rank = n·R + l, as the two-hop exchange needs), TCP between
     # hosts and shared memory within one. Paths outside /tmp are the same on every host.
-    cmd=("$dist" --data_dir "$data" --preset ml-20m-mlperf --batch_size $((W * per_rank_batch))
+    cmd=("$dist" --device cpu --data_dir "$data" --preset ml-20m-mlperf --batch_size $((W * per_rank_batch))
       --max_steps "$steps" --train_epochs "$epochs" --threads 1 --no_eval --progress off
       --step_log --metrics_json "$metrics" --topology "$topo")
     # shellcheck disable=SC2207

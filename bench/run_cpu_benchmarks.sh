@@ -141,7 +141,7 @@ section_reader() {
 compare_ml20m() {
   local m20=$1 u20=$2 i20=$3
   for rep in $(seq "$reps"); do
-    run "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --train_epochs 1 \
+    run "$build/src/ncf_dist" --device cpu --data_dir "$m20" --preset ml-20m-mlperf --train_epochs 1 \
       --max_steps 4 --no_eval --threads 2 --progress off --step_log
     run $py "$root/bench/pytorch_neumf.py" --users "$u20" --items "$i20" --preset ml-20m-mlperf \
       --threads 2 --warmup 1 --steps 3
@@ -164,7 +164,7 @@ section_compare() {
     header "ncf_dist vs PyTorch $($py -c 'import torch;print(torch.__version__)') NeuMF, samples/s"
     for rep in $(seq "$reps"); do
       for t in 1 2; do
-        run "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper --train_epochs 1 \
+        run "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper --train_epochs 1 \
           --max_steps 6000 --no_eval --threads $t --progress off
         run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
           --threads $t --warmup 200 --steps 3000
@@ -172,7 +172,7 @@ section_compare() {
     done
     # Lazy Adam on both sides (touched rows only): what the dense decay costs at batch 256.
     for rep in $(seq "$reps"); do
-      run "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper --train_epochs 1 \
+      run "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper --train_epochs 1 \
         --max_steps 6000 --no_eval --threads 1 --progress off --embedding_optimizer lazy_adam
       run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
         --threads 1 --warmup 200 --steps 3000 --embedding_optimizer lazy_adam
@@ -180,14 +180,14 @@ section_compare() {
     compare_ml20m "$m20" "$u20" "$i20"
     # For reference: both sides on the OpenBLAS kernels OpenBLAS picks by itself here.
     echo "# reference runs without the OPENBLAS_CORETYPE upgrade"
-    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper \
+    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper \
       --train_epochs 1 --max_steps 6000 --no_eval --threads 1 --progress off
     run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
       --threads 1 --warmup 200 --steps 3000 --no_blas_upgrade
     echo "# reference run with libgomp's default spin-waiting"
     run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
       --threads 2 --warmup 50 --steps 300 --omp_spin
-    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf \
+    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --device cpu --data_dir "$m20" --preset ml-20m-mlperf \
       --train_epochs 1 --max_steps 4 --no_eval --threads 2 --progress off --step_log
     run $py "$root/bench/pytorch_neumf.py" --users "$u20" --items "$i20" --preset ml-20m-mlperf \
       --threads 2 --warmup 1 --steps 3 --no_blas_upgrade
@@ -216,21 +216,21 @@ section_perf() {
   p=$(mktemp -d)
   {
     header "perf record -g of ncf_dist; perf report --no-children --sort symbol (top entries)"
-    run perf record -g -o "$p/a.data" "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper \
+    run perf record -g -o "$p/a.data" "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper \
       --train_epochs 1 --max_steps 6000 --no_eval --threads 1 --progress off
     perf_top "$p/a.data" 30
     # The whole run: step 0 first touches ~19 GB of tables and step buffers (page faults).
-    run perf record -g -o "$p/b.data" "$build/src/ncf_dist" --data_dir "$m20" \
+    run perf record -g -o "$p/b.data" "$build/src/ncf_dist" --device cpu --data_dir "$m20" \
       --preset ml-20m-mlperf --train_epochs 1 --max_steps 4 --no_eval --threads 2 --progress off
     perf_top "$p/b.data" 30
     # Steady state: -D skips the first 40 s (start-up and step 0 on a quiet machine).
-    run perf record -D 40000 -g -o "$p/c.data" "$build/src/ncf_dist" --data_dir "$m20" \
+    run perf record -D 40000 -g -o "$p/c.data" "$build/src/ncf_dist" --device cpu --data_dir "$m20" \
       --preset ml-20m-mlperf --train_epochs 1 --max_steps 10 --no_eval --threads 2 \
       --progress off --step_log
     perf_top "$p/c.data" 30
     # Page faults do not grow with steps: they are all in start-up and step 0.
     for n in 2 4; do
-      run perf stat -e page-faults,task-clock "$build/src/ncf_dist" --data_dir "$m20" \
+      run perf stat -e page-faults,task-clock "$build/src/ncf_dist" --device cpu --data_dir "$m20" \
         --preset ml-20m-mlperf --train_epochs 1 --max_steps $n --no_eval --threads 2 \
         --progress off --step_log
     done
@@ -248,7 +248,7 @@ section_curves() {
   rm -f "$j"
   {
     header "ncf-paper preset, synthetic ml-1m shape (99 eval negatives), 20 epochs"
-    run "$build/src/ncf_dist" --data_dir "$m1" --preset ncf-paper --train_epochs 20 \
+    run "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper --train_epochs 20 \
       --metrics_json "$j" --progress off
     load
   } 2>&1 | tee "$res/curves_ncf_paper_synthetic_ml1m.txt"

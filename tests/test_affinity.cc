@@ -288,7 +288,8 @@ class MpiBinding : public ::testing::Test {
   };
   // One step of training, no evaluation: enough to print the startup line.
   static Startup dist(const std::string& prefix, const std::string& flags = "") {
-    const std::string cmd = prefix + " " + bin("ncf_dist") + " --data_dir " + dir_->file("data") +
+    const std::string cmd = prefix + " " + bin("ncf_dist") + " --device cpu --data_dir " +
+                            dir_->file("data") +
                             " --preset ncf-paper --batch_size 100 --train_epochs 1 --max_steps 1 "
                             "--no_eval --progress off " +
                             flags + " 2>&1";

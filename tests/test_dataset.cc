@@ -471,7 +471,7 @@ TEST(DatasetIntegrity, MetadataWithAChangedDigitIsRefused) {
   test::RunResult r = test::run(test::bin("ncf_prep") + " --verify " + d.path());
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, refused)) << r.output;
-  r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
+  r = test::run(test::bin("ncf_dist") + " --device cpu --data_dir " + d.path() +
                 " --batch_size 50 --train_epochs 1 --threads 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, refused)) << r.output;
@@ -560,8 +560,10 @@ TEST(DatasetIntegrity, OlderFormatLoadsWithAWarningAndTrainsTheSame) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "ncf_prep: warning: " + warning)) << r.output;
   const std::string train = " --batch_size 50 --train_epochs 2 --threads 1 --progress off";
-  const test::RunResult r1 = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
-  const test::RunResult r2 = test::run(test::bin("ncf_dist") + " --data_dir " + d2.path() + train);
+  const test::RunResult r1 =
+      test::run(test::bin("ncf_dist") + " --device cpu --data_dir " + d1.path() + train);
+  const test::RunResult r2 =
+      test::run(test::bin("ncf_dist") + " --device cpu --data_dir " + d2.path() + train);
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_TRUE(has(r1.output, "warning: " + warning)) << r1.output;
@@ -575,7 +577,7 @@ TEST(DatasetIntegrity, OlderFormatLoadsWithAWarningAndTrainsTheSame) {
   std::string bad = positives;
   bad[bad.size() - 3] ^= 4;
   test::write_file(pp, bad);
-  r = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
+  r = test::run(test::bin("ncf_dist") + " --device cpu --data_dir " + d1.path() + train);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, pp + ": CRC-32C ")) << r.output;
   test::write_file(pp, positives);
@@ -595,7 +597,7 @@ TEST(DatasetIntegrity, OlderFormatLoadsWithAWarningAndTrainsTheSame) {
     j["format_version"] = v;
     test::write_file(mp, j.dump(2));
     EXPECT_TRUE(has(load_error(d1.path()), mp + ": no crc32c field")) << load_error(d1.path());
-    r = test::run(test::bin("ncf_dist") + " --data_dir " + d1.path() + train);
+    r = test::run(test::bin("ncf_dist") + " --device cpu --data_dir " + d1.path() + train);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_TRUE(has(r.output, mp + ": no crc32c field")) << r.output;
   }
@@ -674,8 +676,8 @@ TEST(DatasetIntegrity, PositivesWithFlippedZeroedOrMissingBytesAreRefusedOnLoad)
   flipped[items_at + 1] = char(flipped[items_at + 1] ^ 0x10);
   test::write_file(p, flipped);
   EXPECT_TRUE(has(verify_error(d.path()), p)) << verify_error(d.path());
-  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
-                                      " --batch_size 50 --train_epochs 1 --threads 1");
+  const test::RunResult r = test::run(test::bin("ncf_dist") + " --device cpu --data_dir " +
+                                      d.path() + " --batch_size 50 --train_epochs 1 --threads 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r.output, crc_error)) << r.output;
   EXPECT_TRUE(has(r.output, "re-run ncf_prep")) << r.output;
@@ -685,8 +687,8 @@ TEST(DatasetIntegrity, PositivesWithFlippedZeroedOrMissingBytesAreRefusedOnLoad)
 TEST(DatasetIntegrity, UntouchedDatasetTrains) {
   TempDir d;
   write_small(d.path());
-  const test::RunResult r = test::run(test::bin("ncf_dist") + " --data_dir " + d.path() +
-                                      " --batch_size 50 --train_epochs 1 --threads 1");
+  const test::RunResult r = test::run(test::bin("ncf_dist") + " --device cpu --data_dir " +
+                                      d.path() + " --batch_size 50 --train_epochs 1 --threads 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 

@@ -46,10 +46,10 @@ class Distributed : public ::testing::Test {
 
   Run train(int W, const std::string& flags) {
     TempDir t;
-    std::string cmd = test::mpirun(W) + " " + bin("ncf_dist") + " --data_dir " + data() +
-                      " --batch_size 1005 --train_epochs 2 --threads 1 --learning_rate 0.01 " +
-                      flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " +
-                      t.file("p.bin");
+    std::string cmd =
+        test::mpirun(W) + " " + bin("ncf_dist") + " --device cpu --data_dir " + data() +
+        " --batch_size 1005 --train_epochs 2 --threads 1 --learning_rate 0.01 " + flags +
+        " --metrics_json " + t.file("m.jsonl") + " --save_params " + t.file("p.bin");
     auto r = run("timeout 300 " + cmd);
     Run out;
     out.output = r.output;
@@ -160,7 +160,8 @@ TEST_F(Distributed, FailingRankTakesTheJobDown) {
   double r0 = std::stod(m[1]), r1 = std::stod(m[2]);
   ASSERT_NE(r0, r1);
   double limit_gb = (r0 + r1) / 2 / 1024;
-  auto r = run("timeout 120 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + data() +
+  auto r = run("timeout 120 " + test::mpirun(2) + " " + bin("ncf_dist") +
+               " --device cpu --data_dir " + data() +
                " --batch_size 1005 --train_epochs 1 --threads 1 --shard_plan table "
                "--memory_limit_gb " +
                std::to_string(limit_gb));

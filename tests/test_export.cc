@@ -119,7 +119,7 @@ class Export : public ::testing::Test {
                    std::to_string(seed) + " --output " + dir_->file(name) + " --progress off");
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
-    auto r = run(bin("ncf_dist") + " --data_dir " + dir_->file("data") +
+    auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + dir_->file("data") +
                  " --batch_size 1000 --train_epochs 2 --threads 1 --learning_rate 0.01 "
                  "--layers 32,16,8 --num_factors 6 --progress off --checkpoint_dir " +
                  dir_->file("ck"));
@@ -200,9 +200,9 @@ TEST_F(Export, OnnxRuntimeScoresEqualNcfRecommend) {
   for (int k = 0; k < 10000; ++k)
     pairs += std::to_string(gen() % 157) + "," + std::to_string(gen() % 211) + "\n";
   test::write_file(t.file("pairs.csv"), pairs);
-  auto r =
-      run(bin("ncf_recommend") + " --checkpoint " + *ck_ + " --data_dir " + dir_->file("data") +
-          " --threads 1 --pairs " + t.file("pairs.csv") + " --output " + t.file("rec.csv"));
+  auto r = run(bin("ncf_recommend") + " --device cpu --checkpoint " + *ck_ + " --data_dir " +
+               dir_->file("data") + " --threads 1 --pairs " + t.file("pairs.csv") + " --output " +
+               t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = csv_rows(test::read_file(t.file("rec.csv")));
   ASSERT_EQ(want.size(), 10001u);
@@ -356,8 +356,9 @@ TEST_F(Export, NumpyFilesHoldTheArraysAndRecomputeTheScores) {
   for (int k = 0; k < 300; ++k)
     pairs += std::to_string(gen() % 157) + "," + std::to_string(gen() % 211) + "\n";
   test::write_file(t.file("pairs.csv"), pairs);
-  r = run(bin("ncf_recommend") + " --checkpoint " + *ck_ + " --data_dir " + dir_->file("data") +
-          " --threads 1 --pairs " + t.file("pairs.csv") + " --output " + t.file("rec.csv"));
+  r = run(bin("ncf_recommend") + " --device cpu --checkpoint " + *ck_ + " --data_dir " +
+          dir_->file("data") + " --threads 1 --pairs " + t.file("pairs.csv") + " --output " +
+          t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("rec.csv"));
@@ -449,7 +450,7 @@ TEST(ExportIds, StringIdsAsNumpyArrays) {
                "--output " +
                t.file("data") + " --progress off");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run(bin("ncf_dist") + " --data_dir " + t.file("data") +
+  r = run(bin("ncf_dist") + " --device cpu --data_dir " + t.file("data") +
           " --batch_size 100 --train_epochs 1 --threads 1 --layers 16,8 --num_factors 4 "
           "--progress off --checkpoint_dir " +
           t.file("ck"));
@@ -480,8 +481,9 @@ TEST(ExportIds, StringIdsAsNumpyArrays) {
              (i == 7 ? long_item : "\"it\"\"em " + std::to_string(i) + "\"") + "\n";
   }
   test::write_file(t.file("pairs.csv"), pairs);
-  r = run(bin("ncf_recommend") + " --checkpoint " + t.file("ck") + " --data_dir " + t.file("data") +
-          " --threads 1 --pairs " + t.file("pairs.csv") + " --output " + t.file("rec.csv"));
+  r = run(bin("ncf_recommend") + " --device cpu --checkpoint " + t.file("ck") + " --data_dir " +
+          t.file("data") + " --threads 1 --pairs " + t.file("pairs.csv") + " --output " +
+          t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("rec.csv"));
@@ -510,7 +512,8 @@ TEST(ExportMemory, TablesAreStreamedFromTheCheckpointNotHeld) {
             " --items 300 --interactions " + std::to_string(2 * users) +
             " --min_per_user 2 --eval_negatives 1 --seed 5 --output " + data + " --progress off");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = run(bin("ncf_dist") + " --data_dir " + data + " --batch_size " + std::to_string(batch) +
+    r = run(bin("ncf_dist") + " --device cpu --data_dir " + data + " --batch_size " +
+            std::to_string(batch) +
             " --max_steps 1 --train_epochs 1 --no_eval --threads 2 --num_factors 64 "
             "--layers 512,8 --embedding_optimizer sgd --progress off --checkpoint_dir " +
             t.file(name));

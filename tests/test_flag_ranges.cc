@@ -225,7 +225,8 @@ class DataRanges : public ::testing::Test {
   static std::string ck() { return dir_->file("ck"); }
   static std::string train(int W, const std::string& flags) {
     return "timeout 120 " + (W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
-           " --data_dir " + data() + " --batch_size 100 --threads 1 --progress off " + flags;
+           " --device cpu --data_dir " + data() + " --batch_size 100 --threads 1 --progress off " +
+           flags;
   }
   // A copy of the checkpoint whose manifest records `key` = `value`, sealed
   // again with its checksum, as an edit that knows the format would leave it.
@@ -271,7 +272,7 @@ TEST_F(DataRanges, TopkPastTheEvalListIsRefusedOnEveryRank) {
                  "--eval_negatives 5 --record_rows 64 --num_shards 1 --progress off --output " +
                  t.file("e5"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = run(bin("ncf_dist") + " --data_dir " + t.file("e5") +
+    r = run(bin("ncf_dist") + " --device cpu --data_dir " + t.file("e5") +
             " --batch_size 100 --threads 1 --progress off --max_steps 1 --train_epochs 1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("note: the default --topk 10 is more than the 6 candidates"),
@@ -386,11 +387,11 @@ TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
               t.file("d"),
           "--tfmg_cycles applies to TF Model Garden input only");
   EXPECT_FALSE(fs::exists(t.file("d")));
-  refused(bin("ncf_recommend") + " --checkpoint " + ck() + " --data_dir " + data() + " --pairs " +
-              t.file("pairs.csv") + " --topk 3",
+  refused(bin("ncf_recommend") + " --device cpu --checkpoint " + ck() + " --data_dir " + data() +
+              " --pairs " + t.file("pairs.csv") + " --topk 3",
           "flag --topk applies to --users only");
-  refused(bin("ncf_recommend") + " --checkpoint " + ck() + " --data_dir " + data() + " --pairs " +
-              t.file("pairs.csv") + " --include_seen",
+  refused(bin("ncf_recommend") + " --device cpu --checkpoint " + ck() + " --data_dir " + data() +
+              " --pairs " + t.file("pairs.csv") + " --include_seen",
           "flag --include_seen applies to --users only");
   refused(bin("ncf_export") + " --checkpoint " + ck() + " --format npy --output " + t.file("npy") +
               " --external_data never",
@@ -411,8 +412,8 @@ TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {
   {
     TempDir t;
     const std::string copy = edited_checkpoint(t, "seed", -1);
-    const auto r = run("timeout 120 " + bin("ncf_recommend") + " --checkpoint " + copy +
-                       " --data_dir " + data() + " --users 0 --threads 1");
+    const auto r = run("timeout 120 " + bin("ncf_recommend") + " --device cpu --checkpoint " +
+                       copy + " --data_dir " + data() + " --users 0 --threads 1");
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(copy + "/manifest.json: flag --seed must be >= 0, got -1"),
               std::string::npos)
@@ -441,15 +442,15 @@ TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {
   {
     TempDir t;
     const std::string copy = edited_checkpoint(t, "num_neg", 1001);
-    const auto r = run("timeout 120 " + bin("ncf_recommend") + " --checkpoint " + copy +
-                       " --data_dir " + data() + " --users 0 --threads 1");
+    const auto r = run("timeout 120 " + bin("ncf_recommend") + " --device cpu --checkpoint " +
+                       copy + " --data_dir " + data() + " --users 0 --threads 1");
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("manifest.json: flag --num_neg must be in [0, 1000], got 1001"),
               std::string::npos)
         << r.output;
   }
   // The checkpoint as written is served.
-  const auto r = run("timeout 120 " + bin("ncf_recommend") + " --checkpoint " + ck() +
+  const auto r = run("timeout 120 " + bin("ncf_recommend") + " --device cpu --checkpoint " + ck() +
                      " --data_dir " + data() + " --users 0 --threads 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }

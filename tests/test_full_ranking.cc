@@ -99,7 +99,7 @@ class FullRankingRun : public ::testing::Test {
                  "--eval_negatives 50 --record_rows 300 --num_shards 3 --seed 11 --output " +
                  data() + " --progress off");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = run(bin("ncf_dist") + " --data_dir " + data() +
+    r = run(bin("ncf_dist") + " --device cpu --data_dir " + data() +
             " --batch_size 1005 --train_epochs 3 --threads 1 --learning_rate 0.01 --no_eval "
             "--progress off --checkpoint_dir " +
             dir_->file("ck"));
@@ -117,7 +117,7 @@ class FullRankingRun : public ::testing::Test {
     const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
     // The training flags (batch size, learning rate, epochs) are not given:
     // evaluating needs only the model's shape to match.
-    const std::string cmd = launch + bin("ncf_dist") + " --data_dir " + data() +
+    const std::string cmd = launch + bin("ncf_dist") + " --device cpu --data_dir " + data() +
                             " --threads 1 --progress off --eval_only --resume " + checkpoint() +
                             " --metrics_json " + t.file("m.jsonl") + " " + flags;
     const auto r = run("timeout 300 " + cmd);
@@ -195,7 +195,7 @@ TEST_F(FullRankingRun, EvalUsersIsTheSameFixedSubsetAtAnyWorldSize) {
 }
 
 TEST_F(FullRankingRun, EvalOnlyNeedsACheckpoint) {
-  const auto r = run(bin("ncf_dist") + " --data_dir " + data() + " --eval_only");
+  const auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + data() + " --eval_only");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("flag --eval_only needs a checkpoint"), std::string::npos) << r.output;
 }
@@ -213,7 +213,7 @@ TEST(EvalOnlyMemory, HoldsTheRowsWithoutTheOptimizerState) {
                "--min_per_user 3 --eval_negatives 20 --seed 3 --progress off --output " +
                data);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string train = bin("ncf_dist") + " --data_dir " + data +
+  const std::string train = bin("ncf_dist") + " --device cpu --data_dir " + data +
                             " --batch_size 20000 --train_epochs 1 --threads 1 --no_eval "
                             "--progress off --embedding_optimizer dense_adam --checkpoint_dir " +
                             ck;
@@ -230,9 +230,10 @@ TEST(EvalOnlyMemory, HoldsTheRowsWithoutTheOptimizerState) {
   auto eval_only = [&](int W, const std::string& flags, nlohmann::json* metrics) {
     TempDir m;
     const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
-    const auto e = run("timeout 300 " + launch + bin("ncf_dist") + " --data_dir " + data +
-                       " --threads 1 --progress off --eval_only --resume auto --checkpoint_dir " +
-                       ck + " --eval_batch_size 2100 --metrics_json " + m.file("m.jsonl") + flags);
+    const auto e =
+        run("timeout 300 " + launch + bin("ncf_dist") + " --device cpu --data_dir " + data +
+            " --threads 1 --progress off --eval_only --resume auto --checkpoint_dir " + ck +
+            " --eval_batch_size 2100 --metrics_json " + m.file("m.jsonl") + flags);
     std::ifstream f(m.file("m.jsonl"));
     std::string line;
     if (std::getline(f, line)) *metrics = nlohmann::json::parse(line);

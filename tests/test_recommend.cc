@@ -174,7 +174,7 @@ class Recommend : public ::testing::Test {
                    std::to_string(seed) + " --output " + dir_->file(name) + " --progress off");
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
-    auto r = run(bin("ncf_dist") + " --data_dir " + data() +
+    auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + data() +
                  " --batch_size 1000 --train_epochs 2 --threads 1 --learning_rate 0.01 "
                  "--progress off --checkpoint_dir " +
                  dir_->file("ck"));
@@ -188,8 +188,8 @@ class Recommend : public ::testing::Test {
   }
   static std::string data() { return dir_->file("data"); }
   static std::string recommend(int W, const std::string& flags) {
-    return (W == 1 ? "" : test::mpirun(W) + " ") + bin("ncf_recommend") + " --checkpoint " + *ck_ +
-           " --data_dir " + data() + " --threads 1 " + flags;
+    return (W == 1 ? "" : test::mpirun(W) + " ") + bin("ncf_recommend") +
+           " --device cpu --checkpoint " + *ck_ + " --data_dir " + data() + " --threads 1 " + flags;
   }
   static TempDir* dir_;
   static std::string* ck_;
@@ -334,12 +334,12 @@ TEST(RecommendIds, MovieLensIdsInAndOut) {
   auto r = run(bin("ncf_prep") + " --input " + d.file("u.data") + " --eval_negatives 10 " +
                "--output " + d.file("data") + " --progress off");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run(bin("ncf_dist") + " --data_dir " + d.file("data") +
+  r = run(bin("ncf_dist") + " --device cpu --data_dir " + d.file("data") +
           " --batch_size 100 --train_epochs 1 --threads 1 --progress off --checkpoint_dir " +
           d.file("ck"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string base = bin("ncf_recommend") + " --checkpoint " + d.file("ck") + " --data_dir " +
-                           d.file("data") + " --threads 1 ";
+  const std::string base = bin("ncf_recommend") + " --device cpu --checkpoint " + d.file("ck") +
+                           " --data_dir " + d.file("data") + " --threads 1 ";
   r = run(base + "--users 1000,1273 --topk 3 --output " + d.file("top.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto rows = csv_rows(test::read_file(d.file("top.csv")));
@@ -423,12 +423,12 @@ TEST(RecommendIds, StringIdsInAndOut) {
                "--output " +
                d.file("data") + " --progress off");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run(bin("ncf_dist") + " --data_dir " + d.file("data") +
+  r = run(bin("ncf_dist") + " --device cpu --data_dir " + d.file("data") +
           " --batch_size 100 --train_epochs 1 --threads 1 --progress off --checkpoint_dir " +
           d.file("ck"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string base = bin("ncf_recommend") + " --checkpoint " + d.file("ck") + " --data_dir " +
-                           d.file("data") + " --threads 1 ";
+  const std::string base = bin("ncf_recommend") + " --device cpu --checkpoint " + d.file("ck") +
+                           " --data_dir " + d.file("data") + " --threads 1 ";
   // --users as a list: the quoted id holds a comma, the other a quote.
   r = run(base + "--users '\"cust,3\",\"c\"\"4\"\"x\"' --topk 3 --output " + d.file("top.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -509,14 +509,14 @@ TEST_F(Recommend, BadInputIsNamedWithItsFileAndLine) {
   expect_fail(run(recommend(1, "--users " + t.file("u.txt"))), t.file("u.txt") + ":3: user -1");
   expect_fail(run(recommend(2, "--pairs " + t.file("p2.csv"))), ":3: item 211");
   // Another dataset's checkpoint; a path with no checkpoint.
-  expect_fail(run(bin("ncf_recommend") + " --checkpoint " + *ck_ + " --data_dir " +
+  expect_fail(run(bin("ncf_recommend") + " --device cpu --checkpoint " + *ck_ + " --data_dir " +
                   dir_->file("other") + " --users all"),
               "belongs to dataset");
-  expect_fail(run(bin("ncf_recommend") + " --checkpoint " + t.file("none") + " --data_dir " +
-                  data() + " --users all"),
+  expect_fail(run(bin("ncf_recommend") + " --device cpu --checkpoint " + t.file("none") +
+                  " --data_dir " + data() + " --users all"),
               "--checkpoint " + t.file("none") + ": no such checkpoint");
-  expect_fail(run(bin("ncf_recommend") + " --checkpoint " + t.path() + " --data_dir " + data() +
-                  " --users all"),
+  expect_fail(run(bin("ncf_recommend") + " --device cpu --checkpoint " + t.path() + " --data_dir " +
+                  data() + " --users all"),
               "no whole checkpoint");
   expect_fail(run(recommend(1, "")), "give --users or --pairs");
 }

@@ -52,7 +52,7 @@ class Resume : public ::testing::Test {
   // The common flags, each unless `flags` sets it (the parser takes a flag once).
   static std::string command(int W, const std::string& flags, const TempDir& t) {
     const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
-    std::string cmd = launch + bin("ncf_dist") + " --data_dir " + data();
+    std::string cmd = launch + bin("ncf_dist") + " --device cpu --data_dir " + data();
     for (const auto& [flag, value] :
          {std::pair{"--batch_size", "1005"}, std::pair{"--train_epochs", "2"},
           std::pair{"--threads", "1"}, std::pair{"--learning_rate", "0.01"},
@@ -339,8 +339,9 @@ TEST_F(Resume, RefusesAnotherDatasetOrChangedFlagsByName) {
   r = train(1, "--learning_rate 0.02 --allow_changed_flags learning_rate" + from, 0);
   EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
   TempDir t;
-  const test::RunResult o = run(bin("ncf_dist") + " --data_dir " + dir_->file("other") +
-                                " --batch_size 1005 --threads 1 --progress off" + from);
+  const test::RunResult o =
+      run(bin("ncf_dist") + " --device cpu --data_dir " + dir_->file("other") +
+          " --batch_size 1005 --threads 1 --progress off" + from);
   EXPECT_EQ(o.exit_code, 1) << o.output;
   EXPECT_NE(o.output.find("belongs to dataset"), std::string::npos) << o.output;
   r = train(1, "--resume " + d.file("nothing-here") + ck, 1);
@@ -357,9 +358,9 @@ TEST_F(Resume, EveryProgramRefusesAManifestWithAChangedDigitNamingIt) {
   const std::string ck = ckpt(d, 5), manifest = ck + "/manifest.json";
   const std::string export_cmd = "timeout 120 " + bin("ncf_export") + " --checkpoint " + ck +
                                  " --format npy --output " + d.file("npy");
-  const std::string recommend_cmd = "timeout 120 " + bin("ncf_recommend") + " --checkpoint " + ck +
-                                    " --data_dir " + data() + " --users 0,1 --output " +
-                                    d.file("rec.csv");
+  const std::string recommend_cmd = "timeout 120 " + bin("ncf_recommend") +
+                                    " --device cpu --checkpoint " + ck + " --data_dir " + data() +
+                                    " --users 0,1 --output " + d.file("rec.csv");
   // Untouched, the tools take it (the refusals below are the edit's doing).
   test::RunResult r = run(export_cmd);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -257,7 +257,8 @@ class TensorBoardRun : public ::testing::Test {
   // needs it without: timeout passes on only its own kinds).
   static std::string command(int W, const std::string& flags, bool timeout = true) {
     const std::string launch = W == 1 ? "" : test::mpirun(W) + " ";
-    return (timeout ? "timeout 300 " : "") + launch + bin("ncf_dist") + " --data_dir " + data() +
+    return (timeout ? "timeout 300 " : "") + launch + bin("ncf_dist") +
+           " --device cpu --data_dir " + data() +
            " --batch_size 1005 --threads 1 --learning_rate 0.01 --progress off " + flags;
   }
 

@@ -77,7 +77,7 @@ double popularity_hr10(const std::string& dir) {
 TEST_F(TrainTest, LearnsClearlyBetterThanPopularity) {
   TempDir t;
   std::string mj = t.file("m.jsonl");
-  auto r = run(bin("ncf_dist") + " --data_dir " + data() +
+  auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + data() +
                " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 --train_epochs 6 "
                "--threads 1 --metrics_json " +
                mj);
@@ -94,7 +94,7 @@ TEST_F(TrainTest, LearnsClearlyBetterThanPopularity) {
 
 TEST_F(TrainTest, SameJobTwiceGivesIdenticalNumbers) {
   TempDir t;
-  std::string cmd = bin("ncf_dist") + " --data_dir " + data() +
+  std::string cmd = bin("ncf_dist") + " --device cpu --data_dir " + data() +
                     " --batch_size 1000 --train_epochs 2 --threads 2 --mlperf_log";
   auto a = run(cmd + " --metrics_json " + t.file("a.jsonl") + " --save_params " + t.file("a.bin"));
   auto b = run(cmd + " --metrics_json " + t.file("b.jsonl") + " --save_params " + t.file("b.bin"));
@@ -117,7 +117,7 @@ TEST_F(TrainTest, SameJobTwiceGivesIdenticalNumbers) {
 // its bits (otherwise the flag did not reach the GEMMs).
 TEST_F(TrainTest, Bf16TrainsLikeFp32AndRepeatsExactly) {
   TempDir t;
-  const std::string cmd = bin("ncf_dist") + " --data_dir " + data() +
+  const std::string cmd = bin("ncf_dist") + " --device cpu --data_dir " + data() +
                           " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 "
                           "--train_epochs 6 --threads 2";
   auto bf = run(cmd + " --precision bf16 --metrics_json " + t.file("bf.jsonl"));
@@ -166,11 +166,12 @@ TEST_F(TrainTest, BadFlagsStopWithAClearMessage) {
       {"--memory_limit_gb 0.00001", "may use"},
   };
   for (const auto& c : cases) {
-    auto r = run(bin("ncf_dist") + " --data_dir " + data() + " " + c.flags + " --train_epochs 1");
+    auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + data() + " " + c.flags +
+                 " --train_epochs 1");
     EXPECT_NE(r.exit_code, 0) << c.flags;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
   }
-  auto r = run(bin("ncf_dist") + " --data_dir /nonexistent/dir");
+  auto r = run(bin("ncf_dist") + " --device cpu --data_dir /nonexistent/dir");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("/nonexistent/dir/metadata.json"), std::string::npos) << r.output;
 }
@@ -186,7 +187,7 @@ TEST_F(TrainTest, MetadataMismatchWithShardsStops) {
   j.erase("crc32c");
   j["crc32c"] = metadata_crc32c(j);
   test::write_file(mp, j.dump());
-  auto r = run(bin("ncf_dist") + " --data_dir " + t.file("d") + " --train_epochs 1");
+  auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + t.file("d") + " --train_epochs 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("num_users"), std::string::npos) << r.output;
 }
@@ -195,6 +196,38 @@ TEST_F(TrainTest, CudaWithoutGpuIsAClearError) {
   auto r = run(bin("ncf_dist") + " --data_dir " + data() + " --device cuda --train_epochs 1");
   if (r.exit_code == 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
+}
+
+// --device auto is the default: CUDA where this build has it and every rank sees a
+// GPU, else the CPU for every rank, and the start-up line says which and why.
+TEST_F(TrainTest, TheDefaultDeviceIsAutoAndTheStartUpLineSaysWhichAndWhy) {
+  std::string why;
+  const bool gpu = cuda_available(&why);
+  // Two ranks on one machine share its GPUs: only without one do they run here.
+  for (int W : gpu ? std::vector<int>{1} : std::vector<int>{1, 2}) {
+    auto r = run("timeout -k 5 120 " + (W > 1 ? test::mpirun(W) + " " : std::string()) +
+                 bin("ncf_dist") + " --data_dir " + data() +
+                 " --batch_size 2000 --train_epochs 1 --threads 1 --no_eval");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (gpu) {
+      EXPECT_NE(r.output.find("ncf_dist: device cuda (--device auto: every rank sees a GPU)"),
+                std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("cuda backend"), std::string::npos) << r.output;
+    } else {
+      EXPECT_NE(r.output.find("ncf_dist: device cpu (--device auto: " + why), std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("cpu backend"), std::string::npos) << r.output;
+    }
+  }
+  if (gpu) return;
+  // NCCL needs GPU ranks: without one, auto cannot give them, and says so.
+  auto r = run("timeout -k 5 120 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " +
+               data() + " --comm nccl --train_epochs 1 --threads 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("flag --comm nccl needs GPU ranks, and --device auto: " + why),
+            std::string::npos)
+      << r.output;
 }
 
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
@@ -207,7 +240,7 @@ TEST_F(TrainTest, PlainRunWithoutLauncherIsOneRankWithoutMpi) {
                         "SLURM_STEP_ID", "PMI_FD", "PMI_JOBID", "PMI_RANK", "PMI_SIZE"})
     no_launcher += std::string(" -u ") + v;
   no_launcher += " OPAL_PREFIX=/nonexistent-ompi-prefix timeout -k 5 120 ";
-  const std::string args = " --data_dir " + data() +
+  const std::string args = " --device cpu --data_dir " + data() +
                            " --batch_size 2000 --train_epochs 1 "
                            "--threads 1";
   auto plain = run(no_launcher + bin("ncf_dist") + args);

@@ -253,13 +253,37 @@ int run_main(int argc, char** argv, const std::function<int(int& argc, char**& a
   return code;
 }
 
-RankRuntime::RankRuntime(int* argc, char*** argv, Device device, const std::string& comm_kind,
-                         int threads) {
-  if (device == Device::kCuda) {
-    std::string why;
-    if (!cuda_available(&why)) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
+RankRuntime::RankRuntime(int* argc, char*** argv, const std::string& device_flag,
+                         const std::string& comm_kind, int threads) {
+  Device device = Device::kCpu;
+  std::string why;
+  const bool gpu = device_flag != "cpu" && cuda_available(&why);
+  if (device_flag == "cuda") {
+    if (!gpu) NCF_FAIL("--device cuda: no usable GPU (", why, ")");
+    device = Device::kCuda;
+  } else if (device_flag != "auto" && device_flag != "cpu") {
+    NCF_FAIL("flag --device: unknown device '", device_flag, "' (expected auto, cpu or cuda)");
   }
   info = bootstrap(argc, argv, comm_kind == "mpi");
+  if (device_flag == "auto") {
+    // One device for the whole job: the lowest rank without a GPU decides for all.
+    int first_without = gpu ? info.world : info.rank;
+    if (info.mpi && info.world > 1)
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first_without, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first_without == info.world) {
+      device = Device::kCuda;
+      device_note = "--device auto: every rank sees a GPU";
+    } else if (first_without == info.rank) {
+      device_note = "--device auto: " + why +
+                    (info.world > 1 ? std::string(", so every rank runs on the CPU") : "");
+    } else {
+      device_note = "--device auto: rank " + std::to_string(first_without) +
+                    " sees no usable GPU, so every rank runs on the CPU";
+    }
+    if (device == Device::kCpu && comm_kind == "nccl")
+      NCF_FAIL("flag --comm nccl needs GPU ranks, and ", device_note,
+               "; use --comm mpi, or --device cuda on GPU nodes");
+  }
   if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
   comm = make_communicator(info, device, comm_kind, ctx.stream);
   ctx.device = device;

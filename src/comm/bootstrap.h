@@ -94,20 +94,29 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
                                                 const std::string& kind = "auto",
                                                 void* stream = nullptr);
 
-// A rank's start in a program's main, after its flags: the device checked
-// (--device cuda without a usable GPU is an error naming it), bootstrap (MPI
-// only under a launcher or with comm_kind "mpi"), the local GPU's context,
-// the communicator, and the CPU kernel threads: `threads`, or 0 for the rank's
-// share of the CPUs its affinity mask allows (default_threads: each CPU divided
-// among the node's ranks that may run on it). The pool pins its workers to the
-// mask when the rank owns it. The communicator goes before the context.
+// A rank's start in a program's main, after its flags: the device chosen, bootstrap
+// (MPI only under a launcher or with comm_kind "mpi"), the local GPU's context, the
+// communicator, and the CPU kernel threads: `threads`, or 0 for the rank's share of the
+// CPUs its affinity mask allows (default_threads: each CPU divided among the node's
+// ranks that may run on it). The pool pins its workers to the mask when the rank owns
+// it. The communicator goes before the context.
+//
+// device_flag (the programs' --device):
+//   "cuda"  a GPU per rank; a rank without a usable GPU is an error naming why.
+//   "cpu"   CPU ranks.
+//   "auto"  CUDA when the build has it and every rank sees a GPU, else CPU for every
+//           rank (one device for the job: the communicator and the trajectory need
+//           it); device_note says which and why, for the program's start-up line.
+//           comm_kind "nccl" with no GPU is an error naming both flags.
 struct RankRuntime {
   RankInfo info;
   ExecContext ctx;
   std::unique_ptr<Communicator> comm;
-  CpuShare cpus;         // this rank's mask, the machine's CPUs, the default thread count
-  int threads_flag = 0;  // `threads` as given (0: the default)
-  RankRuntime(int* argc, char*** argv, Device device, const std::string& comm_kind, int threads);
+  CpuShare cpus;            // this rank's mask, the machine's CPUs, the default thread count
+  int threads_flag = 0;     // `threads` as given (0: the default)
+  std::string device_note;  // "--device auto: ..." (empty for an explicit device)
+  RankRuntime(int* argc, char*** argv, const std::string& device_flag, const std::string& comm_kind,
+              int threads);
   ~RankRuntime();
   RankRuntime(const RankRuntime&) = delete;
   RankRuntime& operator=(const RankRuntime&) = delete;

@@ -143,8 +143,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--topk", c.topk,
                  "K of HR@K and NDCG@K; at most the eval list's length, 1 + E of the dataset")
       ->capture_default_str();
-  app.add_option("--device", c.device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  app.add_option("--device", c.device,
+                 "auto (a GPU per rank when this build has CUDA and every rank sees a GPU, "
+                 "else the CPU; the start-up line says which and why), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--precision", c.precision,
                  "tower GEMMs: tf32 (TensorFloat-32 inputs, fp32 accumulation; rounds on the "

@@ -26,7 +26,7 @@ struct TrainConfig {
   int topk = 10;            // K of HR@K / NDCG@K
   bool topk_given = false;  // --topk was on the command line (not the default)
   bool peer_lost_after_given = false;
-  std::string device = "cpu";
+  std::string device = "auto";     // auto | cpu | cuda (RankRuntime resolves auto)
   std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
   std::string embedding_optimizer = "dense_adam";

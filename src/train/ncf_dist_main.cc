@@ -137,10 +137,11 @@ int train_main(int& argc, char**& argv) {
   // Flags are checked before MPI starts, so --help and bad flags need no launcher.
   if (!parse_train_flags(argc, argv, &cfg, &code)) return code;
 
-  const Device device = parse_device(cfg.device);
   // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
   // Declared before the trainer so that the context and communicator outlive it.
-  RankRuntime rt(&argc, &argv, device, cfg.comm, cfg.threads);
+  RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads);
+  const Device device = rt.ctx.device;
+  cfg.device = device_name(device);
   if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
   // Collective: every rank's heartbeat connections to its ring neighbours.
   if (cfg.peer_lost_after > 0) {
@@ -194,6 +195,8 @@ int train_main(int& argc, char**& argv) {
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
     std::printf(", embedding optimizer %s%s\n", cfg.embedding_optimizer.c_str(),
                 trainer.plan().dedup ? ", dedup" : "");
+    if (!rt.device_note.empty())
+      std::printf("ncf_dist: device %s (%s)\n", device_name(device), rt.device_note.c_str());
     if (device == Device::kCpu)
       std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());

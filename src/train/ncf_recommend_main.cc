@@ -39,7 +39,7 @@ struct RecommendFlags {
   std::string checkpoint, data_dir, users, pairs, output = "-", format = "csv";
   int topk = 10;
   bool include_seen = false;
-  std::string device = "cpu", comm = "auto", shard_plan = "auto";
+  std::string device = "auto", comm = "auto", shard_plan = "auto";
   int threads = 0;
   int64_t batch_size = int64_t{1} << 20;
 };
@@ -73,8 +73,10 @@ bool parse_flags(int argc, char** argv, RecommendFlags* f, int* code) {
   app.add_option("--format", f->format, "csv or jsonl")
       ->check(CLI::IsMember({"csv", "jsonl"}))
       ->capture_default_str();
-  app.add_option("--device", f->device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  app.add_option("--device", f->device,
+                 "auto (a GPU per rank when this build has CUDA and every rank sees a GPU, "
+                 "else the CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   add_ranged(app, "--threads", f->threads,
              "CPU threads per rank (0: the cores its affinity mask allows, each shared among "
@@ -160,8 +162,8 @@ int recommend_main(int& argc, char**& argv) {
   int code = 0;
   if (!parse_flags(argc, argv, &f, &code)) return code;
   const auto t0 = std::chrono::steady_clock::now();
-  const Device device = parse_device(f.device);
-  RankRuntime rt(&argc, &argv, device, f.comm, f.threads);
+  RankRuntime rt(&argc, &argv, f.device, f.comm, f.threads);
+  const Device device = rt.ctx.device;
   const RankInfo& info = rt.info;
   ExecContext& ctx = rt.ctx;
   std::unique_ptr<Communicator>& comm = rt.comm;
@@ -176,7 +178,7 @@ int recommend_main(int& argc, char**& argv) {
   TrainConfig cfg;
   apply_trajectory_flags(ck.manifest().config, ck.path() + "/" + kCheckpointManifestFile, &cfg);
   cfg.data_dir = f.data_dir;
-  cfg.device = f.device;
+  cfg.device = device_name(device);
   cfg.comm = f.comm;
   cfg.threads = ctx.threads;
   cfg.shard_plan = f.shard_plan;
@@ -196,7 +198,10 @@ int recommend_main(int& argc, char**& argv) {
                  "ncf_recommend: %s (step %lld), %s: %llu users, %llu items; %d rank(s), %s, %s\n",
                  ck.path().c_str(), (long long)ck.manifest().step, f.data_dir.c_str(),
                  (unsigned long long)meta.num_users, (unsigned long long)meta.num_items, info.world,
-                 device_name(device), cpu.summary.c_str());
+                 (std::string(device_name(device)) +
+                  (rt.device_note.empty() ? "" : " (" + rt.device_note + ")"))
+                     .c_str(),
+                 cpu.summary.c_str());
   }
 
   // More items than the catalogue holds cannot be listed: K is clamped, and said.

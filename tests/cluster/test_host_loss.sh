@@ -46,7 +46,7 @@ fail() {
 }
 
 epochs=6
-args=(--preset ncf-paper --batch_size 2560 --train_epochs "$epochs" --seed 3 --threads 1 --progress off)
+args=(--device cpu --preset ncf-paper --batch_size 2560 --train_epochs "$epochs" --seed 3 --threads 1 --progress off)
 limit=60   # seconds from the loss until every rank has exited
 peer=(--peer_lost_after 5)
 
