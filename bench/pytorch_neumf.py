@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Plain PyTorch NeuMF, the baseline ncf_dist's CPU speed and quality are held against.
 
-The model is the one ncf_dist trains (README "Training"): one nn.Embedding per entity
+The model is the one ncf_dist trains (docs/training.md): one nn.Embedding per entity
 of width num_factors + layers[0]/2, sliced into its GMF and MLP parts; GMF = u * i; the
 MLP is Linear + ReLU over [u_mlp ; i_mlp]; a linear head over [GMF ; MLP]; BCE with
 logits averaged over the batch; torch.optim.Adam over every parameter. The embeddings
@@ -44,7 +44,7 @@ by scripts/setup.sh). Not checked: each eval list's duplicate mask against its i
   ncf_dist's sampler does (src/data/negatives.h). The draws come from numpy's PCG64, not
   ncf_dist's Philox stream: the same distribution, not the same samples.
 - Adam: the preset's learning rate, betas and epsilon (src/train/config.cc), overridable
-  like ncf_dist's flags; initialisation as ncf_dist's (README), from torch's generator.
+  like ncf_dist's flags; initialisation as ncf_dist's (docs/training.md), from torch's generator.
 - Evaluation: each eval record's list (the held-out positive, then the E negatives
   ncf_prep wrote) is scored; rank = the number of negatives whose mask bit is 1 and whose
   score is not below the positive's (the positive loses ties; a NaN counts against it);

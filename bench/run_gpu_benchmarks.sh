@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmarks on a machine with a GPU and our packages installed (scripts/setup.sh):
 #   bash bench/run_gpu_benchmarks.sh [bench | tests | all]          (default: bench)
-# A thin wrapper over `bash scripts/gpu_kit.sh run ...`, which holds the stages (README "GPU
-# machines"): it configures and builds $BUILD for this GPU, then runs bench_kernels, the
+# A thin wrapper over `bash scripts/gpu_kit.sh run ...`, which holds the stages
+# (docs/gpu_machines.md): it configures and builds $BUILD for this GPU, then runs bench_kernels, the
 # ml-20m-mlperf throughput and time to quality under tf32 and bf16, two ranks sharing GPU 0
 # (mpirun with the MCA settings of the tests), one rank per GPU over NCCL when there are
 # several, and the PyTorch NeuMF peer; `tests` runs the gpu and cpu test labels,

@@ -7,7 +7,7 @@
 # report, including one from a program a test expected to fail.
 #   bash scripts/sanitize.sh [ctest arguments, e.g. -R Csv]
 # NCF_ASAN_BUILD_DIR overrides the build directory. About 26 minutes on a 2-core
-# machine from nothing (README, "Building by hand"), so CI does not run it.
+# machine from nothing (docs/fuzzing_and_sanitizers.md), so CI does not run it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"

@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
                      "csv: the field separator, one character (\\t or tab for TAB)")
           ->capture_default_str();
   auto* header_opt = app.add_option("--header", csv_header,
-                                    "csv: yes, no, or auto (see README: a header when the first "
-                                    "row's timestamp/rating fields are not times/numbers)")
+                                    "csv: yes, no, or auto (docs/preparing_data.md: a header when "
+                                    "the first row's timestamp/rating fields are not "
+                                    "times/numbers)")
                          ->check(CLI::IsMember({"yes", "no", "auto"}))
                          ->capture_default_str();
   auto* min_rating_opt = ncf::add_ranged(

@@ -2,7 +2,7 @@
 // tensorboard_event.proto in TFRecord frames, written with the shards' frame
 // writer (data/format.h). Rank 0 writes; the trainer and ncf_dist's epoch loop
 // give it the scalars, all on the global optimizer step. The tags are below,
-// in one place; the README lists them with their meaning.
+// in one place; docs/tensorboard.md lists them with their meaning.
 #pragma once
 
 #include <cstdint>
