@@ -69,19 +69,23 @@ std::string at(int line) { return "(test_common.cc:" + std::to_string(line) + ")
 
 }  // namespace
 
-// NCF_CHECK names the condition and the message parts, NCF_FAIL the parts;
-// both add file:line and the rank.
+// NCF_CHECK (an internal invariant) names the condition, the message parts and
+// file:line; NCF_FAIL and NCF_REQUIRE (refusals of the user's input) only the parts:
+// a sentence about the input. All add the rank.
 TEST(Check, MessageHasExpressionLocationAndRank) {
   int x = 3;
   EXPECT_EQ(thrown([&] { NCF_CHECK(x == 3, "x is ", x); }), "no throw");
+  EXPECT_EQ(thrown([&] { NCF_REQUIRE(x == 3, "x is ", x); }), "no throw");
   set_error_rank(2);
   const int check_line = __LINE__ + 1;
   const std::string check = thrown([&] { NCF_CHECK(x == 4, "x is ", x); });
-  const int fail_line = __LINE__ + 1;
   const std::string fail = thrown([&] { NCF_FAIL("bad x: ", x); });
+  const std::string require = thrown([&] { NCF_REQUIRE(x == 4, "flag --x ", x, " is not 4"); });
   set_error_rank(-1);
   EXPECT_EQ(check, "[rank 2] check failed: x == 4: x is 3 " + at(check_line));
-  EXPECT_EQ(fail, "[rank 2] bad x: 3 " + at(fail_line));
+  EXPECT_EQ(fail, "[rank 2] bad x: 3");
+  EXPECT_EQ(require, "[rank 2] flag --x 3 is not 4");
+  EXPECT_EQ(thrown([&] { NCF_FAIL("bad x: ", x); }), "bad x: 3");  // no rank set
 }
 
 // The library checks: 0 passes; any other status throws with the library, the

@@ -239,7 +239,7 @@ TEST(RecordIo, OpenErrorsNamePath) {
   EXPECT_TRUE(has(msg, missing) && has(msg, std::strerror(ENOENT))) << msg;
   msg = error_of([&] { RecordReader r(dir.file("absent.rec")); });
   EXPECT_TRUE(has(msg, dir.file("absent.rec")) && has(msg, std::strerror(ENOENT))) << msg;
-  EXPECT_TRUE(has(msg, "format.cc:")) << msg;
+  EXPECT_FALSE(has(msg, "format.cc:")) << "a refusal names the file, not our source: " << msg;
   msg = error_of([&] { RecordReader r(dir.path()); });
   EXPECT_TRUE(has(msg, dir.path()) && has(msg, "not a regular file")) << msg;
 }
@@ -282,7 +282,7 @@ class Corrupt : public ::testing::Test {
   void expect_names_bad_record(const std::string& msg) {
     EXPECT_TRUE(has(msg, path_)) << msg;
     EXPECT_TRUE(has(msg, "offset " + std::to_string(bad_))) << msg;
-    EXPECT_TRUE(has(msg, "format.cc:")) << msg;
+    EXPECT_FALSE(has(msg, "format.cc:")) << "a refusal names the file, not our source: " << msg;
   }
 
   test::TempDir dir_;

@@ -1,6 +1,7 @@
 // Test helpers: see test_util.h.
 #include "test_util.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -54,6 +56,28 @@ std::vector<std::vector<std::string>> csv_rows(const std::string& text) {
 
 namespace {
 constexpr const char* kSkipMarker = "[  SKIPPED ]";
+
+// Every refusal a test triggers through one of our programs: a line
+// "<program>: error: ..." must read as a sentence about the input, without a source
+// location such as "(dataset.cc:301)" and without the words of a failed internal
+// check ("check failed: <expression>"). Only a failed library call (MPI, CUDA, cuBLAS,
+// NCCL: the machine, not the input) may carry a location.
+void check_refusals_name_no_source(const std::string& command, const std::string& output) {
+  static const std::regex error_line(R"(^(ncf_[a-z_]+|ncf_dist): error: .*)");
+  static const std::regex location(R"(\([A-Za-z0-9_]+\.(cc|cu|cuh|h):[0-9]+\))");
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (!std::regex_match(line, error_line)) continue;
+    if (!std::regex_search(line, location) && line.find("check failed:") == std::string::npos)
+      continue;
+    bool library = false;
+    for (const char* mark : {"MPI call failed", "CUDA error", "cuBLAS error", "NCCL error"})
+      library = library || line.find(mark) != std::string::npos;
+    if (!library)
+      ADD_FAILURE() << "a refusal names a source location instead of only the input:\n  " << line
+                    << "\nfrom: " << command;
+  }
+}
 }  // namespace
 
 RunResult run(const std::string& command) {
@@ -73,6 +97,7 @@ RunResult run(const std::string& command) {
   for (size_t at = r.output.find(kSkipMarker); at != std::string::npos;
        at = r.output.find(kSkipMarker, at))
     r.output.replace(at, std::strlen(kSkipMarker), "[  skipped ]");
+  check_refusals_name_no_source(command, r.output);
   return r;
 }
 

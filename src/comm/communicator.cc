@@ -27,7 +27,7 @@ size_t dtype_size(DType t) {
     case DType::kUInt8:
       return 1;
   }
-  NCF_FAIL("unknown DType ", static_cast<int>(t));
+  NCF_CHECK(false, "unknown DType ", static_cast<int>(t));
 }
 
 const char* dtype_name(DType t) {

@@ -36,7 +36,7 @@ MPI_Datatype mpi_dtype(DType t) {
     case DType::kUInt8:
       return MPI_UINT8_T;
   }
-  NCF_FAIL("unknown DType ", static_cast<int>(t));
+  NCF_CHECK(false, "unknown DType ", static_cast<int>(t));
 }
 
 MpiCommunicator::MpiCommunicator(const RankInfo& info, MPI_Comm comm)

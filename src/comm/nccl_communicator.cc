@@ -70,7 +70,7 @@ ncclDataType_t nccl_dtype(DType dtype) {
     case DType::kUInt8:
       return ncclUint8;
   }
-  NCF_FAIL("unknown DType ", static_cast<int>(dtype));
+  NCF_CHECK(false, "unknown DType ", static_cast<int>(dtype));
 }
 
 constexpr int kEvents = 64;

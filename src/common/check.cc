@@ -18,6 +18,11 @@ std::atomic<int> g_rank{-1};
 int error_rank() { return g_rank.load(); }
 void set_error_rank(int rank) { g_rank.store(rank); }
 
+void throw_refusal(const std::string& what) {
+  if (error_rank() >= 0) throw Error("[rank " + std::to_string(error_rank()) + "] " + what);
+  throw Error(what);
+}
+
 void throw_error(const char* file, int line, const std::string& what) {
   std::ostringstream os;
   const char* base = file;

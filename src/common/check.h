@@ -1,7 +1,10 @@
-// Every check of the project: NCF_CHECK, NCF_FAIL, and the library checks
-// MPI_CHECK, CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK. They throw ncf::Error with the
-// failed expression, file:line and the MPI rank, so tests can expect them and
-// mains can print one clear line before taking the job down.
+// Every check of the project: NCF_REQUIRE and NCF_FAIL for refusals of what a user
+// gave (files, flags, sizes, the machine), NCF_CHECK for the program's own invariants,
+// and the library checks MPI_CHECK, CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK. They throw
+// ncf::Error with the MPI rank, so tests can expect them and mains can print one clear
+// line before taking the job down. A refusal reads as a sentence about the input and
+// carries no source location; an internal check and a library failure add the failed
+// expression and file:line, which is what their reader (a developer) needs.
 #pragma once
 
 #include <sstream>
@@ -20,6 +23,8 @@ class Error : public std::runtime_error {
 };
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& what);
+// A refusal: the rank and `what`, nothing else.
+[[noreturn]] void throw_refusal(const std::string& what);
 
 namespace detail {
 inline void append(std::ostringstream&) {}
@@ -38,7 +43,8 @@ std::string concat(const Args&... args) {
 
 }  // namespace ncf
 
-// NCF_CHECK(cond, "message parts", value, ...): throws when cond is false.
+// NCF_CHECK(cond, "message parts", value, ...): an invariant of the program; throws
+// "check failed: cond: parts (file:line)" when cond is false.
 #define NCF_CHECK(cond, ...)                                                                 \
   do {                                                                                       \
     if (!(cond))                                                                             \
@@ -46,8 +52,15 @@ std::string concat(const Args&... args) {
                          ::ncf::detail::concat("check failed: " #cond ": ", ##__VA_ARGS__)); \
   } while (0)
 
-// NCF_FAIL("message parts", ...): throws unconditionally (bad input, user errors).
-#define NCF_FAIL(...) ::ncf::throw_error(__FILE__, __LINE__, ::ncf::detail::concat(__VA_ARGS__))
+// NCF_FAIL("message parts", ...): refuses what the user gave (a file, byte offset, flag or
+// value, and what to do); throws the parts alone.
+#define NCF_FAIL(...) ::ncf::throw_refusal(::ncf::detail::concat(__VA_ARGS__))
+
+// NCF_REQUIRE(cond, "message parts", ...): NCF_FAIL unless cond.
+#define NCF_REQUIRE(cond, ...)          \
+  do {                                  \
+    if (!(cond)) NCF_FAIL(__VA_ARGS__); \
+  } while (0)
 
 // The library checks: each call's status, where 0 is success in every one of
 // them (MPI_SUCCESS, cudaSuccess, CUBLAS_STATUS_SUCCESS, ncclSuccess; check.cc

@@ -47,7 +47,7 @@ inline cudaStream_t stream_of(const ExecContext& ctx) {
 // Raises a failed launch (bad configuration, no kernel image for this GPU).
 inline void check_launch(const char* op) {
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) NCF_FAIL(op, ": kernel launch failed: ", cudaGetErrorString(e));
+  NCF_CHECK(e == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(e));
 }
 
 // Vectorized (float4) paths need 16-byte aligned rows: the base pointer and

@@ -63,8 +63,8 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   // ncf_dist's ranges (65536,65536) still make a tower of 17 GB, which the
   // model's buffers would otherwise allocate for a file of a few bytes.
   const int64_t n_params = NeuMF::param_count(m.config);
-  NCF_CHECK(ck.bytes("tower.f32") == 3 * n_params * 4, ck.path(), ": tower.f32 has ",
-            ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * n_params * 4);
+  NCF_REQUIRE(ck.bytes("tower.f32") == 3 * n_params * 4, ck.path(), ": tower.f32 has ",
+              ck.bytes("tower.f32"), " bytes, a model of this shape needs ", 3 * n_params * 4);
   const NeuMF shape(m.config, Device::kCpu);
   m.tower = shape.tower();
   m.head_w_offset = shape.head_w_offset();

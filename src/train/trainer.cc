@@ -737,11 +737,11 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   const int64_t k = m.epoch_step;
   // Bounded before the product: a manifest's counters are only known to be
   // non-negative integers.
-  NCF_CHECK(k <= std::numeric_limits<int64_t>::max() / 8 / m.world, "checkpoint ", path,
-            ": epoch_step ", k, " of ", m.world, " ranks is beyond any loss.f64");
-  NCF_CHECK(ck.bytes("loss.f64") == int64_t(m.world) * k * 8, "checkpoint ", path,
-            ": loss.f64 has ", ck.bytes("loss.f64"), " bytes for ", m.world, " ranks x ", k,
-            " steps");
+  NCF_REQUIRE(k <= std::numeric_limits<int64_t>::max() / 8 / m.world, "checkpoint ", path,
+              ": epoch_step ", k, " of ", m.world, " ranks is beyond any loss.f64");
+  NCF_REQUIRE(ck.bytes("loss.f64") == int64_t(m.world) * k * 8, "checkpoint ", path,
+              ": loss.f64 has ", ck.bytes("loss.f64"), " bytes for ", m.world, " ranks x ", k,
+              " steps");
   resumed_loss_.assign(size_t(k), 0.0);
   if (m.world == W) {
     ck.read("loss.f64", int64_t(r) * k * 8, resumed_loss_.data(), size_t(k) * 8);
