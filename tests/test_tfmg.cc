@@ -200,6 +200,7 @@ TEST_F(TfmgTest, ConvertsPositivesEvalListsAndMasksExactly) {
   EXPECT_EQ(m.num_eval_users, U);
   EXPECT_EQ(m.eval_negatives, E);
   EXPECT_TRUE(m.eval_masks_given);
+  EXPECT_EQ(m.eval_sampling, "given");
   EXPECT_EQ(m.source.rfind("tfmg:", 0), 0u) << m.source;
   EXPECT_EQ(m.generator["padding_eval_users"], t["padding_users"]);
   EXPECT_GT(t["padding_users"].get<int>(), 0) << "the fixture should exercise padding users";

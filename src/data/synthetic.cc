@@ -547,6 +547,7 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   plan.num_train = total - U;
   plan.num_positives = total;
   plan.eval_negatives = E;
+  plan.eval_sampling = opt.eval_sampling;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = seed;
