@@ -901,5 +901,35 @@ TEST(SourcesEvalSampling, CsvLogsDrawAsAsked) {
   for (const auto& e : read_eval(out.file("b"), m)) ASSERT_EQ(e.mask, naive_mask(e.items));
 }
 
+// The synthetic generator caps each user's interactions so that E distinct
+// negatives remain; with replacement they need not, so 1,000 items take 999
+// eval negatives beside at least 20 interactions a user: auto draws them with
+// replacement, distinct is refused saying so.
+TEST(SourcesEvalSampling, SyntheticDrawsWithReplacementWhereDistinctCannotFit) {
+  TempDir out;
+  PrepOptions opt = small_options(999);
+  SyntheticParams p;
+  p.shape = {"custom", 300, 1000, 15000};
+  opt.eval_sampling = EvalSampling::kDistinct;
+  expect_has(error_of([&] { generate_synthetic(p, out.file("c"), opt); }),
+             {"999 distinct eval negatives", "--eval_sampling with_replacement"});
+  opt.eval_sampling = EvalSampling::kAuto;
+  const DatasetMeta s = generate_synthetic(p, out.file("d"), opt);
+  EXPECT_EQ(s.eval_sampling, "with_replacement");
+  verify_dataset(out.file("d"));
+  const auto pos = read_positives(out.file("d"), s);
+  uint64_t masked = 0;
+  for (const auto& e : read_eval(out.file("d"), s)) {
+    ASSERT_EQ(e.mask, naive_mask(e.items));
+    for (size_t j = 1; j < e.items.size(); ++j)
+      ASSERT_FALSE(std::binary_search(pos[e.user].begin(), pos[e.user].end(), e.items[j]));
+    masked += uint64_t(std::count(e.mask.begin(), e.mask.end(), 0));
+  }
+  EXPECT_GT(masked, 0u);
+  // With room for distinct negatives, auto keeps them distinct.
+  opt.eval_negatives = 99;
+  EXPECT_EQ(generate_synthetic(p, out.file("e"), opt).eval_sampling, "distinct");
+}
+
 }  // namespace
 }  // namespace ncf
