@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 
+#include "data/dataset.h"
 #include "test_util.h"
 
 namespace ncf {
@@ -117,6 +122,163 @@ TEST(PrepCli, WritesThenVerifiesAndCorruptionIsCaught) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("train-00001-of-00002.tfrecord"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("byte offset"), std::string::npos) << r.output;
+}
+
+// An ml-100k-shaped u.data: 943 users (raw ids 1 .. 943), 1,682 items (raw ids
+// 1 .. 1682, each rated by someone), about 100,000 ratings, users 1 .. 5 with
+// 690 to 737 each, so that 1,682 - 999 = 683 leaves them too few items for 999
+// distinct eval negatives. Returns the raw id of the user with the most.
+int64_t write_ml100k_shape(const std::string& path, uint64_t* num_ratings) {
+  uint64_t x = 2024;
+  auto next = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x >> 33;
+  };
+  const int heavy[] = {690, 737, 700, 720, 732};
+  std::string text;
+  *num_ratings = 0;
+  for (int64_t u = 1; u <= 943; ++u) {
+    const size_t n = u <= 5 ? size_t(heavy[u - 1]) : size_t(20 + next() % 166);
+    std::set<int64_t> mine;
+    if (u <= 841) mine = {2 * u - 1, 2 * u};
+    std::vector<int64_t> order(mine.begin(), mine.end());
+    while (mine.size() < n) {
+      const int64_t i = 1 + int64_t(next() % 1682);
+      if (mine.insert(i).second) order.push_back(i);
+    }
+    int64_t t = 880000000 + int64_t(next() % 1000000);
+    for (int64_t i : order)
+      text += std::to_string(u) + "\t" + std::to_string(i) + "\t" + std::to_string(1 + next() % 5) +
+              "\t" + std::to_string(t += 1 + int64_t(next() % 500)) + "\n";
+    *num_ratings += order.size();
+  }
+  test::write_file(path, text);
+  return 2;
+}
+
+nlohmann::json metadata_of(const std::string& dir) {
+  return nlohmann::json::parse(test::read_file(dir + "/metadata.json"));
+}
+
+// Every file of a dataset directory, by name.
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out[e.path().filename().string()] = test::read_file(e.path().string());
+  return out;
+}
+
+// ml-100k with the defaults works: too few items remain for 999 distinct
+// negatives, so auto draws them with replacement (with a note), the metadata
+// says so and --verify accepts it; the result does not depend on the thread
+// count and equals an explicit --eval_sampling with_replacement.
+TEST(PrepCli, Ml100kWithTheDefaultsDrawsEvalNegativesWithReplacement) {
+  TempDir t;
+  uint64_t ratings = 0;
+  const int64_t busiest = write_ml100k_shape(t.file("u.data"), &ratings);
+  ASSERT_GT(ratings, 95000u);
+  ASSERT_LT(ratings, 105000u);
+  const std::string prep = bin("ncf_prep") + " --input " + t.file("u.data");
+  auto r = run(prep + " --output " + t.file("auto"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ncf_prep: note: " + t.file("u.data") + ": user " +
+                          std::to_string(busiest) + " (dense id " + std::to_string(busiest - 1) +
+                          ") has 737 positives among the 1682 items"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("eval users 943 x (1 + 999, negatives drawn with replacement"),
+            std::string::npos)
+      << r.output;
+  const nlohmann::json meta = metadata_of(t.file("auto"));
+  EXPECT_EQ(meta["eval_sampling"], "with_replacement");
+  EXPECT_EQ(meta["eval_negatives"], 999);
+  EXPECT_EQ(meta["num_users"], 943);
+  EXPECT_EQ(meta["num_items"], 1682);
+  r = run(bin("ncf_prep") + " --verify " + t.file("auto"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  for (const char* threads : {"1", "2"}) {
+    r = run(prep + " --eval_sampling with_replacement --threads " + threads + " --output " +
+            t.file(std::string("t") + threads));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;  // asked for, not decided
+  }
+  const auto one = files_of(t.file("t1"));
+  EXPECT_TRUE(one.count("metadata.json") && one.count("eval-00003-of-00004.tfrecord"));
+  EXPECT_TRUE(one == files_of(t.file("t2"))) << "the thread count changed a file";
+  EXPECT_TRUE(one == files_of(t.file("auto"))) << "auto differs from with_replacement";
+
+  // With room for distinct negatives, auto keeps them distinct.
+  r = run(prep + " --eval_negatives 99 --output " + t.file("e99"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metadata_of(t.file("e99"))["eval_sampling"], "distinct");
+  EXPECT_NE(r.output.find("(1 + 99, distinct negatives)"), std::string::npos) << r.output;
+
+  // Distinct, asked for, cannot be met: one sentence about the input naming
+  // the user by its id in the file and the flags that would work.
+  r = run(prep + " --eval_sampling distinct --output " + t.file("distinct"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (const std::string& part :
+       {"ncf_prep: error: " + t.file("u.data") + ": user " + std::to_string(busiest) +
+            " (dense id " + std::to_string(busiest - 1) + ") has 737 positives",
+        std::string("leaves 945 to draw from: too few for 999 distinct eval negatives"),
+        std::string("4 other users too"), std::string("--eval_negatives 99"),
+        std::string("--eval_sampling with_replacement")})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_FALSE(std::regex_search(r.output, std::regex(R"(\([A-Za-z0-9_]+\.(cc|h|cu):[0-9]+\))")))
+      << r.output;
+  EXPECT_FALSE(std::filesystem::exists(t.file("distinct")));
+
+  // A dataset whose metadata claims distinct lists that repeat is refused by
+  // --verify (the metadata resealed, so only the claim is wrong).
+  DatasetMeta m = DatasetMeta::load(t.file("t1"));
+  m.eval_sampling = "distinct";
+  m.save(t.file("t1"));
+  r = run(bin("ncf_prep") + " --verify " + t.file("t1"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("eval-00000-of-00004.tfrecord at byte offset"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("but the metadata says its negatives are distinct"), std::string::npos)
+      << r.output;
+}
+
+// --eval_sampling is named and refused where ncf_prep draws no eval negatives,
+// as the other flags of one kind of input are; --help states it.
+TEST(PrepCli, EvalSamplingIsRefusedWhereNothingIsDrawn) {
+  TempDir t;
+  test::write_file(t.file("p.train.rating"), "0\t1\t5\t100\n0\t3\t4\t101\n1\t0\t3\t100\n");
+  test::write_file(t.file("p.test.rating"), "0\t2\t5\t200\n1\t4\t4\t201\n");
+  test::write_file(t.file("p.test.negative"), "(0,2)\t4\n(1,4)\t2\n");
+  auto r = run(bin("ncf_prep") + " --input " + t.file("p") +
+               " --format ncf-paper --eval_negatives 1 --output " + t.file("paper"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metadata_of(t.file("paper"))["eval_sampling"], "given");
+  EXPECT_NE(r.output.find("(1 + 1, negatives as given)"), std::string::npos) << r.output;
+  const std::string applies = "--eval_sampling applies to MovieLens, csv and synthetic input only";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {" --input " + t.file("p") + " --format ncf-paper --eval_negatives 1 --output " + t.file("o"),
+       "the NCF paper's files carry their own eval negatives"},
+      {" --input " + t.file("nowhere") + " --format tfmg --output " + t.file("o"),
+       "TF Model Garden shards carry their own"},
+      {" --verify " + t.file("paper"), "--verify checks a dataset as it is"},
+  };
+  for (const auto& [flags, why] : refused)
+    for (const char* value : {"distinct", "with_replacement", "auto"}) {
+      r = run(bin("ncf_prep") + flags + " --eval_sampling " + value);
+      EXPECT_NE(r.exit_code, 0) << flags << "\n" << r.output;
+      EXPECT_NE(r.output.find(applies + ": " + why), std::string::npos) << flags << "\n"
+                                                                        << r.output;
+      EXPECT_FALSE(std::filesystem::exists(t.file("o")));
+    }
+  r = run(bin("ncf_prep") + " --synthetic small --eval_sampling sometimes --output " + t.file("o"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--eval_sampling"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sometimes"), std::string::npos) << r.output;
+  r = run(bin("ncf_prep") + " --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part :
+       {"--eval_sampling TEXT:{auto,distinct,with_replacement}=auto", "TF Model Garden"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
 }
 
 }  // namespace

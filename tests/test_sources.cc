@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "data/format.h"
 #include "data/id_map.h"
 #include "data/ncf_record.pb.h"
+#include "data/source_csv.h"
 #include "data/sources.h"
 #include "data/synthetic.h"
 #include "test_util.h"
@@ -515,7 +519,7 @@ TEST(Sources, PrepareMovielensErrors) {
   expect_has(error_of([&] {
                prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt);
              }),
-             {in.file("u.data"), "raw user 1", "user 0", "eval negatives"});
+             {in.file("u.data"), "user 1 (dense id 0)", "eval negatives"});
   // A NCF-paper input is not MovieLens.
   TempDir n;
   write_ncf(n.file("p"), "0\t1\t5\t10\n", "0\t2\t5\t11\n", "(0,2)\t3\n");
@@ -688,6 +692,243 @@ TEST(Sources, PrepareNcfPaperErrors) {
   // Malformed train line.
   write_ncf(p, "0\t1\t5\t100\n1\t-3\t3\t100\n", test, neg);
   expect_has(error_of(prep), {p + ".train.rating:2:", "1\\t-3\\t3\\t100", "negative item id"});
+}
+
+// ------------------------------------------------------- --eval_sampling ---
+
+// Ratings where users differ in how much room they leave for eval negatives:
+// 40 users (raw ids 101, 104, ...) over 60 items (raw ids 1 .. 60, each rated
+// by someone); user k rates 5 + k items, so user 39 (raw 218) rates 44 and
+// leaves 16, and users 36 .. 39 leave fewer than 20. Timestamps are distinct
+// per user, the item with the largest raw id rated last (the held-out one).
+struct RoomyRatings {
+  static constexpr int kUsers = 40, kItems = 60;
+  std::vector<std::set<int64_t>> items_of;  // per user (dense = k), raw item ids
+  std::string text;                         // u.data
+  RoomyRatings() {
+    uint64_t x = 99;
+    auto next = [&] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return x >> 33;
+    };
+    items_of.resize(kUsers);
+    for (int k = 0; k < kUsers; ++k) {
+      std::set<int64_t>& mine = items_of[size_t(k)];
+      if (k < kItems / 2) mine = {2 * k + 1, 2 * k + 2};  // every item rated by someone
+      while (int(mine.size()) < 5 + k) mine.insert(1 + int64_t(next() % kItems));
+      int64_t t = 1000;
+      for (int64_t i : mine)
+        text += std::to_string(101 + 3 * k) + "\t" + std::to_string(i) + "\t4\t" +
+                std::to_string(t++) + "\n";
+    }
+  }
+};
+
+// Mask by the definition: an entry counts unless an earlier entry has its item.
+std::vector<uint8_t> naive_mask(const std::vector<int32_t>& items) {
+  std::vector<uint8_t> m(items.size(), 1);
+  for (size_t j = 0; j < items.size(); ++j)
+    for (size_t k = 0; k < j; ++k)
+      if (items[k] == items[j]) m[j] = 0;
+  return m;
+}
+
+// A source location as check.h appends it: "(dataset.cc:301)".
+bool has_source_location(const std::string& msg) {
+  return std::regex_search(msg, std::regex(R"(\([A-Za-z0-9_]+\.(cc|h|cu|cuh):[0-9]+\))"));
+}
+
+TEST(SourcesEvalSampling, WithReplacementIsUniformOverTheItemsLeft) {
+  // Both ways of drawing: rejection (most items left) and the list of the
+  // items left (few left). Each free item is drawn about equally often over
+  // many users; positives never; the same (seed, user) gives the same list.
+  const std::vector<int32_t> few = {0, 3, 4, 9, 17, 20, 21, 22, 30, 39};  // 30 of 40 left
+  const std::vector<int32_t> many = [] {                                  // 10 of 40 left
+    std::vector<int32_t> v;
+    for (int32_t i = 0; i < 40; ++i)
+      if (i % 4 != 1) v.push_back(i);
+    return v;
+  }();
+  for (const std::vector<int32_t>* pos : {&few, &many}) {
+    const uint64_t free_items = 40 - pos->size();
+    const uint32_t E = 30;
+    const uint64_t users = 2000;
+    std::vector<uint64_t> scratch, count(40, 0);
+    std::vector<int32_t> out(E), again(E);
+    uint64_t lists_with_repeats = 0;
+    for (uint64_t u = 0; u < users; ++u) {
+      draw_eval_negatives_with_replacement(u, pos->data(), pos->size(), 40, E, 5, scratch,
+                                           out.data());
+      for (int32_t i : out) {
+        ASSERT_TRUE(i >= 0 && i < 40) << i;
+        ASSERT_FALSE(std::binary_search(pos->begin(), pos->end(), i)) << "positive " << i;
+        ++count[size_t(i)];
+      }
+      lists_with_repeats += std::set<int32_t>(out.begin(), out.end()).size() < E;
+      if (u < 20) {
+        draw_eval_negatives_with_replacement(u, pos->data(), pos->size(), 40, E, 5, scratch,
+                                             again.data());
+        EXPECT_EQ(out, again) << "user " << u;
+      }
+    }
+    for (uint64_t w : scratch) EXPECT_EQ(w, 0u);  // scratch left clean
+    // Binomial(users x E, 1 / free) per free item: within 6 standard deviations.
+    const double n = double(users * E), p = 1.0 / double(free_items);
+    const double sd = std::sqrt(n * p * (1 - p));
+    for (int32_t i = 0; i < 40; ++i) {
+      if (std::binary_search(pos->begin(), pos->end(), i)) continue;
+      EXPECT_NEAR(double(count[size_t(i)]), n * p, 6 * sd) << "item " << i;
+    }
+    // With replacement, 30 draws from 30 or fewer items nearly always repeat.
+    EXPECT_GT(lists_with_repeats, users * 9 / 10);
+    // Another seed, other lists.
+    std::vector<int32_t> a(E), b(E);
+    draw_eval_negatives_with_replacement(3, pos->data(), pos->size(), 40, E, 5, scratch, a.data());
+    draw_eval_negatives_with_replacement(3, pos->data(), pos->size(), 40, E, 6, scratch, b.data());
+    EXPECT_NE(a, b);
+  }
+  // No item left: refused.
+  std::vector<int32_t> all(40), out(3);
+  for (int32_t i = 0; i < 40; ++i) all[size_t(i)] = i;
+  std::vector<uint64_t> scratch;
+  EXPECT_THROW(draw_eval_negatives_with_replacement(0, all.data(), all.size(), 40, 3, 5, scratch,
+                                                    out.data()),
+               Error);
+}
+
+// The prepared dataset, read raw: every list is the held-out item then E
+// negatives outside everything the user rated (the held-out item included),
+// and its mask equals the mask by definition; the metadata says how.
+TEST(SourcesEvalSampling, WithReplacementListsAvoidPositivesAndMaskEveryRepeat) {
+  const RoomyRatings r;
+  TempDir in, out;
+  write_file(in.file("u.data"), r.text);
+  PrepOptions opt = small_options(20);
+  opt.eval_sampling = EvalSampling::kWithReplacement;
+  const DatasetMeta meta =
+      prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.path(), opt);
+  EXPECT_EQ(meta.eval_sampling, "with_replacement");
+  EXPECT_EQ(DatasetMeta::load(out.path()).eval_sampling, "with_replacement");
+  EXPECT_FALSE(meta.eval_masks_given);
+  verify_dataset(out.path());
+  const auto ev = read_eval(out.path(), meta);
+  ASSERT_EQ(ev.size(), size_t(RoomyRatings::kUsers));
+  uint64_t masked = 0;
+  for (size_t k = 0; k < ev.size(); ++k) {
+    const std::set<int64_t>& rated = r.items_of[k];
+    ASSERT_EQ(ev[k].items.size(), 21u);
+    // Raw item i is dense i - 1 (every item is rated); the held-out item is the latest.
+    EXPECT_EQ(ev[k].items[0], int32_t(*rated.rbegin() - 1)) << "user " << k;
+    for (size_t j = 1; j < ev[k].items.size(); ++j)
+      ASSERT_EQ(rated.count(int64_t(ev[k].items[j]) + 1), 0u)
+          << "user " << k << " negative " << j << " is an item it rated";
+    ASSERT_EQ(ev[k].mask, naive_mask(ev[k].items)) << "user " << k;
+    masked += uint64_t(std::count(ev[k].mask.begin(), ev[k].mask.end(), 0));
+  }
+  EXPECT_GT(masked, 0u);  // repeats happened, so the mask comparison has teeth
+}
+
+// auto is distinct when every user leaves E items, else with replacement; an
+// explicit distinct that cannot be met is refused before anything is written,
+// naming the user by its id in the file and the flags that would work, as a
+// sentence about the input (no source location).
+TEST(SourcesEvalSampling, AutoDecidesAndDistinctIsRefusedNamingTheUser) {
+  const RoomyRatings r;
+  TempDir in, out;
+  write_file(in.file("u.data"), r.text);
+  PrepOptions opt = small_options(16);  // user 39 leaves exactly 16
+  EXPECT_EQ(
+      prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.file("a"), opt).eval_sampling,
+      "distinct");
+  for (const auto& e : read_eval(out.file("a"), DatasetMeta::load(out.file("a"))))
+    EXPECT_EQ(std::count(e.mask.begin(), e.mask.end(), 0), 0);
+  opt.eval_negatives = 20;
+  EXPECT_EQ(
+      prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.file("b"), opt).eval_sampling,
+      "with_replacement");
+
+  opt.eval_sampling = EvalSampling::kDistinct;
+  const std::string msg = error_of(
+      [&] { prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.file("c"), opt); });
+  // User 39 (raw 218) leaves the fewest; users 36 .. 38 are short too.
+  expect_has(msg, {in.file("u.data") + ": user 218 (dense id 39)", "44 positives", "60 items",
+                   "leaves 16", "20 distinct eval negatives", "3 other users",
+                   "--eval_negatives 16", "--eval_sampling with_replacement"});
+  EXPECT_FALSE(has_source_location(msg)) << msg;
+  EXPECT_FALSE(std::filesystem::exists(out.file("c")));
+
+  // A user who rated every item leaves nothing to draw, whatever the sampling.
+  std::string full;
+  for (int i = 1; i <= RoomyRatings::kItems; ++i)
+    full += "500\t" + std::to_string(i) + "\t4\t" + std::to_string(i) + "\n";
+  write_file(in.file("u.data"), r.text + full);
+  for (EvalSampling s : {EvalSampling::kAuto, EvalSampling::kWithReplacement}) {
+    opt.eval_sampling = s;
+    const std::string none = error_of(
+        [&] { prepare_movielens(in.file("u.data"), InputFormat::kMl100k, out.file("d"), opt); });
+    expect_has(none, {in.file("u.data") + ": user 500 (dense id 40)", "every one of the 60 items"});
+    EXPECT_FALSE(has_source_location(none)) << none;
+  }
+}
+
+// CSV logs draw as MovieLens files do; their refusal names the user by its
+// string id.
+TEST(SourcesEvalSampling, CsvLogsDrawAsAsked) {
+  const RoomyRatings r;
+  TempDir in, out;
+  std::string csv = "who,what,when\n";
+  {
+    std::istringstream lines(r.text);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream f(line);
+      std::string u, i, rating, t;
+      f >> u >> i >> rating >> t;
+      csv += "u" + u + "," + i + "," + t + "\n";
+    }
+  }
+  write_file(in.file("log.csv"), csv);
+  CsvOptions c;
+  c.columns = "user=who,item=what,timestamp=when";
+  PrepOptions opt = small_options(20);
+  opt.eval_sampling = EvalSampling::kDistinct;
+  const std::string msg = error_of([&] { prepare_csv(in.file("log.csv"), c, out.file("a"), opt); });
+  expect_has(msg, {in.file("log.csv"), "user \"u218\"", "--eval_sampling with_replacement"});
+  EXPECT_FALSE(has_source_location(msg)) << msg;
+  opt.eval_sampling = EvalSampling::kAuto;
+  const DatasetMeta m = prepare_csv(in.file("log.csv"), c, out.file("b"), opt);
+  EXPECT_EQ(m.eval_sampling, "with_replacement");
+  verify_dataset(out.file("b"));
+  for (const auto& e : read_eval(out.file("b"), m)) ASSERT_EQ(e.mask, naive_mask(e.items));
+}
+
+// The synthetic generator caps each user's interactions so that E distinct
+// negatives remain; with replacement they need not, so 1,000 items take 999
+// eval negatives beside at least 20 interactions a user: auto draws them with
+// replacement, distinct is refused saying so.
+TEST(SourcesEvalSampling, SyntheticDrawsWithReplacementWhereDistinctCannotFit) {
+  TempDir out;
+  PrepOptions opt = small_options(999);
+  SyntheticParams p;
+  p.shape = {"custom", 300, 1000, 15000};
+  opt.eval_sampling = EvalSampling::kDistinct;
+  expect_has(error_of([&] { generate_synthetic(p, out.file("c"), opt); }),
+             {"999 distinct eval negatives", "--eval_sampling with_replacement"});
+  opt.eval_sampling = EvalSampling::kAuto;
+  const DatasetMeta s = generate_synthetic(p, out.file("d"), opt);
+  EXPECT_EQ(s.eval_sampling, "with_replacement");
+  verify_dataset(out.file("d"));
+  const auto pos = read_positives(out.file("d"), s);
+  uint64_t masked = 0;
+  for (const auto& e : read_eval(out.file("d"), s)) {
+    ASSERT_EQ(e.mask, naive_mask(e.items));
+    for (size_t j = 1; j < e.items.size(); ++j)
+      ASSERT_FALSE(std::binary_search(pos[e.user].begin(), pos[e.user].end(), e.items[j]));
+    masked += uint64_t(std::count(e.mask.begin(), e.mask.end(), 0));
+  }
+  EXPECT_GT(masked, 0u);
+  // With room for distinct negatives, auto keeps them distinct.
+  opt.eval_negatives = 99;
+  EXPECT_EQ(generate_synthetic(p, out.file("e"), opt).eval_sampling, "distinct");
 }
 
 }  // namespace

@@ -92,6 +92,7 @@ enum RngStream : uint32_t {
   kStreamInit = 6,
   kStreamEpochOrder = 7,
   kStreamEvalUsers = 8,
+  kStreamEvalNegativesWithReplacement = 9,
 };
 
 }  // namespace ncf

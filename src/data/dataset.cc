@@ -49,6 +49,7 @@ nlohmann::json DatasetMeta::to_json() const {
   j["num_eval_users"] = num_eval_users;
   j["eval_negatives"] = eval_negatives;
   if (eval_masks_given) j["eval_masks"] = "given";
+  if (!eval_sampling.empty()) j["eval_sampling"] = eval_sampling;
   j["train_record_rows"] = train_record_rows;
   j["train_frame_bytes"] = train_frame_bytes;
   j["eval_frame_bytes"] = eval_frame_bytes;
@@ -134,6 +135,17 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
     if (masks != "given")
       NCF_FAIL(path, ": metadata field 'eval_masks' is '", masks, "', expected 'given' or absent");
     m.eval_masks_given = true;
+  }
+  if (j.contains("eval_sampling")) {
+    m.eval_sampling = get_field<std::string>(j, "eval_sampling", path);
+    if (m.eval_sampling != "distinct" && m.eval_sampling != "with_replacement" &&
+        m.eval_sampling != "given")
+      NCF_FAIL(path, ": metadata field 'eval_sampling' is '", m.eval_sampling,
+               "', expected 'distinct', 'with_replacement' or 'given'");
+    // Masks a source gave came with its own lists: drawn lists carry ours.
+    if (m.eval_masks_given && m.eval_sampling != "given")
+      NCF_FAIL(path, ": metadata says 'eval_masks': 'given' with 'eval_sampling': '",
+               m.eval_sampling, "'; given masks come only with given eval lists");
   }
   m.train_record_rows = get_field<uint32_t>(j, "train_record_rows", path);
   m.train_frame_bytes = get_field<uint64_t>(j, "train_frame_bytes", path);
@@ -293,6 +305,27 @@ uint32_t metadata_crc32c(const nlohmann::json& j) {
 
 // ---------------------------------------------------------- eval negatives ---
 
+const char* eval_sampling_name(EvalSampling s) {
+  switch (s) {
+    case EvalSampling::kAuto:
+      return "auto";
+    case EvalSampling::kDistinct:
+      return "distinct";
+    case EvalSampling::kWithReplacement:
+      return "with_replacement";
+    case EvalSampling::kGiven:
+      return "given";
+  }
+  return "?";
+}
+
+EvalSampling parse_eval_sampling(const std::string& name) {
+  if (name == "auto") return EvalSampling::kAuto;
+  if (name == "distinct") return EvalSampling::kDistinct;
+  if (name == "with_replacement") return EvalSampling::kWithReplacement;
+  throw Error("--eval_sampling must be auto, distinct or with_replacement, got '" + name + "'");
+}
+
 void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_positives,
                          uint64_t num_items, uint32_t E, uint64_t seed,
                          std::vector<uint64_t>& scratch, int32_t* out) {
@@ -332,6 +365,45 @@ void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_pos
   }
   for (size_t k = 0; k < num_positives; ++k) clear(static_cast<uint64_t>(positives[k]));
   for (uint32_t k = 0; k < E; ++k) clear(static_cast<uint64_t>(out[k]));
+}
+
+void draw_eval_negatives_with_replacement(uint64_t user, const int32_t* positives,
+                                          size_t num_positives, uint64_t num_items, uint32_t E,
+                                          uint64_t seed, std::vector<uint64_t>& scratch,
+                                          int32_t* out) {
+  if (E == 0) return;
+  if (num_positives >= num_items)
+    NCF_FAIL("user ", user, " has ", num_positives, " positives among ", num_items,
+             " items: no item remains to draw eval negatives from");
+  const size_t words = (num_items + 63) / 64;
+  if (scratch.size() < words) scratch.assign(words, 0);
+  auto test = [&](uint64_t i) { return (scratch[i >> 6] >> (i & 63)) & 1; };
+  for (size_t k = 0; k < num_positives; ++k) {
+    const uint64_t i = static_cast<uint64_t>(positives[k]);
+    scratch[i >> 6] |= 1ull << (i & 63);
+  }
+  const uint64_t free_items = num_items - num_positives;
+  CounterRng rng{seed, kStreamEvalNegativesWithReplacement, user};
+  if (2 * free_items >= num_items) {
+    // Rejection over all items: each try succeeds with probability >= 1/2.
+    uint64_t d = 0;
+    for (uint32_t k = 0; k < E; ++k) {
+      uint64_t c = rng.below(d++, num_items);
+      while (test(c)) c = rng.below(d++, num_items);
+      out[k] = static_cast<int32_t>(c);
+    }
+  } else {
+    // Few items left: list them, then draw positions in the list.
+    std::vector<int32_t> pool;
+    pool.reserve(free_items);
+    for (uint64_t i = 0; i < num_items; ++i)
+      if (!test(i)) pool.push_back(static_cast<int32_t>(i));
+    for (uint32_t k = 0; k < E; ++k) out[k] = pool[rng.below(k, pool.size())];
+  }
+  for (size_t k = 0; k < num_positives; ++k) {
+    const uint64_t i = static_cast<uint64_t>(positives[k]);
+    scratch[i >> 6] &= ~(1ull << (i & 63));
+  }
 }
 
 void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask) {
@@ -487,6 +559,10 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   NCF_CHECK(plan.eval_negatives <= kMaxEvalNegatives, "eval_negatives must be at most ",
             kMaxEvalNegatives, ", got ", plan.eval_negatives);
   NCF_CHECK(plan.num_shards > 0, "num_shards must be > 0, got ", plan.num_shards);
+  NCF_CHECK(plan.eval_sampling != EvalSampling::kAuto,
+            "the plan's eval sampling must be decided before the writer opens");
+  NCF_CHECK(!plan.eval_masks_given || plan.eval_sampling == EvalSampling::kGiven,
+            "given eval masks come only with given eval lists");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) NCF_FAIL("cannot create dataset directory ", dir, ": ", ec.message());
@@ -517,6 +593,7 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   m.num_eval_users = plan.num_users;
   m.eval_negatives = plan.eval_negatives;
   m.eval_masks_given = plan.eval_masks_given;
+  m.eval_sampling = eval_sampling_name(plan.eval_sampling);
   m.train_record_rows = plan.record_rows;
   m.dropped_users = plan.dropped_users;
   m.seed = plan.seed;
@@ -528,6 +605,9 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
                          {"items", plan.num_items}, {"train", plan.num_train},
                          {"seed", plan.seed},       {"E", plan.eval_negatives},
                          {"R", plan.record_rows},   {"gen", plan.generator}};
+    // Lists drawn with replacement differ from distinct ones of the same
+    // ratings and seed; the id says so (distinct ids stay as they were).
+    if (plan.eval_sampling == EvalSampling::kWithReplacement) id["eval_sampling"] = m.eval_sampling;
     std::string s = id.dump();
     char buf[32];
     std::snprintf(buf, sizeof buf, "%08x%08x", crc32c(s.data(), s.size()),

@@ -57,6 +57,22 @@ constexpr const char* kItemIdsFile = "item_ids.i64";
 constexpr const char* kUserIdsStrFile = "user_ids.str";
 constexpr const char* kItemIdsStrFile = "item_ids.str";
 
+// How a dataset's eval negatives were chosen ("eval_sampling" in metadata.json).
+//  distinct:         E different items, uniform over the items the user never
+//                    interacted with (draw_eval_negatives);
+//  with_replacement: E independent uniform draws from those items, so a list
+//                    may repeat an item; the eval record's duplicate mask
+//                    leaves every repeat out of the ranking (TF Model Garden's
+//                    and MLPerf's rule; draw_eval_negatives_with_replacement);
+//  given:            the source carried its own (NCF-paper files, TF-MG shards);
+//  auto:             ncf_prep's default, decided from the data before anything
+//                    is drawn: distinct when every user leaves E items to draw
+//                    from, else with_replacement. Never recorded.
+enum class EvalSampling { kAuto, kDistinct, kWithReplacement, kGiven };
+const char* eval_sampling_name(EvalSampling s);
+// "auto", "distinct", "with_replacement" (the flag's values); throws otherwise.
+EvalSampling parse_eval_sampling(const std::string& name);
+
 struct ShardInfo {
   std::string name;  // file name inside the dataset directory
   std::string kind;  // "train" or "eval"
@@ -84,6 +100,9 @@ struct DatasetMeta {
   // true ("eval_masks": "given"): a source's own masks (TF Model Garden's),
   // checked with given_mask_mismatch() instead.
   bool eval_masks_given = false;
+  // eval_sampling_name() of the rule that chose the eval negatives; empty in a
+  // dataset written before ncf_prep recorded it.
+  std::string eval_sampling;
   uint32_t train_record_rows = 0;  // positives per train record
   uint64_t train_frame_bytes = 0;  // every train record frame has this size
   uint64_t eval_frame_bytes = 0;   // every eval record frame has this size
@@ -140,6 +159,9 @@ struct DatasetPlan {
   // item_ids.str.
   const StringList* user_strings = nullptr;
   const StringList* item_strings = nullptr;
+  // How the eval lists were chosen; the writer refuses kAuto (assemble_dataset
+  // decides it from the users before the writer opens).
+  EvalSampling eval_sampling = EvalSampling::kDistinct;
 };
 
 // Streams a dataset to disk with memory bounded by the shuffle buffer, not by
@@ -176,6 +198,15 @@ class DatasetWriter {
 void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_positives,
                          uint64_t num_items, uint32_t E, uint64_t seed,
                          std::vector<uint64_t>& scratch, int32_t* out);
+
+// Eval negatives with replacement: E independent draws, each uniform over the
+// items not in `positives` (sorted ascending), from a counter-based stream
+// keyed by (seed, user); the list's duplicate mask leaves the repeats out.
+// Throws when no item remains. `scratch` as for draw_eval_negatives.
+void draw_eval_negatives_with_replacement(uint64_t user, const int32_t* positives,
+                                          size_t num_positives, uint64_t num_items, uint32_t E,
+                                          uint64_t seed, std::vector<uint64_t>& scratch,
+                                          int32_t* out);
 
 // Duplicate mask of an eval list: mask[j] = 0 when items[j] equals an earlier item.
 void duplicate_mask(const int32_t* items, size_t n, uint8_t* mask);

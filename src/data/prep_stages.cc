@@ -19,13 +19,25 @@ constexpr uint64_t kBlockUsers = 4096;
 // holds a single user), which bounds the memory of a block.
 constexpr uint64_t kBlockInts = 1ull << 21;
 
-// First user of each block, then num_users.
-std::vector<uint64_t> plan_blocks(const SplitUsers& users, uint64_t list_len) {
+// Room for drawn eval negatives: the items each user never interacted with.
+struct Room {
+  uint64_t fewest = UINT64_MAX;  // the least room of any user
+  uint64_t user = 0;             // the first user with that room
+  uint64_t positives = 0;        // and its positives
+  uint64_t short_users = 0;      // users with room for fewer than E
+};
+
+// First user of each block, then num_users; fills *room.
+std::vector<uint64_t> plan_blocks(const SplitUsers& users, uint64_t list_len, uint64_t num_items,
+                                  Room* room) {
   std::vector<uint64_t> first{0};
   uint64_t in_block = 0, ints = 0;
   for (uint64_t u = 0; u < users.num_users; ++u) {
     uint64_t np = 0, nt = 0;
     users.sizes(u, &np, &nt);
+    const uint64_t free_items = np < num_items ? num_items - np : 0;
+    if (free_items < room->fewest) *room = {free_items, u, np, room->short_users};
+    room->short_users += free_items + 1 < list_len;
     const uint64_t need = np + nt + list_len;
     if (in_block > 0 && (in_block == kBlockUsers || ints + need > kBlockInts)) {
       first.push_back(u);
@@ -55,6 +67,61 @@ void shape_block(const SplitUsers& users, uint64_t first, uint64_t last, uint64_
   b->positives.resize(b->positive_off.back());
   b->train.resize(b->train_off.back());
   b->eval.resize(b->num_users * list_len);
+}
+
+// The user a refusal or note is about: its name in the input (the original
+// id, where the data has one) and its dense id.
+std::string user_name(const EvalNegatives& neg, uint64_t u) {
+  if (!neg.describe_user) return detail::concat("user ", u);
+  return detail::concat(neg.describe_user(u), " (dense id ", u, ")");
+}
+
+// What plan.eval_sampling means for these users (see assemble_dataset). The
+// refusals are sentences about the input, without a source location.
+EvalSampling decide_eval_sampling(const DatasetPlan& plan, const EvalNegatives& neg,
+                                  const Room& room) {
+  if (neg.given) {
+    NCF_CHECK(plan.eval_sampling == EvalSampling::kGiven,
+              "given eval negatives with a plan that draws them (",
+              eval_sampling_name(plan.eval_sampling), ")");
+    return EvalSampling::kGiven;
+  }
+  NCF_CHECK(plan.eval_sampling != EvalSampling::kGiven,
+            "a plan of given eval negatives without any");
+  const uint64_t E = plan.eval_negatives, I = plan.num_items;
+  if (E == 0 || room.fewest >= E)
+    return plan.eval_sampling == EvalSampling::kAuto ? EvalSampling::kDistinct : plan.eval_sampling;
+  const std::string who = user_name(neg, room.user);
+  if (room.fewest == 0)
+    throw Error(detail::concat(who, " has interacted with every one of the ", I,
+                               " items, so no item is left to draw its eval negatives from, "
+                               "with or without replacement"));
+  const std::string others =
+      room.short_users > 1 ? detail::concat(" (", room.short_users - 1, " other users too)") : "";
+  // The largest E that fits every user, and the NCF paper's 99 when it fits.
+  const std::string fewer =
+      room.fewest >= 99
+          ? detail::concat("--eval_negatives 99 (any value up to ", room.fewest,
+                           " fits every user)")
+          : detail::concat("--eval_negatives ", room.fewest, " (the most that fits every user)");
+  if (plan.eval_sampling == EvalSampling::kDistinct)
+    throw Error(detail::concat(
+        who, " has ", room.positives, " positives among the ", I, " items, which leaves ",
+        room.fewest, " to draw from: too few for ", E, " distinct eval negatives", others,
+        ". Pass ", fewer,
+        ", or --eval_sampling with_replacement to draw them with replacement and mask the "
+        "repeats (TF Model Garden's and MLPerf's rule)"));
+  if (plan.eval_sampling == EvalSampling::kAuto)
+    std::fprintf(stderr,
+                 "ncf_prep: note: %s has %llu positives among the %llu items, which leaves %llu "
+                 "to draw from: too few for %llu distinct eval negatives%s. Every user's eval "
+                 "negatives are drawn with replacement instead, repeats masked (--eval_sampling "
+                 "with_replacement, TF Model Garden's and MLPerf's rule); for distinct ones pass "
+                 "%s\n",
+                 who.c_str(), static_cast<unsigned long long>(room.positives),
+                 static_cast<unsigned long long>(I), static_cast<unsigned long long>(room.fewest),
+                 static_cast<unsigned long long>(E), others.c_str(), fewer.c_str());
+  return EvalSampling::kWithReplacement;
 }
 
 }  // namespace
@@ -105,8 +172,13 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
     for (uint64_t j = begin; j < end; ++j) {
       const uint64_t u = block->first_user + j;
       try {
-        draw_eval_negatives(u, block->positives_of(j), block->num_positives(j), neg.num_items,
-                            neg.count, neg.seed, scratch, block->eval_of(j) + 1);
+        if (neg.sampling == EvalSampling::kWithReplacement)
+          draw_eval_negatives_with_replacement(u, block->positives_of(j), block->num_positives(j),
+                                               neg.num_items, neg.count, neg.seed, scratch,
+                                               block->eval_of(j) + 1);
+        else
+          draw_eval_negatives(u, block->positives_of(j), block->num_positives(j), neg.num_items,
+                              neg.count, neg.seed, scratch, block->eval_of(j) + 1);
       } catch (const Error& err) {
         if (!neg.describe_user) throw;
         NCF_FAIL(neg.describe_user(u), ": ", err.what());
@@ -128,13 +200,20 @@ double PrepProgress::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-DatasetMeta assemble_dataset(const std::string& out_dir, const DatasetPlan& plan,
-                             const SplitUsers& users, const EvalNegatives& negatives, int threads,
-                             const PrepProgress& progress) {
-  NCF_CHECK(users.num_users == plan.num_users, "split ", users.num_users, " users, planned ",
-            plan.num_users);
-  const uint64_t list_len = uint64_t{plan.eval_negatives} + 1;
-  const std::vector<uint64_t> first = plan_blocks(users, list_len);
+DatasetMeta assemble_dataset(const std::string& out_dir, const DatasetPlan& planned,
+                             const SplitUsers& users, const EvalNegatives& source_negatives,
+                             int threads, const PrepProgress& progress) {
+  NCF_CHECK(users.num_users == planned.num_users, "split ", users.num_users, " users, planned ",
+            planned.num_users);
+  NCF_CHECK(source_negatives.count == planned.eval_negatives, "eval lists of ",
+            source_negatives.count, " negatives for a plan of ", planned.eval_negatives);
+  const uint64_t list_len = uint64_t{planned.eval_negatives} + 1;
+  Room room;
+  const std::vector<uint64_t> first = plan_blocks(users, list_len, planned.num_items, &room);
+  DatasetPlan plan = planned;
+  plan.eval_sampling = decide_eval_sampling(planned, source_negatives, room);
+  EvalNegatives negatives = source_negatives;
+  negatives.sampling = plan.eval_sampling;
   DatasetWriter writer(out_dir, plan);
   const uint64_t U = users.num_users;
   uint64_t next_report = U / 10, positives = 0;

@@ -59,8 +59,9 @@ struct SplitUsers {
 };
 
 // Where eval negatives come from: drawn uniformly from the items the user never
-// interacted with (draw_eval_negatives), or given with the data (the NCF-paper
-// files) and kept exactly.
+// interacted with (distinct: draw_eval_negatives; with replacement:
+// draw_eval_negatives_with_replacement), or given with the data (the NCF-paper
+// files, TF-MG shards) and kept exactly.
 struct EvalNegatives {
   uint64_t num_items = 0;
   uint32_t count = 0;  // E
@@ -71,6 +72,9 @@ struct EvalNegatives {
   // num_users x L (1 = counts) when the source gives each list's duplicate mask
   // too (TF Model Garden's), stored as is; else the writer computes them.
   const uint8_t* given_mask = nullptr;
+  // How drawn lists are drawn: assemble_dataset sets it from its plan (sources
+  // leave it); kDistinct or kWithReplacement.
+  EvalSampling sampling = EvalSampling::kDistinct;
 };
 
 // Fills eval_of(j)[1 .. L) of every user of the block, and its eval_mask when
@@ -91,6 +95,12 @@ struct PrepProgress {
 // split → eval negatives → write over blocks of users, then the writer's train
 // shuffle and metadata. Blocks hold up to 4,096 users and close early when their
 // lists would pass 2^21 entries, which bounds memory whatever the interactions.
+// Before anything is written, plan.eval_sampling is checked against every
+// user's room for drawn negatives (num_items minus its positives), and kAuto
+// is decided there (a note on stderr when it becomes with_replacement): a user
+// without room for E distinct negatives under kDistinct, or without any item
+// left to draw, is refused by a message naming the user and what would work.
+// Given negatives need plan.eval_sampling kGiven.
 DatasetMeta assemble_dataset(const std::string& out_dir, const DatasetPlan& plan,
                              const SplitUsers& users, const EvalNegatives& negatives, int threads,
                              const PrepProgress& progress);

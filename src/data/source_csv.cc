@@ -966,6 +966,7 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
   plan.num_train = d.pos.size() - U;
   plan.num_positives = d.pos.size();
   plan.eval_negatives = opt.eval_negatives;
+  plan.eval_sampling = opt.eval_sampling;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;

@@ -140,6 +140,7 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   plan.num_train = d.pos.size() - U;
   plan.num_positives = d.pos.size();
   plan.eval_negatives = opt.eval_negatives;
+  plan.eval_sampling = opt.eval_sampling;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;
@@ -153,9 +154,8 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
                     {"duplicates_removed", d.duplicates},
                     {"raw_users", d.raw_users},
                     {"min_interactions", opt.min_interactions}};
-  EvalNegatives negatives{I, opt.eval_negatives, opt.seed, nullptr, [&](uint64_t u) {
-                            return detail::concat(file, ": raw user ", raw_user[u]);
-                          }};
+  EvalNegatives negatives{I, opt.eval_negatives, opt.seed, nullptr,
+                          [&](uint64_t u) { return detail::concat(file, ": user ", raw_user[u]); }};
   return assemble_dataset(out_dir, plan, leave_one_out(d), negatives, threads, progress);
 }
 

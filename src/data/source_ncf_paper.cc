@@ -281,6 +281,7 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
   plan.num_train = users.num_train;
   plan.num_positives = users.num_positives;
   plan.eval_negatives = static_cast<uint32_t>(E);
+  plan.eval_sampling = EvalSampling::kGiven;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;

@@ -739,6 +739,7 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
   plan.num_positives = num_positives;
   plan.eval_negatives = static_cast<uint32_t>(E);
   plan.eval_masks_given = true;
+  plan.eval_sampling = EvalSampling::kGiven;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = opt.seed;

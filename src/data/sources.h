@@ -40,6 +40,9 @@ struct PrepOptions {
   uint32_t min_interactions = 2;  // users with fewer are dropped (need 1 train + 1 test)
   int threads = 0;                // 0: hardware concurrency
   bool progress = false;          // progress lines on stderr
+  // How drawn eval negatives are drawn (dataset.h); the sources that carry
+  // their own (NCF-paper, TF-MG) do not read it.
+  EvalSampling eval_sampling = EvalSampling::kAuto;
 };
 
 // Finds the format of `path` (a file, or a directory holding one known file, or

@@ -369,6 +369,13 @@ void check_params(const SyntheticParams& p) {
              " must be in [0, 1) (some popularity mass keeps every item reachable)");
 }
 
+// Most interactions per user: num_items / 2, and num_items - E so that E
+// distinct eval negatives remain (E = 0 when they are drawn with replacement).
+uint64_t per_user_cap(uint64_t I, uint32_t E) {
+  if (I < E) return 0;
+  return std::min<uint64_t>(I / 2, I - E);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ public API ---
@@ -383,16 +390,18 @@ SyntheticShape synthetic_shape(const std::string& name) {
 uint32_t synthetic_max_per_user(const SyntheticParams& params, uint32_t eval_negatives) {
   check_params(params);
   const uint64_t I = params.shape.num_items;
-  uint64_t cap = I / 2;
-  if (I < eval_negatives)
-    cap = 0;
-  else if (I - eval_negatives < cap)
-    cap = I - eval_negatives;
+  const uint64_t cap = per_user_cap(I, eval_negatives);
+  if (cap < params.min_per_user && per_user_cap(I, 0) >= params.min_per_user)
+    throw Error(detail::concat(
+        "synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
+        " interactions per user (num_items / 2, and num_items - ", eval_negatives,
+        " distinct eval negatives), below min_per_user ", params.min_per_user,
+        "; use more items, fewer eval negatives or --eval_sampling with_replacement"));
   if (cap < params.min_per_user)
-    NCF_FAIL("synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
-             " interactions per user (num_items / 2, and num_items - ", eval_negatives,
-             " eval negatives), below min_per_user ", params.min_per_user,
-             "; use more items or fewer eval negatives");
+    throw Error(detail::concat("synthetic shape '", params.shape.name, "': num_items ", I,
+                               " allows at most ", cap,
+                               " interactions per user (num_items / 2), below min_per_user ",
+                               params.min_per_user, "; use more items"));
   return static_cast<uint32_t>(cap);
 }
 
@@ -527,13 +536,35 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   const uint64_t seed = opt.seed;
   const int threads = resolve_threads(opt.threads);
 
+  // The counts leave every user E items for distinct eval negatives; drawn
+  // with replacement they need leave none. auto: distinct when the counts fit
+  // beside them, else with replacement when the counts fit that way (when
+  // neither does, the distinct refusals say why).
+  EvalSampling sampling = opt.eval_sampling;
+  if (sampling == EvalSampling::kAuto) {
+    auto fits = [&](uint32_t reserve) {
+      const uint64_t cap = per_user_cap(I, reserve);
+      return cap >= params.min_per_user && total <= cap * U;
+    };
+    sampling = !fits(E) && fits(0) ? EvalSampling::kWithReplacement : EvalSampling::kDistinct;
+    if (sampling == EvalSampling::kWithReplacement)
+      std::fprintf(stderr,
+                   "ncf_prep: note: synthetic shape '%s': %llu interactions of %llu users, at "
+                   "least %u each, do not fit beside %u distinct eval negatives among %llu items; "
+                   "eval negatives are drawn with replacement instead, repeats masked "
+                   "(--eval_sampling with_replacement, TF Model Garden's and MLPerf's rule)\n",
+                   sh.name.c_str(), (unsigned long long)total, (unsigned long long)U,
+                   params.min_per_user, E, (unsigned long long)I);
+  }
+  const uint32_t reserve = sampling == EvalSampling::kWithReplacement ? 0 : E;
+
   // Plan stage (the generator's parse): activity counts and the item model.
-  const uint32_t cap = synthetic_max_per_user(params, E);
+  const uint32_t cap = synthetic_max_per_user(params, reserve);
   if (opt.progress)
     std::fprintf(stderr, "synthetic %s: planning %llu users, %llu items, %llu interactions\n",
                  sh.name.c_str(), (unsigned long long)U, (unsigned long long)I,
                  (unsigned long long)total);
-  const std::vector<uint32_t> counts = synthetic_user_counts(params, E, seed, threads);
+  const std::vector<uint32_t> counts = synthetic_user_counts(params, reserve, seed, threads);
   const ItemModel items = build_items(params, seed);
   const Mixture mix = mixture_of(params.preference);
   if (opt.progress)
@@ -547,6 +578,7 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
   plan.num_train = total - U;
   plan.num_positives = total;
   plan.eval_negatives = E;
+  plan.eval_sampling = sampling;
   plan.record_rows = opt.record_rows;
   plan.num_shards = opt.num_shards;
   plan.seed = seed;

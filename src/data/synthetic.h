@@ -47,8 +47,9 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
                                const PrepOptions& opt);
 
 // Most interactions one user may get: num_items / 2, lowered to num_items - E so
-// E eval negatives always remain. Throws (naming the numbers) when that is below
-// min_per_user.
+// E distinct eval negatives always remain (generate_synthetic passes E = 0 when
+// they are drawn with replacement). Throws (naming the numbers) when that is
+// below min_per_user.
 uint32_t synthetic_max_per_user(const SyntheticParams& params, uint32_t eval_negatives);
 
 // The per-user interaction counts generate_synthetic uses (U entries summing to

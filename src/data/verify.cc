@@ -40,6 +40,7 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   const uint64_t record_rows = meta.train_record_rows, L = uint64_t(meta.eval_negatives) + 1;
   std::vector<int32_t> users(record_rows), items(std::max<uint64_t>(record_rows, L));
   std::vector<uint8_t> mask(L);
+  const bool distinct = meta.eval_sampling == eval_sampling_name(EvalSampling::kDistinct);
   std::string payload;
   for (const char* kind : {"train", "eval"}) {
     auto shards = meta.shards_of(kind);
@@ -57,6 +58,15 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
           rows += valid;
         } else {
           decode_eval_record(payload, meta, g, path, off, items.data(), mask.data());
+          // The metadata's word for how the lists were drawn is checked where
+          // the list can show it: distinct lists repeat nothing.
+          if (distinct) {
+            const size_t j = size_t(std::find(mask.begin(), mask.end(), 0) - mask.begin());
+            if (j < L)
+              throw Error(detail::concat(path, " at byte offset ", off, ": the eval list of user ",
+                                         g, " repeats item ", items[j], " at position ", j,
+                                         ", but the metadata says its negatives are distinct"));
+          }
           rows += L;
         }
       }

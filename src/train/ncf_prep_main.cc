@@ -30,18 +30,28 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// How the summary line says metadata.json's eval_sampling.
+const char* sampling_words(const std::string& s) {
+  if (s == "distinct") return "distinct negatives";
+  if (s == "with_replacement") return "negatives drawn with replacement, repeats masked";
+  if (s == "given") return "negatives as given";
+  return "negatives";
+}
+
 void print_meta_summary(const ncf::DatasetMeta& m, const std::string& dir, double seconds) {
   uint64_t bytes = m.positives_bytes;
   for (const auto& s : m.shards) bytes += s.bytes;
   std::printf(
       "ncf_prep: wrote %s (%s)\n"
-      "  users %llu (dropped %llu), items %llu, train positives %llu, eval users %llu x (1 + %u)\n"
+      "  users %llu (dropped %llu), items %llu, train positives %llu, eval users %llu x (1 + %u, "
+      "%s)\n"
       "  %llu train records of %u rows in %zu files, %zu eval files, %s in %.2f s\n",
       dir.c_str(), m.source.c_str(), (unsigned long long)m.num_users,
       (unsigned long long)m.dropped_users, (unsigned long long)m.num_items,
       (unsigned long long)m.num_train, (unsigned long long)m.num_eval_users, m.eval_negatives,
-      (unsigned long long)m.num_train_records(), m.train_record_rows, m.shards_of("train").size(),
-      m.shards_of("eval").size(), human_bytes(double(bytes)).c_str(), seconds);
+      sampling_words(m.eval_sampling), (unsigned long long)m.num_train_records(),
+      m.train_record_rows, m.shards_of("train").size(), m.shards_of("eval").size(),
+      human_bytes(double(bytes)).c_str(), seconds);
 }
 
 }  // namespace
@@ -143,6 +153,17 @@ int main(int argc, char** argv) {
              "eval negatives per user, E (default 999; 99 for the NCF paper's files and the "
              "small synthetic shape)",
              FlagRange::ints(1, 1 << 20));
+  std::string eval_sampling = "auto";
+  auto* eval_sampling_opt =
+      app.add_option("--eval_sampling", eval_sampling,
+                     "how eval negatives are drawn from the items a user never interacted with "
+                     "(MovieLens, csv and synthetic input): distinct (E different items), "
+                     "with_replacement (E independent draws, repeats masked out of the ranking: "
+                     "TF Model Garden's and MLPerf's rule), or auto (distinct when every user "
+                     "leaves E items to draw from, else with_replacement, with a note); "
+                     "metadata.json records the one used")
+          ->check(CLI::IsMember({"auto", "distinct", "with_replacement"}))
+          ->capture_default_str();
   add_ranged(app, "--record_rows", opt.record_rows, "positive pairs per train record",
              FlagRange::ints(1, 1 << 24))
       ->capture_default_str();
@@ -206,6 +227,17 @@ int main(int argc, char** argv) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
       refuse_given(tfmg_cycles_opt, "TF Model Garden input");
     }
+    // Where ncf_prep draws no eval negatives, the flag would be ignored.
+    auto refuse_sampling = [&](const char* why) {
+      if (eval_sampling_opt->count() > 0)
+        throw ncf::Error(std::string("--eval_sampling applies to MovieLens, csv and synthetic "
+                                     "input only: ") +
+                         why);
+    };
+    if (!verify_dir.empty())
+      refuse_sampling(
+          "--verify checks a dataset as it is (its metadata.json records its sampling)");
+    opt.eval_sampling = ncf::parse_eval_sampling(eval_sampling);
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
       if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());
@@ -238,6 +270,7 @@ int main(int argc, char** argv) {
     // TF Model Garden shards: named, or a directory that holds their layout.
     if (format == "tfmg" || (format == "auto" && ncf::is_tfmg_dir(input))) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
+      refuse_sampling("TF Model Garden shards carry their own eval negatives and masks");
       opt.eval_negatives = eval_negatives;  // 0: as many as the data has
       ncf::DatasetMeta m =
           ncf::prepare_tfmg(input, output, opt, ncf::parse_tfmg_cycles(tfmg_cycles));
@@ -248,8 +281,10 @@ int main(int argc, char** argv) {
     ncf::InputFormat want = ncf::parse_input_format(format);
     ncf::InputFormat fmt = ncf::detect_format(input, want, &resolved);
     refuse_given(tfmg_cycles_opt, "TF Model Garden input");
-    if (fmt == ncf::InputFormat::kNcfPaper)
+    if (fmt == ncf::InputFormat::kNcfPaper) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
+      refuse_sampling("the NCF paper's files carry their own eval negatives");
+    }
     ncf::DatasetMeta m;
     if (fmt == ncf::InputFormat::kCsv) {
       ncf::CsvOptions csv;
