@@ -208,7 +208,10 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
 // A signal lands in the middle of a step, wherever the process is; run on the
 // interrupted stack, the handler's frame corrupted the heap in about 1 of 25
 // such stops (glibc aborted in the next tower product's free). 24 stops of a
-// one-rank run, each within 10 ms of step 20, must all end with exit 75.
+// one-rank run, each within 10 ms of step 20, must all end with exit 75. The
+// log is emptied before each run starts: the run's own `> log` truncates it
+// only once its process is forked, and the wait for "step 20:" could meanwhile
+// find the previous run's line and signal the new one before its handler.
 TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
   TempDir t;
   const std::string cmd = "stdbuf -oL " + command(1,
@@ -217,8 +220,9 @@ TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
                                                       t.file("ck"),
                                                   t);
   const std::string script =
-      "for run in $(seq 24); do rm -rf " + t.file("ck") + "; " + cmd + " > " + t.file("log") +
-      " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^step 20:\" " + t.file("log") +
+      "for run in $(seq 24); do rm -rf " + t.file("ck") + "; : > " + t.file("log") + "; " + cmd +
+      " > " + t.file("log") + " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^step 20:\" " +
+      t.file("log") +
       " && break; sleep 0.01; done; kill -USR1 $pid; wait $pid; rc=$?; echo \"run $run "
       "exit=$rc\"; " +
       "[ $rc -eq 75 ] || tail -3 " + t.file("log") + "; done";
