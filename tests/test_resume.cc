@@ -609,5 +609,38 @@ TEST_F(Resume, TheLockIsHeldWhileAJobRunsAndReleasedByPreemptionEndAndError) {
   EXPECT_EQ(again.output.find("took over"), std::string::npos) << again.output;
 }
 
+// An error on a rank other than the holder's (here rank 1 reads a damaged eval
+// record that rank 0 never reads) ends the job through run_main's MPI_Abort,
+// which kills rank 0 before it could release the lock: rank 1 releases it
+// while its exception unwinds, so the next job finds the directory free.
+TEST_F(Resume, AnErrorOnARankOtherThanTheHoldersReleasesTheLock) {
+  TempDir d;
+  std::filesystem::copy(data(), d.file("data"), std::filesystem::copy_options::recursive);
+  std::string last;
+  for (const auto& e : std::filesystem::directory_iterator(d.file("data")))
+    if (e.path().filename().string().rfind("eval-", 0) == 0)
+      last = std::max(last, e.path().string());
+  ASSERT_FALSE(last.empty());
+  {
+    // A byte of the last eval record's payload: rank 1 evaluates the last users.
+    std::fstream f(last, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-50, std::ios::end);
+    const char c = char(f.get());
+    f.seekp(-50, std::ios::end);
+    f.put(char(~c));
+  }
+  const test::RunResult r = run(
+      "timeout 300 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + d.file("data") +
+      " --batch_size 1005 --threads 1 --progress off --max_steps 3 --train_epochs 1 "
+      "--checkpoint_dir " +
+      d.file("ck"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] record file " + last + ": bad payload CRC"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[rank 0] record file"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "the lock outlived the job\n"
+                                                                    << r.output;
+}
+
 }  // namespace
 }  // namespace ncf
