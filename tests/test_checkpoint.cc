@@ -1,9 +1,14 @@
 // Checkpoint directories in-process (W = 1, real files in a temp dir): the
 // CRC combination against the CRC of the whole, the block partition, commit
 // and retention, and that a partial, truncated or corrupted checkpoint is
-// never the one taken. The multi-rank writes and exact resume run the real
+// never the one taken; the lock that gives a checkpoint directory to one job
+// (who is refused, which holder is taken over, two takers at once). The
+// multi-rank writes, exact resume and the lock between real jobs run the real
 // ncf_dist under mpirun (test_resume.cc).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,12 +16,16 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <sstream>
+#include <thread>
 
 #include "comm/single_communicator.h"
 #include "common/check.h"
 #include "data/crc32c.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_lock.h"
 
 namespace ncf {
 namespace {
@@ -389,6 +398,359 @@ TEST(Checkpoint, RetentionDeletesOnlyWholeCheckpointsOfItsOwnAndSaysWhatItLeft) 
   EXPECT_TRUE(fs::exists(target + "/a.bin"));
   fs::remove_all(dir);
   fs::remove_all(elsewhere);
+}
+
+// ------------------------------------------------------------------ lock ---
+
+std::string lock_path(const std::string& dir) { return dir + "/" + kCheckpointLockFile; }
+
+std::string hostname() {
+  char name[256] = "";
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// A lock of `h` in dir as a job would have left it, its heartbeat `age` s ago.
+void plant_lock(const std::string& dir, const LockHolder& h, double age) {
+  std::ofstream(lock_path(dir)) << h.to_json().dump() << "\n";
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= time_t(age);
+  t[1] = t[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, lock_path(dir).c_str(), t, 0), 0);
+}
+
+std::string token_in(const std::string& dir) {
+  LockHolder h;
+  std::string why;
+  return LockHolder::from_json(test_read(lock_path(dir)), &h, &why) ? h.token : "(" + why + ")";
+}
+
+// The lock's helper files (.ncf_dist.lock.*) left in dir: none, ever.
+std::vector<std::string> helper_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(".ncf_dist.lock.", 0) == 0)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+struct Taken {
+  std::unique_ptr<CheckpointLock> lock;
+  std::string refused;  // the error, "" when taken
+  std::vector<std::string> notes;
+  std::string all_notes() const {
+    std::string all;
+    for (const std::string& n : notes) all += n + "\n";
+    return all;
+  }
+};
+
+Taken take(const std::string& dir, CheckpointLockOptions options = {}) {
+  SingleCommunicator comm;
+  Taken t;
+  try {
+    t.lock = CheckpointLock::acquire(comm, dir, options, &t.notes);
+  } catch (const Error& e) {
+    t.refused = e.what();
+  }
+  return t;
+}
+
+// Field 22 of /proc/PID/stat, and its state (field 3).
+int64_t start_of(pid_t pid, std::string* state = nullptr) {
+  const std::string text = test_read("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream rest(text.substr(text.rfind(')') + 1));
+  std::vector<std::string> f;
+  for (std::string x; rest >> x;) f.push_back(x);
+  if (state) *state = f.empty() ? "" : f[0];
+  return f.size() > 19 ? std::stoll(f[19]) : -1;
+}
+
+TEST(CheckpointLock, ASecondJobIsRefusedNamingTheDirectoryHostAndPidUntilTheFirstReleases) {
+  const std::string dir = temp_dir("lock_second");
+  Taken a = take(dir);
+  ASSERT_TRUE(a.lock) << a.refused;
+  EXPECT_TRUE(a.notes.empty()) << a.all_notes();
+  LockHolder h;
+  std::string why;
+  ASSERT_TRUE(LockHolder::from_json(test_read(lock_path(dir)), &h, &why)) << why;
+  EXPECT_EQ(h.pid, getpid());
+  EXPECT_EQ(h.host, hostname());
+  EXPECT_EQ(h.pid_start, start_of(getpid()));
+  EXPECT_EQ(h.token, a.lock->holder().token);
+  // The same process counts as a live holder like any other on this host.
+  Taken b = take(dir);
+  EXPECT_FALSE(b.lock);
+  for (const std::string& expect :
+       {"flag --checkpoint_dir " + dir + ": another job holds this directory",
+        "pid " + std::to_string(getpid()) + " on host " + hostname() + ", since " + h.since,
+        std::string("that process is running on this host"), lock_path(dir)})
+    EXPECT_NE(b.refused.find(expect), std::string::npos) << expect << "\n" << b.refused;
+  EXPECT_EQ(token_in(dir), h.token) << "the refused job touched the lock";
+  a.lock.reset();
+  EXPECT_FALSE(fs::exists(lock_path(dir))) << "not released";
+  Taken c = take(dir);
+  EXPECT_TRUE(c.lock) << c.refused;
+  EXPECT_TRUE(c.notes.empty()) << c.all_notes();
+  c.lock.reset();
+  EXPECT_TRUE(helper_files(dir).empty());
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointLock, AHolderGoneFromThisHostIsTakenOverWithANote) {
+  const std::string dir = temp_dir("lock_dead");
+  const LockHolder me = LockHolder::self(300);
+  const std::string at = " on host " + hostname();
+  // An ended process (reaped), one that has exited but is not reaped yet (a
+  // zombie), and a live process whose pid the holder had (another start time).
+  pid_t ended = fork();
+  if (ended == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(ended, &status, 0), ended);
+  pid_t zombie = fork();
+  if (zombie == 0) _exit(0);
+  std::string state;
+  int64_t zombie_start = -1;
+  for (int i = 0; i < 10000 && state != "Z"; ++i) {
+    zombie_start = start_of(zombie, &state);
+    if (state != "Z") std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(state, "Z");
+  struct Case {
+    int64_t pid, start;
+    std::string why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {ended, 12345, "no process " + std::to_string(ended) + " runs on this host any more"},
+           {zombie, zombie_start, "process " + std::to_string(zombie) + " has exited (a zombie)"},
+           {getpid(), start_of(getpid()) - 1,
+            "pid " + std::to_string(getpid()) + " is now another process"}}) {
+    LockHolder h = me;
+    h.pid = c.pid;
+    h.pid_start = c.start;
+    h.token = "0123456789abcdef";
+    plant_lock(dir, h, 0);
+    Taken t = take(dir);
+    ASSERT_TRUE(t.lock) << c.why << ": " << t.refused;
+    ASSERT_EQ(t.notes.size(), 1u) << t.all_notes();
+    EXPECT_NE(t.notes[0].find("took over the lock of ncf_dist pid " + std::to_string(c.pid) + at),
+              std::string::npos)
+        << t.notes[0];
+    EXPECT_NE(t.notes[0].find(c.why), std::string::npos) << c.why << "\n" << t.notes[0];
+    EXPECT_EQ(token_in(dir), t.lock->holder().token);
+    t.lock.reset();
+    EXPECT_FALSE(fs::exists(lock_path(dir)));
+  }
+  ASSERT_EQ(waitpid(zombie, &status, 0), zombie);
+  EXPECT_TRUE(helper_files(dir).empty());
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointLock, ALockOfAnotherHostIsTakenOverOnlyOnceItsHeartbeatIsStale) {
+  const std::string dir = temp_dir("lock_foreign");
+  LockHolder h = LockHolder::self(300);
+  h.host = "node-elsewhere";
+  h.pid = 4242;
+  h.slurm_job = "777";
+  h.slurm_step = "0";
+  h.token = "feedfacefeedface";
+  const std::string holder = "pid 4242 on host node-elsewhere (Slurm job 777, step 0)";
+  auto refused = [&](double age, double mine, const std::string& limit) {
+    plant_lock(dir, h, age);
+    const std::string before = test_read(lock_path(dir));
+    CheckpointLockOptions o;
+    o.stale_seconds = mine;
+    Taken t = take(dir, o);
+    EXPECT_FALSE(t.lock) << "age " << age;
+    for (const std::string& expect :
+         {"flag --checkpoint_dir " + dir + ": another job holds this directory", holder,
+          std::string("it runs on another host"), "more than " + limit + " s old"})
+      EXPECT_NE(t.refused.find(expect), std::string::npos) << expect << "\n" << t.refused;
+    EXPECT_EQ(test_read(lock_path(dir)), before);
+  };
+  refused(0, 300, "300");
+  refused(250, 300, "300");
+  // The holder refreshes it every fifth of its own age: a taker with a shorter
+  // one waits for the holder's.
+  h.stale_seconds = 7200;
+  refused(3600, 300, "7200");
+  h.stale_seconds = 300;
+  refused(3600, 7200, "7200");
+  // Its own host name, but another boot: its pid means nothing here.
+  {
+    LockHolder other_boot = LockHolder::self(300);
+    other_boot.boot_id = "another-boot";
+    other_boot.token = "0011223344556677";
+    plant_lock(dir, other_boot, 0);
+    Taken t = take(dir);
+    EXPECT_FALSE(t.lock);
+    EXPECT_NE(t.refused.find("its pid cannot be checked from here"), std::string::npos)
+        << t.refused;
+  }
+  plant_lock(dir, h, 3600);
+  Taken t = take(dir);
+  ASSERT_TRUE(t.lock) << t.refused;
+  ASSERT_EQ(t.notes.size(), 1u) << t.all_notes();
+  EXPECT_NE(t.notes[0].find("took over the lock of ncf_dist " + holder), std::string::npos)
+      << t.notes[0];
+  EXPECT_NE(t.notes[0].find("more than the 300 s after which a lock of another host is stale"),
+            std::string::npos)
+      << t.notes[0];
+  EXPECT_EQ(token_in(dir), t.lock->holder().token);
+  t.lock.reset();
+  EXPECT_FALSE(fs::exists(lock_path(dir)));
+  EXPECT_TRUE(helper_files(dir).empty());
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointLock, AFileThatIsNoLockIsRefusedAndLeftAsItIs) {
+  const std::string dir = temp_dir("lock_garbage");
+  nlohmann::json no_token = LockHolder::self(300).to_json();
+  no_token.erase("token");
+  for (const auto& [content, why] : std::vector<std::pair<std::string, std::string>>{
+           {"hello\n", "it is no JSON object"},
+           {"", "it is empty"},
+           {"{\"format\": \"something else\"}", "its \"format\" is not"},
+           {no_token.dump(), "field \"token\" is missing or wrong"}}) {
+    std::ofstream(lock_path(dir)) << content;
+    Taken t = take(dir);
+    EXPECT_FALSE(t.lock) << content;
+    for (const std::string& expect : {"flag --checkpoint_dir " + dir + ": " + lock_path(dir) +
+                                          " is not a lock that ncf_dist wrote (" + why,
+                                      std::string("if none does, remove the file and start again")})
+      EXPECT_NE(t.refused.find(expect), std::string::npos) << expect << "\n" << t.refused;
+    EXPECT_EQ(test_read(lock_path(dir)), content);
+  }
+  fs::remove(lock_path(dir));
+  // A directory or a symbolic link (even to a lock) in its place.
+  fs::create_directory(lock_path(dir));
+  EXPECT_NE(take(dir).refused.find("(it is not a regular file)"), std::string::npos);
+  fs::remove(lock_path(dir));
+  const std::string elsewhere = temp_dir("lock_garbage_elsewhere");
+  plant_lock(elsewhere, LockHolder::self(300), 0);
+  fs::create_symlink(lock_path(elsewhere), lock_path(dir));
+  EXPECT_NE(take(dir).refused.find("(it is a symbolic link)"), std::string::npos);
+  EXPECT_TRUE(fs::is_symlink(lock_path(dir)));
+  EXPECT_TRUE(helper_files(dir).empty());
+  fs::remove_all(dir);
+  fs::remove_all(elsewhere);
+}
+
+// Two jobs that both found the same stale lock: the interleavings where the
+// other one acts between this one's judgement and its move, run through the
+// test hook (no timing). Exactly one of them holds the directory after.
+TEST(CheckpointLock, OfTwoJobsTakingOverOneStaleLockExactlyOneGetsIt) {
+  const std::string dir = temp_dir("lock_race");
+  LockHolder stale = LockHolder::self(300);
+  stale.host = "node-elsewhere";
+  stale.token = "5555555555555555";
+  // 1. The other job takes over first and holds: this one moves the other's
+  //    fresh lock aside, sees it is not the stale one, puts it back, and is
+  //    refused by the other's live holder.
+  {
+    plant_lock(dir, stale, 3600);
+    Taken other;
+    CheckpointLockOptions o;
+    o.before_takeover = [&] { other = take(dir); };
+    Taken me = take(dir, o);
+    ASSERT_TRUE(other.lock) << other.refused;
+    EXPECT_NE(other.all_notes().find("took over the lock of ncf_dist pid"), std::string::npos);
+    EXPECT_FALSE(me.lock) << "both jobs hold the directory";
+    EXPECT_NE(me.refused.find("another job holds this directory"), std::string::npos) << me.refused;
+    EXPECT_TRUE(me.notes.empty()) << me.all_notes();
+    EXPECT_EQ(token_in(dir), other.lock->holder().token);
+    EXPECT_NO_THROW(other.lock->check_held("a checkpoint"));
+    other.lock.reset();
+    EXPECT_FALSE(fs::exists(lock_path(dir)));
+  }
+  // 2. The other job has moved the stale lock aside but not yet made its own:
+  //    this one finds nothing to move, makes its lock, and the other one is
+  //    then refused.
+  {
+    plant_lock(dir, stale, 3600);
+    CheckpointLockOptions o;
+    o.before_takeover = [&] { fs::rename(lock_path(dir), dir + "/moved-by-the-other"); };
+    Taken me = take(dir, o);
+    ASSERT_TRUE(me.lock) << me.refused;
+    Taken other = take(dir);
+    EXPECT_FALSE(other.lock) << "both jobs hold the directory";
+    EXPECT_EQ(token_in(dir), me.lock->holder().token);
+    me.lock.reset();
+  }
+  EXPECT_TRUE(helper_files(dir).empty());
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointLock, RetentionAndResumeLeaveTheLockAloneAndTheHolderChecksItBeforeWriting) {
+  SingleCommunicator comm;
+  const std::string dir = temp_dir("lock_retention");
+  Taken a = take(dir);
+  ASSERT_TRUE(a.lock) << a.refused;
+  const std::string token = a.lock->holder().token;
+  for (int64_t step : {10, 20, 30}) write_one(comm, dir, step, 1);
+  EXPECT_EQ(token_in(dir), token);
+  std::vector<std::string> log;
+  std::optional<CheckpointReader> ck = find_checkpoint(comm, "auto", dir, &log);
+  ASSERT_TRUE(ck);
+  EXPECT_EQ(ck->manifest().step, 30);
+  ASSERT_EQ(log.size(), 1u) << "a skipped checkpoint, or the lock taken for one";
+  EXPECT_NO_THROW(a.lock->check_held("checkpoint 40"));
+  // Taken over by a job on another host (this one stopped for too long):
+  // the holder refuses to write, naming the new holder, and does not remove
+  // that job's lock when it ends.
+  LockHolder h = LockHolder::self(300);
+  h.host = "node-elsewhere";
+  h.pid = 4242;
+  h.token = "9999999999999999";
+  plant_lock(dir, h, 0);
+  try {
+    a.lock->check_held("checkpoint " + checkpoint_name(40));
+    ADD_FAILURE() << "wrote into a directory another job holds";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const std::string& expect :
+         {"not writing checkpoint " + checkpoint_name(40) + ": this job no longer holds the lock " +
+              lock_path(dir),
+          std::string("it is now held by ncf_dist pid 4242 on host node-elsewhere")})
+      EXPECT_NE(what.find(expect), std::string::npos) << expect << "\n" << what;
+  }
+  a.lock.reset();
+  EXPECT_EQ(token_in(dir), h.token);
+  fs::remove(lock_path(dir));
+  Taken b = take(dir);
+  ASSERT_TRUE(b.lock) << b.refused;
+  fs::remove(lock_path(dir));
+  try {
+    b.lock->check_held("checkpoint 50");
+    ADD_FAILURE() << "wrote without the lock";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("it was removed"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointLock, TheHolderRefreshesItsHeartbeat) {
+  const std::string dir = temp_dir("lock_heartbeat");
+  CheckpointLockOptions o;
+  o.stale_seconds = 2;  // a heartbeat every 0.4 s
+  Taken a = take(dir, o);
+  ASSERT_TRUE(a.lock) << a.refused;
+  LockHolder me;
+  std::string why;
+  ASSERT_TRUE(LockHolder::from_json(test_read(lock_path(dir)), &me, &why)) << why;
+  plant_lock(dir, me, 3600);  // the same lock, its heartbeat set back an hour
+  // Waits for the event (at most 60 s): the next heartbeat makes it recent.
+  bool fresh = false;
+  for (int i = 0; i < 6000 && !fresh; ++i) {
+    struct stat st {};
+    ASSERT_EQ(stat(lock_path(dir).c_str(), &st), 0);
+    fresh = time(nullptr) - st.st_mtime < 600;
+    if (!fresh) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(fresh) << "the heartbeat did not refresh the lock";
+  a.lock.reset();
+  fs::remove_all(dir);
 }
 
 }  // namespace

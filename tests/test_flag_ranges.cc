@@ -348,7 +348,8 @@ TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
         train(1,
               "--max_steps 1 --train_epochs 1 --no_eval --hr_threshold 0.5 --topk 5 "
               "--eval_users 3 --eval_full_ranking --tensorboard_every_steps 3 --keep_checkpoints "
-              "3 --checkpoint_chunk_kib 64 --allow_changed_flags learning_rate --peer_timeout 60"));
+              "3 --checkpoint_chunk_kib 64 --allow_changed_flags learning_rate --peer_timeout 60 "
+              "--checkpoint_lock_stale_seconds 60"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     for (const std::string note :
          {"--topk: no evaluation (--no_eval)", "--hr_threshold: no evaluation (--no_eval)",
@@ -357,7 +358,8 @@ TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
           "--tensorboard_every_steps: no --tensorboard_dir",
           "--checkpoint_chunk_kib: no --checkpoint_dir and no --resume",
           "--keep_checkpoints: no --checkpoint_dir", "--allow_changed_flags: no --resume",
-          "--peer_timeout: one rank has no peers to wait for"})
+          "--peer_timeout: one rank has no peers to wait for",
+          "--checkpoint_lock_stale_seconds: no --checkpoint_dir"})
       EXPECT_NE(r.output.find("ncf_dist: note: flag " + note), std::string::npos) << note << "\n"
                                                                                   << r.output;
   }
@@ -368,7 +370,9 @@ TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
                              "--max_steps 1 --train_epochs 1 --hr_threshold 0.99 --topk 5 "
                              "--eval_users 3 --tensorboard_dir " +
                                  t.file("tb") + " --tensorboard_every_steps 3 --checkpoint_dir " +
-                                 t.file("ck") + " --keep_checkpoints 3 --checkpoint_chunk_kib 64"));
+                                 t.file("ck") +
+                                 " --keep_checkpoints 3 --checkpoint_chunk_kib 64 "
+                                 "--checkpoint_lock_stale_seconds 60"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output.find("has no effect"), std::string::npos) << r.output;
   }

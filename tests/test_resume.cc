@@ -3,8 +3,13 @@
 // same bit for bit (epoch loss, HR, NDCG and every final parameter); at
 // another W, or with another placement, it stays within the tolerance of
 // trajectory invariance. A signal stops every rank at one step boundary with
-// a checkpoint and exit code 75; bad resumes end with a message.
+// a checkpoint and exit code 75; bad resumes end with a message. One job
+// holds a checkpoint directory: a second one is refused, a dead holder is
+// taken over, and the lock goes with every end of the job that holds it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -14,6 +19,7 @@
 
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_lock.h"
 
 namespace ncf {
 namespace {
@@ -208,7 +214,10 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
 // A signal lands in the middle of a step, wherever the process is; run on the
 // interrupted stack, the handler's frame corrupted the heap in about 1 of 25
 // such stops (glibc aborted in the next tower product's free). 24 stops of a
-// one-rank run, each within 10 ms of step 20, must all end with exit 75.
+// one-rank run, each within 10 ms of step 20, must all end with exit 75. The
+// log is emptied before each run starts: the run's own `> log` truncates it
+// only once its process is forked, and the wait for "step 20:" could meanwhile
+// find the previous run's line and signal the new one before its handler.
 TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
   TempDir t;
   const std::string cmd = "stdbuf -oL " + command(1,
@@ -217,8 +226,9 @@ TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
                                                       t.file("ck"),
                                                   t);
   const std::string script =
-      "for run in $(seq 24); do rm -rf " + t.file("ck") + "; " + cmd + " > " + t.file("log") +
-      " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^step 20:\" " + t.file("log") +
+      "for run in $(seq 24); do rm -rf " + t.file("ck") + "; : > " + t.file("log") + "; " + cmd +
+      " > " + t.file("log") + " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^step 20:\" " +
+      t.file("log") +
       " && break; sleep 0.01; done; kill -USR1 $pid; wait $pid; rc=$?; echo \"run $run "
       "exit=$rc\"; " +
       "[ $rc -eq 75 ] || tail -3 " + t.file("log") + "; done";
@@ -396,6 +406,241 @@ TEST_F(Resume, ImpossibleCountersInASealedManifestAreRefusedByName) {
   test::write_file(manifest, j.dump(1));
   const Run r = train(1, "--resume " + ck + " --max_steps 5 --train_epochs 1", 1);
   EXPECT_NE(r.output.find("epoch_step 2305843009213693952"), std::string::npos) << r.output;
+}
+
+// ------------------------------------------------------------------ lock ---
+
+std::string hostname() {
+  char name[256] = "";
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// The lock file's holder (a failure when it is none).
+LockHolder lock_holder(const std::string& path) {
+  LockHolder h;
+  std::string why;
+  EXPECT_TRUE(LockHolder::from_json(test::read_file(path), &h, &why)) << path << ": " << why;
+  return h;
+}
+
+// `h`'s lock in dir, its heartbeat `age` seconds ago.
+void plant_lock(const std::string& dir, const std::string& text, double age) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + kCheckpointLockFile;
+  test::write_file(path, text);
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= time_t(age);
+  t[1] = t[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), t, 0), 0);
+}
+
+// The value after "KEY=" in text, up to the line's end or a space.
+std::string value_of(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key + "=");
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size() + 1;
+  return text.substr(from, text.find_first_of(" \n", from) - from);
+}
+
+// Two jobs on one directory: the second, at W = 2, is refused at start naming
+// the directory and the holder's host and pid, and writes nothing; the first
+// then ends as it would have alone. The first is stopped (SIGSTOP) once it
+// trains, so it surely holds the directory while the second starts; the
+// script checks that it was stopped, not ended.
+TEST_F(Resume, ASecondJobOnTheDirectoryIsRefusedAndTheFirstEndsAsIfAlone) {
+  const std::string f = "--shard_plan row --train_epochs 10 --step_log";
+  TempDir a, d, t, t2;
+  const Run alone = train(1, f + " --checkpoint_dir " + a.file("ck"));
+  const std::string ck = " --checkpoint_dir " + d.file("ck");
+  test::write_file(t.file("run.sh"),
+                   "stdbuf -oL " + command(1, f + ck, t) + " > " + t.file("log") +
+                       " 2>&1 & pid=$!\n" + "for i in $(seq 3000); do grep -q '^step 5:' " +
+                       t.file("log") +
+                       " && break; sleep 0.01; done\n"
+                       "kill -STOP $pid\n"
+                       // The stop takes effect asynchronously: wait for it (or see it ended).
+                       "for i in $(seq 3000); do state=$(cut -d' ' -f3 /proc/$pid/stat); "
+                       "case $state in T|Z) break;; esac; sleep 0.01; done\n"
+                       "echo first=$pid state=$state\n"
+                       "ls -a " +
+                       d.file("ck") + " > " + t.file("before") + "\n" + command(2, f + ck, t2) +
+                       " > " + t2.file("log") + " 2>&1\n" +
+                       "echo second_exit=$?\n"
+                       "ls -a " +
+                       d.file("ck") + " > " + t.file("after") + "\n" +
+                       "kill -CONT $pid; wait $pid; echo first_exit=$?\n");
+  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  const std::string pid = value_of(r.output, "first");
+  ASSERT_EQ(value_of(r.output, "state"), "T")
+      << "the first job was not stopped while it trained: the test proves nothing\n"
+      << r.output << test::read_file(t.file("log"));
+  const std::string second = test::read_file(t2.file("log"));
+  EXPECT_EQ(value_of(r.output, "second_exit"), "1") << second;
+  // Whichever rank prints first: each refuses alike, then ends the job.
+  EXPECT_NE(second.find("] flag --checkpoint_dir " + d.file("ck") +
+                        ": another job holds this directory: ncf_dist pid " + pid + " on host " +
+                        hostname() + ", since "),
+            std::string::npos)
+      << second;
+  EXPECT_NE(second.find("that process is running on this host"), std::string::npos) << second;
+  EXPECT_EQ(second.find("samples/s"), std::string::npos) << "it trained\n" << second;
+  EXPECT_FALSE(std::filesystem::exists(t2.file("m.jsonl"))) << "the refused job wrote metrics";
+  EXPECT_EQ(test::read_file(t.file("before")), test::read_file(t.file("after")))
+      << "the refused job changed the checkpoint directory";
+  EXPECT_EQ(value_of(r.output, "first_exit"), "0") << r.output;
+  expect_identical(alone, collect(r, t), "the first job");
+  EXPECT_FALSE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "not released";
+}
+
+// SIGKILL leaves the lock (no code runs): the next run on this host finds
+// its pid gone, takes the directory over with a note, and --resume auto
+// finishes the identical run.
+TEST_F(Resume, AKilledHoldersLockIsTakenOverAndAutoResumeFinishesTheRun) {
+  const std::string f = "--shard_plan row --train_epochs 4";
+  const Run whole = train(1, f);
+  TempDir d, t;
+  const std::string ck = " --checkpoint_dir " + d.file("ck");
+  test::write_file(t.file("run.sh"),
+                   "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 10", t) + " > " +
+                       t.file("log") + " 2>&1 & pid=$!\n" +
+                       "for i in $(seq 3000); do grep -q '^ncf_dist: checkpoint /' " +
+                       t.file("log") + " && break; sleep 0.01; done\n" +
+                       "kill -KILL $pid; wait $pid; echo exit=$? pid=$pid\n");
+  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  ASSERT_EQ(value_of(r.output, "exit"), "137") << r.output << test::read_file(t.file("log"));
+  const std::string pid = value_of(r.output, "pid");
+  ASSERT_TRUE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "the killed job left none";
+  EXPECT_EQ(std::to_string(lock_holder(d.file("ck/ncf_dist.lock")).pid), pid);
+  const Run resumed = train(1, f + ck + " --resume auto");
+  EXPECT_NE(
+      resumed.output.find("ncf_dist: note: flag --checkpoint_dir " + d.file("ck") +
+                          ": took over the lock of ncf_dist pid " + pid + " on host " + hostname()),
+      std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("no process " + pid + " runs on this host any more"),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  expect_identical(whole, resumed, "resumed after the holder was killed");
+  EXPECT_FALSE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "not released";
+}
+
+// A lock of another host (its pid cannot be checked here): refused while its
+// heartbeat is fresh (at W = 2: every rank ends), taken over with a note once
+// it is older than the stale age; a file that is no lock is refused.
+TEST_F(Resume, ALockOfAnotherHostIsTakenOverOnlyOnceStaleAndGarbageIsRefused) {
+  TempDir d;
+  const std::string dir = d.file("ck");
+  const std::string ck = " --checkpoint_dir " + dir + " --max_steps 5 --train_epochs 1";
+  LockHolder h = LockHolder::self(300);
+  h.host = "node-elsewhere";
+  h.pid = 4242;
+  h.slurm_job = "555";
+  h.token = "abababababababab";
+  const std::string text = h.to_json().dump() + "\n";
+  const std::string holder = "pid 4242 on host node-elsewhere (Slurm job 555), since " + h.since;
+  plant_lock(dir, text, 0);
+  Run r = train(2, ck, 1);
+  EXPECT_NE(r.output.find("] flag --checkpoint_dir " + dir +
+                          ": another job holds this directory: ncf_dist " + holder +
+                          "; it runs on another host and its heartbeat is "),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(r.epochs.empty()) << r.output;
+  EXPECT_EQ(test::read_file(dir + "/ncf_dist.lock"), text);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + checkpoint_name(5)));
+  // Stale: an hour without a heartbeat (the default age is 300 s).
+  plant_lock(dir, text, 3600);
+  r = train(1, ck);
+  EXPECT_NE(r.output.find("ncf_dist: note: flag --checkpoint_dir " + dir +
+                          ": took over the lock of ncf_dist " + holder + ": its heartbeat is "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("more than the 300 s after which a lock of another host is stale"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + checkpoint_name(5))) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ncf_dist.lock")) << "not released";
+  // No lock of this program: nothing proves its writer gone.
+  plant_lock(dir, "locked by hand\n", 3600);
+  r = train(1, ck + " --resume auto", 1);
+  EXPECT_NE(r.output.find("flag --checkpoint_dir " + dir + ": " + dir +
+                          "/ncf_dist.lock is not a lock that ncf_dist wrote (it is no JSON "
+                          "object), so this job cannot tell whether another job uses the "
+                          "directory; if none does, remove the file and start again"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::read_file(dir + "/ncf_dist.lock"), "locked by hand\n");
+}
+
+// The lock is there while a job runs (rank 0's pid, this host), and gone after
+// it is preempted (SIGUSR1: checkpoint, exit 75), after the resumed run's
+// normal end, and after a run that fails (a refused resume): the next run
+// takes the directory without taking anything over.
+TEST_F(Resume, TheLockIsHeldWhileAJobRunsAndReleasedByPreemptionEndAndError) {
+  const std::string f = "--shard_plan row --train_epochs 30 --max_steps 25 --no_eval --step_log";
+  TempDir d, t;
+  const std::string ck = " --checkpoint_dir " + d.file("ck");
+  const std::string lock = d.file("ck/ncf_dist.lock");
+  std::string cmd = command(2, f + ck, t);
+  cmd.insert(cmd.find(bin("ncf_dist")), "stdbuf -oL ");
+  test::write_file(t.file("run.sh"), cmd + " > " + t.file("log") + " 2>&1 & pid=$!\n" +
+                                         "for i in $(seq 3000); do grep -q '^step 20:' " +
+                                         t.file("log") + " && break; sleep 0.01; done\n" + "cp " +
+                                         lock + " " + t.file("held") +
+                                         "\nkill -USR1 $pid; wait $pid; echo exit=$?\n");
+  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  ASSERT_EQ(value_of(r.output, "exit"), "75") << r.output << test::read_file(t.file("log"));
+  ASSERT_TRUE(std::filesystem::exists(t.file("held"))) << "no lock while the job ran";
+  const LockHolder held = lock_holder(t.file("held"));
+  EXPECT_EQ(held.host, hostname());
+  EXPECT_NE(held.pid, 0);
+  EXPECT_FALSE(std::filesystem::exists(lock)) << "not released at exit 75";
+  const Run resumed = train(2, f + ck + " --resume auto");
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("took over"), std::string::npos) << resumed.output;
+  EXPECT_FALSE(std::filesystem::exists(lock)) << "not released at the end";
+  const Run failed = train(1, f + ck + " --resume auto --batch_size 2010", 1);
+  EXPECT_NE(failed.output.find("was written with --batch_size 1005"), std::string::npos)
+      << failed.output;
+  EXPECT_FALSE(std::filesystem::exists(lock)) << "not released after the error";
+  const Run again = train(1, f + ck + " --resume auto");
+  EXPECT_EQ(again.output.find("took over"), std::string::npos) << again.output;
+}
+
+// An error on a rank other than the holder's (here rank 1 reads a damaged eval
+// record that rank 0 never reads) ends the job through run_main's MPI_Abort,
+// which kills rank 0 before it could release the lock: rank 1 releases it
+// while its exception unwinds, so the next job finds the directory free.
+TEST_F(Resume, AnErrorOnARankOtherThanTheHoldersReleasesTheLock) {
+  TempDir d;
+  std::filesystem::copy(data(), d.file("data"), std::filesystem::copy_options::recursive);
+  std::string last;
+  for (const auto& e : std::filesystem::directory_iterator(d.file("data")))
+    if (e.path().filename().string().rfind("eval-", 0) == 0)
+      last = std::max(last, e.path().string());
+  ASSERT_FALSE(last.empty());
+  {
+    // A byte of the last eval record's payload: rank 1 evaluates the last users.
+    std::fstream f(last, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-50, std::ios::end);
+    const char c = char(f.get());
+    f.seekp(-50, std::ios::end);
+    f.put(char(~c));
+  }
+  const test::RunResult r = run(
+      "timeout 300 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + d.file("data") +
+      " --batch_size 1005 --threads 1 --progress off --max_steps 3 --train_epochs 1 "
+      "--checkpoint_dir " +
+      d.file("ck"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] record file " + last + ": bad payload CRC"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("[rank 0] record file"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "the lock outlived the job\n"
+                                                                    << r.output;
 }
 
 }  // namespace

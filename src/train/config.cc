@@ -67,6 +67,8 @@ void for_each_numeric_flag(Config& c, Visit&& visit) {
   visit("checkpoint_every_minutes", c.checkpoint_every_minutes, FlagRange::reals(0, 525600));
   visit("keep_checkpoints", c.keep_checkpoints, FlagRange::ints(1, 10000));
   visit("checkpoint_chunk_kib", c.checkpoint_chunk_kib, FlagRange::ints(1, 1 << 24));
+  visit("checkpoint_lock_stale_seconds", c.checkpoint_lock_stale_seconds,
+        FlagRange::ints(2, 7 * 86400));
 }
 
 // --layers: each width, and how many there may be.
@@ -267,6 +269,13 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--checkpoint_chunk_kib", c.checkpoint_chunk_kib,
                  "table rows a checkpoint stages per exchange, in KiB (bounds its extra memory)")
       ->capture_default_str();
+  app.add_option("--checkpoint_lock_stale_seconds", c.checkpoint_lock_stale_seconds,
+                 "a job holds --checkpoint_dir's lock (ncf_dist.lock) while it runs, and a "
+                 "second job on it is refused; a holder that died is taken over: on this host "
+                 "at once (its pid is gone), on another host once its heartbeat (refreshed "
+                 "every fifth of this) is older than this many seconds, or the holder's own "
+                 "setting if larger")
+      ->capture_default_str();
   app.add_option("--resume", c.resume,
                  "never, auto (the newest whole checkpoint in --checkpoint_dir, if any), or "
                  "the path of one checkpoint")
@@ -306,6 +315,9 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
     const bool no_checkpoints = c.checkpoint_dir.empty() && c.resume == "never";
     unused("--checkpoint_chunk_kib", no_checkpoints, "no --checkpoint_dir and no --resume");
     unused("--keep_checkpoints", c.checkpoint_dir.empty(), "no --checkpoint_dir");
+    unused("--checkpoint_lock_stale_seconds", c.checkpoint_dir.empty() || c.eval_only,
+           c.checkpoint_dir.empty() ? "no --checkpoint_dir"
+                                    : "--eval_only writes nothing there and takes no lock");
     unused("--allow_changed_flags", c.resume == "never", "no --resume");
   }
   if (!c.preset.empty()) {

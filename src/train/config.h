@@ -63,6 +63,9 @@ struct TrainConfig {
   int64_t checkpoint_chunk_kib = 65536;    // rows staged per exchange when checkpointing
   std::string resume = "never";            // never | auto | PATH
   std::vector<std::string> allow_changed;  // flags a resumed run may change
+  // A lock of --checkpoint_dir held on another host is stale after this long
+  // without a heartbeat (train/checkpoint_lock.h).
+  int64_t checkpoint_lock_stale_seconds = 300;
   // Flags the command line gave that this combination never reads, each with
   // why ("--hr_threshold: no evaluation (--no_eval)"); ncf_dist prints them as
   // notes and runs on.

@@ -21,6 +21,7 @@
 #include "data/dataset.h"
 #include "model/cpu_matmul.h"
 #include "model/ops.h"
+#include "train/checkpoint_lock.h"
 #include "train/config.h"
 #include "train/tensorboard.h"
 #include "train/trainer.h"
@@ -169,6 +170,17 @@ int train_main(int& argc, char**& argv) {
   for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
   set_math_mode(parse_math_mode(cfg.precision));
   check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
+  // One job per checkpoint directory (train/checkpoint_lock.h): taken before
+  // any rank writes anything, refused on every rank alike, released when this
+  // function is left, by a return or an exception. --eval_only only reads.
+  std::unique_ptr<CheckpointLock> lock;
+  if (!cfg.checkpoint_dir.empty() && !cfg.eval_only) {
+    CheckpointLockOptions lock_options;
+    lock_options.stale_seconds = double(cfg.checkpoint_lock_stale_seconds);
+    std::vector<std::string> notes;
+    lock = CheckpointLock::acquire(*comm, cfg.checkpoint_dir, lock_options, &notes);
+    for (const std::string& n : notes) std::fprintf(stderr, "ncf_dist: note: %s\n", n.c_str());
+  }
   // Before the trainer loads anything, so that a refused directory costs nothing
   // (collective; none with --eval_only).
   std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, *comm);
@@ -176,6 +188,7 @@ int train_main(int& argc, char**& argv) {
   MlLog mllog(cfg.mlperf_log && lead);
   mllog.event("init_start", nullptr, {}, "INTERVAL_START");
   Trainer trainer(cfg, *comm, ctx);
+  trainer.set_checkpoint_lock(lock.get());
   const DatasetMeta& meta = trainer.meta();
   const int S = cfg.num_neg + 1;
   if (lead) {

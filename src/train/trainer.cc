@@ -23,6 +23,7 @@
 #include "model/metrics.h"
 #include "model/ops.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_lock.h"
 #include "train/memory_estimate.h"
 #include "train/tensorboard.h"
 
@@ -590,6 +591,10 @@ std::vector<std::string> state_array_names(EmbeddingOptimizer o) {
 std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
   const auto t0 = Clock::now();
   const int W = comm_.world(), r = comm_.rank();
+  // Rank 0 fails here, before anything is written, when another job took the
+  // directory over; the ranks waiting in the writer's first barrier go down
+  // with it (run_main).
+  if (lock_ != nullptr && r == 0) lock_->check_held("checkpoint " + checkpoint_name(state_.t));
   CheckpointWriter w(comm_, cfg_.checkpoint_dir, state_.t);
   // The tower and its Adam moments: rank 0 writes them (every rank holds them).
   const int64_t params = model_->num_params();

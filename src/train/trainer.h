@@ -87,6 +87,9 @@ class Trainer {
   std::string save_checkpoint(int64_t epoch, int64_t epoch_step);
   // A flag that a signal handler sets (non-zero: stop at the next step boundary).
   void set_stop_flag(const volatile int* flag) { stop_flag_ = flag; }
+  // Rank 0's lock of --checkpoint_dir (checkpoint_lock.h): before each
+  // checkpoint it must still be this job's, or the run fails instead of writing.
+  void set_checkpoint_lock(const class CheckpointLock* lock) { lock_ = lock; }
   // Rank 0's event file (nullptr on other ranks): with --tensorboard_dir every
   // rank takes part in the training scalars every --tensorboard_every_steps
   // steps (their loss is summed over the ranks), and rank 0 writes them.
@@ -177,6 +180,7 @@ class Trainer {
   TrainState state_;     // what train_step reads and writes
   StepControl control_;  // the requests riding in each step's allreduce
   const volatile int* stop_flag_ = nullptr;
+  const class CheckpointLock* lock_ = nullptr;
   TensorBoardWriter* tb_ = nullptr;
   // The steps since the last training scalars; they may span epochs (not the
   // evaluations between them).

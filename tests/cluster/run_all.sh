@@ -6,6 +6,8 @@
 #                      preemption and requeue
 #   test_host_loss     a host killed or cut off mid-run; every rank ends; resume on the rest
 #   test_two_hop       the two-hop exchange against flat on 2 and 3 hosts
+#   test_checkpoint_lock  two jobs on one shared checkpoint directory from two hosts: the
+#                      second refused; the holder's host killed, its lock taken over
 #   bash tests/cluster/run_all.sh BUILD_DIR [TEST...]
 # Without root or namespaces every test is reported as skipped, with the reason, and
 # the exit code is 0; otherwise it is 1 when any test failed. Each test's output goes
@@ -15,7 +17,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="$(cd "${1:?usage: $0 BUILD_DIR [TEST...]}" && pwd)"
 shift
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(test_sim_cluster test_mpirun test_slurm test_host_loss test_two_hop)
+[ ${#tests[@]} -gt 0 ] || tests=(test_sim_cluster test_mpirun test_slurm test_host_loss test_two_hop test_checkpoint_lock)
 # shellcheck source=tests/cluster/lib.sh
 source "$here/lib.sh"
 # The hosts need ip and tc (iproute2), the Slurm tests Slurm and munge.
