@@ -630,11 +630,12 @@ TEST_F(Resume, AnErrorOnARankOtherThanTheHoldersReleasesTheLock) {
     f.seekp(-50, std::ios::end);
     f.put(char(~c));
   }
-  const test::RunResult r = run(
-      "timeout 300 " + test::mpirun(2) + " " + bin("ncf_dist") + " --data_dir " + d.file("data") +
-      " --batch_size 1005 --threads 1 --progress off --max_steps 3 --train_epochs 1 "
-      "--checkpoint_dir " +
-      d.file("ck"));
+  const test::RunResult r =
+      run("timeout 300 " + test::mpirun(2) + " " + bin("ncf_dist") + " --device cpu --data_dir " +
+          d.file("data") +
+          " --batch_size 1005 --threads 1 --progress off --max_steps 3 --train_epochs 1 "
+          "--checkpoint_dir " +
+          d.file("ck"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank 1] record file " + last + ": bad payload CRC"), std::string::npos)
       << r.output;

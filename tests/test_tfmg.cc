@@ -626,7 +626,7 @@ TEST(Tfmg, Ml100kShapeWithTheDefaultsEvaluatesAsTfModelGarden) {
   std::map<std::string, std::vector<nlohmann::json>> epochs;
   for (const std::string d : {"direct", "via_tf"}) {
     const std::string mj = t.file(d + ".jsonl");
-    r = run(bin("ncf_dist") + " --data_dir " + t.file(d) +
+    r = run(bin("ncf_dist") + " --device cpu --data_dir " + t.file(d) +
             " --preset ncf-paper --batch_size 1280 --learning_rate 0.005 --train_epochs 3 "
             "--threads 2 --seed 3 --metrics_json " +
             mj);

@@ -36,7 +36,7 @@ cluster_small_data "$build" "$CLUSTER_SHARED/data"
 ck="$CLUSTER_SHARED/ck"
 lock="$ck/ncf_dist.lock"
 # A runs long (100 epochs) and is killed; C ends the epoch A was in.
-args=(--data_dir "$CLUSTER_SHARED/data" --preset ncf-paper --batch_size 2560 --seed 3
+args=(--device cpu --data_dir "$CLUSTER_SHARED/data" --preset ncf-paper --batch_size 2560 --seed 3
       --threads 1 --progress off --checkpoint_dir "$ck" --checkpoint_lock_stale_seconds "$stale")
 lock_field() {  # FIELD: from the lock file
   python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$lock" "$1"
