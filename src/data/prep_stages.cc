@@ -181,7 +181,7 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
                               neg.count, neg.seed, scratch, block->eval_of(j) + 1);
       } catch (const Error& err) {
         if (!neg.describe_user) throw;
-        NCF_FAIL(neg.describe_user(u), ": ", err.what());
+        NCF_RETHROW(err, user_name(neg, u));
       }
     }
   });
