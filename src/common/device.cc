@@ -41,7 +41,7 @@ void* device_alloc(Device d, size_t bytes) {
   if (bytes == 0) return nullptr;
   if (d == Device::kCpu) {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    NCF_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+    NCF_REQUIRE(p != nullptr, "cannot allocate ", bytes, " bytes of host memory");
     return p;
   }
 #ifdef NCF_WITH_CUDA
