@@ -6,12 +6,14 @@
 // options with the check that what it wrote verifies, and the rule that
 // decides what a finding is.
 //
-// The rule: an input may be refused only with an ncf::Error (NCF_FAIL,
-// NCF_CHECK) whose message names the file it is about; any other exception
+// The rule: an input may be refused only with a refusal (NCF_FAIL,
+// NCF_REQUIRE) whose message names the file it is about; any other exception
 // escapes the target and libFuzzer reports it (std::bad_alloc from a size read
 // from the input, std::out_of_range, a nlohmann::json exception), as it reports
 // crashes, sanitizer errors, timeouts and memory beyond its limits. A refusal
-// that names no file is reported too, with its message.
+// that names no file is reported too, with its message, and so is an input
+// that reaches an internal check (NCF_CHECK, "check failed: ... (file:line)"):
+// what input can reach is a refusal, or the check is a bug.
 #pragma once
 
 #include <cstddef>
@@ -74,9 +76,10 @@ inline uint8_t byte_at(std::string_view in, size_t k) {
 // NCF_FUZZ_VERBOSE=1 prints every refusal (to see how far seeds get).
 bool verbose();
 
-// Runs fn; an ncf::Error is an expected refusal when its message holds one of
-// `names` (the file or directory the input was written to, or the flag the
-// fuzzed text stands for), a finding otherwise; no names accepts any message.
+// Runs fn; an ncf::Error is an expected refusal when it is one (not located:
+// no internal check, no library failure) and its message holds one of `names`
+// (the file or directory the input was written to, or the flag the fuzzed text
+// stands for), a finding otherwise; no names accepts any refusal's message.
 // Returns the refusal's message, or "" when fn returned normally.
 template <typename Fn>
 std::string refusal(std::initializer_list<std::string_view> names, Fn&& fn) {
@@ -86,6 +89,11 @@ std::string refusal(std::initializer_list<std::string_view> names, Fn&& fn) {
   } catch (const ncf::Error& e) {
     const std::string what = e.what();
     if (verbose()) std::fprintf(stderr, "fuzz: refused: %s\n", what.c_str());
+    if (e.located()) {
+      std::fprintf(stderr, "fuzz: the input reached an internal check, not a refusal:\n  %s\n",
+                   what.c_str());
+      std::abort();
+    }
     bool named = names.size() == 0;
     for (std::string_view n : names) named = named || what.find(n) != std::string::npos;
     if (!named) {

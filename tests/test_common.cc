@@ -88,6 +88,39 @@ TEST(Check, MessageHasExpressionLocationAndRank) {
   EXPECT_EQ(thrown([&] { NCF_FAIL("bad x: ", x); }), "bad x: 3");  // no rank set
 }
 
+// A catch that adds context passes the error on as what it was: a refusal stays a
+// sentence without a location, an internal check keeps its one file:line; the rank
+// is said once, and message() is the text without it.
+TEST(Check, RethrowInContextKeepsTheKindAndSaysTheRankOnce) {
+  auto caught = [](const std::function<void()>& f) -> Error {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e;
+    }
+    return Error("no throw");
+  };
+  set_error_rank(1);
+  const Error refusal = caught([] { NCF_FAIL("f.csv line 3: bad id"); });
+  const int check_line = __LINE__ + 1;
+  const Error internal = caught([] { NCF_CHECK(1 == 2, "sizes"); });
+  const Error passed_refusal = caught([&] { NCF_RETHROW(refusal, "table user"); });
+  const Error passed_internal = caught([&] { NCF_RETHROW(internal, "table user"); });
+  set_error_rank(-1);
+  EXPECT_EQ(refusal.message(), "f.csv line 3: bad id");
+  EXPECT_FALSE(refusal.located());
+  EXPECT_TRUE(internal.located());
+  EXPECT_EQ(std::string(passed_refusal.what()), "[rank 1] table user: f.csv line 3: bad id");
+  EXPECT_FALSE(passed_refusal.located());
+  EXPECT_EQ(std::string(passed_internal.what()),
+            "[rank 1] table user: check failed: 1 == 2: sizes " + at(check_line));
+  EXPECT_TRUE(passed_internal.located());
+  EXPECT_EQ(message_of(passed_refusal), "table user: f.csv line 3: bad id");
+  EXPECT_EQ(message_of(std::runtime_error("plain")), "plain");
+  // An Error made from a text takes it whole.
+  EXPECT_EQ(Error("[rank 0] as is").message(), "[rank 0] as is");
+}
+
 // The library checks: 0 passes; any other status throws with the library, the
 // expression, file:line and the rank.
 TEST(Check, LibraryChecksNameTheLibraryExpressionAndLocation) {

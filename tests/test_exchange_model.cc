@@ -285,6 +285,14 @@ TEST(ExchangeModel, TopologyErrorsNameWhereAndWhat) {
   EXPECT_NE(e.find("value '10x'"), std::string::npos) << e;
   e = file_error("inter_gbps = inf\n");
   EXPECT_NE(e.find("value 'inf'"), std::string::npos) << e;
+  // A rate whose bytes per second overflow the doubles: refused as the value it
+  // is, not left to the model's check of its own links (a failed check).
+  e = file_error("intra_us = 1\ninter_gbps = 1e300\n");
+  EXPECT_NE(e.find("--topology file " + path +
+                   " line 2: key inter_gbps value '1e300': expected a rate in Gbit/s > 0"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("check failed"), std::string::npos) << e;
 
   e = error_of([] { parse_topology("inter_gbps=1,intra_us=x", false); });
   EXPECT_NE(e.find("flag --topology 'inter_gbps=1,intra_us=x' item 2: key intra_us value 'x'"),

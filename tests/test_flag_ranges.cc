@@ -18,8 +18,10 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "data/crc32c.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 
@@ -228,18 +230,52 @@ class DataRanges : public ::testing::Test {
            " --device cpu --data_dir " + data() + " --batch_size 100 --threads 1 --progress off " +
            flags;
   }
+  // The checkpoint SetUpTestSuite wrote.
+  static std::string step_dir() {
+    std::string step;
+    for (const auto& e : fs::directory_iterator(ck()))
+      if (e.path().filename().string().rfind("step-", 0) == 0) step = e.path().string();
+    return step;
+  }
+  static std::string copied_checkpoint(const TempDir& t) {
+    const std::string step = step_dir();
+    const std::string copy = t.file(fs::path(step).filename().string());
+    fs::copy(step, copy, fs::copy_options::recursive);
+    return copy;
+  }
   // A copy of the checkpoint whose manifest records `key` = `value`, sealed
   // again with its checksum, as an edit that knows the format would leave it.
   static std::string edited_checkpoint(const TempDir& t, const std::string& key,
                                        const nlohmann::json& value) {
-    std::string step;
-    for (const auto& e : fs::directory_iterator(ck()))
-      if (e.path().filename().string().rfind("step-", 0) == 0) step = e.path().string();
-    const std::string copy = t.file(fs::path(step).filename().string());
-    fs::copy(step, copy, fs::copy_options::recursive);
+    const std::string copy = copied_checkpoint(t);
     const std::string manifest = copy + "/" + kCheckpointManifestFile;
     nlohmann::json j = nlohmann::json::parse(test::read_file(manifest));
     j["config"][key] = value;
+    j["crc32c"] = checkpoint_manifest_crc32c(j);
+    test::write_file(manifest, j.dump(2));
+    return copy;
+  }
+  // A copy of the checkpoint whose file `name` holds `bytes`, listed in the
+  // manifest with their size and CRC, and with `edit` applied to the manifest,
+  // sealed again: damage the checksums cannot tell from a checkpoint (a tool
+  // that rewrote the files knowing the format, or a fuzzer).
+  static std::string rewritten_checkpoint(const TempDir& t, const std::string& name,
+                                          const std::string& bytes,
+                                          const nlohmann::json& edit = nlohmann::json::object()) {
+    const std::string copy = copied_checkpoint(t);
+    const std::string manifest = copy + "/" + kCheckpointManifestFile;
+    nlohmann::json j = nlohmann::json::parse(test::read_file(manifest));
+    test::write_file(copy + "/" + name, bytes);
+    bool listed = false;
+    for (nlohmann::json& f : j["files"])
+      if (f["name"] == name) {
+        f["bytes"] = bytes.size();
+        f["crc32c"] = crc32c(bytes.data(), bytes.size());
+        listed = true;
+      }
+    EXPECT_TRUE(listed) << name << " is not in " << manifest;
+    for (auto it = edit.begin(); it != edit.end(); ++it) j[it.key()] = it.value();
+    j.erase("crc32c");
     j["crc32c"] = checkpoint_manifest_crc32c(j);
     test::write_file(manifest, j.dump(2));
     return copy;
@@ -408,6 +444,103 @@ TEST_F(DataRanges, FlagsThisRunNeverReadsAreNamed) {
           "flag --data_dir applies to --format npy only");
   EXPECT_FALSE(fs::exists(t.file("npy")));
   EXPECT_FALSE(fs::exists(t.file("m.onnx")));
+}
+
+// A sealed checkpoint whose files do not fit the model its flags give: every
+// program that reads it refuses it by a sentence naming the checkpoint and the
+// file (no source location, no failed check: test::run holds every output to
+// that), at W = 1 and on every rank at W = 2.
+TEST_F(DataRanges, ACheckpointFileOfTheWrongSizeIsRefusedNamingIt) {
+  auto refused = [](const std::string& cmd, const std::string& message) {
+    const auto r = run(cmd);
+    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
+    EXPECT_NE(r.exit_code, 124) << "a rank was left waiting: " << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << cmd << "\n" << r.output;
+  };
+  auto resume = [](int W, const std::string& copy) {
+    return train(W, "--max_steps 2 --train_epochs 1 --no_eval --resume " + copy);
+  };
+  auto export_npy = [](const TempDir& t, const std::string& copy) {
+    return bin("ncf_export") + " --checkpoint " + copy + " --format npy --output " + t.file("npy");
+  };
+  auto recommend = [](const std::string& copy) {
+    return "timeout 120 " + bin("ncf_recommend") + " --device cpu --checkpoint " + copy +
+           " --data_dir " + data() + " --users 0 --threads 1";
+  };
+  {
+    // A table one float short: not whole rows, and not the dataset's rows.
+    TempDir t;
+    std::string rows = test::read_file(step_dir() + "/user.rows.f32");
+    ASSERT_GT(rows.size(), 4u);
+    rows.resize(rows.size() - 4);
+    const std::string copy = rewritten_checkpoint(t, "user.rows.f32", rows);
+    const std::string has = ": user.rows.f32 has " + std::to_string(rows.size()) + " bytes";
+    for (int W : {1, 2})
+      refused(resume(W, copy), "checkpoint " + copy + has + ", table user needs");
+    refused(export_npy(t, copy), copy + has + ", not whole rows of");
+    refused(recommend(copy), copy + has);
+    EXPECT_FALSE(fs::exists(t.file("npy")));
+  }
+  {
+    TempDir t;
+    const std::string copy = rewritten_checkpoint(t, "tower.f32", std::string(12, '\0'));
+    for (int W : {1, 2})
+      refused(resume(W, copy), "checkpoint " + copy + ": tower.f32 has 12 bytes, this model");
+    refused(export_npy(t, copy), copy + ": tower.f32 has 12 bytes, a model of this shape needs");
+  }
+  {
+    // The position past the epoch's steps (2, --max_steps), with the loss
+    // shares of as many steps, so that only the position is wrong.
+    TempDir t;
+    const std::string copy =
+        rewritten_checkpoint(t, "loss.f64", std::string(5 * 8, '\0'), {{"epoch_step", 5}});
+    refused(resume(1, copy), "checkpoint " + copy +
+                                 " was taken 5 steps into epoch 1, which has 2 steps with this "
+                                 "dataset and these flags");
+  }
+}
+
+// Flags refused by what they name, through the program: --shard_plan's tables
+// and placements, and --comm single in a job of two ranks.
+TEST_F(DataRanges, ShardPlanAndCommValuesAreRefusedNamingTheFlag) {
+  const std::string steps = "--max_steps 1 --train_epochs 1 --no_eval ";
+  for (const auto& [W, flags, message] :
+       {std::tuple{1, "--shard_plan user=diagonal",
+                   "flag --shard_plan: unknown placement 'diagonal' for table user"},
+        std::tuple{2, "--shard_plan movie=row",
+                   "flag --shard_plan: unknown table 'movie' (expected user or item)"},
+        std::tuple{2, "--shard_plan user=row,item",
+                   "flag --shard_plan: 'item' is not TABLE=PLACEMENT"},
+        std::tuple{2, "--comm single",
+                   "flag --comm single runs one rank, this job has W = 2: use --comm mpi"}}) {
+    const auto r = run(train(W, steps + flags));
+    EXPECT_NE(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.exit_code, 124) << flags << ": a rank was left waiting\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
+  }
+}
+
+// A data file that cannot be read as one (a directory where a shard should
+// be, positives.bin as well) is refused naming it, not as a failed check.
+TEST_F(DataRanges, AnUnreadableDataFileIsRefusedNamingIt) {
+  for (const std::string victim : {"positives.bin", "train"}) {
+    TempDir t;
+    const std::string copy = t.file("data");
+    fs::copy(data(), copy, fs::copy_options::recursive);
+    std::string name = victim;
+    if (victim == "train")
+      for (const auto& e : fs::directory_iterator(copy))
+        if (e.path().filename().string().rfind("train", 0) == 0)
+          name = e.path().filename().string();
+    ASSERT_TRUE(fs::remove(copy + "/" + name)) << name;
+    fs::create_directory(copy + "/" + name);
+    const auto r = run("timeout 120 " + bin("ncf_dist") + " --device cpu --data_dir " + copy +
+                       " --batch_size 100 --threads 1 --progress off --max_steps 1 "
+                       "--train_epochs 1");
+    EXPECT_NE(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find("ncf_dist: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(copy + "/" + name), std::string::npos) << name << "\n" << r.output;
+  }
 }
 
 // A checkpoint's recorded flags meet the ranges of the command line, and the

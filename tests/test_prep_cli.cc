@@ -46,6 +46,33 @@ TEST(PrepCli, BadInputsStopWithFileLineAndValue) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("missing.csv"), std::string::npos) << r.output;
 
+  // Files that cannot be read through: a .gz cut short (the reader's thread
+  // meets the damage, and the refusal it throws reaches the user as it was),
+  // and an interaction file that is a directory.
+  std::string lines;
+  for (int u = 1; u <= 200; ++u)
+    for (int i = 1; i <= 5; ++i)
+      lines +=
+          std::to_string(u) + "," + std::to_string(i) + "," + std::to_string(u * 10 + i) + "\n";
+  test::write_file(t.file("log.csv"), lines);
+  ASSERT_EQ(run("gzip -c " + t.file("log.csv") + " > " + t.file("full.csv.gz")).exit_code, 0);
+  const std::string gz = test::read_file(t.file("full.csv.gz"));
+  test::write_file(t.file("cut.csv.gz"), gz.substr(0, gz.size() / 2));
+  const std::string csv = " --format csv --columns user=0,item=1,timestamp=2";
+  r = run(bin("ncf_prep") + " --input " + t.file("cut.csv.gz") + csv + out);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ncf_prep: error: cannot decompress " + t.file("cut.csv.gz") + " after "),
+            std::string::npos)
+      << r.output;
+  std::filesystem::create_directories(t.file("in/log.csv"));
+  r = run(bin("ncf_prep") + " --input " + t.file("in/log.csv") + csv + out);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ncf_prep: error: " + t.file("in/log.csv") +
+                          ": --format csv takes the "
+                          "interaction file itself, not a directory"),
+            std::string::npos)
+      << r.output;
+
   r = run(bin("ncf_prep") + " --synthetic nosuchshape" + out);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("nosuchshape"), std::string::npos) << r.output;

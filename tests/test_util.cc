@@ -61,13 +61,18 @@ constexpr const char* kSkipMarker = "[  SKIPPED ]";
 // "<program>: error: ..." must read as a sentence about the input, without a source
 // location such as "(dataset.cc:301)" and without the words of a failed internal
 // check ("check failed: <expression>"). Only a failed library call (MPI, CUDA, cuBLAS,
-// NCCL: the machine, not the input) may carry a location.
+// NCCL: the machine, not the input) may carry a location. An error passed on with
+// more context names its rank once: "[rank 0] ... [rank 0] ..." is a catch that quoted
+// what() where it meant message().
 void check_refusals_name_no_source(const std::string& command, const std::string& output) {
   static const std::regex error_line(R"(^(ncf_[a-z_]+|ncf_dist): error: .*)");
   static const std::regex location(R"(\([A-Za-z0-9_]+\.(cc|cu|cuh|h):[0-9]+\))");
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
     if (!std::regex_match(line, error_line)) continue;
+    const size_t rank = line.find("[rank ");
+    if (rank != std::string::npos && line.find("[rank ", rank + 1) != std::string::npos)
+      ADD_FAILURE() << "an error names its rank twice:\n  " << line << "\nfrom: " << command;
     if (!std::regex_search(line, location) && line.find("check failed:") == std::string::npos)
       continue;
     bool library = false;

@@ -42,8 +42,9 @@ RankInfo bootstrap_mpi(int* argc, char*** argv) {
   if (!initialized) {
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-    NCF_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
-              ", need MPI_THREAD_FUNNELED (", MPI_THREAD_FUNNELED, ")");
+    NCF_REQUIRE(provided >= MPI_THREAD_FUNNELED, "this MPI library provides thread level ",
+                provided, ", below the MPI_THREAD_FUNNELED (", MPI_THREAD_FUNNELED,
+                ") ncf_dist needs: use an MPI built with thread support");
   }
   RankInfo info;
   info.mpi = true;
@@ -180,7 +181,8 @@ std::unique_ptr<Communicator> make_communicator(const RankInfo& info, Device dev
       k = device == Device::kCuda ? "nccl" : "mpi";
   }
   if (k == "single") {
-    NCF_CHECK(info.world == 1, "communicator 'single' needs W = 1, this job has W = ", info.world);
+    NCF_REQUIRE(info.world == 1, "flag --comm single runs one rank, this job has W = ", info.world,
+                ": use --comm mpi (or auto)");
     return std::make_unique<SingleCommunicator>(device, stream);
   }
   if (k == "mpi") {

@@ -126,7 +126,8 @@ std::vector<int> parse_cpu_list(const std::string& text) {
     long v = 0;
     while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9' && v < (1L << 30))
       v = v * 10 + (s[pos++] - '0');
-    NCF_CHECK(pos > start && v < (1L << 30), "bad CPU list '", text, "' at offset ", start);
+    NCF_REQUIRE(pos > start && v < (1L << 30), "CPU list '", text, "': no CPU number at offset ",
+                start);
     return static_cast<int>(v);
   };
   for (;;) {
@@ -135,11 +136,11 @@ std::vector<int> parse_cpu_list(const std::string& text) {
     if (pos < s.size() && s[pos] == '-') {
       ++pos;
       hi = number();
-      NCF_CHECK(hi >= lo, "bad CPU list '", text, "': range ", lo, "-", hi);
+      NCF_REQUIRE(hi >= lo, "CPU list '", text, "': range ", lo, "-", hi, " runs backwards");
     }
     for (int c = lo; c <= hi; ++c) cpus.push_back(c);
     if (pos == s.size()) break;
-    NCF_CHECK(s[pos] == ',', "bad CPU list '", text, "' at offset ", pos);
+    NCF_REQUIRE(s[pos] == ',', "CPU list '", text, "': expected ',' at offset ", pos);
     ++pos;
   }
   std::sort(cpus.begin(), cpus.end());

@@ -18,19 +18,31 @@ std::atomic<int> g_rank{-1};
 int error_rank() { return g_rank.load(); }
 void set_error_rank(int rank) { g_rank.store(rank); }
 
-void throw_refusal(const std::string& what) {
-  if (error_rank() >= 0) throw Error("[rank " + std::to_string(error_rank()) + "] " + what);
-  throw Error(what);
+namespace {
+[[noreturn]] void throw_with_rank(const std::string& message, bool located) {
+  if (error_rank() < 0) throw Error(message, message, located);
+  throw Error("[rank " + std::to_string(error_rank()) + "] " + message, message, located);
 }
+}  // namespace
+
+void throw_refusal(const std::string& what) { throw_with_rank(what, false); }
 
 void throw_error(const char* file, int line, const std::string& what) {
   std::ostringstream os;
   const char* base = file;
   for (const char* p = file; *p; ++p)
     if (*p == '/') base = p + 1;
-  if (error_rank() >= 0) os << "[rank " << error_rank() << "] ";
   os << what << " (" << base << ":" << line << ")";
-  throw Error(os.str());
+  throw_with_rank(os.str(), true);
+}
+
+void rethrow_in_context(const Error& e, const std::string& context) {
+  throw_with_rank(context + ": " + e.message(), e.located());
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* err = dynamic_cast<const Error*>(&e)) return err->message();
+  return e.what();
 }
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ncf {
 
@@ -19,12 +20,31 @@ void set_error_rank(int rank);
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // An error whose text is taken whole (no rank is added, no kind is known).
+  explicit Error(const std::string& what) : std::runtime_error(what), message_(what) {}
+  // `what` is "[rank N] " + `message` once the rank is known; `located`: the message
+  // ends with the file:line of an internal check or a failed library call.
+  Error(const std::string& what, std::string message, bool located)
+      : std::runtime_error(what), message_(std::move(message)), located_(located) {}
+  // The text without the rank: what a message that passes this one on quotes.
+  const std::string& message() const { return message_; }
+  bool located() const { return located_; }
+
+ private:
+  std::string message_;
+  bool located_ = false;
 };
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& what);
 // A refusal: the rank and `what`, nothing else.
 [[noreturn]] void throw_refusal(const std::string& what);
+// Passes `e` on with `context` in front ("context: message"), as what it was: a
+// refusal stays a refusal without a location; an internal check or a library
+// failure keeps its one file:line and gets no second. The rank is said once.
+[[noreturn]] void rethrow_in_context(const Error& e, const std::string& context);
+// What an exception says, without the rank an ncf::Error carries: for a message
+// that quotes it (a note, a reason, a refusal of its own).
+std::string message_of(const std::exception& e);
 
 namespace detail {
 inline void append(std::ostringstream&) {}
@@ -61,6 +81,10 @@ std::string concat(const Args&... args) {
   do {                                  \
     if (!(cond)) NCF_FAIL(__VA_ARGS__); \
   } while (0)
+
+// NCF_RETHROW(e, "context parts", ...): rethrow_in_context(e, the parts), for a catch
+// that adds what it knows (the table, the user, the file) to an ncf::Error `e`.
+#define NCF_RETHROW(e, ...) ::ncf::rethrow_in_context(e, ::ncf::detail::concat(__VA_ARGS__))
 
 // The library checks: each call's status, where 0 is success in every one of
 // them (MPI_SUCCESS, cudaSuccess, CUBLAS_STATUS_SUCCESS, ncclSuccess; check.cc

@@ -41,7 +41,7 @@ void* device_alloc(Device d, size_t bytes) {
   if (bytes == 0) return nullptr;
   if (d == Device::kCpu) {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    NCF_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+    NCF_REQUIRE(p != nullptr, "cannot allocate ", bytes, " bytes of host memory");
     return p;
   }
 #ifdef NCF_WITH_CUDA
@@ -58,7 +58,7 @@ void* device_alloc(Device d, size_t bytes) {
   }
   return p;
 #else
-  NCF_FAIL("device_alloc on cuda in a build without CUDA");
+  NCF_CHECK(false, "device_alloc on cuda in a build without CUDA");
 #endif
 }
 
@@ -100,7 +100,7 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
     wait_stream(nullptr);
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 #else
-  NCF_FAIL("device_copy involving cuda in a build without CUDA");
+  NCF_CHECK(false, "device_copy involving cuda in a build without CUDA");
 #endif
 }
 
@@ -115,7 +115,7 @@ void device_copy_async(const ExecContext& ctx, Device dst_dev, void* dst, Device
   CUDA_CHECK(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(ctx.stream)));
 #else
-  NCF_FAIL("device_copy_async on a cuda context in a build without CUDA");
+  NCF_CHECK(false, "device_copy_async on a cuda context in a build without CUDA");
 #endif
 }
 

@@ -43,7 +43,7 @@ MemoryInfo device_memory(const ExecContext& ctx, int local_world) {
   return m;
 #else
   (void)local_world;
-  NCF_FAIL("device_memory on a cuda context in a build without CUDA");
+  NCF_CHECK(false, "device_memory on a cuda context in a build without CUDA");
 #endif
 }
 

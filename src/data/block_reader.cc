@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -25,9 +26,9 @@ namespace {
 struct Block {
   std::vector<char> data;
   size_t size = 0;
-  uint32_t crc_after = 0;  // CRC-32C of the content up to the end of this block
-  bool last = false;       // the end of the content (size may be 0)
-  std::string error;       // a read error instead of data
+  uint32_t crc_after = 0;    // CRC-32C of the content up to the end of this block
+  bool last = false;         // the end of the content (size may be 0)
+  std::exception_ptr error;  // a read error instead of data, passed on as it was thrown
 };
 
 }  // namespace
@@ -102,8 +103,11 @@ struct BlockReader::Impl {
         running = crc32c_extend(running, buf.data(), b.size);
         b.crc_after = running;
         b.last = b.size < block_bytes;
+      } catch (const Error&) {
+        b.error = std::current_exception();
+        b.last = true;
       } catch (const std::exception& e) {
-        b.error = e.what();
+        b.error = std::make_exception_ptr(Error(e.what()));
         b.last = true;
       }
       b.data = std::move(buf);
@@ -181,9 +185,9 @@ size_t BlockReader::append_next(std::vector<char>* out) {
     b = std::move(r.filled.front());
     r.filled.pop_front();
   }
-  if (!b.error.empty()) {
+  if (b.error) {
     r.done = true;
-    throw Error(b.error);
+    std::rethrow_exception(b.error);
   }
   out->insert(out->end(), b.data.begin(), b.data.begin() + ptrdiff_t(b.size));
   r.handed += b.size;

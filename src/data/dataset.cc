@@ -323,7 +323,7 @@ EvalSampling parse_eval_sampling(const std::string& name) {
   if (name == "auto") return EvalSampling::kAuto;
   if (name == "distinct") return EvalSampling::kDistinct;
   if (name == "with_replacement") return EvalSampling::kWithReplacement;
-  throw Error("--eval_sampling must be auto, distinct or with_replacement, got '" + name + "'");
+  NCF_FAIL("--eval_sampling must be auto, distinct or with_replacement, got '", name, "'");
 }
 
 void draw_eval_negatives(uint64_t user, const int32_t* positives, size_t num_positives,

@@ -93,9 +93,9 @@ EvalSampling decide_eval_sampling(const DatasetPlan& plan, const EvalNegatives& 
     return plan.eval_sampling == EvalSampling::kAuto ? EvalSampling::kDistinct : plan.eval_sampling;
   const std::string who = user_name(neg, room.user);
   if (room.fewest == 0)
-    throw Error(detail::concat(who, " has interacted with every one of the ", I,
-                               " items, so no item is left to draw its eval negatives from, "
-                               "with or without replacement"));
+    NCF_FAIL(who, " has interacted with every one of the ", I,
+             " items, so no item is left to draw its eval negatives from, with or without "
+             "replacement");
   const std::string others =
       room.short_users > 1 ? detail::concat(" (", room.short_users - 1, " other users too)") : "";
   // The largest E that fits every user, and the NCF paper's 99 when it fits.
@@ -105,12 +105,11 @@ EvalSampling decide_eval_sampling(const DatasetPlan& plan, const EvalNegatives& 
                            " fits every user)")
           : detail::concat("--eval_negatives ", room.fewest, " (the most that fits every user)");
   if (plan.eval_sampling == EvalSampling::kDistinct)
-    throw Error(detail::concat(
-        who, " has ", room.positives, " positives among the ", I, " items, which leaves ",
-        room.fewest, " to draw from: too few for ", E, " distinct eval negatives", others,
-        ". Pass ", fewer,
-        ", or --eval_sampling with_replacement to draw them with replacement and mask the "
-        "repeats (TF Model Garden's and MLPerf's rule)"));
+    NCF_FAIL(who, " has ", room.positives, " positives among the ", I, " items, which leaves ",
+             room.fewest, " to draw from: too few for ", E, " distinct eval negatives", others,
+             ". Pass ", fewer,
+             ", or --eval_sampling with_replacement to draw them with replacement and mask the "
+             "repeats (TF Model Garden's and MLPerf's rule)");
   if (plan.eval_sampling == EvalSampling::kAuto)
     std::fprintf(stderr,
                  "ncf_prep: note: %s has %llu positives among the %llu items, which leaves %llu "
@@ -181,7 +180,7 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
                               neg.count, neg.seed, scratch, block->eval_of(j) + 1);
       } catch (const Error& err) {
         if (!neg.describe_user) throw;
-        NCF_FAIL(neg.describe_user(u), ": ", err.what());
+        NCF_RETHROW(err, user_name(neg, u));
       }
     }
   });

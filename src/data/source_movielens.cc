@@ -163,7 +163,8 @@ std::vector<Rating> read_movielens(const std::string& file, InputFormat fmt) {
   if (fmt == InputFormat::kAuto) {
     std::string resolved;
     fmt = detect_format(file, fmt, &resolved);
-    NCF_CHECK(is_movielens(fmt), file, " is not a MovieLens ratings file (", format_name(fmt), ")");
+    NCF_REQUIRE(is_movielens(fmt), file, " is not a MovieLens ratings file (it reads as ",
+                format_name(fmt), ")");
     return parse_ratings(resolved, syntax_of(fmt), resolve_threads(0));
   }
   NCF_CHECK(is_movielens(fmt), "read_movielens: not a MovieLens format: ", format_name(fmt));

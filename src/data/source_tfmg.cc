@@ -549,7 +549,8 @@ void scan_eval_file(const std::vector<std::string>& files, uint64_t fi, const Tf
   std::vector<uint8_t> pre_mask(L);  // its first-occurrence mask (1 = first)
   for (uint64_t off = in.offset(); in.read(&payload, max_record_bytes(Q, kEvalFeatureCount));
        off = in.offset()) {
-    NCF_CHECK(off < kMaxOffset, path, ": byte offset ", off, " beyond 2^48");
+    NCF_REQUIRE(off < kMaxOffset, path, " at byte offset ", off,
+                ": the file passes 2^48 bytes, more than an eval shard may hold");
     const std::string at = where(path, off);
     const Int64s* f[kEvalFeatureCount];
     decode_features(payload, kEvalFeatures, Q, "meta_data.json eval_prebatch_size", at, &ex, f);

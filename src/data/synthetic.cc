@@ -392,16 +392,14 @@ uint32_t synthetic_max_per_user(const SyntheticParams& params, uint32_t eval_neg
   const uint64_t I = params.shape.num_items;
   const uint64_t cap = per_user_cap(I, eval_negatives);
   if (cap < params.min_per_user && per_user_cap(I, 0) >= params.min_per_user)
-    throw Error(detail::concat(
-        "synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
-        " interactions per user (num_items / 2, and num_items - ", eval_negatives,
-        " distinct eval negatives), below min_per_user ", params.min_per_user,
-        "; use more items, fewer eval negatives or --eval_sampling with_replacement"));
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
+             " interactions per user (num_items / 2, and num_items - ", eval_negatives,
+             " distinct eval negatives), below min_per_user ", params.min_per_user,
+             "; use more items, fewer eval negatives or --eval_sampling with_replacement");
   if (cap < params.min_per_user)
-    throw Error(detail::concat("synthetic shape '", params.shape.name, "': num_items ", I,
-                               " allows at most ", cap,
-                               " interactions per user (num_items / 2), below min_per_user ",
-                               params.min_per_user, "; use more items"));
+    NCF_FAIL("synthetic shape '", params.shape.name, "': num_items ", I, " allows at most ", cap,
+             " interactions per user (num_items / 2), below min_per_user ", params.min_per_user,
+             "; use more items");
   return static_cast<uint32_t>(cap);
 }
 

@@ -63,9 +63,9 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
           if (distinct) {
             const size_t j = size_t(std::find(mask.begin(), mask.end(), 0) - mask.begin());
             if (j < L)
-              throw Error(detail::concat(path, " at byte offset ", off, ": the eval list of user ",
-                                         g, " repeats item ", items[j], " at position ", j,
-                                         ", but the metadata says its negatives are distinct"));
+              NCF_FAIL(path, " at byte offset ", off, ": the eval list of user ", g,
+                       " repeats item ", items[j], " at position ", j,
+                       ", but the metadata says its negatives are distinct");
           }
           rows += L;
         }

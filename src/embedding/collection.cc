@@ -44,9 +44,9 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
     std::string names;
     for (const TableSpec& s : plan.tables)
       names += (names.empty() ? "" : ", ") + s.name + " " + placement_name(s.placement);
-    NCF_FAIL("embedding tables (", names, "): ", R_, " rows x ", plan.D, " with ",
-             optimizer_name(opt.kind), " state (", bytes_on_rank(), " bytes) do not fit on this ",
-             device_name(dev), ": ", e.what());
+    NCF_RETHROW(e, "embedding tables (", names, "): ", R_, " rows x ", plan.D, " with ",
+                optimizer_name(opt.kind), " state (", bytes_on_rank(),
+                " bytes) do not fit on this ", device_name(dev));
   }
   m_.zero();
   v_.zero();
@@ -215,7 +215,7 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
       ids_to_keys(ctx_, ids[t].ids, ids[t].n, offset, plan_.tables[t].num_rows,
                   keys_.data() + off_[t]);
     } catch (const Error& e) {
-      NCF_FAIL("table ", plan_.tables[t].name, ": ", e.what());
+      NCF_RETHROW(e, "table ", plan_.tables[t].name);
     }
   }
   if (local_) return;

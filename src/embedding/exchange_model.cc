@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -116,7 +117,8 @@ LinkLevels parse_topology(const std::string& spec, bool cuda) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(spec, ec)) {
     std::ifstream in(spec);
-    NCF_CHECK(in.good(), "flag --topology: cannot read file ", spec);
+    NCF_REQUIRE(in.good(), "flag --topology: cannot read the file ", spec, ": ",
+                std::strerror(errno));
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       const auto hash = line.find('#');
@@ -152,7 +154,8 @@ LinkLevels parse_topology(const std::string& spec, bool cuda) {
       NCF_FAIL(where, n, ": key ", key, " value '", value, "': expected ", expected);
     };
     if (key == "intra_gbps" || key == "inter_gbps") {
-      if (!number || v <= 0) bad("a rate in Gbit/s > 0");
+      // A rate whose bytes per second pass the doubles is no rate either.
+      if (!number || v <= 0 || !std::isfinite(gbps(v))) bad("a rate in Gbit/s > 0");
       (key == "intra_gbps" ? l.intra_bw : l.inter_bw) = gbps(v);
     } else if (key == "intra_us" || key == "inter_us") {
       if (!number || v < 0) bad("microseconds per message >= 0");

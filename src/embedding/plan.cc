@@ -182,8 +182,9 @@ KeyLayout make_key_layout(const EmbeddingPlan& plan, std::vector<int>* layout_in
     l.placement[u] = s.placement;
     l.owner[u] = s.owner;
   }
-  NCF_CHECK(l.num_keys() <= INT32_MAX, "the tables hold ", l.num_keys(),
-            " rows in all; ids are int32, so at most ", INT32_MAX);
+  NCF_REQUIRE(l.num_keys() <= INT32_MAX, "the embedding tables would hold ", l.num_keys(),
+              " rows in all (the dataset's users and items), more than the ", INT32_MAX,
+              " that int32 ids can address: this dataset is too large for ncf_dist");
   return l;
 }
 

@@ -74,8 +74,8 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {
     const std::string name = table_file(t);
     const int64_t bytes = ck.bytes(name);
-    NCF_CHECK(bytes % (int64_t(m.D) * 4) == 0, ck.path(), ": ", name, " has ", bytes,
-              " bytes, not whole rows of ", m.D, " floats");
+    NCF_REQUIRE(bytes % (int64_t(m.D) * 4) == 0, ck.path(), ": ", name, " has ", bytes,
+                " bytes, not whole rows of ", m.D, " floats (the width its flags give)");
     (t == TrainedModel::kUsers ? m.U : m.I) = bytes / (int64_t(m.D) * 4);
   }
   return m;

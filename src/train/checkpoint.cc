@@ -82,7 +82,7 @@ std::string remove_own_directory(const fs::path& path, bool committed) {
       listed.insert(kCheckpointManifestFile);
       for (const CheckpointFile& f : m.files) listed.insert(f.name);
     } catch (const std::exception& e) {
-      return std::string("its manifest does not load (") + e.what() + ")";
+      return "its manifest does not load (" + message_of(e) + ")";
     }
   }
   std::vector<fs::path> files;
@@ -470,8 +470,13 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
     why = "no such checkpoint directory";
   else if (!fs::exists(mpath, ec))
     why = std::string("no ") + kCheckpointManifestFile + " (unfinished)";
+  // A refusal of the manifest or a file becomes the reason the checkpoint is
+  // skipped or refused (quoted without its rank); an internal error stays one.
   if (why.empty()) try {
       m = CheckpointManifest::load(mpath);
+    } catch (const Error& e) {
+      if (e.located()) throw;
+      why = e.message();
     } catch (const std::exception& e) {
       why = e.what();
     }

@@ -448,9 +448,7 @@ std::unique_ptr<CheckpointLock> CheckpointLock::acquire(Communicator& comm, cons
         fd = -1;
       }
     } catch (const std::exception& e) {
-      refused = e.what();
-      const std::string prefix = "[rank 0] ";
-      if (refused.rfind(prefix, 0) == 0) refused.erase(0, prefix.size());
+      refused = message_of(e);  // every rank says it again, with its own rank
       ::unlink(own.c_str());
     }
     if (fd >= 0) ::close(fd);

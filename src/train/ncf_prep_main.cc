@@ -230,9 +230,7 @@ int main(int argc, char** argv) {
     // Where ncf_prep draws no eval negatives, the flag would be ignored.
     auto refuse_sampling = [&](const char* why) {
       if (eval_sampling_opt->count() > 0)
-        throw ncf::Error(std::string("--eval_sampling applies to MovieLens, csv and synthetic "
-                                     "input only: ") +
-                         why);
+        NCF_FAIL("--eval_sampling applies to MovieLens, csv and synthetic input only: ", why);
     };
     if (!verify_dir.empty())
       refuse_sampling(

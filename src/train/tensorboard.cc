@@ -102,10 +102,9 @@ std::unique_ptr<TensorBoardWriter> open_tensorboard(const TrainConfig& cfg, Comm
   if (comm.rank() == 0) try {
       tb = std::make_unique<TensorBoardWriter>(cfg.tensorboard_dir);
     } catch (const std::exception& e) {
-      std::string reason = e.what();
-      if (reason.rfind("[rank 0] ", 0) == 0) reason.erase(0, 9);  // every rank says it again
+      // Without rank 0's rank: every rank says it again.
       why = "flag --tensorboard_dir " + cfg.tensorboard_dir + ": cannot write event files there (" +
-            reason + ")";
+            message_of(e) + ")";
     }
   // Rank 0's verdict and its message go to every rank (sums in which only
   // rank 0's part is non-zero), so that every rank stops with the same words.

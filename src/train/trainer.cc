@@ -337,8 +337,11 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   pending_logs_.clear();
   step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
   step_loss_.zero();
-  NCF_CHECK(first_step >= 0 && first_step <= steps, "epoch ", epoch + 1, " has ", steps,
-            " steps; cannot start it at step ", first_step);
+  NCF_CHECK(first_step >= 0, "epoch ", epoch + 1, " cannot start at step ", first_step);
+  // Only a resumed epoch starts past step 0, where the checkpoint's manifest said so.
+  NCF_REQUIRE(first_step <= steps, "checkpoint ", resumed_from_, " was taken ", first_step,
+              " steps into epoch ", epoch + 1, ", which has ", steps,
+              " steps with this dataset and these flags: its manifest does not belong to them");
   if (first_step > 0) {
     // A resumed epoch: the loss shares of the steps taken before the
     // checkpoint, and the reader moved past their records.
@@ -676,6 +679,7 @@ Trainer::Position Trainer::resume() {
   load_checkpoint(*ck);
   position_ = {ck->manifest().epoch, ck->manifest().epoch_step};
   saved_step_ = ck->manifest().step;
+  resumed_from_ = ck->path();
   return position_;
 }
 
@@ -707,8 +711,9 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   }
   // The tower and its moments.
   const int64_t params = model_->num_params();
-  NCF_CHECK(ck.bytes("tower.f32") == 3 * params * 4, "checkpoint ", path, ": tower.f32 has ",
-            ck.bytes("tower.f32"), " bytes, this model needs ", 3 * params * 4);
+  NCF_REQUIRE(ck.bytes("tower.f32") == 3 * params * 4, "checkpoint ", path, ": tower.f32 has ",
+              ck.bytes("tower.f32"), " bytes, this model (--num_factors, --layers) needs ",
+              3 * params * 4);
   {
     std::vector<float> tower(static_cast<size_t>(3 * params));
     ck.read("tower.f32", 0, tower.data(), tower.size() * 4);
@@ -726,9 +731,9 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
       const std::string name = spec.name + "." + arrays[a] + ".f32";
-      NCF_CHECK(ck.bytes(name) == spec.num_rows * plan_.D * 4, "checkpoint ", path, ": ", name,
-                " has ", ck.bytes(name), " bytes, table ", spec.name, " needs ", spec.num_rows,
-                " rows x ", plan_.D, " floats");
+      NCF_REQUIRE(ck.bytes(name) == spec.num_rows * plan_.D * 4, "checkpoint ", path, ": ", name,
+                  " has ", ck.bytes(name), " bytes, table ", spec.name, " needs ", spec.num_rows,
+                  " rows x ", plan_.D, " floats");
       for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
         int64_t lo = 0, rows = 0;
         tables_->chunk_range(t, r, c, &lo, &rows);
