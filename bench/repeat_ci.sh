@@ -3,8 +3,10 @@
 # random shows here, not on a newcomer's first day.
 #   bash bench/repeat_ci.sh [--ci N] [--cluster M] [--out DIR]
 # Clones this checkout's HEAD into a fresh directory, runs `bash .ci/run` (CI=true, as CI
-# does) N times in a row there (default 3), then the tests across simulated hosts
-# (tests/cluster/run_all.sh on that clone's build) M times in a row (default 5), and
+# does) N times in a row there (default 3), then the Slurm and cluster tests (the
+# one-node Slurm preemption test tests/slurm/test_preempt.sh, then every test across
+# simulated hosts, tests/cluster/run_all.sh, on that clone's build) M times in a row
+# (default 5), and
 # writes DIR (default bench/results/repeat_ci_<date>_<commit>/): runs.tsv (kind, round,
 # start, seconds, exit code), summary.md, and each run's log. Exit code 0 only when every
 # run passed. Needs what the runs need (root for the cluster and Slurm tests).
@@ -44,8 +46,9 @@ run_one() {  # KIND ROUND CMD...
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
 }
 for i in $(seq "$ci"); do run_one ci "$i" env CI=true bash .ci/run; done
+[ "$cluster" -eq 0 ] || [ "$ci" -gt 0 ] || (cd "$clone/src" && bash scripts/build.sh)
 for i in $(seq "$cluster"); do
-  run_one cluster "$i" bash tests/cluster/run_all.sh "${NCF_BUILD_DIR:-build}"
+  run_one cluster "$i" bash -c 'bash tests/slurm/test_preempt.sh build && bash tests/cluster/run_all.sh build'
 done
 
 {
@@ -65,7 +68,7 @@ done
   for f in "$out"/ci-*.log "$out"/cluster-*.log; do
     [ -f "$f" ] || continue
     echo "- $(basename "$f"):"
-    grep -E "tests passed|tests failed|^cluster: (passed|FAILED|skipped)|^cluster: [0-9]+ test|fuzz_replay: " "$f" |
+    grep -E "tests passed|tests failed|^cluster: (passed|FAILED|skipped)|^cluster: [0-9]+ test|^test_preempt: |fuzz_replay: " "$f" |
       sed 's/^/    /' | head -20
   done
 } >"$out/summary.md"
