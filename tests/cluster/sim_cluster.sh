@@ -12,7 +12,9 @@
 #                                                    else print why and exit 77
 #
 # Options may also come from the environment: NCF_CLUSTER_DIR, HOSTS (2), RATE (1gbit;
-# "none" leaves the links unshaped), SLURM=1.
+# "none" leaves the links unshaped), SLURM=1. NCF_CLUSTER_OWNER, when set, is written
+# into the cluster's registration (CLUSTER_OWNER=...), so that whoever set it can tell
+# its clusters from those of others running at the same time (run_all.sh does).
 #
 # DIR (default /var/tmp/ncf-cluster) is the cluster's "shared file system": its own
 # configuration and state live there, and so must data and checkpoints that several hosts
@@ -373,6 +375,7 @@ CLUSTER_NET=$net
 CLUSTER_SUBNET=$net.0/24
 CLUSTER_HOSTS=$nhosts
 CLUSTER_RATE=$rate
+CLUSTER_OWNER=${NCF_CLUSTER_OWNER:-}
 EOF
   mkdir -p "$registry"
   cp "$env_file" "$registry/ncf$id.env"
