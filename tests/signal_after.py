@@ -19,9 +19,10 @@ use it instead of polling a log and hoping the run is still going.
 How: the program's output (stdout and stderr) reaches this script through a FIFO of one
 page (4 KiB) and is copied to LOG as it comes. Once N lines have matched REGEX (Python
 re.search), the script stops reading: past that line the program can write at most
-the pipe's page and the 512 bytes this script had read ahead before it blocks in a
-write, so a program that still has more than that to print (--step_log prints about 180
-bytes a step) is still running when the signal comes. After --delay seconds the signal
+the pipe's page and the 512 bytes this script had read ahead (and fill its own stdio
+buffer, 4 KiB, unless it is line-buffered: stdbuf -oL) before it blocks in a write, so
+a program that still has more than that to print (--step_log prints about 180 bytes a
+step) is still running when the signal comes. After --delay seconds the signal
 goes to PROGRAM (kill), or the --send command sends it (scancel ..., or with PROGRAM
 anything that uses $NCF_SIGNAL_PID, PROGRAM's pid: two kills in a row). Then:
   - without --ranks the signal went straight to PROGRAM, which has it from then on;
