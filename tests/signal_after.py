@@ -32,6 +32,8 @@ anything that uses $NCF_SIGNAL_PID, PROGRAM's pid: two kills in a row). Then:
     are stopped (SIGSTOP) before the signal is sent, and continued (SIGCONT) once every
     one of them has it pending (/proc/PID/status), which the launcher's forwarding
     decides, not the clock.
+With --signal NONE, --send is not a signal but whatever must happen while the ranks are
+held at that line (a host lost: sim_cluster.sh kill node2); they go on once it is done.
 Then the script reads on to the end of the output.
 
 --limit S (600) is a safety net, not a condition: a wait that lasts that long (the
@@ -270,7 +272,7 @@ class Session:
                 raise GaveUp("--send '%s' failed (exit %d)" % (self.a.send, r.returncode))
         else:
             self.child.send_signal(self.sig)
-        if pids:
+        if pids and self.sig:
             bit = 1 << (self.sig - 1)
 
             def has_it(st):
@@ -278,7 +280,7 @@ class Session:
 
             self.wait_for(pids, has_it,
                           "every rank to have %s pending" % signal.Signals(self.sig).name)
-            self.continue_ranks()
+        self.continue_ranks()
         self.drain()
 
     def finish(self):
@@ -306,7 +308,8 @@ def main():
     p.add_argument("--after", required=True, help="regular expression a line must match")
     p.add_argument("--times", type=int, default=1, help="signal at the N-th matching line")
     p.add_argument("--delay", type=float, default=0, help="seconds between that and the signal")
-    p.add_argument("--signal", default="USR1", help="USR1, TERM, KILL, ... (default USR1)")
+    p.add_argument("--signal", default="USR1",
+                   help="USR1, TERM, KILL, ... (default USR1); NONE: --send acts, no signal")
     p.add_argument("--ranks", type=int, default=0, help="ranks that must have the signal")
     p.add_argument("--dir", help="a job's directory: DIR/out is the FIFO its ranks write")
     p.add_argument("--send", help="shell command that sends the signal ($NCF_SIGNAL_PID)")
@@ -316,7 +319,12 @@ def main():
     a = p.parse_args()
     if a.program and a.program[0] == "--":
         a.program = a.program[1:]
-    a.signal = signal.Signals["SIG" + a.signal.upper().removeprefix("SIG")].value
+    if a.signal.upper() == "NONE":
+        a.signal = 0
+        if not a.send:
+            p.error("--signal NONE needs --send")
+    else:
+        a.signal = signal.Signals["SIG" + a.signal.upper().removeprefix("SIG")].value
     if bool(a.program) == bool(a.dir):
         p.error("give either -- PROGRAM ARGS... or --dir DIR")
     if a.dir and not (a.send and a.ranks):
