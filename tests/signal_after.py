@@ -28,10 +28,11 @@ anything that uses $NCF_SIGNAL_PID, PROGRAM's pid: two kills in a row). Then:
   - without --ranks the signal went straight to PROGRAM, which has it from then on;
   - with --ranks N, PROGRAM is a launcher (mpirun, or the Slurm job of --dir) whose N
     ranks started as `signal_after.py rank ...`: it is the ranks that must have the
-    signal before they go on, and the launcher passes it on when it will. So the ranks
-    are stopped (SIGSTOP) before the signal is sent, and continued (SIGCONT) once every
-    one of them has it pending (/proc/PID/status), which the launcher's forwarding
-    decides, not the clock.
+    signal before they go on, and the launcher passes it on when it will (its own
+    output goes straight to LOG: blocked on the FIFO, it would pass nothing on). So
+    the ranks are stopped (SIGSTOP) before the signal is sent, and continued (SIGCONT)
+    once every one of them has it pending (/proc/PID/status), which the launcher's
+    forwarding decides, not the clock.
 With --signal NONE, --send is not a signal but whatever must happen while the ranks are
 held at that line (a host lost: sim_cluster.sh kill node2); they go on once it is done.
 Then the script reads on to the end of the output.
@@ -129,7 +130,13 @@ class Session:
         self.poll = select.poll()
         self.poll.register(self.r, select.POLLIN)
         if self.a.program:
-            w = os.open(self.fifo, os.O_WRONLY)
+            # A launcher (--ranks) writes to LOG itself, not to the FIFO: it must never
+            # block on the unread FIFO, or it could not pass the signal on (mpirun
+            # prints "Forwarding signal 10 to job" before it does).
+            if self.a.ranks:
+                w = os.open(self.a.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            else:
+                w = os.open(self.fifo, os.O_WRONLY)
             env = dict(os.environ, NCF_SIGNAL_DIR=self.dir)
             try:
                 self.child = subprocess.Popen(self.a.program, stdout=w, stderr=w, env=env)
@@ -286,14 +293,15 @@ class Session:
     def finish(self):
         self.continue_ranks()
         rc = 0
+        if hasattr(self, "r"):
+            # Closed first: a writer left blocked on the unread FIFO gets EPIPE/SIGPIPE.
+            os.close(self.r)
         if self.child is not None:
             if self.child.poll() is None and not self.eof:
                 self.child.kill()
             rc = self.child.wait()
             if rc < 0:
                 rc = 128 - rc
-        if hasattr(self, "r"):
-            os.close(self.r)
         self.log.close()
         if self.made_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -333,6 +341,12 @@ def main():
         p.error("--ranks: a pending %s cannot be seen" % signal.Signals(a.signal).name)
     s = Session(a)
     ok = True
+
+    def on_term(sig, frame):  # an outer `timeout`: the ranks must not stay stopped
+        raise GaveUp("ended by %s" % signal.Signals(sig).name)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     try:
         s.run()
     except GaveUp as e:
