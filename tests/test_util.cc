@@ -164,7 +164,7 @@ std::string mpirun(int np, const std::string& bind) {
          std::string(MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to " +
          bind +
          " --mca btl ^openib,ofi --mca pml ob1 --mca "
-         "btl_vader_single_copy_mechanism none";
+         "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1";
 }
 
 bool gpu_required() {

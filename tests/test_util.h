@@ -39,7 +39,10 @@ std::vector<std::vector<std::string>> csv_rows(const std::string& text);
 RunResult run(const std::string& command);
 // Path of a built program (ncf_prep, ncf_dist, …).
 std::string bin(const std::string& name);
-// "mpirun -np N --oversubscribe --bind-to BIND …" with the flags root needs.
+// "mpirun -np N --oversubscribe --bind-to BIND …" with the flags root needs. Its
+// ranks yield the CPU while they wait (mpi_yield_when_idle): tests run side by side on
+// few cores, where a spinning rank starves the one it waits for and a run that takes
+// seconds took minutes, past its safety-net timeout (as tests/cluster/ does).
 std::string mpirun(int np, const std::string& bind = "none");
 
 // A command that runs `command` and sends it `sig` (USR1, TERM, KILL) once `times`
