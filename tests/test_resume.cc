@@ -438,32 +438,33 @@ std::string value_of(const std::string& text, const std::string& key) {
 
 // Two jobs on one directory: the second, at W = 2, is refused at start naming
 // the directory and the holder's host and pid, and writes nothing; the first
-// then ends as it would have alone. The first is stopped (SIGSTOP) once it
-// trains, so it surely holds the directory while the second starts; the
-// script checks that it was stopped, not ended.
+// then ends as it would have alone. The first is stopped (SIGSTOP) as its step 5
+// line is out, through test::signal_after, so it cannot have ended before (it
+// surely holds the directory while the second starts); the script checks that
+// it was stopped.
 TEST_F(Resume, ASecondJobOnTheDirectoryIsRefusedAndTheFirstEndsAsIfAlone) {
   const std::string f = "--shard_plan row --train_epochs 10 --step_log";
   TempDir a, d, t, t2;
   const Run alone = train(1, f + " --checkpoint_dir " + a.file("ck"));
   const std::string ck = " --checkpoint_dir " + d.file("ck");
-  test::write_file(t.file("run.sh"),
-                   "stdbuf -oL " + command(1, f + ck, t) + " > " + t.file("log") +
-                       " 2>&1 & pid=$!\n" + "for i in $(seq 3000); do grep -q '^step 5:' " +
-                       t.file("log") +
-                       " && break; sleep 0.01; done\n"
-                       "kill -STOP $pid\n"
-                       // The stop takes effect asynchronously: wait for it (or see it ended).
-                       "for i in $(seq 3000); do state=$(cut -d' ' -f3 /proc/$pid/stat); "
-                       "case $state in T|Z) break;; esac; sleep 0.01; done\n"
-                       "echo first=$pid state=$state\n"
-                       "ls -a " +
+  test::write_file(t.file("second.sh"),
+                   "pid=$NCF_SIGNAL_PID\n"
+                   "kill -STOP $pid\n"
+                   // The stop takes effect asynchronously: wait for it.
+                   "for i in $(seq 3000); do state=$(cut -d' ' -f3 /proc/$pid/stat); "
+                   "case $state in T|Z) break;; esac; sleep 0.01; done\n"
+                   "echo first=$pid state=$state\n"
+                   "ls -a " +
                        d.file("ck") + " > " + t.file("before") + "\n" + command(2, f + ck, t2) +
                        " > " + t2.file("log") + " 2>&1\n" +
                        "echo second_exit=$?\n"
                        "ls -a " +
-                       d.file("ck") + " > " + t.file("after") + "\n" +
-                       "kill -CONT $pid; wait $pid; echo first_exit=$?\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+                       d.file("ck") + " > " + t.file("after") + "\n" + "kill -CONT $pid\n");
+  const test::RunResult r =
+      run("timeout 300 " +
+          test::signal_after("stdbuf -oL " + command(1, f + ck, t), t.file("log"),
+                             "^step 5:", "STOP", 1, 0, 0, "bash " + t.file("second.sh")) +
+          "; echo first_exit=$?");
   const std::string pid = value_of(r.output, "first");
   ASSERT_EQ(value_of(r.output, "state"), "T")
       << "the first job was not stopped while it trained: the test proves nothing\n"
@@ -494,13 +495,16 @@ TEST_F(Resume, AKilledHoldersLockIsTakenOverAndAutoResumeFinishesTheRun) {
   const Run whole = train(1, f);
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck");
-  test::write_file(t.file("run.sh"),
-                   "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 10", t) + " > " +
-                       t.file("log") + " 2>&1 & pid=$!\n" +
-                       "for i in $(seq 3000); do grep -q '^ncf_dist: checkpoint /' " +
-                       t.file("log") + " && break; sleep 0.01; done\n" +
-                       "kill -KILL $pid; wait $pid; echo exit=$? pid=$pid\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  // Killed at its first checkpoint's line through test::signal_after: with
+  // --step_log (which changes nothing else) it has far more to print than the
+  // unread pipe holds, so it cannot have ended first.
+  const test::RunResult r =
+      run("timeout 300 " +
+          test::signal_after(
+              "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 10 --step_log", t),
+              t.file("log"), "^ncf_dist: checkpoint /", "KILL", 1, 0, 0,
+              "echo pid=$NCF_SIGNAL_PID; kill -KILL $NCF_SIGNAL_PID") +
+          "; echo exit=$?");
   ASSERT_EQ(value_of(r.output, "exit"), "137") << r.output << test::read_file(t.file("log"));
   const std::string pid = value_of(r.output, "pid");
   ASSERT_TRUE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "the killed job left none";
@@ -572,18 +576,20 @@ TEST_F(Resume, ALockOfAnotherHostIsTakenOverOnlyOnceStaleAndGarbageIsRefused) {
 // normal end, and after a run that fails (a refused resume): the next run
 // takes the directory without taking anything over.
 TEST_F(Resume, TheLockIsHeldWhileAJobRunsAndReleasedByPreemptionEndAndError) {
-  const std::string f = "--shard_plan row --train_epochs 30 --max_steps 25 --no_eval --step_log";
+  // 100 steps: what the ranks print after step 20 (80 step lines) is more than the
+  // unread pipe of test::signal_after holds, so they are held before the end; the
+  // lock is copied while they are, and mpirun passes SIGUSR1 on.
+  const std::string f = "--shard_plan row --train_epochs 30 --max_steps 100 --no_eval --step_log";
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck");
   const std::string lock = d.file("ck/ncf_dist.lock");
   std::string cmd = command(2, f + ck, t);
-  cmd.insert(cmd.find(bin("ncf_dist")), "stdbuf -oL ");
-  test::write_file(t.file("run.sh"), cmd + " > " + t.file("log") + " 2>&1 & pid=$!\n" +
-                                         "for i in $(seq 3000); do grep -q '^step 20:' " +
-                                         t.file("log") + " && break; sleep 0.01; done\n" + "cp " +
-                                         lock + " " + t.file("held") +
-                                         "\nkill -USR1 $pid; wait $pid; echo exit=$?\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  cmd.insert(cmd.find(bin("ncf_dist")), test::signal_rank() + "stdbuf -oL ");
+  const test::RunResult r = run(
+      "timeout 300 " +
+      test::signal_after(cmd, t.file("log"), "^step 20:", "USR1", 1, 0, 2,
+                         "cp " + lock + " " + t.file("held") + " && kill -USR1 $NCF_SIGNAL_PID") +
+      "; echo exit=$?");
   ASSERT_EQ(value_of(r.output, "exit"), "75") << r.output << test::read_file(t.file("log"));
   ASSERT_TRUE(std::filesystem::exists(t.file("held"))) << "no lock while the job ran";
   const LockHolder held = lock_holder(t.file("held"));
