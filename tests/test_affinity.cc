@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -78,8 +79,14 @@ int child_main(const std::string& spec) {
   std::mutex mu;
   std::map<std::thread::id, Seen> seen;
   const std::thread::id caller = std::this_thread::get_id();
-  for (int job = 0; job < 100; ++job)
+  for (int job = 0; job < 100; ++job) {
+    // Every chunk waits until all have started, so each runs on a thread of its own
+    // and every worker takes part in every job: which threads report does not depend
+    // on how fast the scheduler wakes them (the caller could otherwise take them all).
+    std::atomic<int> started{0};
     parallel_for(threads, threads, 1, [&](int64_t, int64_t) {
+      ++started;
+      while (started.load() < threads) std::this_thread::yield();
       const auto t0 = std::chrono::steady_clock::now();
       while (test::seconds_since(t0) < 1e-3) {
       }
@@ -90,6 +97,7 @@ int child_main(const std::string& spec) {
       s.cpus.insert(cpu);
       s.mask = mask;
     });
+  }
   for (const auto& [id, s] : seen) {
     const std::vector<int> cpus(s.cpus.begin(), s.cpus.end());
     if (id == caller)

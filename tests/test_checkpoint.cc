@@ -502,12 +502,19 @@ TEST(CheckpointLock, AHolderGoneFromThisHostIsTakenOverWithANote) {
   const std::string dir = temp_dir("lock_dead");
   const LockHolder me = LockHolder::self(300);
   const std::string at = " on host " + hostname();
-  // An ended process (reaped), one that has exited but is not reaped yet (a
-  // zombie), and a live process whose pid the holder had (another start time).
-  pid_t ended = fork();
-  if (ended == 0) _exit(0);
+  // An ended process, one that has exited but is not reaped yet (a zombie), and a
+  // live process whose pid the holder had (another start time). The ended one is a
+  // pid above the kernel's pid_max, which no process can have: the pid of a child
+  // that ended and was reaped can be another process's by the time the lock is
+  // judged, on a busy machine with pid_max 32768.
+  int64_t ended = 0;
+  {
+    std::ifstream f("/proc/sys/kernel/pid_max");
+    f >> ended;
+    ASSERT_GT(ended, 0) << "cannot read /proc/sys/kernel/pid_max";
+    ++ended;
+  }
   int status = 0;
-  ASSERT_EQ(waitpid(ended, &status, 0), ended);
   pid_t zombie = fork();
   if (zombie == 0) _exit(0);
   std::string state;

@@ -184,15 +184,27 @@ void check_float_sum_reproducible(Communicator& comm, size_t n) {
   EXPECT_TALLY_OK(close, "float allreduce vs double sum");
 }
 
-// Rank 0 arrives late; everyone else must wait for it.
+// Rank 0 arrives late; everyone else must wait for it: each rank leaves the
+// barrier after the instant rank 0 entered it. The ranks share one machine and so
+// one steady clock, and the instants are compared, not the time a rank waited (a
+// rank that left the first barrier late waits less, on a loaded machine maybe not
+// at all).
 void check_barrier_waits(Communicator& comm) {
   if (comm.world() == 1) return;
+  auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   comm.barrier();
-  auto t0 = std::chrono::steady_clock::now();
-  if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  double entered = 0;  // rank 0's instant, summed over the ranks below
+  if (comm.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    entered = now();
+  }
   comm.barrier();
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GE(s, 0.15) << "[rank " << comm.rank() << "] left the barrier before rank 0 arrived";
+  const double left = now();
+  comm.all_reduce_sum(&entered, 1, DType::kFloat64);
+  EXPECT_GE(left, entered) << "[rank " << comm.rank() << "] left the barrier before rank 0 arrived";
 }
 
 // Bad arguments throw on every rank alike, before any data moves.
@@ -490,16 +502,14 @@ TEST(CommBootstrap, PlainProcessWithoutLauncherNeedsNoMpi) {
 }
 
 // One rank throws while the others wait in a collective: the job must end, non-zero,
-// with the thrower's message, well before the timeout.
+// with the thrower's message. Nothing else could end it (no --peer_timeout): the
+// worker's `timeout` (exit 124) only says that it hung.
 TEST(CommFailure, ThrowingRankTakesJobDown) {
   for (auto [np, rank, kind] : {std::tuple{3, 1, "ncf"}, std::tuple{2, 0, "std"}}) {
-    auto t0 = std::chrono::steady_clock::now();
     test::RunResult r = test::run(worker_command(
         np, "fail", "NCF_COMM_FAIL_RANK=" + std::to_string(rank) + " NCF_COMM_FAIL_KIND=" + kind));
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung\n" << r.output;
-    EXPECT_LT(s, 30.0) << r.output;
     const std::string want =
         "ncf_dist: error: [rank " + std::to_string(rank) + "] injected " + kind + " failure";
     EXPECT_EQ(count_of(r.output, want), 1) << r.output;
@@ -507,16 +517,14 @@ TEST(CommFailure, ThrowingRankTakesJobDown) {
   }
 }
 
-// A peer that never arrives (its node died or was cut off, here: it sleeps): with
-// --peer_timeout the waiting rank ends itself after the limit, naming its rank, its
-// host and the collective, and the job ends well before the peer would have come.
+// A peer that never arrives (its node died or was cut off, here: it sleeps for
+// good): with --peer_timeout the waiting rank ends itself after the limit, naming
+// its rank, its host and the collective, and the job ends. Only the watch can end
+// it: the worker's `timeout` (exit 124) only says that it hung.
 TEST(CommFailure, RankWaitingForALostPeerEndsItself) {
-  auto t0 = std::chrono::steady_clock::now();
   test::RunResult r = test::run(worker_command(2, "lost", ""));
-  const double s = test::seconds_since(t0);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "timed out: the waiting rank hung\n" << r.output;
-  EXPECT_LT(s, 20.0) << r.output;
   char host[256] = "";
   gethostname(host, sizeof host - 1);
   EXPECT_NE(r.output.find(std::string("ncf_dist: error: [rank 0 on ") + host +
@@ -607,7 +615,10 @@ TEST(CommWorker, LostPeer) {
     auto comm = make_communicator(info, Device::kCpu, "mpi");
     set_collective_timeout(2);
     comm->barrier();  // a collective that completes: the watch lets it pass
-    if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(40));
+    // Never arrives (a peer that came after the watch's 2 s, on a slow machine, would
+    // make the outcome a race): only the job's end ends this sleep.
+    if (comm->rank() == 1)
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     double x = 1;
     comm->all_reduce_sum(&x, 1, DType::kFloat64);
     std::printf("peer arrived\n");

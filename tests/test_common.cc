@@ -185,14 +185,18 @@ TEST(Check, LibraryChecksCarryTheLibrarysErrorText) {
 #endif
 
 // Each mark charges the time since the previous one to its phase; sleeps give
-// lower bounds only (the test asserts no speed).
+// lower bounds only, and the host clock read around the marks upper bounds (the
+// test asserts no speed: a loaded machine may stretch any interval).
 TEST(StepTimer, ChargesEachIntervalToItsPhase) {
+  using Clock = std::chrono::steady_clock;
   ExecContext cpu;
   StepTimer t(cpu);
   t.begin(7);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const Clock::time_point before = Clock::now();
   t.mark(StepPhase::kExchange);
   t.mark(StepPhase::kCompute);
+  const double around = std::chrono::duration<double>(Clock::now() - before).count();
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   t.mark(StepPhase::kAllreduce);
   t.end();
@@ -201,7 +205,8 @@ TEST(StepTimer, ChargesEachIntervalToItsPhase) {
   EXPECT_EQ(done[0].step, 7);
   EXPECT_GE(done[0].seconds[int(StepPhase::kExchange)], 0.030);
   EXPECT_GE(done[0].seconds[int(StepPhase::kAllreduce)], 0.010);
-  EXPECT_LT(done[0].seconds[int(StepPhase::kCompute)], done[0].seconds[int(StepPhase::kExchange)]);
+  // Compute is charged only the interval between its two marks, not the sleep before.
+  EXPECT_LE(done[0].seconds[int(StepPhase::kCompute)], around);
   EXPECT_TRUE(t.take_finished(true).empty()) << "a step is returned once";
 }
 

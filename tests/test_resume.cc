@@ -214,10 +214,10 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
 // A signal lands in the middle of a step, wherever the process is; run on the
 // interrupted stack, the handler's frame corrupted the heap in about 1 of 25
 // such stops (glibc aborted in the next tower product's free). 24 stops of a
-// one-rank run, each within 10 ms of step 20, must all end with exit 75. The
-// log is emptied before each run starts: the run's own `> log` truncates it
-// only once its process is forked, and the wait for "step 20:" could meanwhile
-// find the previous run's line and signal the new one before its handler.
+// one-rank run, each sent as step 20's line is out, must all end with exit 75.
+// (test::signal_after: the run cannot have ended, nor gone far, before the
+// signal is there, since 30 epochs print 240 KB of step lines; and the line
+// it waits for is this run's own output, never an earlier run's left in a log.)
 TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
   TempDir t;
   const std::string cmd = "stdbuf -oL " + command(1,
@@ -225,18 +225,13 @@ TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
                                                   "--checkpoint_dir " +
                                                       t.file("ck"),
                                                   t);
-  const std::string script =
-      "for run in $(seq 24); do rm -rf " + t.file("ck") + "; : > " + t.file("log") + "; " + cmd +
-      " > " + t.file("log") + " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^step 20:\" " +
-      t.file("log") +
-      " && break; sleep 0.01; done; kill -USR1 $pid; wait $pid; rc=$?; echo \"run $run "
-      "exit=$rc\"; " +
-      "[ $rc -eq 75 ] || tail -3 " + t.file("log") + "; done";
-  const test::RunResult r = run("timeout 600 bash -c '" + script + "'");
-  for (int k = 1; k <= 24; ++k)
-    EXPECT_NE(r.output.find("run " + std::to_string(k) + " exit=75\n"), std::string::npos)
-        << "run " << k << "\n"
-        << r.output;
+  for (int k = 1; k <= 24; ++k) {
+    std::filesystem::remove_all(t.file("ck"));
+    std::filesystem::remove(t.file("log"));
+    const test::RunResult r =
+        run("timeout 300 " + test::signal_after(cmd, t.file("log"), "^step 20:"));
+    EXPECT_EQ(r.exit_code, 75) << "run " << k << "\n" << r.output << test::read_file(t.file("log"));
+  }
 }
 
 // A signal at any rank stops every rank at one step boundary: a checkpoint,
@@ -244,31 +239,32 @@ TEST_F(Resume, StoppingMidStepNeverCorruptsTheProcess) {
 TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
   for (const auto& [W, sig] : {std::pair{2, "USR1"}, std::pair{1, "TERM"}}) {
     const std::string what = "W=" + std::to_string(W) + " SIG" + sig;
-    // 30 epochs of 44 steps: the signal, sent within 10 ms of step 20, lands
-    // hundreds of steps before the end even on a fast machine.
+    // 30 epochs of 44 steps, whose step lines (240 KB) could not get past the
+    // unread pipe of test::signal_after: the signal, sent as step 20's line is
+    // out, lands long before the end.
     const std::string f = "--shard_plan row --train_epochs 30 --step_log";
     const Run whole = train(W, f);
     TempDir d, t;
     const std::string ck = " --checkpoint_dir " + d.file("ck");
     // Line-buffered output, so the log shows each step as it ends; the signal
-    // goes to mpirun (which forwards SIGUSR1 to the ranks) or the process.
+    // goes to mpirun (which forwards SIGUSR1 to the ranks: the ranks write their
+    // output themselves, and are held until they have the signal) or the process.
     std::string cmd = command(W, f + ck, t);
     if (W > 1) {
       const size_t at = cmd.find(bin("ncf_dist"));
-      cmd.insert(at, "stdbuf -oL ");
+      cmd.insert(at, test::signal_rank() + "stdbuf -oL ");
     } else {
       cmd = "stdbuf -oL " + cmd;
     }
-    const std::string script = cmd + " > " + t.file("log") + " 2>&1 & pid=$!; " +
-                               "for i in $(seq 3000); do grep -q \"^step 20:\" " + t.file("log") +
-                               " && break; sleep 0.01; done; kill -" + sig +
-                               " $pid; wait $pid; echo exit=$?; cat " + t.file("log");
-    const test::RunResult r = run("timeout 300 bash -c '" + script + "'");
-    ASSERT_NE(r.output.find("exit=75"), std::string::npos) << what << "\n" << r.output;
-    EXPECT_NE(r.output.find(std::string("stopped by SIG") + sig), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("ncf_dist: checkpoint "), std::string::npos) << r.output;
+    const test::RunResult r =
+        run("timeout 300 " +
+            test::signal_after(cmd, t.file("log"), "^step 20:", sig, 1, 0, W > 1 ? W : 0));
+    const std::string log = test::read_file(t.file("log"));
+    ASSERT_EQ(r.exit_code, 75) << what << "\n" << r.output << log;
+    EXPECT_NE(log.find(std::string("stopped by SIG") + sig), std::string::npos) << log;
+    EXPECT_NE(log.find("ncf_dist: checkpoint "), std::string::npos) << log;
     // It stopped before the end, so the run left epochs to train.
-    EXPECT_EQ(r.output.find("\n    30 "), std::string::npos) << r.output;
+    EXPECT_EQ(log.find("\n    30 "), std::string::npos) << log;
     const Run resumed = train(W, f + ck + " --resume auto");
     EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
     // The epochs the stopped run finished and the resumed run's are the whole run's.
@@ -285,8 +281,9 @@ TEST_F(Resume, SignalStopsTheJobWithACheckpointAndAutoResumeFinishesIt) {
 // --resume auto always finds a whole checkpoint, and the run it finishes is
 // the uninterrupted one, bit for bit.
 TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
-  // 16 epochs (704 steps, each checkpointed): the 12 runs together take at
-  // most 24 commits plus 66 ms of delays, far from the end on a fast machine.
+  // 16 epochs (704 steps, each checkpointed, each commit a line): the 12 runs
+  // together take at most 24 commits plus what a one-page pipe holds after each
+  // kill's line (test::signal_after), far from the end.
   const std::string f = "--shard_plan row --train_epochs 16";
   const Run whole = train(1, f);
   TempDir d, t;
@@ -295,36 +292,31 @@ TEST_F(Resume, KilledAtAnyInstantLeavesALoadableCheckpoint) {
   // Each kill waits for the run to commit 1-3 more checkpoints, then lands a
   // few milliseconds later: the instants are spread over steps, checkpoint
   // writes and evals by the run's own progress, not by the machine's speed.
-  const std::string committed = "grep -c \"^ncf_dist: checkpoint /\" " + t.file("log");
+  const std::string committed = "^ncf_dist: checkpoint /";
   int killed_mid_run = 0;
   for (int k = 0; k < 12; ++k) {
-    const std::string want = std::to_string(1 + k % 3);
-    const std::string delay = std::to_string(0.001 * k);
     const std::string resume = k == 0 ? "" : " --resume auto";
-    const std::string script =
-        cmd + resume + " > " + t.file("log") + " 2>&1 & pid=$!; " +
-        "for i in $(seq 3000); do [ \"$(" + committed + ")\" -ge " + want +
-        " ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.01; done; " + "sleep " + delay +
-        "; kill -KILL $pid; wait $pid; echo exit=$?";
-    const test::RunResult r = run("bash -c '" + script + "'");
-    const bool killed = r.output.find("exit=137") != std::string::npos;
+    std::filesystem::remove(t.file("log"));
+    const test::RunResult r =
+        run("timeout 300 " + test::signal_after(cmd + resume, t.file("log"), committed, "KILL",
+                                                1 + k % 3, 0.001 * k));
+    const bool killed = r.exit_code == 137;
     killed_mid_run += killed;
     if (!killed)
-      ADD_FAILURE() << "run " << k << " ended before its kill:\n"
+      ADD_FAILURE() << "run " << k << " was not ended by its kill (exit " << r.exit_code << "):\n"
                     << r.output << test::read_file(t.file("log"));
   }
   EXPECT_EQ(killed_mid_run, 12) << "a run ended before its kill";
-  // Two SIGTERMs in a row: stopped at once or after its checkpoint.
-  const std::string script =
-      cmd + " --resume auto > " + t.file("log") +
-      " 2>&1 & pid=$!; for i in $(seq 3000); do grep -q \"^ncf_dist: checkpoint /\" " +
-      t.file("log") + " && break; sleep 0.01; done; kill -TERM $pid; " +
-      "kill -TERM $pid; wait $pid; echo exit=$?";
-  const test::RunResult r = run("bash -c '" + script + "'");
-  EXPECT_TRUE(r.output.find("exit=143") != std::string::npos ||
-              r.output.find("exit=75") != std::string::npos ||
-              r.output.find("exit=0") != std::string::npos)
-      << r.output;
+  // Two SIGTERMs in a row: stopped at once, or after its checkpoint when the
+  // two arrive as one. Not by its end: the run cannot get there before them.
+  std::filesystem::remove(t.file("log"));
+  const test::RunResult r =
+      run("timeout 300 " +
+          test::signal_after(cmd + " --resume auto", t.file("log"), committed, "TERM", 1, 0, 0,
+                             "kill -TERM $NCF_SIGNAL_PID; kill -TERM $NCF_SIGNAL_PID"));
+  EXPECT_TRUE(r.exit_code == 143 || r.exit_code == 75)
+      << "exit " << r.exit_code << "\n"
+      << r.output << test::read_file(t.file("log"));
   const Run resumed = train(1, f + ck + " --resume auto");
   EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
   EXPECT_EQ(resumed.output.find("skipping"), std::string::npos)
@@ -446,32 +438,33 @@ std::string value_of(const std::string& text, const std::string& key) {
 
 // Two jobs on one directory: the second, at W = 2, is refused at start naming
 // the directory and the holder's host and pid, and writes nothing; the first
-// then ends as it would have alone. The first is stopped (SIGSTOP) once it
-// trains, so it surely holds the directory while the second starts; the
-// script checks that it was stopped, not ended.
+// then ends as it would have alone. The first is stopped (SIGSTOP) as its step 5
+// line is out, through test::signal_after, so it cannot have ended before (it
+// surely holds the directory while the second starts); the script checks that
+// it was stopped.
 TEST_F(Resume, ASecondJobOnTheDirectoryIsRefusedAndTheFirstEndsAsIfAlone) {
   const std::string f = "--shard_plan row --train_epochs 10 --step_log";
   TempDir a, d, t, t2;
   const Run alone = train(1, f + " --checkpoint_dir " + a.file("ck"));
   const std::string ck = " --checkpoint_dir " + d.file("ck");
-  test::write_file(t.file("run.sh"),
-                   "stdbuf -oL " + command(1, f + ck, t) + " > " + t.file("log") +
-                       " 2>&1 & pid=$!\n" + "for i in $(seq 3000); do grep -q '^step 5:' " +
-                       t.file("log") +
-                       " && break; sleep 0.01; done\n"
-                       "kill -STOP $pid\n"
-                       // The stop takes effect asynchronously: wait for it (or see it ended).
-                       "for i in $(seq 3000); do state=$(cut -d' ' -f3 /proc/$pid/stat); "
-                       "case $state in T|Z) break;; esac; sleep 0.01; done\n"
-                       "echo first=$pid state=$state\n"
-                       "ls -a " +
+  test::write_file(t.file("second.sh"),
+                   "pid=$NCF_SIGNAL_PID\n"
+                   "kill -STOP $pid\n"
+                   // The stop takes effect asynchronously: wait for it.
+                   "for i in $(seq 3000); do state=$(cut -d' ' -f3 /proc/$pid/stat); "
+                   "case $state in T|Z) break;; esac; sleep 0.01; done\n"
+                   "echo first=$pid state=$state\n"
+                   "ls -a " +
                        d.file("ck") + " > " + t.file("before") + "\n" + command(2, f + ck, t2) +
                        " > " + t2.file("log") + " 2>&1\n" +
                        "echo second_exit=$?\n"
                        "ls -a " +
-                       d.file("ck") + " > " + t.file("after") + "\n" +
-                       "kill -CONT $pid; wait $pid; echo first_exit=$?\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+                       d.file("ck") + " > " + t.file("after") + "\n" + "kill -CONT $pid\n");
+  const test::RunResult r =
+      run("timeout 300 " +
+          test::signal_after("stdbuf -oL " + command(1, f + ck, t), t.file("log"),
+                             "^step 5:", "STOP", 1, 0, 0, "bash " + t.file("second.sh")) +
+          "; echo first_exit=$?");
   const std::string pid = value_of(r.output, "first");
   ASSERT_EQ(value_of(r.output, "state"), "T")
       << "the first job was not stopped while it trained: the test proves nothing\n"
@@ -502,13 +495,16 @@ TEST_F(Resume, AKilledHoldersLockIsTakenOverAndAutoResumeFinishesTheRun) {
   const Run whole = train(1, f);
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck");
-  test::write_file(t.file("run.sh"),
-                   "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 10", t) + " > " +
-                       t.file("log") + " 2>&1 & pid=$!\n" +
-                       "for i in $(seq 3000); do grep -q '^ncf_dist: checkpoint /' " +
-                       t.file("log") + " && break; sleep 0.01; done\n" +
-                       "kill -KILL $pid; wait $pid; echo exit=$? pid=$pid\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  // Killed at its first checkpoint's line through test::signal_after: with
+  // --step_log (which changes nothing else) it has far more to print than the
+  // unread pipe holds, so it cannot have ended first.
+  const test::RunResult r =
+      run("timeout 300 " +
+          test::signal_after(
+              "stdbuf -oL " + command(1, f + ck + " --checkpoint_every_steps 10 --step_log", t),
+              t.file("log"), "^ncf_dist: checkpoint /", "KILL", 1, 0, 0,
+              "echo pid=$NCF_SIGNAL_PID; kill -KILL $NCF_SIGNAL_PID") +
+          "; echo exit=$?");
   ASSERT_EQ(value_of(r.output, "exit"), "137") << r.output << test::read_file(t.file("log"));
   const std::string pid = value_of(r.output, "pid");
   ASSERT_TRUE(std::filesystem::exists(d.file("ck/ncf_dist.lock"))) << "the killed job left none";
@@ -580,18 +576,20 @@ TEST_F(Resume, ALockOfAnotherHostIsTakenOverOnlyOnceStaleAndGarbageIsRefused) {
 // normal end, and after a run that fails (a refused resume): the next run
 // takes the directory without taking anything over.
 TEST_F(Resume, TheLockIsHeldWhileAJobRunsAndReleasedByPreemptionEndAndError) {
-  const std::string f = "--shard_plan row --train_epochs 30 --max_steps 25 --no_eval --step_log";
+  // 100 steps: what the ranks print after step 20 (80 step lines) is more than the
+  // unread pipe of test::signal_after holds, so they are held before the end; the
+  // lock is copied while they are, and mpirun passes SIGUSR1 on.
+  const std::string f = "--shard_plan row --train_epochs 30 --max_steps 100 --no_eval --step_log";
   TempDir d, t;
   const std::string ck = " --checkpoint_dir " + d.file("ck");
   const std::string lock = d.file("ck/ncf_dist.lock");
   std::string cmd = command(2, f + ck, t);
-  cmd.insert(cmd.find(bin("ncf_dist")), "stdbuf -oL ");
-  test::write_file(t.file("run.sh"), cmd + " > " + t.file("log") + " 2>&1 & pid=$!\n" +
-                                         "for i in $(seq 3000); do grep -q '^step 20:' " +
-                                         t.file("log") + " && break; sleep 0.01; done\n" + "cp " +
-                                         lock + " " + t.file("held") +
-                                         "\nkill -USR1 $pid; wait $pid; echo exit=$?\n");
-  const test::RunResult r = run("timeout 300 bash " + t.file("run.sh"));
+  cmd.insert(cmd.find(bin("ncf_dist")), test::signal_rank() + "stdbuf -oL ");
+  const test::RunResult r = run(
+      "timeout 300 " +
+      test::signal_after(cmd, t.file("log"), "^step 20:", "USR1", 1, 0, 2,
+                         "cp " + lock + " " + t.file("held") + " && kill -USR1 $NCF_SIGNAL_PID") +
+      "; echo exit=$?");
   ASSERT_EQ(value_of(r.output, "exit"), "75") << r.output << test::read_file(t.file("log"));
   ASSERT_TRUE(std::filesystem::exists(t.file("held"))) << "no lock while the job ran";
   const LockHolder held = lock_holder(t.file("held"));

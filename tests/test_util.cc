@@ -110,6 +110,34 @@ std::string bin(const std::string& name) { return std::string(NCF_BIN_DIR) + "/"
 
 namespace {
 
+// Single quotes for the shell.
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string signal_script() { return std::string(NCF_SOURCE_DIR) + "/tests/signal_after.py"; }
+
+}  // namespace
+
+std::string signal_after(const std::string& command, const std::string& log,
+                         const std::string& after, const std::string& sig, int times, double delay,
+                         int ranks, const std::string& send) {
+  std::ostringstream d;
+  d << delay;
+  std::string cmd = "python3 " + signal_script() + " --log " + quoted(log) + " --after " +
+                    quoted(after) + " --signal " + sig + " --times " + std::to_string(times) +
+                    " --delay " + d.str();
+  if (ranks > 0) cmd += " --ranks " + std::to_string(ranks);
+  if (!send.empty()) cmd += " --send " + quoted(send);
+  return cmd + " -- " + command;
+}
+
+std::string signal_rank() { return "python3 " + signal_script() + " rank "; }
+
+namespace {
+
 // Open MPI's launcher creates its session directory under the temporary
 // directory with a plain mkdir; two launchers starting at once (tests in
 // parallel) can race on it and one fails with "File exists". Each test process
@@ -136,7 +164,7 @@ std::string mpirun(int np, const std::string& bind) {
          std::string(MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to " +
          bind +
          " --mca btl ^openib,ofi --mca pml ob1 --mca "
-         "btl_vader_single_copy_mechanism none";
+         "btl_vader_single_copy_mechanism none --mca mpi_yield_when_idle 1";
 }
 
 bool gpu_required() {

@@ -39,8 +39,26 @@ std::vector<std::vector<std::string>> csv_rows(const std::string& text);
 RunResult run(const std::string& command);
 // Path of a built program (ncf_prep, ncf_dist, …).
 std::string bin(const std::string& name);
-// "mpirun -np N --oversubscribe --bind-to BIND …" with the flags root needs.
+// "mpirun -np N --oversubscribe --bind-to BIND …" with the flags root needs. Its
+// ranks yield the CPU while they wait (mpi_yield_when_idle): tests run side by side on
+// few cores, where a spinning rank starves the one it waits for and a run that takes
+// seconds took minutes, past its safety-net timeout (as tests/cluster/ does).
 std::string mpirun(int np, const std::string& bind = "none");
+
+// A command that runs `command` and sends it `sig` (USR1, TERM, KILL) once `times`
+// lines of its output have matched the regular expression `after`, so that the run can
+// neither have finished nor gone on far before the signal is there, however loaded the
+// machine (tests/signal_after.py: the output comes through a one-page FIFO that is not
+// read meanwhile). The output is appended to `log`; the exit code is the command's.
+// `delay` seconds pass between the line and the signal. With `ranks` > 0, `command` is
+// a launcher whose ranks start with signal_rank(): they are held until every one of
+// them has the signal the launcher passes on. `send`, when given, replaces the kill: a
+// shell command that sends the signal to $NCF_SIGNAL_PID.
+std::string signal_after(const std::string& command, const std::string& log,
+                         const std::string& after, const std::string& sig = "USR1", int times = 1,
+                         double delay = 0, int ranks = 0, const std::string& send = "");
+// The prefix of a rank's program under such a launcher: "python3 …/signal_after.py rank ".
+std::string signal_rank();
 
 // Seconds since t0 on the steady clock.
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

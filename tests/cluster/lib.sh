@@ -42,9 +42,10 @@
 # cluster_logs               prints the tails of the cluster's daemon logs (on failure)
 # cluster_slurm_field JOB FIELD   one field of `scontrol show job JOB` (JobState, Reason, ...)
 # cluster_slurm_wait JOB SECONDS
-#     waits until JOB is COMPLETED (returns 0) or has ended otherwise or not within
-#     SECONDS (prints why, returns 1). A requeued job that Slurm holds for two minutes
-#     (BeginTime) is started 2 s after its requeue, as an administrator could.
+#     waits until JOB is COMPLETED (returns 0) or has ended otherwise (a failed state
+#     that stays 60 s) or not within SECONDS (prints why, returns 1). A requeued job
+#     that Slurm holds for two minutes (BeginTime) is started 2 s after its requeue,
+#     as an administrator could.
 # cluster_where              the CMD prefix that makes each rank print, before it starts,
 #                            "where: rank R of W on HOST (local L of N)" on stderr:
 #                            cluster_mpirun 2 -- $(cluster_where) ncf_dist ...
@@ -186,11 +187,12 @@ cluster_slurm_field() {
 }
 
 cluster_slurm_wait() {
-  local ended=0 state held=""
-  for _ in $(seq $(($2 * 5))); do
+  local ended="" state held="" t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$2" ]; do
     state=$(cluster_slurm_field "$1" JobState)
-    # A job that requeues itself shows FAILED or CANCELLED for a moment while its batch
-    # shell is taken down; only a state that stays (3 s) has ended it.
+    # A job that requeues itself can show FAILED or CANCELLED for a moment while its
+    # batch shell is taken down, for longer on a loaded machine; a state that stays
+    # 60 s has ended it (the limit is a safety net: the test waits for COMPLETED).
     case "$state" in
       COMPLETED) return 0 ;;
       # Slurm holds a requeued batch job for two minutes (BeginTime). It is started
@@ -198,7 +200,7 @@ cluster_slurm_wait() {
       # second (Slurm counts whole seconds) in which it revoked the job's previous one
       # ("Job credential revoked").
       PENDING)
-        ended=0
+        ended=""
         if [ "$(cluster_slurm_field "$1" Reason)" = BeginTime ]; then
           [ -n "$held" ] || held=$SECONDS
           if [ $((SECONDS - held)) -ge 2 ]; then
@@ -207,10 +209,10 @@ cluster_slurm_wait() {
         fi
         ;;
       FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE)
-        ended=$((ended + 1))
-        if [ "$ended" -ge 15 ]; then echo "job $1 ended $state" >&2; return 1; fi
+        [ -n "$ended" ] || ended=$SECONDS
+        if [ $((SECONDS - ended)) -ge 60 ]; then echo "job $1 ended $state" >&2; return 1; fi
         ;;
-      *) ended=0 ;;
+      *) ended="" ;;
     esac
     sleep 0.2
   done

@@ -29,19 +29,23 @@ host="$1"
 shift
 self=$(hostname)
 
+# shellcheck disable=SC2317  # run by the trap below
+hang_up() {
+  # $! too: the hang-up may come between the start and `child=$!`.
+  local c=${child:-$!}
+  if [ -n "$c" ] && [ ! -e "$dir/host/$host/link.down" ] && [ ! -e "$dir/host/$self/link.down" ]; then
+    kill -TERM -- "-$c" 2>/dev/null || true
+  fi
+  exit 255
+}
+# Set before the remote command starts: a hang-up that came between its start and
+# the trap ended this agent and left the command running.
+trap hang_up TERM INT HUP
+
 # Its own process group (setsid does not fork here: a background job of a shell
 # without job control is no group leader), so that a hang-up reaches all of it.
 setsid "$here/sim_cluster.sh" --dir "$dir" exec "$host" /bin/sh -c "$*" &
 child=$!
-
-# shellcheck disable=SC2317  # run by the trap below
-hang_up() {
-  if [ ! -e "$dir/host/$host/link.down" ] && [ ! -e "$dir/host/$self/link.down" ]; then
-    kill -TERM -- "-$child" 2>/dev/null || true
-  fi
-  exit 255
-}
-trap hang_up TERM INT HUP
 
 rc=0
 # (bash's own "Killed" report of the child is not ssh's to make)

@@ -26,8 +26,11 @@ if ! why=$(cluster_check); then
   for t in "${tests[@]}"; do echo "cluster: skipped $t: $why"; done
   exit 0
 fi
-clusters() { ip netns list | awk '{print $1}' | grep -E '^ncf[0-9]+-node' | sort || true; }
-before=$(clusters)
+# Every cluster the tests start is registered (sim_cluster.sh, /run/ncf-sim-cluster)
+# with this run's tag; other runs' clusters (other checkouts, at the same time) are not
+# theirs, whenever they come and go.
+NCF_CLUSTER_OWNER="run_all.$$.$(date +%s%N)"
+export NCF_CLUSTER_OWNER
 logs=$(mktemp -d /var/tmp/ncf-cluster-logs-XXXXXX)
 trap 'rm -rf "$logs"' EXIT
 failed=() start=$SECONDS
@@ -44,11 +47,16 @@ for t in "${tests[@]}"; do
        failed+=("$t") ;;
   esac
 done
-# Nothing may outlive the tests: a host namespace that was not there before they ran
-# is one of theirs (with its processes, which stop kills).
-left=$(comm -13 <(echo "$before") <(clusters) | grep . || true)
+# Nothing may outlive the tests: a cluster of theirs is registered until its stop has
+# removed its namespaces (with their processes), veths and bridge.
+left=""
+for f in /run/ncf-sim-cluster/*.env; do
+  if [ ! -f "$f" ] || ! grep -qxF "CLUSTER_OWNER=$NCF_CLUSTER_OWNER" "$f"; then continue; fi
+  p=$(sed -n 's/^CLUSTER_PREFIX=//p' "$f")
+  left+="$p ($(ip netns list | awk '{print $1}' | grep -E "^$p-node[0-9]+$" | tr '\n' ' ' || true)) "
+done
 if [ -n "$left" ]; then
-  echo "cluster: namespaces left behind: $(echo "$left" | tr '\n' ' ')"
+  echo "cluster: clusters left behind (namespaces): $left"
   failed+=(leftovers)
 fi
 echo "cluster: ${#tests[@]} test(s) in $((SECONDS - start)) s${failed[*]:+; failed: ${failed[*]}}"

@@ -12,7 +12,9 @@
 #                                                    else print why and exit 77
 #
 # Options may also come from the environment: NCF_CLUSTER_DIR, HOSTS (2), RATE (1gbit;
-# "none" leaves the links unshaped), SLURM=1.
+# "none" leaves the links unshaped), SLURM=1. NCF_CLUSTER_OWNER, when set, is written
+# into the cluster's registration (CLUSTER_OWNER=...), so that whoever set it can tell
+# its clusters from those of others running at the same time (run_all.sh does).
 #
 # DIR (default /var/tmp/ncf-cluster) is the cluster's "shared file system": its own
 # configuration and state live there, and so must data and checkpoints that several hosts
@@ -40,7 +42,8 @@
 # veths and the bridge, and removes DIR's runtime files (logs stay in DIR/logs). It is
 # idempotent and works after a failed or partial start, and also when DIR was deleted
 # while the cluster ran (clusters are registered in /run/ncf-sim-cluster). For tests
-# of stop, NCF_SIM_FAIL_AFTER_HOST=K makes start fail once host K is up.
+# of stop, NCF_SIM_FAIL_AFTER_HOST=K makes start fail once host K is up, and
+# NCF_SIM_HOLD_AFTER_HOST=K makes it wait there (DIR/host/held) until it is killed.
 #
 # Needs root, ip, unshare, nsenter, setsid (and tc for shaping; Debian's slurmctld,
 # slurmd, slurm-client and munge for --slurm).
@@ -165,8 +168,11 @@ kill_netns_procs() {  # ns [signal wait]: kill every process in network namespac
     [ -n "$pids" ] || return 0
     sleep 0.1
   done
+  # Listed again: a pid of the list above whose process ended in the meantime may
+  # belong to another process by now (pid_max can be 32768).
+  pids=$(ip netns pids "$ns" 2>/dev/null || true)
   # shellcheck disable=SC2086
-  kill -KILL $pids 2>/dev/null || true
+  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
   for _ in $(seq 50); do
     [ -n "$(ip netns pids "$ns" 2>/dev/null || true)" ] || return 0
     sleep 0.1
@@ -205,8 +211,9 @@ stop() {
   fi
   if [ "$rc" -eq 0 ]; then
     rm -rf "$dir/host" "$dir/slurm" "$dir/munge" "$dir/hosts" "$env_file"
+    # The registry directory stays: removing it when empty raced with a concurrent
+    # start between its mkdir -p and its cp.
     rm -f "$registry/$CLUSTER_PREFIX.env"
-    rmdir "$registry" 2>/dev/null || true
   fi
   return "$rc"
 }
@@ -249,8 +256,10 @@ start_host() {  # k
       touch "$2/host/$1/ready"
       exec sleep infinity' anchor "$h" "$dir" </dev/null >>"$dir/logs/$h.anchor.log" 2>&1 &
   echo $! >"$dir/host/$h/anchor.pid"
-  for _ in $(seq 100); do
-    [ -f "$dir/host/$h/ready" ] && break
+  # Until the anchor says it is ready or has died (set -e): how long its mounts take
+  # on a loaded machine is not a condition. The limit is only a safety net.
+  local t0=$SECONDS
+  while [ ! -f "$dir/host/$h/ready" ] && [ $((SECONDS - t0)) -lt 120 ]; do
     kill -0 "$(cat "$dir/host/$h/anchor.pid")" 2>/dev/null || break
     sleep 0.05
   done
@@ -259,8 +268,8 @@ start_host() {  # k
   # a later pid reuse must not pass for the host.
   local pid
   pid=$(cat "$dir/host/$h/anchor.pid")
-  for _ in $(seq 100); do
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && break
+  while [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != sleep ] && [ $((SECONDS - t0)) -lt 120 ]; do
+    kill -0 "$pid" 2>/dev/null || die "host $h: its anchor $pid died after it was ready"
     sleep 0.02
   done
   readlink "/proc/$pid/ns/net" >"$dir/host/$h/netns.id"
@@ -317,8 +326,10 @@ start_slurm() {
   for k in $(seq "$CLUSTER_HOSTS"); do
     "$0" --dir "$dir" exec "node$k" slurmd -f "$SLURM_CONF" -N "node$k"
   done
-  local state=""
-  for _ in $(seq 150); do
+  # Until every node has registered and is idle; slurmd registers after its start,
+  # later on a loaded machine. The limit is only a safety net.
+  local state="" t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt 180 ]; do
     state=$("$0" --dir "$dir" exec node1 sinfo -h -N -o '%N %t' 2>/dev/null | sort | tr '\n' ' ' || true)
     [ "$(grep -o ' idle' <<<" $state" | wc -l)" -eq "$CLUSTER_HOSTS" ] && return 0
     sleep 0.2
@@ -364,6 +375,7 @@ CLUSTER_NET=$net
 CLUSTER_SUBNET=$net.0/24
 CLUSTER_HOSTS=$nhosts
 CLUSTER_RATE=$rate
+CLUSTER_OWNER=${NCF_CLUSTER_OWNER:-}
 EOF
   mkdir -p "$registry"
   cp "$env_file" "$registry/ncf$id.env"
@@ -380,13 +392,19 @@ EOF
   local k
   for k in $(seq "$nhosts"); do
     start_host "$k"
-    # For the tests of stop: a start that fails half way.
+    # For the tests of stop: a start that fails half way, or that stops half way,
+    # as a process (no trap runs), until it is killed: DIR/host/held says it is there.
     [ "${NCF_SIM_FAIL_AFTER_HOST:-0}" != "$k" ] || die "failing after host node$k (NCF_SIM_FAIL_AFTER_HOST)"
+    if [ "${NCF_SIM_HOLD_AFTER_HOST:-0}" = "$k" ]; then
+      touch "$dir/host/held"
+      exec sleep infinity
+    fi
   done
-  # Every host must reach every other one before anything runs on them.
+  # Every host must reach every other one before anything runs on them: one answer
+  # to node1's pings, however late (a loaded machine); the limit is a safety net.
   for k in $(seq 2 "$nhosts"); do
     command -v ping >/dev/null || break
-    nsenter --net="/run/netns/${CLUSTER_PREFIX}-node1" -- ping -c 1 -W 2 "$net.$k" >/dev/null ||
+    nsenter --net="/run/netns/${CLUSTER_PREFIX}-node1" -- ping -c 1 -w 60 "$net.$k" >/dev/null ||
       die "node1 cannot reach node$k ($net.$k) over the bridge"
   done
   if [ "$want_slurm" = 1 ]; then start_slurm; fi

@@ -99,9 +99,14 @@ p=$(sed -n 's/.* cluster \(ncf[0-9]*\): .*/\1/p' "$dir/logs/cluster.log" | tail 
 clean_or_fail "a failed start" "$p"
 
 # --- a start killed half way (no trap runs): stop cleans up -------------------------------
-"$sim" --dir "$dir" --hosts 4 start >/dev/null 2>&1 &
+# It holds after its second host (DIR/host/held) until the kill: half way whatever the
+# machine's speed.
+NCF_SIM_HOLD_AFTER_HOST=2 "$sim" --dir "$dir" --hosts 4 start >/dev/null 2>&1 &
 spid=$!
-for _ in $(seq 100); do [ -e "$dir/host/node2/ready" ] && break; sleep 0.02; done
+while [ ! -e "$dir/host/held" ]; do
+  kill -0 "$spid" 2>/dev/null || fail "the start to be killed ended before it held after node2"
+  sleep 0.02
+done
 # (stderr off while bash reports the job it killed)
 exec 3>&2 2>/dev/null
 kill -KILL "$spid" || true

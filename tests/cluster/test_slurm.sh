@@ -7,6 +7,11 @@
 #   PS, PM  the same with CHECKPOINT_DIR on the shared directory; after their second
 #      epoch they get `scancel --signal=USR1 --batch`: every rank must checkpoint and
 #      exit 75, the script must requeue the job, and its second start must resume.
+#      The signal must find the ranks running however slow the machine: the first
+#      start's ranks write their output (--step_log: a line a step, far more than a
+#      FIFO holds) to a FIFO that tests/signal_after.py reads; it stops reading at
+#      epoch 2's line, holds the ranks (SIGSTOP), sends the scancel, and lets them go
+#      on once each has SIGUSR1 pending (batch shell, then srun or mpirun, passed it on).
 # Every job must end with the final epoch (--metrics_json, full precision) of the same
 # W = 4 run as 4 ranks on one host, and run 2 ranks on each host.
 #   bash tests/cluster/test_slurm.sh BUILD_DIR      (exit 77: skipped, with the reason)
@@ -41,8 +46,11 @@ cluster_mpirun_on node1:4 -- "$build/src/ncf_dist" --data_dir "$sh_/data" --pres
 want=$(cluster_final_metrics "$sh_/ref.jsonl")
 [ "${want%% *}" = "$epochs" ] || fail "the one-host run ended at epoch ${want%% *}"
 
-# Each rank says where it runs before it becomes ncf_dist (the scripts run $NCF_DIST).
-printf '#!/bin/sh\nexec %q %q "$@"\n' "$(cluster_where)" "$build/src/ncf_dist" >"$sh_/ncf_dist"
+# Each rank says where it runs before it becomes ncf_dist (the scripts run $NCF_DIST),
+# through signal_after.py, which sends its output to a FIFO when $NCF_SIGNAL_DIR names
+# one (the first start of PS and PM).
+printf '#!/bin/sh\nexec %q python3 %q rank %q "$@"\n' "$(cluster_where)" \
+  "$root/tests/signal_after.py" "$build/src/ncf_dist" >"$sh_/ncf_dist"
 chmod +x "$sh_/ncf_dist"
 # Every host is this machine's 2 cores: a rank that waits must yield them (srun gives
 # each host 4 CPUs, so Open MPI would otherwise spin).
@@ -53,8 +61,8 @@ export OMPI_MCA_mpi_yield_when_idle=1
 export PMIX_MCA_gds=hash
 export NCF_ROOT="$root" NCF_DIST="$sh_/ncf_dist" DATA_DIR="$sh_/data" PRESET=ncf-paper DEVICE=cpu
 export GPUS_PER_NODE=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-submit() {  # submit NAME LAUNCHER [CHECKPOINT_DIR]: prints the job id
-  LAUNCHER="$2" CHECKPOINT_DIR="${3:-}" EXTRA_ARGS="$common --metrics_json $sh_/$1.jsonl" \
+submit() {  # submit NAME LAUNCHER [CHECKPOINT_DIR [MORE_ARGS]]: prints the job id
+  LAUNCHER="$2" CHECKPOINT_DIR="${3:-}" EXTRA_ARGS="$common --metrics_json $sh_/$1.jsonl ${4:-}" \
     cluster_exec node1 sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 \
     --cpus-per-task=1 --job-name="$1" --output="$sh_/$1.out" --chdir="$sh_" \
     "$root/launch/slurm/ncf_dist_multinode.sbatch"
@@ -68,23 +76,26 @@ check_job() {  # check_job NAME: ranks on both hosts, final epoch as the referen
   [ "$want" = "$got" ] || fail "job $1: final epoch (epoch loss hr ndcg) '$got', one host W = 4 '$want'"
 }
 preempt() {  # preempt NAME LAUNCHER: a job preempted after epoch 2, requeued and resumed
-  local j out="$sh_/$1.out" t0=$SECONDS
-  j=$(submit "$1" "$2" "$sh_/ckpt-$1")
-  for _ in $(seq 3000); do
-    cluster_epoch_lines "$out" 2>/dev/null | grep -q '^2 ' && break
-    sleep 0.1
-  done
-  cluster_epoch_lines "$out" | grep -q '^2 ' || fail "job $1 did not reach epoch 2"
-  cluster_exec node1 scancel --signal=USR1 --batch "$j"
+  local j out="$sh_/$1.out" first="$sh_/$1.ranks.out" sig="$sh_/signal-$1" t0=$SECONDS on1
+  mkdir "$sig"
+  mkfifo "$sig/out"
+  j=$(NCF_SIGNAL_DIR="$sig" submit "$1" "$2" "$sh_/ckpt-$1" --step_log)
+  # The first start's ranks print to $first (through the FIFO), the rest to $out.
+  on1=$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR" exec node1)
+  python3 "$root/tests/signal_after.py" --dir "$sig" --log "$first" --ranks 4 \
+    --after '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' --signal USR1 \
+    --send "$on1 scancel --signal=USR1 --batch $j" \
+    --alive "$on1 scontrol show job $j | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '" ||
+    fail "job $1 ($2): its ranks were not signalled after epoch 2 (above)"
   cluster_slurm_wait "$j" 600 || fail "job $1 ($2)"
   grep -q "SIGUSR1: the ranks checkpoint and stop" "$out" || fail "job $1: the batch shell did not pass SIGUSR1 on"
-  grep -q "stopped by SIGUSR1" "$out" || fail "job $1: ncf_dist did not stop on SIGUSR1"
+  grep -q "stopped by SIGUSR1" "$first" || fail "job $1: ncf_dist did not stop on SIGUSR1"
   grep -q "exit 75): requeueing" "$out" || fail "job $1 did not requeue itself"
   grep -q "(start 2)" "$out" || fail "job $1 did not start a second time"
   grep -q "ncf_dist: resuming from $sh_/ckpt-$1/step-" "$out" || fail "job $1: the second start did not resume"
   [ "$(cluster_slurm_field "$j" Restarts)" -ge 1 ] || fail "job $1: Slurm reports Restarts=$(cluster_slurm_field "$j" Restarts)"
   check_job "$1"
-  echo "$name: $1 ($2): checkpointed on SIGUSR1 $(grep -o "in epoch [0-9]*" "$out" | head -1), requeued, resumed ($((SECONDS - t0)) s)"
+  echo "$name: $1 ($2): checkpointed on SIGUSR1 $(grep -o "in epoch [0-9]*" "$first" | head -1), requeued, resumed ($((SECONDS - t0)) s)"
 }
 
 t_start=$SECONDS
