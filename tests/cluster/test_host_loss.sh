@@ -5,7 +5,9 @@
 #   mpirun link   node2's link taken down (a partitioned node; its ranks live on)
 #   srun kill     the same under Slurm (launch/slurm/ncf_dist_multinode.sbatch, srun)
 #   srun link
-# Each time every rank, on both hosts, must have exited within 60 s, and each of node1's
+# The ranks start through tests/signal_after.py, which holds them at epoch 2's line while
+# node2 is lost and copies their output (stdout and stderr, not the launcher's) to
+# ranks.out. Each time every rank, on both hosts, must have exited within 60 s, and each of node1's
 # ranks must have said, in ncf_dist's own words, that it lost a rank on node2
 # ("ncf_dist: error: [rank R on node1] lost rank N on node2: ..."): its peer watch
 # (src/comm/peer_watch.h) sees a killed host's connections close, and a cut-off host's
@@ -65,15 +67,14 @@ export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS
 # then crashes ranks at start under srun --mpi=pmix (segfault at address nil; known
 # upstream, e.g. openpmix issues 1114 and 2210); the ranks use PMIx's hash store instead.
 export PMIX_MCA_gds=hash
+# The ranks are held (SIGSTOP, tests/signal_after.py) at epoch 2's line while node2 is
+# lost, so that the run cannot end first. mpirun, which loses node2's daemon meanwhile,
+# sends node1's held ranks SIGTERM (pending until they go on) and SIGKILL a second later
+# by default: 30 s gives them time to go on and say what they lost (their peer watch does
+# at once) before a SIGKILL could end them without a word.
+export OMPI_MCA_odls_base_sigkill_timeout=30
 alive() {  # ranks still running on HOST
   cluster_procs "$1" ncf_dist | wc -l
-}
-wait_epoch2() {  # OUT
-  for _ in $(seq 3000); do
-    cluster_epoch_lines "$1" 2>/dev/null | grep -q '^2 ' && return 0
-    sleep 0.1
-  done
-  fail "the run did not reach epoch 2"
 }
 our_words() {  # OUT: each of node1's ranks named a lost rank of node2 in its own line
   # The ranks have exited, so their lines were written; the launcher forwards them to
@@ -100,9 +101,6 @@ launcher_words() {  # OUT: what the launcher or Open MPI said of the loss, if an
 newest_checkpoint() {  # DIR: the newest committed checkpoint (a .tmp-step-... is not one)
   find "$1" -maxdepth 1 -name 'step-*' -type d | sort | tail -1
 }
-lose_node2() {  # kill|link
-  if [ "$1" = kill ]; then cluster_kill node2; else cluster_link node2 down; fi
-}
 check_resumed() {  # OUT JSONL CHECKPOINT
   grep -q "ncf_dist: resuming from $3 " "$1" ||
     fail "the resumed run did not start from $3, the newest checkpoint: $(grep -h '^ncf_dist: \(resuming\|no checkpoint\|skipping\)' "$1" | head -3)"
@@ -119,14 +117,34 @@ EOF
   echo "$got"
 }
 
+# hold_and_lose KIND ALIVE: holds the 4 ranks (their output through the FIFO of
+# $CLUSTER_SHARED/signal, as tests/signal_after.py rank ... started them) at epoch 2's line
+# while node2 is lost, then lets them go on and copies their output to ranks.out until
+# they have all ended (background; $CLUSTER_SHARED/signal/lost says the loss is done).
+hold_and_lose() {
+  local lose
+  lose=$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR")
+  if [ "$1" = kill ]; then lose+="kill node2"; else lose+="link node2 down"; fi
+  python3 "$root/tests/signal_after.py" --dir "$CLUSTER_SHARED/signal" --ranks 4 \
+    --log "$CLUSTER_SHARED/ranks.out" --after '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' \
+    --signal NONE --send "$lose && touch $CLUSTER_SHARED/signal/lost" --alive "$2" &
+  held=$!
+  while [ ! -e "$CLUSTER_SHARED/signal/lost" ]; do
+    kill -0 "$held" 2>/dev/null || fail "the run did not reach epoch 2"
+    sleep 0.1
+  done
+}
+
 mpirun_case() {  # kill|link
-  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/run.out" pid rc=0 t0 gone="" newest got
+  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/run.out" pid rc=0 t0 gone="" newest got held
   cluster_small_data "$build" "$CLUSTER_SHARED/data"
-  cluster_mpirun 2 -- "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" \
+  mkdir "$CLUSTER_SHARED/signal"
+  mkfifo "$CLUSTER_SHARED/signal/out"
+  NCF_SIGNAL_DIR="$CLUSTER_SHARED/signal" cluster_mpirun 2 -- python3 "$root/tests/signal_after.py" \
+    rank "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" --step_log \
     "${peer[@]}" --checkpoint_dir "$ck" --checkpoint_every_steps 50 >"$out" 2>&1 &
   pid=$!
-  wait_epoch2 "$out"
-  lose_node2 "$1"
+  hold_and_lose "$1" "kill -0 $pid"
   t0=$SECONDS
   while [ $((SECONDS - t0)) -le "$limit" ]; do
     if ! kill -0 "$pid" 2>/dev/null && [ "$(alive node1)" -eq 0 ] && [ "$(alive node2)" -eq 0 ]; then
@@ -138,7 +156,8 @@ mpirun_case() {  # kill|link
   [ -n "$gone" ] || fail "ranks still running $limit s after the loss: node1 $(alive node1), node2 $(alive node2)"
   wait "$pid" || rc=$?
   [ "$rc" -ne 0 ] || fail "mpirun exited 0 after losing node2"
-  our_words "$out"
+  wait "$held" || fail "signal_after.py (above)"
+  our_words "$CLUSTER_SHARED/ranks.out"
   newest=$(newest_checkpoint "$ck")
   [ -n "$newest" ] || fail "no checkpoint was committed before the loss"
   cluster_mpirun_on node1:2 -- "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" \
@@ -151,16 +170,21 @@ mpirun_case() {  # kill|link
 }
 
 srun_case() {  # kill|link
-  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/job.out" j j2 t0 gone="" newest got n2=0
+  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/job.out" j j2 t0 gone="" newest got n2=0 held
   cluster_small_data "$build" "$CLUSTER_SHARED/data"
-  export NCF_ROOT="$root" NCF_DIST="$build/src/ncf_dist" DATA_DIR="$CLUSTER_SHARED/data" PRESET=ncf-paper
+  mkdir "$CLUSTER_SHARED/signal"
+  mkfifo "$CLUSTER_SHARED/signal/out"
+  printf '#!/bin/sh\nexec python3 %q rank %q "$@"\n' "$root/tests/signal_after.py" \
+    "$build/src/ncf_dist" >"$CLUSTER_SHARED/ncf_dist"
+  chmod +x "$CLUSTER_SHARED/ncf_dist"
+  export NCF_ROOT="$root" NCF_DIST="$CLUSTER_SHARED/ncf_dist" DATA_DIR="$CLUSTER_SHARED/data" PRESET=ncf-paper
   export DEVICE=cpu LAUNCHER=srun GPUS_PER_NODE=2 CHECKPOINT_DIR="$ck"
-  j=$(EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --checkpoint_every_steps 50 ${peer[*]}" \
+  j=$(NCF_SIGNAL_DIR="$CLUSTER_SHARED/signal" \
+      EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --checkpoint_every_steps 50 --step_log ${peer[*]}" \
       cluster_exec node1 sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 \
       --cpus-per-task=1 --output="$out" --chdir="$CLUSTER_SHARED" \
       "$root/launch/slurm/ncf_dist_multinode.sbatch")
-  wait_epoch2 "$out"
-  lose_node2 "$1"
+  hold_and_lose "$1" "$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR") exec node1 scontrol show job $j | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '"
   t0=$SECONDS
   while [ $((SECONDS - t0)) -le "$limit" ]; do
     n2=$(alive node2)
@@ -176,7 +200,8 @@ srun_case() {  # kill|link
     if [ "$1" = kill ]; then fail "node2's $n2 ranks still running $limit s after it was killed"; fi
     fail "node2's own $n2 ranks still running $limit s after its link went down (${peer[*]})"
   fi
-  our_words "$out"
+  wait "$held" || fail "signal_after.py (above)"
+  our_words "$CLUSTER_SHARED/ranks.out"
   # The job may have ended (its ranks exited 1) or been requeued (NODE_FAIL with
   # --requeue, waiting for 2 nodes): either way the operator resubmits it on the node
   # that is left.
