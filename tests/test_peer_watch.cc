@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,8 +94,8 @@ TEST(PeerWatch, ASilentRankIsLostAfterTheLimitNamedWithItsSilence) {
   EXPECT_NE(r.output.find("lost rank 2 on " + h + ": nothing heard from it for "),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("(--peer_lost_after 2)"), std::string::npos) << r.output;
-  // Two seconds after rank 2 stopped, the others wait in their next sum.
+  EXPECT_NE(r.output.find("(--peer_lost_after 5)"), std::string::npos) << r.output;
+  // Five seconds after rank 2 stopped, the others wait in their next sum.
   EXPECT_NE(r.output.find("this rank was waiting in all_reduce_sum for "), std::string::npos)
       << r.output;
 }
@@ -135,7 +136,8 @@ TEST(PeerWatch, ARankThatFailsIsTheOnlyOneToSayAnything) {
 TEST(PeerWatch, AJobStoppedAndContinuedAsAWholeForgivesItsOwnSilence) {
   test::TempDir dir;
   // The workers write their pids and wait for "go"; the test stops them all for three
-  // times --peer_lost_after, continues them, and says go.
+  // times --peer_lost_after (3 s: one kill after the other, the last rank stops well
+  // within it of the first), continues them, and says go.
   const std::string cmd = job(3, "Suspended", "NCF_PEER_DIR=" + dir.path(), false);
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -151,7 +153,7 @@ TEST(PeerWatch, AJobStoppedAndContinuedAsAWholeForgivesItsOwnSilence) {
     pids.push_back(pid);
   }
   for (pid_t pid : pids) kill(pid, SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // 3 x --peer_lost_after
+  std::this_thread::sleep_for(std::chrono::seconds(9));  // 3 x --peer_lost_after
   for (pid_t pid : pids) kill(pid, SIGCONT);
   test::write_file(dir.file("go"), "go\n");
   std::string out;
@@ -188,32 +190,57 @@ void sum_loop(Communicator& comm, int iterations) {
   for (int it = 0; it < iterations; ++it) comm.all_reduce_sum(x.data(), x.size(), DType::kFloat32);
 }
 
-// Whether a process is there and not a zombie.
-bool alive(pid_t pid) {
+// A process: its pid and its start time (field 22 of /proc/PID/stat), so that a pid
+// the kernel gave to another process since is not taken for it.
+struct Proc {
+  pid_t pid = 0;
+  int64_t start = 0;
+};
+
+// State letter and start time of pid, or false when there is no such process.
+bool stat_of(pid_t pid, char* state, int64_t* start) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.empty()) return false;
   const size_t close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'Z';
+  if (close == std::string::npos || close + 2 >= text.size()) return false;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  rest >> *state;
+  for (int k = 4; k <= 22 && rest >> field; ++k)
+    if (k == 22) *start = std::stoll(field);
+  return true;
 }
 
-// Every rank's pid (collective).
-std::vector<pid_t> all_pids(Communicator& comm) {
-  std::vector<int64_t> pids(size_t(comm.world()), 0);
-  pids[size_t(comm.rank())] = getpid();
-  comm.all_reduce_sum(pids.data(), pids.size(), DType::kInt64);
-  return std::vector<pid_t>(pids.begin(), pids.end());
+// Whether the process is there (the same one) and not a zombie.
+bool alive(const Proc& p) {
+  char state = 0;
+  int64_t start = -1;
+  return stat_of(p.pid, &state, &start) && start == p.start && state != 'Z';
+}
+
+// Every rank's process (collective).
+std::vector<Proc> all_pids(Communicator& comm) {
+  std::vector<int64_t> both(2 * size_t(comm.world()), 0);
+  char state = 0;
+  int64_t start = 0;
+  stat_of(getpid(), &state, &start);
+  both[2 * size_t(comm.rank())] = getpid();
+  both[2 * size_t(comm.rank()) + 1] = start;
+  comm.all_reduce_sum(both.data(), both.size(), DType::kInt64);
+  std::vector<Proc> out(size_t(comm.world()));
+  for (size_t r = 0; r < out.size(); ++r) out[r] = {pid_t(both[2 * r]), both[2 * r + 1]};
+  return out;
 }
 
 // Stops this process until every other rank of `pids` is gone: a child continues it.
-void stop_until_the_others_are_gone(const std::vector<pid_t>& pids) {
+void stop_until_the_others_are_gone(const std::vector<Proc>& pids) {
   const pid_t me = getpid();
   const pid_t child = fork();
   if (child == 0) {
     for (;;) {
       bool any = false;
-      for (pid_t p : pids)
-        if (p != me && alive(p)) any = true;
+      for (const Proc& p : pids)
+        if (p.pid != me && alive(p)) any = true;
       if (!any) break;
       usleep(50000);
     }
@@ -237,8 +264,8 @@ TEST(PeerWorker, Killed) {
 
 TEST(PeerWorker, Silent) {
   if (!worker_is("Silent")) GTEST_SKIP() << "runs only inside the jobs PeerWatch.* starts";
-  run_worker(2, [](const RankInfo& info, Communicator& comm) {
-    const std::vector<pid_t> pids = all_pids(comm);
+  run_worker(5, [](const RankInfo& info, Communicator& comm) {
+    const std::vector<Proc> pids = all_pids(comm);
     sum_loop(comm, 20);
     if (info.rank == 2) stop_until_the_others_are_gone(pids);
     sum_loop(comm, 1000000);
@@ -256,7 +283,7 @@ TEST(PeerWorker, Signalled) {
   if (!worker_is("Signalled")) GTEST_SKIP() << "runs only inside the jobs PeerWatch.* starts";
   signal(SIGUSR1, on_usr1);
   run_worker(3600, [](const RankInfo& info, Communicator& comm) {
-    const std::vector<pid_t> pids = all_pids(comm);
+    const std::vector<Proc> pids = all_pids(comm);
     sum_loop(comm, 20);
     if (info.rank == 2) {
       // Stopped, then the others get the stop signal a launcher would send.
@@ -271,12 +298,12 @@ TEST(PeerWorker, Signalled) {
             break;
           usleep(20000);
         }
-        for (pid_t p : pids)
-          if (p != parent) kill(p, SIGUSR1);
+        for (const Proc& p : pids)
+          if (p.pid != parent && alive(p)) kill(p.pid, SIGUSR1);
         for (;;) {
           bool any = false;
-          for (pid_t p : pids)
-            if (p != parent && alive(p)) any = true;
+          for (const Proc& p : pids)
+            if (p.pid != parent && alive(p)) any = true;
           if (!any) break;
           usleep(50000);
         }
@@ -293,10 +320,10 @@ TEST(PeerWorker, Signalled) {
 
 TEST(PeerWorker, Goodbye) {
   if (!worker_is("Goodbye")) GTEST_SKIP() << "runs only inside the jobs PeerWatch.* starts";
-  const int rc = run_worker(1, [](const RankInfo& info, Communicator& comm) {
+  const int rc = run_worker(3, [](const RankInfo& info, Communicator& comm) {
     sum_loop(comm, 20);
-    // Rank 0 goes on alone for three times the limit after the others said goodbye.
-    if (info.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(3));
+    // Rank 0 goes on alone for twice the limit after the others said goodbye.
+    if (info.rank == 0) std::this_thread::sleep_for(std::chrono::seconds(6));
     std::printf("peer worker done\n");
     std::fflush(stdout);
     return 0;
@@ -317,7 +344,7 @@ TEST(PeerWorker, Fails) {
 TEST(PeerWorker, Suspended) {
   if (!worker_is("Suspended")) GTEST_SKIP() << "runs only inside the jobs PeerWatch.* starts";
   const std::string dir = std::getenv("NCF_PEER_DIR");
-  const int rc = run_worker(1, [&](const RankInfo& info, Communicator& comm) {
+  const int rc = run_worker(3, [&](const RankInfo& info, Communicator& comm) {
     sum_loop(comm, 20);
     const std::string f = dir + "/pid." + std::to_string(info.rank);
     test::write_file(f, std::to_string(getpid()) + "\n");

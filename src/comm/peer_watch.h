@@ -58,7 +58,7 @@ void stop_peer_watch();
 // the news came back from the other side or up to `wait_s` seconds. Any thread;
 // nothing without a running watch. A rank that receives it ends by itself (code 1,
 // one line naming the failed rank) if the launcher has not ended it within 10 s.
-void announce_job_ending(const std::string& why, double wait_s = 3);
+void announce_job_ending(const std::string& why, double wait_s = 5);
 
 // A stop signal came (SIGTERM, SIGUSR1): a neighbour that has said nothing for 5 s (a
 // healthy one beats every second) is reported lost at once instead of after lost_after,
