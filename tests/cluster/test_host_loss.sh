@@ -5,9 +5,9 @@
 #   mpirun link   node2's link taken down (a partitioned node; its ranks live on)
 #   srun kill     the same under Slurm (launch/slurm/ncf_dist_multinode.sbatch, srun)
 #   srun link
-# The ranks start through tests/signal_after.py, which holds them at epoch 2's line while
-# node2 is lost and copies their output (stdout and stderr, not the launcher's) to
-# ranks.out. Each time every rank, on both hosts, must have exited within 60 s, and each of node1's
+# The ranks are held at epoch 2's line by their own output (hold_output.py: they block in
+# a write, their threads running), so the run cannot end before node2 is lost. Each time
+# every rank, on both hosts, must have exited within 120 s, and each of node1's
 # ranks must have said, in ncf_dist's own words, that it lost a rank on node2
 # ("ncf_dist: error: [rank R on node1] lost rank N on node2: ..."): its peer watch
 # (src/comm/peer_watch.h) sees a killed host's connections close, and a cut-off host's
@@ -22,8 +22,8 @@
 #
 # A cut-off node2's own ranks can be ended by no launcher (Slurm's controller cannot
 # reach that node, its slurmstepd keeps the tasks running when srun is gone, and Open
-# MPI's TCP transport waits): their peer watch ends them after --peer_lost_after. Their
-# words cannot reach the job's output (node2 is cut off), so only their exit is checked.
+# MPI's TCP transport waits): their peer watch ends them after --peer_lost_after. Only
+# their exit is checked: a real cut-off host's words could not reach the job's output.
 #   bash tests/cluster/test_host_loss.sh BUILD_DIR [CASE...]   (cases: mpirun-kill
 #   mpirun-link srun-kill srun-link; default all)         (exit 77: skipped, with the reason)
 set -euo pipefail
@@ -42,14 +42,18 @@ bash "$root/tests/slurm/setup.sh"
 case_name=""
 fail() {
   echo "$name: FAIL: ${case_name:+$case_name: }$*" >&2
-  for f in "$CLUSTER_SHARED"/*.out; do [ -f "$f" ] && { echo "---- $f" >&2; cat "$f" >&2; }; done
+  for f in "$CLUSTER_SHARED"/*.out "$CLUSTER_SHARED"/*.err; do [ -f "$f" ] && { echo "---- $f" >&2; cat "$f" >&2; }; done
   cluster_logs >&2 || true
   exit 1
 }
+cluster_user_cleanup() { [ -z "${holder:-}" ] || kill "$holder" 2>/dev/null || true; }
 
 epochs=6
 args=(--device cpu --preset ncf-paper --batch_size 2560 --train_epochs "$epochs" --seed 3 --threads 1 --progress off)
-limit=60   # seconds from the loss until every rank has exited
+# Seconds from the loss until every rank (and mpirun) has exited: a safety net. The ranks
+# end within a second of a kill and --peer_lost_after of a cut-off; mpirun gives a cut-off
+# host's daemon up after its keepalive (30 s).
+limit=120
 peer=(--peer_lost_after 5)
 
 # The reference: the uninterrupted W = 4 run, on one host.
@@ -67,24 +71,12 @@ export OMPI_MCA_mpi_yield_when_idle=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS
 # then crashes ranks at start under srun --mpi=pmix (segfault at address nil; known
 # upstream, e.g. openpmix issues 1114 and 2210); the ranks use PMIx's hash store instead.
 export PMIX_MCA_gds=hash
-# The ranks are held (SIGSTOP, tests/signal_after.py) at epoch 2's line while node2 is
-# lost, so that the run cannot end first. mpirun, which loses node2's daemon meanwhile,
-# sends node1's held ranks SIGTERM (pending until they go on) and SIGKILL a second later
-# by default: 30 s gives them time to go on and say what they lost (their peer watch does
-# at once) before a SIGKILL could end them without a word.
-export OMPI_MCA_odls_base_sigkill_timeout=30
 alive() {  # ranks still running on HOST
   cluster_procs "$1" ncf_dist | wc -l
 }
-our_words() {  # OUT: each of node1's ranks named a lost rank of node2 in its own line
-  # The ranks have exited, so their lines were written; the launcher forwards them to
-  # OUT on its own time (srun may still wait for node2): up to 60 s for them to arrive.
+our_words() {  # ERR: each of node1's ranks named a lost rank of node2 in its own line
   local r
   for r in 0 1; do
-    for _ in $(seq 600); do
-      grep -qE "^ncf_dist: error: \[rank $r on node1\] lost rank [23] on node2[: ]" "$1" && break
-      sleep 0.1
-    done
     grep -qE "^ncf_dist: error: \[rank $r on node1\] lost rank [23] on node2[: ]" "$1" ||
       fail "rank $r on node1 did not say that it lost a rank on node2: $(grep -h 'ncf_dist: error' "$1" | head -4)"
   done
@@ -97,6 +89,9 @@ launcher_words() {  # OUT: what the launcher or Open MPI said of the loss, if an
   grep -q "unexpectedly disconnected" "$1" && said+="Open MPI: peer hung up; "
   said=${said%; }
   echo "${said:-nothing}"
+}
+lose_node2() {  # kill|link
+  if [ "$1" = kill ]; then cluster_kill node2; else cluster_link node2 down; fi
 }
 newest_checkpoint() {  # DIR: the newest committed checkpoint (a .tmp-step-... is not one)
   find "$1" -maxdepth 1 -name 'step-*' -type d | sort | tail -1
@@ -117,34 +112,40 @@ EOF
   echo "$got"
 }
 
-# hold_and_lose KIND ALIVE: holds the 4 ranks (their output through the FIFO of
-# $CLUSTER_SHARED/signal, as tests/signal_after.py rank ... started them) at epoch 2's line
-# while node2 is lost, then lets them go on and copies their output to ranks.out until
-# they have all ended (background; $CLUSTER_SHARED/signal/lost says the loss is done).
-hold_and_lose() {
-  local lose
-  lose=$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR")
-  if [ "$1" = kill ]; then lose+="kill node2"; else lose+="link node2 down"; fi
-  python3 "$root/tests/signal_after.py" --dir "$CLUSTER_SHARED/signal" --ranks 4 \
-    --log "$CLUSTER_SHARED/ranks.out" --after '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' \
-    --signal NONE --send "$lose && touch $CLUSTER_SHARED/signal/lost" --alive "$2" &
-  held=$!
-  while [ ! -e "$CLUSTER_SHARED/signal/lost" ]; do
-    kill -0 "$held" 2>/dev/null || fail "the run did not reach epoch 2"
+# hold LAUNCHER_PID: the run's ranks (started as $CLUSTER_SHARED/ncf_dist, below) write
+# their standard output into the FIFO ranks.fifo, which hold_output.py copies to
+# ranks.out up to epoch 2's line and then reads no more: from there each rank blocks in a
+# write within a few steps, and the run cannot end before node2 is lost. Their other
+# threads run on, and their standard error goes to ranks.err, unheld: there the peer
+# watch's lines are read, written by the ranks themselves the moment they notice.
+hold_start() {
+  mkfifo "$CLUSTER_SHARED/ranks.fifo"
+  : >"$CLUSTER_SHARED/ranks.err"
+  rm -f "$CLUSTER_SHARED/ranks.held"
+  python3 "$here/hold_output.py" "$CLUSTER_SHARED/ranks.fifo" "$CLUSTER_SHARED/ranks.out" \
+    '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$CLUSTER_SHARED/ranks.held" &
+  holder=$!
+  printf '#!/bin/sh\nexec %q "$@" >%q 2>>%q\n' "$build/src/ncf_dist" \
+    "$CLUSTER_SHARED/ranks.fifo" "$CLUSTER_SHARED/ranks.err" >"$CLUSTER_SHARED/ncf_dist"
+  chmod +x "$CLUSTER_SHARED/ncf_dist"
+}
+hold_wait() {  # RUNNING_CMD: until the ranks are held at epoch 2 (fails if the run ends first)
+  while [ ! -e "$CLUSTER_SHARED/ranks.held" ]; do
+    eval "$1" || fail "the run ended before epoch 2: $(tail -3 "$CLUSTER_SHARED/ranks.err")"
     sleep 0.1
   done
 }
+hold_end() { kill "$holder" 2>/dev/null || true; wait "$holder" 2>/dev/null || true; }
 
 mpirun_case() {  # kill|link
-  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/run.out" pid rc=0 t0 gone="" newest got held
+  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/run.out" pid rc=0 t0 gone="" newest got
   cluster_small_data "$build" "$CLUSTER_SHARED/data"
-  mkdir "$CLUSTER_SHARED/signal"
-  mkfifo "$CLUSTER_SHARED/signal/out"
-  NCF_SIGNAL_DIR="$CLUSTER_SHARED/signal" cluster_mpirun 2 -- python3 "$root/tests/signal_after.py" \
-    rank "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" --step_log \
-    "${peer[@]}" --checkpoint_dir "$ck" --checkpoint_every_steps 50 >"$out" 2>&1 &
+  hold_start
+  cluster_mpirun 2 -- "$CLUSTER_SHARED/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" \
+    --step_log "${peer[@]}" --checkpoint_dir "$ck" --checkpoint_every_steps 50 >"$out" 2>&1 &
   pid=$!
-  hold_and_lose "$1" "kill -0 $pid"
+  hold_wait "kill -0 $pid 2>/dev/null"
+  lose_node2 "$1"
   t0=$SECONDS
   while [ $((SECONDS - t0)) -le "$limit" ]; do
     if ! kill -0 "$pid" 2>/dev/null && [ "$(alive node1)" -eq 0 ] && [ "$(alive node2)" -eq 0 ]; then
@@ -156,8 +157,8 @@ mpirun_case() {  # kill|link
   [ -n "$gone" ] || fail "ranks still running $limit s after the loss: node1 $(alive node1), node2 $(alive node2)"
   wait "$pid" || rc=$?
   [ "$rc" -ne 0 ] || fail "mpirun exited 0 after losing node2"
-  wait "$held" || fail "signal_after.py (above)"
-  our_words "$CLUSTER_SHARED/ranks.out"
+  hold_end
+  our_words "$CLUSTER_SHARED/ranks.err"
   newest=$(newest_checkpoint "$ck")
   [ -n "$newest" ] || fail "no checkpoint was committed before the loss"
   cluster_mpirun_on node1:2 -- "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" "${args[@]}" \
@@ -170,21 +171,17 @@ mpirun_case() {  # kill|link
 }
 
 srun_case() {  # kill|link
-  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/job.out" j j2 t0 gone="" newest got n2=0 held
+  local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/job.out" j j2 t0 gone="" newest got n2=0
   cluster_small_data "$build" "$CLUSTER_SHARED/data"
-  mkdir "$CLUSTER_SHARED/signal"
-  mkfifo "$CLUSTER_SHARED/signal/out"
-  printf '#!/bin/sh\nexec python3 %q rank %q "$@"\n' "$root/tests/signal_after.py" \
-    "$build/src/ncf_dist" >"$CLUSTER_SHARED/ncf_dist"
-  chmod +x "$CLUSTER_SHARED/ncf_dist"
+  hold_start
   export NCF_ROOT="$root" NCF_DIST="$CLUSTER_SHARED/ncf_dist" DATA_DIR="$CLUSTER_SHARED/data" PRESET=ncf-paper
   export DEVICE=cpu LAUNCHER=srun GPUS_PER_NODE=2 CHECKPOINT_DIR="$ck"
-  j=$(NCF_SIGNAL_DIR="$CLUSTER_SHARED/signal" \
-      EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --checkpoint_every_steps 50 --step_log ${peer[*]}" \
+  j=$(EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --checkpoint_every_steps 50 --step_log ${peer[*]}" \
       cluster_exec node1 sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=0 \
       --cpus-per-task=1 --output="$out" --chdir="$CLUSTER_SHARED" \
       "$root/launch/slurm/ncf_dist_multinode.sbatch")
-  hold_and_lose "$1" "$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR") exec node1 scontrol show job $j | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '"
+  hold_wait "cluster_exec node1 scontrol show job $j | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '"
+  lose_node2 "$1"
   t0=$SECONDS
   while [ $((SECONDS - t0)) -le "$limit" ]; do
     n2=$(alive node2)
@@ -200,15 +197,16 @@ srun_case() {  # kill|link
     if [ "$1" = kill ]; then fail "node2's $n2 ranks still running $limit s after it was killed"; fi
     fail "node2's own $n2 ranks still running $limit s after its link went down (${peer[*]})"
   fi
-  wait "$held" || fail "signal_after.py (above)"
-  our_words "$CLUSTER_SHARED/ranks.out"
+  hold_end
+  our_words "$CLUSTER_SHARED/ranks.err"
   # The job may have ended (its ranks exited 1) or been requeued (NODE_FAIL with
   # --requeue, waiting for 2 nodes): either way the operator resubmits it on the node
   # that is left.
   cluster_exec node1 scancel "$j" || true
   newest=$(newest_checkpoint "$ck")
   [ -n "$newest" ] || fail "no checkpoint was committed before the loss"
-  j2=$(EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --metrics_json $CLUSTER_SHARED/resumed.jsonl" \
+  j2=$(NCF_DIST="$build/src/ncf_dist" \
+       EXTRA_ARGS="--batch_size 2560 --train_epochs $epochs --seed 3 --metrics_json $CLUSTER_SHARED/resumed.jsonl" \
        cluster_exec node1 sbatch --parsable --nodes=1 --nodelist=node1 --ntasks-per-node=2 \
        --gpus-per-node=0 --cpus-per-task=1 --output="$CLUSTER_SHARED/resumed.out" \
        --chdir="$CLUSTER_SHARED" "$root/launch/slurm/ncf_dist_multinode.sbatch")
