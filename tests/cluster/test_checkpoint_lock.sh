@@ -12,8 +12,11 @@
 #   4. job C on node2 (2 ranks, --resume auto) takes the directory over with a note
 #      naming node1 and the pid, resumes from A's newest committed checkpoint, ends
 #      the epoch it was in, and releases the lock.
-# Nothing waits on a race: A is checked to be running after B's refusal, and C
-# starts only once the age has passed (its outcome is then decided).
+# Nothing waits on a race: A's ranks write their output (with --step_log, more than a
+# pipe holds) into a FIFO that hold_output.py reads only up to A's first checkpoint line,
+# so A is stuck in a write from then on, its threads (the lock's heartbeat among them)
+# running, and cannot end before node1 is killed; C starts only once the age has passed
+# (its outcome is then decided).
 #   bash tests/cluster/test_checkpoint_lock.sh BUILD_DIR   (exit 77: skipped, with the reason)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,7 +28,7 @@ why=$(cluster_check) || { echo "$name: skipped: $why"; exit 77; }
 
 fail() {
   echo "$name: FAIL: $*" >&2
-  for f in "$CLUSTER_SHARED"/*.out; do [ -f "$f" ] && { echo "---- $f" >&2; cat "$f" >&2; }; done
+  for f in "$CLUSTER_SHARED"/*.out "$CLUSTER_SHARED"/*.err; do [ -f "$f" ] && { echo "---- $f" >&2; cat "$f" >&2; }; done
   cluster_logs >&2 || true
   exit 1
 }
@@ -42,16 +45,23 @@ lock_field() {  # FIELD: from the lock file
   python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$lock" "$1"
 }
 
-# 1. A on node1.
-cluster_mpirun_on node1:2 -- "$build/src/ncf_dist" "${args[@]}" --train_epochs 100 \
-  --checkpoint_every_steps 20 >"$CLUSTER_SHARED/a.out" 2>&1 &
+# 1. A on node1, held by its output after its first checkpoint (a.out has what came
+# before, a.err its standard error).
+mkfifo "$CLUSTER_SHARED/a.fifo"
+python3 "$here/hold_output.py" "$CLUSTER_SHARED/a.fifo" "$CLUSTER_SHARED/a.out" \
+  '^ncf_dist: checkpoint /' "$CLUSTER_SHARED/a.held" &
+reader=$!
+cluster_user_cleanup() { kill "$reader" 2>/dev/null || true; }
+printf '#!/bin/sh\nexec %q "$@" >%q 2>>%q\n' "$build/src/ncf_dist" "$CLUSTER_SHARED/a.fifo" \
+  "$CLUSTER_SHARED/a.err" >"$CLUSTER_SHARED/ncf_dist_a"
+chmod +x "$CLUSTER_SHARED/ncf_dist_a"
+cluster_mpirun_on node1:2 -- "$CLUSTER_SHARED/ncf_dist_a" "${args[@]}" --train_epochs 100 \
+  --checkpoint_every_steps 20 --step_log >"$CLUSTER_SHARED/a.launcher.out" 2>&1 &
 apid=$!
-for _ in $(seq 3000); do
-  grep -q '^ncf_dist: checkpoint /' "$CLUSTER_SHARED/a.out" 2>/dev/null && break
+while [ ! -e "$CLUSTER_SHARED/a.held" ]; do
   kill -0 "$apid" 2>/dev/null || fail "job A ended before its first checkpoint"
   sleep 0.1
 done
-grep -q '^ncf_dist: checkpoint /' "$CLUSTER_SHARED/a.out" || fail "job A wrote no checkpoint"
 [ -f "$lock" ] || fail "job A holds no lock in $ck"
 [ "$(lock_field host)" = node1 ] || fail "the lock names host $(lock_field host), not node1"
 holder=$(lock_field pid)
@@ -71,7 +81,7 @@ grep -q "it runs on another host and its heartbeat is" "$CLUSTER_SHARED/b.out" |
 [ ! -e "$CLUSTER_SHARED/b.jsonl" ] || fail "job B wrote its metrics"
 [ -z "$(cluster_procs node2 ncf_dist)" ] || fail "job B left ranks running on node2"
 kill -0 "$apid" 2>/dev/null && [ -n "$(cluster_procs node1 ncf_dist)" ] ||
-  fail "job A ended while B was refused (it had to be running for the test to prove anything)"
+  fail "job A is not running (held by its output, it cannot have ended)"
 [ "$(lock_field pid)" = "$holder" ] || fail "job B changed the lock"
 
 # 3. node1 dies with A on it; the lock stays.
