@@ -22,7 +22,7 @@ fail() {
 
 cluster_start 2
 cluster_small_data "$build" "$CLUSTER_SHARED/data"
-args=(--data_dir "$CLUSTER_SHARED/data" --preset ncf-paper --batch_size 2560 --train_epochs 4
+args=(--device cpu --data_dir "$CLUSTER_SHARED/data" --preset ncf-paper --batch_size 2560 --train_epochs 4
       --seed 3 --threads 1 --progress off --comm mpi)
 dist=("$(cluster_where)" "$build/src/ncf_dist")
 

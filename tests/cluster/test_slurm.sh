@@ -40,7 +40,7 @@ common="--batch_size 2560 --train_epochs $epochs --seed 3"   # also EXTRA_ARGS, 
 read -r -a common_args <<<"$common"
 
 # The reference: W = 4 on one host.
-cluster_mpirun_on node1:4 -- "$build/src/ncf_dist" --data_dir "$sh_/data" --preset ncf-paper \
+cluster_mpirun_on node1:4 -- "$build/src/ncf_dist" --device cpu --data_dir "$sh_/data" --preset ncf-paper \
   --threads 1 --progress off "${common_args[@]}" --metrics_json "$sh_/ref.jsonl" >"$sh_/ref.out" 2>&1 ||
   fail "the one-host W = 4 run failed"
 want=$(cluster_final_metrics "$sh_/ref.jsonl")

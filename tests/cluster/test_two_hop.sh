@@ -37,7 +37,7 @@ fail() {
 run() {
   local tag="$1" list="$2"
   shift 2
-  cluster_mpirun_on "$list" -- "$build/src/ncf_dist" --data_dir "$CLUSTER_SHARED/data" \
+  cluster_mpirun_on "$list" -- "$build/src/ncf_dist" --device cpu --data_dir "$CLUSTER_SHARED/data" \
     --preset ncf-paper --batch_size 2560 --train_epochs 2 --seed 5 --threads 1 --progress off \
     --comm mpi --step_log --metrics_json "$CLUSTER_SHARED/$tag.jsonl" \
     --save_params "$CLUSTER_SHARED/$tag.bin" "$@" >"$CLUSTER_SHARED/$tag.out" 2>&1 ||
