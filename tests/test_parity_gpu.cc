@@ -190,6 +190,7 @@ class Parity : public ::testing::Test {
   }
   void TearDown() override {
     set_math_mode(MathMode::kTf32);
+    set_masked_reductions(MaskedReductions::kStreaming);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -701,6 +702,131 @@ TEST_F(Parity, ColumnSumsAtLargeBatches) {
                     gdb.data(), B, in, out, true, GradMode::kOverwrite);
     expect_same(down(gdb), first, what + "db on a second run");
   }
+}
+
+// The streaming masked reductions (MaskedReductions::kStreaming, the default)
+// against the legacy kernels they replace, both on the GPU, on the same inputs:
+// the same values summed in the same order, so every output must be the same
+// bits (the masked dZ, the group sums, db, and the GEMMs that read dZ). Shapes
+// take every path: float4 rows and scalar ones (a width not a multiple of 4, rows
+// one float off 16-byte alignment), dYg rows that take float4 stores or not,
+// groups longer than the rows loaded before the first store (S = 51), and the
+// ml-20m MLPerf step's shapes (on a GPU only); Y carries NaN (masked to 0) and dY
+// -0 (kept where Y > 0). Both are also held to the CPU twin: the mask
+// and the group sums bit for bit.
+// (No NaN in dY: a sum with a NaN gives the CPU's payload on the host and the
+// canonical NaN on the GPU, so the twins would differ in bits, not in meaning.)
+void set_specials(Vec& Y, Vec& dY) {
+  for (size_t k = 0; k < Y.size(); k += 97) Y[k] = std::numeric_limits<float>::quiet_NaN();
+  for (size_t k = 5; k < dY.size(); k += 89) dY[k] = -0.0f;
+}
+
+TEST_F(Parity, StreamingMaskedReductionsAreTheLegacyKernelsBitForBit) {
+  struct GroupCase {
+    int64_t n;
+    int S, w;
+    int64_t lddyg, out_offset, in_offset;
+    bool relu;
+  };
+  const GroupCase groups[] = {
+      {0, 5, 256, 256, 0, 0, true},      {1, 1, 4, 4, 0, 0, true},
+      {3000, 5, 256, 256, 0, 0, true},   {3000, 5, 64, 192, 0, 0, false},
+      {3000, 5, 128, 192, 64, 0, false}, {777, 51, 128, 130, 0, 0, true},
+      {100, 5, 7, 7, 0, 0, true},        {100, 9, 64, 64, 1, 1, true},
+      {209715, 5, 256, 256, 0, 0, true}};  // ml-20m-mlperf's layer 0 (GPU only)
+  for (const GroupCase& c : groups) {
+    const int64_t B = c.n * c.S;
+    if (!on_gpu() && B * c.w > (int64_t{1} << 24)) continue;  // the stand-in skips the largest
+    const std::string what = shape({{"n", c.n},
+                                    {"S", c.S},
+                                    {"w", c.w},
+                                    {"lddyg", c.lddyg},
+                                    {"offset", c.in_offset},
+                                    {"relu", c.relu}});
+    const size_t rows = size_t(B) * c.w + size_t(c.in_offset);
+    Vec Y = random_vec(rows, gen_), dY = random_vec(rows, gen_, -1.0f / 64, 1.0f / 64);
+    for (float& y : Y) y = std::max(y, 0.0f);
+    set_specials(Y, dY);
+    const size_t out_rows = size_t(c.n) * c.lddyg + size_t(c.out_offset);
+    Vec dU(out_rows, 7.0f), db(size_t(c.w), 0.0f);
+    Buffer<float> gY = up(Y), gdY_s = up(dY), gdY_l = up(dY), gdU_s = up(dU), gdU_l = up(dU),
+                  gdb_s = up(db), gdb_l = up(db);
+    const int64_t off = c.in_offset;
+    float* dbp = c.relu ? db.data() : nullptr;
+    group_sum_backward(cpu_, Y.data() + off, dY.data() + off, c.n, c.S, c.w,
+                       dU.data() + c.out_offset, c.lddyg, dbp, c.relu);
+    set_masked_reductions(MaskedReductions::kLegacy);
+    group_sum_backward(gpu_, gY.data() + off, gdY_l.data() + off, c.n, c.S, c.w,
+                       gdU_l.data() + c.out_offset, c.lddyg, c.relu ? gdb_l.data() : nullptr,
+                       c.relu);
+    set_masked_reductions(MaskedReductions::kStreaming);
+    group_sum_backward(gpu_, gY.data() + off, gdY_s.data() + off, c.n, c.S, c.w,
+                       gdU_s.data() + c.out_offset, c.lddyg, c.relu ? gdb_s.data() : nullptr,
+                       c.relu);
+    const Vec stream_dy = down(gdY_s), stream_du = down(gdU_s);
+    expect_same(stream_dy, dY, what + "streaming masked dY vs the CPU twin");
+    expect_same(stream_du, dU, what + "streaming group sums vs the CPU twin (padding untouched)");
+    expect_same(stream_dy, down(gdY_l), what + "masked dY, streaming vs legacy");
+    expect_same(stream_du, down(gdU_l), what + "group sums, streaming vs legacy");
+    expect_same(down(gdb_s), down(gdb_l), what + "db, streaming vs legacy");
+  }
+
+  struct LinearCase {
+    int64_t B;
+    int in, out;
+    int64_t offset;
+  };
+  const LinearCase linears[] = {
+      {0, 8, 256, 0},         {1, 5, 3, 0},         {1000, 8, 256, 0},
+      {1000, 5, 3, 1},        {1000, 64, 8, 1},     {64 * 256 + 1, 256, 128, 0},
+      {1048575, 256, 128, 0}, {1048575, 128, 64, 0}};  // the last two: GPU only
+  for (const LinearCase& c : linears)
+    for (bool relu : {true, false})
+      for (bool with_db : {true, false})
+        for (GradMode mode : {GradMode::kOverwrite, GradMode::kAccumulate}) {
+          if (!relu && !with_db) continue;  // nothing masked, nothing summed: no kernel of these
+          if (!on_gpu() && c.B * std::max(c.in, c.out) > (int64_t{1} << 24)) continue;
+          if (c.B > (int64_t{1} << 16) && mode == GradMode::kAccumulate) continue;  // time
+          const std::string what = shape({{"B", c.B},
+                                          {"in", c.in},
+                                          {"out", c.out},
+                                          {"offset", c.offset},
+                                          {"relu", relu},
+                                          {"db", with_db},
+                                          {"accumulate", mode == GradMode::kAccumulate}});
+          const int64_t off = c.offset;
+          Vec X = random_vec(size_t(c.B) * c.in, gen_), W = random_vec(size_t(c.out) * c.in, gen_);
+          Vec Y = random_vec(size_t(c.B) * c.out + size_t(off), gen_);
+          for (float& y : Y) y = std::max(y, 0.0f);
+          Vec dY = random_vec(Y.size(), gen_, -1.0f / 1024, 1.0f / 1024);
+          set_specials(Y, dY);
+          Vec dX(size_t(c.B) * c.in, 9.0f), dW = random_vec(size_t(c.out) * c.in, gen_),
+                                            db = random_vec(size_t(c.out), gen_);
+          Buffer<float> gX = up(X), gW = up(W), gY = up(Y);
+          Buffer<float> gdY_s = up(dY), gdX_s = up(dX), gdW_s = up(dW), gdb_s = up(db);
+          Buffer<float> gdY_l = up(dY), gdX_l = up(dX), gdW_l = up(dW), gdb_l = up(db);
+          if (c.B * std::max(c.in, c.out) <=
+              (int64_t{1} << 23)) {  // the CPU twin: the mask bit for bit
+            linear_backward(cpu_, X.data(), W.data(), relu ? Y.data() + off : nullptr,
+                            dY.data() + off, dX.data(), dW.data(), with_db ? db.data() : nullptr,
+                            c.B, c.in, c.out, relu, mode);
+          }
+          set_masked_reductions(MaskedReductions::kLegacy);
+          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
+                          gdY_l.data() + off, gdX_l.data(), gdW_l.data(),
+                          with_db ? gdb_l.data() : nullptr, c.B, c.in, c.out, relu, mode);
+          set_masked_reductions(MaskedReductions::kStreaming);
+          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
+                          gdY_s.data() + off, gdX_s.data(), gdW_s.data(),
+                          with_db ? gdb_s.data() : nullptr, c.B, c.in, c.out, relu, mode);
+          const Vec stream_dy = down(gdY_s);
+          if (c.B * std::max(c.in, c.out) <= (int64_t{1} << 23))
+            expect_same(stream_dy, dY, what + "streaming dZ vs the CPU twin");
+          expect_same(stream_dy, down(gdY_l), what + "dZ, streaming vs legacy");
+          expect_same(down(gdb_s), down(gdb_l), what + "db, streaming vs legacy");
+          expect_same(down(gdW_s), down(gdW_l), what + "dweights, streaming vs legacy");
+          expect_same(down(gdX_s), down(gdX_l), what + "dX, streaming vs legacy");
+        }
 }
 
 TEST_F(Parity, BceWithLogitsPaddingWeightsAndExtremes) {

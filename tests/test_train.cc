@@ -230,6 +230,36 @@ TEST_F(TrainTest, TheDefaultDeviceIsAutoAndTheStartUpLineSaysWhichAndWhy) {
       << r.output;
 }
 
+// NCF_MASKED_REDUCTIONS picks the GPU's masked-reduction kernels (ops.h): a value
+// that is neither streaming nor legacy is refused on every rank, naming the
+// variable and the value; legacy trains the same numbers (on the CPU it changes
+// nothing; on a GPU the same bits, Parity.StreamingMaskedReductions...).
+TEST_F(TrainTest, TheMaskedReductionsVariableIsReadAndABadValueRefused) {
+  const std::string args = " --device cpu --data_dir " + data() +
+                           " --batch_size 2000 --train_epochs 1 --threads 1 --no_eval";
+  auto bad = run("NCF_MASKED_REDUCTIONS=fast timeout -k 5 120 " + test::mpirun(2) + " " +
+                 bin("ncf_dist") + args);
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("ncf_dist: error: [rank 0] environment variable "
+                            "NCF_MASKED_REDUCTIONS=fast: expected streaming or legacy"),
+            std::string::npos)
+      << bad.output;
+  auto legacy = run("NCF_MASKED_REDUCTIONS=legacy timeout -k 5 120 " + bin("ncf_dist") + args);
+  auto streaming =
+      run("NCF_MASKED_REDUCTIONS=streaming timeout -k 5 120 " + bin("ncf_dist") + args);
+  ASSERT_EQ(legacy.exit_code, 0) << legacy.output;
+  ASSERT_EQ(streaming.exit_code, 0) << streaming.output;
+  auto losses = [](const std::string& out) {  // the epoch lines' loss
+    std::string got;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("     1 ", 0) == 0) got += line.substr(0, 20) + "\n";
+    return got;
+  };
+  EXPECT_FALSE(losses(legacy.output).empty()) << legacy.output;
+  EXPECT_EQ(losses(legacy.output), losses(streaming.output));
+}
+
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
 // singleton init cannot start (no launcher variables, an installation prefix that
 // does not exist: MPI_Init finds no orted); `--comm mpi` asks for MPI and fails there,

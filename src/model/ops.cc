@@ -190,7 +190,21 @@ void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float*
 
 namespace {
 std::atomic<MathMode> g_math_mode{MathMode::kTf32};
+std::atomic<MaskedReductions> g_masked_reductions{MaskedReductions::kStreaming};
 }  // namespace
+
+void set_masked_reductions(MaskedReductions kernels) { g_masked_reductions.store(kernels); }
+MaskedReductions masked_reductions() { return g_masked_reductions.load(); }
+
+MaskedReductions parse_masked_reductions(const std::string& name, const std::string& what) {
+  if (name == "streaming") return MaskedReductions::kStreaming;
+  if (name == "legacy") return MaskedReductions::kLegacy;
+  NCF_FAIL(what, "=", name, ": expected streaming or legacy");
+}
+
+const char* masked_reductions_name(MaskedReductions kernels) {
+  return kernels == MaskedReductions::kLegacy ? "legacy" : "streaming";
+}
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

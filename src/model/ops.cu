@@ -462,6 +462,136 @@ struct GroupRowsOp {  // column sums of dYg
   __device__ double operator()(int64_t p, int c) const { return dYg[p * lddyg + c]; }
 };
 
+// ---- streaming masked reductions (MaskedReductions::kStreaming) ---------------------
+// The legacy kernels above mask in place inside their sums' loops: a load, a
+// conditional store into the lines the warp is reading, the next load, with no
+// __restrict__, so each thread has one load in flight and a warp waits on a
+// chain of round trips (shared/GPU_STEP.md 2.1: 5-8% of HBM bandwidth). These
+// issue every load of a row group before any store, store the masked values in
+// full (the unmasked lanes rewrite what they read, bit for bit), and sum in the
+// same order in double: the same results as the legacy kernels, bit for bit.
+
+// L consecutive floats of a row: one float4 (L = 4, 16-byte aligned) or one float.
+template <int L>
+struct Lanes {
+  float v[L];
+};
+template <int L>
+__device__ __forceinline__ Lanes<L> load_lanes(const float* __restrict__ p) {
+  Lanes<L> r;
+  if constexpr (L == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
+  } else {
+    r.v[0] = *p;
+  }
+  return r;
+}
+template <int L>
+__device__ __forceinline__ void store_lanes(float* __restrict__ p, const Lanes<L>& r) {
+  if constexpr (L == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+    *p = r.v[0];
+  }
+}
+
+constexpr int kGroupRowsInFlight = 8;  // rows of a group loaded before the first store
+
+// One thread per (group p, L columns from j): the group's rows are taken
+// kGroupRowsInFlight at a time, all their loads first; the masked rows are
+// stored whole (kRelu), and each column's sum runs in s order in double, as
+// group_sum_kernel's. A warp covers 32·L consecutive columns of one row.
+// vec_out: dYg's rows may take float4 stores (16-byte aligned, lddyg % 4 == 0).
+template <int L, bool kRelu>
+__global__ void __launch_bounds__(kThreads)
+    group_sum_stream_kernel(const float* __restrict__ Y, float* __restrict__ dY, int64_t n, int S,
+                            int out, float* __restrict__ dYg, int64_t lddyg, bool vec_out) {
+  const int per_row = out / L;
+  const int64_t total = n * per_row;
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t p = x / per_row;
+    const int j = static_cast<int>(x - p * per_row) * L;
+    const int64_t first = p * S * out + j;
+    double acc[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) acc[l] = 0.0;
+    for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
+      const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
+      Lanes<L> g[kGroupRowsInFlight], y[kGroupRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k) {
+        if (k < m) {
+          const int64_t i = first + static_cast<int64_t>(s0 + k) * out;
+          g[k] = load_lanes<L>(dY + i);
+          if (kRelu) y[k] = load_lanes<L>(Y + i);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k) {
+        if (k < m) {
+          if (kRelu) {
+#pragma unroll
+            for (int l = 0; l < L; ++l) g[k].v[l] = y[k].v[l] > 0.0f ? g[k].v[l] : 0.0f;
+            store_lanes<L>(dY + first + static_cast<int64_t>(s0 + k) * out, g[k]);
+          }
+#pragma unroll
+          for (int l = 0; l < L; ++l) acc[l] += g[k].v[l];
+        }
+      }
+    }
+    Lanes<L> r;
+#pragma unroll
+    for (int l = 0; l < L; ++l) r.v[l] = static_cast<float>(acc[l]);
+    float* dst = dYg + p * lddyg + j;
+    if (vec_out) {
+      store_lanes<L>(dst, r);
+    } else {
+#pragma unroll
+      for (int l = 0; l < L; ++l) dst[l] = r.v[l];
+    }
+  }
+}
+
+// dY[i] = Y[i] > 0 ? dY[i] : 0 for i < n (NaN → 0, as relu_mask_kernel): full
+// stores, four floats at a time when both arrays are 16-byte aligned (vec), the
+// last n % 4 (or all, without vec) one at a time.
+__global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __restrict__ dY,
+                                        int64_t n, bool vec) {
+  const int64_t quads = vec ? n / 4 : 0;
+  for (int64_t q = thread_first(); q < quads; q += thread_stride()) {
+    const float4 y = reinterpret_cast<const float4*>(Y)[q];
+    float4 g = reinterpret_cast<const float4*>(dY)[q];
+    g.x = y.x > 0.0f ? g.x : 0.0f;
+    g.y = y.y > 0.0f ? g.y : 0.0f;
+    g.z = y.z > 0.0f ? g.z : 0.0f;
+    g.w = y.w > 0.0f ? g.w : 0.0f;
+    reinterpret_cast<float4*>(dY)[q] = g;
+  }
+  for (int64_t i = quads * 4 + thread_first(); i < n; i += thread_stride())
+    dY[i] = Y[i] > 0.0f ? dY[i] : 0.0f;
+}
+
+// Column sums of a row-major [B × out] array, read only (the streaming bias gradient).
+struct ColumnsOp {
+  const float* __restrict__ X;
+  int out;
+  __device__ double operator()(int64_t b, int c) const { return X[b * out + c]; }
+};
+
+template <int L>
+void launch_group_sum_stream(cudaStream_t stream, const float* Y, float* dY, int64_t n, int S,
+                             int out, float* dYg, int64_t lddyg, bool relu, bool vec_out) {
+  const unsigned grid = grid_for(n * (out / L));
+  if (relu) {
+    group_sum_stream_kernel<L, true>
+        <<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg, vec_out);
+  } else {
+    group_sum_stream_kernel<L, false>
+        <<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg, vec_out);
+  }
+}
+
 }  // namespace
 
 // ---- the twins -------------------------------------------------------------------------
@@ -525,8 +655,16 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
       }
     });
   }
-  // 1. dZ: mask dY in place, fused with the bias column sums when there is a bias.
-  if (db) {
+  // 1. dZ: dY masked in place, and the bias column sums of it when there is a bias.
+  if (masked_reductions() == MaskedReductions::kStreaming) {
+    if (relu && B > 0) {
+      relu_mask_stream_kernel<<<grid_for(B * out / 4 + 1), kThreads, 0, stream>>>(
+          Y, dY, B * out, aligned16(Y) && aligned16(dY));
+      check_launch(op);
+    }
+    if (db)
+      deterministic_col_sums(stream, B, out, ColumnsOp{dY, out}, partial, GradStore{db, add}, op);
+  } else if (db) {  // legacy: the mask fused into the sums' loop
     deterministic_col_sums(stream, B, out, LinearBiasOp{dY, Y, out, relu}, partial,
                            GradStore{db, add}, op);
   } else if (relu && B > 0) {
@@ -594,7 +732,16 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
                         int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";
   cudaStream_t stream = stream_of(ctx);
-  if (n > 0) {
+  if (n > 0 && masked_reductions() == MaskedReductions::kStreaming) {
+    const bool vec = out % 4 == 0 && aligned16(dY) && (!relu || aligned16(Y));
+    if (vec) {
+      launch_group_sum_stream<4>(stream, Y, dY, n, S, out, dYg, lddyg, relu,
+                                 aligned16(dYg) && lddyg % 4 == 0);
+    } else {
+      launch_group_sum_stream<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu, false);
+    }
+    check_launch(op);
+  } else if (n > 0) {
     group_sum_kernel<<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg,
                                                                  relu);
     check_launch(op);
