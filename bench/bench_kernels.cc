@@ -10,7 +10,10 @@
 // minimum. GB/s counts the logical bytes of the op: every input element read once
 // and every output written once (what a perfect kernel would move), so a gather
 // from a table that fits in the GPU's L2 may exceed the DRAM peak; %peak is
-// against the DRAM bandwidth reported by the device.
+// against the DRAM bandwidth reported by the device. On the GPU the masked
+// reductions (layer 0's group sum, layers 1 and 2's backward, the grouped tower)
+// run twice, with the legacy and the streaming kernels (ops.h MaskedReductions),
+// the streaming rows checked against the legacy rows' bits.
 //
 // Inputs are seeded: users drawn in proportion to the synthetic ml-20m activity
 // counts (data/synthetic.h), positive items from a Zipf(1) popularity over a
@@ -18,7 +21,7 @@
 // lists of those counts, as in the trainer's batches.
 //
 //   bench_kernels [--device cuda|cpu] [--gpu 0] [--batch 1048576] [--repeats 20]
-//                 [--warmup 3] [--threads 0] [--eval_users 138493] [--filter NAME]
+//                 [--warmup 3] [--threads 0] [--eval_users 138493] [--filter NAME[,NAME...]]
 //                 [--json FILE]
 // A check that fails marks its row FAIL and the exit code 1; --device cuda without
 // a usable GPU stops with the reason, exit code 1.
@@ -28,6 +31,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -238,8 +242,17 @@ class Bench {
   Bench(const ExecContext& ctx, const Options& o, double peak_gbs)
       : ctx_(ctx), o_(o), peak_gbs_(peak_gbs) {}
 
+  // --filter: comma-separated parts, a case runs when its name contains one of them.
   bool selected(const std::string& name) const {
-    return o_.filter.empty() || name.find(o_.filter) != std::string::npos;
+    if (o_.filter.empty()) return true;
+    size_t from = 0;
+    while (from <= o_.filter.size()) {
+      const size_t comma = std::min(o_.filter.find(',', from), o_.filter.size());
+      const std::string part = o_.filter.substr(from, comma - from);
+      if (!part.empty() && name.find(part) != std::string::npos) return true;
+      from = comma + 1;
+    }
+    return false;
   }
 
   // verify() returns "" when the result is right, else what is wrong; it runs the
@@ -646,6 +659,133 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
   set_math_mode(MathMode::kTf32);
 }
 
+// The masked reductions (ops.h MaskedReductions) with the legacy and the streaming
+// kernels in the same binary, at the step's shapes: layer 0's group sum (n = B / S
+// users, S = 1 + kNumNeg, out 256, the ReLU mask and the bias gradient), the
+// backward of layers 1 and 2 (mask, bias gradient, dX and dweights GEMMs), and the
+// whole tower forward + backward as ncf_dist runs it (n users of S samples). The
+// streaming kernels' check: the same bits as the legacy ones. The byte counts are
+// the logical bytes of the op (each array read or written once), the same for both
+// variants, so their GB/s compare like their times.
+void masked_reduction_cases(Bench& bench, const ExecContext& ctx, const Options& o,
+                            const HostBatch& hb, int D) {
+  const Device dev = ctx.device;
+  if (dev != Device::kCuda) return;  // the two variants differ on the GPU only
+  const int threads = std::max(1, ctx.threads);
+  const int S = 1 + kNumNeg;
+  const int64_t n = hb.B / S, B = n * S;
+  const MaskedReductions variants[] = {MaskedReductions::kLegacy, MaskedReductions::kStreaming};
+  // Post-ReLU activations (about half zeros) and their gradients.
+  auto post_relu = [&](uint64_t stream, int64_t count) {
+    std::vector<float> v = host_uniform(threads, o.seed, stream, count, -1.0f, 1.0f);
+    for (float& x : v) x = std::max(x, 0.0f);
+    return v;
+  };
+  auto run_both = [&](const std::string& base, const std::string& shape, double bytes, double flops,
+                      const std::function<void()>& op,
+                      const std::function<std::vector<std::vector<float>>()>& outputs,
+                      const std::function<void()>& reset) {
+    std::vector<std::vector<float>> legacy;
+    for (const MaskedReductions v : variants) {
+      const std::string name = base + " " + masked_reductions_name(v);
+      if (!bench.selected(name)) continue;
+      set_masked_reductions(v);
+      bench.run(name, shape, bytes, double(B), "samples", flops, op, [&]() -> std::string {
+        reset();
+        op();
+        check_device_errors(ctx);
+        std::vector<std::vector<float>> got = outputs();
+        if (v == MaskedReductions::kLegacy) {
+          legacy = std::move(got);
+          return "";  // the reference of the streaming row's check
+        }
+        if (legacy.empty()) return "";  // legacy filtered out: nothing to compare with
+        int64_t bad = 0;
+        for (size_t k = 0; k < got.size(); ++k)
+          for (size_t i = 0; i < got[k].size(); ++i)
+            bad += std::memcmp(&got[k][i], &legacy[k][i], sizeof(float)) != 0;
+        return bad ? std::to_string(bad) + " values differ from the legacy kernels' bits" : "";
+      });
+    }
+    set_masked_reductions(MaskedReductions::kStreaming);
+  };
+
+  {  // layer 0's group sum
+    const int out = kLayers[1];
+    const std::vector<float> hY = post_relu(61, B * out);
+    const std::vector<float> hdY = host_uniform(threads, o.seed, 62, B * out, -1e-3f, 1e-3f);
+    Buffer<float> Y = to_device(dev, hY), dY = to_device(dev, hdY);
+    Buffer<float> dU(dev, n * out), db(dev, out);
+    run_both(
+        "group_sum_backward", shape_str("n=%lld S=%d out=%d, mask + db", (long long)n, S, out),
+        4.0 * (3.0 * B * out + 2.0 * n * out), 0,
+        [&] {
+          group_sum_backward(ctx, Y.data(), dY.data(), n, S, out, dU.data(), out, db.data(), true);
+        },
+        [&] {
+          return std::vector<std::vector<float>>{to_host(dY, B * out), to_host(dU, n * out),
+                                                 to_host(db, out)};
+        },
+        [&] { device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float)); });
+  }
+  for (size_t l = 1; l + 1 < kLayers.size(); ++l) {  // layers 1 and 2
+    const int in = kLayers[l], out = kLayers[l + 1];
+    const std::vector<float> hY = post_relu(63 + l, B * out);
+    const std::vector<float> hdY = host_uniform(threads, o.seed, 66 + l, B * out, -1e-3f, 1e-3f);
+    Buffer<float> X = to_device(dev, post_relu(69 + l, B * in));
+    Buffer<float> W =
+        to_device(dev, host_uniform(threads, o.seed, 72 + l, int64_t(out) * in, -0.1f, 0.1f));
+    Buffer<float> Y = to_device(dev, hY), dY = to_device(dev, hdY);
+    Buffer<float> dX(dev, B * in), dW(dev, int64_t(out) * in), db(dev, out);
+    run_both(
+        "linear_backward L" + std::to_string(l),
+        shape_str("B=%lld in=%d out=%d, mask + db + GEMMs", (long long)B, in, out),
+        4.0 * (5.0 * B * out + 2.0 * B * in), 2.0 * 2.0 * double(B) * in * out,
+        [&] {
+          linear_backward(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
+                          db.data(), B, in, out, true, GradMode::kOverwrite);
+        },
+        [&] {
+          return std::vector<std::vector<float>>{to_host(dY, B * out), to_host(db, out),
+                                                 to_host(dW, int64_t(out) * in),
+                                                 to_host(dX, B * in)};
+        },
+        [&] { device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float)); });
+  }
+  {  // the tower as ncf_dist runs it: n users of S samples
+    NeuMFConfig cfg;
+    cfg.mf_dim = kMf;
+    cfg.layers = kLayers;
+    NeuMF model(cfg, dev);
+    model.init(o.seed);
+    Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 81, n * D, -0.02f, 0.02f));
+    Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 82, B * D, -0.02f, 0.02f));
+    Buffer<float> dlogits =
+        to_device(dev, host_uniform(threads, o.seed, 83, B, -1.0f / float(B), 1.0f / float(B)));
+    Buffer<float> logits(dev, B), du(dev, n * D), di(dev, B * D);
+    double macs = 0;
+    for (size_t l = 0; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
+    for (const MathMode mode : {MathMode::kTf32, MathMode::kBf16}) {
+      set_math_mode(mode);
+      run_both(
+          std::string("neumf_fwd_bwd_grouped ") + math_mode_name(mode),
+          shape_str("n=%lld S=%d D=%d layers 256,256,128,64", (long long)n, S, D), 0,
+          3 * 2 * macs * double(B),
+          [&] {
+            model.forward(ctx, urows.data(), irows.data(), n, S, logits.data());
+            model.backward(ctx, dlogits.data(), du.data(), di.data());
+          },
+          [&] {
+            return std::vector<std::vector<float>>{to_host(logits, B),
+                                                   to_host(model.grads(), model.num_params()),
+                                                   to_host(du, n * D), to_host(di, B * D)};
+          },
+          [] {});
+    }
+    set_math_mode(MathMode::kTf32);
+  }
+}
+
 // The head's backward on its own: dH = dlogits·w^T and the F + 1 column sums
 // dw = H^T·dlogits, dc = Σ dlogits over all B rows (at B = 2^20: 4096 row chunks
 // whose partials the deterministic column sums combine).
@@ -854,6 +994,7 @@ int bench_main(const Options& o) {
   table_cases(bench, ctx, o, {"user", kUsers, &hb.users}, hb.B, D);
   table_cases(bench, ctx, o, {"item", kItems, &hb.items}, hb.B, D);
   tower_cases(bench, ctx, o, hb, D);
+  masked_reduction_cases(bench, ctx, o, hb, D);
   head_case(bench, ctx, o, hb);
   bce_cases(bench, ctx, o, hb);
   negatives_case(bench, ctx, o, hb);
@@ -929,7 +1070,8 @@ int main(int argc, char** argv) {
   app.add_option("--eval_users", o.eval_users, "users of the hit_ndcg case (lists of 1000)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of every input")->capture_default_str();
-  app.add_option("--filter", o.filter, "run only the cases whose name contains this");
+  app.add_option("--filter", o.filter,
+                 "run only the cases whose name contains this (or one of these, comma-separated)");
   app.add_option("--json", o.json, "also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   try {

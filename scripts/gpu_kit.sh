@@ -6,7 +6,7 @@
 #   bash scripts/gpu_kit.sh pack       here (Debian 12): the Debian packages the build and the
 #                                      runs need, minus what any machine with a compiler has,
 #                                      into .gpu-kit/ (git-ignored); bring .gpu-kit along
-#   bash scripts/gpu_kit.sh run [build|tests|bench|all]
+#   bash scripts/gpu_kit.sh run [build|tests|bench|step|all]
 #                                      there, from the repository root: unpack .gpu-kit into a
 #                                      prefix under .gpu-kit/, configure and build build-gpu/
 #                                      for that GPU, run the stages, record the results
@@ -779,6 +779,83 @@ run_bench() {
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
 }
 
+# ---- step ------------------------------------------------------------------------------------------------
+# The GPU step's kernels, old against new, in one call of about 6 minutes after the build:
+# first what shows a broken kernel (the parity of the changed ops, the streaming kernels
+# against the legacy ones bit for bit, two identical runs), then the speed (the changed ops
+# in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
+# bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
+# PyTorch on the same GPU and batch. step.md puts the figures side by side.
+step_parity_filter="Parity.StreamingMaskedReductionsAreTheLegacyKernelsBitForBit:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*"
+do_step_parity() {
+  ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
+    --gtest_filter="$step_parity_filter"
+}
+do_step_kernels() {
+  ours "$build/bench/bench_kernels" --device cuda --warmup 2 --repeats 10 \
+    --filter "group_sum_backward,linear_backward L,neumf_fwd_bwd_grouped" --json "$out/step_kernels.json"
+}
+fig_step_kernels() {
+  [ -s "$out/step_kernels.json" ] || return 0
+  python3 - "$out/step_kernels.json" <<'EOF'
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+bad = [c["name"] for c in cases if str(c.get("check", "ok")).startswith("FAIL")]
+parts = [f"{c['name']} {c['median_ms']:.2f} ms" for c in cases]
+print(("FAIL: " + ", ".join(bad) + "; " if bad else "") + "; ".join(parts))
+EOF
+}
+do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phases on its line
+  ours env NCF_MASKED_REDUCTIONS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
+    --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
+    --no_eval --step_log --progress off
+}
+fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce
+  python3 - "$1" <<'EOF'
+import re, statistics, sys
+ms, samples = [], 0
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"\s*step (\d+): (\d+) samples, exchange ([\d.]+) ms, compute ([\d.]+) ms, allreduce ([\d.]+) ms", line)
+    if m and 10 <= int(m.group(1)) <= 40:
+        ms.append(float(m.group(3)) + float(m.group(4)) + float(m.group(5)))
+        samples = int(m.group(2))
+if not ms:
+    print("no step lines"); sys.exit(0)
+med = statistics.median(ms)
+print(f"median step {med:.2f} ms over {len(ms)} steps = {samples / med * 1e3 / 1e6:.1f} M samples/s")
+EOF
+}
+do_step_nsys() {
+  local nsys
+  nsys="$(command -v nsys || true)"
+  [ -n "$nsys" ] || { echo "no nsys on this machine"; return 0; }
+  ours "$nsys" profile --force-overwrite true -o "$out/step_nsys" --stats=false \
+    "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --train_epochs 1 --max_steps 12 --no_eval --progress off >/dev/null &&
+    theirs "$nsys" stats --report cuda_gpu_kern_sum --format csv "$out/step_nsys.nsys-rep" |
+    head -n 20
+}
+run_step() {
+  built || { record step FAIL "no build in $build" 0; return 0; }
+  stage step_parity 1 150 fig_parity -- do_step_parity
+  stage data_small 0 120 fig_tail -- do_small_data
+  stage determinism 1 120 fig_tail -- do_determinism
+  stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
+  stage data_ml20m 0 240 fig_tail -- do_m20_data
+  local p k
+  for p in tf32 bf16; do
+    for k in legacy streaming; do
+      stage "step_${p}_${k}" 1 90 fig_step_train -- do_step_train "$p" "$k"
+    done
+  done
+  for p in tf32 bf16; do
+    stage "train_${p}_throughput" 1 120 fig_thr -- train_m20 "train_${p}_throughput" \
+      "$build/src/ncf_dist" --precision "$p" --train_epochs 2 --no_eval
+  done
+  stage step_nsys 1 120 fig_tail -- do_step_nsys
+  stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
+}
+
 # ---- info and summary ------------------------------------------------------------------------------------
 write_info() {
   {
@@ -820,7 +897,7 @@ write_summary() {
 
 cmd_run() {
   local what=${1:-all}
-  case "$what" in build | tests | bench | all) ;; *) die "run: unknown '$what' (build, tests, bench, all)" ;; esac
+  case "$what" in build | tests | bench | step | all) ;; *) die "run: unknown '$what' (build, tests, bench, step, all)" ;; esac
   t_start=$(date +%s)
   budget="${NCF_KIT_BUDGET:-540}"
   build="${NCF_KIT_BUILD:-build-gpu}"
@@ -848,6 +925,7 @@ cmd_run() {
   case "$what" in
     tests) run_tests ;;
     bench) run_bench ;;
+    step) run_step ;;
     all) run_tests; run_bench ;;
   esac
   write_info
@@ -953,7 +1031,7 @@ main() {
     pack) cmd_pack ;;
     run) shift; cmd_run "$@" ;;
     rehearse) cmd_rehearse ;;
-    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|all] | rehearse" ;;
+    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|all] | rehearse" ;;
   esac
 }
 # main and exit on one line: bash has read all of it before main runs, so editing this file
