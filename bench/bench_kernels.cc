@@ -10,10 +10,11 @@
 // minimum. GB/s counts the logical bytes of the op: every input element read once
 // and every output written once (what a perfect kernel would move), so a gather
 // from a table that fits in the GPU's L2 may exceed the DRAM peak; %peak is
-// against the DRAM bandwidth reported by the device. On the GPU the masked
-// reductions (layer 0's group sum, layers 1 and 2's backward, the grouped tower)
-// run twice, with the legacy and the streaming kernels (ops.h MaskedReductions),
-// the streaming rows checked against the legacy rows' bits.
+// against the DRAM bandwidth reported by the device. On the GPU the tower's
+// element-wise and masked passes (layer 0's join and group sum, layers 1 and 2's
+// backward, the grouped tower) run twice, with the legacy and the streaming
+// kernels (ops.h StepKernels), the streaming rows checked against the legacy
+// rows' bits.
 //
 // Inputs are seeded: users drawn in proportion to the synthetic ml-20m activity
 // counts (data/synthetic.h), positive items from a Zipf(1) popularity over a
@@ -659,22 +660,23 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
   set_math_mode(MathMode::kTf32);
 }
 
-// The masked reductions (ops.h MaskedReductions) with the legacy and the streaming
-// kernels in the same binary, at the step's shapes: layer 0's group sum (n = B / S
+// The tower step's element-wise and masked passes (ops.h StepKernels) with the
+// legacy and the streaming kernels in the same binary, at the step's shapes: layer
+// 0's forward join (group_bias_act) and group sum (n = B / S
 // users, S = 1 + kNumNeg, out 256, the ReLU mask and the bias gradient), the
 // backward of layers 1 and 2 (mask, bias gradient, dX and dweights GEMMs), and the
 // whole tower forward + backward as ncf_dist runs it (n users of S samples). The
 // streaming kernels' check: the same bits as the legacy ones. The byte counts are
 // the logical bytes of the op (each array read or written once), the same for both
 // variants, so their GB/s compare like their times.
-void masked_reduction_cases(Bench& bench, const ExecContext& ctx, const Options& o,
-                            const HostBatch& hb, int D) {
+void step_kernel_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb,
+                       int D) {
   const Device dev = ctx.device;
   if (dev != Device::kCuda) return;  // the two variants differ on the GPU only
   const int threads = std::max(1, ctx.threads);
   const int S = 1 + kNumNeg;
   const int64_t n = hb.B / S, B = n * S;
-  const MaskedReductions variants[] = {MaskedReductions::kLegacy, MaskedReductions::kStreaming};
+  const StepKernels variants[] = {StepKernels::kLegacy, StepKernels::kStreaming};
   // Post-ReLU activations (about half zeros) and their gradients.
   auto post_relu = [&](uint64_t stream, int64_t count) {
     std::vector<float> v = host_uniform(threads, o.seed, stream, count, -1.0f, 1.0f);
@@ -686,16 +688,16 @@ void masked_reduction_cases(Bench& bench, const ExecContext& ctx, const Options&
                       const std::function<std::vector<std::vector<float>>()>& outputs,
                       const std::function<void()>& reset) {
     std::vector<std::vector<float>> legacy;
-    for (const MaskedReductions v : variants) {
-      const std::string name = base + " " + masked_reductions_name(v);
+    for (const StepKernels v : variants) {
+      const std::string name = base + " " + step_kernels_name(v);
       if (!bench.selected(name)) continue;
-      set_masked_reductions(v);
+      set_step_kernels(v);
       bench.run(name, shape, bytes, double(B), "samples", flops, op, [&]() -> std::string {
         reset();
         op();
         check_device_errors(ctx);
         std::vector<std::vector<float>> got = outputs();
-        if (v == MaskedReductions::kLegacy) {
+        if (v == StepKernels::kLegacy) {
           legacy = std::move(got);
           return "";  // the reference of the streaming row's check
         }
@@ -707,9 +709,22 @@ void masked_reduction_cases(Bench& bench, const ExecContext& ctx, const Options&
         return bad ? std::to_string(bad) + " values differ from the legacy kernels' bits" : "";
       });
     }
-    set_masked_reductions(MaskedReductions::kStreaming);
+    set_step_kernels(StepKernels::kStreaming);
   };
 
+  {  // layer 0's forward join: Y = ReLU(Y + U0[b / S] + b0), after the items' GEMM
+    const int out = kLayers[1];
+    const std::vector<float> hY = host_uniform(threads, o.seed, 58, B * out, -1.0f, 1.0f);
+    Buffer<float> Y = to_device(dev, hY);
+    Buffer<float> U0 = to_device(dev, host_uniform(threads, o.seed, 59, n * out, -1.0f, 1.0f));
+    Buffer<float> b0 = to_device(dev, host_uniform(threads, o.seed, 60, out, -0.1f, 0.1f));
+    run_both(
+        "group_bias_act", shape_str("n=%lld S=%d out=%d, + bias, ReLU", (long long)n, S, out),
+        4.0 * (2.0 * B * out + n * out), 0,
+        [&] { group_bias_act(ctx, Y.data(), U0.data(), b0.data(), n, S, out, true); },
+        [&] { return std::vector<std::vector<float>>{to_host(Y, B * out)}; },
+        [&] { device_copy(dev, Y.data(), Device::kCpu, hY.data(), hY.size() * sizeof(float)); });
+  }
   {  // layer 0's group sum
     const int out = kLayers[1];
     const std::vector<float> hY = post_relu(61, B * out);
@@ -994,7 +1009,7 @@ int bench_main(const Options& o) {
   table_cases(bench, ctx, o, {"user", kUsers, &hb.users}, hb.B, D);
   table_cases(bench, ctx, o, {"item", kItems, &hb.items}, hb.B, D);
   tower_cases(bench, ctx, o, hb, D);
-  masked_reduction_cases(bench, ctx, o, hb, D);
+  step_kernel_cases(bench, ctx, o, hb, D);
   head_case(bench, ctx, o, hb);
   bce_cases(bench, ctx, o, hb);
   negatives_case(bench, ctx, o, hb);

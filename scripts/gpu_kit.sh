@@ -786,14 +786,14 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="Parity.StreamingMaskedReductionsAreTheLegacyKernelsBitForBit:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*"
+step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*"
 do_step_parity() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
     --gtest_filter="$step_parity_filter"
 }
 do_step_kernels() {
   ours "$build/bench/bench_kernels" --device cuda --warmup 2 --repeats 10 \
-    --filter "group_sum_backward,linear_backward L,neumf_fwd_bwd_grouped" --json "$out/step_kernels.json"
+    --filter "group_bias_act,group_sum_backward,linear_backward L,neumf_fwd_bwd_grouped" --json "$out/step_kernels.json"
 }
 fig_step_kernels() {
   [ -s "$out/step_kernels.json" ] || return 0
@@ -806,7 +806,7 @@ print(("FAIL: " + ", ".join(bad) + "; " if bad else "") + "; ".join(parts))
 EOF
 }
 do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phases on its line
-  ours env NCF_MASKED_REDUCTIONS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
+  ours env NCF_STEP_KERNELS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
     --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
     --no_eval --step_log --progress off
 }

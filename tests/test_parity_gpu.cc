@@ -190,7 +190,7 @@ class Parity : public ::testing::Test {
   }
   void TearDown() override {
     set_math_mode(MathMode::kTf32);
-    set_masked_reductions(MaskedReductions::kStreaming);
+    set_step_kernels(StepKernels::kStreaming);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -704,16 +704,17 @@ TEST_F(Parity, ColumnSumsAtLargeBatches) {
   }
 }
 
-// The streaming masked reductions (MaskedReductions::kStreaming, the default)
-// against the legacy kernels they replace, both on the GPU, on the same inputs:
-// the same values summed in the same order, so every output must be the same
-// bits (the masked dZ, the group sums, db, and the GEMMs that read dZ). Shapes
-// take every path: float4 rows and scalar ones (a width not a multiple of 4, rows
-// one float off 16-byte alignment), dYg rows that take float4 stores or not,
-// groups longer than the rows loaded before the first store (S = 51), and the
-// ml-20m MLPerf step's shapes (on a GPU only); Y carries NaN (masked to 0) and dY
-// -0 (kept where Y > 0). Both are also held to the CPU twin: the mask
-// and the group sums bit for bit.
+// The streaming kernels (StepKernels::kStreaming, the default: the masked
+// reductions and group_bias_act) against the legacy kernels they replace, both
+// on the GPU, on the same inputs: the same values computed in the same order, so
+// every output must be the same bits (the masked dZ, the group sums, db, the
+// GEMMs that read dZ, the joined layer-0 rows). Shapes take every path: float4
+// rows and scalar ones (a width not a multiple of 4, rows one float off 16-byte
+// alignment), dYg rows that take float4 stores or not, groups longer than the
+// rows loaded before the first store (S = 51), a bias slice off alignment, and
+// the ml-20m MLPerf step's shapes (on a GPU only); Y carries NaN (masked to 0),
+// dY -0 (kept where Y > 0), and Y + Yg is exactly 0 here and there. Both are also
+// held to the CPU twin: the masks, group sums and joins bit for bit.
 // (No NaN in dY: a sum with a NaN gives the CPU's payload on the host and the
 // canonical NaN on the GPU, so the twins would differ in bits, not in meaning.)
 void set_specials(Vec& Y, Vec& dY) {
@@ -721,7 +722,7 @@ void set_specials(Vec& Y, Vec& dY) {
   for (size_t k = 5; k < dY.size(); k += 89) dY[k] = -0.0f;
 }
 
-TEST_F(Parity, StreamingMaskedReductionsAreTheLegacyKernelsBitForBit) {
+TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
   struct GroupCase {
     int64_t n;
     int S, w;
@@ -755,11 +756,11 @@ TEST_F(Parity, StreamingMaskedReductionsAreTheLegacyKernelsBitForBit) {
     float* dbp = c.relu ? db.data() : nullptr;
     group_sum_backward(cpu_, Y.data() + off, dY.data() + off, c.n, c.S, c.w,
                        dU.data() + c.out_offset, c.lddyg, dbp, c.relu);
-    set_masked_reductions(MaskedReductions::kLegacy);
+    set_step_kernels(StepKernels::kLegacy);
     group_sum_backward(gpu_, gY.data() + off, gdY_l.data() + off, c.n, c.S, c.w,
                        gdU_l.data() + c.out_offset, c.lddyg, c.relu ? gdb_l.data() : nullptr,
                        c.relu);
-    set_masked_reductions(MaskedReductions::kStreaming);
+    set_step_kernels(StepKernels::kStreaming);
     group_sum_backward(gpu_, gY.data() + off, gdY_s.data() + off, c.n, c.S, c.w,
                        gdU_s.data() + c.out_offset, c.lddyg, c.relu ? gdb_s.data() : nullptr,
                        c.relu);
@@ -770,6 +771,41 @@ TEST_F(Parity, StreamingMaskedReductionsAreTheLegacyKernelsBitForBit) {
     expect_same(stream_du, down(gdU_l), what + "group sums, streaming vs legacy");
     expect_same(down(gdb_s), down(gdb_l), what + "db, streaming vs legacy");
   }
+
+  // group_bias_act: the forward join of layer 0 (rows of Y plus their group's row
+  // of Yg plus the bias, then the ReLU).
+  for (const GroupCase& c : groups)
+    for (bool with_bias : {true, false}) {
+      const int64_t B = c.n * c.S;
+      if (!on_gpu() && B * c.w > (int64_t{1} << 24)) continue;
+      const std::string what = shape({{"n", c.n},
+                                      {"S", c.S},
+                                      {"w", c.w},
+                                      {"offset", c.in_offset},
+                                      {"relu", c.relu},
+                                      {"bias", with_bias}});
+      const int64_t off = c.in_offset;
+      Vec Y = random_vec(size_t(B) * c.w + size_t(off), gen_);
+      Vec U = random_vec(size_t(c.n) * c.w + size_t(off), gen_),
+          bias = random_vec(size_t(c.w) + 1, gen_);
+      for (int64_t k = 3; k < B * c.w; k += 101) {  // Y + Yg exactly 0 here and there
+        const int64_t b = k / c.w, j = k % c.w;
+        Y[size_t(off + k)] = -U[size_t(off + (b / c.S) * c.w + j)];
+      }
+      Buffer<float> gY_s = up(Y), gY_l = up(Y), gU = up(U), gb = up(bias);
+      // bias + 1: a bias slice that starts off 16-byte alignment, as a layer's may.
+      group_bias_act(cpu_, Y.data() + off, U.data() + off, with_bias ? bias.data() + 1 : nullptr,
+                     c.n, c.S, c.w, c.relu);
+      set_step_kernels(StepKernels::kLegacy);
+      group_bias_act(gpu_, gY_l.data() + off, gU.data() + off, with_bias ? gb.data() + 1 : nullptr,
+                     c.n, c.S, c.w, c.relu);
+      set_step_kernels(StepKernels::kStreaming);
+      group_bias_act(gpu_, gY_s.data() + off, gU.data() + off, with_bias ? gb.data() + 1 : nullptr,
+                     c.n, c.S, c.w, c.relu);
+      const Vec got = down(gY_s);
+      expect_same(got, Y, what + "group_bias_act, streaming vs the CPU twin");
+      expect_same(got, down(gY_l), what + "group_bias_act, streaming vs legacy");
+    }
 
   struct LinearCase {
     int64_t B;
@@ -811,11 +847,11 @@ TEST_F(Parity, StreamingMaskedReductionsAreTheLegacyKernelsBitForBit) {
                             dY.data() + off, dX.data(), dW.data(), with_db ? db.data() : nullptr,
                             c.B, c.in, c.out, relu, mode);
           }
-          set_masked_reductions(MaskedReductions::kLegacy);
+          set_step_kernels(StepKernels::kLegacy);
           linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
                           gdY_l.data() + off, gdX_l.data(), gdW_l.data(),
                           with_db ? gdb_l.data() : nullptr, c.B, c.in, c.out, relu, mode);
-          set_masked_reductions(MaskedReductions::kStreaming);
+          set_step_kernels(StepKernels::kStreaming);
           linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
                           gdY_s.data() + off, gdX_s.data(), gdW_s.data(),
                           with_db ? gdb_s.data() : nullptr, c.B, c.in, c.out, relu, mode);

@@ -230,23 +230,22 @@ TEST_F(TrainTest, TheDefaultDeviceIsAutoAndTheStartUpLineSaysWhichAndWhy) {
       << r.output;
 }
 
-// NCF_MASKED_REDUCTIONS picks the GPU's masked-reduction kernels (ops.h): a value
+// NCF_STEP_KERNELS picks the GPU's masked-reduction kernels (ops.h): a value
 // that is neither streaming nor legacy is refused on every rank, naming the
 // variable and the value; legacy trains the same numbers (on the CPU it changes
-// nothing; on a GPU the same bits, Parity.StreamingMaskedReductions...).
-TEST_F(TrainTest, TheMaskedReductionsVariableIsReadAndABadValueRefused) {
+// nothing; on a GPU the same bits, Parity.StreamingStepKernels...).
+TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
   const std::string args = " --device cpu --data_dir " + data() +
                            " --batch_size 2000 --train_epochs 1 --threads 1 --no_eval";
-  auto bad = run("NCF_MASKED_REDUCTIONS=fast timeout -k 5 120 " + test::mpirun(2) + " " +
+  auto bad = run("NCF_STEP_KERNELS=fast timeout -k 5 120 " + test::mpirun(2) + " " +
                  bin("ncf_dist") + args);
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   EXPECT_NE(bad.output.find("ncf_dist: error: [rank 0] environment variable "
-                            "NCF_MASKED_REDUCTIONS=fast: expected streaming or legacy"),
+                            "NCF_STEP_KERNELS=fast: expected streaming or legacy"),
             std::string::npos)
       << bad.output;
-  auto legacy = run("NCF_MASKED_REDUCTIONS=legacy timeout -k 5 120 " + bin("ncf_dist") + args);
-  auto streaming =
-      run("NCF_MASKED_REDUCTIONS=streaming timeout -k 5 120 " + bin("ncf_dist") + args);
+  auto legacy = run("NCF_STEP_KERNELS=legacy timeout -k 5 120 " + bin("ncf_dist") + args);
+  auto streaming = run("NCF_STEP_KERNELS=streaming timeout -k 5 120 " + bin("ncf_dist") + args);
   ASSERT_EQ(legacy.exit_code, 0) << legacy.output;
   ASSERT_EQ(streaming.exit_code, 0) << streaming.output;
   auto losses = [](const std::string& out) {  // the epoch lines' loss

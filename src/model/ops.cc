@@ -190,20 +190,20 @@ void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float*
 
 namespace {
 std::atomic<MathMode> g_math_mode{MathMode::kTf32};
-std::atomic<MaskedReductions> g_masked_reductions{MaskedReductions::kStreaming};
+std::atomic<StepKernels> g_step_kernels{StepKernels::kStreaming};
 }  // namespace
 
-void set_masked_reductions(MaskedReductions kernels) { g_masked_reductions.store(kernels); }
-MaskedReductions masked_reductions() { return g_masked_reductions.load(); }
+void set_step_kernels(StepKernels kernels) { g_step_kernels.store(kernels); }
+StepKernels step_kernels() { return g_step_kernels.load(); }
 
-MaskedReductions parse_masked_reductions(const std::string& name, const std::string& what) {
-  if (name == "streaming") return MaskedReductions::kStreaming;
-  if (name == "legacy") return MaskedReductions::kLegacy;
+StepKernels parse_step_kernels(const std::string& name, const std::string& what) {
+  if (name == "streaming") return StepKernels::kStreaming;
+  if (name == "legacy") return StepKernels::kLegacy;
   NCF_FAIL(what, "=", name, ": expected streaming or legacy");
 }
 
-const char* masked_reductions_name(MaskedReductions kernels) {
-  return kernels == MaskedReductions::kLegacy ? "legacy" : "streaming";
+const char* step_kernels_name(StepKernels kernels) {
+  return kernels == StepKernels::kLegacy ? "legacy" : "streaming";
 }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }

@@ -462,7 +462,7 @@ struct GroupRowsOp {  // column sums of dYg
   __device__ double operator()(int64_t p, int c) const { return dYg[p * lddyg + c]; }
 };
 
-// ---- streaming masked reductions (MaskedReductions::kStreaming) ---------------------
+// ---- streaming kernels (StepKernels::kStreaming) --------------------------------------
 // The legacy kernels above mask in place inside their sums' loops: a load, a
 // conditional store into the lines the warp is reading, the next load, with no
 // __restrict__, so each thread has one load in flight and a warp waits on a
@@ -579,6 +579,47 @@ struct ColumnsOp {
   __device__ double operator()(int64_t b, int c) const { return X[b * out + c]; }
 };
 
+// group_bias_act as a streaming kernel: one thread per (group p, L columns from j)
+// loads the group's row of Yg and the bias once, then its S rows of Y
+// kGroupRowsInFlight at a time (all loads first), and stores each row whole:
+// Y = act((Y + Yg) + bias) with group_bias_act_kernel's two round-to-nearest adds
+// (the bias 0 when there is none), so the same bits. One division per thread and
+// S·L elements, where the legacy kernel did two per element.
+template <int L, bool kRelu>
+__global__ void __launch_bounds__(kThreads)
+    group_bias_act_stream_kernel(float* __restrict__ Y, const float* __restrict__ Yg,
+                                 const float* __restrict__ bias, int64_t n, int S, int out) {
+  const int per_row = out / L;
+  const int64_t total = n * per_row;
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t p = x / per_row;
+    const int j = static_cast<int>(x - p * per_row) * L;
+    const Lanes<L> g = load_lanes<L>(Yg + p * out + j);
+    Lanes<L> c;  // one load per thread: the bias slice needs no alignment
+#pragma unroll
+    for (int l = 0; l < L; ++l) c.v[l] = bias ? bias[j + l] : 0.0f;
+    const int64_t first = p * S * out + j;
+    for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
+      const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
+      Lanes<L> y[kGroupRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k)
+        if (k < m) y[k] = load_lanes<L>(Y + first + static_cast<int64_t>(s0 + k) * out);
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k) {
+        if (k < m) {
+#pragma unroll
+          for (int l = 0; l < L; ++l) {
+            const float z = __fadd_rn(__fadd_rn(y[k].v[l], g.v[l]), c.v[l]);
+            y[k].v[l] = kRelu ? (z > 0.0f ? z : 0.0f) : z;
+          }
+          store_lanes<L>(Y + first + static_cast<int64_t>(s0 + k) * out, y[k]);
+        }
+      }
+    }
+  }
+}
+
 template <int L>
 void launch_group_sum_stream(cudaStream_t stream, const float* Y, float* dY, int64_t n, int S,
                              int out, float* dYg, int64_t lddyg, bool relu, bool vec_out) {
@@ -656,7 +697,7 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
     });
   }
   // 1. dZ: dY masked in place, and the bias column sums of it when there is a bias.
-  if (masked_reductions() == MaskedReductions::kStreaming) {
+  if (step_kernels() == StepKernels::kStreaming) {
     if (relu && B > 0) {
       relu_mask_stream_kernel<<<grid_for(B * out / 4 + 1), kThreads, 0, stream>>>(
           Y, dY, B * out, aligned16(Y) && aligned16(dY));
@@ -714,6 +755,23 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
 void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu) {
   if (n == 0) return;
+  if (step_kernels() == StepKernels::kStreaming) {
+    cudaStream_t stream = stream_of(ctx);
+    const bool vec = out % 4 == 0 && aligned16(Y) && aligned16(Yg);
+    const int L = vec ? 4 : 1;
+    const unsigned grid = grid_for(n * (out / L));
+    if (vec && relu) {
+      group_bias_act_stream_kernel<4, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    } else if (vec) {
+      group_bias_act_stream_kernel<4, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    } else if (relu) {
+      group_bias_act_stream_kernel<1, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    } else {
+      group_bias_act_stream_kernel<1, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    }
+    check_launch("group_bias_act");
+    return;
+  }
   group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream_of(ctx)>>>(Y, Yg, bias, n, S,
                                                                                 out, relu);
   check_launch("group_bias_act");
@@ -732,7 +790,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
                         int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";
   cudaStream_t stream = stream_of(ctx);
-  if (n > 0 && masked_reductions() == MaskedReductions::kStreaming) {
+  if (n > 0 && step_kernels() == StepKernels::kStreaming) {
     const bool vec = out % 4 == 0 && aligned16(dY) && (!relu || aligned16(Y));
     if (vec) {
       launch_group_sum_stream<4>(stream, Y, dY, n, S, out, dYg, lddyg, relu,

@@ -50,23 +50,25 @@ MathMode parse_math_mode(const std::string& name);
 // The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
 const char* math_mode_name(MathMode mode);
 
-// Which CUDA kernels mask and sum in linear_backward (the ReLU mask and the bias
-// gradient) and group_sum_backward, process-wide, read once per op:
-//   kStreaming (the default): every load of a row group issued before any store,
-//         the masked gradient written with full (vector) stores, the sums read-only
-//         passes over it;
-//   kLegacy: the kernels before them, which masked in place inside their sums'
-//         loops (a conditional store between dependent loads), kept selectable to be
-//         measured beside the streaming ones in one binary.
-// Both give the same values summed in the same order: the same bits. No effect on
-// the CPU. ncf_dist takes it from the environment variable NCF_MASKED_REDUCTIONS.
-enum class MaskedReductions { kStreaming, kLegacy };
-void set_masked_reductions(MaskedReductions kernels);
-MaskedReductions masked_reductions();
-// "streaming" | "legacy" → MaskedReductions; anything else throws ncf::Error naming
+// Which CUDA kernels run the element-wise and masked passes of the tower step
+// (linear_backward's ReLU mask and bias gradient, group_sum_backward,
+// group_bias_act), process-wide, read once per op:
+//   kStreaming (the default): a thread loads every row of its group (float4 where
+//         the rows allow) before it stores anything, stores whole rows, and sums
+//         in read-only passes;
+//   kLegacy: the kernels before them (one element per thread with runtime
+//         divisions; masks stored in place inside the sums' loops, a conditional
+//         store between dependent loads), kept selectable to be measured beside
+//         the streaming ones in one binary.
+// Both compute the same values in the same order: the same bits. No effect on the
+// CPU. ncf_dist takes it from the environment variable NCF_STEP_KERNELS.
+enum class StepKernels { kStreaming, kLegacy };
+void set_step_kernels(StepKernels kernels);
+StepKernels step_kernels();
+// "streaming" | "legacy" → StepKernels; anything else throws ncf::Error naming
 // `what` (where the value came from) and the value.
-MaskedReductions parse_masked_reductions(const std::string& name, const std::string& what);
-const char* masked_reductions_name(MaskedReductions kernels);
+StepKernels parse_step_kernels(const std::string& name, const std::string& what);
+const char* step_kernels_name(StepKernels kernels);
 
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);

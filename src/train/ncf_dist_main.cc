@@ -170,13 +170,13 @@ int train_main(int& argc, char**& argv) {
   const CpuReport cpu = cpu_report(rt, "ncf_dist");
   for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
   set_math_mode(parse_math_mode(cfg.precision));
-  if (const char* k = std::getenv("NCF_MASKED_REDUCTIONS"); k && *k) {
-    set_masked_reductions(parse_masked_reductions(k, "environment variable NCF_MASKED_REDUCTIONS"));
+  if (const char* k = std::getenv("NCF_STEP_KERNELS"); k && *k) {
+    set_step_kernels(parse_step_kernels(k, "environment variable NCF_STEP_KERNELS"));
     if (lead && ctx.device == Device::kCuda)
       std::fprintf(stderr,
-                   "ncf_dist: note: NCF_MASKED_REDUCTIONS=%s: the masked reductions run the "
-                   "%s kernels\n",
-                   k, masked_reductions_name(masked_reductions()));
+                   "ncf_dist: note: NCF_STEP_KERNELS=%s: the tower step runs the %s "
+                   "kernels\n",
+                   k, step_kernels_name(step_kernels()));
   }
   check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
   // One job per checkpoint directory (train/checkpoint_lock.h): taken before
