@@ -835,9 +835,27 @@ do_step_nsys() {
     theirs "$nsys" stats --report cuda_gpu_kern_sum --format csv "$out/step_nsys.nsys-rep" |
     head -n 20
 }
+# Several NCCL ranks on the one GPU (issue: NCCL refuses two ranks with the same host hash
+# and PCI bus id; a host id of each rank's own, NCCL_HOSTID, should make them look like
+# ranks of different hosts that talk over sockets on loopback): bench_nccl_share checks an
+# allreduce and a send/recv ring; --same_host records NCCL's refusal without the ids.
+do_nccl_share() {  # W [--same_host]
+  ours env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$(command -v mpirun)" -np "$1" \
+    "${mpirun_args[@]}" "$build/bench/bench_nccl_share" --floats 4194304 "${@:2}"
+}
+do_nccl_refusal() {  # the same without the ids: NCCL's words, recorded, not a failure
+  do_nccl_share 2 --same_host || echo "exit $? (NCCL refuses ranks on one GPU of one host)"
+}
+fig_nccl_share() {
+  { grep -h '^bench_nccl_share: NCCL' "$1" | tail -n 1
+    grep -ohE 'via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' "$1" | sort -u | paste -s -d ' '
+    grep -hE 'Duplicate GPU|ncclCommInitRank: ' "$1" | head -n 1; } | paste -s -d ';' | cut -c1-220
+}
 run_step() {
   built || { record step FAIL "no build in $build" 0; return 0; }
   stage step_parity 1 150 fig_parity -- do_step_parity
+  stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
+  stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
   stage data_small 0 120 fig_tail -- do_small_data
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
