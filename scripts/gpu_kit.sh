@@ -10,7 +10,8 @@
 #                                      there, from the repository root: unpack .gpu-kit into a
 #                                      prefix under .gpu-kit/, configure and build build-gpu/
 #                                      for that GPU, run the stages, record the results
-#   bash scripts/gpu_kit.sh rehearse   here, as root: `run` inside a clean Debian 12 root
+#   bash scripts/gpu_kit.sh rehearse [build|tests|bench|step|all]
+#                                      here, as root: `run` inside a clean Debian 12 root
 #                                      (debootstrap minbase + build-essential, cmake, python3),
 #                                      /usr/local/cuda bind-mounted, no network, no GPU
 #
@@ -986,6 +987,8 @@ debian_mirror() {  # the first Debian (not security) URI of this machine's apt s
 }
 
 cmd_rehearse() {
+  local what=${1:-all}
+  case "$what" in build | tests | bench | step | all) ;; *) die "rehearse: unknown '$what' (build, tests, bench, step, all)" ;; esac
   [ "$(id -u)" = 0 ] || die "rehearse needs root (debootstrap, mount, chroot)"
   [ -f "$kit/manifest.txt" ] || die "no .gpu-kit: run 'bash scripts/gpu_kit.sh pack' first"
   local rootfs="${NCF_KIT_ROOTFS:-$root/.gpu-kit-root/bookworm}"
@@ -1022,7 +1025,7 @@ cmd_rehearse() {
   local inner="$root/build-kit/rehearsal-out"
   rm -rf "$inner"
   mkdir -p "$inner" "$res"
-  note "rehearsal: gpu_kit.sh run all in $rootfs, no network, no GPU"
+  note "rehearsal: gpu_kit.sh run $what in $rootfs, no network, no GPU"
   local rc=0 t0
   t0=$(date +%s)
   # A fresh network namespace has only a loopback, down; a real machine's is up.
@@ -1031,12 +1034,12 @@ cmd_rehearse() {
     exec chroot "$0" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       LANG=C.UTF-8 OUT="$1" NCF_KIT_BUILD="$2" NCF_KIT_BUDGET="$3" NCF_KIT_TIMEOUT_SCALE=6 \
       NCF_KIT_BUILD_TIMEOUT=3000 NCF_KIT_PREFIX="$2-prefix" NCF_KIT_DATA="$2-data" \
-      bash -c "cd \"\$0\" && bash scripts/gpu_kit.sh run all" "$4"' \
-    "$rootfs" "$inner" "$root/build-kit/rehearsal" "${NCF_KIT_BUDGET:-7200}" "$root" || rc=$?
+      bash -c "cd \"\$0\" && bash scripts/gpu_kit.sh run \"\$1\"" "$4" "$5"' \
+    "$rootfs" "$inner" "$root/build-kit/rehearsal" "${NCF_KIT_BUDGET:-7200}" "$root" "$what" || rc=$?
   note "rehearsal finished in $(($(date +%s) - t0)) s, exit $rc"
   cp "$inner/summary.md" "$inner/info.txt" "$res/" 2>/dev/null || true
   {
-    echo "# Rehearsal of scripts/gpu_kit.sh on $(date -u +%FT%TZ)"
+    echo "# Rehearsal of scripts/gpu_kit.sh run $what on $(date -u +%FT%TZ)"
     echo "# debootstrap --variant=minbase --include=build-essential,cmake,python3 bookworm (Debian 12),"
     echo "# /usr/local/cuda bind-mounted read-only, unshare -n (no network), no GPU; wall $(($(date +%s) - t0)) s, exit $rc"
   } >"$res/rehearsal.txt"
@@ -1048,8 +1051,8 @@ main() {
   case "${1:-}" in
     pack) cmd_pack ;;
     run) shift; cmd_run "$@" ;;
-    rehearse) cmd_rehearse ;;
-    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|all] | rehearse" ;;
+    rehearse) shift; cmd_rehearse "$@" ;;
+    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|all] | rehearse [same]" ;;
   esac
 }
 # main and exit on one line: bash has read all of it before main runs, so editing this file
