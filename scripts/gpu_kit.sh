@@ -185,7 +185,7 @@ $prog: packed $(wc -l <"$kit/debs/../manifest.txt" | awk '{print $1 - 2}') Debia
 Bring along the checkout plus this one git-ignored path:
   .gpu-kit
 On the GPU machine, from the repository root:
-  bash scripts/gpu_kit.sh run            # or: run build, run tests, run bench
+  bash scripts/gpu_kit.sh run            # or: run build, run tests, run bench, run step
 EOF
 }
 
@@ -847,6 +847,13 @@ do_nccl_share() {  # W [--same_host]
 do_nccl_refusal() {  # the same without the ids: NCCL's words, recorded, not a failure
   do_nccl_share 2 --same_host || echo "exit $? (NCCL refuses ranks on one GPU of one host)"
 }
+do_nccl_dist() {  # W: ncf_dist over NCCL with W ranks on the one GPU, one NCCL_HOSTID each
+  # shellcheck disable=SC2016  # expanded by each rank's sh
+  ours env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 "$(command -v mpirun)" -np "$1" \
+    "${mpirun_args[@]}" sh -c 'NCCL_HOSTID=ncf-share-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+    "$build/src/ncf_dist" --device cuda --comm nccl --data_dir "$data/small" --train_epochs 2 \
+    --progress off
+}
 fig_nccl_share() {
   { grep -h '^bench_nccl_share: NCCL' "$1" | tail -n 1
     grep -ohE 'via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' "$1" | sort -u | paste -s -d ' '
@@ -858,6 +865,7 @@ run_step() {
   stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
   stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
   stage data_small 0 120 fig_tail -- do_small_data
+  stage nccl_dist_w2 1 120 fig_tail -- do_nccl_dist 2
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
   stage data_ml20m 0 240 fig_tail -- do_m20_data

@@ -116,6 +116,48 @@ TEST(GpuIdentity, RefusalNamesTheRanksAndTheGpu) {
             "local ranks 0 and 2 both use the GPU at PCI 0000:18:00.0");
 }
 
+// NCCL's duplicate-GPU refusal needs the same bus id and the same host hash, which
+// NCCL takes from NCCL_HOSTID when it is set: ranks on one GPU, each with its own
+// NCCL_HOSTID, are not shared in NCCL's eyes (the way to run NCCL's path with
+// several ranks on a machine with one GPU); the same id, or none, stays shared.
+TEST(GpuIdentity, NcclSeesRanksWithTheirOwnHostIdAsNotSharing) {
+  EXPECT_EQ(nccl_host_key(nullptr), "");
+  EXPECT_EQ(nccl_host_key(""), "");
+  EXPECT_EQ(nccl_host_key("a").size(), 16u);
+  EXPECT_EQ(nccl_host_key("ncf-share-0"), nccl_host_key("ncf-share-0"));
+  EXPECT_NE(nccl_host_key("ncf-share-0"), nccl_host_key("ncf-share-1"));
+  const std::vector<std::string> one_gpu = {kBus[5], kBus[5], kBus[5]};
+  const std::vector<std::string> own = {nccl_host_key("h0"), nccl_host_key("h1"),
+                                        nccl_host_key("h2")};
+  for (int lr = 0; lr < 3; ++lr) {
+    EXPECT_FALSE(gpu_sharing(one_gpu, lr).exclusive());  // the memory guard still divides
+    const GpuSharing s = nccl_gpu_sharing(one_gpu, own, lr);
+    EXPECT_TRUE(s.exclusive()) << "local rank " << lr;
+    EXPECT_EQ(s.sharing, 1);
+  }
+  // Two of the three with one id: those two share in NCCL's eyes, named by bus id.
+  const std::vector<std::string> two = {nccl_host_key("h0"), nccl_host_key("h1"),
+                                        nccl_host_key("h0")};
+  const GpuSharing s = nccl_gpu_sharing(one_gpu, two, 1);
+  EXPECT_EQ(s.first, 0);
+  EXPECT_EQ(s.second, 2);
+  EXPECT_EQ(s.sharing, 1);
+  EXPECT_EQ(describe_gpu_sharing(s, {4, 5, 6}),
+            "ranks 4 and 6 (local ranks 0 and 2) both use the GPU at PCI 0000:ab:00.0");
+  // No NCCL_HOSTID anywhere: exactly the bus-id decision, for every binding.
+  for (const Case& c : cases()) {
+    const std::vector<std::string> none(c.ids.size(), "-");
+    for (int lr = 0; lr < int(c.ids.size()); ++lr) {
+      const GpuSharing a = gpu_sharing(c.ids, lr), b = nccl_gpu_sharing(c.ids, none, lr);
+      EXPECT_EQ(a.sharing, b.sharing) << c.binding;
+      EXPECT_EQ(a.first, b.first) << c.binding;
+      EXPECT_EQ(a.second, b.second) << c.binding;
+      EXPECT_EQ(a.shared_id, b.shared_id) << c.binding;
+    }
+  }
+  EXPECT_THROW(nccl_gpu_sharing(one_gpu, {"-"}, 0), Error);
+}
+
 TEST(GpuIdentity, BadInputIsRefused) {
   EXPECT_THROW(gpu_sharing({}, 0), Error);
   EXPECT_THROW(gpu_sharing({kBus[0]}, 1), Error);

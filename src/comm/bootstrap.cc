@@ -164,6 +164,10 @@ int select_local_gpu(const RankInfo& info) {
   me.id = bus_id;
   const std::vector<std::string> ids = gather_node_gpu_ids(info, me.id, &me.world_ranks);
   me.sharing = gpu_sharing(ids, ids.size() > 1 ? info.local_rank : 0);
+  // NCCL's own view: the same GPU is shared only among ranks of one NCCL host id.
+  const std::string key = nccl_host_key(std::getenv("NCCL_HOSTID"));
+  const std::vector<std::string> keys = gather_node_gpu_ids(info, key.empty() ? "-" : key, nullptr);
+  me.nccl_sharing = nccl_gpu_sharing(ids, keys, ids.size() > 1 ? info.local_rank : 0);
   set_local_gpu(me);
   return gpu;
 #else

@@ -41,6 +41,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -93,9 +94,18 @@ class NcclCommunicator : public Communicator {
       NCF_CHECK(gpu.device >= 0,
                 "NCCL communicator: this rank's GPU was not chosen with "
                 "select_local_gpu, so its sharing is unknown");
-      NCF_CHECK(gpu.sharing.exclusive(), "NCCL needs one GPU per rank, but on this node ",
-                describe_gpu_sharing(gpu.sharing, gpu.world_ranks),
-                "; use --comm mpi (host-staged) to share GPUs");
+      NCF_REQUIRE(gpu.nccl_sharing.exclusive(), "NCCL needs one GPU per rank, but on this node ",
+                  describe_gpu_sharing(gpu.nccl_sharing, gpu.world_ranks),
+                  "; use --comm mpi (host-staged) to share GPUs");
+      // Ranks on one GPU, each with its own NCCL_HOSTID: NCCL takes them for ranks
+      // of different hosts. A way to run NCCL's path on a machine with one GPU.
+      if (!gpu.sharing.exclusive() && info.local_rank == 0)
+        std::fprintf(stderr,
+                     "ncf_dist: note: %s, and each gives NCCL a host id of its own "
+                     "(NCCL_HOSTID): NCCL takes them for ranks of different hosts and "
+                     "connects them through its network transport, slowly; a way to run "
+                     "NCCL's path on one GPU, not to train fast\n",
+                     describe_gpu_sharing(gpu.sharing, gpu.world_ranks).c_str());
     }
     ncclUniqueId id;
     if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));

@@ -1,6 +1,8 @@
 // GPU sharing from device identities: see gpu_identity.h.
 #include "common/gpu_identity.h"
 
+#include <cstdint>
+#include <cstdio>
 #include <mutex>
 
 #include "common/check.h"
@@ -39,6 +41,30 @@ std::string describe_gpu_sharing(const GpuSharing& s, const std::vector<int>& wo
   else
     who = "local ranks " + local;
   return who + " both use the GPU at PCI " + s.shared_id;
+}
+
+std::string nccl_host_key(const char* nccl_hostid) {
+  if (!nccl_hostid || !*nccl_hostid) return "";
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a, 64 bits
+  for (const char* c = nccl_hostid; *c; ++c) {
+    h ^= static_cast<unsigned char>(*c);
+    h *= 1099511628211ULL;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+GpuSharing nccl_gpu_sharing(const std::vector<std::string>& ids,
+                            const std::vector<std::string>& host_keys, int local_rank) {
+  NCF_CHECK(host_keys.size() == ids.size(), "nccl_gpu_sharing: ", host_keys.size(),
+            " host keys for ", ids.size(), " GPU identities");
+  std::vector<std::string> both(ids.size());
+  for (size_t lr = 0; lr < ids.size(); ++lr)
+    both[lr] = ids[lr].empty() ? "" : ids[lr] + "|" + host_keys[lr];
+  GpuSharing s = gpu_sharing(both, local_rank);
+  if (!s.exclusive()) s.shared_id = ids[size_t(s.first)];
+  return s;
 }
 
 namespace {

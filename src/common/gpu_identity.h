@@ -36,11 +36,22 @@ GpuSharing gpu_sharing(const std::vector<std::string>& ids, int local_rank);
 // local ranks only).
 std::string describe_gpu_sharing(const GpuSharing& s, const std::vector<int>& world_ranks);
 
+// NCCL refuses two ranks of one communicator on one GPU only when they also have
+// the same host hash, which it takes from NCCL_HOSTID when that is set. A rank's key
+// for that: "" without NCCL_HOSTID (or an empty one), else a fixed-width digest of
+// its value (FNV-1a, hex), short enough to gather with the bus ids.
+std::string nccl_host_key(const char* nccl_hostid);
+// The sharing as NCCL sees it: local ranks share when they have the same bus id and
+// the same host key. shared_id stays the bus id.
+GpuSharing nccl_gpu_sharing(const std::vector<std::string>& ids,
+                            const std::vector<std::string>& host_keys, int local_rank);
+
 // This process's GPU, as select_local_gpu found it.
 struct LocalGpu {
   int device = -1;               // CUDA ordinal among the GPUs this process sees; -1: none yet
   std::string id;                // its PCI bus id (cudaDeviceGetPCIBusId)
   GpuSharing sharing;            // among this node's ranks
+  GpuSharing nccl_sharing;       // the same as NCCL sees it (NCCL_HOSTID per rank)
   std::vector<int> world_ranks;  // world rank of each local rank
 };
 void set_local_gpu(const LocalGpu& gpu);
