@@ -28,7 +28,9 @@ int64_t now_ns() {
       .count();
 }
 
-[[noreturn]] void give_up(double waited, const char* what) {
+}  // namespace
+
+[[noreturn]] void give_up_waiting(double waited, const char* what) {
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   char msg[768];
@@ -48,6 +50,8 @@ int64_t now_ns() {
   _exit(1);
 }
 
+namespace {
+
 void watchdog() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
@@ -55,7 +59,7 @@ void watchdog() {
     const int64_t since = g_since_ns.load();
     if (limit <= 0 || since == 0) continue;
     const double waited = double(now_ns() - since) * 1e-9;
-    if (waited > limit) give_up(waited, g_what.load());
+    if (waited > limit) give_up_waiting(waited, g_what.load());
   }
 }
 

@@ -21,6 +21,13 @@ double collective_timeout();
 // true with its name and how long it has waited so far, false between collectives.
 bool collective_in_progress(const char** what, double* waited);
 
+// Ends this rank the way the watchdog does when a collective outlives the limit:
+// the line "[rank R on HOST] waited W s in WHAT for its peers (--peer_timeout L)
+// ...", the job-ending announcement to the ring, exit code 1 without MPI. For
+// waits the watchdog cannot see (a GPU rank waiting on a stream behind an NCCL
+// collective that does not complete: comm/nccl_communicator.cc).
+[[noreturn]] void give_up_waiting(double waited, const char* what);
+
 class CollectiveWatch {
  public:
   explicit CollectiveWatch(const char* what);  // what: a string literal

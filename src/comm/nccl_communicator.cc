@@ -25,7 +25,10 @@
 //    communicator registers a wait poller (cuda_context.h): every host wait of the
 //    CUDA path checks ncclCommGetAsyncError, and on an error aborts the communicator
 //    (its kernels then end, so the streams drain) and throws ncf::Error naming it;
-//    run_main then takes the job down.
+//    run_main then takes the job down. A peer that is stopped or cut off raises no
+//    error: with --peer_timeout, the same poller ends this rank (the host-side
+//    watchdog's line and exit) once a collective has not completed within the limit
+//    of its enqueueing.
 #ifdef NCF_WITH_CUDA
 
 #include "comm/nccl_communicator.h"
@@ -41,6 +44,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -48,6 +52,7 @@
 #include <string>
 
 #include "comm/bootstrap.h"
+#include "comm/collective_watch.h"
 #include "comm/copy_blocks.h"
 #include "comm/mpi_communicator.h"  // MpiGroups
 #include "comm/peer_watch.h"
@@ -157,7 +162,7 @@ class NcclCommunicator : public Communicator {
     begin_collective();
     enqueue_all_to_all(CommGroup::kWorld, send, send_counts, send_displs, recv, recv_counts,
                        recv_displs, dtype);
-    end_collective();
+    end_collective("NCCL all_to_all_v");
   }
 
   void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) override {
@@ -171,7 +176,7 @@ class NcclCommunicator : public Communicator {
   void do_all_reduce_sum(void* buf, size_t n, DType dtype) override {
     begin_collective();
     NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_dtype(dtype), ncclSum, comm_, stream_));
-    end_collective();
+    end_collective("NCCL all_reduce_sum");
   }
 
   // Two-hop: the groups' counts go over MPI like exchange_counts; their data is
@@ -197,7 +202,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void exchange_begin() override { begin_collective(); }
-  void exchange_end() override { end_collective(); }
+  void exchange_end() override { end_collective("NCCL two-hop exchange"); }
 
   void do_barrier() override {
     wait_stream(compute_);
@@ -254,7 +259,10 @@ class NcclCommunicator : public Communicator {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
     if (rc != ncclSuccess) async = rc;
-    if (async == ncclSuccess || async == ncclInProgress) return;
+    if (async == ncclSuccess || async == ncclInProgress) {
+      check_stalled_collective();
+      return;
+    }
     const char* detail = ncclGetLastError(comm_);
     // Which peer, when the peer watch knows (it names rank and host); else NCCL's words.
     const std::string lost = peer_watch_lost();
@@ -268,6 +276,28 @@ class NcclCommunicator : public Communicator {
     NCF_FAIL(async_error_);
   }
 
+  // The GPU side of --peer_timeout: a collective enqueued longer ago than the
+  // limit and still not complete (its peers never joined: stopped, lost, cut off)
+  // aborts the communicator and ends this rank as the host-side watchdog does.
+  // Called from poll_async_error, so while this rank's host waits on a stream.
+  void check_stalled_collective() {
+    const double limit = collective_timeout();
+    if (limit <= 0 || !comm_ || completed_ == seq_) return;
+    // Slots older than the ring were recorded again by later collectives: the
+    // stream is serial, so the oldest slot still held answers for them.
+    if (seq_ - completed_ > kEvents) completed_ = seq_ - kEvents;
+    while (completed_ < seq_ && cudaEventQuery(done_[(completed_ + 1) % kEvents]) == cudaSuccess)
+      ++completed_;
+    if (completed_ == seq_) return;
+    const int slot = static_cast<int>((completed_ + 1) % kEvents);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued_[slot]).count();
+    if (waited <= limit) return;
+    ncclCommAbort(comm_);  // this rank's NCCL kernels end; nothing waits for the peers
+    comm_ = nullptr;
+    give_up_waiting(waited, what_[slot] ? what_[slot] : "an NCCL collective");
+  }
+
   // The communication stream starts after the compute stream's queued work.
   void begin_collective() {
     NCF_CHECK(comm_ != nullptr,
@@ -277,9 +307,11 @@ class NcclCommunicator : public Communicator {
   }
   // Records the collective's completion; the compute stream waits for it unless
   // the call is deferred (then the ticket goes back to the *_async caller).
-  void end_collective() {
+  void end_collective(const char* what) {
     ++seq_;
     CUDA_CHECK(cudaEventRecord(done_[seq_ % kEvents], stream_));
+    what_[seq_ % kEvents] = what;
+    enqueued_[seq_ % kEvents] = std::chrono::steady_clock::now();
     if (deferred())
       last_ticket_ = seq_;
     else
@@ -291,6 +323,11 @@ class NcclCommunicator : public Communicator {
   cudaEvent_t ready_ = nullptr;
   cudaEvent_t done_[kEvents] = {};
   CommTicket seq_ = 0;
+  // The watchdog's view of the ring: each slot's collective and when it was
+  // enqueued, and the last collective known complete.
+  const char* what_[kEvents] = {};
+  std::chrono::steady_clock::time_point enqueued_[kEvents] = {};
+  CommTicket completed_ = 0;
   ncclComm_t comm_ = nullptr;  // nullptr once aborted
   // Collectives and host waits run on the rank's main thread; the lock keeps the
   // abort single should a wait on another thread poll at the same time.
