@@ -854,6 +854,42 @@ do_nccl_dist() {  # W: ncf_dist over NCCL with W ranks on the one GPU, one NCCL_
     "$build/src/ncf_dist" --device cuda --comm nccl --data_dir "$data/small" --train_epochs 2 \
     --progress off
 }
+# Two NCCL ranks on the GPU (one NCCL_HOSTID each); rank 1 is stopped (SIGSTOP) in its
+# 20th step. Rank 0 must end within --peer_timeout 20 + 10 s, naming its rank, host and
+# the collective it waited in (the NCCL communicator's stalled-collective check; the
+# peer watch is off, so that it is this path that ends it).
+do_nccl_stop() {
+  local log="$out/nccl_stop.out" pid p r1="" t0 rc=0
+  # shellcheck disable=SC2016  # expanded by each rank's sh
+  ours env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 "$(command -v mpirun)" -np 2 \
+    "${mpirun_args[@]}" sh -c 'NCCL_HOSTID=ncf-share-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+    "$build/src/ncf_dist" --device cuda --comm nccl --data_dir "$data/small" --train_epochs 1000 \
+    --step_log --progress off --peer_timeout 20 --peer_lost_after 0 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 900); do
+    grep -q '^ *step 20:' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  for p in $(pgrep -f "$build/src/ncf_dist"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && r1=$p
+  done
+  if [ -z "$r1" ]; then
+    echo "rank 1 not found (the run: $(tail -n 3 "$log" | tr '\n' ' '))"
+    kill "$pid" 2>/dev/null
+    return 1
+  fi
+  kill -STOP "$r1"
+  t0=$(date +%s)
+  while kill -0 "$pid" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 90 ]; do sleep 1; done
+  kill -KILL "$r1" 2>/dev/null
+  kill -CONT "$r1" 2>/dev/null
+  wait "$pid" || rc=$?
+  grep -h 'ncf_dist: error' "$log" | head -n 4
+  echo "rank 1 stopped: the launcher exited $rc after $(($(date +%s) - t0)) s (limit 20 + 10 s)"
+  grep -q '^ncf_dist: error: \[rank 0 on .*waited .* in NCCL ' "$log" &&
+    [ $(($(date +%s) - t0)) -le 30 ]
+}
 fig_nccl_share() {
   { grep -h '^bench_nccl_share: NCCL' "$1" | tail -n 1
     grep -ohE 'via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' "$1" | sort -u | paste -s -d ' '
@@ -866,6 +902,7 @@ run_step() {
   stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
   stage data_small 0 120 fig_tail -- do_small_data
   stage nccl_dist_w2 1 120 fig_tail -- do_nccl_dist 2
+  stage nccl_stop_w2 1 150 fig_tail -- do_nccl_stop
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
   stage data_ml20m 0 240 fig_tail -- do_m20_data
