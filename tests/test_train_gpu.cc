@@ -1,7 +1,8 @@
 // ncf_dist on a GPU, as real processes: the CUDA trainer follows the CPU
-// trainer's trajectory (fp32 GEMMs, and loosely with bf16 GEMMs), and GPU ranks
-// sharing one GPU through --comm mpi follow the 1-rank run. Skipped, visibly,
-// without a usable GPU.
+// trainer's trajectory (fp32 GEMMs, and loosely with bf16 GEMMs), GPU ranks
+// sharing one GPU through --comm mpi, and NCCL ranks sharing it through host ids
+// of their own, follow the 1-rank run, and a checkpoint of NCCL ranks resumes on
+// one GPU rank and on CPU ranks. Skipped, visibly, without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,6 +102,69 @@ TEST_F(TrainGpu, SharedGpuRanksFollowOneRankWithEveryPlacementAndDedup) {
         auto many = train(test::mpirun(W) + " ", dir_.file("data"), flags);
         expect_close(one, many, 1e-5, "W=" + std::to_string(W) + " " + flags);
       }
+  }
+}
+
+// Several NCCL ranks on the one GPU: each gives NCCL a host id of its own
+// (NCCL_HOSTID), so that NCCL takes them for ranks of different hosts and connects
+// them through sockets on loopback; the real NCCL code path (grouped sends and
+// receives on device buffers, the allreduce, our packing kernels) then runs on a
+// machine with one GPU. The launcher prefix of W such ranks.
+std::string nccl_on_one_gpu(int W) {
+  return "env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 " + test::mpirun(W) +
+         " sh -c 'NCCL_HOSTID=ncf-share-$OMPI_COMM_WORLD_RANK exec \"$0\" \"$@\"' ";
+}
+
+// W = 2, 3 and 4 NCCL ranks on the one GPU follow the 1-rank GPU run within the
+// trajectory tolerance (the W-rank sums run in other orders), for the row, table,
+// mixed and replicated placements, dedup on and off.
+TEST_F(TrainGpu, NcclRanksSharingTheGpuThroughHostIdsFollowOneRank) {
+  for (const std::string plan : {"row", "table", "replicated", "user=row,item=replicated"}) {
+    auto one = train("", dir_.file("data"), "--device cuda --shard_plan " + plan);
+    for (const char* dedup : {"on", "off"})
+      for (int W : {2, 3, 4}) {
+        const std::string flags =
+            "--device cuda --comm nccl --shard_plan " + plan + " --dedup " + dedup;
+        auto many = train(nccl_on_one_gpu(W), dir_.file("data"), flags);
+        expect_close(one, many, 1e-5, "NCCL W=" + std::to_string(W) + " " + flags);
+      }
+  }
+}
+
+// A checkpoint written by 4 NCCL ranks (on the one GPU, as above) after the first
+// epoch, resumed for the second by 1 GPU rank and by 2 CPU ranks: each ends within
+// the trajectory tolerance of the uninterrupted 1-rank GPU run.
+TEST_F(TrainGpu, ANcclCheckpointResumesOnOneGpuRankAndOnTwoCpuRanks) {
+  const std::string data = dir_.file("data");
+  auto whole = train("", data, "--device cuda");
+  ASSERT_EQ(whole.size(), 2u);
+  for (const std::string& resumer : {std::string("--device cuda"), std::string("--device cpu")}) {
+    TempDir t;
+    const std::string common = " --data_dir " + data +
+                               " --batch_size 1005 --learning_rate 0.01 --precision fp32 "
+                               "--checkpoint_dir " +
+                               t.file("ck");
+    auto first = run("timeout 600 " + nccl_on_one_gpu(4) + bin("ncf_dist") + common +
+                     " --device cuda --comm nccl --train_epochs 1");
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const std::string launcher = resumer == "--device cpu" ? test::mpirun(2) + " " : "";
+    auto second = run("timeout 600 " + launcher + bin("ncf_dist") + common + " " + resumer +
+                      " --threads 1 --train_epochs 2 --allow_changed_flags train_epochs "
+                      "--resume auto --metrics_json " +
+                      t.file("m.jsonl"));
+    ASSERT_EQ(second.exit_code, 0) << second.output;
+    EXPECT_NE(second.output.find("ncf_dist: resuming from " + t.file("ck") + "/step-"),
+              std::string::npos)
+        << second.output;
+    std::ifstream f(t.file("m.jsonl"));
+    std::string line;
+    std::vector<nlohmann::json> resumed;
+    while (std::getline(f, line)) resumed.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(resumed.size(), 1u) << second.output;  // epoch 2 only
+    EXPECT_EQ(resumed[0]["epoch"], 2) << resumer;
+    const double la = whole[1]["loss"], lb = resumed[0]["loss"];
+    EXPECT_NEAR(la, lb, 1e-4 * std::fabs(la)) << "resumed with " << resumer;
+    EXPECT_NEAR(double(whole[1]["hr"]), double(resumed[0]["hr"]), 0.02) << resumer;
   }
 }
 
