@@ -565,9 +565,13 @@ def train_on_data(a, p):
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pytorch_neumf: --device cuda: torch sees no usable GPU")
+    dev = torch.device(a.device)
     model = NeuMF(U, I, p["factors"], p["layers"])
     if a.init_params:
         load_ncf_dist_params(model, a.init_params)
+    model = model.to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=p["lr"], betas=(p["beta1"], p["beta2"]),
                            eps=p["eps"])
     loss_fn = nn.BCEWithLogitsLoss()
@@ -577,9 +581,9 @@ def train_on_data(a, p):
     ev_users = np.arange(meta["num_eval_users"], dtype=np.int64)
     if a.eval_users > 0:
         ev_users = eval_subset(meta["num_eval_users"], a.eval_users, a.seed)
-    ev_items = torch.from_numpy(ds["eval_items"][ev_users])
-    ev_mask = torch.from_numpy(ds["eval_mask"][ev_users])
-    ev_users_t = torch.from_numpy(ev_users)
+    ev_items = torch.from_numpy(ds["eval_items"][ev_users]).to(dev)
+    ev_mask = torch.from_numpy(ds["eval_mask"][ev_users]).to(dev)
+    ev_users_t = torch.from_numpy(ev_users).to(dev)
     per_eval = max(1, a.eval_batch_size // E1)
 
     def evaluate():
@@ -604,7 +608,7 @@ def train_on_data(a, p):
     if a.max_steps > 0:
         steps = min(steps, a.max_steps)
     chunk_steps = max(1, (1 << 20) // P)  # negatives are drawn ~1M positives at a time
-    group = torch.zeros(S)
+    group = torch.zeros(S, device=dev)
     group[0] = 1.0
     core = openblas_core()
     print(f"pytorch_neumf: torch {torch.__version__}, data {a.data_dir} ({U} users, {I} items, "
@@ -612,7 +616,8 @@ def train_on_data(a, p):
           f"1 + {E1 - 1}; read and checked in {load_s:.1f} s), preset {a.preset}, batch {B} "
           f"({P} positives x (1 + {p['num_neg']})), {steps} steps/epoch, Adam lr {p['lr']} "
           f"betas {p['beta1']}/{p['beta2']} eps {p['eps']}, threads {a.threads}, OpenBLAS core "
-          f"{core}, OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'default')}")
+          f"{core}, OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'default')}, "
+          f"device {a.device}")
     K = a.topk
     print(f"{'epoch':>6} {'loss':>9} {'HR@' + str(K):>8} {'NDCG@' + str(K):>8} {'train_s':>9} "
           f"{'samples/s':>12} {'eval_s':>8}", flush=True)
@@ -638,8 +643,9 @@ def train_on_data(a, p):
             sel = order[done * P:c1 * P]
             us, its = tu[sel], ti[sel]
             neg = draw_negatives(rng, us, p["num_neg"], pos_keys, I)
-            users = torch.from_numpy(np.repeat(us, S))
-            items = torch.from_numpy(np.concatenate([its[:, None], neg], axis=1).reshape(-1))
+            users = torch.from_numpy(np.repeat(us, S)).to(dev)
+            items = torch.from_numpy(
+                np.concatenate([its[:, None], neg], axis=1).reshape(-1)).to(dev)
             labels = group.repeat(sel.size)
             sample_s += time.perf_counter() - ts
             for k in range(c1 - done):
@@ -669,7 +675,7 @@ def train_on_data(a, p):
     total_n = sum(r["samples"] for r in epochs)
     print(json.dumps(dict(
         bench="pytorch_neumf_train", torch=torch.__version__, preset=a.preset,
-        data_dir=a.data_dir, users=U, items=I, train_positives=int(n_pos),
+        data_dir=a.data_dir, device=a.device, users=U, items=I, train_positives=int(n_pos),
         eval_users=int(ev_users.size), eval_negatives=E1 - 1, batch=B, num_neg=p["num_neg"],
         lr=p["lr"], beta1=p["beta1"], beta2=p["beta2"], eps=p["eps"], threads=a.threads,
         openblas_core=core, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"),
@@ -705,6 +711,8 @@ def main():
     g = ap.add_argument_group("--data_dir mode")
     g.add_argument("--epochs", type=int, default=1, help="epochs to train (ncf_dist's "
                    "--train_epochs; 0: evaluate once, e.g. with --init_params)")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model, its batches and the evaluation live")
     g.add_argument("--max_steps", type=int, default=-1,
                    help="stop each epoch after this many steps (negative: whole epochs)")
     g.add_argument("--topk", type=int, default=10, help="K of HR@K and NDCG@K")
@@ -743,6 +751,8 @@ def main():
             raise SystemExit(f"pytorch_neumf: {e}")
     if a.users is None or a.items is None:
         ap.error("give --users and --items (random ids), or --data_dir")
+    if a.device != "cpu":
+        ap.error("--device is a --data_dir option (random ids run on the CPU)")
     # As ncf_dist: a batch holds whole groups of one positive and num_neg negatives.
     B = (a.batch_size or p["batch_size"]) // (1 + p["num_neg"]) * (1 + p["num_neg"])
     torch.set_num_threads(a.threads)

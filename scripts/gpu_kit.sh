@@ -895,6 +895,31 @@ fig_nccl_share() {
     grep -ohE 'via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' "$1" | sort -u | paste -s -d ' '
     grep -hE 'Duplicate GPU|ncclCommInitRank: ' "$1" | head -n 1; } | paste -s -d ';' | cut -c1-220
 }
+# HR@10 after 3 epochs, ncf_dist and bench/pytorch_neumf.py --data_dir on the same prepared
+# data, both on the GPU (the figure: the last epoch's HR@10 and samples/s of each).
+do_step_hr_ours() {
+  train_m20 step_hr_ours "$build/src/ncf_dist" --precision tf32 --train_epochs 3
+}
+do_step_hr_torch() {
+  rm -f "$out/step_hr_torch.jsonl"
+  theirs python3 "$root/bench/pytorch_neumf.py" --data_dir "$m20" --preset ml-20m-mlperf \
+    --device cuda --epochs 3 --metrics_json "$out/step_hr_torch.jsonl"
+}
+fig_step_hr() {
+  python3 - "$out/step_hr_ours.jsonl" "$out/step_hr_torch.jsonl" <<'EOF'
+import json, sys
+def last(path):
+    try:
+        rows = [json.loads(l) for l in open(path) if l.strip()]
+        return rows[-1] if rows else None
+    except OSError:
+        return None
+ours, torch = last(sys.argv[1]), last(sys.argv[2])
+fmt = lambda r: f"HR@10 {r['hr']:.4f} after epoch {r['epoch']}" if r else "no metrics"
+diff = f"; |difference| {abs(ours['hr'] - torch['hr']):.4f}" if ours and torch else ""
+print(f"ncf_dist {fmt(ours)}; PyTorch {fmt(torch)}{diff}")
+EOF
+}
 run_step() {
   built || { record step FAIL "no build in $build" 0; return 0; }
   stage step_parity 1 150 fig_parity -- do_step_parity
@@ -918,6 +943,8 @@ run_step() {
   done
   stage step_nsys 1 120 fig_tail -- do_step_nsys
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
+  stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
+  stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
 }
 
 # ---- info and summary ------------------------------------------------------------------------------------
