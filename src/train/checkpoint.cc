@@ -506,6 +506,7 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
         }
       }
     } catch (const std::exception& e) {
+      size = -1;  // a read that fails part way is no checksum of the file
       if (local_error.empty()) local_error = e.what();
     }
     mine.insert(mine.end(), {size, int64_t(crc), count});
@@ -517,7 +518,9 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
     uint32_t crc = 0;
     for (int p = 0; p < W; ++p) {
       const int64_t* x = &all[size_t(p) * per_rank + 3 * k];
-      if (x[0] < 0) return "file " + f.name + " cannot be read";
+      if (x[0] < 0)
+        return "file " + f.name + " cannot be read" +
+               (p == r && !local_error.empty() ? " (" + local_error + ")" : "");
       if (x[0] != f.bytes)
         return "file " + f.name + " has " + std::to_string(x[0]) + " bytes, the manifest says " +
                std::to_string(f.bytes);
