@@ -811,8 +811,10 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
     --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
     --no_eval --step_log --progress off
 }
-fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce
-  python3 - "$1" <<'EOF'
+fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
+  local precision gpu med
+  precision=$(basename "$1" .log | cut -d_ -f2)
+  med=$(python3 - "$1" <<'EOF'
 import re, statistics, sys
 ms, samples = [], 0
 for line in open(sys.argv[1], errors="replace"):
@@ -820,11 +822,14 @@ for line in open(sys.argv[1], errors="replace"):
     if m and 10 <= int(m.group(1)) <= 40:
         ms.append(float(m.group(3)) + float(m.group(4)) + float(m.group(5)))
         samples = int(m.group(2))
-if not ms:
-    print("no step lines"); sys.exit(0)
-med = statistics.median(ms)
-print(f"median step {med:.2f} ms over {len(ms)} steps = {samples / med * 1e3 / 1e6:.1f} M samples/s")
+if ms:
+    print(f"{statistics.median(ms):.3f} {samples} {len(ms)}")
 EOF
+)
+  [ -n "$med" ] || { echo "no step lines"; return 0; }
+  read -r ms samples steps <<<"$med"
+  gpu=$(theirs nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  echo "median step $ms ms over $steps steps = $(python3 -c "print(f'{$samples / $ms / 1e3:.1f}')") M samples/s; $(python3 "$root/bench/step_floor.py" --gpu "${gpu:-H200}" --precision "$precision" --batch "$samples" --measured_ms "$ms" 2>&1)"
 }
 do_step_nsys() {
   local nsys
