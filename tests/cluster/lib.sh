@@ -38,6 +38,13 @@
 # cluster_kill HOST          every process of HOST dies at once (SIGKILL): a crashed node
 # cluster_link HOST up|down  HOST's link to the bridge down or up: a partitioned node
 # cluster_procs HOST NAME    pids of the live (not zombie) processes called NAME on HOST
+# cluster_hold_output BIN WRAPPER PREFIX REGEX
+#     Writes WRAPPER, a script that runs BIN with its standard output into the FIFO
+#     PREFIX.fifo and its standard error appended to PREFIX.err, and starts
+#     hold_output.py on the FIFO: it copies the ranks' output to PREFIX.out up to the
+#     first line matching REGEX, creates PREFIX.held, and reads no more, so a rank that
+#     goes on printing blocks in a write (its threads run on) and the run cannot end.
+#     Start the ranks as WRAPPER; cluster_hold_end (and the exit trap) ends the reader.
 #                            (also on a host that was killed or cut off)
 # cluster_logs               prints the tails of the cluster's daemon logs (on failure)
 # cluster_slurm_field JOB FIELD   one field of `scontrol show job JOB` (JobState, Reason, ...)
@@ -102,8 +109,28 @@ cluster_stop() {
   if [ "$cluster_made_dir" = 1 ] && [ "${CLUSTER_KEEP:-0}" != 1 ]; then rm -rf "$CLUSTER_DIR"; fi
 }
 
+cluster_hold_output() {
+  local bin=$1 wrapper=$2 prefix=$3 regex=$4
+  mkfifo "$prefix.fifo"
+  : >"$prefix.err"
+  rm -f "$prefix.held"
+  python3 "$(dirname "${BASH_SOURCE[0]}")/hold_output.py" "$prefix.fifo" "$prefix.out" "$regex" \
+    "$prefix.held" &
+  cluster_holder=$!
+  printf '#!/bin/sh\nexec %q "$@" >%q 2>>%q\n' "$bin" "$prefix.fifo" "$prefix.err" >"$wrapper"
+  chmod +x "$wrapper"
+}
+
+cluster_hold_end() {
+  [ -n "${cluster_holder:-}" ] || return 0
+  kill "$cluster_holder" 2>/dev/null || true
+  wait "$cluster_holder" 2>/dev/null || true
+  cluster_holder=""
+}
+
 cluster_cleanup() {
   local rc=$?
+  cluster_hold_end
   if declare -F cluster_user_cleanup >/dev/null; then cluster_user_cleanup || true; fi
   cluster_stop || { echo "cluster_cleanup: the cluster in $CLUSTER_DIR did not stop cleanly" >&2; rc=1; }
   exit "$rc"

@@ -47,14 +47,8 @@ lock_field() {  # FIELD: from the lock file
 
 # 1. A on node1, held by its output after its first checkpoint (a.out has what came
 # before, a.err its standard error).
-mkfifo "$CLUSTER_SHARED/a.fifo"
-python3 "$here/hold_output.py" "$CLUSTER_SHARED/a.fifo" "$CLUSTER_SHARED/a.out" \
-  '^ncf_dist: checkpoint /' "$CLUSTER_SHARED/a.held" &
-reader=$!
-cluster_user_cleanup() { kill "$reader" 2>/dev/null || true; }
-printf '#!/bin/sh\nexec %q "$@" >%q 2>>%q\n' "$build/src/ncf_dist" "$CLUSTER_SHARED/a.fifo" \
-  "$CLUSTER_SHARED/a.err" >"$CLUSTER_SHARED/ncf_dist_a"
-chmod +x "$CLUSTER_SHARED/ncf_dist_a"
+cluster_hold_output "$build/src/ncf_dist" "$CLUSTER_SHARED/ncf_dist_a" "$CLUSTER_SHARED/a" \
+  '^ncf_dist: checkpoint /'
 cluster_mpirun_on node1:2 -- "$CLUSTER_SHARED/ncf_dist_a" "${args[@]}" --train_epochs 100 \
   --checkpoint_every_steps 20 --step_log >"$CLUSTER_SHARED/a.launcher.out" 2>&1 &
 apid=$!

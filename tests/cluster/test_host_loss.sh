@@ -46,7 +46,6 @@ fail() {
   cluster_logs >&2 || true
   exit 1
 }
-cluster_user_cleanup() { [ -z "${holder:-}" ] || kill "$holder" 2>/dev/null || true; }
 
 epochs=6
 args=(--device cpu --preset ncf-paper --batch_size 2560 --train_epochs "$epochs" --seed 3 --threads 1 --progress off)
@@ -119,15 +118,8 @@ EOF
 # threads run on, and their standard error goes to ranks.err, unheld: there the peer
 # watch's lines are read, written by the ranks themselves the moment they notice.
 hold_start() {
-  mkfifo "$CLUSTER_SHARED/ranks.fifo"
-  : >"$CLUSTER_SHARED/ranks.err"
-  rm -f "$CLUSTER_SHARED/ranks.held"
-  python3 "$here/hold_output.py" "$CLUSTER_SHARED/ranks.fifo" "$CLUSTER_SHARED/ranks.out" \
-    '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$CLUSTER_SHARED/ranks.held" &
-  holder=$!
-  printf '#!/bin/sh\nexec %q "$@" >%q 2>>%q\n' "$build/src/ncf_dist" \
-    "$CLUSTER_SHARED/ranks.fifo" "$CLUSTER_SHARED/ranks.err" >"$CLUSTER_SHARED/ncf_dist"
-  chmod +x "$CLUSTER_SHARED/ncf_dist"
+  cluster_hold_output "$build/src/ncf_dist" "$CLUSTER_SHARED/ncf_dist" "$CLUSTER_SHARED/ranks" \
+    '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ '
 }
 hold_wait() {  # RUNNING_CMD: until the ranks are held at epoch 2 (fails if the run ends first)
   while [ ! -e "$CLUSTER_SHARED/ranks.held" ]; do
@@ -135,7 +127,6 @@ hold_wait() {  # RUNNING_CMD: until the ranks are held at epoch 2 (fails if the 
     sleep 0.1
   done
 }
-hold_end() { kill "$holder" 2>/dev/null || true; wait "$holder" 2>/dev/null || true; }
 
 mpirun_case() {  # kill|link
   local ck="$CLUSTER_SHARED/ck" out="$CLUSTER_SHARED/run.out" pid rc=0 t0 gone="" newest got
@@ -157,7 +148,7 @@ mpirun_case() {  # kill|link
   [ -n "$gone" ] || fail "ranks still running $limit s after the loss: node1 $(alive node1), node2 $(alive node2)"
   wait "$pid" || rc=$?
   [ "$rc" -ne 0 ] || fail "mpirun exited 0 after losing node2"
-  hold_end
+  cluster_hold_end
   our_words "$CLUSTER_SHARED/ranks.err"
   newest=$(newest_checkpoint "$ck")
   [ -n "$newest" ] || fail "no checkpoint was committed before the loss"
@@ -197,7 +188,7 @@ srun_case() {  # kill|link
     if [ "$1" = kill ]; then fail "node2's $n2 ranks still running $limit s after it was killed"; fi
     fail "node2's own $n2 ranks still running $limit s after its link went down (${peer[*]})"
   fi
-  hold_end
+  cluster_hold_end
   our_words "$CLUSTER_SHARED/ranks.err"
   # The job may have ended (its ranks exited 1) or been requeued (NODE_FAIL with
   # --requeue, waiting for 2 nodes): either way the operator resubmits it on the node
