@@ -233,10 +233,22 @@ std::vector<Proc> all_pids(Communicator& comm) {
 }
 
 // Stops this process until every other rank of `pids` is gone: a child continues it.
-void stop_until_the_others_are_gone(const std::vector<Proc>& pids) {
+// With signal_them, the child first waits until this process is stopped, then sends
+// the other ranks SIGUSR1, the stop signal a launcher would send.
+void stop_until_the_others_are_gone(const std::vector<Proc>& pids, bool signal_them = false) {
   const pid_t me = getpid();
   const pid_t child = fork();
   if (child == 0) {
+    if (signal_them) {
+      for (;;) {  // until the parent is stopped
+        char state = 0;
+        int64_t start = 0;
+        if (stat_of(me, &state, &start) && state == 'T') break;
+        usleep(20000);
+      }
+      for (const Proc& p : pids)
+        if (p.pid != me && alive(p)) kill(p.pid, SIGUSR1);
+    }
     for (;;) {
       bool any = false;
       for (const Proc& p : pids)
@@ -285,34 +297,8 @@ TEST(PeerWorker, Signalled) {
   run_worker(3600, [](const RankInfo& info, Communicator& comm) {
     const std::vector<Proc> pids = all_pids(comm);
     sum_loop(comm, 20);
-    if (info.rank == 2) {
-      // Stopped, then the others get the stop signal a launcher would send.
-      const pid_t child = fork();
-      if (child == 0) {
-        const pid_t parent = getppid();
-        for (;;) {  // until the parent is stopped
-          std::ifstream in("/proc/" + std::to_string(parent) + "/stat");
-          std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-          const size_t close = text.rfind(')');
-          if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T')
-            break;
-          usleep(20000);
-        }
-        for (const Proc& p : pids)
-          if (p.pid != parent && alive(p)) kill(p.pid, SIGUSR1);
-        for (;;) {
-          bool any = false;
-          for (const Proc& p : pids)
-            if (p.pid != parent && alive(p)) any = true;
-          if (!any) break;
-          usleep(50000);
-        }
-        kill(parent, SIGCONT);
-        _exit(0);
-      }
-      raise(SIGSTOP);
-      waitpid(child, nullptr, 0);
-    }
+    // Stopped, then the others get the stop signal a launcher would send.
+    if (info.rank == 2) stop_until_the_others_are_gone(pids, true);
     sum_loop(comm, 1000000);
     return 0;
   });
