@@ -1,13 +1,6 @@
 // Start-up, communicator choice and the error path of the mains: see bootstrap.h.
 #include "comm/bootstrap.h"
 
-// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 
 #include <algorithm>

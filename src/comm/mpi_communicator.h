@@ -2,13 +2,6 @@
 // GPU ranks that stage through the host (several ranks sharing one GPU, no NCCL).
 #pragma once
 
-// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 
 #include <cstdint>

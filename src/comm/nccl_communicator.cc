@@ -34,13 +34,6 @@
 #include "comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-// Only MPI's C API is linked (MPI::MPI_C); keep Open MPI's C++ bindings out.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <mpi.h>
 #include <nccl.h>
 

@@ -9,12 +9,6 @@
 //       passed on away from where it came from
 #include "comm/peer_watch.h"
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
