@@ -613,27 +613,38 @@ void table_cases(Bench& bench, const ExecContext& ctx, const Options& o, const T
 
 // ---- dense cases ------------------------------------------------------------------
 
+// The ml-20m MLPerf NeuMF, initialised from the seed.
+NeuMF make_tower(Device dev, uint64_t seed) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = kMf;
+  cfg.layers = kLayers;
+  NeuMF model(cfg, dev);
+  model.init(seed);
+  return model;
+}
+
+// GEMM FLOPs of one sample's tower forward + backward: Y = X·weights^T forward, dX
+// and dweights backward, per layer.
+double tower_flops_per_sample() {
+  double macs = 0;
+  for (size_t l = 0; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
+  return 3 * 2 * macs;
+}
+
 // The NeuMF tower forward + backward (GMF, MLP, head) under each math mode.
 void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb,
                  int D) {
   const Device dev = ctx.device;
   const int64_t B = hb.B;
   const int threads = std::max(1, ctx.threads);
-  NeuMFConfig cfg;
-  cfg.mf_dim = kMf;
-  cfg.layers = kLayers;
-  NeuMF model(cfg, dev);
-  model.init(o.seed);
+  NeuMF model = make_tower(dev, o.seed);
   // Gathered rows ~ U(-0.02, 0.02) and a loss gradient of the size BCE gives.
   Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 21, B * D, -0.02f, 0.02f));
   Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 22, B * D, -0.02f, 0.02f));
   Buffer<float> dlogits =
       to_device(dev, host_uniform(threads, o.seed, 23, B, -1.0f / float(B), 1.0f / float(B)));
   Buffer<float> logits(dev, B), du(dev, B * D), di(dev, B * D);  // [B], [B×D], [B×D]
-  // GEMM work: forward Y = X·weights^T, backward dX and dweights, per tower layer.
-  double macs = 0;
-  for (size_t l = 0; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
-  const double flops = 3 * 2 * macs * double(B);
+  const double flops = tower_flops_per_sample() * double(B);
 
   // bf16 exists in ops.h (MathMode::kBf16); on the CPU tf32 computes plain fp32.
   for (const MathMode mode : {MathMode::kTf32, MathMode::kFp32, MathMode::kBf16}) {
@@ -768,24 +779,18 @@ void step_kernel_cases(Bench& bench, const ExecContext& ctx, const Options& o, c
         [&] { device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float)); });
   }
   {  // the tower as ncf_dist runs it: n users of S samples
-    NeuMFConfig cfg;
-    cfg.mf_dim = kMf;
-    cfg.layers = kLayers;
-    NeuMF model(cfg, dev);
-    model.init(o.seed);
+    NeuMF model = make_tower(dev, o.seed);
     Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 81, n * D, -0.02f, 0.02f));
     Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 82, B * D, -0.02f, 0.02f));
     Buffer<float> dlogits =
         to_device(dev, host_uniform(threads, o.seed, 83, B, -1.0f / float(B), 1.0f / float(B)));
     Buffer<float> logits(dev, B), du(dev, n * D), di(dev, B * D);
-    double macs = 0;
-    for (size_t l = 0; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
     for (const MathMode mode : {MathMode::kTf32, MathMode::kBf16}) {
       set_math_mode(mode);
       run_both(
           std::string("neumf_fwd_bwd_grouped ") + math_mode_name(mode),
           shape_str("n=%lld S=%d D=%d layers 256,256,128,64", (long long)n, S, D), 0,
-          3 * 2 * macs * double(B),
+          tower_flops_per_sample() * double(B),
           [&] {
             model.forward(ctx, urows.data(), irows.data(), n, S, logits.data());
             model.backward(ctx, dlogits.data(), du.data(), di.data());

@@ -621,6 +621,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int L>
+void launch_group_bias_act_stream(cudaStream_t stream, float* Y, const float* Yg, const float* bias,
+                                  int64_t n, int S, int out, bool relu) {
+  const unsigned grid = grid_for(n * (out / L));
+  if (relu) {
+    group_bias_act_stream_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+  } else {
+    group_bias_act_stream_kernel<L, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+  }
+}
+
+template <int L>
 void launch_group_sum_stream(cudaStream_t stream, const float* Y, float* dY, int64_t n, int S,
                              int out, float* dYg, int64_t lddyg, bool relu, bool vec_out) {
   const unsigned grid = grid_for(n * (out / L));
@@ -756,18 +767,10 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
                     int S, int out, bool relu) {
   if (n == 0) return;
   if (step_kernels() == StepKernels::kStreaming) {
-    cudaStream_t stream = stream_of(ctx);
-    const bool vec = out % 4 == 0 && aligned16(Y) && aligned16(Yg);
-    const int L = vec ? 4 : 1;
-    const unsigned grid = grid_for(n * (out / L));
-    if (vec && relu) {
-      group_bias_act_stream_kernel<4, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
-    } else if (vec) {
-      group_bias_act_stream_kernel<4, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
-    } else if (relu) {
-      group_bias_act_stream_kernel<1, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    if (out % 4 == 0 && aligned16(Y) && aligned16(Yg)) {
+      launch_group_bias_act_stream<4>(stream_of(ctx), Y, Yg, bias, n, S, out, relu);
     } else {
-      group_bias_act_stream_kernel<1, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+      launch_group_bias_act_stream<1>(stream_of(ctx), Y, Yg, bias, n, S, out, relu);
     }
     check_launch("group_bias_act");
     return;
