@@ -196,5 +196,59 @@ TEST(CollectionOneRank, ExchangeEstimateCoversTheBuffersHeld) {
     }
 }
 
+// The nearest BF16 written out a second way: 8 significant bits of the
+// binary significand, rounded with the FPU's ties-to-even rint.
+float nearest_bf16(float x) {
+  int e = 0;
+  const double m = std::frexp(double(x), &e);  // x = m · 2^e, 0.5 <= |m| < 1
+  return float(std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+}
+
+// BF16 payloads at W = 1: the lookup hands out the rows rounded as a sender
+// would, and the update applies the FP32 sum of the gradients each rounded as
+// a sender would (hand-worked: 1 + 2^-8 + 2^-8 is 1.0078125 summed in FP32,
+// 1 summed in BF16; 1 + 2^-8 + 2^-10 rounds up to 1 + 2^-7, truncation gives 1),
+// while the table keeps its FP32 values and replicated tables are not rounded.
+TEST(CollectionOneRank, Bf16PayloadsRoundRowsAndGradientsAndSumInFp32) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  ctx.threads = 2;
+  EmbeddingPlan plan = two_tables(Placement::kRowWise, 4);
+  plan.tables[1].placement = Placement::kReplicated;
+  EmbeddingCollection e(plan, comm, ctx, sgd(1.0f), false);
+  e.set_exchange_dtype(WireDType::kBFloat16);
+  e.init(3);
+  const std::vector<float> users = e.gather_table(0), items = e.gather_table(1);
+  const std::vector<int32_t> u = {5, 5, 5, 9}, it = {2};
+  e.lookup({{u.data(), 4}, {it.data(), 1}});
+  int rounded_away = 0;
+  for (size_t k = 0; k < u.size(); ++k)
+    for (int d = 0; d < 4; ++d) {
+      const float p = users[size_t(u[k]) * 4 + d];
+      ASSERT_EQ(e.rows(0)[k * 4 + d], nearest_bf16(p)) << k << "," << d;
+      rounded_away += e.rows(0)[k * 4 + d] != p;
+    }
+  EXPECT_GT(rounded_away, 0) << "N(0, 0.01²) draws are not BF16 values";
+  for (int d = 0; d < 4; ++d) ASSERT_EQ(e.rows(1)[d], items[2 * 4 + d]) << "replicated: FP32";
+  const float g[4] = {1.0f, 0x1p-8f, 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-10f};
+  for (size_t k = 0; k < u.size(); ++k)
+    for (int d = 0; d < 4; ++d) e.row_grads(0)[k * 4 + d] = g[k] * float(d + 1);
+  e.row_grads(1)[0] = 0x1p-8f + 0x1p-10f;
+  for (int d = 1; d < 4; ++d) e.row_grads(1)[d] = 0.0f;
+  e.gradients_start(nullptr);
+  e.gradients_finish(1);
+  const std::vector<float> after = e.gather_table(0), items_after = e.gather_table(1);
+  for (int d = 0; d < 4; ++d) {
+    const float s = float(d + 1);
+    float sum = 0.0f;  // FP32, in batch order, of the gradients as rounded
+    for (int k = 0; k < 3; ++k) sum += nearest_bf16(g[k] * s);
+    EXPECT_EQ(after[5 * 4 + d], users[5 * 4 + d] - sum) << "row 5 column " << d;
+    EXPECT_EQ(after[9 * 4 + d], users[9 * 4 + d] - nearest_bf16(g[3] * s)) << "row 9 column " << d;
+  }
+  EXPECT_EQ(after[5 * 4 + 0], users[5 * 4 + 0] - (1.0f + 0x1p-7f)) << "hand-worked FP32 sum";
+  EXPECT_EQ(after[9 * 4 + 0], users[9 * 4 + 0] - (1.0f + 0x1p-7f)) << "hand-worked rounding";
+  EXPECT_EQ(items_after[2 * 4], items[2 * 4] - (0x1p-8f + 0x1p-10f)) << "replicated: FP32";
+}
+
 }  // namespace
 }  // namespace ncf

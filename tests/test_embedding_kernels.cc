@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "common/philox.h"
@@ -382,6 +384,46 @@ TEST(CudaContext, FailsClearlyWithoutGpuAndChecksAreNoOpsOnCpu) {
   std::string msg = error_of([] { make_cuda_context(0); });
   EXPECT_NE(msg.find("make_cuda_context"), std::string::npos) << msg;
   EXPECT_NE(device_error_text(DeviceErrorCode::kGatherRowOutOfRange), std::string());
+}
+
+// BF16 payloads: pack is round-to-nearest-even (hand-worked: a tie goes to the
+// even neighbour, just past a tie goes up, truncation would give 1.0 for all
+// three), unpack puts the 16 bits on top of a zero half, round does both, and
+// any thread count gives the same bits.
+TEST(Bf16Payloads, PackRoundsToNearestEvenUnpackWidensExactly) {
+  const float tie_even = 1.0f + 0x1p-8f;             // halfway 1 and 1+2^-7: stays 1
+  const float tie_odd = 1.0f + 0x1p-7f + 0x1p-8f;    // halfway, odd below: goes up to 1+2^-6
+  const float past_tie = 1.0f + 0x1p-8f + 0x1p-10f;  // just past half: up to 1+2^-7
+  const Vec hand = {tie_even, tie_odd, past_tie, -past_tie, 0.0f, 3.0f};
+  const std::vector<uint16_t> want = {0x3F80, 0x3F82, 0x3F81, 0xBF81, 0x0000, 0x4040};
+  std::vector<uint16_t> bits(hand.size());
+  pack_bf16(cpu(1), hand.data(), bits.data(), int64_t(hand.size()));
+  EXPECT_EQ(bits, want);
+  Vec back(hand.size());
+  unpack_bf16(cpu(1), bits.data(), back.data(), int64_t(bits.size()));
+  const Vec want_back = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -(1.0f + 0x1p-7f), 0.0f, 3.0f};
+  EXPECT_EQ(back, want_back);
+
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  Vec x(100003);
+  for (float& v : x) v = nd(g);
+  std::vector<uint16_t> one(x.size()), three(x.size());
+  pack_bf16(cpu(1), x.data(), one.data(), int64_t(x.size()));
+  pack_bf16(cpu(3), x.data(), three.data(), int64_t(x.size()));
+  EXPECT_EQ(one, three);
+  Vec rounded = x;
+  round_bf16(cpu(3), rounded.data(), int64_t(rounded.size()));
+  Vec widened(x.size());
+  unpack_bf16(cpu(2), one.data(), widened.data(), int64_t(x.size()));
+  for (size_t k = 0; k < x.size(); ++k) {
+    ASSERT_EQ(one[k], float_to_bf16_bits(x[k])) << k;
+    ASSERT_EQ(rounded[k], widened[k]) << k;
+    // The nearest BF16: within half an ulp (2^-8 of the value's binade).
+    ASSERT_LE(std::fabs(double(widened[k]) - x[k]), std::ldexp(std::fabs(x[k]), -8)) << k;
+  }
+  EXPECT_THROW(pack_bf16(cpu(1), nullptr, one.data(), 3), Error);
+  EXPECT_THROW(unpack_bf16(cpu(1), one.data(), x.data(), -1), Error);
 }
 
 }  // namespace

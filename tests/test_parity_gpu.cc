@@ -1269,6 +1269,33 @@ TEST_F(Parity, PermuteAndUnpermuteRowsExact) {
       }
 }
 
+// BF16 payloads (--exchange_dtype bf16): pack, unpack and round in place give
+// the same bits on both devices, ties, Inf, NaN and subnormals included.
+TEST_F(Parity, Bf16PayloadConversionsExact) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
+    Vec x = random_vec(size_t(n), gen_);
+    const float special[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f,
+                             -0.0f,          0x1p-140f,
+                             3.4e38f,        INFINITY,
+                             -INFINITY,      NAN};
+    for (size_t k = 0; k < x.size() && k < 8; ++k) x[k] = special[k];
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    Buffer<float> gx = up(x);
+    Buffer<uint16_t> gbits(g_dev, size_t(n));
+    pack_bf16(cpu_, x.data(), bits.data(), n);
+    pack_bf16(gpu_, gx.data(), gbits.data(), n);
+    expect_same(down(gbits), bits, shape({{"pack n", n}}));
+    Vec wide(static_cast<size_t>(n));
+    Buffer<float> gwide(g_dev, size_t(n));
+    unpack_bf16(cpu_, bits.data(), wide.data(), n);
+    unpack_bf16(gpu_, gbits.data(), gwide.data(), n);
+    expect_same(down(gwide), wide, shape({{"unpack n", n}}));
+    round_bf16(cpu_, x.data(), n);
+    round_bf16(gpu_, gx.data(), n);
+    expect_same(down(gx), x, shape({{"round n", n}}));
+  }
+}
+
 // ---- bad input found by kernels -----------------------------------------------------------
 
 TEST_F(Parity, ReplicatedDenseGradientExact) {

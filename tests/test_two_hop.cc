@@ -271,13 +271,15 @@ EmbeddingPlan plan_for(const std::string& forced, int W, bool dedup) {
 // Both tables after kSteps steps of lookups with hot ids (shared across the
 // ranks of a node and across nodes), gradients that depend on the rows, and
 // Adam updates; the looked-up rows of every step are appended too.
-std::vector<float> run_steps(const EmbeddingPlan& plan, Communicator& comm, bool node_dedup) {
+std::vector<float> run_steps(const EmbeddingPlan& plan, Communicator& comm, bool node_dedup,
+                             WireDType wire = WireDType::kFloat32) {
   ExecContext ctx;
   EmbeddingOptimizerConfig o;
   o.kind = EmbeddingOptimizer::kLazyAdam;
   o.adam = {0.05f, 0.9f, 0.999f, 1e-8f};
   EmbeddingCollection e(plan, comm, ctx, o, plan.dedup);
   e.set_node_dedup(node_dedup);
+  e.set_exchange_dtype(wire);
   EXPECT_EQ(e.node_dedup(), node_dedup);
   e.init(11);
   std::vector<float> out;
@@ -369,6 +371,37 @@ TEST(TwoHopCollectionWorker, MatchesFlat) {
                               double(after.inter_bytes - before.inter_bytes)};
         flat->all_reduce_sum(crossing, 2, DType::kFloat64);
         EXPECT_LT(crossing[0], crossing[1]) << what;
+        if (forced != "row") continue;
+        // BF16 payloads: two-hop still equals flat bit for bit, node dedup (both
+        // hops in BF16) stays near them and repeats itself, and the bytes that
+        // cross nodes shrink as the rows' share of them halves.
+        auto bflat = make_communicator(declared, Device::kCpu, "mpi");
+        auto btwo = make_communicator(declared, Device::kCpu, "mpi");
+        auto bnd = make_communicator(declared, Device::kCpu, "mpi");
+        btwo->set_exchange(ExchangeKind::kTwoHop);
+        bnd->set_exchange(ExchangeKind::kTwoHop);
+        const WireDType bf = WireDType::kBFloat16;
+        const std::vector<float> e = run_steps(plan, *bflat, false, bf);
+        const std::vector<float> f = run_steps(plan, *btwo, false, bf);
+        const std::vector<float> g = run_steps(plan, *bnd, true, bf);
+        const std::vector<float> h = run_steps(plan, *bnd, true, bf);
+        EXPECT_EQ(std::memcmp(e.data(), f.data(), e.size() * 4), 0)
+            << what << " bf16: two-hop differs from flat on rank " << info.rank;
+        EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0)
+            << what << " bf16: node dedup is not reproducible on rank " << info.rank;
+        double bf_worst = 0, from_fp32 = 0;
+        for (size_t k = 0; k < e.size(); ++k) {
+          bf_worst = std::max(bf_worst, std::fabs(double(e[k]) - double(g[k])));
+          from_fp32 = std::max(from_fp32, std::fabs(double(e[k]) - double(a[k])));
+        }
+        EXPECT_LT(bf_worst, 2e-3) << what << " bf16: node dedup strays from flat";
+        EXPECT_GT(from_fp32, 1e-5) << what << ": bf16 payloads changed nothing";
+        double bytes[2] = {double(btwo->counters().inter_bytes),
+                           double(after.inter_bytes - before.inter_bytes)};
+        flat->all_reduce_sum(bytes, 2, DType::kFloat64);
+        // Per key: a 4-byte id, then a vector and a gradient of kD elements.
+        const double per_key = (4.0 + 2 * 2 * kD) / (4.0 + 2 * 4 * kD);
+        EXPECT_NEAR(bytes[0] / bytes[1], per_key, 0.01) << what << " bf16";
       }
     std::printf("collection worker: done rank=%d N=%d L=%d%s\n", info.rank, N, L,
                 real ? " (real nodes)" : "");

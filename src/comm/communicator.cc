@@ -26,6 +26,8 @@ size_t dtype_size(DType t) {
       return 8;
     case DType::kUInt8:
       return 1;
+    case DType::kBFloat16:
+      return 2;
   }
   NCF_CHECK(false, "unknown DType ", static_cast<int>(t));
 }
@@ -42,6 +44,8 @@ const char* dtype_name(DType t) {
       return "float64";
     case DType::kUInt8:
       return "uint8";
+    case DType::kBFloat16:
+      return "bfloat16";
   }
   return "unknown";
 }
@@ -418,6 +422,8 @@ void Communicator::all_reduce_sum(void* buf, size_t n, DType t) {
   CollectiveWatch watch("all_reduce_sum");
   if (n == 0) return;
   NCF_CHECK(buf != nullptr, "all_reduce_sum: null buffer for ", n, " elements");
+  NCF_CHECK(t != DType::kBFloat16, "all_reduce_sum: ", dtype_name(t),
+            " payloads are moved, never summed");
   // A ring allreduce sends 2(W-1)/W of the buffer from every rank.
   count(CollectiveKind::kAllReduce,
         int64_t(n * dtype_size(t)) * 2 * (world_ - 1) / std::max(1, world_));

@@ -26,7 +26,9 @@
 
 namespace ncf {
 
-enum class DType { kFloat32, kInt32, kInt64, kFloat64, kUInt8 };
+// kBFloat16: BF16 bit patterns (common/bf16.h), moved by the all-to-alls only;
+// no allreduce sums them.
+enum class DType { kFloat32, kInt32, kInt64, kFloat64, kUInt8, kBFloat16 };
 
 // Names a collective started by an *_async call; 0 names nothing to wait for.
 using CommTicket = int64_t;
@@ -56,6 +58,10 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<uint8_t>() {
   return DType::kUInt8;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::kBFloat16;
 }
 
 // What a rank's collectives did since the communicator started: calls and

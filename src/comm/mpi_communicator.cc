@@ -35,6 +35,8 @@ MPI_Datatype mpi_dtype(DType t) {
       return MPI_DOUBLE;
     case DType::kUInt8:
       return MPI_UINT8_T;
+    case DType::kBFloat16:
+      return MPI_UINT16_T;  // bit patterns: moved, never summed
   }
   NCF_CHECK(false, "unknown DType ", static_cast<int>(t));
 }

@@ -68,6 +68,8 @@ ncclDataType_t nccl_dtype(DType dtype) {
       return ncclFloat64;
     case DType::kUInt8:
       return ncclUint8;
+    case DType::kBFloat16:
+      return ncclBfloat16;
   }
   NCF_CHECK(false, "unknown DType ", static_cast<int>(dtype));
 }

@@ -12,6 +12,16 @@
 
 namespace ncf {
 
+const char* wire_dtype_name(WireDType d) { return d == WireDType::kBFloat16 ? "bf16" : "fp32"; }
+
+WireDType parse_wire_dtype(const std::string& s) {
+  if (s == "fp32") return WireDType::kFloat32;
+  if (s == "bf16") return WireDType::kBFloat16;
+  NCF_FAIL("exchange dtype '", s, "' is not one of fp32, bf16");
+}
+
+int wire_dtype_bytes(WireDType d) { return d == WireDType::kBFloat16 ? 2 : 4; }
+
 EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm,
                                          const ExecContext& ctx,
                                          const EmbeddingOptimizerConfig& opt, bool dedup)
@@ -57,6 +67,7 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
   for (Buffer<float>* b : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
     *b = Buffer<float>(dev, 0);
+  for (Buffer<uint16_t>* b : {&wsend_, &wrecv_}) *b = Buffer<uint16_t>(dev, 0);
   for (auto* v :
        {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_, &rd_})
     v->assign(W_, 0);
@@ -125,6 +136,7 @@ int64_t EmbeddingCollection::step_buffer_bytes() const {
   for (const Buffer<float>* x : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_,
                                  &avec_, &bvec_, &kvec_, &nvec_})
     b += int64_t(x->bytes());
+  for (const Buffer<uint16_t>* x : {&wsend_, &wrecv_}) b += int64_t(x->bytes());
   return b;
 }
 
@@ -270,20 +282,21 @@ void EmbeddingCollection::lookup_gather() {
     rd_[p] = send_displs_[p] * D;
   }
   recv_vec_.reserve(size_t(nu_) * D);
-  all_to_all_v_on(comm_, ctx_.device, send_vec_.data(), sc_.data(), sd_.data(), recv_vec_.data(),
-                  rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+  start_rows(send_vec_.data(), recv_vec_.data());
 }
 
 void EmbeddingCollection::lookup_finish() {
   const int D = plan_.D;
   if (local_) {
     gather_rows(ctx_, params_.data(), keys_.data(), rows_.data(), R_, n_total_, D);
+    round_kept_rows(rows_.data());
     return;
   }
   if (any_routed()) {
     if (node_dedup_) node_lookup_finish();  // this rank's rows in owner order in recv_vec_
     comm_.join(ticket_);
     ticket_ = 0;
+    finish_rows(recv_vec_.data());
     // Back to batch order: owner order -> (unique) key order -> batch positions.
     if (dedup_) {
       uvec_.reserve(size_t(nu_) * D);
@@ -332,8 +345,7 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
         rd_[p] = recv_displs_[p] * D;
       }
       send_vec_.reserve(size_t(nr_) * D);  // reused: gradients this rank owns
-      all_to_all_v_on(comm_, ctx_.device, recv_vec_.data(), sc_.data(), sd_.data(),
-                      send_vec_.data(), rc_.data(), rd_.data(), DType::kFloat32, &ticket_);
+      start_rows(recv_vec_.data(), send_vec_.data());
     }
   }
   // Replicated tables: this rank's sum per row, as a dense gradient with a
@@ -354,12 +366,14 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
 void EmbeddingCollection::gradients_finish(int64_t t) {
   if (local_) {
     // One rank: the batch's rows are the flat rows; one fused update over all.
+    round_kept_rows(grads_.data());
     reduce_update_rows(ctx_, keys_.data(), grads_.data(), n_total_, all_rows(0, R_), opt_, t);
     return;
   }
   if (!any_routed()) return;
   comm_.join(ticket_);
   ticket_ = 0;
+  finish_rows(send_vec_.data());
   reduce_update_rows(ctx_, recv_rows_.data(), send_vec_.data(), nr_, all_rows(0, R_routed_), opt_,
                      t);
 }
@@ -394,8 +408,54 @@ void EmbeddingCollection::exchange_rows(CommGroup g, const float* send,
     out[k]->resize(in[k]->size());
     for (size_t i = 0; i < in[k]->size(); ++i) (*out[k])[i] = (*in[k])[i] * D;
   }
-  group_all_to_all_v_on(comm_, g, ctx_.device, send, x1_.data(), x2_.data(), recv, x3_.data(),
-                        x4_.data(), DType::kFloat32);
+  if (wire_ == WireDType::kFloat32) {
+    group_all_to_all_v_on(comm_, g, ctx_.device, send, x1_.data(), x2_.data(), recv, x3_.data(),
+                          x4_.data(), DType::kFloat32);
+    return;
+  }
+  int64_t ns = 0, nr = 0;
+  for (size_t i = 0; i < x1_.size(); ++i) {
+    ns = std::max(ns, x2_[i] + x1_[i]);
+    nr = std::max(nr, x4_[i] + x3_[i]);
+  }
+  wsend_.reserve(size_t(ns));
+  wrecv_.reserve(size_t(nr));
+  pack_bf16(ctx_, send, wsend_.data(), ns);
+  group_all_to_all_v_on(comm_, g, ctx_.device, wsend_.data(), x1_.data(), x2_.data(), wrecv_.data(),
+                        x3_.data(), x4_.data(), DType::kBFloat16);
+  unpack_bf16(ctx_, wrecv_.data(), recv, nr);
+}
+
+void EmbeddingCollection::start_rows(const float* send, float* recv) {
+  if (wire_ == WireDType::kFloat32) {
+    all_to_all_v_on(comm_, ctx_.device, send, sc_.data(), sd_.data(), recv, rc_.data(), rd_.data(),
+                    DType::kFloat32, &ticket_);
+    return;
+  }
+  int64_t ns = 0, nr = 0;
+  for (int p = 0; p < W_; ++p) {
+    ns = std::max(ns, sd_[size_t(p)] + sc_[size_t(p)]);
+    nr = std::max(nr, rd_[size_t(p)] + rc_[size_t(p)]);
+  }
+  wsend_.reserve(size_t(ns));
+  wrecv_.reserve(size_t(nr));
+  pack_bf16(ctx_, send, wsend_.data(), ns);
+  all_to_all_v_on(comm_, ctx_.device, wsend_.data(), sc_.data(), sd_.data(), wrecv_.data(),
+                  rc_.data(), rd_.data(), DType::kBFloat16, &ticket_);
+  widen_ = nr;
+}
+
+void EmbeddingCollection::finish_rows(float* recv) {
+  if (widen_ == 0) return;
+  unpack_bf16(ctx_, wrecv_.data(), recv, widen_);
+  widen_ = 0;
+}
+
+void EmbeddingCollection::round_kept_rows(float* rows) {
+  if (wire_ == WireDType::kFloat32) return;
+  for (int t = 0; t < num_tables(); ++t)
+    if (plan_.tables[t].placement != Placement::kReplicated)
+      round_bf16(ctx_, rows + off_[t] * plan_.D, n_[t] * plan_.D);
 }
 
 void EmbeddingCollection::node_lookup_start() {

@@ -23,6 +23,12 @@
 // Backward, the gradients take the same way and the carrying rank sums those of
 // a shared key in sort_reduce_rows' fixed order (its input is source rank by
 // source rank) before they cross nodes.
+// Payloads (set_exchange_dtype): FP32, or BF16 on the wire — the vectors and
+// gradient rows of every routed table's all-to-all (both hops, node dedup
+// included) are rounded to BF16 by the sender and widened by the receiver,
+// the block a rank sends itself too; at W = 1 the rows and gradients of the
+// tables a larger W would route are rounded in place, so W = 1 computes what a
+// larger W does. Ids and counts, the owners' sums and every update stay FP32.
 // Initial values depend on the table and global row only, so every W starts alike.
 #pragma once
 
@@ -44,6 +50,12 @@ struct TableIds {
   int64_t n = 0;
 };
 
+// What the exchanges carry per vector element (--exchange_dtype).
+enum class WireDType { kFloat32, kBFloat16 };
+const char* wire_dtype_name(WireDType d);  // "fp32" | "bf16"
+WireDType parse_wire_dtype(const std::string& s);
+int wire_dtype_bytes(WireDType d);  // 4 | 2
+
 class EmbeddingCollection {
  public:
   EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm, const ExecContext& ctx,
@@ -55,6 +67,9 @@ class EmbeddingCollection {
   // two-hop exchange when on); every rank the same, before the first lookup.
   void set_node_dedup(bool on);
   bool node_dedup() const { return node_dedup_; }
+  // The payload of the row exchanges; every rank the same, before a lookup.
+  void set_exchange_dtype(WireDType d) { wire_ = d; }
+  WireDType exchange_dtype() const { return wire_; }
 
   // Fills this rank's rows with N(0, stddev²) keyed by (seed, table, global row).
   void init(uint64_t seed);
@@ -135,6 +150,14 @@ class EmbeddingCollection {
   // device; `reverse` swaps each block's source and destination.
   void copy_blocks(void* dst, const void* src, const std::vector<RowBlock>& blocks,
                    size_t row_bytes, bool reverse);
+  // all_to_all_v of rows of D floats (counts and displacements in floats)
+  // started on the world, in the wire dtype: with BF16 the send rows are packed
+  // into wsend_ and arrive in wrecv_, and finish_rows widens them into recv
+  // after the join.
+  void start_rows(const float* send, float* recv);
+  void finish_rows(float* recv);
+  // In place at W = 1 with BF16: the rows of the tables a larger W routes.
+  void round_kept_rows(float* rows);
   // group_all_to_all_v of rows of D floats: counts and offsets given in rows.
   void exchange_rows(CommGroup g, const float* send, const std::vector<int64_t>& send_rows,
                      const std::vector<int64_t>& send_at, float* recv,
@@ -176,6 +199,9 @@ class EmbeddingCollection {
   Buffer<float> send_vec_, recv_vec_, uvec_;  // [nr×D], [nu×D], [nu×D] exchanged rows
   Buffer<int32_t> reduced_rows_;              // dedup / replicated: the unique rows of a reduction
   Buffer<float> reduced_grads_;               // and their summed gradient rows
+  WireDType wire_ = WireDType::kFloat32;
+  Buffer<uint16_t> wsend_, wrecv_;  // BF16 payloads of the row exchanges
+  int64_t widen_ = 0;               // floats start_rows left in wrecv_ for finish_rows
   std::vector<int64_t> send_counts_, send_displs_, recv_counts_, recv_displs_;  // [W] rows
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // the same, in floats (× D)
   // Node-level de-duplication (N nodes of L ranks; this rank (n, l)). Hop-1

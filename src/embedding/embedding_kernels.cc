@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/parallel.h"
@@ -181,6 +182,33 @@ void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N,
       std::copy_n(dense + int64_t(out_rows[k]) * stride, D, out_grads + k * D);
   });
   *n_out = m;
+}
+
+void pack_bf16(const ExecContext& ctx, const float* src, uint16_t* out, int64_t n) {
+  NCF_CHECK(n >= 0, "pack_bf16: negative count n=", n);
+  NCF_CHECK(n == 0 || (src && out), "pack_bf16: src or out is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, pack_bf16, ctx, src, out, n);
+  parallel_for(ctx.threads, n, 1 << 16, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) out[k] = float_to_bf16_bits(src[k]);
+  });
+}
+
+void unpack_bf16(const ExecContext& ctx, const uint16_t* src, float* out, int64_t n) {
+  NCF_CHECK(n >= 0, "unpack_bf16: negative count n=", n);
+  NCF_CHECK(n == 0 || (src && out), "unpack_bf16: src or out is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, unpack_bf16, ctx, src, out, n);
+  parallel_for(ctx.threads, n, 1 << 16, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) out[k] = bf16_bits_to_float(src[k]);
+  });
+}
+
+void round_bf16(const ExecContext& ctx, float* x, int64_t n) {
+  NCF_CHECK(n >= 0, "round_bf16: negative count n=", n);
+  NCF_CHECK(n == 0 || x, "round_bf16: x is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, round_bf16, ctx, x, n);
+  parallel_for(ctx.threads, n, 1 << 16, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) x[k] = round_to_bf16(x[k]);
+  });
 }
 
 }  // namespace ncf

@@ -6,6 +6,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "common/bf16.h"
 #include "common/cuda_util.cuh"
 #include "embedding/embedding_kernels.h"
 
@@ -198,6 +199,20 @@ __global__ void touched_grads_kernel(const float* dense, const int32_t* out_rows
     const int d = static_cast<int>(i % D);
     out_grads[i] = dense[int64_t(out_rows[k]) * stride + d];
   }
+}
+
+// ---- BF16 payloads ------------------------------------------------------------------
+
+__global__ void pack_bf16_kernel(const float* src, uint16_t* out, int64_t n) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) out[k] = float_to_bf16_bits(src[k]);
+}
+
+__global__ void unpack_bf16_kernel(const uint16_t* src, float* out, int64_t n) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) out[k] = bf16_bits_to_float(src[k]);
+}
+
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) x[k] = round_to_bf16(x[k]);
 }
 
 }  // namespace
@@ -405,6 +420,24 @@ void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N,
   if (m == 0) return;
   touched_grads_kernel<<<grid_for(m * D), kThreads, 0, stream>>>(dense, out_rows, m, D, out_grads);
   check_launch(op);
+}
+
+void pack_bf16(const ExecContext& ctx, const float* src, uint16_t* out, int64_t n) {
+  if (n == 0) return;
+  pack_bf16_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(src, out, n);
+  check_launch("pack_bf16");
+}
+
+void unpack_bf16(const ExecContext& ctx, const uint16_t* src, float* out, int64_t n) {
+  if (n == 0) return;
+  unpack_bf16_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(src, out, n);
+  check_launch("unpack_bf16");
+}
+
+void round_bf16(const ExecContext& ctx, float* x, int64_t n) {
+  if (n == 0) return;
+  round_bf16_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(x, n);
+  check_launch("round_bf16");
 }
 
 }  // namespace ncf::cuda

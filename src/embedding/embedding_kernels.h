@@ -139,6 +139,17 @@ void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float
 void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
                           int32_t* out_rows, float* out_grads, int64_t* n_out);
 
+// BF16 payloads (--exchange_dtype bf16; common/bf16.h's conversions, so both
+// devices give the same bits): the sender packs, the receiver widens, and a
+// rank that keeps rows for itself rounds them in place, so W = 1 computes what
+// a larger W does.
+// out[k] = src[k] rounded to the nearest BF16 (ties to even), as bits, k < n.
+void pack_bf16(const ExecContext& ctx, const float* src, uint16_t* out, int64_t n);
+// out[k] = the float of bits src[k] (exact), k < n.
+void unpack_bf16(const ExecContext& ctx, const uint16_t* src, float* out, int64_t n);
+// x[k] = x[k] rounded to the nearest BF16, in place, k < n.
+void round_bf16(const ExecContext& ctx, float* x, int64_t n);
+
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (embedding_kernels.cu); called through the dispatch only.
 namespace cuda {
@@ -157,6 +168,9 @@ void scatter_rows_dense(const ExecContext& ctx, const int32_t* rows, const float
                         int D, int64_t N, float* dense);
 void compact_touched_rows(const ExecContext& ctx, const float* dense, int64_t N, int D,
                           int32_t* out_rows, float* out_grads, int64_t* n_out);
+void pack_bf16(const ExecContext& ctx, const float* src, uint16_t* out, int64_t n);
+void unpack_bf16(const ExecContext& ctx, const uint16_t* src, float* out, int64_t n);
+void round_bf16(const ExecContext& ctx, float* x, int64_t n);
 }  // namespace cuda
 #endif
 

@@ -66,7 +66,9 @@ double level_seconds(int64_t m, double bytes, double lat, double bw) {
 }
 
 // Bytes per key of the four exchanges; 0 marks the counts exchange.
-std::vector<double> per_key_bytes(int D) { return {0.0, 4.0, 4.0 * D, 4.0 * D}; }
+std::vector<double> per_key_bytes(const ExchangeShape& s) {
+  return {0.0, 4.0, double(s.payload_bytes) * s.D, double(s.payload_bytes) * s.D};
+}
 
 std::string ms(double s) {
   char b[32];
@@ -191,7 +193,7 @@ ExchangeCost flat_cost(const ExchangeShape& s, const LinkLevels& l) {
   const int64_t mi = L - 1, me = int64_t(N - 1) * L;
   const double be = rank_nic_bw(l, L);
   ExchangeCost c;
-  for (double pk : per_key_bytes(s.D)) {
+  for (double pk : per_key_bytes(s)) {
     const double bi = pk > 0 ? double(mi) * k / W * pk : kCountBytes * double(mi);
     const double be_bytes = pk > 0 ? double(me) * k / W * pk : kCountBytes * double(me);
     // Every block is posted at once: the two levels drain side by side.
@@ -214,7 +216,7 @@ ExchangeCost two_hop_cost(const ExchangeShape& s, const LinkLevels& l, bool node
   const int64_t m1 = L - 1, m2 = N - 1;
   const double be = rank_nic_bw(l, L);
   ExchangeCost c;
-  for (double pk : per_key_bytes(s.D)) {
+  for (double pk : per_key_bytes(s)) {
     // Hop 1 hands local peer l' the blocks of the N ranks with local index l';
     // hop 2 carries, per remote node, the node's L blocks for one rank there.
     const double b1 = pk > 0 ? double(m1) * k / L * pk : kCountBytes * N * double(m1);

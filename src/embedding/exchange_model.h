@@ -9,8 +9,8 @@
 // W = N·L ranks, rank = n·L + l. A rank sends k keys per step (all routed
 // tables, after rank-level dedup), k/W of them to each rank by uniform
 // ownership. Each step makes four exchanges: counts (8 B per peer), ids
-// (4 B per key), vectors (4D B per key, from owners) and gradients (4D B per
-// key); by symmetry a rank sends in each as much as it receives. Per exchange:
+// (4 B per key), vectors (4D B per key, from owners; 2D with BF16 payloads)
+// and gradients (the same); by symmetry a rank sends in each as much as it receives. Per exchange:
 //
 //   flat     intra: L−1 messages, (L−1)·k/W keys   inter: (N−1)·L messages, (N−1)·k/N keys
 //            t = max(a_i·(L−1) + B_intra/b_i, a_e·(N−1)·L + B_inter/b_e)      (in parallel)
@@ -62,6 +62,7 @@ struct ExchangeShape {
   int D = 0;                  // embedding width (floats per vector)
   int64_t keys_per_rank = 0;  // k: keys a rank sends per step (routed tables, after rank dedup)
   double node_unique_share = 1.0;  // s in (0, 1]: the node's keys left after node dedup
+  int payload_bytes = 4;           // bytes per vector element (--exchange_dtype: 4 or 2)
 };
 
 // Per rank per step, all four exchanges: the modelled seconds, the messages

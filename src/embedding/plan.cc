@@ -42,14 +42,16 @@ Placement parse_placement(const std::string& s) {
   NCF_FAIL("unknown placement '", s, "' (expected row, table or replicated)");
 }
 
-double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_rank, int W) {
+double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_rank, int W,
+                           int payload_bytes) {
   if (W == 1) return 0;
   const double f = double(W - 1) / W;
+  const double per_key = 4.0 + 2.0 * D * payload_bytes;  // id, vector, gradient
   switch (p) {
     case Placement::kRowWise:
-      return double(lookups_per_rank) * f * (4.0 + 2.0 * D * 4);
+      return double(lookups_per_rank) * f * per_key;
     case Placement::kTableWise:
-      return double(lookups_per_rank) * (W - 1) * (4.0 + 2.0 * D * 4);
+      return double(lookups_per_rank) * (W - 1) * per_key;
     case Placement::kReplicated:
       return 2.0 * f * double(N) * (D + 1) * 4;
   }
@@ -64,6 +66,9 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
   plan.D = req.D;
   plan.W = req.W;
   plan.tables = req.tables;
+  NCF_CHECK(req.payload_bytes == 2 || req.payload_bytes == 4, "plan: ", req.payload_bytes,
+            " bytes per exchanged element (expected 2 or 4)");
+  plan.payload_bytes = req.payload_bytes;
   const int W = req.W;
 
   // --shard_plan: table name -> forced placement ("" = decide).
@@ -108,8 +113,8 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
     }
     // Bytes per step on the busiest link; replicated also needs the whole
     // table (and its state) on every rank, so it must be small.
-    const double row =
-        step_exchange_bytes(Placement::kRowWise, t.num_rows, req.D, req.lookups_per_rank, W);
+    const double row = step_exchange_bytes(Placement::kRowWise, t.num_rows, req.D,
+                                           req.lookups_per_rank, W, req.payload_bytes);
     const double rep =
         step_exchange_bytes(Placement::kReplicated, t.num_rows, req.D, req.lookups_per_rank, W);
     TableSpec as_rep = t;
@@ -223,7 +228,8 @@ int64_t exchange_buffer_bytes(const EmbeddingPlan& plan, const std::vector<int64
   if (plan.W == 1) return b + n * 16;  // the fused update's sort scratch
   b += nr * (8 + 4 + 4);               // perm_, send_rows_, recv_rows_
   b += 2 * nr * D * 4;                 // send_vec_, recv_vec_
-  b += nr * 16;                        // the owners' fused update: sort scratch
+  if (plan.payload_bytes < 4) b += 2 * nr * D * plan.payload_bytes;  // wsend_, wrecv_
+  b += nr * 16;  // the owners' fused update: sort scratch
   if (dedup) b += nr * (4 + 8) + nr * D * 4 + nr * (4 + D * 4);  // unique_, inverse_, uvec_, sums
   // Node dedup: the keys this rank carries for its node (about as many as it
   // sends) in three layouts, their unique rows and inverse, and four row buffers.

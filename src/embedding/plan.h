@@ -34,6 +34,8 @@ struct EmbeddingPlan {
   // --dedup node: also across the ranks of a node, on the two-hop exchange
   // (the trainer turns it off, saying why, where the exchange stays flat).
   bool node_dedup = false;
+  // Bytes per vector element on the wire (--exchange_dtype: 4 fp32, 2 bf16).
+  int payload_bytes = 4;
   std::string reason;  // one clause per table: why it got its placement; then dedup's
 };
 
@@ -51,6 +53,7 @@ struct PlanRequest {
   // on when the routed tables' lookups of a step are expected to hold at most
   // kDedupAutoShare unique ids.
   std::string dedup = "auto";
+  int payload_bytes = 4;  // bytes per vector element exchanged (4 fp32, 2 bf16)
 };
 constexpr double kDedupAutoShare = 0.5;
 
@@ -62,8 +65,10 @@ double expected_unique(int64_t N, int64_t n);
 // The cost model: bytes per step on the busiest link of a rank for one table
 // under a placement. Row- and table-wise move ids out and vectors back in the
 // forward and gradients out in the backward (a table-wise owner receives
-// every rank's share); replicated allreduces the dense [N×(D+1)] gradient.
-double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_rank, int W);
+// every rank's share), payload_bytes per vector element; replicated
+// allreduces the dense FP32 [N×(D+1)] gradient.
+double step_exchange_bytes(Placement p, int64_t N, int D, int64_t lookups_per_rank, int W,
+                           int payload_bytes = 4);
 
 // Placements: forced ones as given (bad names end with a message naming
 // --shard_plan and the value); otherwise replicated where its allreduce moves

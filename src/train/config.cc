@@ -200,6 +200,13 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "node, or ranks not numbered node by node, saying why")
       ->check(CLI::IsMember({"auto", "flat", "two_hop"}))
       ->capture_default_str();
+  app.add_option("--exchange_dtype", c.exchange_dtype,
+                 "what the embedding all-to-alls carry per vector element: fp32, or bf16 (the "
+                 "sender rounds rows and gradients to nearest-even, the receiver widens them; "
+                 "half the bytes of vectors and gradients, ids unchanged, sums and updates "
+                 "stay fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--peer_timeout", c.peer_timeout,
                  "seconds a rank may wait in one collective before it ends itself, naming its "
                  "host: ends the ranks a lost or cut-off node leaves waiting (0: no limit; set "
@@ -282,7 +289,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--allow_changed_flags", c.allow_changed,
                  "flags a resumed run may set differently from the checkpoint (some of "
-                 "learning_rate, embedding_lr, train_epochs)")
+                 "learning_rate, embedding_lr, train_epochs, exchange_dtype)")
       ->delimiter(',');
   for_each_numeric_flag(c, [&](const char* name, auto& field, const FlagRange& range) {
     const std::string flag = std::string("--") + name;
@@ -359,7 +366,8 @@ void validate_config(const TrainConfig& c) {
     if (std::find(changeable_flags().begin(), changeable_flags().end(), f) ==
         changeable_flags().end())
       NCF_FAIL("flag --allow_changed_flags: ", f,
-               " cannot change on resume (only learning_rate, embedding_lr, train_epochs)");
+               " cannot change on resume (only learning_rate, embedding_lr, train_epochs, "
+               "exchange_dtype)");
   if (c.device == "cpu" && c.comm == "nccl")
     NCF_FAIL("flag --comm nccl needs --device cuda (NCCL exchanges device buffers)");
 }
@@ -377,6 +385,7 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
           {"seed", c.seed},
           {"precision", c.precision},
           {"embedding_optimizer", c.embedding_optimizer},
+          {"exchange_dtype", c.exchange_dtype},
           {"embedding_lr", c.embedding_lr},
           {"l2_embedding", c.l2_embedding},
           {"l2_dense", c.l2_dense},
@@ -385,7 +394,15 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
           {"shuffle_records", c.shuffle_records}};
 }
 
-void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where, TrainConfig* c) {
+nlohmann::json with_later_flags(const nlohmann::json& flags) {
+  nlohmann::json f = flags;
+  if (f.is_object() && !f.contains("exchange_dtype")) f["exchange_dtype"] = "fp32";
+  return f;
+}
+
+void apply_trajectory_flags(const nlohmann::json& recorded_flags, const std::string& where,
+                            TrainConfig* c) {
+  const nlohmann::json flags = with_later_flags(recorded_flags);
   if (!flags.is_object()) NCF_FAIL(where, ": its flags ", flags.dump(), " are not an object");
   auto value = [&](const char* key) -> const nlohmann::json& {
     if (!flags.contains(key)) NCF_FAIL(where, ": no value for flag --", key);
@@ -442,6 +459,7 @@ void apply_trajectory_flags(const nlohmann::json& flags, const std::string& wher
   get_string("precision", &c->precision, {"tf32", "fp32", "bf16"});
   get_string("embedding_optimizer", &c->embedding_optimizer,
              {"dense_adam", "lazy_adam", "sgd", "adagrad"});
+  get_string("exchange_dtype", &c->exchange_dtype, {"fp32", "bf16"});
   if (!value("shuffle_records").is_boolean()) wrong_type("shuffle_records");
   c->shuffle_records = flags.at("shuffle_records").get<bool>();
   if (trajectory_flags(*c) != flags)
@@ -450,7 +468,8 @@ void apply_trajectory_flags(const nlohmann::json& flags, const std::string& wher
 }
 
 const std::vector<std::string>& changeable_flags() {
-  static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs"};
+  static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs",
+                                                 "exchange_dtype"};
   return flags;
 }
 

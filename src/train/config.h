@@ -33,15 +33,16 @@ struct TrainConfig {
   double embedding_lr = -1;  // < 0: same as learning_rate
   double l2_embedding = 0, l2_dense = 0;
   double adagrad_init = 0.1;
-  std::string comm = "auto";        // auto | mpi | nccl | single
-  std::string shard_plan = "auto";  // auto | row | table | replicated | user=...,item=...
-  std::string dedup = "auto";       // auto | on | off | node (embedding/plan.h)
-  std::string exchange = "auto";    // auto | flat | two_hop (comm/communicator.h)
-  std::string topology;             // links for the exchange model (embedding/exchange_model.h)
-  double peer_timeout = 0;          // s a rank may wait in one collective (0: no limit)
-  double peer_lost_after = 30;      // s of a neighbour's silence that make it lost (0: no watch)
-  double memory_limit_gb = 0;       // per rank, 0: this machine's free memory
-  int64_t max_steps = -1;           // per epoch (tests, benchmarks); < 0: whole epoch
+  std::string comm = "auto";            // auto | mpi | nccl | single
+  std::string shard_plan = "auto";      // auto | row | table | replicated | user=...,item=...
+  std::string dedup = "auto";           // auto | on | off | node (embedding/plan.h)
+  std::string exchange = "auto";        // auto | flat | two_hop (comm/communicator.h)
+  std::string exchange_dtype = "fp32";  // fp32 | bf16: the row exchanges' payload
+  std::string topology;                 // links for the exchange model (embedding/exchange_model.h)
+  double peer_timeout = 0;              // s a rank may wait in one collective (0: no limit)
+  double peer_lost_after = 30;  // s of a neighbour's silence that make it lost (0: no watch)
+  double memory_limit_gb = 0;   // per rank, 0: this machine's free memory
+  int64_t max_steps = -1;       // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
   bool eval_full_ranking = false;  // also rank each eval user's test item against all items
@@ -82,6 +83,9 @@ nlohmann::json trajectory_flags(const TrainConfig& cfg);
 // errors name `where` and the missing, mistyped or out-of-range flag.
 void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where,
                             TrainConfig* cfg);
+// A checkpoint's recorded flags with the values that flags added since imply
+// where they are absent (--exchange_dtype fp32).
+nlohmann::json with_later_flags(const nlohmann::json& flags);
 // The trajectory flags a resumed run may change with --allow_changed_flags.
 const std::vector<std::string>& changeable_flags();
 

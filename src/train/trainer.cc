@@ -62,6 +62,7 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
   req.optimizer = parse_embedding_optimizer(cfg.embedding_optimizer);
   req.forced = cfg.shard_plan;
   req.dedup = cfg.dedup;
+  req.payload_bytes = wire_dtype_bytes(parse_wire_dtype(cfg.exchange_dtype));
   return plan_tables(req);
 }
 
@@ -161,6 +162,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
   tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup);
+  tables_->set_exchange_dtype(parse_wire_dtype(cfg.exchange_dtype));
   choose_exchange_across_nodes();
   tables_->init(cfg.seed);
   tables_->set_chunk_bytes(cfg.checkpoint_chunk_kib * 1024);
@@ -299,6 +301,7 @@ void Trainer::choose_exchange_across_nodes() {
   shape.nodes = nodes.nodes();
   shape.per_node = W / shape.nodes;
   shape.D = plan_.D;
+  shape.payload_bytes = plan_.payload_bytes;
   // Keys a rank sends (after rank dedup) and the share a node's dedup keeps.
   double keys = 0, rank_unique = 0, node_unique = 0;
   for (const auto& [rows, n] : tables) {
@@ -692,6 +695,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
              cfg_.data_dir, " holds dataset ", meta_.dataset_id);
   // Every flag the trajectory depends on must match, unless allowed to change.
   const nlohmann::json now = trajectory_flags(cfg_);
+  const nlohmann::json recorded = with_later_flags(m.config);
   for (auto it = now.begin(); it != now.end(); ++it) {
     // Evaluating needs only what fixes the shapes and the state arrays.
     const bool shape =
@@ -699,11 +703,11 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
     const bool allowed = (cfg_.eval_only && !shape) ||
                          std::find(cfg_.allow_changed.begin(), cfg_.allow_changed.end(),
                                    it.key()) != cfg_.allow_changed.end();
-    if (!m.config.contains(it.key()))
+    if (!recorded.contains(it.key()))
       NCF_FAIL("checkpoint ", path, " does not record flag --", it.key());
-    if (m.config.at(it.key()) != it.value() && !allowed)
+    if (recorded.at(it.key()) != it.value() && !allowed)
       NCF_FAIL("checkpoint ", path, " was written with --", it.key(), " ",
-               m.config.at(it.key()).dump(), ", this run has --", it.key(), " ", it.value().dump(),
+               recorded.at(it.key()).dump(), ", this run has --", it.key(), " ", it.value().dump(),
                std::find(changeable_flags().begin(), changeable_flags().end(), it.key()) !=
                        changeable_flags().end()
                    ? " (pass --allow_changed_flags " + it.key() + " to change it)"
