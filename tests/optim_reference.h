@@ -67,6 +67,19 @@ inline void ref_adagrad(double& p, double& acc, double g, const AdagradHyper& h)
 
 inline void ref_sgd(double& p, double g, const SgdHyper& h) { p -= h.lr * (g + h.l2 * p); }
 
+// FBGEMM's exact row-wise Adagrad on one row p[D] with one accumulator.
+inline void ref_rowwise_adagrad(double* p, double& acc, const float* g, int D,
+                                const AdagradHyper& h) {
+  std::vector<double> x(static_cast<size_t>(D));
+  double sq = 0;
+  for (int d = 0; d < D; ++d) {
+    x[size_t(d)] = g[d] + h.l2 * p[d];
+    sq += x[size_t(d)] * x[size_t(d)];
+  }
+  acc += sq / D;
+  for (int d = 0; d < D; ++d) p[d] -= h.lr * x[size_t(d)] / (std::sqrt(acc) + h.eps);
+}
+
 inline AdamHyper tf_garden_adam(float l2) {
   AdamHyper h;  // TF Model Garden ml-20m settings (shared/ANCHORS.md)
   h.lr = 0.00382059f;

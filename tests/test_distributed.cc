@@ -131,7 +131,7 @@ TEST_F(Distributed, TrajectoryInvariantForEveryPlacementWithAndWithoutDedup) {
 }
 
 TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
-  for (std::string opt : {"lazy_adam", "sgd", "adagrad"}) {
+  for (std::string opt : {"lazy_adam", "sgd", "adagrad", "rowwise_adagrad"}) {
     std::string f = "--embedding_optimizer " + opt + (opt == "sgd" ? " --embedding_lr 0.5" : "");
     Run one = train(1, f);
     for (int W : {2, 3, 4}) expect_same(one, train(W, f), opt + " W=" + std::to_string(W));

@@ -936,12 +936,13 @@ TEST_F(Parity, EmbeddingOptimizersOverSteps) {
           if (R == 1000 && D == 192 && offset == 1 && n != R) continue;  // keep the test fast
           const std::string what = shape({{"R", R}, {"D", D}, {"n", n}, {"offset", offset}});
           const size_t sz = size_t(R) * D + offset;
-          // [0] dense Adam, [1] lazy Adam, [2] SGD, [3] Adagrad: table and two states each.
-          std::vector<Vec> tab(4), s1(4), s2(4);
+          // [0] dense Adam, [1] lazy Adam, [2] SGD, [3] Adagrad, [4] row-wise Adagrad
+          // (its accumulators: the first R of state 1): table and two states each.
+          std::vector<Vec> tab(5), s1(5), s2(5);
           std::vector<Buffer<float>> gtab, gs1, gs2;
-          for (int o = 0; o < 4; ++o) {
+          for (int o = 0; o < 5; ++o) {
             tab[o] = random_vec(sz, gen_);
-            s1[o] = Vec(sz, o == 3 ? adagrad.initial_accumulator : 0.0f);
+            s1[o] = Vec(sz, o >= 3 ? adagrad.initial_accumulator : 0.0f);
             s2[o] = Vec(sz, 0.0f);
             gtab.push_back(up(tab[o]));
             gs1.push_back(up(s1[o]));
@@ -968,9 +969,13 @@ TEST_F(Parity, EmbeddingOptimizersOverSteps) {
             embedding_sgd(gpu_, gp(gtab, 2), grows.data(), gg, R, n, D, sgd);
             embedding_adagrad(cpu_, cp(tab, 3), cp(s1, 3), rows.data(), cg, R, n, D, adagrad);
             embedding_adagrad(gpu_, gp(gtab, 3), gp(gs1, 3), grows.data(), gg, R, n, D, adagrad);
+            embedding_rowwise_adagrad(cpu_, cp(tab, 4), cp(s1, 4), rows.data(), cg, R, n, D,
+                                      adagrad);
+            embedding_rowwise_adagrad(gpu_, gp(gtab, 4), gp(gs1, 4), grows.data(), gg, R, n, D,
+                                      adagrad);
           }
-          const char* names[] = {"dense_adam", "lazy_adam", "sgd", "adagrad"};
-          for (int o = 0; o < 4; ++o) {
+          const char* names[] = {"dense_adam", "lazy_adam", "sgd", "adagrad", "rowwise_adagrad"};
+          for (int o = 0; o < 5; ++o) {
             expect_close(down(gtab[o]), tab[o], kElemAtol, kElemRtol, what + names[o] + " table");
             expect_close(down(gs1[o]), s1[o], kElemAtol, kElemRtol, what + names[o] + " state 1");
             expect_close(down(gs2[o]), s2[o], kElemAtol, kElemRtol, what + names[o] + " state 2");
@@ -1421,7 +1426,8 @@ TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
             shape({{"bad", bad}, {"at", int64_t(at)}}) + (dev ? "device " : "cpu ");
         for (EmbeddingOptimizer kind :
              {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam,
-              EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad}) {
+              EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad,
+              EmbeddingOptimizer::kRowwiseAdagrad}) {
           opt.kind = kind;
           // reduce_update_rows (the trainer's fused path) and the optimizer on
           // already-unique rows, each on fresh copies of the table and state.
@@ -1456,6 +1462,9 @@ TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
                     case EmbeddingOptimizer::kAdagrad:
                       embedding_adagrad(*ctx, pt, pm, r, g, R, n, D, opt.adagrad);
                       break;
+                    case EmbeddingOptimizer::kRowwiseAdagrad:
+                      embedding_rowwise_adagrad(*ctx, pt, pm, r, g, R, n, D, opt.adagrad);
+                      break;
                   }
                 },
                 w);
@@ -1473,8 +1482,9 @@ TEST_F(Parity, ReduceUpdateRowsEveryOptimizer) {
   opt.adam = {0.01f, 0.9f, 0.999f, 1e-7f, 0.01f};
   opt.adagrad = {0.05f, 0.1f, 1e-7f, 0.01f};
   opt.sgd = {0.3f, 0.01f};
-  for (EmbeddingOptimizer kind : {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam,
-                                  EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad}) {
+  for (EmbeddingOptimizer kind :
+       {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam, EmbeddingOptimizer::kSgd,
+        EmbeddingOptimizer::kAdagrad, EmbeddingOptimizer::kRowwiseAdagrad}) {
     opt.kind = kind;
     for (int D : {1, 3, 4, 5, 8, 192})
       for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
@@ -1489,7 +1499,9 @@ TEST_F(Parity, ReduceUpdateRowsEveryOptimizer) {
           }
           const Vec grads = random_vec(size_t(n) * D, gen_, -0.1f, 0.1f);
           // m is Adagrad's accumulator there, so it starts >= 0 like one.
-          const float m_lo = kind == EmbeddingOptimizer::kAdagrad ? 0.0f : -0.1f;
+          const bool acc =
+              kind == EmbeddingOptimizer::kAdagrad || kind == EmbeddingOptimizer::kRowwiseAdagrad;
+          const float m_lo = acc ? 0.0f : -0.1f;
           Vec tab = random_vec(size_t(R) * D, gen_),
               m = random_vec(size_t(R) * D, gen_, m_lo, 0.1f),
               v = random_vec(size_t(R) * D, gen_, 0.0f, 0.01f);

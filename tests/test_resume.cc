@@ -202,13 +202,34 @@ TEST_F(Resume, AnotherWorldSizeOrPlacementFollowsTheTrajectory) {
 }
 
 TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
-  for (const std::string opt : {"lazy_adam", "sgd --embedding_lr 0.5", "adagrad"}) {
+  for (const std::string opt :
+       {"lazy_adam", "sgd --embedding_lr 0.5", "adagrad", "rowwise_adagrad --embedding_lr 0.05"}) {
     TempDir d;
     const std::string f = "--shard_plan row --embedding_optimizer " + opt;
     const Run whole = train(2, f + " --checkpoint_every_steps 30 --checkpoint_dir " + d.file("ck"));
     expect_identical(
         whole, train(2, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 60)), opt);
   }
+  // Row-wise Adagrad's accumulators ([N x 1] files) go to the new owners like
+  // the rows: W = 2's checkpoint resumed at W = 3 row-wise and at W = 1.
+  TempDir d;
+  const std::string f = "--embedding_optimizer rowwise_adagrad --embedding_lr 0.05";
+  const Run whole = train(
+      2,
+      f + " --shard_plan row --checkpoint_every_steps 30 --keep_checkpoints 9 --checkpoint_dir " +
+          d.file("ck"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt(d, 30) + "/user.row_accumulator.f32"));
+  EXPECT_EQ(std::filesystem::file_size(ckpt(d, 30) + "/user.row_accumulator.f32") * 40,
+            std::filesystem::file_size(ckpt(d, 30) + "/user.rows.f32"))
+      << "one float per row, D = 40 floats per row";
+  expect_close(whole,
+               train(3, f + " --shard_plan row --checkpoint_dir " + d.file("x") + " --resume " +
+                            ckpt(d, 30)),
+               "rowwise_adagrad: W=3 from W=2 at step 30");
+  expect_close(whole,
+               train(1, f + " --shard_plan row --checkpoint_dir " + d.file("y") + " --resume " +
+                            ckpt(d, 30)),
+               "rowwise_adagrad: W=1 from W=2 at step 30");
 }
 
 // A signal lands in the middle of a step, wherever the process is; run on the

@@ -137,6 +137,39 @@ TEST(EmbeddingOptim, SgdAndAdagradTouchListedRowsOnly) {
   expect_close(acc, accd, kAtol, kRtol, "adagrad acc");
 }
 
+// One accumulator per row, exactly R of them: a touched row's grows by the
+// mean of the squared gradient (with L2) and scales the whole row's step; an
+// untouched row and its accumulator stay. Against a double loop, and unlike
+// per-element Adagrad on the same steps.
+TEST(EmbeddingOptim, RowwiseAdagradKeepsOneAccumulatorPerRow) {
+  AdagradHyper h;
+  h.lr = 0.2f;
+  h.l2 = 0.05f;
+  const Vec t0 = random_vec(kR * kD, 8);
+  Vec t = t0, acc(kR, h.initial_accumulator);  // [R]: one float per row
+  Vec te = t0, acce(kR * kD, h.initial_accumulator);
+  DVec td(t0.begin(), t0.end()), accd(kR, double(h.initial_accumulator));
+  for (const SparseStep& s : kSteps) {
+    Vec g = random_vec(s.rows.size() * kD, s.seed);
+    const int64_t n = static_cast<int64_t>(s.rows.size());
+    embedding_rowwise_adagrad(cpu(2), t.data(), acc.data(), s.rows.data(), g.data(), kR, n, kD, h);
+    embedding_adagrad(cpu(1), te.data(), acce.data(), s.rows.data(), g.data(), kR, n, kD, h);
+    for (size_t k = 0; k < s.rows.size(); ++k)
+      test::ref_rowwise_adagrad(&td[size_t(s.rows[k]) * kD], accd[size_t(s.rows[k])], &g[k * kD],
+                                kD, h);
+  }
+  expect_close(t, td, kAtol, kRtol, "rowwise adagrad table");
+  expect_close(acc, accd, kAtol, kRtol, "rowwise adagrad accumulators");
+  for (int r : {0, 2, 9}) {  // never touched
+    EXPECT_EQ(acc[size_t(r)], h.initial_accumulator) << r;
+    EXPECT_EQ(std::memcmp(&t[size_t(r) * kD], &t0[size_t(r) * kD], kD * 4), 0) << r;
+  }
+  EXPECT_GT(acc[4], acc[1]) << "row 4 was touched twice, row 1 once";
+  double apart = 0;
+  for (size_t i = 0; i < t.size(); ++i) apart = std::max(apart, std::fabs(double(t[i]) - te[i]));
+  EXPECT_GT(apart, 1e-3) << "row-wise Adagrad stepped like per-element Adagrad";
+}
+
 TEST(EmbeddingOptim, RejectsUnsortedOrOutOfRangeRows) {
   Vec table(kR * kD), m(kR * kD), v(kR * kD), g(2 * kD);
   std::vector<RowId> unsorted = {4, 2}, dup = {3, 3}, out_of_range = {2, kR};
@@ -346,8 +379,9 @@ std::vector<RowId> fused_ids(int64_t n, int64_t R, uint32_t seed) {
 }
 
 TEST(FusedUpdate, EqualsSortReduceThenOptimizerBitForBit) {
-  for (EmbeddingOptimizer kind : {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam,
-                                  EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad}) {
+  for (EmbeddingOptimizer kind :
+       {EmbeddingOptimizer::kDenseAdam, EmbeddingOptimizer::kLazyAdam, EmbeddingOptimizer::kSgd,
+        EmbeddingOptimizer::kAdagrad, EmbeddingOptimizer::kRowwiseAdagrad}) {
     const EmbeddingOptimizerConfig opt = config_of(kind);
     for (int D : {1, 5, 8}) {
       for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{37}, int64_t{1000}}) {

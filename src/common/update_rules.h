@@ -65,6 +65,17 @@ NCF_HD void adagrad_update(float* p, float* acc, float g, const AdagradHyper& h)
   *p -= h.lr * g / (sqrtf(*acc) + h.eps);
 }
 
+// Row-wise Adagrad (FBGEMM's exact row-wise Adagrad), AdagradHyper's
+// hyperparameters and one accumulator per row instead of per element: with
+// g_d ← g_d + l2·p_d for every column d of the row,
+//   acc ← acc + (Σ_d g_d²) / D;  p_d ← p_d − lr · g_d / (sqrt(acc) + eps).
+// The squares are summed over d = 0 … D−1 in that order, in FP32, on both
+// devices. This takes the sum and returns the row's multiplier lr / (sqrt(acc) + eps).
+NCF_HD float rowwise_adagrad_multiplier(float* acc, float sum_sq, int D, const AdagradHyper& h) {
+  *acc += sum_sq / float(D);
+  return h.lr / (sqrtf(*acc) + h.eps);
+}
+
 NCF_HD void sgd_update(float* p, float g, const SgdHyper& h) {
   g += h.l2 * *p;
   *p -= h.lr * g;

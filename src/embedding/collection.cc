@@ -45,10 +45,11 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
 
   const Device dev = ctx.device;
   const size_t n = size_t(R_) * plan.D;
-  const int state = optimizer_state_per_element(opt.kind);
+  const int state = optimizer_state_arrays(opt.kind);
+  const size_t m_floats = size_t(R_) * state_width(1);
   try {
     params_ = Buffer<float>(dev, n);
-    m_ = Buffer<float>(dev, state >= 1 ? n : 0);
+    m_ = Buffer<float>(dev, state >= 1 ? m_floats : 0);
     v_ = Buffer<float>(dev, state >= 2 ? n : 0);
   } catch (const Error& e) {
     std::string names;
@@ -60,8 +61,10 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   }
   m_.zero();
   v_.zero();
-  if (opt.kind == EmbeddingOptimizer::kAdagrad && n)
-    fill(ctx_, m_.data(), int64_t(n), opt.adagrad.initial_accumulator);
+  if ((opt.kind == EmbeddingOptimizer::kAdagrad ||
+       opt.kind == EmbeddingOptimizer::kRowwiseAdagrad) &&
+      m_floats)
+    fill(ctx_, m_.data(), int64_t(m_floats), opt.adagrad.initial_accumulator);
   for (Buffer<int32_t>* b : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_})
     *b = Buffer<int32_t>(dev, 0);
   for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
@@ -119,12 +122,12 @@ void EmbeddingCollection::copy_blocks(void* dst, const void* src,
 
 TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
   const int64_t at = first * plan_.D;
-  return TableRows{params_.data() + at, m_.size() ? m_.data() + at : nullptr,
+  return TableRows{params_.data() + at, m_.size() ? m_.data() + first * state_width(1) : nullptr,
                    v_.size() ? v_.data() + at : nullptr, count, plan_.D};
 }
 
 int64_t EmbeddingCollection::bytes_on_rank() const {
-  return R_ * plan_.D * 4 * (1 + optimizer_state_per_element(opt_.kind)) + rep_floats_ * 4;
+  return R_ * 4 * (plan_.D + optimizer_state_floats_per_row(opt_.kind, plan_.D)) + rep_floats_ * 4;
 }
 
 int64_t EmbeddingCollection::step_buffer_bytes() const {

@@ -106,8 +106,8 @@ class EmbeddingCollection {
   std::vector<float> gather_table(int t);
 
   // Checkpoint I/O (collection_io.cc). A table's state is num_state_arrays()
-  // [N×D] arrays: 0 the rows, then the optimizer's (1: Adam's first moment or
-  // Adagrad's accumulator, 2: Adam's second moment). Rank r's block of a table
+  // [N×state_width(a)] arrays: 0 the rows, then the optimizer's (1: Adam's
+  // first moment or an Adagrad accumulator, 2: Adam's second moment). Rank r's block of a table
   // is the rows common/partition.h's block_range gives it, in global row
   // order, cut into num_chunks(t) chunks of chunk_rows() rows (the last ones
   // shorter or empty; the same count on every rank). export_chunk returns this
@@ -116,6 +116,9 @@ class EmbeddingCollection {
   // import_chunk stores such a chunk. Both collective, host memory; call the
   // chunks of one array in order, 0 first.
   int num_state_arrays() const;
+  // Floats per row of state array `array`: D, or 1 for row-wise Adagrad's
+  // accumulator (array 1), whose chunks are [rows × 1].
+  int state_width(int array) const;
   // Bytes of rows per chunk (default 64 MiB): what each staging buffer holds.
   void set_chunk_bytes(int64_t bytes);
   int64_t chunk_rows() const;
@@ -180,7 +183,7 @@ class EmbeddingCollection {
   std::vector<int64_t> rep_offset_;  // plan table t -> its floats in replicated_grads
 
   // On ctx_.device: [R × D] parameters and optimizer state (m_ is also
-  // Adagrad's accumulator).
+  // Adagrad's accumulator; row-wise Adagrad's is [R]).
   Buffer<float> params_, m_, v_;
 
   // The last lookup: batch order is the routed tables, then the replicated

@@ -12,8 +12,10 @@
 
 namespace ncf {
 
-int EmbeddingCollection::num_state_arrays() const {
-  return 1 + optimizer_state_per_element(opt_.kind);
+int EmbeddingCollection::num_state_arrays() const { return 1 + optimizer_state_arrays(opt_.kind); }
+
+int EmbeddingCollection::state_width(int array) const {
+  return array == 1 && opt_.kind == EmbeddingOptimizer::kRowwiseAdagrad ? 1 : plan_.D;
 }
 
 float* EmbeddingCollection::state_array(int array) {
@@ -99,7 +101,7 @@ void EmbeddingCollection::chunk_range(int t, int rank, int64_t c, int64_t* lo, i
 const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int64_t* rows) {
   NCF_CHECK(t >= 0 && t < num_tables() && c >= 0 && c < num_chunks(t), "export_chunk: table ", t,
             " chunk ", c);
-  const int D = plan_.D;
+  const int D = state_width(array);  // floats per row of this array
   const TableSpec& spec = plan_.tables[t];
   const int u = lt_[t];
   if (c == 0) {  // this rank's rows of the array on the host, for all its chunks
@@ -147,7 +149,7 @@ const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int6
 void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float* rows) {
   NCF_CHECK(t >= 0 && t < num_tables() && c >= 0 && c < num_chunks(t), "import_chunk: table ", t,
             " chunk ", c);
-  const int D = plan_.D;
+  const int D = state_width(array);  // floats per row of this array
   const TableSpec& spec = plan_.tables[t];
   const int u = lt_[t];
   const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);

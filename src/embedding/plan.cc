@@ -206,7 +206,7 @@ int64_t table_rank_rows(const TableSpec& t, int rank, int W) {
 }
 
 int64_t table_rank_bytes(const TableSpec& t, int D, int rank, int W, EmbeddingOptimizer o) {
-  int64_t b = table_rank_rows(t, rank, W) * D * 4 * (1 + optimizer_state_per_element(o));
+  int64_t b = table_rank_rows(t, rank, W) * 4 * (D + optimizer_state_floats_per_row(o, D));
   if (t.placement == Placement::kReplicated && W > 1) b += t.num_rows * (int64_t(D) + 1) * 4;
   return b;
 }

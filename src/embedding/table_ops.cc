@@ -24,6 +24,8 @@ const char* optimizer_name(EmbeddingOptimizer o) {
       return "sgd";
     case EmbeddingOptimizer::kAdagrad:
       return "adagrad";
+    case EmbeddingOptimizer::kRowwiseAdagrad:
+      return "rowwise_adagrad";
   }
   return "?";
 }
@@ -33,20 +35,27 @@ EmbeddingOptimizer parse_embedding_optimizer(const std::string& s) {
   if (s == "lazy_adam") return EmbeddingOptimizer::kLazyAdam;
   if (s == "sgd") return EmbeddingOptimizer::kSgd;
   if (s == "adagrad") return EmbeddingOptimizer::kAdagrad;
-  NCF_FAIL("unknown embedding optimizer '", s, "' (expected dense_adam, lazy_adam, sgd, adagrad)");
+  if (s == "rowwise_adagrad") return EmbeddingOptimizer::kRowwiseAdagrad;
+  NCF_FAIL("unknown embedding optimizer '", s,
+           "' (expected dense_adam, lazy_adam, sgd, adagrad, rowwise_adagrad)");
 }
 
-int optimizer_state_per_element(EmbeddingOptimizer o) {
+int optimizer_state_arrays(EmbeddingOptimizer o) {
   switch (o) {
     case EmbeddingOptimizer::kDenseAdam:
     case EmbeddingOptimizer::kLazyAdam:
       return 2;
     case EmbeddingOptimizer::kAdagrad:
+    case EmbeddingOptimizer::kRowwiseAdagrad:
       return 1;
     case EmbeddingOptimizer::kSgd:
       return 0;
   }
   return 0;
+}
+
+int64_t optimizer_state_floats_per_row(EmbeddingOptimizer o, int D) {
+  return o == EmbeddingOptimizer::kRowwiseAdagrad ? 1 : int64_t(optimizer_state_arrays(o)) * D;
 }
 
 namespace {
@@ -171,6 +180,18 @@ void sum_run(const float* grads, const int32_t* pos, int64_t k0, int64_t k1, int
   }
 }
 
+// Row-wise Adagrad on one row p[D] (accumulator *acc) with its gradient g[D],
+// which becomes g + l2·p.
+void rowwise_adagrad_row(float* p, float* acc, float* g, int D, const AdagradHyper& h) {
+  float sq = 0.0f;
+  for (int d = 0; d < D; ++d) {
+    g[d] += h.l2 * p[d];
+    sq += g[d] * g[d];
+  }
+  const float mult = rowwise_adagrad_multiplier(acc, sq, D, h);
+  for (int d = 0; d < D; ++d) p[d] -= mult * g[d];
+}
+
 RowId max_row(const RowId* ids, int64_t n) {
   RowId m = 0;
   for (int64_t k = 0; k < n; ++k) m = std::max(m, ids[k]);
@@ -189,7 +210,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
   NCF_CHECK(n == 0 || (rows && grads), op, ": rows or grads is null with n=", n);
   NCF_CHECK(R == 0 || tab.table, op, ": table is null");
-  const int state = optimizer_state_per_element(opt.kind);
+  const int state = optimizer_state_arrays(opt.kind);
   NCF_CHECK(R == 0 || ((state < 1 || tab.m) && (state < 2 || tab.v)), op, ": ",
             optimizer_name(opt.kind), " state is null");
   AdamStepScalars s{};
@@ -246,6 +267,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kLazyAdam:
     case EmbeddingOptimizer::kSgd:
     case EmbeddingOptimizer::kAdagrad:
+    case EmbeddingOptimizer::kRowwiseAdagrad:
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         for (int64_t u = u0; u < u1; ++u) {
@@ -256,6 +278,8 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
               adam_update(&p[off + d], &tab.m[off + d], &tab.v[off + d], g[d], s);
           else if (opt.kind == EmbeddingOptimizer::kSgd)
             for (int d = 0; d < D; ++d) sgd_update(&p[off + d], g[d], opt.sgd);
+          else if (opt.kind == EmbeddingOptimizer::kRowwiseAdagrad)
+            rowwise_adagrad_row(&p[off], &tab.m[row_of(u)], g.data(), D, opt.adagrad);
           else
             for (int d = 0; d < D; ++d)
               adagrad_update(&p[off + d], &tab.m[off + d], g[d], opt.adagrad);
@@ -286,6 +310,11 @@ void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab, const R
       if (n)
         embedding_adagrad(ctx, tab.table, tab.m, unique_rows, row_grads, tab.R, n, tab.D,
                           opt.adagrad);
+      return;
+    case EmbeddingOptimizer::kRowwiseAdagrad:
+      if (n)
+        embedding_rowwise_adagrad(ctx, tab.table, tab.m, unique_rows, row_grads, tab.R, n, tab.D,
+                                  opt.adagrad);
       return;
   }
 }
@@ -364,6 +393,25 @@ void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const R
       int64_t off = static_cast<int64_t>(unique_rows[k]) * D;
       const float* g = row_grads + k * D;
       for (int d = 0; d < D; ++d) adagrad_update(&table[off + d], &acc[off + d], g[d], h);
+    }
+  });
+}
+
+void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
+                               const RowId* unique_rows, const float* row_grads, int64_t R,
+                               int64_t n, int D, const AdagradHyper& h) {
+  const char* op = "embedding_rowwise_adagrad";
+  check_table(op, table, unique_rows, row_grads, R, n, D);
+  NCF_CHECK(R == 0 || acc, op, ": acc is null");
+  NCF_DISPATCH_CUDA(ctx, embedding_rowwise_adagrad, ctx, table, acc, unique_rows, row_grads, R, n,
+                    D, h);
+  check_unique_rows(op, unique_rows, R, n);
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    std::vector<float> g(static_cast<size_t>(D));
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r = unique_rows[k];
+      std::copy(row_grads + k * D, row_grads + (k + 1) * D, g.begin());
+      rowwise_adagrad_row(table + r * D, acc + r, g.data(), D, h);
     }
   });
 }

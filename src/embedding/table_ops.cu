@@ -249,6 +249,53 @@ __global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, 
   }
 }
 
+// Row-wise Adagrad, one thread per row: the first pass sums the squares of
+// g + l2·p over the columns in order (update_rules.h), the second applies the
+// row's multiplier. The run sums are recomputed in the second pass (the same
+// bits), so no row of D floats is held per thread.
+__global__ void rowwise_adagrad_runs_kernel(float* table, float* acc, const float* grads,
+                                            RunList runs, int D, AdagradHyper h,
+                                            const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
+  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride()) {
+    const int64_t row = runs.unique[u];
+    float* p = table + row * D;
+    float sq = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      float g;
+      run_sum<false>(grads, runs, u, D, d, &g);
+      g += h.l2 * p[d];
+      sq += g * g;
+    }
+    const float mult = rowwise_adagrad_multiplier(acc + row, sq, D, h);
+    for (int d = 0; d < D; ++d) {
+      float g;
+      run_sum<false>(grads, runs, u, D, d, &g);
+      g += h.l2 * p[d];
+      p[d] -= mult * g;
+    }
+  }
+}
+
+// The same on the output of sort_reduce_rows: gradient row k for table row rows[k].
+__global__ void rowwise_adagrad_rows_kernel(float* table, float* acc, const RowId* rows,
+                                            const float* grads, int64_t n, int D, AdagradHyper h,
+                                            const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
+  for (int64_t k = thread_first(); k < n; k += thread_stride()) {
+    const int64_t row = rows[k];
+    float* p = table + row * D;
+    const float* g = grads + k * D;
+    float sq = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      const float x = g[d] + h.l2 * p[d];
+      sq += x * x;
+    }
+    const float mult = rowwise_adagrad_multiplier(acc + row, sq, D, h);
+    for (int d = 0; d < D; ++d) p[d] -= mult * (g[d] + h.l2 * p[d]);
+  }
+}
+
 // map[unique[u]] = u for every run (sort_runs checked the rows against R).
 __global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
   for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride())
@@ -486,6 +533,12 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kAdagrad:
       launch_update_runs(ctx, r, AdagradRule{tab.table, tab.m, opt.adagrad}, grads, runs, D, op);
       return;
+    case EmbeddingOptimizer::kRowwiseAdagrad:
+      if (runs.n_runs == 0) return;
+      rowwise_adagrad_runs_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(
+          tab.table, tab.m, grads, runs, D, opt.adagrad, r.error_dev);
+      check_launch(op);
+      return;
   }
 }
 
@@ -532,6 +585,19 @@ void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const R
                        const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h) {
   launch_touched(ctx, AdagradRule{table, acc, h}, unique_rows, row_grads, R, n, D,
                  "embedding_adagrad");
+}
+
+void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
+                               const RowId* unique_rows, const float* row_grads, int64_t R,
+                               int64_t n, int D, const AdagradHyper& h) {
+  const char* op = "embedding_rowwise_adagrad";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  check_rows_kernel<<<grid_for(n), kThreads, 0, stream>>>(unique_rows, R, n, r.error_dev);
+  rowwise_adagrad_rows_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      table, acc, unique_rows, row_grads, n, D, h, r.error_dev);
+  check_launch(op);
 }
 
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,

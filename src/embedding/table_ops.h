@@ -6,7 +6,8 @@
 // CUDA twins with the same names and arguments in table_ops.cu; the update
 // formulas are common/update_rules.h's, shared by both.
 //
-// A table is row-major [R×D] with optimizer state arrays of the same shape.
+// A table is row-major [R×D] with optimizer state arrays of the same shape,
+// except row-wise Adagrad's accumulator: one float per row, [R].
 // Letters: R rows the rank holds, D width, n gradient rows or ids, t the
 // 1-based global step. Arrays live on ctx.device.
 #pragma once
@@ -21,11 +22,13 @@ namespace ncf {
 
 using RowId = int32_t;  // a row index into the rows one rank holds
 
-enum class EmbeddingOptimizer { kDenseAdam, kLazyAdam, kSgd, kAdagrad };
+enum class EmbeddingOptimizer { kDenseAdam, kLazyAdam, kSgd, kAdagrad, kRowwiseAdagrad };
 const char* optimizer_name(EmbeddingOptimizer o);
 EmbeddingOptimizer parse_embedding_optimizer(const std::string& s);
-// Optimizer state floats per table element (Adam 2, Adagrad 1, SGD 0).
-int optimizer_state_per_element(EmbeddingOptimizer o);
+// Optimizer state arrays of a table (Adam 2, Adagrad and row-wise Adagrad 1, SGD 0).
+int optimizer_state_arrays(EmbeddingOptimizer o);
+// Optimizer state floats per row of width D (Adam 2D, Adagrad D, row-wise Adagrad 1, SGD 0).
+int64_t optimizer_state_floats_per_row(EmbeddingOptimizer o, int D);
 
 struct EmbeddingOptimizerConfig {
   EmbeddingOptimizer kind = EmbeddingOptimizer::kDenseAdam;
@@ -35,7 +38,8 @@ struct EmbeddingOptimizerConfig {
 };
 
 // Rows and their optimizer state: table[R×D]; m is Adam's first moment or
-// Adagrad's accumulator, v Adam's second moment (null where unused).
+// Adagrad's accumulator ([R×D]), or row-wise Adagrad's ([R]), v Adam's second
+// moment (null where unused).
 struct TableRows {
   float* table = nullptr;
   float* m = nullptr;
@@ -104,6 +108,10 @@ void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_row
                    const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
                        const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h);
+// Touched rows only; acc[R] holds one accumulator per row.
+void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
+                               const RowId* unique_rows, const float* row_grads, int64_t R,
+                               int64_t n, int D, const AdagradHyper& h);
 // The optimizer `opt` names, on the output of sort_reduce_rows.
 void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab, const RowId* unique_rows,
                            const float* row_grads, int64_t n, const EmbeddingOptimizerConfig& opt,
@@ -130,6 +138,9 @@ void embedding_sgd(const ExecContext& ctx, float* table, const RowId* unique_row
                    const float* row_grads, int64_t R, int64_t n, int D, const SgdHyper& h);
 void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const RowId* unique_rows,
                        const float* row_grads, int64_t R, int64_t n, int D, const AdagradHyper& h);
+void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
+                               const RowId* unique_rows, const float* row_grads, int64_t R,
+                               int64_t n, int D, const AdagradHyper& h);
 }  // namespace cuda
 #endif
 

@@ -163,8 +163,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--embedding_optimizer", c.embedding_optimizer,
                  "dense_adam (every row's moments decay each step, as the references), "
-                 "lazy_adam (touched rows only), sgd, adagrad")
-      ->check(CLI::IsMember({"dense_adam", "lazy_adam", "sgd", "adagrad"}))
+                 "lazy_adam (touched rows only), sgd, adagrad, rowwise_adagrad (one "
+                 "accumulator per row: 1 float of state per row, where dense_adam keeps 2 per "
+                 "element)")
+      ->check(CLI::IsMember({"dense_adam", "lazy_adam", "sgd", "adagrad", "rowwise_adagrad"}))
       ->capture_default_str();
   app.add_option("--embedding_lr", c.embedding_lr,
                  "learning rate of the embedding optimizer (negative: --learning_rate)")
@@ -173,7 +175,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--l2_dense", c.l2_dense, "L2 coefficient on tower and head weights")
       ->capture_default_str();
-  app.add_option("--adagrad_init", c.adagrad_init, "Adagrad initial accumulator")
+  app.add_option("--adagrad_init", c.adagrad_init,
+                 "initial accumulator of adagrad and rowwise_adagrad")
       ->capture_default_str();
   app.add_option("--comm", c.comm,
                  "collectives: auto (single for one rank, mpi on cpu, nccl on cuda), mpi, nccl, "
@@ -458,7 +461,7 @@ void apply_trajectory_flags(const nlohmann::json& recorded_flags, const std::str
   };
   get_string("precision", &c->precision, {"tf32", "fp32", "bf16"});
   get_string("embedding_optimizer", &c->embedding_optimizer,
-             {"dense_adam", "lazy_adam", "sgd", "adagrad"});
+             {"dense_adam", "lazy_adam", "sgd", "adagrad", "rowwise_adagrad"});
   get_string("exchange_dtype", &c->exchange_dtype, {"fp32", "bf16"});
   if (!value("shuffle_records").is_boolean()) wrong_type("shuffle_records");
   c->shuffle_records = flags.at("shuffle_records").get<bool>();

@@ -577,12 +577,14 @@ std::vector<float> Trainer::gather_parameters() {
 //   loss.f64              [W × epoch_step] each rank's loss shares of the
 //                         steps of the current epoch taken so far
 //   <table>.<array>.f32   [N × D] in global row order, one per state array:
-//                         rows, then the optimizer's (m and v, or accumulator)
+//                         rows, then the optimizer's (m and v, or accumulator;
+//                         row-wise Adagrad's row_accumulator is [N × 1])
 
 namespace {
 
 std::vector<std::string> state_array_names(EmbeddingOptimizer o) {
-  switch (optimizer_state_per_element(o)) {
+  if (o == EmbeddingOptimizer::kRowwiseAdagrad) return {"rows", "row_accumulator"};
+  switch (optimizer_state_arrays(o)) {
     case 0:
       return {"rows"};
     case 1:
@@ -625,10 +627,10 @@ std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
   // The tables, each rank writing its block of global rows, chunk by chunk.
   nlohmann::json tables = nlohmann::json::array();
   const std::vector<std::string> arrays = state_array_names(table_optimizer_);
-  const int64_t row_bytes = int64_t(plan_.D) * 4;
   for (int t = 0; t < tables_->num_tables(); ++t) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
+      const int64_t row_bytes = int64_t(tables_->state_width(a)) * 4;
       int64_t first = 0, count = 0;
       block_range(spec.num_rows, W, r, &first, &count);
       w.begin_part(spec.name + "." + arrays[a] + ".f32", spec.num_rows * row_bytes,
@@ -735,13 +737,14 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
       const std::string name = spec.name + "." + arrays[a] + ".f32";
-      NCF_REQUIRE(ck.bytes(name) == spec.num_rows * plan_.D * 4, "checkpoint ", path, ": ", name,
+      const int64_t width = tables_->state_width(a);
+      NCF_REQUIRE(ck.bytes(name) == spec.num_rows * width * 4, "checkpoint ", path, ": ", name,
                   " has ", ck.bytes(name), " bytes, table ", spec.name, " needs ", spec.num_rows,
-                  " rows x ", plan_.D, " floats");
+                  " rows x ", width, " floats");
       for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
         int64_t lo = 0, rows = 0;
         tables_->chunk_range(t, r, c, &lo, &rows);
-        ck.read(name, lo * plan_.D * 4, chunk.data(), size_t(rows * plan_.D) * 4);
+        ck.read(name, lo * width * 4, chunk.data(), size_t(rows * width) * 4);
         tables_->import_chunk(t, a, c, chunk.data());
       }
     }
