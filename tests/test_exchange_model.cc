@@ -320,6 +320,45 @@ TEST(ExchangeModel, ChoiceAtOneNodeOrOneRankPerNodeIsFlat) {
   EXPECT_NE(c.reason.find("--dedup node keeps the rank-level dedup only"), std::string::npos);
 }
 
+// auto with a measurement keeps the route measured faster, against the model
+// either way, and says both; only auto without node dedup on two routes measures.
+TEST(ExchangeModel, AutoFollowsTheMeasurementAndPrintsTheModelBesideIt) {
+  const LinkLevels c = default_links(true);
+  const ExchangeShape small = shape(16, 8, 192, 2000, 0.4);  // the model: two-hop
+  ASSERT_TRUE(choose_exchange(small, c, "auto", "auto").two_hop);
+  ExchangeTiming flat_faster;
+  flat_faster.flat_s = 0.0012;
+  flat_faster.two_hop_s = 0.0015;
+  flat_faster.rounds = 3;
+  ExchangeChoice ch = choose_exchange(small, c, "auto", "auto", &flat_faster);
+  EXPECT_FALSE(ch.two_hop) << ch.reason;
+  EXPECT_EQ(ch.reason.rfind("exchange flat (auto: measured faster, 1.500 ms two-hop vs 1.200 ms "
+                            "flat per step, fastest of 3 rounds, mean over ranks): predicted per "
+                            "step flat ",
+                            0),
+            0u)
+      << ch.reason;
+  ExchangeTiming hop_faster = flat_faster;
+  std::swap(hop_faster.flat_s, hop_faster.two_hop_s);
+  LinkLevels slow_local = c;
+  slow_local.intra_bw = c.inter_bw;
+  const ExchangeShape big = shape(2, 8, 192, 5000000);  // the model: flat
+  ASSERT_FALSE(choose_exchange(big, slow_local, "auto", "on").two_hop);
+  ch = choose_exchange(big, slow_local, "auto", "on", &hop_faster);
+  EXPECT_TRUE(ch.two_hop) << ch.reason;
+  EXPECT_NE(ch.reason.find("auto: measured faster, 1.200 ms two-hop vs 1.500 ms flat"),
+            std::string::npos)
+      << ch.reason;
+  // Forced routes ignore a measurement; node dedup needs two-hop whatever it says.
+  EXPECT_TRUE(choose_exchange(big, slow_local, "two_hop", "on", &flat_faster).two_hop);
+  EXPECT_TRUE(choose_exchange(small, c, "auto", "node", &flat_faster).two_hop);
+  EXPECT_TRUE(exchange_is_measured(small, "auto", "on"));
+  EXPECT_FALSE(exchange_is_measured(small, "auto", "node"));
+  EXPECT_FALSE(exchange_is_measured(small, "flat", "on"));
+  EXPECT_FALSE(exchange_is_measured(shape(1, 8, 192, 2000), "auto", "on"));
+  EXPECT_FALSE(exchange_is_measured(shape(4, 1, 192, 2000), "auto", "on"));
+}
+
 TEST(ExchangeModel, ChoiceFollowsTheModelAndTheFlags) {
   const LinkLevels c = default_links(true);
   // Latency-bound (few keys, 16 nodes): auto takes two-hop.

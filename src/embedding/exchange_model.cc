@@ -249,8 +249,14 @@ double expected_node_unique_share(const std::vector<int64_t>& table_rows, int64_
   return std::min(1.0, node / ranks);
 }
 
+bool exchange_is_measured(const ExchangeShape& s, const std::string& exchange,
+                          const std::string& dedup) {
+  return exchange == "auto" && dedup != "node" && s.nodes > 1 && s.per_node > 1;
+}
+
 ExchangeChoice choose_exchange(const ExchangeShape& s, const LinkLevels& l,
-                               const std::string& exchange, const std::string& dedup) {
+                               const std::string& exchange, const std::string& dedup,
+                               const ExchangeTiming* measured) {
   if (exchange != "flat" && exchange != "two_hop" && exchange != "auto")
     NCF_FAIL("flag --exchange: '", exchange, "' (expected flat, two_hop or auto)");
   if (dedup != "auto" && dedup != "on" && dedup != "off" && dedup != "node")
@@ -288,6 +294,11 @@ ExchangeChoice choose_exchange(const ExchangeShape& s, const LinkLevels& l,
   } else if (node_asked) {
     ch.two_hop = true;
     cause = "auto: --dedup node needs it";
+  } else if (measured) {
+    ch.two_hop = measured->two_hop_s < measured->flat_s;
+    cause = std::string("auto: measured faster, ") + ms(measured->two_hop_s) + " two-hop vs " +
+            ms(measured->flat_s) + " flat per step, fastest of " +
+            std::to_string(measured->rounds) + " rounds, mean over ranks";
   } else {
     ch.two_hop = hop.seconds < flat.seconds;
     cause = ch.two_hop ? "auto: the model's faster" : "auto: two-hop is not faster here";

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/exchange_timing.h"
+
 namespace ncf {
 
 // The links one rank sees.
@@ -93,12 +95,19 @@ struct ExchangeChoice {
 // exchange: "flat", "two_hop" or "auto"; dedup: "auto", "on", "off" or "node".
 // Two-hop needs nodes > 1 and per_node > 1; otherwise it is the flat exchange
 // under another route, and flat is chosen (with node dedup asked, the
-// rank-level dedup remains). auto takes two-hop when the model predicts it
-// faster. Node dedup is taken only when asked: it changes the summation order
+// rank-level dedup remains). auto takes the route `measured` found faster
+// (comm/exchange_timing.h; the trainer measures where exchange_is_measured
+// says so), or without a measurement the one the model predicts faster; the
+// reason gives both. Node dedup is taken only when asked: it changes the summation order
 // of gradients, while the exchange choice alone never changes a number; the
 // reason says when the model predicts it would pay. "--exchange flat" with
 // "--dedup node" on a shape where two-hop exists throws (they contradict).
 ExchangeChoice choose_exchange(const ExchangeShape& shape, const LinkLevels& links,
-                               const std::string& exchange, const std::string& dedup);
+                               const std::string& exchange, const std::string& dedup,
+                               const ExchangeTiming* measured = nullptr);
+// Whether --exchange auto decides by measuring: both routes exist (nodes > 1,
+// per_node > 1) and node dedup, which needs two-hop, is not asked.
+bool exchange_is_measured(const ExchangeShape& shape, const std::string& exchange,
+                          const std::string& dedup);
 
 }  // namespace ncf

@@ -31,6 +31,9 @@ namespace ncf {
 
 namespace {
 
+// Rounds of each route --exchange auto times at start-up (after one untimed).
+constexpr int kExchangeTimingRounds = 3;
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -313,7 +316,16 @@ void Trainer::choose_exchange_across_nodes() {
   shape.keys_per_rank = int64_t(keys);
   shape.node_unique_share = rank_unique > 0 ? node_unique / rank_unique : 1.0;
   const LinkLevels links = parse_topology(cfg_.topology, ctx_.device == Device::kCuda);
-  const ExchangeChoice c = choose_exchange(shape, links, cfg_.exchange, cfg_.dedup);
+  // auto times a few steps' exchanges on both routes (the payload and plan of
+  // this run) and keeps the faster; the choice changes no number.
+  ExchangeTiming timing;
+  const bool measure = exchange_is_measured(shape, cfg_.exchange, cfg_.dedup);
+  if (measure)
+    timing = time_exchanges(comm_, ctx_.device, shape.keys_per_rank, plan_.D,
+                            plan_.payload_bytes == 2 ? DType::kBFloat16 : DType::kFloat32,
+                            kExchangeTimingRounds);
+  const ExchangeChoice c =
+      choose_exchange(shape, links, cfg_.exchange, cfg_.dedup, measure ? &timing : nullptr);
   comm_.set_exchange(c.two_hop ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
   tables_->set_node_dedup(c.two_hop && c.node_dedup && plan_.node_dedup);
   // The model's line begins "exchange <what> (...)"; the startup prefix says "exchange:".
