@@ -13,7 +13,12 @@
 #     --ranks_per_host 1,2     ranks per host R
 #     --rates 100mbit,1gbit    tc tbf rates of every host's link (sim_cluster.sh --rate)
 #     --modes flat,two_hop,node   the exchanges: --exchange flat --dedup on;
-#                              --exchange two_hop --dedup on; --exchange two_hop --dedup node
+#                              --exchange two_hop --dedup on; --exchange two_hop --dedup node;
+#                              auto: --exchange auto --dedup on (measured at start-up)
+#     --dtypes fp32            --exchange_dtype of every run (fp32,bf16: each run twice)
+#     --summary scaling        scaling: bench/summarize_cluster.py (flat, two_hop, node in
+#                              fp32); choice: bench/summarize_exchange_choice.py (auto
+#                              against the faster route, BF16 against FP32 payloads)
 #     --per_rank_batch 16385   training samples per rank per step (whole positives)
 #     --steps 5 --epochs 2     steps per epoch; the last epoch is reported
 #     --out DIR                default bench/results/cluster_scaling_<date>_<commit>
@@ -40,6 +45,8 @@ hosts_list=1,2,4
 rph_list=1,2
 rates=100mbit,1gbit
 modes=flat,two_hop,node
+dtypes=fp32
+summary=scaling
 per_rank_batch=16385
 steps=5
 epochs=2
@@ -60,6 +67,8 @@ while [ $# -gt 0 ]; do
     --ranks_per_host) rph_list="$2"; shift 2 ;;
     --rates) rates="$2"; shift 2 ;;
     --modes) modes="$2"; shift 2 ;;
+    --dtypes) dtypes="$2"; shift 2 ;;
+    --summary) summary="$2"; shift 2 ;;
     --per_rank_batch) per_rank_batch="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --epochs) epochs="$2"; shift 2 ;;
@@ -80,7 +89,12 @@ list_ok() {  # name value pattern
 list_ok --hosts "$hosts_list" '[1-9][0-9]?'
 list_ok --ranks_per_host "$rph_list" '[1-9]'
 list_ok --rates "$rates" '[0-9]+[kmg]?bit'
-list_ok --modes "$modes" 'flat|two_hop|node'
+list_ok --modes "$modes" 'flat|two_hop|node|auto'
+list_ok --dtypes "$dtypes" 'fp32|bf16'
+[[ "$summary" =~ ^(scaling|choice)$ ]] || die "--summary '$summary' is not scaling or choice"
+if [ "$summary" = scaling ] && [[ ",$modes,$dtypes," =~ ,(auto|bf16), ]]; then
+  die "--modes auto and --dtypes bf16 are summarized by --summary choice"
+fi
 if ! [[ "$per_rank_batch" =~ ^[1-9][0-9]*$ ]] || [ $((per_rank_batch % 5)) -ne 0 ]; then
   die "--per_rank_batch '$per_rank_batch' must be a positive multiple of 5 (1 + num_neg): whole positives per rank"
 fi
@@ -93,6 +107,7 @@ IFS=, read -r -a HOSTS <<<"$hosts_list"
 IFS=, read -r -a RPH <<<"$rph_list"
 IFS=, read -r -a RATES <<<"$rates"
 IFS=, read -r -a MODES <<<"$modes"
+IFS=, read -r -a DTYPES <<<"$dtypes"
 max_hosts=$(printf '%s\n' "${HOSTS[@]}" | sort -n | tail -1)
 
 build="${NCF_BUILD_DIR:-$root/build}"
@@ -107,6 +122,7 @@ mode_flags() {  # mode -> ncf_dist flags
     flat) echo "--exchange flat --dedup on" ;;
     two_hop) echo "--exchange two_hop --dedup on" ;;
     node) echo "--exchange two_hop --dedup node" ;;
+    auto) echo "--exchange auto --dedup on" ;;
   esac
 }
 
@@ -122,8 +138,8 @@ rate_gbps() {  # 100mbit -> 0.1
   esac
 }
 
-# The runs: H x R x mode, each at every rate. Where two-hop is the flat route (one host,
-# or one rank per host) only flat runs, unless --all_modes.
+# The runs: H x R x mode x dtype, each at every rate. Where two-hop is the flat route
+# (one host, or one rank per host) only flat runs, unless --all_modes.
 plan=()
 for H in "${HOSTS[@]}"; do
   for R in "${RPH[@]}"; do
@@ -131,7 +147,7 @@ for H in "${HOSTS[@]}"; do
       if [ "$m" != flat ] && [ "$all_modes" = 0 ] && { [ "$H" = 1 ] || [ "$R" = 1 ]; }; then
         continue
       fi
-      plan+=("$H $R $m")
+      for dt in "${DTYPES[@]}"; do plan+=("$H $R $m $dt"); done
     done
   done
 done
@@ -139,8 +155,8 @@ done
 if [ "$dry" = 1 ]; then
   for rate in "${RATES[@]}"; do
     for p in "${plan[@]}"; do
-      read -r H R m <<<"$p"
-      echo "$rate: $H hosts x $R ranks, $m: $(mode_flags "$m")"
+      read -r H R m dt <<<"$p"
+      echo "$rate: $H hosts x $R ranks, $m: $(mode_flags "$m") --exchange_dtype $dt"
     done
   done
   exit 0
@@ -167,7 +183,7 @@ if [ ! -f "$data/metadata.json" ]; then
 fi
 
 manifest="$out/runs.tsv"
-printf 'tag\thosts\tranks_per_host\trate\tinter_gbps\tmode\tper_rank_batch\tsteps\tepochs\texit\ttopology\tmetrics\tlog\n' >"$manifest"
+printf 'tag\thosts\tranks_per_host\trate\tinter_gbps\tmode\tper_rank_batch\tsteps\tepochs\texit\ttopology\tmetrics\tlog\texchange_dtype\n' >"$manifest"
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $commit (ncf_dist, ncf_prep: $build)"
@@ -175,7 +191,7 @@ printf 'tag\thosts\tranks_per_host\trate\tinter_gbps\tmode\tper_rank_batch\tstep
   echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/^Mem:/{print $2}') GiB"
   echo "data: $(realpath "$data")"
   echo "loadavg before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: hosts $hosts_list, ranks/host $rph_list, rates $rates, modes $modes, per-rank batch $per_rank_batch, $steps steps x $epochs epochs, topology extra '$topo_extra'"
+  echo "settings: hosts $hosts_list, ranks/host $rph_list, rates $rates, modes $modes, dtypes $dtypes, per-rank batch $per_rank_batch, $steps steps x $epochs epochs, topology extra '$topo_extra'"
 } >"$out/settings.txt"
 
 export CLUSTER_DIR="$cdir"
@@ -187,9 +203,10 @@ for rate in "${RATES[@]}"; do
   gbps=$(rate_gbps "$rate")
   topo="inter_gbps=$gbps,nics_per_node=1${topo_extra:+,$topo_extra}"
   for p in "${plan[@]}"; do
-    read -r H R m <<<"$p"
+    read -r H R m dt <<<"$p"
     W=$((H * R))
     tag="$rate-h$H-r$R-$m"
+    [ "$dt" = fp32 ] || tag="$tag-$dt"
     hostspec=$(for k in $(seq "$H"); do printf 'node%d:%d,' "$k" "$R"; done)
     hostspec=${hostspec%,}
     metrics="$out/runs/$tag.jsonl"
@@ -202,15 +219,15 @@ for rate in "${RATES[@]}"; do
       --max_steps "$steps" --train_epochs "$epochs" --threads 1 --no_eval --progress off
       --step_log --metrics_json "$metrics" --topology "$topo")
     # shellcheck disable=SC2207
-    cmd+=($(mode_flags "$m"))
+    cmd+=($(mode_flags "$m") --exchange_dtype "$dt")
     echo "$prog: $tag on $hostspec: ${cmd[*]}" >&2
     t0=$(date +%s)
     code=0
     (cd "$out" && cluster_mpirun_on "$hostspec" -- "${cmd[@]}") >"$log" 2>&1 || code=$?
     echo "# exit $code after $(( $(date +%s) - t0 )) s; loadavg $(cut -d' ' -f1-3 /proc/loadavg)" >>"$log"
     [ "$code" -eq 0 ] || echo "$prog: $tag failed (exit $code): see $log" >&2
-    printf '%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n' "$tag" "$H" "$R" "$rate" "$gbps" \
-      "$m" "$per_rank_batch" "$steps" "$epochs" "$code" "$topo" "runs/$tag.jsonl" "runs/$tag.log" >>"$manifest"
+    printf '%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n' "$tag" "$H" "$R" "$rate" "$gbps" \
+      "$m" "$per_rank_batch" "$steps" "$epochs" "$code" "$topo" "runs/$tag.jsonl" "runs/$tag.log" "$dt" >>"$manifest"
   done
   cluster_stop >/dev/null
 done
@@ -218,4 +235,8 @@ echo "loadavg after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$out/settings.txt"
 
 summ_py=python3
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && summ_py=/usr/bin/python3
-"$summ_py" "$root/bench/summarize_cluster.py" "$out"
+if [ "$summary" = choice ]; then
+  python3 "$root/bench/summarize_exchange_choice.py" "$out"
+else
+  "$summ_py" "$root/bench/summarize_cluster.py" "$out"
+fi
