@@ -328,6 +328,7 @@ std::vector<float> run_steps(const EmbeddingPlan& plan, Communicator& comm, bool
   // assumption holds (row-wise and de-duplicated: hot ids travel once).
   EmbeddingPlan estimated = plan;
   estimated.node_dedup = node_dedup;
+  estimated.payload_bytes = wire_dtype_bytes(wire);
   const bool balanced = plan.dedup && plan.tables[0].placement == Placement::kRowWise &&
                         plan.tables[1].placement == Placement::kRowWise;
   if (balanced) {
