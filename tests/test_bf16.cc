@@ -184,6 +184,32 @@ TEST(Bf16Conversion, RoundToBf16IsTheNearestBf16OverManyFloats) {
 
 // ---- parse_math_mode / math_mode_name -------------------------------------------------
 
+// Stochastic rounding, hand-worked: 1 + 2^-9 lies a quarter of the way from
+// 1 (0x3F80) to 1 + 2^-7 (0x3F81); its dropped bits are 0x4000, so it goes up
+// exactly for the quarter of words r >= 0xC000. A BF16 value never moves,
+// Inf and NaN round as nearest-even does, and over a fixed set of 2^16 words
+// every value's mean is itself (the rounding is unbiased).
+TEST(Bf16Stochastic, UpWithTheDroppedFractionAndUnbiased) {
+  const float x = 1.0f + 0x1p-9f;
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0x0000), 0x3F80);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xBFFF), 0x3F80);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xC000), 0x3F81);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xFFFF), 0x3F81);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(-x, 0xC000), 0xBF81) << "magnitude, sign kept";
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0x1C000), 0x3F81) << "only the low 16 bits count";
+  for (uint32_t r : {0u, 0x7FFFu, 0xFFFFu}) {
+    EXPECT_EQ(float_to_bf16_bits_stochastic(3.0f, r), 0x4040);
+    EXPECT_EQ(float_to_bf16_bits_stochastic(INFINITY, r), 0x7F80);
+    EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits_stochastic(NAN, r))));
+  }
+  for (float v : {1.0f + 0x1p-9f, 0.01f, -3.14159f, 1e-30f}) {
+    double sum = 0;
+    for (uint32_t r = 0; r < 0x10000u; ++r)
+      sum += bf16_bits_to_float(float_to_bf16_bits_stochastic(v, r));
+    EXPECT_NEAR(sum / 65536.0, double(v), std::fabs(double(v)) * 1e-6) << v;
+  }
+}
+
 TEST(Bf16MathMode, ParseAndNameRoundTripAndBadValueIsNamed) {
   for (MathMode m : {MathMode::kTf32, MathMode::kFp32, MathMode::kBf16})
     EXPECT_EQ(parse_math_mode(math_mode_name(m)), m) << math_mode_name(m);

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "comm/single_communicator.h"
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/philox.h"
 #include "embedding/collection.h"
@@ -248,6 +250,89 @@ TEST(CollectionOneRank, Bf16PayloadsRoundRowsAndGradientsAndSumInFp32) {
   EXPECT_EQ(after[5 * 4 + 0], users[5 * 4 + 0] - (1.0f + 0x1p-7f)) << "hand-worked FP32 sum";
   EXPECT_EQ(after[9 * 4 + 0], users[9 * 4 + 0] - (1.0f + 0x1p-7f)) << "hand-worked rounding";
   EXPECT_EQ(items_after[2 * 4], items[2 * 4] - (0x1p-8f + 0x1p-10f)) << "replicated: FP32";
+}
+
+// BF16 rows at W = 1: a lookup reads the stored rows widened; an update is the
+// FP32 rule on the widened row, written back with the rounding stream of
+// (seed, table tag, global row) at word t·D + d — written out here from
+// CounterRng for SGD (touched rows) and dense Adam (every row, untouched ones
+// with a zero gradient); the checkpoint chunks carry the rows exactly.
+TEST(CollectionOneRank, Bf16RowsUpdateInFp32AndRoundStochasticallyByKey) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  ctx.threads = 2;
+  const int D = 4;
+  auto expected = [&](const std::vector<float>& before, const std::vector<float>& grad_sum,
+                      const std::vector<int>& touched, const EmbeddingOptimizerConfig& o,
+                      uint32_t tag, int64_t t, std::vector<float> m, std::vector<float> v) {
+    std::vector<float> after(before.size());
+    const AdamStepScalars sc = adam_step_scalars(o.adam, t);
+    for (size_t r = 0; r * D < before.size(); ++r)
+      for (int d = 0; d < D; ++d) {
+        const size_t i = r * D + size_t(d);
+        float p = before[i];
+        if (o.kind == EmbeddingOptimizer::kSgd) {
+          if (!touched[r]) {
+            after[i] = p;
+            continue;
+          }
+          sgd_update(&p, grad_sum[i], o.sgd);
+        } else {
+          adam_update(&p, &m[i], &v[i], grad_sum[i], sc);
+        }
+        const CounterRng rng{5, kStreamTableRounding, (uint64_t(tag) << 40) | r};
+        after[i] = bf16_bits_to_float(
+            float_to_bf16_bits_stochastic(p, rng.u32(uint64_t(t) * D + uint64_t(d))));
+      }
+    return after;
+  };
+  for (EmbeddingOptimizer kind : {EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kDenseAdam}) {
+    EmbeddingOptimizerConfig o = sgd(0.5f);
+    o.kind = kind;
+    EmbeddingPlan plan = two_tables(Placement::kRowWise, D);
+    plan.table_elem_bytes = 2;
+    EmbeddingCollection e(plan, comm, ctx, o, false);
+    e.init(5);
+    const std::vector<float> users = e.gather_table(0);
+    for (float x : users) ASSERT_EQ(x, round_to_bf16(x)) << "stored rows are BF16 values";
+    const std::vector<int32_t> u = random_ids(50, kUsers, 21), it = random_ids(30, kItems, 22);
+    e.lookup({{u.data(), 50}, {it.data(), 30}});
+    for (size_t k = 0; k < u.size(); ++k)
+      for (int d = 0; d < D; ++d) ASSERT_EQ(e.rows(0)[k * D + d], users[size_t(u[k]) * D + d]) << k;
+    std::vector<float> sum(users.size(), 0.0f);
+    std::vector<int> touched(size_t(kUsers), 0);
+    for (size_t k = 0; k < u.size(); ++k) {
+      touched[size_t(u[k])] = 1;
+      for (int d = 0; d < D; ++d) {
+        const float g = 0.01f * float((k * 7 + size_t(d)) % 13) - 0.06f;
+        e.row_grads(0)[k * D + d] = g;
+        sum[size_t(u[k]) * D + d] += g;  // in batch order, as the update sums them
+      }
+    }
+    for (int64_t x = 0; x < 30 * D; ++x) e.row_grads(1)[x] = 0.0f;
+    e.gradients_start(nullptr);
+    e.gradients_finish(3);
+    const std::vector<float> want =
+        expected(users, sum, touched, o, 1, 3, std::vector<float>(users.size(), 0.0f),
+                 std::vector<float>(users.size(), 0.0f));
+    const std::vector<float> got = e.gather_table(0);
+    int changed = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << optimizer_name(kind) << " element " << i;
+      changed += got[i] != users[i];
+    }
+    EXPECT_GT(changed, 20) << optimizer_name(kind);
+    // Checkpoint chunks: the rows widened, and read back exactly.
+    int64_t rows = 0;
+    const float* chunk = e.export_chunk(0, 0, 0, &rows);
+    ASSERT_EQ(rows, kUsers);
+    EXPECT_EQ(std::memcmp(chunk, got.data(), got.size() * 4), 0);
+    const std::vector<float> copy(chunk, chunk + rows * D);
+    EmbeddingCollection f(plan, comm, ctx, o, false);
+    f.init(6);
+    f.import_chunk(0, 0, 0, copy.data());
+    EXPECT_EQ(f.gather_table(0), got);
+  }
 }
 
 }  // namespace

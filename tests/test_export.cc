@@ -122,10 +122,16 @@ class Export : public ::testing::Test {
     auto r = run(bin("ncf_dist") + " --device cpu --data_dir " + dir_->file("data") +
                  " --batch_size 1000 --train_epochs 2 --threads 1 --learning_rate 0.01 "
                  "--layers 32,16,8 --num_factors 6 --progress off --checkpoint_dir " +
-                 dir_->file("ck"));
+                 dir_->file("ck") +
+                 // The compact table options, so that every export here reads a
+                 // checkpoint of BF16 rows with row-wise Adagrad state.
+                 " --table_dtype bf16 --embedding_optimizer rowwise_adagrad --embedding_lr 0.05");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     for (const auto& e : std::filesystem::directory_iterator(dir_->file("ck")))
       ck_ = new std::string(e.path().string());
+    ASSERT_NE(test::read_file(*ck_ + "/manifest.json").find("\"table_dtype\": \"bf16\""),
+              std::string::npos);
+    ASSERT_TRUE(std::filesystem::exists(*ck_ + "/user.row_accumulator.f32"));
   }
   static void TearDownTestSuite() {
     delete dir_;

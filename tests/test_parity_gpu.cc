@@ -1301,6 +1301,59 @@ TEST_F(Parity, Bf16PayloadConversionsExact) {
   }
 }
 
+// BF16 rows (--table_dtype bf16): the widening gather, the scatter, the row
+// offsets and the stochastic store keyed by global row give the same bits on
+// both devices.
+TEST_F(Parity, Bf16RowOpsExact) {
+  for (int D : {1, 5, 8, 192})
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{300}}) {
+      const int64_t R = 1000;
+      const std::string what = shape({{"D", D}, {"n", n}});
+      IVec rows = random_unique_rows(R, n, gen_);
+      const Vec src = random_vec(size_t(n) * D, gen_);
+      std::vector<uint16_t> table(size_t(R) * D);
+      for (size_t k = 0; k < table.size(); ++k) table[k] = uint16_t(0x3C00 + k % 0x800);
+      RowRounding key;
+      key.seed = 99;
+      key.step = 17;
+      key.first = 5;
+      key.rank = 2;
+      key.layout.W = 4;
+      key.layout.T = 2;
+      key.layout.key_begin[1] = 4 * 700;
+      key.layout.key_begin[2] = 4 * 700 + 4 * 400;
+      key.tag[0] = 1;
+      key.tag[1] = 2;
+      Buffer<uint16_t> gtable = up(table);
+      Buffer<RowId> grows = up(rows);
+      Buffer<float> gsrc = up(src);
+      store_rows_bf16(cpu_, src.data(), rows.data(), table.data(), R, n, D, key);
+      store_rows_bf16(gpu_, gsrc.data(), grows.data(), gtable.data(), R, n, D, key);
+      expect_same(down(gtable), table, what + "store by rows");
+      store_rows_bf16(cpu_, src.data(), nullptr, table.data(), R, n, D, key);
+      store_rows_bf16(gpu_, gsrc.data(), nullptr, gtable.data(), R, n, D, key);
+      expect_same(down(gtable), table, what + "store in order");
+      Vec out(size_t(n) * D);
+      Buffer<float> gout(g_dev, size_t(n) * D);
+      gather_rows_bf16(cpu_, table.data(), rows.data(), out.data(), R, n, D);
+      gather_rows_bf16(gpu_, gtable.data(), grows.data(), gout.data(), R, n, D);
+      expect_same(down(gout), out, what + "gather");
+      Vec dense = random_vec(size_t(R) * D, gen_);
+      Buffer<float> gdense = up(dense);
+      scatter_rows(cpu_, src.data(), rows.data(), dense.data(), R, n, D);
+      scatter_rows(gpu_, gsrc.data(), grows.data(), gdense.data(), R, n, D);
+      expect_same(down(gdense), dense, what + "scatter");
+      IVec shifted(static_cast<size_t>(n)), iota(static_cast<size_t>(n));
+      Buffer<RowId> gshifted(g_dev, size_t(n)), giota(g_dev, size_t(n));
+      offset_rows(cpu_, rows.data(), n, -3, shifted.data());
+      offset_rows(gpu_, grows.data(), n, -3, gshifted.data());
+      offset_rows(cpu_, nullptr, n, 0, iota.data());
+      offset_rows(gpu_, nullptr, n, 0, giota.data());
+      expect_same(down(gshifted), shifted, what + "offset");
+      expect_same(down(giota), iota, what + "iota");
+    }
+}
+
 // ---- bad input found by kernels -----------------------------------------------------------
 
 TEST_F(Parity, ReplicatedDenseGradientExact) {

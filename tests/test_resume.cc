@@ -232,6 +232,34 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
                "rowwise_adagrad: W=1 from W=2 at step 30");
 }
 
+// BF16 rows: a resumed run continues the identical trajectory (the rows are
+// stored widened, exactly, and the rounding keys carry no state); a checkpoint
+// of the other dtype is refused unless converting is allowed, which says what
+// it converted.
+TEST_F(Resume, Bf16RowsResumeIdenticallyAndConvertOnlyWhenAsked) {
+  TempDir d;
+  const std::string f = "--shard_plan row --table_dtype bf16";
+  const Run whole = train(2, f + " --checkpoint_every_steps 30 --checkpoint_dir " + d.file("ck"));
+  expect_identical(whole,
+                   train(2, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 60)),
+                   "bf16 rows resumed at step 60");
+  const auto refused = run(
+      "timeout 120 " +
+      command(2, "--shard_plan row --resume " + ckpt(d, 60) + " --checkpoint_dir " + d.file("y"),
+              d));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("was written with --table_dtype \"bf16\", this run has "
+                                "--table_dtype \"fp32\" (pass --allow_changed_flags "
+                                "table_dtype to convert the tables)"),
+            std::string::npos)
+      << refused.output;
+  const Run widened = train(2, "--shard_plan row --allow_changed_flags table_dtype --resume " +
+                                   ckpt(d, 60) + " --checkpoint_dir " + d.file("z"));
+  EXPECT_NE(widened.output.find("table rows converted from bf16 to fp32 (widened, exact)"),
+            std::string::npos)
+      << widened.output;
+}
+
 // A signal lands in the middle of a step, wherever the process is; run on the
 // interrupted stack, the handler's frame corrupted the heap in about 1 of 25
 // such stops (glibc aborted in the next tower product's free). 24 stops of a

@@ -187,6 +187,72 @@ TEST(EmbeddingOptim, RejectsUnsortedOrOutOfRangeRows) {
 
 // ---- gather and sort-reduce ------------------------------------------------------
 
+// BF16 rows: the gather widens, the store rounds each element with its own
+// word of the stream (seed, table rounding, tag << 40 | global row) at t·D + d
+// (written out here from CounterRng), the global row coming from the key's
+// layout (row-wise over W = 3 on rank 1: flat row k is id 3k + 1); scatter and
+// offset move rows as loops do.
+TEST(Rows, Bf16RowsGatherAndStochasticStoreFollowTheirKeys) {
+  const int D = 5;
+  const int64_t R = 40, n = 7;
+  RowRounding key;
+  key.seed = 77;
+  key.step = 12;
+  key.first = 3;
+  key.rank = 1;
+  key.layout.W = 3;
+  key.layout.T = 1;
+  key.layout.key_begin[1] = 3 * (R + 3);
+  key.layout.placement[0] = Placement::kRowWise;
+  key.tag[0] = 2;
+  const Vec src = random_vec(size_t(n) * D, 31);
+  const std::vector<RowId> rows = {0, 4, 5, 11, 20, 33, 39};
+  std::vector<uint16_t> table(size_t(R) * D, 0x1234), want = table;
+  for (int threads : {1, 3}) {
+    std::vector<uint16_t> got = table;
+    store_rows_bf16(cpu(threads), src.data(), rows.data(), got.data(), R, n, D, key);
+    for (int64_t k = 0; k < n; ++k)
+      for (int d = 0; d < D; ++d) {
+        const uint64_t id = uint64_t(3 + rows[size_t(k)]) * 3 + 1;
+        const CounterRng rng{77, kStreamTableRounding, (uint64_t{2} << 40) | id};
+        want[size_t(rows[size_t(k)]) * D + d] =
+            float_to_bf16_bits_stochastic(src[size_t(k) * D + d], rng.u32(uint64_t(12 * D + d)));
+      }
+    EXPECT_EQ(got, want) << threads << " threads";
+  }
+  int moved_up = 0;  // the draws are not all one way
+  for (int64_t k = 0; k < n; ++k)
+    for (int d = 0; d < D; ++d) {
+      const float x = src[size_t(k) * D + d];
+      const float y = bf16_bits_to_float(want[size_t(rows[size_t(k)]) * D + d]);
+      EXPECT_LT(std::fabs(double(y) - x), std::ldexp(std::fabs(double(x)), -7));
+      moved_up += std::fabs(y) > std::fabs(x);
+    }
+  EXPECT_GT(moved_up, 3);
+  EXPECT_LT(moved_up, n * D - 3);
+  Vec back(size_t(n) * D);
+  gather_rows_bf16(cpu(2), want.data(), rows.data(), back.data(), R, n, D);
+  for (int64_t k = 0; k < n; ++k)
+    for (int d = 0; d < D; ++d)
+      EXPECT_EQ(back[size_t(k) * D + d], bf16_bits_to_float(want[size_t(rows[size_t(k)]) * D + d]));
+  Vec dense(size_t(R) * D, -1.0f);
+  scatter_rows(cpu(2), src.data(), rows.data(), dense.data(), R, n, D);
+  for (int64_t k = 0; k < n; ++k)
+    EXPECT_EQ(std::memcmp(&dense[size_t(rows[size_t(k)]) * D], &src[size_t(k) * D], D * 4), 0);
+  EXPECT_EQ(dense[size_t(1) * D], -1.0f);
+  std::vector<RowId> shifted(static_cast<size_t>(n)), iota(static_cast<size_t>(n));
+  offset_rows(cpu(1), rows.data(), n, -4, shifted.data());
+  offset_rows(cpu(1), nullptr, n, 0, iota.data());
+  for (int64_t k = 0; k < n; ++k) {
+    EXPECT_EQ(shifted[size_t(k)], rows[size_t(k)] - 4);
+    EXPECT_EQ(iota[size_t(k)], k);
+  }
+  const std::vector<RowId> repeated = {3, 3};
+  EXPECT_THROW(scatter_rows(cpu(1), src.data(), repeated.data(), dense.data(), R, 2, D), Error);
+  const std::vector<RowId> outside = {0, int32_t(R)};
+  EXPECT_THROW(gather_rows_bf16(cpu(1), want.data(), outside.data(), back.data(), R, 2, D), Error);
+}
+
 TEST(Rows, GatherMatchesLoop) {
   for (int D : {1, 3, 8, 13}) {
     const int R = 17, n = 40;

@@ -58,4 +58,16 @@ NCF_HD float bf16_bits_to_float(uint16_t bits) {
 // x rounded to the nearest BF16 value, returned as a float.
 NCF_HD float round_to_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 
+// Stochastic rounding with a uniform 16-bit word r (only its low 16 bits are
+// read): x goes to the BF16 above it in magnitude with probability (the
+// dropped 16 bits) / 2^16, its distance from the BF16 below over their gap,
+// else to the one below, so the expected result is x. Adding r to the dropped
+// bits carries into the kept ones exactly then. A BF16 value stays itself;
+// NaN and ±Inf round as float_to_bf16_bits does.
+NCF_HD uint16_t float_to_bf16_bits_stochastic(float x, uint32_t r) {
+  const uint32_t u = float_to_bits(x);
+  if ((u & 0x7F800000u) == 0x7F800000u) return float_to_bf16_bits(x);
+  return static_cast<uint16_t>((u + (r & 0xFFFFu)) >> 16);
+}
+
 }  // namespace ncf

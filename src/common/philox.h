@@ -93,6 +93,7 @@ enum RngStream : uint32_t {
   kStreamEpochOrder = 7,
   kStreamEvalUsers = 8,
   kStreamEvalNegativesWithReplacement = 9,
+  kStreamTableRounding = 10,
 };
 
 }  // namespace ncf

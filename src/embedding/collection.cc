@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -47,8 +48,10 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   const size_t n = size_t(R_) * plan.D;
   const int state = optimizer_state_arrays(opt.kind);
   const size_t m_floats = size_t(R_) * state_width(1);
+  bf16_rows_ = plan.table_elem_bytes == 2;
   try {
-    params_ = Buffer<float>(dev, n);
+    params_ = Buffer<float>(dev, bf16_rows_ ? 0 : n);
+    rows16_ = Buffer<uint16_t>(dev, bf16_rows_ ? n : 0);
     m_ = Buffer<float>(dev, state >= 1 ? m_floats : 0);
     v_ = Buffer<float>(dev, state >= 2 ? n : 0);
   } catch (const Error& e) {
@@ -71,6 +74,8 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
   for (Buffer<float>* b : {&rows_, &grads_, &send_vec_, &recv_vec_, &uvec_, &reduced_grads_})
     *b = Buffer<float>(dev, 0);
   for (Buffer<uint16_t>* b : {&wsend_, &wrecv_}) *b = Buffer<uint16_t>(dev, 0);
+  for (Buffer<int32_t>* b : {&bur_, &brow_}) *b = Buffer<int32_t>(dev, 0);
+  for (Buffer<float>* b : {&bug_, &bw_, &bm_, &bv_}) *b = Buffer<float>(dev, 0);
   for (auto* v :
        {&send_counts_, &send_displs_, &recv_counts_, &recv_displs_, &sc_, &sd_, &rc_, &rd_})
     v->assign(W_, 0);
@@ -122,12 +127,15 @@ void EmbeddingCollection::copy_blocks(void* dst, const void* src,
 
 TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
   const int64_t at = first * plan_.D;
-  return TableRows{params_.data() + at, m_.size() ? m_.data() + first * state_width(1) : nullptr,
+  return TableRows{bf16_rows_ ? nullptr : params_.data() + at,
+                   m_.size() ? m_.data() + first * state_width(1) : nullptr,
                    v_.size() ? v_.data() + at : nullptr, count, plan_.D};
 }
 
 int64_t EmbeddingCollection::bytes_on_rank() const {
-  return R_ * 4 * (plan_.D + optimizer_state_floats_per_row(opt_.kind, plan_.D)) + rep_floats_ * 4;
+  return R_ * (int64_t(plan_.table_elem_bytes) * plan_.D +
+               4 * optimizer_state_floats_per_row(opt_.kind, plan_.D)) +
+         rep_floats_ * 4;
 }
 
 int64_t EmbeddingCollection::step_buffer_bytes() const {
@@ -140,6 +148,8 @@ int64_t EmbeddingCollection::step_buffer_bytes() const {
                                  &avec_, &bvec_, &kvec_, &nvec_})
     b += int64_t(x->bytes());
   for (const Buffer<uint16_t>* x : {&wsend_, &wrecv_}) b += int64_t(x->bytes());
+  for (const Buffer<int32_t>* x : {&bur_, &brow_}) b += int64_t(x->bytes());
+  for (const Buffer<float>* x : {&bug_, &bw_, &bm_, &bv_}) b += int64_t(x->bytes());
   return b;
 }
 
@@ -165,6 +175,7 @@ void EmbeddingCollection::init_rows(uint64_t seed, int64_t k0, int64_t k1, float
 
 void EmbeddingCollection::init(uint64_t seed) {
   const int D = plan_.D;
+  seed_ = seed;
   if (R_ == 0) return;
   // Rows are independent (keyed by table and global row), so the host threads
   // split them.
@@ -173,25 +184,44 @@ void EmbeddingCollection::init(uint64_t seed) {
     parallel_for(ctx_.threads, k1 - k0, grain,
                  [&](int64_t a, int64_t b) { init_rows(seed, k0 + a, k0 + b, dst + a * D); });
   };
-  if (ctx_.device == Device::kCpu) {
+  if (ctx_.device == Device::kCpu && !bf16_rows_) {
     fill(0, R_, params_.data());
     return;
   }
   // A GPU shard goes up in chunks of about 64 MiB through two pinned buffers:
   // the host fills one while the previous chunk's copy runs, so host memory stays
-  // bounded by two chunks whatever the tables' size.
+  // bounded by two chunks whatever the tables' size. BF16 rows are the draws
+  // rounded to nearest-even, on either device.
   const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+  const size_t most = size_t(std::min(chunk, R_)) * D;
   PinnedBuffer<float> stage[2];
-  for (PinnedBuffer<float>& b : stage) b.reserve(size_t(std::min(chunk, R_)) * D);
+  PinnedBuffer<uint16_t> stage16[2];
+  for (int s = 0; s < 2; ++s) {
+    stage[s].reserve(most);
+    if (bf16_rows_) stage16[s].reserve(most);
+  }
+  ExecContext host_ctx;
+  host_ctx.threads = ctx_.threads;
   for (int64_t c = 0, k0 = 0; k0 < R_; ++c, k0 += chunk) {
     const int64_t k1 = std::min(R_, k0 + chunk);
     float* host = stage[c % 2].data();
-    fill(k0, k1, host);         // free: the previous round's wait covered copy c - 2
+    fill(k0, k1, host);  // free: the previous round's wait covered copy c - 2
+    const void* src = host;
+    void* dst = bf16_rows_ ? static_cast<void*>(rows16_.data() + k0 * D)
+                           : static_cast<void*>(params_.data() + k0 * D);
+    if (bf16_rows_) {
+      pack_bf16(host_ctx, host, stage16[c % 2].data(), (k1 - k0) * D);
+      src = stage16[c % 2].data();
+    }
+    const size_t bytes = size_t(k1 - k0) * D * size_t(plan_.table_elem_bytes);
+    if (ctx_.device == Device::kCpu) {
+      std::memcpy(dst, src, bytes);
+      continue;
+    }
     check_device_errors(ctx_);  // waits for copy c - 1 (no kernel ran to record errors)
-    device_copy_async(ctx_, ctx_.device, params_.data() + k0 * D, Device::kCpu, host,
-                      size_t(k1 - k0) * D * 4);
+    device_copy_async(ctx_, ctx_.device, dst, Device::kCpu, src, bytes);
   }
-  check_device_errors(ctx_);  // the stage buffers go away with this function
+  if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the stage buffers go away
 }
 
 const float* EmbeddingCollection::rows(int t) const { return rows_.data() + off_[t] * plan_.D; }
@@ -277,7 +307,7 @@ void EmbeddingCollection::lookup_gather() {
   comm_.join(ticket_);
   // Owners gather the asked rows and send them back.
   send_vec_.reserve(size_t(nr_) * D);
-  gather_rows(ctx_, params_.data(), recv_rows_.data(), send_vec_.data(), R_routed_, nr_, D);
+  gather_own(recv_rows_.data(), 0, R_routed_, nr_, send_vec_.data());
   for (int p = 0; p < W_; ++p) {
     sc_[p] = recv_counts_[p] * D;
     sd_[p] = recv_displs_[p] * D;
@@ -291,7 +321,7 @@ void EmbeddingCollection::lookup_gather() {
 void EmbeddingCollection::lookup_finish() {
   const int D = plan_.D;
   if (local_) {
-    gather_rows(ctx_, params_.data(), keys_.data(), rows_.data(), R_, n_total_, D);
+    gather_own(keys_.data(), 0, R_, n_total_, rows_.data());
     round_kept_rows(rows_.data());
     return;
   }
@@ -313,8 +343,8 @@ void EmbeddingCollection::lookup_finish() {
   for (int t = 0; t < num_tables(); ++t)
     if (!is_routed(t)) {
       const int64_t b = layout_.begin_on(lt_[t], rank_);
-      gather_rows(ctx_, params_.data() + b * D, keys_.data() + off_[t], rows_.data() + off_[t] * D,
-                  plan_.tables[t].num_rows, n_[t], D);
+      gather_own(keys_.data() + off_[t], b, plan_.tables[t].num_rows, n_[t],
+                 rows_.data() + off_[t] * D);
     }
 }
 
@@ -370,15 +400,14 @@ void EmbeddingCollection::gradients_finish(int64_t t) {
   if (local_) {
     // One rank: the batch's rows are the flat rows; one fused update over all.
     round_kept_rows(grads_.data());
-    reduce_update_rows(ctx_, keys_.data(), grads_.data(), n_total_, all_rows(0, R_), opt_, t);
+    update_rows(keys_.data(), grads_.data(), n_total_, 0, R_, false, t);
     return;
   }
   if (!any_routed()) return;
   comm_.join(ticket_);
   ticket_ = 0;
   finish_rows(send_vec_.data());
-  reduce_update_rows(ctx_, recv_rows_.data(), send_vec_.data(), nr_, all_rows(0, R_routed_), opt_,
-                     t);
+  update_rows(recv_rows_.data(), send_vec_.data(), nr_, 0, R_routed_, false, t);
 }
 
 void EmbeddingCollection::update_replicated(const float* replicated_grads, int64_t t) {
@@ -392,9 +421,101 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
       int64_t nu = 0;
       compact_touched_rows(ctx_, replicated_grads + rep_offset_[k], N, D, reduced_rows_.data(),
                            reduced_grads_.data(), &nu);
-      apply_table_optimizer(ctx_, all_rows(layout_.begin_on(lt_[k], rank_), N),
-                            reduced_rows_.data(), reduced_grads_.data(), nu, opt_, t);
+      update_rows(reduced_rows_.data(), reduced_grads_.data(), nu, layout_.begin_on(lt_[k], rank_),
+                  N, true, t);
     }
+}
+
+// ---- the rows: gather and update, FP32 or BF16 --------------------------------
+
+void EmbeddingCollection::gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n,
+                                     float* out) {
+  const int D = plan_.D;
+  if (bf16_rows_)
+    gather_rows_bf16(ctx_, rows16_.data() + first * D, ids, out, R, n, D);
+  else
+    gather_rows(ctx_, params_.data() + first * D, ids, out, R, n, D);
+}
+
+RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
+  RowRounding key;
+  key.seed = seed_;
+  key.step = t;
+  key.first = first;
+  key.rank = rank_;
+  key.layout = layout_;
+  for (int k = 0; k < num_tables(); ++k) key.tag[lt_[k]] = plan_.tables[k].init_tag;
+  return key;
+}
+
+void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int64_t n,
+                                      int64_t first, int64_t count, bool unique, int64_t t) {
+  if (!bf16_rows_) {
+    if (unique)
+      apply_table_optimizer(ctx_, all_rows(first, count), rows, grads, n, opt_, t);
+    else
+      reduce_update_rows(ctx_, rows, grads, n, all_rows(first, count), opt_, t);
+    return;
+  }
+  const int D = plan_.D;
+  // Duplicates summed as the fused FP32 update sums them (the same order).
+  const RowId* ur = rows;
+  const float* ug = grads;
+  int64_t nu = n;
+  if (!unique && n > 0) {
+    bur_.reserve(size_t(n));
+    bug_.reserve(size_t(n) * D);
+    sort_reduce_rows(ctx_, rows, grads, n, D, bur_.data(), bug_.data(), &nu, count);
+    ur = bur_.data();
+    ug = bug_.data();
+  }
+  const TableRows state = all_rows(first, count);
+  uint16_t* tab = rows16_.data() + first * D;
+  if (opt_.kind == EmbeddingOptimizer::kDenseAdam) {
+    // Every row moves: widened, updated and rounded back chunk by chunk, so
+    // the FP32 copy stays small whatever the table's size.
+    host_ur_.resize(size_t(nu));
+    if (nu > 0) device_copy(Device::kCpu, host_ur_.data(), ctx_.device, ur, size_t(nu) * 4);
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+    for (int64_t c0 = 0; c0 < count; c0 += chunk) {
+      const int64_t c1 = std::min(count, c0 + chunk);
+      const int64_t k0 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c0) - host_ur_.begin();
+      const int64_t k1 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c1) - host_ur_.begin();
+      bw_.reserve(size_t(c1 - c0) * D);
+      brow_.reserve(size_t(k1 - k0));
+      unpack_bf16(ctx_, tab + c0 * D, bw_.data(), (c1 - c0) * D);
+      offset_rows(ctx_, ur + k0, k1 - k0, RowId(-c0), brow_.data());
+      embedding_dense_adam(ctx_, bw_.data(), state.m + c0 * D, state.v + c0 * D, brow_.data(),
+                           ug + k0 * D, c1 - c0, k1 - k0, D, t, opt_.adam);
+      store_rows_bf16(ctx_, bw_.data(), nullptr, tab + c0 * D, c1 - c0, c1 - c0, D,
+                      rounding(first + c0, t));
+    }
+    return;
+  }
+  if (nu == 0) return;
+  // Touched rows: an FP32 copy of them and their state, updated as a compact
+  // table, the state scattered back and the rows rounded back.
+  const int sw = state_width(1);
+  bw_.reserve(size_t(nu) * D);
+  brow_.reserve(size_t(nu));
+  gather_rows_bf16(ctx_, tab, ur, bw_.data(), count, nu, D);
+  offset_rows(ctx_, nullptr, nu, 0, brow_.data());
+  float* m = nullptr;
+  float* v = nullptr;
+  if (state.m) {
+    bm_.reserve(size_t(nu) * sw);
+    gather_rows(ctx_, state.m, ur, bm_.data(), count, nu, sw);
+    m = bm_.data();
+  }
+  if (state.v) {
+    bv_.reserve(size_t(nu) * D);
+    gather_rows(ctx_, state.v, ur, bv_.data(), count, nu, D);
+    v = bv_.data();
+  }
+  apply_table_optimizer(ctx_, TableRows{bw_.data(), m, v, nu, D}, brow_.data(), ug, nu, opt_, t);
+  if (m) scatter_rows(ctx_, m, ur, state.m, count, nu, sw);
+  if (v) scatter_rows(ctx_, v, ur, state.v, count, nu, D);
+  store_rows_bf16(ctx_, bw_.data(), ur, tab, count, nu, D, rounding(first, t));
 }
 
 // ---- node-level de-duplication (set_node_dedup) ------------------------------
@@ -533,7 +654,7 @@ void EmbeddingCollection::node_lookup_start() {
 void EmbeddingCollection::node_lookup_gather() {
   const int D = plan_.D;
   send_vec_.reserve(size_t(nr_) * D);
-  gather_rows(ctx_, params_.data(), recv_rows_.data(), send_vec_.data(), R_routed_, nr_, D);
+  gather_own(recv_rows_.data(), 0, R_routed_, nr_, send_vec_.data());
   nvec_.reserve(size_t(nb_) * D);
   exchange_rows(CommGroup::kRail, send_vec_.data(), urc_, urd_, nvec_.data(), uc_, kd_);
 }
@@ -590,7 +711,13 @@ std::vector<float> EmbeddingCollection::gather_table(int t) {
   const int u = lt_[t];
   const int64_t R = layout_.rows_on(u, rank_), b = layout_.begin_on(u, rank_);
   std::vector<float> mine(size_t(R) * D);
-  device_copy(Device::kCpu, mine.data(), ctx_.device, params_.data() + b * D, mine.size() * 4);
+  if (bf16_rows_) {
+    std::vector<uint16_t> bits(mine.size());
+    device_copy(Device::kCpu, bits.data(), ctx_.device, rows16_.data() + b * D, bits.size() * 2);
+    for (size_t k = 0; k < bits.size(); ++k) mine[k] = bf16_bits_to_float(bits[k]);
+  } else {
+    device_copy(Device::kCpu, mine.data(), ctx_.device, params_.data() + b * D, mine.size() * 4);
+  }
   if (s.placement == Placement::kReplicated || local_) return mine;
   // Each rank writes its rows into a zeroed full table; a sum assembles it.
   std::vector<float> full(size_t(s.num_rows) * D, 0.0f);

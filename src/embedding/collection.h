@@ -29,6 +29,11 @@
 // the block a rank sends itself too; at W = 1 the rows and gradients of the
 // tables a larger W would route are rounded in place, so W = 1 computes what a
 // larger W does. Ids and counts, the owners' sums and every update stay FP32.
+// Rows (plan.table_elem_bytes 2, --table_dtype bf16) may be stored as BF16:
+// lookups widen them to FP32, the optimizers update them in FP32 (state stays
+// FP32) and write them back with stochastic rounding keyed by (seed, step,
+// table, global row, column) (table_ops.h RowRounding), so the result does not
+// depend on W, threads or device; checkpoints hold them widened to FP32.
 // Initial values depend on the table and global row only, so every W starts alike.
 #pragma once
 
@@ -139,6 +144,14 @@ class EmbeddingCollection {
   };
   bool is_routed(int t) const;
   float* state_array(int array);  // params_, m_ or v_ on the context's device
+  // Rows ids[n] of this rank's flat rows from `first` on (R of them) into out[n×D], FP32.
+  void gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n, float* out);
+  // The optimizer on flat rows [first, first + count): gradient rows grads[n×D]
+  // of rows[n] (relative to first), summed per row first unless `unique` (then
+  // strictly increasing, one per row). BF16 rows go through FP32 copies.
+  void update_rows(const RowId* rows, const float* grads, int64_t n, int64_t first, int64_t count,
+                   bool unique, int64_t t);
+  RowRounding rounding(int64_t first, int64_t t) const;
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
@@ -185,6 +198,15 @@ class EmbeddingCollection {
   // On ctx_.device: [R × D] parameters and optimizer state (m_ is also
   // Adagrad's accumulator; row-wise Adagrad's is [R]).
   Buffer<float> params_, m_, v_;
+  bool bf16_rows_ = false;
+  Buffer<uint16_t> rows16_;  // [R × D] the rows as BF16 (params_ is then empty)
+  uint64_t seed_ = 0;        // init's seed, which keys the rounding too
+  // BF16 rows' update: unique rows and summed gradients, a row offset list, FP32
+  // copies of rows and state (grow-only), and the unique rows on the host.
+  Buffer<int32_t> bur_, brow_;
+  Buffer<float> bug_, bw_, bm_, bv_;
+  std::vector<int32_t> host_ur_;
+  std::vector<uint16_t> io16_;  // checkpoint staging of BF16 rows
 
   // The last lookup: batch order is the routed tables, then the replicated
   // ones; table t's n_[t] ids start at off_[t]. n_routed_ ids are routed,

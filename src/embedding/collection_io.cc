@@ -6,6 +6,7 @@
 // routed table.
 #include <algorithm>
 
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/partition.h"
 #include "embedding/collection.h"
@@ -106,6 +107,18 @@ const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int6
   const int u = lt_[t];
   if (c == 0) {  // this rank's rows of the array on the host, for all its chunks
     const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
+    if (array == 0 && bf16_rows_) {  // BF16 rows, widened (exact)
+      io16_.resize(size_t(R) * D);
+      float* host = at_least(io_mine_, R * D);
+      if (R > 0)
+        device_copy(Device::kCpu, io16_.data(), ctx_.device, rows16_.data() + base * D,
+                    size_t(R) * D * 2);
+      for (size_t k = 0; k < io16_.size(); ++k) host[k] = bf16_bits_to_float(io16_[k]);
+      io_rows_ = host;
+    }
+  }
+  if (c == 0 && !(array == 0 && bf16_rows_)) {
+    const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
     const float* src = state_array(array) + base * D;
     if (ctx_.device != Device::kCpu) {
       float* host = at_least(io_mine_, R * D);
@@ -155,8 +168,9 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
   const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
   // The rank's rows are written in place on a CPU rank, staged on a GPU rank
   // and copied to the device after the last chunk.
-  float* mine =
-      ctx_.device == Device::kCpu ? state_array(array) + base * D : at_least(io_mine_, R * D);
+  const bool bf16 = array == 0 && bf16_rows_;  // staged, then rounded to nearest-even
+  float* mine = ctx_.device == Device::kCpu && !bf16 ? state_array(array) + base * D
+                                                     : at_least(io_mine_, R * D);
   int64_t lo = 0, n = 0;
   chunk_range(t, rank_, c, &lo, &n);
   const Placement pl = local_ ? Placement::kReplicated : spec.placement;
@@ -193,8 +207,14 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
     for (int64_t k = 0; k < from[q].count; ++k)
       std::copy_n(recv + rd[q] + k * D, D,
                   mine + local_row(pl, from[q].first + k * from[q].step, W_) * D);
-  if (ctx_.device != Device::kCpu && R > 0 && c == num_chunks(t) - 1)
+  if (bf16 && R > 0 && c == num_chunks(t) - 1) {
+    io16_.resize(size_t(R) * D);
+    for (size_t k = 0; k < io16_.size(); ++k) io16_[k] = float_to_bf16_bits(mine[k]);
+    device_copy(ctx_.device, rows16_.data() + base * D, Device::kCpu, io16_.data(),
+                size_t(R) * D * 2);
+  } else if (ctx_.device != Device::kCpu && R > 0 && c == num_chunks(t) - 1) {
     device_copy(ctx_.device, state_array(array) + base * D, Device::kCpu, mine, size_t(R) * D * 4);
+  }
 }
 
 }  // namespace ncf

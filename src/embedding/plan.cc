@@ -69,6 +69,9 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
   NCF_CHECK(req.payload_bytes == 2 || req.payload_bytes == 4, "plan: ", req.payload_bytes,
             " bytes per exchanged element (expected 2 or 4)");
   plan.payload_bytes = req.payload_bytes;
+  NCF_CHECK(req.table_elem_bytes == 2 || req.table_elem_bytes == 4, "plan: ", req.table_elem_bytes,
+            " bytes per stored element (expected 2 or 4)");
+  plan.table_elem_bytes = req.table_elem_bytes;
   const int W = req.W;
 
   // --shard_plan: table name -> forced placement ("" = decide).
@@ -119,7 +122,8 @@ EmbeddingPlan plan_tables(const PlanRequest& req) {
         step_exchange_bytes(Placement::kReplicated, t.num_rows, req.D, req.lookups_per_rank, W);
     TableSpec as_rep = t;
     as_rep.placement = Placement::kReplicated;
-    const int64_t rep_bytes = table_rank_bytes(as_rep, req.D, 0, W, req.optimizer);
+    const int64_t rep_bytes =
+        table_rank_bytes(as_rep, req.D, 0, W, req.optimizer, req.table_elem_bytes);
     t.placement = Placement::kRowWise;
     if (W > 1 && rep < row && rep_bytes < req.replicated_limit_bytes) {
       t.placement = Placement::kReplicated;
@@ -205,8 +209,10 @@ int64_t table_rank_rows(const TableSpec& t, int rank, int W) {
   return 0;
 }
 
-int64_t table_rank_bytes(const TableSpec& t, int D, int rank, int W, EmbeddingOptimizer o) {
-  int64_t b = table_rank_rows(t, rank, W) * 4 * (D + optimizer_state_floats_per_row(o, D));
+int64_t table_rank_bytes(const TableSpec& t, int D, int rank, int W, EmbeddingOptimizer o,
+                         int elem_bytes) {
+  int64_t b = table_rank_rows(t, rank, W) *
+              (int64_t(elem_bytes) * D + 4 * optimizer_state_floats_per_row(o, D));
   if (t.placement == Placement::kReplicated && W > 1) b += t.num_rows * (int64_t(D) + 1) * 4;
   return b;
 }

@@ -36,6 +36,8 @@ struct EmbeddingPlan {
   bool node_dedup = false;
   // Bytes per vector element on the wire (--exchange_dtype: 4 fp32, 2 bf16).
   int payload_bytes = 4;
+  // Bytes per stored row element (--table_dtype: 4 fp32, 2 bf16 rows).
+  int table_elem_bytes = 4;
   std::string reason;  // one clause per table: why it got its placement; then dedup's
 };
 
@@ -53,7 +55,8 @@ struct PlanRequest {
   // on when the routed tables' lookups of a step are expected to hold at most
   // kDedupAutoShare unique ids.
   std::string dedup = "auto";
-  int payload_bytes = 4;  // bytes per vector element exchanged (4 fp32, 2 bf16)
+  int payload_bytes = 4;     // bytes per vector element exchanged (4 fp32, 2 bf16)
+  int table_elem_bytes = 4;  // bytes per stored row element (4 fp32, 2 bf16)
 };
 constexpr double kDedupAutoShare = 0.5;
 
@@ -83,9 +86,11 @@ EmbeddingPlan plan_tables(const PlanRequest& req);
 KeyLayout make_key_layout(const EmbeddingPlan& plan, std::vector<int>* layout_index);
 
 // Rows of a table a rank holds, and their bytes with optimizer state (plus,
-// for a replicated table at W > 1, its dense gradient in the allreduce).
+// for a replicated table at W > 1, its dense gradient in the allreduce), rows
+// stored with elem_bytes per element.
 int64_t table_rank_rows(const TableSpec& t, int rank, int W);
-int64_t table_rank_bytes(const TableSpec& t, int D, int rank, int W, EmbeddingOptimizer o);
+int64_t table_rank_bytes(const TableSpec& t, int D, int rank, int W, EmbeddingOptimizer o,
+                         int elem_bytes = 4);
 
 // Bytes of the collection's grow-only step buffers on a rank whose tables look
 // up lookups[t] ids per step (the received ids are taken as balanced: the

@@ -465,4 +465,70 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   *n_unique = n_runs;
 }
 
+void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId* ids, float* out,
+                      int64_t R, int64_t n, int D) {
+  const char* op = "gather_rows_bf16";
+  NCF_CHECK(R >= 0 && n >= 0, op, ": negative size R=", R, " n=", n);
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(n == 0 || (table && ids && out), op, ": table, ids or out is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, gather_rows_bf16, ctx, table, ids, out, R, n, D);
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(ids[k] >= 0 && ids[k] < R, op, ": ids[", k, "]=", ids[k],
+              " outside the table's rows [0, ", R, ")");
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const uint16_t* src = table + static_cast<int64_t>(ids[k]) * D;
+      for (int d = 0; d < D; ++d) out[k * D + d] = bf16_bits_to_float(src[d]);
+    }
+  });
+}
+
+namespace {
+void check_scatter(const char* op, const void* src, const RowId* rows, const void* dst, int64_t R,
+                   int64_t n, int D, bool rows_needed) {
+  NCF_CHECK(R >= 0 && n >= 0, op, ": negative size R=", R, " n=", n);
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(n == 0 || (src && dst && (rows || !rows_needed)), op,
+            ": src, rows or dst is null with n=", n);
+  NCF_CHECK(rows || n <= R, op, ": ", n, " rows for a table of ", R);
+}
+}  // namespace
+
+void scatter_rows(const ExecContext& ctx, const float* src, const RowId* rows, float* dst,
+                  int64_t R, int64_t n, int D) {
+  const char* op = "scatter_rows";
+  check_scatter(op, src, rows, dst, R, n, D, true);
+  NCF_DISPATCH_CUDA(ctx, scatter_rows, ctx, src, rows, dst, R, n, D);
+  check_unique_rows(op, rows, R, n);
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      std::copy(src + k * D, src + (k + 1) * D, dst + static_cast<int64_t>(rows[k]) * D);
+  });
+}
+
+void store_rows_bf16(const ExecContext& ctx, const float* src, const RowId* rows, uint16_t* dst,
+                     int64_t R, int64_t n, int D, const RowRounding& key) {
+  const char* op = "store_rows_bf16";
+  check_scatter(op, src, rows, dst, R, n, D, false);
+  NCF_CHECK(key.step >= 0 && uint64_t(key.step + 1) * uint64_t(D) < (uint64_t{1} << 34), op,
+            ": step ", key.step, " x width ", D, " passes the rounding stream's 2^34 words");
+  NCF_DISPATCH_CUDA(ctx, store_rows_bf16, ctx, src, rows, dst, R, n, D, key);
+  if (rows) check_unique_rows(op, rows, R, n);
+  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r = rows ? rows[k] : k;
+      for (int d = 0; d < D; ++d)
+        dst[r * D + d] = float_to_bf16_bits_stochastic(src[k * D + d], key.draw(r, d, D));
+    }
+  });
+}
+
+void offset_rows(const ExecContext& ctx, const RowId* in, int64_t n, RowId delta, RowId* out) {
+  NCF_CHECK(n >= 0 && (n == 0 || out), "offset_rows: out is null with n=", n);
+  NCF_DISPATCH_CUDA(ctx, offset_rows, ctx, in, n, delta, out);
+  parallel_for(ctx.threads, n, 1 << 14, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) out[k] = in ? in[k] + delta : RowId(k);
+  });
+}
+
 }  // namespace ncf

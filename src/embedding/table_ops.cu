@@ -296,6 +296,52 @@ __global__ void rowwise_adagrad_rows_kernel(float* table, float* acc, const RowI
   }
 }
 
+// ---- BF16 rows ---------------------------------------------------------------------------
+
+__global__ void gather_rows_bf16_kernel(const uint16_t* table, const RowId* ids, float* out,
+                                        int64_t R, int64_t n, int D, DeviceErrorRecord* err) {
+  const int64_t total = n * D;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / D;
+    const int d = static_cast<int>(i % D);
+    const RowId r = ids[k];
+    if (r >= 0 && r < R) {
+      out[i] = bf16_bits_to_float(table[static_cast<int64_t>(r) * D + d]);
+    } else {
+      if (d == 0) record_error(err, DeviceErrorCode::kIndexOutOfRange, k, r, R);
+      out[i] = 0.0f;
+    }
+  }
+}
+
+__global__ void scatter_rows_kernel(const float* src, const RowId* rows, float* dst, int64_t n,
+                                    int D, const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
+  const int64_t total = n * D;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / D;
+    dst[static_cast<int64_t>(rows[k]) * D + i % D] = src[i];
+  }
+}
+
+__global__ void store_rows_bf16_kernel(const float* src, const RowId* rows, uint16_t* dst,
+                                       int64_t n, int D, RowRounding key,
+                                       const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
+  const int64_t total = n * D;
+  for (int64_t i = thread_first(); i < total; i += thread_stride()) {
+    const int64_t k = i / D;
+    const int d = static_cast<int>(i % D);
+    const int64_t r = rows ? static_cast<int64_t>(rows[k]) : k;
+    dst[r * D + d] = float_to_bf16_bits_stochastic(src[i], key.draw(r, d, D));
+  }
+}
+
+__global__ void offset_rows_kernel(const RowId* in, int64_t n, RowId delta, RowId* out) {
+  for (int64_t k = thread_first(); k < n; k += thread_stride())
+    out[k] = in ? in[k] + delta : static_cast<RowId>(k);
+}
+
 // map[unique[u]] = u for every run (sort_runs checked the rows against R).
 __global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
   for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride())
@@ -635,6 +681,45 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
         <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(grads, runs, out_row_grads, D);
   check_launch(op);
   *n_unique = runs.n_runs;
+}
+
+void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId* ids, float* out,
+                      int64_t R, int64_t n, int D) {
+  const char* op = "gather_rows_bf16";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  gather_rows_bf16_kernel<<<grid_for(n * D), kThreads, 0, stream_of(ctx)>>>(table, ids, out, R, n,
+                                                                            D, r.error_dev);
+  check_launch(op);
+}
+
+void scatter_rows(const ExecContext& ctx, const float* src, const RowId* rows, float* dst,
+                  int64_t R, int64_t n, int D) {
+  const char* op = "scatter_rows";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  check_rows_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, R, n, r.error_dev);
+  scatter_rows_kernel<<<grid_for(n * D), kThreads, 0, stream>>>(src, rows, dst, n, D, r.error_dev);
+  check_launch(op);
+}
+
+void store_rows_bf16(const ExecContext& ctx, const float* src, const RowId* rows, uint16_t* dst,
+                     int64_t R, int64_t n, int D, const RowRounding& key) {
+  const char* op = "store_rows_bf16";
+  if (n == 0) return;
+  CudaResources& r = cuda_resources(ctx, op);
+  cudaStream_t stream = stream_of(ctx);
+  if (rows) check_rows_kernel<<<grid_for(n), kThreads, 0, stream>>>(rows, R, n, r.error_dev);
+  store_rows_bf16_kernel<<<grid_for(n * D), kThreads, 0, stream>>>(src, rows, dst, n, D, key,
+                                                                   r.error_dev);
+  check_launch(op);
+}
+
+void offset_rows(const ExecContext& ctx, const RowId* in, int64_t n, RowId delta, RowId* out) {
+  if (n == 0) return;
+  offset_rows_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(in, n, delta, out);
+  check_launch("offset_rows");
 }
 
 }  // namespace ncf::cuda

@@ -15,8 +15,11 @@
 #include <cstdint>
 #include <string>
 
+#include "common/bf16.h"
 #include "common/device.h"
+#include "common/philox.h"
 #include "common/update_rules.h"
+#include "embedding/embedding_kernels.h"  // KeyLayout
 
 namespace ncf {
 
@@ -117,6 +120,44 @@ void apply_table_optimizer(const ExecContext& ctx, const TableRows& tab, const R
                            const float* row_grads, int64_t n, const EmbeddingOptimizerConfig& opt,
                            int64_t t);
 
+// ---- BF16 rows (--table_dtype bf16) ------------------------------------------
+
+// The key of the stochastic rounding that writes an updated row back: flat row
+// `first + r` of rank `rank` under `layout` is global row id of layout table u,
+// and its column d at step t draws word t·D + d of the counter stream (seed,
+// kStreamTableRounding, tag[u] << 40 | id). The draw depends on the seed, the
+// step, the table, the global row and the column only: not on W, the rank,
+// threads or device. A plain struct, passed by value to kernels.
+struct RowRounding {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first = 0;
+  int rank = 0;
+  KeyLayout layout;
+  uint32_t tag[kMaxTables] = {};
+
+  NCF_HD uint32_t draw(int64_t r, int d, int D) const {
+    int u = 0;
+    const int64_t id = layout.id_of_row(first + r, rank, &u);
+    const CounterRng rng{seed, kStreamTableRounding, (uint64_t(tag[u]) << 40) | uint64_t(id)};
+    return rng.u32(uint64_t(step) * uint64_t(D) + uint64_t(d));
+  }
+};
+
+// out[k, :] = table[ids[k], :] widened to FP32; ids in [0, R) (checked).
+void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId* ids, float* out,
+                      int64_t R, int64_t n, int D);
+// dst[rows[k], :] = src[k, :] for k < n; rows strictly increasing in [0, R) (checked).
+void scatter_rows(const ExecContext& ctx, const float* src, const RowId* rows, float* dst,
+                  int64_t R, int64_t n, int D);
+// dst[r, :] = src[k, :] rounded stochastically to BF16 with key.draw(r, d, D),
+// where r = rows[k] (strictly increasing in [0, R); checked), or r = k when
+// rows is null.
+void store_rows_bf16(const ExecContext& ctx, const float* src, const RowId* rows, uint16_t* dst,
+                     int64_t R, int64_t n, int D, const RowRounding& key);
+// out[k] = in[k] + delta for k < n, or out[k] = k when in is null.
+void offset_rows(const ExecContext& ctx, const RowId* in, int64_t n, RowId delta, RowId* out);
+
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (table_ops.cu); called through the dispatch in table_ops.cc.
 namespace cuda {
@@ -141,6 +182,13 @@ void embedding_adagrad(const ExecContext& ctx, float* table, float* acc, const R
 void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
                                const RowId* unique_rows, const float* row_grads, int64_t R,
                                int64_t n, int D, const AdagradHyper& h);
+void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId* ids, float* out,
+                      int64_t R, int64_t n, int D);
+void scatter_rows(const ExecContext& ctx, const float* src, const RowId* rows, float* dst,
+                  int64_t R, int64_t n, int D);
+void store_rows_bf16(const ExecContext& ctx, const float* src, const RowId* rows, uint16_t* dst,
+                     int64_t R, int64_t n, int D, const RowRounding& key);
+void offset_rows(const ExecContext& ctx, const RowId* in, int64_t n, RowId delta, RowId* out);
 }  // namespace cuda
 #endif
 

@@ -210,6 +210,12 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "stay fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--table_dtype", c.table_dtype,
+                 "how embedding rows are stored: fp32, or bf16 (half the bytes; read widened to "
+                 "fp32, updated in fp32 and written back with stochastic rounding keyed by seed, "
+                 "step, table, row and column; optimizer state stays fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--peer_timeout", c.peer_timeout,
                  "seconds a rank may wait in one collective before it ends itself, naming its "
                  "host: ends the ranks a lost or cut-off node leaves waiting (0: no limit; set "
@@ -292,7 +298,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       ->capture_default_str();
   app.add_option("--allow_changed_flags", c.allow_changed,
                  "flags a resumed run may set differently from the checkpoint (some of "
-                 "learning_rate, embedding_lr, train_epochs, exchange_dtype)")
+                 "learning_rate, embedding_lr, train_epochs, exchange_dtype, table_dtype: "
+                 "the tables are then converted)")
       ->delimiter(',');
   for_each_numeric_flag(c, [&](const char* name, auto& field, const FlagRange& range) {
     const std::string flag = std::string("--") + name;
@@ -370,7 +377,7 @@ void validate_config(const TrainConfig& c) {
         changeable_flags().end())
       NCF_FAIL("flag --allow_changed_flags: ", f,
                " cannot change on resume (only learning_rate, embedding_lr, train_epochs, "
-               "exchange_dtype)");
+               "exchange_dtype, table_dtype)");
   if (c.device == "cpu" && c.comm == "nccl")
     NCF_FAIL("flag --comm nccl needs --device cuda (NCCL exchanges device buffers)");
 }
@@ -389,6 +396,7 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
           {"precision", c.precision},
           {"embedding_optimizer", c.embedding_optimizer},
           {"exchange_dtype", c.exchange_dtype},
+          {"table_dtype", c.table_dtype},
           {"embedding_lr", c.embedding_lr},
           {"l2_embedding", c.l2_embedding},
           {"l2_dense", c.l2_dense},
@@ -400,6 +408,7 @@ nlohmann::json trajectory_flags(const TrainConfig& c) {
 nlohmann::json with_later_flags(const nlohmann::json& flags) {
   nlohmann::json f = flags;
   if (f.is_object() && !f.contains("exchange_dtype")) f["exchange_dtype"] = "fp32";
+  if (f.is_object() && !f.contains("table_dtype")) f["table_dtype"] = "fp32";
   return f;
 }
 
@@ -463,6 +472,7 @@ void apply_trajectory_flags(const nlohmann::json& recorded_flags, const std::str
   get_string("embedding_optimizer", &c->embedding_optimizer,
              {"dense_adam", "lazy_adam", "sgd", "adagrad", "rowwise_adagrad"});
   get_string("exchange_dtype", &c->exchange_dtype, {"fp32", "bf16"});
+  get_string("table_dtype", &c->table_dtype, {"fp32", "bf16"});
   if (!value("shuffle_records").is_boolean()) wrong_type("shuffle_records");
   c->shuffle_records = flags.at("shuffle_records").get<bool>();
   if (trajectory_flags(*c) != flags)
@@ -472,7 +482,7 @@ void apply_trajectory_flags(const nlohmann::json& recorded_flags, const std::str
 
 const std::vector<std::string>& changeable_flags() {
   static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs",
-                                                 "exchange_dtype"};
+                                                 "exchange_dtype", "table_dtype"};
   return flags;
 }
 

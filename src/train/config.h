@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string dedup = "auto";           // auto | on | off | node (embedding/plan.h)
   std::string exchange = "auto";        // auto | flat | two_hop (comm/communicator.h)
   std::string exchange_dtype = "fp32";  // fp32 | bf16: the row exchanges' payload
+  std::string table_dtype = "fp32";     // fp32 | bf16: how embedding rows are stored
   std::string topology;                 // links for the exchange model (embedding/exchange_model.h)
   double peer_timeout = 0;              // s a rank may wait in one collective (0: no limit)
   double peer_lost_after = 30;  // s of a neighbour's silence that make it lost (0: no watch)
@@ -84,7 +85,7 @@ nlohmann::json trajectory_flags(const TrainConfig& cfg);
 void apply_trajectory_flags(const nlohmann::json& flags, const std::string& where,
                             TrainConfig* cfg);
 // A checkpoint's recorded flags with the values that flags added since imply
-// where they are absent (--exchange_dtype fp32).
+// where they are absent (--exchange_dtype fp32, --table_dtype fp32).
 nlohmann::json with_later_flags(const nlohmann::json& flags);
 // The trajectory flags a resumed run may change with --allow_changed_flags.
 const std::vector<std::string>& changeable_flags();

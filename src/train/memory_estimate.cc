@@ -298,7 +298,8 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
   for (int w : cfg.layers) widest += w;
 
   MemoryEstimate e;
-  for (const TableSpec& t : plan.tables) e.tables.push_back(table_rank_bytes(t, D, rank, W, opt));
+  for (const TableSpec& t : plan.tables)
+    e.tables.push_back(table_rank_bytes(t, D, rank, W, opt, plan.table_elem_bytes));
   // The exchange buffers are grow-only, sized by the larger of the training and the
   // eval lookups; without training the largest lookups are --eval_batch_size ids a
   // table (eval lists, or ncf_recommend's rounds of pairs).

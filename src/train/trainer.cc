@@ -66,6 +66,7 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
   req.forced = cfg.shard_plan;
   req.dedup = cfg.dedup;
   req.payload_bytes = wire_dtype_bytes(parse_wire_dtype(cfg.exchange_dtype));
+  req.table_elem_bytes = cfg.table_dtype == "bf16" ? 2 : 4;
   return plan_tables(req);
 }
 
@@ -208,7 +209,8 @@ Trainer::~Trainer() = default;
 std::vector<int64_t> Trainer::table_bytes() const {
   std::vector<int64_t> b;
   for (const TableSpec& t : plan_.tables)
-    b.push_back(table_rank_bytes(t, plan_.D, comm_.rank(), comm_.world(), table_optimizer_));
+    b.push_back(table_rank_bytes(t, plan_.D, comm_.rank(), comm_.world(), table_optimizer_,
+                                 plan_.table_elem_bytes));
   return b;
 }
 
@@ -724,7 +726,8 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
                recorded.at(it.key()).dump(), ", this run has --", it.key(), " ", it.value().dump(),
                std::find(changeable_flags().begin(), changeable_flags().end(), it.key()) !=
                        changeable_flags().end()
-                   ? " (pass --allow_changed_flags " + it.key() + " to change it)"
+                   ? " (pass --allow_changed_flags " + it.key() +
+                         (it.key() == "table_dtype" ? " to convert the tables)" : " to change it)")
                    : " (a resumed run must keep it; start without --resume to change it)");
   }
   // The tower and its moments.
@@ -739,6 +742,12 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
     device_copy(ctx_.device, state_.adam_m.data(), Device::kCpu, tower.data() + params, params * 4);
     device_copy(ctx_.device, state_.adam_v.data(), Device::kCpu, tower.data() + 2 * params,
                 params * 4);
+  }
+  if (recorded.at("table_dtype") != cfg_.table_dtype && comm_.rank() == 0) {
+    std::printf("ncf_dist: checkpoint %s: table rows converted from %s to %s (%s)\n", path.c_str(),
+                recorded.at("table_dtype").get<std::string>().c_str(), cfg_.table_dtype.c_str(),
+                cfg_.table_dtype == "bf16" ? "rounded to nearest-even" : "widened, exact");
+    std::fflush(stdout);
   }
   state_.t = m.step;
   // The tables: each rank reads its block of every array, chunk by chunk; the
