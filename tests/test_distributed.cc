@@ -183,22 +183,23 @@ TEST_F(Distributed, Bf16PayloadsKeepTheTrajectoryOverWorldSizesAtHalfTheBytes) {
 
 // BF16 rows: updated in FP32 and rounded back with draws keyed by (seed, step,
 // table, global row, column), so the rounding of a row is the same at every W:
-// over 10 steps the runs at W = 1, 2, 4 agree within FP32's tolerance, for the
-// dense path (every row), the touched-rows path, a replicated table and BF16
-// payloads on top, while BF16 rows move the parameters far from FP32's.
+// over 10 steps the runs at W = 1, 2, 4 agree in loss and in every parameter
+// within FP32's tolerance or one BF16 step (a few), for the dense path (every
+// row, with BF16 payloads on top), the touched-rows path with a replicated
+// table, and row-wise Adagrad, while BF16 rows move the parameters far from FP32's.
 TEST_F(Distributed, Bf16RowsKeepTheTrajectoryOverWorldSizes) {
   for (const std::string f :
-       {"--shard_plan row --embedding_optimizer dense_adam",
+       {"--shard_plan row --embedding_optimizer dense_adam --exchange_dtype bf16",
         "--shard_plan user=row,item=replicated --embedding_optimizer lazy_adam",
-        "--shard_plan row --embedding_optimizer rowwise_adagrad --embedding_lr 0.05 "
-        "--exchange_dtype bf16"}) {
+        "--shard_plan row --embedding_optimizer rowwise_adagrad --embedding_lr 0.05"}) {
     const std::string flags = f + " --max_steps 5 --dedup off --table_dtype bf16";
     Run one = train(1, flags);
     EXPECT_NE(one.output.find("bf16 table rows"), std::string::npos) << one.output;
     for (int W : {2, 4}) {
-      // The allreduce of a replicated table's gradient sums in another order
-      // at each W, and a float-rounding difference can cross a rounding
-      // threshold: such an element lands one BF16 step (2^-8 of it) away.
+      // The allreduce (the tower's gradient, a replicated table's) sums in
+      // another order at each W, and where such a float-rounding difference
+      // crosses a rounding threshold the element lands one BF16 step (2^-8 of
+      // it) away: a few of them (at most 0.2% of the parameters).
       Run w = train(W, flags);
       ASSERT_EQ(w.params.size(), one.params.size()) << f;
       int steps_apart = 0;
@@ -209,7 +210,9 @@ TEST_F(Distributed, Bf16RowsKeepTheTrajectoryOverWorldSizes) {
         EXPECT_LE(d, std::ldexp(std::fabs(a), -7) + kParamAbs)
             << f << " W=" << W << " [" << k << "]";
       }
-      EXPECT_LE(steps_apart, f.find("replicated") != std::string::npos ? 3 : 0) << f << " W=" << W;
+      EXPECT_LE(steps_apart, int(one.params.size() / 500)) << f << " W=" << W;
+      std::printf("%s W=%d: %d of %zu parameters one BF16 step apart\n", f.c_str(), W, steps_apart,
+                  one.params.size());
       expect_same(one, w, f + " W=" + std::to_string(W), false);
     }
   }

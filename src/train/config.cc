@@ -56,7 +56,8 @@ void for_each_numeric_flag(Config& c, Visit&& visit) {
         FlagRange::reals(0, 1000).open_low().or_negative("use --learning_rate"));
   visit("l2_embedding", c.l2_embedding, FlagRange::reals(0, 1000));
   visit("l2_dense", c.l2_dense, FlagRange::reals(0, 1000));
-  visit("adagrad_init", c.adagrad_init, FlagRange::reals(0, 1000));
+  visit("adagrad_init", c.adagrad_init,
+        FlagRange::reals(0, 1000).or_negative("the optimizer's default"));
   visit("peer_timeout", c.peer_timeout, FlagRange::reals(0, 7 * 86400));
   visit("peer_lost_after", c.peer_lost_after, FlagRange::reals(0, 86400));
   visit("memory_limit_gb", c.memory_limit_gb, FlagRange::reals(0, 1 << 20));
@@ -176,7 +177,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--l2_dense", c.l2_dense, "L2 coefficient on tower and head weights")
       ->capture_default_str();
   app.add_option("--adagrad_init", c.adagrad_init,
-                 "initial accumulator of adagrad and rowwise_adagrad")
+                 "initial accumulator of adagrad and rowwise_adagrad (negative: 0.1 for "
+                 "adagrad as Keras, 0 for rowwise_adagrad as FBGEMM)")
       ->capture_default_str();
   app.add_option("--comm", c.comm,
                  "collectives: auto (single for one rank, mpi on cpu, nccl on cuda), mpi, nccl, "

@@ -32,8 +32,8 @@ struct TrainConfig {
   std::string embedding_optimizer = "dense_adam";
   double embedding_lr = -1;  // < 0: same as learning_rate
   double l2_embedding = 0, l2_dense = 0;
-  double adagrad_init = 0.1;
-  std::string comm = "auto";            // auto | mpi | nccl | single
+  double adagrad_init = -1;   // negative: 0.1 for adagrad (Keras), 0 for rowwise_adagrad (FBGEMM)
+  std::string comm = "auto";  // auto | mpi | nccl | single
   std::string shard_plan = "auto";      // auto | row | table | replicated | user=...,item=...
   std::string dedup = "auto";           // auto | on | off | node (embedding/plan.h)
   std::string exchange = "auto";        // auto | flat | two_hop (comm/communicator.h)

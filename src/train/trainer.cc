@@ -92,7 +92,13 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   const float elr = float(cfg.embedding_lr > 0 ? cfg.embedding_lr : cfg.learning_rate);
   eopt.adam = {elr, float(cfg.beta1), float(cfg.beta2), float(cfg.epsilon),
                float(cfg.l2_embedding)};
-  eopt.adagrad = {elr, float(cfg.adagrad_init), 1e-7f, float(cfg.l2_embedding)};
+  // Adagrad's accumulators start at Keras's 0.1, row-wise Adagrad's at FBGEMM's 0
+  // (its first step then has the size of the learning rate, as Adam's has),
+  // unless --adagrad_init says otherwise.
+  const double acc0 = cfg.adagrad_init >= 0                              ? cfg.adagrad_init
+                      : eopt.kind == EmbeddingOptimizer::kRowwiseAdagrad ? 0.0
+                                                                         : 0.1;
+  eopt.adagrad = {elr, float(acc0), 1e-7f, float(cfg.l2_embedding)};
   eopt.sgd = {elr, float(cfg.l2_embedding)};
   state_.dense_hyper = {float(cfg.learning_rate), float(cfg.beta1), float(cfg.beta2),
                         float(cfg.epsilon), float(cfg.l2_dense)};
