@@ -7,8 +7,9 @@ without a container engine or network (the full image build is scripts/container
   list lives in one place; NCCL is the one addition);
 - the runtime stage installs the list docker/runtime_packages.sh writes in the build stage;
 - every ARG has a use, an ARG named in a FROM is declared before the first FROM with a
-  default, and an ARG's value is only read in a stage that declares it (an ARG declared
-  before FROM or in another stage expands to nothing there);
+  default, and every variable an instruction reads is an ARG or ENV of its own stage (an
+  ARG declared before FROM or in another stage expands to nothing there; a misspelled one
+  everywhere);
 - every --build-arg that scripts/container.sh passes is an ARG of the Dockerfile;
 - every file COPY takes from the context exists and is not excluded by
   docker/Dockerfile.dockerignore;
@@ -27,6 +28,8 @@ import shutil
 import sys
 import tempfile
 
+# Variables every base image sets.
+BASE_ENV = {"PATH", "HOME", "HOSTNAME"}
 # ARGs consumed from the environment by the programs a RUN starts, not by name.
 ENV_ARGS = {"DEBIAN_FRONTEND"}
 # Packages the build stage may install besides setup.sh's: NCCL, from NVIDIA's repository.
@@ -141,16 +144,25 @@ def check(root):
                                 % (df_rel, st["line"], ref))
             elif not globals_[ref]:
                 findings.append("%s:%d: ARG %s (read by FROM) has no default" % (df_rel, st["line"], ref))
-        declared, used = {}, set()
+        declared, used, env = {}, set(), set(BASE_ENV)
         for line, kw, rest in st["ins"]:
             if kw == "ARG":
                 declared[rest.partition("=")[0]] = line
                 continue
-            for ref in (a or b for a, b in REF.findall(rest)):
-                if ref in all_args and ref not in declared:
+            # '...' is the shell's (dpkg-query -f='${Status}'), not the Dockerfile's.
+            text = re.sub(r"'[^']*'", "''", rest) if kw == "RUN" else rest
+            for ref in (a or b for a, b in REF.findall(text)):
+                used.add(ref)
+                if ref in declared or ref in env:
+                    continue
+                if ref in all_args:
                     findings.append("%s:%d: %s reads ${%s}, an ARG this stage does not declare "
                                     "(it expands to nothing here)" % (df_rel, line, kw, ref))
-                used.add(ref)
+                elif not (kw == "RUN" and re.search(r"(\b%s=|\bfor %s in\b)" % (ref, ref), text)):
+                    findings.append("%s:%d: %s reads ${%s}, which no ARG or ENV declares"
+                                    % (df_rel, line, kw, ref))
+            if kw == "ENV":
+                env.update(re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", rest))
         for name, line in declared.items():
             if name not in used and name not in ENV_ARGS:
                 findings.append("%s:%d: ARG %s is never used" % (df_rel, line, name))
@@ -266,6 +278,9 @@ BREAKAGES = [
      [("docker/Dockerfile", 'ARG CUDA_ARCHS="80;90"\nRUN', "RUN"),
       ("docker/Dockerfile", "\nFROM ", '\nARG CUDA_ARCHS="80;90"\nFROM ')],
      "an ARG this stage does not declare"),
+    ("a misspelled ARG",
+     [("docker/Dockerfile", '"${RUN_TESTS}" = 1', '"${RUN_TEST}" = 1')],
+     "reads ${RUN_TEST}, which no ARG or ENV declares"),
     ("an unused ARG",
      [("docker/Dockerfile", "ARG RUN_TESTS=1\n", "ARG RUN_TESTS=1\nARG UNUSED_ARG=1\n")],
      "ARG UNUSED_ARG is never used"),
