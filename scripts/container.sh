@@ -4,7 +4,7 @@
 #
 #   bash scripts/container.sh build [--base IMAGE] [--runtime-base IMAGE] [--cuda DIR]
 #                                   [--cuda-archs LIST] [--tag NAME] [--tests]
-#   bash scripts/container.sh test  [--tag NAME]
+#   bash scripts/container.sh test  [--tag NAME] [--ca-bundle FILE]
 #   bash scripts/container.sh save  [--tag NAME] [--output FILE]
 #   bash scripts/container.sh all   (build, test and save, with the options of each)
 #
@@ -23,6 +23,8 @@
 # save: NAME as an OCI archive (default build-container/ncf_dist.oci.tar), for
 #   `enroot import`, `apptainer build` or `podman load`.
 #
+# --ca-bundle FILE|none: the CA bundle `test`'s containers see (default: this machine's
+#   /etc/ssl/certs/ca-certificates.crt, mounted read-only; never part of an image).
 # Logs and step times go to build-container/logs/ (NCF_CONTAINER_DIR overrides
 # build-container/). Heavy steps run under `nice -n 10`. Needs root (debootstrap, and
 # buildah's chroot isolation); installs buildah, podman and debootstrap when missing.
@@ -49,6 +51,7 @@ cuda_dir="/usr/local/cuda"
 cuda_archs="80;90"
 tag="localhost/ncf_dist:latest"
 tests=0
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
 output="$work/ncf_dist.oci.tar"
 
 need_value() {  # FLAG VALUE_COUNT_LEFT VALUE
@@ -104,6 +107,12 @@ while [ $# -gt 0 ]; do
       output="$2"
       shift 2
       ;;
+    --ca-bundle)
+      need_value "$1" $# "${2:-}"
+      [ "$2" = none ] || [ -f "$2" ] || die "--ca-bundle '$2': no such file (or 'none')"
+      ca_bundle="$2"
+      shift 2
+      ;;
     --tests)
       tests=1
       shift
@@ -120,6 +129,16 @@ case "$tag" in
   *) tag="$tag:latest" ;;
 esac
 build_tag="${tag%:*}-build:${tag##*:}"
+
+# The tests reach the npm registry (tests/onnx/install.sh); the containers of `test` get
+# this machine's CA bundle, read-only and for the run only, so that they trust what it
+# trusts (a TLS-inspecting proxy's CA, say); Debian's node reads the system bundle. A
+# build with --tests runs them with the image's own bundle (a RUN cannot have it mounted
+# over the file that the ca-certificates package writes).
+ca_mount=()
+if [ "$ca_bundle" != none ] && [ -f "$ca_bundle" ]; then
+  ca_mount=(--volume "$(readlink -f "$ca_bundle"):/etc/ssl/certs/ca-certificates.crt:ro")
+fi
 
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap and buildah's chroot isolation)"
 mkdir -p "$logs"
@@ -296,7 +315,7 @@ in_image() {  # IMAGE COMMAND...: runs COMMAND in a fresh container of IMAGE
   local image="$1" ctr rc=0
   shift
   ctr="$(buildah from --pull-never "$image")"
-  nice -n 10 buildah run --isolation chroot "$ctr" -- "$@" || rc=$?
+  nice -n 10 buildah run --isolation chroot "${ca_mount[@]}" "$ctr" -- "$@" || rc=$?
   buildah rm "$ctr" >/dev/null
   return "$rc"
 }
@@ -312,7 +331,7 @@ cmd_test() {
     tail -n 40 "$logs/ctest.log" >&2
     die "ctest -L cpu failed in $build_tag, see $logs/ctest.log"
   }
-  tail -n 3 "$logs/ctest.log"
+  grep -E 'tests passed|Total Test time' "$logs/ctest.log"
   note "ncf-check in $tag (log: $logs/check.log)"
   timed check in_image "$tag" ncf-check >"$logs/check.log" 2>&1 || {
     cat "$logs/check.log" >&2
@@ -320,8 +339,11 @@ cmd_test() {
   }
   cat "$logs/check.log"
   # shellcheck disable=SC2016  # expanded in the container
-  in_image "$tag" sh -c 'du -sh /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/share /opt/ncf_dist \
-    /usr/lib/python3* /var/lib/dpkg 2>/dev/null; echo "total: $(du -sxh / 2>/dev/null | cut -f1)"' |
+  in_image "$tag" sh -c 'cd / && du -sh usr/local/cuda/lib/*.so.* usr/lib/x86_64-linux-gnu opt/ncf_dist \
+    usr/lib/python3.* usr/share var/lib/dpkg | sort -h
+    echo "largest in usr/lib/x86_64-linux-gnu:"
+    find usr/lib/x86_64-linux-gnu -type f -size +4M -exec du -m {} + | sort -n | tail -n 8 | sed "s/^/  MiB /"
+    echo "total: $(du -sxh / 2>/dev/null | cut -f1)"' |
     tee "$logs/contents.txt"
   echo "$prog: $tag: $(image_size "$tag")"
 }
