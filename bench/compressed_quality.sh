@@ -4,10 +4,11 @@
 # 99 eval negatives) under two protocols:
 #   paper   --preset ncf-paper (batch 256, lr 0.001, factors 8, layers 64,32,16,8, 4 negatives)
 #   large   the same model at batch 65,536 with lr 0.004 (few, large steps: ml-20m-like)
-# Options per protocol: FP32 + dense Adam; --exchange_dtype bf16 + dense Adam; row-wise
-# Adagrad at each --embedding_lr of a small sweep; BF16 payloads + row-wise Adagrad at the
-# sweep's best rate. One rank: with BF16 payloads one rank rounds the rows and gradients
-# a larger W would send (docs/distributed.md), so W = 1 computes what W = N does.
+# Options per protocol: FP32 + dense Adam; --exchange_dtype bf16; --table_dtype bf16; both;
+# row-wise Adagrad at each --embedding_lr of a small sweep; then at the sweep's best rate
+# with BF16 rows, and with BF16 rows and payloads (the most compact setting). One rank:
+# with BF16 payloads one rank rounds the rows and gradients a larger W would send, and
+# BF16 rows round the same at any W (docs/distributed.md), so W = 1 computes what W = N does.
 #
 #   bash bench/compressed_quality.sh [--epochs 3] [--large_epochs 10]
 #        [--lrs 0.01,0.03,0.1,0.3] [--protocols paper,large] [--out DIR] [--data DIR]
@@ -94,11 +95,15 @@ best_lr() {  # protocol -> the sweep's rate with the highest final HR@10
 for p in "${PROTOCOLS[@]}"; do
   run "$p" fp32_dense_adam
   run "$p" bf16_exchange_dense_adam --exchange_dtype bf16
+  run "$p" bf16_rows_dense_adam --table_dtype bf16
+  run "$p" bf16_exchange_rows_dense_adam --exchange_dtype bf16 --table_dtype bf16
   for lr in "${LRS[@]}"; do
     run "$p" "rowwise_adagrad_lr$lr" --embedding_optimizer rowwise_adagrad --embedding_lr "$lr"
   done
   lr=$(best_lr "$p")
-  run "$p" "bf16_exchange_rowwise_adagrad_lr$lr" --exchange_dtype bf16 \
+  run "$p" "bf16_rows_rowwise_adagrad_lr$lr" --table_dtype bf16 \
+    --embedding_optimizer rowwise_adagrad --embedding_lr "$lr"
+  run "$p" "bf16_exchange_rows_rowwise_adagrad_lr$lr" --exchange_dtype bf16 --table_dtype bf16 \
     --embedding_optimizer rowwise_adagrad --embedding_lr "$lr"
 done
 
