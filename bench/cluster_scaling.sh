@@ -100,6 +100,10 @@ if ! [[ "$per_rank_batch" =~ ^[1-9][0-9]*$ ]] || [ $((per_rank_batch % 5)) -ne 0
 fi
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || die "--steps '$steps' must be a positive integer"
 [[ "$epochs" =~ ^[1-9][0-9]*$ ]] || die "--epochs '$epochs' must be a positive integer"
+# Absolute paths: the runs start from inside $out, on other hosts' views of the files.
+out=$(realpath -m "$out")
+data=$(realpath -m "$data")
+cdir=$(realpath -m "$cdir")
 for d in "$out" "$data" "$cdir"; do
   case "$(realpath -m "$d")" in /tmp|/tmp/*) die "$d is under /tmp, which every simulated host has its own of" ;; esac
 done
