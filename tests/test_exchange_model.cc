@@ -333,8 +333,8 @@ TEST(ExchangeModel, AutoFollowsTheMeasurementAndPrintsTheModelBesideIt) {
   ExchangeChoice ch = choose_exchange(small, c, "auto", "auto", &flat_faster);
   EXPECT_FALSE(ch.two_hop) << ch.reason;
   EXPECT_EQ(ch.reason.rfind("exchange flat (auto: measured faster, 1.500 ms two-hop vs 1.200 ms "
-                            "flat per step, fastest of 3 rounds, mean over ranks): predicted per "
-                            "step flat ",
+                            "flat exchange per step, mean of 3 training steps each over the "
+                            "ranks): predicted per step flat ",
                             0),
             0u)
       << ch.reason;

@@ -297,8 +297,8 @@ ExchangeChoice choose_exchange(const ExchangeShape& s, const LinkLevels& l,
   } else if (measured) {
     ch.two_hop = measured->two_hop_s < measured->flat_s;
     cause = std::string("auto: measured faster, ") + ms(measured->two_hop_s) + " two-hop vs " +
-            ms(measured->flat_s) + " flat per step, fastest of " +
-            std::to_string(measured->rounds) + " rounds, mean over ranks";
+            ms(measured->flat_s) + " flat exchange per step, mean of " +
+            std::to_string(measured->rounds) + " training steps each over the ranks";
   } else {
     ch.two_hop = hop.seconds < flat.seconds;
     cause = ch.two_hop ? "auto: the model's faster" : "auto: two-hop is not faster here";

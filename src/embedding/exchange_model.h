@@ -28,8 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/exchange_timing.h"
-
 namespace ncf {
 
 // The links one rank sees.
@@ -86,6 +84,14 @@ double expected_node_unique_share(int64_t table_rows, int64_t lookups_per_rank, 
 double expected_node_unique_share(const std::vector<int64_t>& table_rows, int64_t lookups_per_rank,
                                   int per_node);
 
+// What --exchange auto measured: the mean exchange seconds per training step
+// on each route (over `rounds` steps of each, and over the ranks).
+struct ExchangeTiming {
+  double flat_s = 0;
+  double two_hop_s = 0;
+  int rounds = 0;
+};
+
 struct ExchangeChoice {
   bool two_hop = false;
   bool node_dedup = false;
@@ -96,7 +102,7 @@ struct ExchangeChoice {
 // Two-hop needs nodes > 1 and per_node > 1; otherwise it is the flat exchange
 // under another route, and flat is chosen (with node dedup asked, the
 // rank-level dedup remains). auto takes the route `measured` found faster
-// (comm/exchange_timing.h; the trainer measures where exchange_is_measured
+// (the trainer times its first steps on both routes where exchange_is_measured
 // says so), or without a measurement the one the model predicts faster; the
 // reason gives both. Node dedup is taken only when asked: it changes the summation order
 // of gradients, while the exchange choice alone never changes a number; the

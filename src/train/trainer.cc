@@ -31,8 +31,8 @@ namespace ncf {
 
 namespace {
 
-// Rounds of each route --exchange auto times at start-up (after one untimed).
-constexpr int kExchangeTimingRounds = 3;
+// Training steps of each route --exchange auto times (after one untimed of each).
+constexpr int kRouteTrialRounds = 3;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -241,6 +241,7 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
                                                 ? 1.0f
                                                 : 0.0f;
   }
+  if (trial_.active) route_trial_before_step(b.step);
   const StepReport rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index,
                                     timer_.get(), checkpointing() ? &control_ : nullptr);
   stager_->release();
@@ -256,11 +257,43 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   pending_logs_.push_back({b.step, rep.samples, rep.bytes_sent, rep.collectives, rep.intra_msgs,
                            rep.intra_bytes, rep.inter_msgs, rep.inter_bytes});
   account_step_times(false, r);
+  if (trial_.active) route_trial_after_step(r);
+}
+
+void Trainer::route_trial_before_step(int64_t step) {
+  // 0: flat and 1: two-hop untimed, then alternating, timed.
+  const int route = trial_.issued % 2;
+  comm_.set_exchange(route ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
+  if (trial_.issued >= 2) trial_.route[step] = route;
+}
+
+void Trainer::route_trial_after_step(EpochResult* r) {
+  if (++trial_.issued < 2 * (1 + kRouteTrialRounds)) return;
+  account_step_times(true, r);  // every trial step's time is in trial_.seconds now
+  double sums[2] = {trial_.seconds[0], trial_.seconds[1]};
+  all_reduce_sum_on(comm_, Device::kCpu, sums, 2, DType::kFloat64);
+  ExchangeTiming t;
+  t.rounds = kRouteTrialRounds;
+  t.flat_s = sums[0] / comm_.world() / kRouteTrialRounds;
+  t.two_hop_s = sums[1] / comm_.world() / kRouteTrialRounds;
+  const ExchangeChoice c = choose_exchange(trial_.shape, trial_.links, "auto", cfg_.dedup, &t);
+  comm_.set_exchange(c.two_hop ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
+  trial_.active = false;
+  exchange_reason_ = c.reason.rfind("exchange ", 0) == 0 ? c.reason.substr(9) : c.reason;
+  if (comm_.rank() == 0) {
+    std::printf("ncf_dist: exchange: %s\n", exchange_reason_.c_str());
+    std::fflush(stdout);
+  }
 }
 
 void Trainer::account_step_times(bool wait_all, EpochResult* r) {
   for (const StepTimes& st : timer_->take_finished(wait_all)) {
     const double x = st.seconds[int(StepPhase::kExchange)];
+    const auto timed = trial_.route.find(st.step);
+    if (timed != trial_.route.end()) {
+      trial_.seconds[timed->second] += x;
+      trial_.route.erase(timed);
+    }
     const double c = st.seconds[int(StepPhase::kCompute)];
     const double a = st.seconds[int(StepPhase::kAllreduce)];
     r->exchange_seconds += x;
@@ -324,16 +357,23 @@ void Trainer::choose_exchange_across_nodes() {
   shape.keys_per_rank = int64_t(keys);
   shape.node_unique_share = rank_unique > 0 ? node_unique / rank_unique : 1.0;
   const LinkLevels links = parse_topology(cfg_.topology, ctx_.device == Device::kCuda);
-  // auto times a few steps' exchanges on both routes (the payload and plan of
-  // this run) and keeps the faster; the choice changes no number.
-  ExchangeTiming timing;
-  const bool measure = exchange_is_measured(shape, cfg_.exchange, cfg_.dedup);
-  if (measure)
-    timing = time_exchanges(comm_, ctx_.device, shape.keys_per_rank, plan_.D,
-                            plan_.payload_bytes == 2 ? DType::kBFloat16 : DType::kFloat32,
-                            kExchangeTimingRounds);
-  const ExchangeChoice c =
-      choose_exchange(shape, links, cfg_.exchange, cfg_.dedup, measure ? &timing : nullptr);
+  const ExchangeChoice c = choose_exchange(shape, links, cfg_.exchange, cfg_.dedup);
+  if (exchange_is_measured(shape, cfg_.exchange, cfg_.dedup)) {
+    // auto times the run's own first steps on both routes and keeps the faster
+    // (route_trial_after_step); the routes deliver the same bytes.
+    trial_.active = true;
+    trial_.shape = shape;
+    trial_.links = links;
+    comm_.set_exchange(ExchangeKind::kFlat);
+    tables_->set_node_dedup(false);
+    const size_t at = c.reason.find("predicted");
+    exchange_reason_ = "flat, then the faster route (auto: the first " +
+                       std::to_string(2 * (1 + kRouteTrialRounds)) +
+                       " training steps alternate flat and two-hop, and their exchange times "
+                       "decide)" +
+                       (at == std::string::npos ? std::string() : "; " + c.reason.substr(at));
+    return;
+  }
   comm_.set_exchange(c.two_hop ? ExchangeKind::kTwoHop : ExchangeKind::kFlat);
   tables_->set_node_dedup(c.two_hop && c.node_dedup && plan_.node_dedup);
   // The model's line begins "exchange <what> (...)"; the startup prefix says "exchange:".

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "data/negatives.h"
 #include "data/reader.h"
 #include "embedding/collection.h"
+#include "embedding/exchange_model.h"
 #include "embedding/plan.h"
 #include "model/neumf.h"
 #include "model/optim.h"
@@ -173,6 +175,21 @@ class Trainer {
   // --exchange and --dedup node against the nodes and the cost model: sets the
   // communicator's exchange and the collection's node dedup (collective).
   void choose_exchange_across_nodes();
+  // --exchange auto with both routes: the first training steps of the run
+  // alternate flat and two-hop (one of each untimed, then kRouteTrialRounds of
+  // each timed: the step timer's exchange phase), and the route with the
+  // smaller total over the ranks is kept. The routes deliver the same bytes,
+  // so the trial changes no number.
+  struct RouteTrial {
+    bool active = false;
+    int issued = 0;                // trial steps issued so far
+    std::map<int64_t, int> route;  // global step -> route (0 flat, 1 two-hop), timed ones
+    double seconds[2] = {0, 0};    // exchange seconds of the timed steps, this rank
+    ExchangeShape shape;
+    LinkLevels links;
+  } trial_;
+  void route_trial_before_step(int64_t step);
+  void route_trial_after_step(EpochResult* r);
   std::unique_ptr<EvalReader> eval_reader_;
   std::unique_ptr<EmbeddingCollection> tables_;
   std::unique_ptr<NeuMF> model_;

@@ -16,6 +16,8 @@
 #    checks the sums);
 #  - --dedup node: two runs byte-identical, and within the trajectory tolerance of
 #    the one-rank run;
+#  - --exchange auto: its first 8 steps use both routes, it says what it measured
+#    and kept, and its parameters are flat's byte for byte;
 #  - an uneven layout (2 ranks on one host, 1 on another) with --exchange two_hop
 #    falls back to flat and says why.
 #   bash tests/cluster/test_two_hop.sh BUILD_DIR      (exit 77: skipped, with the reason)
@@ -112,6 +114,23 @@ for hosts in 2 3; do
         [ -z "$bad" ] ||
           fail "$tag: flat steps sent inter-node messages $(inter_msgs "${tag}_flat" | sort -u | tr '\n' ' ')(want $want_flat)"
         summary+=("$hosts hosts x 2, row-wise, dedup $dedup: inter-node msgs/step flat $want_flat, two_hop $want_two; rank 0's inter-node bytes over the run flat $(inter_bytes_total "${tag}_flat"), two_hop $(inter_bytes_total "${tag}_two")")
+        # --exchange auto: the first 8 steps alternate the routes (their step
+        # lines show both message counts), the faster is kept and said, and
+        # nothing changes: the parameters are flat's byte for byte.
+        if [ "$dedup" = on ]; then
+          run "${tag}_auto" "$list" --shard_plan row --dedup on --exchange auto
+          grep -q "^ncf_dist: exchange: flat, then the faster route (auto: the first 8 training steps" \
+            "$CLUSTER_SHARED/${tag}_auto.out" || fail "$tag: auto did not announce its trial"
+          chosen=$(sed -n 's/^ncf_dist: exchange: \(flat\|two_hop\) (auto: measured faster, \([^)]*\)).*/\1: \2/p' \
+            "$CLUSTER_SHARED/${tag}_auto.out")
+          [ -n "$chosen" ] || fail "$tag: auto did not say what it measured and chose"
+          first=$(inter_msgs "${tag}_auto" | head -8 | sort -u | tr '\n' ' ')
+          [ "$first" = "$(printf '%s\n' "$want_two" "$want_flat" | sort -u | tr '\n' ' ')" ] ||
+            fail "$tag: auto's first 8 steps sent inter-node messages $first (want both $want_flat and $want_two)"
+          cmp -s "$CLUSTER_SHARED/${tag}_flat.bin" "$CLUSTER_SHARED/${tag}_auto.bin" ||
+            fail "$tag: auto's parameters differ from flat's"
+          summary+=("$hosts hosts x 2, row-wise: --exchange auto timed both routes over its first 8 steps and kept $chosen; parameters as flat's")
+        fi
       fi
     done
   done
