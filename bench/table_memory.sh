@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Per-rank memory of the embedding tables, estimated and measured, for one rank holding a
-# 10^7-user synthetic table: each --embedding_optimizer (and payload) runs a few training
+# 10^7-user synthetic table: each --embedding_optimizer (with +bf16: --table_dtype bf16,
+# BF16 rows) runs a few training
 # steps without evaluation; the plan line's estimate (tables with their optimizer state,
 # then the whole rank) is put beside the process's peak resident set (getrusage of the
 # child), and the table bytes per row are derived from the estimate.
 #
 #   bash bench/table_memory.sh [--users 10000000] [--items 20000] [--interactions 20000000]
-#        [--options dense_adam,rowwise_adagrad] [--steps 2] [--out DIR] [--data DIR]
+#        [--options dense_adam,rowwise_adagrad,rowwise_adagrad+bf16] [--steps 2] [--out DIR]
+#        [--data DIR]
 #
 # Writes OUT/runs/<option>.log and OUT/table_memory.md. Not a test.
 set -euo pipefail
@@ -17,7 +19,7 @@ die() { echo "$prog: $*" >&2; exit 1; }
 users=10000000
 items=20000
 interactions=20000000
-options=dense_adam,rowwise_adagrad
+options=dense_adam,rowwise_adagrad,dense_adam+bf16,rowwise_adagrad+bf16
 steps=2
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 [ -z "$(git -C "$root" status --porcelain --untracked-files=no -- src CMakeLists.txt 2>/dev/null)" ] ||
@@ -65,10 +67,10 @@ fi
 
 : >"$out/runs.tsv"
 for o in "${OPTIONS[@]}"; do
-  # option: an optimizer name, optionally +bf16 (BF16 exchange payloads)
+  # option: an optimizer name, optionally +bf16 (BF16 rows)
   opt=${o%%+*}
   flags=(--embedding_optimizer "$opt")
-  [ "$o" = "$opt" ] || flags+=(--exchange_dtype "${o#*+}")
+  [ "$o" = "$opt" ] || flags+=(--table_dtype "${o#*+}")
   echo "$prog: $o: ${flags[*]}" >&2
   python3 - "$out/runs/$o.log" "$dist" --device cpu --data_dir "$data" --preset ncf-paper \
     --batch_size 65536 --max_steps "$steps" --train_epochs 1 --no_eval --threads 2 \
