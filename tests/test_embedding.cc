@@ -332,6 +332,9 @@ TEST(CollectionOneRank, Bf16RowsUpdateInFp32AndRoundStochasticallyByKey) {
     f.init(6);
     f.import_chunk(0, 0, 0, copy.data());
     EXPECT_EQ(f.gather_table(0), got);
+    // The memory estimate covers the BF16 update's buffers too.
+    EXPECT_GE(exchange_buffer_bytes(plan, {50, 30}, false), e.step_buffer_bytes())
+        << optimizer_name(kind);
   }
 }
 

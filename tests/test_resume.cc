@@ -243,8 +243,7 @@ TEST_F(Resume, Bf16RowsResumeIdenticallyAndConvertOnlyWhenAsked) {
   expect_identical(whole,
                    train(2, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 60)),
                    "bf16 rows resumed at step 60");
-  expect_close(whole,
-               train(3, f + " --checkpoint_dir " + d.file("w") + " --resume " + ckpt(d, 60)),
+  expect_close(whole, train(3, f + " --checkpoint_dir " + d.file("w") + " --resume " + ckpt(d, 60)),
                "bf16 rows resharded from W=2 to W=3 at step 60");
   const auto refused = run(
       "timeout 120 " +

@@ -191,8 +191,10 @@ void EmbeddingCollection::init(uint64_t seed) {
   // A GPU shard goes up in chunks of about 64 MiB through two pinned buffers:
   // the host fills one while the previous chunk's copy runs, so host memory stays
   // bounded by two chunks whatever the tables' size. BF16 rows are the draws
-  // rounded to nearest-even, on either device.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+  // rounded to nearest-even, on either device (on a CPU rank through chunks of
+  // 4 MiB, which nothing overlaps).
+  const int64_t chunk_bytes = ctx_.device == Device::kCpu ? int64_t{4} << 20 : int64_t{64} << 20;
+  const int64_t chunk = std::max<int64_t>(1, chunk_bytes / (int64_t(D) * 4));
   const size_t most = size_t(std::min(chunk, R_)) * D;
   PinnedBuffer<float> stage[2];
   PinnedBuffer<uint16_t> stage16[2];

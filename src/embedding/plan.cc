@@ -230,10 +230,19 @@ int64_t exchange_buffer_bytes(const EmbeddingPlan& plan, const std::vector<int64
     else if (plan.W > 1)
       rep_reduce = std::max({rep_reduce, lookups[t], plan.tables[t].num_rows});
   }
-  int64_t b = n * 4 + 2 * n * D * 4;   // keys_, rows_, grads_
-  if (plan.W == 1) return b + n * 16;  // the fused update's sort scratch
-  b += nr * (8 + 4 + 4);               // perm_, send_rows_, recv_rows_
-  b += 2 * nr * D * 4;                 // send_vec_, recv_vec_
+  // BF16 rows' update of `touched` rows: the summed rows and gradients, FP32
+  // copies of the rows and two state arrays, and dense Adam's FP32 chunk of at
+  // most 64 MiB.
+  auto bf16_rows = [&](int64_t touched) -> int64_t {
+    if (plan.table_elem_bytes == 4) return 0;
+    int64_t rank_rows = 0;
+    for (const TableSpec& t : plan.tables) rank_rows += table_rank_rows(t, 0, plan.W);
+    return touched * (8 + 4 * D * 4) + std::min<int64_t>(int64_t{64} << 20, rank_rows * D * 4);
+  };
+  int64_t b = n * 4 + 2 * n * D * 4;                  // keys_, rows_, grads_
+  if (plan.W == 1) return b + n * 16 + bf16_rows(n);  // the fused update's sort scratch
+  b += nr * (8 + 4 + 4);                              // perm_, send_rows_, recv_rows_
+  b += 2 * nr * D * 4;                                // send_vec_, recv_vec_
   if (plan.payload_bytes < 4) b += 2 * nr * D * plan.payload_bytes;  // wsend_, wrecv_
   b += nr * 16;  // the owners' fused update: sort scratch
   if (dedup) b += nr * (4 + 8) + nr * D * 4 + nr * (4 + D * 4);  // unique_, inverse_, uvec_, sums
@@ -241,7 +250,7 @@ int64_t exchange_buffer_bytes(const EmbeddingPlan& plan, const std::vector<int64
   // sends) in three layouts, their unique rows and inverse, and four row buffers.
   if (dedup && plan.node_dedup) b += nr * (5 * 4 + 8) + 4 * nr * D * 4;
   b += rep_reduce * (4 + D * 4 + 24);  // replicated: reduced rows and grads, scratch
-  return b;
+  return b + bf16_rows(std::max(nr, rep_reduce));
 }
 
 std::string describe_rank_tables(const EmbeddingPlan& plan, const std::vector<int64_t>& bytes) {
