@@ -50,11 +50,10 @@ summary=scaling
 per_rank_batch=16385
 steps=5
 epochs=2
-# The commit the programs are built from: "+local" when src/ or the build files differ
-# from it (settings.txt lists every changed file).
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git -C "$root" status --porcelain --untracked-files=no -- src CMakeLists.txt cmake 2>/dev/null)" ] ||
-  commit="$commit+local"
+# The commit the programs are built from (settings.txt lists every changed file).
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+commit=$(bench_commit "$root")
 out="$root/bench/results/cluster_scaling_$(date -u +%F)_$commit"
 data=/var/tmp/ncf-bench/ml20m-shape
 cdir=/var/tmp/ncf-bench/cluster

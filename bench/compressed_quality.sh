@@ -24,9 +24,9 @@ epochs=3
 large_epochs=10
 lrs=0.01,0.03,0.1,0.3
 protocols=paper,large
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git -C "$root" status --porcelain --untracked-files=no -- src CMakeLists.txt 2>/dev/null)" ] ||
-  commit="$commit+local"
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+commit=$(bench_commit "$root")
 out="$root/bench/results/compressed_quality_$(date -u +%F)_$commit"
 data=/var/tmp/ncf-bench/ml1m-shape-99
 while [ $# -gt 0 ]; do
@@ -49,9 +49,7 @@ IFS=, read -r -a LRS <<<"$lrs"
 IFS=, read -r -a PROTOCOLS <<<"$protocols"
 
 build="${NCF_BUILD_DIR:-$root/build}"
-dist="$build/src/ncf_dist"
-prep="$build/src/ncf_prep"
-if [ ! -x "$dist" ] || [ ! -x "$prep" ]; then die "no ncf_dist / ncf_prep in $build/src (bash scripts/build.sh)"; fi
+bench_programs "$build"  # sets dist, prep
 mkdir -p "$out/runs"
 if [ ! -f "$data/metadata.json" ]; then
   mkdir -p "$(dirname "$data")"

@@ -21,9 +21,9 @@ items=20000
 interactions=20000000
 options=dense_adam,rowwise_adagrad,dense_adam+bf16,rowwise_adagrad+bf16
 steps=2
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git -C "$root" status --porcelain --untracked-files=no -- src CMakeLists.txt 2>/dev/null)" ] ||
-  commit="$commit+local"
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+commit=$(bench_commit "$root")
 out="$root/bench/results/table_memory_$(date -u +%F)_$commit"
 data=""
 while [ $# -gt 0 ]; do
@@ -47,9 +47,7 @@ IFS=, read -r -a OPTIONS <<<"$options"
 data="${data:-/var/tmp/ncf-bench/u${users}-i${items}}"
 
 build="${NCF_BUILD_DIR:-$root/build}"
-dist="$build/src/ncf_dist"
-prep="$build/src/ncf_prep"
-if [ ! -x "$dist" ] || [ ! -x "$prep" ]; then die "no ncf_dist / ncf_prep in $build/src (bash scripts/build.sh)"; fi
+bench_programs "$build"  # sets dist, prep
 mkdir -p "$out/runs"
 if [ ! -f "$data/metadata.json" ]; then
   mkdir -p "$(dirname "$data")"
