@@ -78,6 +78,19 @@ void check_table(const char* op, const float* table, const RowId* unique_rows,
   NCF_CHECK(n == 0 || (unique_rows && row_grads), op, ": unique_rows or row_grads is null");
 }
 
+// A row gather's arguments (before the dispatch), and its ids on the host.
+void check_gather(const char* op, const void* table, const RowId* ids, const void* out, int64_t R,
+                  int64_t n, int D) {
+  NCF_CHECK(R >= 0 && n >= 0, op, ": negative size R=", R, " n=", n);
+  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
+  NCF_CHECK(n == 0 || (table && ids && out), op, ": table, ids or out is null with n=", n);
+}
+void check_gather_ids(const char* op, const RowId* ids, int64_t R, int64_t n) {
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(ids[k] >= 0 && ids[k] < R, op, ": ids[", k, "]=", ids[k],
+              " outside the table's rows [0, ", R, ")");
+}
+
 void check_unique_rows(const char* op, const RowId* rows, int64_t R, int64_t n) {
   for (int64_t k = 0; k < n; ++k) {
     NCF_CHECK(rows[k] >= 0 && rows[k] < R, op, ": unique_rows[", k, "]=", rows[k],
@@ -419,13 +432,9 @@ void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
                  int64_t R, int64_t n, int D) {
   const char* op = "gather_rows";
-  NCF_CHECK(R >= 0 && n >= 0, op, ": negative size R=", R, " n=", n);
-  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
-  NCF_CHECK(n == 0 || (table && ids && out), op, ": table, ids or out is null with n=", n);
+  check_gather(op, table, ids, out, R, n, D);
   NCF_DISPATCH_CUDA(ctx, gather_rows, ctx, table, ids, out, R, n, D);
-  for (int64_t k = 0; k < n; ++k)
-    NCF_CHECK(ids[k] >= 0 && ids[k] < R, op, ": ids[", k, "]=", ids[k],
-              " outside the table's rows [0, ", R, ")");
+  check_gather_ids(op, ids, R, n);
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const float* src = table + static_cast<int64_t>(ids[k]) * D;
@@ -468,13 +477,9 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
 void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId* ids, float* out,
                       int64_t R, int64_t n, int D) {
   const char* op = "gather_rows_bf16";
-  NCF_CHECK(R >= 0 && n >= 0, op, ": negative size R=", R, " n=", n);
-  NCF_CHECK(D >= 1, op, ": width D=", D, " must be >= 1");
-  NCF_CHECK(n == 0 || (table && ids && out), op, ": table, ids or out is null with n=", n);
+  check_gather(op, table, ids, out, R, n, D);
   NCF_DISPATCH_CUDA(ctx, gather_rows_bf16, ctx, table, ids, out, R, n, D);
-  for (int64_t k = 0; k < n; ++k)
-    NCF_CHECK(ids[k] >= 0 && ids[k] < R, op, ": ids[", k, "]=", ids[k],
-              " outside the table's rows [0, ", R, ")");
+  check_gather_ids(op, ids, R, n);
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const uint16_t* src = table + static_cast<int64_t>(ids[k]) * D;
