@@ -475,19 +475,29 @@ void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int
   uint16_t* tab = rows16_.data() + first * D;
   if (opt_.kind == EmbeddingOptimizer::kDenseAdam) {
     // Every row moves: widened, updated and rounded back chunk by chunk, so
-    // the FP32 copy stays small whatever the table's size.
-    host_ur_.resize(size_t(nu));
-    if (nu > 0) device_copy(Device::kCpu, host_ur_.data(), ctx_.device, ur, size_t(nu) * 4);
+    // the FP32 copy stays small whatever the table's size. Where the rows are
+    // more than one chunk, the host splits the unique rows between chunks (a
+    // wait for them on a GPU); one chunk takes them all, as they are.
     const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / (int64_t(D) * 4));
+    const bool split = count > chunk;
+    if (split) {
+      host_ur_.resize(size_t(nu));
+      if (nu > 0) device_copy(Device::kCpu, host_ur_.data(), ctx_.device, ur, size_t(nu) * 4);
+    }
     for (int64_t c0 = 0; c0 < count; c0 += chunk) {
       const int64_t c1 = std::min(count, c0 + chunk);
-      const int64_t k0 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c0) - host_ur_.begin();
-      const int64_t k1 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c1) - host_ur_.begin();
+      int64_t k0 = 0, k1 = nu;
+      const RowId* rows_in = ur;
+      if (split) {
+        k0 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c0) - host_ur_.begin();
+        k1 = std::lower_bound(host_ur_.begin(), host_ur_.end(), c1) - host_ur_.begin();
+        brow_.reserve(size_t(k1 - k0));
+        offset_rows(ctx_, ur + k0, k1 - k0, RowId(-c0), brow_.data());
+        rows_in = brow_.data();
+      }
       bw_.reserve(size_t(c1 - c0) * D);
-      brow_.reserve(size_t(k1 - k0));
       unpack_bf16(ctx_, tab + c0 * D, bw_.data(), (c1 - c0) * D);
-      offset_rows(ctx_, ur + k0, k1 - k0, RowId(-c0), brow_.data());
-      embedding_dense_adam(ctx_, bw_.data(), state.m + c0 * D, state.v + c0 * D, brow_.data(),
+      embedding_dense_adam(ctx_, bw_.data(), state.m + c0 * D, state.v + c0 * D, rows_in,
                            ug + k0 * D, c1 - c0, k1 - k0, D, t, opt_.adam);
       store_rows_bf16(ctx_, bw_.data(), nullptr, tab + c0 * D, c1 - c0, c1 - c0, D,
                       rounding(first + c0, t));
@@ -539,14 +549,7 @@ void EmbeddingCollection::exchange_rows(CommGroup g, const float* send,
                           x4_.data(), DType::kFloat32);
     return;
   }
-  int64_t ns = 0, nr = 0;
-  for (size_t i = 0; i < x1_.size(); ++i) {
-    ns = std::max(ns, x2_[i] + x1_[i]);
-    nr = std::max(nr, x4_[i] + x3_[i]);
-  }
-  wsend_.reserve(size_t(ns));
-  wrecv_.reserve(size_t(nr));
-  pack_bf16(ctx_, send, wsend_.data(), ns);
+  const int64_t nr = pack_wire(send, x1_, x2_, x3_, x4_);
   group_all_to_all_v_on(comm_, g, ctx_.device, wsend_.data(), x1_.data(), x2_.data(), wrecv_.data(),
                         x3_.data(), x4_.data(), DType::kBFloat16);
   unpack_bf16(ctx_, wrecv_.data(), recv, nr);
@@ -558,17 +561,25 @@ void EmbeddingCollection::start_rows(const float* send, float* recv) {
                     DType::kFloat32, &ticket_);
     return;
   }
+  const int64_t nr = pack_wire(send, sc_, sd_, rc_, rd_);
+  all_to_all_v_on(comm_, ctx_.device, wsend_.data(), sc_.data(), sd_.data(), wrecv_.data(),
+                  rc_.data(), rd_.data(), DType::kBFloat16, &ticket_);
+  widen_ = nr;
+}
+
+int64_t EmbeddingCollection::pack_wire(const float* send, const std::vector<int64_t>& sc,
+                                       const std::vector<int64_t>& sd,
+                                       const std::vector<int64_t>& rc,
+                                       const std::vector<int64_t>& rd) {
   int64_t ns = 0, nr = 0;
-  for (int p = 0; p < W_; ++p) {
-    ns = std::max(ns, sd_[size_t(p)] + sc_[size_t(p)]);
-    nr = std::max(nr, rd_[size_t(p)] + rc_[size_t(p)]);
+  for (size_t i = 0; i < sc.size(); ++i) {
+    ns = std::max(ns, sd[i] + sc[i]);
+    nr = std::max(nr, rd[i] + rc[i]);
   }
   wsend_.reserve(size_t(ns));
   wrecv_.reserve(size_t(nr));
   pack_bf16(ctx_, send, wsend_.data(), ns);
-  all_to_all_v_on(comm_, ctx_.device, wsend_.data(), sc_.data(), sd_.data(), wrecv_.data(),
-                  rc_.data(), rd_.data(), DType::kBFloat16, &ticket_);
-  widen_ = nr;
+  return nr;
 }
 
 void EmbeddingCollection::finish_rows(float* recv) {

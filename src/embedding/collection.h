@@ -171,6 +171,11 @@ class EmbeddingCollection {
   // into wsend_ and arrive in wrecv_, and finish_rows widens them into recv
   // after the join.
   void start_rows(const float* send, float* recv);
+  // BF16: sizes wsend_ and wrecv_ to the layout (counts and displacements in
+  // elements) and packs send into wsend_; returns the elements wrecv_ receives.
+  int64_t pack_wire(const float* send, const std::vector<int64_t>& sc,
+                    const std::vector<int64_t>& sd, const std::vector<int64_t>& rc,
+                    const std::vector<int64_t>& rd);
   void finish_rows(float* recv);
   // In place at W = 1 with BF16: the rows of the tables a larger W routes.
   void round_kept_rows(float* rows);
