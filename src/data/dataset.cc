@@ -70,14 +70,8 @@ nlohmann::json DatasetMeta::to_json() const {
       {"name", kPositivesFile}, {"bytes", positives_bytes}, {"crc32c", positives_crc32c}};
   if (!id_maps.empty()) {
     nlohmann::json maps;
-    for (size_t k = 0; k < id_maps.size(); ++k) {
-      nlohmann::json& e = maps[k == 0 ? "user" : "item"];
-      e = {{"name", id_maps[k].name},
-           {"count", id_maps[k].count},
-           {"bytes", id_maps[k].bytes},
-           {"crc32c", id_maps[k].crc32c}};
-      if (id_maps[k].strings) e["kind"] = "string";
-    }
+    for (size_t k = 0; k < id_maps.size(); ++k)
+      maps[k == 0 ? "user" : "item"] = id_map_json(id_maps[k]);
     j["id_maps"] = maps;
   }
   return j;
@@ -115,6 +109,39 @@ T get_field(const nlohmann::json& j, const char* key, const std::string& path) {
 }
 
 }  // namespace
+
+nlohmann::json id_map_json(const IdMapInfo& info) {
+  nlohmann::json e = {
+      {"name", info.name}, {"count", info.count}, {"bytes", info.bytes}, {"crc32c", info.crc32c}};
+  if (info.strings) e["kind"] = "string";
+  if (!info.ascending) e["order"] = "lineage";
+  return e;
+}
+
+IdMapInfo id_map_from_json(const nlohmann::json& e, const std::string& path,
+                           const std::string& field) {
+  IdMapInfo info;
+  info.name = get_field<std::string>(e, "name", path);
+  info.count = get_field<uint64_t>(e, "count", path);
+  info.bytes = get_field<uint64_t>(e, "bytes", path);
+  info.crc32c = get_field<uint32_t>(e, "crc32c", path);
+  if (e.contains("kind")) {
+    const std::string kind = get_field<std::string>(e, "kind", path);
+    if (kind != "string" && kind != "int64")
+      NCF_FAIL(path, ": ", field, ".kind is '", kind, "' (expected int64 or string)");
+    info.strings = kind == "string";
+  }
+  if (e.contains("order")) {
+    const std::string order = get_field<std::string>(e, "order", path);
+    if (order != "lineage" && order != "ascending")
+      NCF_FAIL(path, ": ", field, ".order is '", order, "' (expected ascending or lineage)");
+    info.ascending = order == "ascending";
+  }
+  if (info.name.empty() || info.name.find('/') != std::string::npos || info.name == "." ||
+      info.name == "..")
+    NCF_FAIL(path, ": ", field, ".name '", info.name, "' is not a plain file name");
+  return info;
+}
 
 DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& path) {
   DatasetMeta m;
@@ -178,18 +205,7 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
     for (const char* which : {"user", "item"}) {
       if (!maps.is_object() || !maps.contains(which))
         NCF_FAIL(path, ": metadata field 'id_maps' has no '", which, "' entry");
-      const auto& e = maps[which];
-      IdMapInfo info;
-      info.name = get_field<std::string>(e, "name", path);
-      info.count = get_field<uint64_t>(e, "count", path);
-      info.bytes = get_field<uint64_t>(e, "bytes", path);
-      info.crc32c = get_field<uint32_t>(e, "crc32c", path);
-      if (e.contains("kind")) {
-        const std::string kind = get_field<std::string>(e, "kind", path);
-        if (kind != "string" && kind != "int64")
-          NCF_FAIL(path, ": id_maps.", which, ".kind is '", kind, "' (expected int64 or string)");
-        info.strings = kind == "string";
-      }
+      const IdMapInfo info = id_map_from_json(maps[which], path, std::string("id_maps.") + which);
       const uint64_t want = which[0] == 'u' ? m.num_users : m.num_items;
       // int64: 8 bytes an id; string: the offsets and at least a byte an id.
       const bool size_fits =

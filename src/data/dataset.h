@@ -45,13 +45,24 @@ constexpr uint32_t kMaxEvalNegatives = uint32_t{1} << 20;
 // (and "kind": "string" for string maps; no kind means int64), and every
 // reader checks them (id_map.h). The other sources' ids are dense already and
 // have no map.
+//
+// A dataset extended by ncf_prep --extend lists its parent's ids first (in the
+// parent's order), then the new ones (ascending): its maps are distinct but
+// not ascending, and say so ("order": "lineage"); readers look them up through
+// a sorted index.
 struct IdMapInfo {
   std::string name;      // "user_ids.i64", "item_ids.str", ...
   bool strings = false;  // the string layout
   uint64_t count = 0;    // num_users or num_items
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
+  bool ascending = true;  // false: "order": "lineage"
 };
+// The JSON of one map entry (metadata.json's id_maps.user, a checkpoint's copy).
+nlohmann::json id_map_json(const IdMapInfo& info);
+// Parses one; errors name `path` and `field` (e.g. "id_maps.user").
+IdMapInfo id_map_from_json(const nlohmann::json& e, const std::string& path,
+                           const std::string& field);
 constexpr const char* kUserIdsFile = "user_ids.i64";
 constexpr const char* kItemIdsFile = "item_ids.i64";
 constexpr const char* kUserIdsStrFile = "user_ids.str";

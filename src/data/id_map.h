@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,10 +22,14 @@ class IdMap {
  public:
   // The identity on [0, size).
   explicit IdMap(int64_t size = 0) : size_(size) {}
-  // raw[d] = the original id of dense id d, strictly ascending.
-  explicit IdMap(std::vector<int64_t> raw);
-  // strings[d] = the original id of dense id d, strictly ascending bytewise.
-  explicit IdMap(StringList strings);
+  // raw[d] = the original id of dense id d, strictly ascending; or, with
+  // ascending false (a dataset extended by ncf_prep --extend: the parent's ids
+  // first, then the new ones), distinct in any order, looked up through a
+  // sorted index. Throws naming `where` on a repeated id.
+  explicit IdMap(std::vector<int64_t> raw, bool ascending = true, const std::string& where = "");
+  // strings[d] = the original id of dense id d, strictly ascending bytewise
+  // (or distinct in any order, as above).
+  explicit IdMap(StringList strings, bool ascending = true, const std::string& where = "");
 
   int64_t size() const { return size_; }
   bool identity() const { return raw_.empty() && !strings_; }
@@ -43,12 +48,21 @@ class IdMap {
   std::optional<int64_t> find(std::string_view id) const;
   // String maps: the whole list (the layout of user_ids.str).
   const StringList& string_list() const { return string_ids_; }
+  // Integer maps: the whole list (empty for the identity).
+  const std::vector<int64_t>& raw_list() const { return raw_; }
+  // Whether the original ids ascend with the dense ids (always for the identity).
+  bool ascending() const { return order_.empty(); }
+  // The dense id of dense id `d` of `other` (the same original id), or -1 when
+  // this map lacks it. The maps must be of the same kind (integer or
+  // identity, or string); throws otherwise, naming both.
+  int64_t find_same(const IdMap& other, int64_t d) const;
 
  private:
   int64_t size_ = 0;
   std::vector<int64_t> raw_;
   bool strings_ = false;
   StringList string_ids_;
+  std::vector<int32_t> order_;  // non-ascending maps: the dense ids by ascending original id
 };
 
 struct IdMaps {
@@ -59,5 +73,13 @@ struct IdMaps {
 // and for ascending ids (non-empty strings, well-formed offsets); errors name
 // the file. Identity maps of num_users and num_items when the dataset has none.
 IdMaps load_id_maps(const std::string& dir, const DatasetMeta& meta);
+
+// The same from any store of the map files (a checkpoint keeps a copy of its
+// dataset's): read(name, offset, data, bytes) and size(name); errors name
+// `where` and the file. `maps` empty: identity maps of users and items.
+IdMaps load_id_maps(const std::vector<IdMapInfo>& maps, uint64_t users, uint64_t items,
+                    const std::function<void(const std::string&, int64_t, void*, size_t)>& read,
+                    const std::function<int64_t(const std::string&)>& size,
+                    const std::string& where);
 
 }  // namespace ncf

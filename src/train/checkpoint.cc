@@ -161,16 +161,23 @@ nlohmann::json CheckpointManifest::to_json() const {
   nlohmann::json fj = nlohmann::json::array();
   for (const CheckpointFile& f : files)
     fj.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}});
-  return {{"format", kFormatName},
-          {"version", kCheckpointFormatVersion},
-          {"step", step},
-          {"epoch", epoch},
-          {"epoch_step", epoch_step},
-          {"world", world},
-          {"dataset_id", dataset_id},
-          {"config", config},
-          {"tables", tables},
-          {"files", fj}};
+  nlohmann::json j = {{"format", kFormatName},
+                      {"version", kCheckpointFormatVersion},
+                      {"step", step},
+                      {"epoch", epoch},
+                      {"epoch_step", epoch_step},
+                      {"world", world},
+                      {"dataset_id", dataset_id},
+                      {"config", config},
+                      {"tables", tables},
+                      {"files", fj}};
+  if (!id_maps.empty()) {
+    nlohmann::json maps = nlohmann::json::array();
+    for (const IdMapInfo& info : id_maps) maps.push_back(id_map_json(info));
+    j["id_maps"] = maps;
+  }
+  if (!init_from.is_null()) j["init_from"] = init_from;
+  return j;
 }
 
 CheckpointManifest CheckpointManifest::from_json(const nlohmann::json& j, const std::string& path) {
@@ -218,7 +225,36 @@ CheckpointManifest CheckpointManifest::from_json(const nlohmann::json& j, const 
       NCF_FAIL(path, ": file ", cf.name, " is listed twice in the checkpoint manifest");
     m.files.push_back(cf);
   }
+  if (j.contains("id_maps")) {
+    const nlohmann::json& maps = j.at("id_maps");
+    if (!maps.is_array() || maps.size() != 2)
+      NCF_FAIL(path,
+               ": field \"id_maps\" of the checkpoint manifest must be a list of 2 maps, got ",
+               maps.dump());
+    for (size_t k = 0; k < 2; ++k) {
+      IdMapInfo info = id_map_from_json(maps[k], path, k == 0 ? "id_maps[0]" : "id_maps[1]");
+      const CheckpointFile& f = m.file(info.name, path);
+      if (f.bytes != int64_t(info.bytes) || f.crc32c != info.crc32c)
+        NCF_FAIL(path, ": id map ", info.name, " (", info.bytes, " bytes, CRC ", hex32(info.crc32c),
+                 ") is not the file the manifest lists (", f.bytes, " bytes, CRC ", hex32(f.crc32c),
+                 ")");
+      m.id_maps.push_back(info);
+    }
+  }
+  if (j.contains("init_from")) m.init_from = j.at("init_from");
   return m;
+}
+
+int64_t checkpoint_table_rows(const CheckpointManifest& m, const std::string& table,
+                              const std::string& path) {
+  for (const nlohmann::json& t : m.tables)
+    if (t.is_object() && t.value("name", "") == table) {
+      const auto rows = t.find("rows");
+      if (rows == t.end() || !rows->is_number_integer() || rows->get<int64_t>() < 0)
+        NCF_FAIL("checkpoint ", path, ": table ", table, " has no valid \"rows\"");
+      return rows->get<int64_t>();
+    }
+  NCF_FAIL("checkpoint ", path, " has no table ", table);
 }
 
 CheckpointManifest CheckpointManifest::load(const std::string& path) {
@@ -450,6 +486,15 @@ std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {
 
 CheckpointReader::CheckpointReader(std::string path, CheckpointManifest manifest)
     : path_(std::move(path)), manifest_(std::move(manifest)) {}
+
+IdMaps CheckpointReader::id_maps() const {
+  const int64_t users = checkpoint_table_rows(manifest_, "user", path_);
+  const int64_t items = checkpoint_table_rows(manifest_, "item", path_);
+  return load_id_maps(
+      manifest_.id_maps, uint64_t(users), uint64_t(items),
+      [&](const std::string& name, int64_t off, void* data, size_t n) { read(name, off, data, n); },
+      [&](const std::string& name) { return bytes(name); }, path_);
+}
 
 void CheckpointReader::read(const std::string& name, int64_t offset, void* data, size_t n) const {
   const CheckpointFile& f = manifest_.file(name, path_);

@@ -37,6 +37,8 @@
 #include "comm/communicator.h"
 #include "common/file_io.h"
 #include "common/partition.h"  // block_range: the rows each rank writes and reads
+#include "data/dataset.h"      // IdMapInfo
+#include "data/id_map.h"
 
 namespace ncf {
 
@@ -59,6 +61,14 @@ struct CheckpointManifest {
   std::string dataset_id;  // the dataset's metadata.json dataset_id
   nlohmann::json config;   // the flags the trajectory depends on
   nlohmann::json tables;   // [{name, rows, width, arrays}] of the embedding tables
+  // A copy of the dataset's id maps (user, item: data/dataset.h IdMapInfo),
+  // among `files`, so that rows can be matched by original id without the
+  // dataset (ncf_dist --init_from, ncf_export --since); empty when the
+  // dataset's ids are dense already (and in checkpoints of older builds).
+  std::vector<IdMapInfo> id_maps;
+  // The checkpoint a warm start (--init_from) began from: {path, dataset_id,
+  // step, optimizer_state}; null otherwise.
+  nlohmann::json init_from;
   std::vector<CheckpointFile> files;
   // Set by load() for a version 1 manifest, which has no checksum of its own.
   std::string unsealed_warning;
@@ -127,6 +137,11 @@ class CheckpointWriter {
   std::vector<std::string> notes_;
 };
 
+// The rows of a table in a checkpoint (manifest "tables"); an error naming the
+// checkpoint when it has no such table.
+int64_t checkpoint_table_rows(const CheckpointManifest& m, const std::string& table,
+                              const std::string& path);
+
 // A committed checkpoint whose files were all checked.
 class CheckpointReader {
  public:
@@ -136,6 +151,9 @@ class CheckpointReader {
   // Bytes [offset, offset + n) of file `name`; errors name the file and range.
   void read(const std::string& name, int64_t offset, void* data, size_t n) const;
   int64_t bytes(const std::string& name) const { return manifest_.file(name, path_).bytes; }
+  // The id maps of the dataset it was trained on (its copy, checked against
+  // the CRCs the manifest gives), or the identity of its tables' sizes.
+  IdMaps id_maps() const;
 
  private:
   std::string path_;

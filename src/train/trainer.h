@@ -214,6 +214,7 @@ class Trainer {
   std::vector<double> resumed_loss_;  // loss shares of the resumed epoch's steps taken
   Position position_;                 // after the last step taken
   std::string resumed_from_;          // the checkpoint resume() loaded, if any
+  nlohmann::json init_from_;          // --init_from: where the warm start began (manifests)
   int64_t saved_step_ = -1;           // optimizer step of the last checkpoint written
   Buffer<double> step_loss_;          // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each).
