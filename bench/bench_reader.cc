@@ -102,13 +102,14 @@ Digest walk_eval(const std::string& dir, const DatasetMeta& meta) {
   std::vector<uint8_t> mask(L);
   std::string payload;
   const uint32_t num_shards = static_cast<uint32_t>(meta.shards_of("eval").size());
+  int64_t user = -1;
   for (uint32_t s = 0; s < num_shards; ++s) {
     ShardCursor cur(dir, meta, "eval", s);
     uint64_t off = 0;
-    for (uint64_t u = cur.info().first_record; cur.next(&payload, &off); ++u) {
-      decode_eval_record(payload, meta, u, cur.path(), off, items.data(), mask.data());
+    for (uint64_t r = cur.info().first_record; cur.next(&payload, &off); ++r) {
+      user = decode_eval_record(payload, meta, r, user, cur.path(), off, items.data(), mask.data());
       for (int64_t j = 0; j < L; ++j)
-        d.sum += pair_hash(int32_t(u), items[j]) * (mask[j] ? 3 : 1) + uint64_t(j);
+        d.sum += pair_hash(int32_t(user), items[j]) * (mask[j] ? 3 : 1) + uint64_t(j);
       d.rows += 1;
     }
   }
@@ -191,8 +192,8 @@ Pass eval_pass(EvalReader& reader, int64_t L, bool digest) {
     const int64_t n = b.num_users * L;
     if (digest) {
       for (int64_t k = 0; k < n; ++k)
-        p.digest.sum += pair_hash(int32_t(b.first_user + k / L), b.items[k]) * (b.mask[k] ? 3 : 1) +
-                        uint64_t(k % L);
+        p.digest.sum +=
+            pair_hash(b.users[size_t(k / L)], b.items[k]) * (b.mask[k] ? 3 : 1) + uint64_t(k % L);
     } else {
       for (int64_t k = 0; k < n; ++k) p.digest.sum += uint32_t(b.items[k]) + b.mask[k];
     }

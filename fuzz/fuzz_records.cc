@@ -79,12 +79,12 @@ void eval_record(const std::string& path, const uint8_t* p, const std::string& b
   const uint64_t user = p[3] >> 1;
   std::vector<int32_t> items(L);
   std::vector<uint8_t> mask(L);
-  decode_eval_record(body, meta, user, path, 12, items.data(), mask.data());
+  decode_eval_record(body, meta, user, -1, path, 12, items.data(), mask.data());
   std::string again;
   encode_eval_record(user, items.data(), L, &again, meta.eval_masks_given ? mask.data() : nullptr);
   std::vector<int32_t> items2(L);
   std::vector<uint8_t> mask2(L);
-  decode_eval_record(again, meta, user, path, 12, items2.data(), mask2.data());
+  decode_eval_record(again, meta, user, -1, path, 12, items2.data(), mask2.data());
   if (items != items2 || mask != mask2)
     fuzz::property_failed("an eval record changed when encoded again");
 }

@@ -152,7 +152,7 @@ TEST(Dataset, RoundTripThroughReaders) {
   uint64_t users = 0;
   while (er.next(&eb)) {
     for (int64_t k = 0; k < eb.num_users; ++k) {
-      uint64_t u = eb.first_user + k;
+      uint64_t u = uint64_t(eb.users[size_t(k)]);
       const int32_t* it = &eb.items[k * (t.E + 1)];
       EXPECT_EQ(it[0], t.test_item[u]);
       for (uint32_t j = 1; j <= t.E; ++j)

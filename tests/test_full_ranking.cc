@@ -152,7 +152,7 @@ TEST_F(FullRankingRun, MatchesABruteForceEvaluationOfTheCheckpoint) {
   int64_t users = 0;
   while (reader.next(&b)) {
     for (int64_t x = 0; x < b.num_users; ++x, ++users) {
-      const int64_t u = b.first_user + x;
+      const int64_t u = b.users[size_t(x)];
       const int32_t test = b.items[size_t(x * L)];
       const double pos = m.logit(u, test);
       std::vector<char> skip(static_cast<size_t>(I), 0);

@@ -78,7 +78,7 @@ Contents read_back(const std::string& dir) {
   EvalBatch eb;
   while (er.next(&eb))
     for (int64_t k = 0; k < eb.num_users; ++k)
-      c.eval[eb.first_user + k].assign(eb.items.begin() + k * L, eb.items.begin() + (k + 1) * L);
+      c.eval[eb.first_record + k].assign(eb.items.begin() + k * L, eb.items.begin() + (k + 1) * L);
   c.train.resize(U);
   TrainReader tr(dir, c.meta, 0, 1, 1 << 16, 1, false);
   tr.start_epoch(0);

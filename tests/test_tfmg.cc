@@ -353,13 +353,13 @@ TEST(Tfmg, GivenMasksAreCheckedForConsistency) {
   encode_eval_record(0, items.data(), n, &payload, later.data());
   std::vector<int32_t> got(n);
   std::vector<uint8_t> mask(n);
-  EXPECT_THROW(decode_eval_record(payload, meta, 0, "f", 7, got.data(), mask.data()), Error);
+  EXPECT_THROW(decode_eval_record(payload, meta, 0, -1, "f", 7, got.data(), mask.data()), Error);
   meta.eval_masks_given = true;
-  decode_eval_record(payload, meta, 0, "f", 7, got.data(), mask.data());
+  decode_eval_record(payload, meta, 0, -1, "f", 7, got.data(), mask.data());
   EXPECT_EQ(mask, later);
   encode_eval_record(0, items.data(), n, &payload, bad[1].mask.data());
   try {
-    decode_eval_record(payload, meta, 0, "f", 7, got.data(), mask.data());
+    decode_eval_record(payload, meta, 0, -1, "f", 7, got.data(), mask.data());
     ADD_FAILURE() << "an inconsistent given mask was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("f at byte offset 7"), std::string::npos) << e.what();
@@ -371,7 +371,8 @@ TEST(Tfmg, GivenMasksAreCheckedForConsistency) {
   j["num_users"] = 1;
   j["shards"] = nlohmann::json::array();
   j["num_train"] = 0;
-  j["num_eval_users"] = 0;
+  j["num_eval_users"] = 0;  // no eval shards: only version 3 evaluates fewer users than it has
+  j["format_version"] = kFormatVersion;
   j["train_record_rows"] = 1;
   EXPECT_TRUE(DatasetMeta::from_json(j, "m.json").eval_masks_given);
   j["eval_masks"] = "mine";

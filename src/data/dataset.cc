@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 
 #include "common/check.h"
@@ -74,7 +75,24 @@ nlohmann::json DatasetMeta::to_json() const {
       maps[k == 0 ? "user" : "item"] = id_map_json(id_maps[k]);
     j["id_maps"] = maps;
   }
+  if (!activity.empty())
+    j["activity"] = {{"user", id_map_json(activity[0])}, {"item", id_map_json(activity[1])}};
+  if (!lineage.is_null()) {
+    j["lineage"] = lineage;
+    if (!dropped_ids.empty())
+      j["lineage"]["dropped_ids"] = {{"user", id_map_json(dropped_ids[0])},
+                                     {"item", id_map_json(dropped_ids[1])}};
+  }
   return j;
+}
+
+uint64_t DatasetMeta::generation() const {
+  return lineage.is_object() ? lineage.value("generation", uint64_t{0}) : 0;
+}
+
+std::vector<std::string> DatasetMeta::ancestors() const {
+  if (!lineage.is_object() || !lineage.contains("ancestors")) return {};
+  return lineage.at("ancestors").get<std::vector<std::string>>();
 }
 
 namespace {
@@ -216,6 +234,42 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& p
       m.id_maps.push_back(info);
     }
   }
+  // Per-id files beside the maps: [user, item] entries of the map layout.
+  auto pair_of_files = [&](const nlohmann::json& e, const std::string& field, bool counted,
+                           bool strings_ok, std::vector<IdMapInfo>* out) {
+    for (const char* which : {"user", "item"}) {
+      if (!e.is_object() || !e.contains(which))
+        NCF_FAIL(path, ": metadata field '", field, "' has no '", which, "' entry");
+      IdMapInfo info = id_map_from_json(e[which], path, field + "." + which);
+      const uint64_t want = which[0] == 'u' ? m.num_users : m.num_items;
+      if ((counted && (info.count != want || info.bytes != info.count * 16)) ||
+          (!strings_ok && info.strings))
+        NCF_FAIL(path, ": ", field, ".", which, " (", info.name, ", ", info.count, " ids, ",
+                 info.bytes, " bytes) does not fit ", want, " ", which, "s");
+      out->push_back(info);
+    }
+  };
+  if (j.contains("activity")) pair_of_files(j["activity"], "activity", true, false, &m.activity);
+  if (j.contains("lineage")) {
+    m.lineage = j["lineage"];
+    if (!m.lineage.is_object() || !m.lineage.contains("generation") ||
+        !m.lineage["generation"].is_number_unsigned() || !m.lineage.contains("ancestors") ||
+        !m.lineage["ancestors"].is_array() || !m.lineage.contains("parent") ||
+        !m.lineage["parent"].is_object())
+      NCF_FAIL(path, ": metadata field 'lineage' needs generation, parent and ancestors");
+    for (const auto& a : m.lineage["ancestors"])
+      if (!a.is_string()) NCF_FAIL(path, ": lineage.ancestors holds ", a.dump(), ", not an id");
+    if (m.lineage.contains("dropped_ids")) {
+      pair_of_files(m.lineage["dropped_ids"], "lineage.dropped_ids", false, true, &m.dropped_ids);
+      m.lineage.erase("dropped_ids");
+    }
+    if (m.format_version < 3)
+      NCF_FAIL(path, ": a 'lineage' in a format version ", m.format_version,
+               " dataset (extensions are version 3)");
+  }
+  if (m.num_eval_users > m.num_users || (m.num_eval_users < m.num_users && m.format_version < 3))
+    NCF_FAIL(path, ": num_eval_users ", m.num_eval_users, " with num_users ", m.num_users,
+             " (only an extension, format version 3, evaluates fewer users than it has)");
 
   // Internal consistency, so readers can trust the numbers.
   if (m.num_users == 0 || m.num_items == 0)
@@ -500,9 +554,10 @@ struct DatasetWriter::Impl {
   uint64_t train_added = 0;
 
   uint64_t next_user = 0;
+  uint64_t eval_added = 0;  // eval records written
   bool finished = false;
 
-  uint64_t eval_first(uint32_t s) const { return s * plan.num_users / eval_shards; }
+  uint64_t eval_first(uint32_t s) const { return s * meta.num_eval_users / eval_shards; }
 
   void open_eval_shard(uint32_t s) {
     if (eval_out) close_eval_shard();
@@ -606,7 +661,31 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   m.num_items = plan.num_items;
   m.num_train = plan.num_train;
   m.num_positives = plan.num_positives;
-  m.num_eval_users = plan.num_users;
+  DatasetPlan& lp = w.plan;
+  if (lp.lineage.is_object() && lp.lineage.value("ids", "") == "identity") {
+    // Dense ids that are the original ones: the parent's ids are the first of these.
+    const nlohmann::json& parent = lp.lineage.at("parent");
+    const uint64_t pu = parent.at("num_users").get<uint64_t>();
+    const uint64_t pi = parent.at("num_items").get<uint64_t>();
+    if (plan.num_users < pu || plan.num_items < pi)
+      NCF_FAIL("--extend ", parent.at("path").get<std::string>(), ": the parent has ", pu,
+               " users and ", pi, " items, this input ", plan.num_users, " and ", plan.num_items,
+               ": its ids are dense, so an extension holds at least the parent's users and items");
+    auto counts = [](uint64_t p, uint64_t now) {
+      return nlohmann::json{{"parent", p},      {"kept", p}, {"new", now - p},     {"dropped", 0},
+                            {"new_dropped", 0}, {"max", 0},  {"renumbered", false}};
+    };
+    lp.lineage["users"] = counts(pu, plan.num_users);
+    lp.lineage["items"] = counts(pi, plan.num_items);
+  }
+  m.num_eval_users = plan.num_eval_users ? plan.num_eval_users : plan.num_users;
+  NCF_CHECK(m.num_eval_users <= plan.num_users, plan.num_eval_users, " eval users of ",
+            plan.num_users);
+  if (!lp.lineage.is_null() || m.num_eval_users < plan.num_users) {
+    NCF_CHECK(!lp.lineage.is_null(), "only an extension evaluates fewer users than it has");
+    m.format_version = kFormatVersion;
+    m.lineage = lp.lineage;
+  }
   m.eval_negatives = plan.eval_negatives;
   m.eval_masks_given = plan.eval_masks_given;
   m.eval_sampling = eval_sampling_name(plan.eval_sampling);
@@ -624,6 +703,12 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
     // Lists drawn with replacement differ from distinct ones of the same
     // ratings and seed; the id says so (distinct ids stay as they were).
     if (plan.eval_sampling == EvalSampling::kWithReplacement) id["eval_sampling"] = m.eval_sampling;
+    // An extension's parent and what it kept make it another dataset (where
+    // the parent lies does not).
+    if (!lp.lineage.is_null()) {
+      id["lineage"] = lp.lineage;
+      id["lineage"]["parent"].erase("path");
+    }
     std::string s = id.dump();
     char buf[32];
     std::snprintf(buf, sizeof buf, "%08x%08x", crc32c(s.data(), s.size()),
@@ -634,7 +719,8 @@ DatasetWriter::DatasetWriter(const std::string& dir, const DatasetPlan& plan)
   m.train_frame_bytes = train_frame_bytes(plan.record_rows);
   m.eval_frame_bytes = eval_frame_bytes(w.L);
 
-  w.eval_shards = static_cast<uint32_t>(std::min<uint64_t>(plan.num_shards, plan.num_users));
+  w.eval_shards = static_cast<uint32_t>(std::min<uint64_t>(plan.num_shards, m.num_eval_users));
+  NCF_CHECK(w.eval_shards > 0, "dataset has no eval users");
   w.open_eval_shard(0);
   w.positives = std::make_unique<PositivesWriter>(dir + "/" + kPositivesFile, plan.num_users);
 
@@ -662,7 +748,11 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   NCF_CHECK(user == w.next_user, "users must arrive in order: got ", user, ", expected ",
             w.next_user);
   NCF_CHECK(user < w.plan.num_users, "user ", user, " beyond the planned ", w.plan.num_users);
-  NCF_CHECK(num_eval == w.L, "user ", user, ": eval list has ", num_eval, " items, expected ", w.L);
+  const bool evaluated = eval != nullptr;
+  NCF_CHECK(num_eval == (evaluated ? w.L : 0), "user ", user, ": eval list has ", num_eval,
+            " items, expected ", w.L);
+  NCF_CHECK(evaluated || w.meta.num_eval_users < w.plan.num_users, "user ", user,
+            " has no eval list, but every user needs one in this plan");
   const int64_t I = static_cast<int64_t>(w.plan.num_items);
   for (size_t k = 0; k < num_positives; ++k) {
     NCF_CHECK(positives[k] >= 0 && positives[k] < I, "user ", user, ": positive item ",
@@ -673,7 +763,7 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   for (size_t k = 0; k < num_eval; ++k)
     NCF_CHECK(eval[k] >= 0 && eval[k] < I, "user ", user, ": eval item ", eval[k],
               " out of range [0, ", I, ")");
-  NCF_CHECK((eval_mask != nullptr) == w.plan.eval_masks_given, "user ", user,
+  NCF_CHECK(!evaluated || (eval_mask != nullptr) == w.plan.eval_masks_given, "user ", user,
             ": an eval mask must be given exactly when the plan says eval_masks_given");
   if (eval_mask) {
     const size_t bad = given_mask_mismatch(eval, num_eval, eval_mask);
@@ -682,10 +772,15 @@ void DatasetWriter::add_user(uint64_t user, const int32_t* positives, size_t num
   }
   ++w.next_user;
 
-  if (w.eval_shard + 1 < w.eval_shards && user >= w.eval_first(w.eval_shard + 1))
-    w.open_eval_shard(w.eval_shard + 1);
-  encode_eval_record(user, eval, num_eval, &w.payload, eval_mask);
-  w.eval_out->append(w.payload);
+  if (evaluated) {
+    NCF_CHECK(w.eval_added < w.meta.num_eval_users, "more eval users than planned (",
+              w.meta.num_eval_users, ")");
+    while (w.eval_shard + 1 < w.eval_shards && w.eval_added >= w.eval_first(w.eval_shard + 1))
+      w.open_eval_shard(w.eval_shard + 1);
+    encode_eval_record(user, eval, num_eval, &w.payload, eval_mask);
+    w.eval_out->append(w.payload);
+    ++w.eval_added;
+  }
 
   w.positives->add(positives, num_positives);
   NCF_CHECK(w.positives->written() <= w.plan.num_positives, "more positives than planned (",
@@ -760,6 +855,53 @@ void DatasetWriter::Impl::write_train_shards() {
   meta.shards.insert(meta.shards.begin(), written.begin(), written.end());
 }
 
+namespace {
+
+// An id map file in the string layout (dataset.h), written atomically.
+// `ascending`: the strings must ascend (a map from scratch); else distinct
+// (checked by the readers' IdMap) in lineage order.
+IdMapInfo write_string_ids(const std::string& dir, const char* name, const StringList& ids,
+                           uint64_t want, bool ascending) {
+  NCF_CHECK(
+      ids.size() == want && ids.offsets.front() == 0 && ids.offsets.back() == ids.bytes.size(),
+      name, ": ", ids.size(), " ids for ", want);
+  for (size_t d = 0; d < ids.size(); ++d)
+    NCF_CHECK(!ids[d].empty() && (!ascending || d == 0 || ids[d - 1] < ids[d]), name,
+              ": ids must be non-empty and strictly ascending (entry ", d, ")");
+  // The offsets as they are in memory (little-endian hosts), then the bytes.
+  const std::string path = dir + "/" + name, tmp = path + ".tmp";
+  const size_t head = ids.offsets.size() * 8;
+  {
+    FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    f.write_at(0, ids.offsets.data(), head);
+    f.write_at(int64_t(head), ids.bytes.data(), ids.bytes.size());
+    f.sync();
+    f.close();
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    NCF_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+  const uint32_t crc =
+      crc32c_extend(crc32c(ids.offsets.data(), head), ids.bytes.data(), ids.bytes.size());
+  IdMapInfo info{name, true, ids.size(), head + ids.bytes.size(), crc};
+  info.ascending = ascending;
+  return info;
+}
+
+IdMapInfo write_int_ids(const std::string& dir, const char* name, const std::vector<int64_t>& ids,
+                        uint64_t want, bool ascending) {
+  NCF_CHECK(ids.size() == want, name, ": ", ids.size(), " ids for ", want);
+  if (ascending)
+    for (size_t d = 1; d < ids.size(); ++d)
+      NCF_CHECK(ids[d - 1] < ids[d], name, ": ids must be strictly ascending (entry ", d, ")");
+  const std::string bytes(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
+  write_file_atomic(dir + "/" + name, bytes);
+  IdMapInfo info{name, false, ids.size(), bytes.size(), crc32c(bytes.data(), bytes.size())};
+  info.ascending = ascending;
+  return info;
+}
+
+}  // namespace
+
 DatasetMeta DatasetWriter::finish() {
   Impl& w = *impl_;
   NCF_CHECK(!w.finished, "finish called twice");
@@ -770,56 +912,58 @@ DatasetMeta DatasetWriter::finish() {
             w.plan.num_train);
   NCF_CHECK(w.positives->written() == w.plan.num_positives, "added ", w.positives->written(),
             " positives, planned ", w.plan.num_positives);
+  NCF_CHECK(w.eval_added == w.meta.num_eval_users, "added ", w.eval_added, " eval users, planned ",
+            w.meta.num_eval_users);
   w.close_eval_shard();
   w.positives->finish(&w.meta.positives_bytes, &w.meta.positives_crc32c);
   w.positives.reset();
   w.write_train_shards();
+  const bool lineage_order = w.plan.ids_in_lineage_order;
   if (w.plan.user_strings || w.plan.item_strings) {
     NCF_CHECK(w.plan.user_strings && w.plan.item_strings && !w.plan.raw_users && !w.plan.raw_items,
               "string id maps: give both, and no int64 maps");
-    const std::pair<const char*, const StringList*> maps[] = {
-        {kUserIdsStrFile, w.plan.user_strings}, {kItemIdsStrFile, w.plan.item_strings}};
-    for (const auto& [name, ids] : maps) {
-      const uint64_t want = name == kUserIdsStrFile ? w.plan.num_users : w.plan.num_items;
-      NCF_CHECK(ids->size() == want && ids->offsets.front() == 0 &&
-                    ids->offsets.back() == ids->bytes.size(),
-                name, ": ", ids->size(), " ids for ", want);
-      for (size_t d = 0; d < ids->size(); ++d)
-        NCF_CHECK(!(*ids)[d].empty() && (d == 0 || (*ids)[d - 1] < (*ids)[d]), name,
-                  ": ids must be non-empty and strictly ascending (entry ", d, ")");
-      // The offsets as they are in memory (little-endian hosts), then the bytes.
-      const std::string path = w.dir + "/" + name, tmp = path + ".tmp";
-      const size_t head = ids->offsets.size() * 8;
-      {
-        FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-        f.write_at(0, ids->offsets.data(), head);
-        f.write_at(int64_t(head), ids->bytes.data(), ids->bytes.size());
-        f.sync();
-        f.close();
-      }
-      if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        NCF_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
-      const uint32_t crc =
-          crc32c_extend(crc32c(ids->offsets.data(), head), ids->bytes.data(), ids->bytes.size());
-      IdMapInfo info{name, true, ids->size(), head + ids->bytes.size(), crc};
-      w.meta.id_maps.push_back(info);
-    }
-    sync_directory(w.dir);
+    w.meta.id_maps.push_back(write_string_ids(w.dir, kUserIdsStrFile, *w.plan.user_strings,
+                                              w.plan.num_users, !lineage_order));
+    w.meta.id_maps.push_back(write_string_ids(w.dir, kItemIdsStrFile, *w.plan.item_strings,
+                                              w.plan.num_items, !lineage_order));
   }
   if (w.plan.raw_users || w.plan.raw_items) {
     NCF_CHECK(w.plan.raw_users && w.plan.raw_items, "id maps: give both or neither");
-    const std::pair<const char*, const std::vector<int64_t>*> maps[] = {
-        {kUserIdsFile, w.plan.raw_users}, {kItemIdsFile, w.plan.raw_items}};
-    for (const auto& [name, ids] : maps) {
-      NCF_CHECK(ids->size() == (name == kUserIdsFile ? w.plan.num_users : w.plan.num_items), name,
-                ": ", ids->size(), " ids for ",
-                name == kUserIdsFile ? w.plan.num_users : w.plan.num_items);
-      const std::string bytes(reinterpret_cast<const char*>(ids->data()), ids->size() * 8);
+    w.meta.id_maps.push_back(
+        write_int_ids(w.dir, kUserIdsFile, *w.plan.raw_users, w.plan.num_users, !lineage_order));
+    w.meta.id_maps.push_back(
+        write_int_ids(w.dir, kItemIdsFile, *w.plan.raw_items, w.plan.num_items, !lineage_order));
+  }
+  if (w.plan.user_activity || w.plan.item_activity) {
+    NCF_CHECK(w.plan.user_activity && w.plan.item_activity, "activity: give both or neither");
+    for (const auto& [name, act, n] :
+         {std::tuple{kUserActivityFile, w.plan.user_activity, w.plan.num_users},
+          std::tuple{kItemActivityFile, w.plan.item_activity, w.plan.num_items}}) {
+      NCF_CHECK(act->size() == 2 * n, name, ": ", act->size(), " values for ", n, " ids");
+      const std::string bytes(reinterpret_cast<const char*>(act->data()), act->size() * 8);
       write_file_atomic(w.dir + "/" + name, bytes);
-      w.meta.id_maps.push_back(
-          {name, false, ids->size(), bytes.size(), crc32c(bytes.data(), bytes.size())});
+      w.meta.activity.push_back({name, false, n, bytes.size(), crc32c(bytes.data(), bytes.size())});
     }
   }
+  if (w.plan.dropped_user_ids || w.plan.dropped_user_strings) {
+    NCF_CHECK(!w.plan.lineage.is_null(), "dropped ids without a lineage");
+    if (w.plan.dropped_user_strings) {
+      w.meta.dropped_ids.push_back(write_string_ids(w.dir, "dropped_user_ids.str",
+                                                    *w.plan.dropped_user_strings,
+                                                    w.plan.dropped_user_strings->size(), false));
+      w.meta.dropped_ids.push_back(write_string_ids(w.dir, "dropped_item_ids.str",
+                                                    *w.plan.dropped_item_strings,
+                                                    w.plan.dropped_item_strings->size(), false));
+    } else {
+      w.meta.dropped_ids.push_back(write_int_ids(w.dir, "dropped_user_ids.i64",
+                                                 *w.plan.dropped_user_ids,
+                                                 w.plan.dropped_user_ids->size(), false));
+      w.meta.dropped_ids.push_back(write_int_ids(w.dir, "dropped_item_ids.i64",
+                                                 *w.plan.dropped_item_ids,
+                                                 w.plan.dropped_item_ids->size(), false));
+    }
+  }
+  sync_directory(w.dir);
   w.meta.save(w.dir);
   return w.meta;
 }

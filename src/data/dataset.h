@@ -17,7 +17,12 @@ namespace ncf {
 // 2: metadata.json carries its own crc32c and positives.bin is checked against
 // its size and CRC whenever it is opened. Version 1 (the same shards and files,
 // a metadata.json without its crc32c) still loads, with a warning.
-constexpr uint32_t kFormatVersion = 2;
+// 3: a dataset made by ncf_prep --extend (data/extend.h): "lineage" in the
+// metadata, id maps in lineage order, and eval records for only the users with
+// a new held-out item (num_eval_users <= num_users; each record names its
+// user, ascending). Plain datasets are still written as version 2.
+constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kPlainFormatVersion = 2;
 constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFile = "metadata.json";
 constexpr const char* kPositivesFile = "positives.bin";
@@ -67,6 +72,8 @@ constexpr const char* kUserIdsFile = "user_ids.i64";
 constexpr const char* kItemIdsFile = "item_ids.i64";
 constexpr const char* kUserIdsStrFile = "user_ids.str";
 constexpr const char* kItemIdsStrFile = "item_ids.str";
+constexpr const char* kUserActivityFile = "user_activity.i64";
+constexpr const char* kItemActivityFile = "item_activity.i64";
 
 // How a dataset's eval negatives were chosen ("eval_sampling" in metadata.json).
 //  distinct:         E different items, uniform over the items the user never
@@ -95,17 +102,20 @@ struct ShardInfo {
 };
 
 struct DatasetMeta {
-  uint32_t format_version = kFormatVersion;
+  uint32_t format_version = kPlainFormatVersion;
   // Empty for a sealed metadata.json; for a version 1 dataset, the warning
   // that its metadata cannot be checked (each program prints it once).
   std::string unsealed_warning;
-  std::string dataset_id;       // random-looking id tying shards to this metadata
-  std::string source;           // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
-  uint64_t num_users = 0;       // U: user ids are 0 .. U-1
-  uint64_t num_items = 0;       // I: item ids are 0 .. I-1
-  uint64_t num_train = 0;       // positive training pairs
-  uint64_t num_positives = 0;   // entries of positives.bin (train + test)
-  uint64_t num_eval_users = 0;  // eval records (one per user)
+  std::string dataset_id;      // random-looking id tying shards to this metadata
+  std::string source;          // "synthetic:ml-1m", "movielens:ml-20m", "ncf-paper:ml-1m", …
+  uint64_t num_users = 0;      // U: user ids are 0 .. U-1
+  uint64_t num_items = 0;      // I: item ids are 0 .. I-1
+  uint64_t num_train = 0;      // positive training pairs
+  uint64_t num_positives = 0;  // entries of positives.bin (train + test)
+  // Eval records: one per user (user u is record u), or in an extended
+  // dataset fewer, each naming its user (ascending).
+  uint64_t num_eval_users = 0;
+  bool every_user_evaluated() const { return num_eval_users == num_users; }
   uint32_t eval_negatives = 0;  // E
   // false: every eval mask is duplicate_mask() of its list (checked equal);
   // true ("eval_masks": "given"): a source's own masks (TF Model Garden's),
@@ -125,6 +135,22 @@ struct DatasetMeta {
   uint32_t positives_crc32c = 0;
   // Original ids ("id_maps" in metadata.json): both or neither.
   std::vector<IdMapInfo> id_maps;  // [user, item] when the source had its own ids
+  // Each id's latest activity ("activity": user_activity.i64, item_activity.i64,
+  // [count x 2] int64: the generation, then the time of its latest interaction
+  // in the source's unit, or its row in the file when the file has no times):
+  // what ncf_prep --extend --max_users/--max_items keep by. [user, item] where
+  // the dataset has id maps.
+  std::vector<IdMapInfo> activity;
+  // ncf_prep --extend (data/extend.h): the parent, the ancestors, what was
+  // kept, added and dropped; null for a dataset made from scratch.
+  nlohmann::json lineage;
+  // The original ids an extension dropped ("lineage"."dropped_ids": the id
+  // map layout, files dropped_user_ids.* and dropped_item_ids.*): [user, item].
+  std::vector<IdMapInfo> dropped_ids;
+  // The generation of the dataset: 0 from scratch, the parent's + 1 when extended.
+  uint64_t generation() const;
+  // The dataset ids of its ancestors, parent first (empty from scratch).
+  std::vector<std::string> ancestors() const;
 
   uint64_t num_train_records() const;
   std::vector<const ShardInfo*> shards_of(const std::string& kind) const;
@@ -173,6 +199,21 @@ struct DatasetPlan {
   // How the eval lists were chosen; the writer refuses kAuto (assemble_dataset
   // decides it from the users before the writer opens).
   EvalSampling eval_sampling = EvalSampling::kDistinct;
+  // Users with an eval record (0: every user). Fewer only in an extension.
+  uint64_t num_eval_users = 0;
+  // The id maps list the parent's ids first (not ascending): an extension.
+  bool ids_in_lineage_order = false;
+  // [2 x num_users] and [2 x num_items]: each id's (generation, latest time),
+  // written as user_activity.i64 / item_activity.i64; null: none.
+  const std::vector<int64_t>* user_activity = nullptr;
+  const std::vector<int64_t>* item_activity = nullptr;
+  // An extension's lineage (DatasetMeta::lineage), part of the dataset id;
+  // its dropped ids, in the id maps' kind (null: none dropped).
+  nlohmann::json lineage;
+  const std::vector<int64_t>* dropped_user_ids = nullptr;
+  const std::vector<int64_t>* dropped_item_ids = nullptr;
+  const StringList* dropped_user_strings = nullptr;
+  const StringList* dropped_item_strings = nullptr;
 };
 
 // Streams a dataset to disk with memory bounded by the shuffle buffer, not by
@@ -186,8 +227,11 @@ class DatasetWriter {
 
   // Users arrive in id order 0, 1, …, U-1, each exactly once.
   //  positives: every item of the user (train + test), sorted ascending, distinct;
+  //             in an extension also its items of earlier generations, and
+  //             possibly none;
   //  train:     the user's training items, any order;
-  //  eval:      1 + E items, eval[0] the held-out positive;
+  //  eval:      1 + E items, eval[0] the held-out positive; null (num_eval 0)
+  //             for a user without one (an extension's plan.num_eval_users);
   //  eval_mask: null, and the writer stores duplicate_mask(eval); or, when the
   //             plan says eval_masks_given, the source's mask (1 = counts),
   //             stored as is once given_mask_mismatch() accepts it.
@@ -235,6 +279,7 @@ struct VerifySummary {
   uint64_t num_shards = 0;
   double seconds = 0;
   std::string warning;  // DatasetMeta::unsealed_warning of a version 1 dataset
+  std::string lineage;  // an extension: what was checked of its lineage
 };
 
 // Walks every record of every shard: framing, CRCs, headers, versions, counts,

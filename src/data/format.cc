@@ -75,7 +75,7 @@ std::string encode_shard_header(const DatasetMeta& meta, const ShardInfo& si, ui
                                 uint32_t count) {
   const bool train = si.kind == "train";
   proto::ShardHeader h;
-  h.set_format_version(kFormatVersion);
+  h.set_format_version(meta.format_version);
   h.set_kind(train ? proto::TRAIN : proto::EVAL);
   h.set_shard_index(index);
   h.set_num_shards(count);
@@ -482,16 +482,24 @@ void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::stri
   rec.SerializeToString(payload);
 }
 
-void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t expected_user,
-                        const std::string& path, uint64_t offset, int32_t* items, uint8_t* mask) {
+int64_t decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t record,
+                           int64_t after, const std::string& path, uint64_t offset, int32_t* items,
+                           uint8_t* mask) {
   thread_local proto::EvalRecord rec;
   thread_local std::vector<uint8_t> want;
   if (!rec.ParseFromString(payload))
     NCF_FAIL(path, " at byte offset ", offset, ": eval record does not parse");
   const uint64_t L = uint64_t(meta.eval_negatives) + 1;
-  if (!rec.has_user() || rec.user() != expected_user)
-    NCF_FAIL(path, " at byte offset ", offset, ": eval record is for user ", rec.user(),
-             ", expected ", expected_user);
+  if (meta.every_user_evaluated()) {
+    if (!rec.has_user() || rec.user() != record)
+      NCF_FAIL(path, " at byte offset ", offset, ": eval record is for user ", rec.user(),
+               ", expected ", record);
+  } else if (!rec.has_user() || int64_t(rec.user()) <= after || rec.user() >= meta.num_users) {
+    NCF_FAIL(path, " at byte offset ", offset, ": eval record ", record, " is for user ",
+             rec.user(), ", expected one in (", after, ", ", meta.num_users,
+             ") (records name ascending users)");
+  }
+  const uint64_t expected_user = rec.user();
   if (rec.items().size() != L * 4 || rec.dup_mask().size() != (L + 7) / 8)
     NCF_FAIL(path, " at byte offset ", offset, ": eval record holds ", rec.items().size() / 4,
              " items and ", rec.dup_mask().size(), " mask bytes, expected ", L, " and ",
@@ -509,13 +517,14 @@ void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uin
       NCF_FAIL(path, " at byte offset ", offset, ": duplicate mask of user ", expected_user,
                " does not match its items at position ", bad, " (item ", items[bad], ", mask ",
                int(mask[bad]), ")");
-    return;
+    return int64_t(expected_user);
   }
   want.resize(L);
   duplicate_mask(items, L, want.data());
   if (std::memcmp(want.data(), mask, L) != 0)
     NCF_FAIL(path, " at byte offset ", offset, ": duplicate mask of user ", expected_user,
              " does not match its items");
+  return int64_t(expected_user);
 }
 
 void pack_mask(const uint8_t* mask, size_t n, char* bits) {

@@ -169,12 +169,15 @@ void decode_train_record(const std::string& payload, const DatasetMeta& meta,
 void encode_eval_record(uint64_t user, const int32_t* items, size_t n, std::string* payload,
                         const uint8_t* mask = nullptr);
 
-// Decodes an eval record of global index `expected_user`: sizes, user id, item
-// ranges and that the duplicate mask matches the items (equal to
+// Decodes eval record `record` (its global index): sizes, user id, item ranges
+// and that the duplicate mask matches the items (equal to
 // duplicate_mask(items), or, when meta.eval_masks_given, accepted by
-// given_mask_mismatch).
-void decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t expected_user,
-                        const std::string& path, uint64_t offset, int32_t* items, uint8_t* mask);
+// given_mask_mismatch). The user must be `record` when every user has a
+// record, else above `after` (the previous record's user, or -1) and below
+// num_users. Returns the user.
+int64_t decode_eval_record(const std::string& payload, const DatasetMeta& meta, uint64_t record,
+                           int64_t after, const std::string& path, uint64_t offset, int32_t* items,
+                           uint8_t* mask);
 
 // Duplicate masks are stored one bit per list entry, least significant first.
 void pack_mask(const uint8_t* mask, size_t n, char* bits);

@@ -43,19 +43,26 @@ HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int thr
   // with >=, so the later row wins a tie.
   std::vector<uint64_t> off(UK + 1, 0);
   std::vector<uint32_t> latest_key(UK, 0);
+  std::vector<int64_t> latest_t(UK, std::numeric_limits<int64_t>::min());
+  std::vector<int64_t> item_t(IK, std::numeric_limits<int64_t>::min());
   {
-    std::vector<int64_t> latest_t(in.time.empty() ? 0 : UK, std::numeric_limits<int64_t>::min());
     for_key_ranges(parts, UK, [&](uint64_t lo, uint64_t hi) {
       for (uint64_t k = 0; k < n; ++k) {
         const uint32_t u = in.user[k];
         if (u < lo || u >= hi) continue;
         ++off[u + 1];
-        if (in.time.empty()) {
-          latest_key[u] = in.item[k];
-        } else if (in.time[k] >= latest_t[u]) {
-          latest_t[u] = in.time[k];
+        const int64_t t = in.time.empty() ? int64_t(k) : in.time[k];
+        if (t >= latest_t[u]) {
+          latest_t[u] = t;
           latest_key[u] = in.item[k];
         }
+      }
+    });
+    for_key_ranges(parts, IK, [&](uint64_t lo, uint64_t hi) {
+      for (uint64_t k = 0; k < n; ++k) {
+        const uint32_t i = in.item[k];
+        if (i >= lo && i < hi)
+          item_t[i] = std::max(item_t[i], in.time.empty() ? int64_t(k) : in.time[k]);
       }
     });
   }
@@ -127,6 +134,10 @@ HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int thr
 
   // The kept users' lists with dense items; the item map is monotone, so each
   // sorted list stays sorted.
+  d.user_time.resize(kept);
+  d.item_time.resize(d.item_key.size());
+  for (uint64_t k = 0; k < kept; ++k) d.user_time[k] = latest_t[d.user_key[k]];
+  for (uint64_t i = 0; i < d.item_key.size(); ++i) d.item_time[i] = item_t[d.item_key[i]];
   d.pos.resize(nnz);
   d.latest.resize(kept);
   parallel_ranges(threads, kept, [&](uint64_t b, uint64_t e) {

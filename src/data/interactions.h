@@ -39,6 +39,9 @@ struct HeldOutUsers {
   std::vector<uint64_t> pos_off;   // U + 1
   std::vector<int32_t> pos;        // each user's distinct items, ascending
   std::vector<int32_t> latest;     // U: the held-out item
+  // The time of each kept user's and item's latest row in the log (the row's
+  // index when the log has no times): the dataset's activity (dataset.h).
+  std::vector<int64_t> user_time, item_time;
   uint64_t num_users() const { return latest.size(); }
   uint64_t num_items() const { return item_key.size(); }
 };

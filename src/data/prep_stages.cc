@@ -35,9 +35,11 @@ std::vector<uint64_t> plan_blocks(const SplitUsers& users, uint64_t list_len, ui
   for (uint64_t u = 0; u < users.num_users; ++u) {
     uint64_t np = 0, nt = 0;
     users.sizes(u, &np, &nt);
-    const uint64_t free_items = np < num_items ? num_items - np : 0;
-    if (free_items < room->fewest) *room = {free_items, u, np, room->short_users};
-    room->short_users += free_items + 1 < list_len;
+    if (!users.evaluated || users.evaluated(u)) {
+      const uint64_t free_items = np < num_items ? num_items - np : 0;
+      if (free_items < room->fewest) *room = {free_items, u, np, room->short_users};
+      room->short_users += free_items + 1 < list_len;
+    }
     const uint64_t need = np + nt + list_len;
     if (in_block > 0 && (in_block == kBlockUsers || ints + need > kBlockInts)) {
       first.push_back(u);
@@ -67,6 +69,11 @@ void shape_block(const SplitUsers& users, uint64_t first, uint64_t last, uint64_
   b->positives.resize(b->positive_off.back());
   b->train.resize(b->train_off.back());
   b->eval.resize(b->num_users * list_len);
+  b->has_eval.clear();
+  if (users.evaluated) {
+    b->has_eval.resize(b->num_users);
+    for (uint64_t j = 0; j < b->num_users; ++j) b->has_eval[j] = users.evaluated(first + j);
+  }
 }
 
 // The user a refusal or note is about: its name in the input (the original
@@ -160,6 +167,7 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
     block->eval_mask.clear();
   }
   if (neg.given) {
+    NCF_CHECK(block->has_eval.empty(), "given eval lists cover every user");
     for (uint64_t j = 0; j < block->num_users; ++j) {
       const int32_t* from = neg.given + (block->first_user + j) * E;
       std::copy(from, from + E, block->eval_of(j) + 1);
@@ -170,6 +178,7 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
     std::vector<uint64_t> scratch;
     for (uint64_t j = begin; j < end; ++j) {
       const uint64_t u = block->first_user + j;
+      if (!block->evaluated(j)) continue;
       try {
         if (neg.sampling == EvalSampling::kWithReplacement)
           draw_eval_negatives_with_replacement(u, block->positives_of(j), block->num_positives(j),
@@ -187,12 +196,14 @@ void eval_negatives_stage(const EvalNegatives& neg, int threads, UserBlock* bloc
 }
 
 void write_stage(const UserBlock& block, DatasetWriter* writer) {
-  for (uint64_t j = 0; j < block.num_users; ++j)
+  for (uint64_t j = 0; j < block.num_users; ++j) {
+    const bool e = block.evaluated(j);
     writer->add_user(
         block.first_user + j, block.positives.data() + block.positive_off[j],
         block.num_positives(j), block.train.data() + block.train_off[j], block.num_train(j),
-        block.eval.data() + j * block.list_len, block.list_len,
-        block.eval_mask.empty() ? nullptr : block.eval_mask.data() + j * block.list_len);
+        e ? block.eval.data() + j * block.list_len : nullptr, e ? block.list_len : 0,
+        !e || block.eval_mask.empty() ? nullptr : block.eval_mask.data() + j * block.list_len);
+  }
 }
 
 double PrepProgress::seconds() const {

@@ -39,6 +39,9 @@ struct UserBlock {
   std::vector<int32_t> train;          // per user: in the order they enter the shuffle
   std::vector<int32_t> eval;           // num_users x L: the held-out item, then E negatives
   std::vector<uint8_t> eval_mask;      // num_users x L when the source gives masks, else empty
+  std::vector<uint8_t> has_eval;       // num_users: 1 for a user with an eval list (an
+                                       // extension's); empty: every user has one
+  bool evaluated(uint64_t j) const { return has_eval.empty() || has_eval[j] != 0; }
 
   int32_t* positives_of(uint64_t j) { return positives.data() + positive_off[j]; }
   int32_t* train_of(uint64_t j) { return train.data() + train_off[j]; }
@@ -56,6 +59,9 @@ struct SplitUsers {
   // their positives, train items and held-out item (eval_of(j)[0]). Runs on pool
   // threads, on disjoint ranges of one block at a time.
   std::function<void(UserBlock* block, uint64_t begin, uint64_t end)> split;
+  // Whether user u has an eval list (a held-out item); null: every user has.
+  // Users without one get no eval record (an extension: data/extend.h).
+  std::function<bool(uint64_t u)> evaluated;
 };
 
 // Where eval negatives come from: drawn uniformly from the items the user never

@@ -165,16 +165,20 @@ void EvalReader::produce() {
   try {
     const int64_t L = meta_.eval_negatives + 1;
     std::string payload;
+    int64_t last = -1;  // the previous record's user: they ascend
     for (int64_t u0 = begin_; u0 < end_; u0 += batch_) {
       EvalBatch b;
-      b.first_user = u0;
+      b.first_record = u0;
       b.num_users = std::min(batch_, end_ - u0);
       b.items.resize(b.num_users * L);
       b.mask.resize(b.num_users * L);
+      b.users.resize(b.num_users);
       for (int64_t k = 0; k < b.num_users; ++k) {
         const std::string* path;
         uint64_t off = shards_.read(u0 + k, &payload, &path);
-        decode_eval_record(payload, meta_, u0 + k, *path, off, &b.items[k * L], &b.mask[k * L]);
+        last = decode_eval_record(payload, meta_, u0 + k, last, *path, off, &b.items[k * L],
+                                  &b.mask[k * L]);
+        b.users[k] = int32_t(last);
       }
       if (!queue_->push(std::move(b))) return;
     }

@@ -36,8 +36,10 @@ struct TrainBatch {
 };
 
 struct EvalBatch {
-  int64_t first_user = 0;      // global id of the batch's first user (users are consecutive)
+  int64_t first_record = 0;    // global index of the batch's first eval record
   int64_t num_users = 0;       // n
+  std::vector<int32_t> users;  // n: each record's user (record r is user r when every user
+                               // has one; an extended dataset's name theirs)
   std::vector<int32_t> items;  // n x L, row u: the positive then E negatives
   std::vector<uint8_t> mask;   // n x L, 0 = duplicate, not counted
 };

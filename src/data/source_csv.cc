@@ -21,6 +21,7 @@
 #include "common/parallel.h"
 #include "data/block_reader.h"
 #include "data/csv_reader.h"
+#include "data/extend.h"
 #include "data/interactions.h"
 #include "data/prep_stages.h"
 #include "data/string_list.h"
@@ -936,6 +937,49 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
   std::vector<uint32_t>().swap(item_rank.rank_of);
   const double rank_s = seconds_since(t0);
 
+  nlohmann::json columns = nlohmann::json::object();
+  for (int r = 0; r < kRoles; ++r)
+    if (layout.col[size_t(r)] >= 0) columns[kRoleName[r]] = layout.col[size_t(r)];
+  // No path and nothing about compression: the same rows give the same dataset
+  // from a .gz file and from its plain twin.
+  const nlohmann::json generator = {{"format", "csv"},
+                                    {"input", input_name(file)},
+                                    {"input_bytes", reader.content_bytes()},
+                                    {"input_crc32c", reader.content_crc32c()},
+                                    {"columns", columns},
+                                    {"separator", std::string(1, csv.separator)},
+                                    {"header", has_header},
+                                    {"time", timed ? "timestamp column" : "file order"},
+                                    {"rows", records},
+                                    {"interactions", num_rows},
+                                    {"min_interactions", opt.min_interactions}};
+  if (!opt.extend.prev.empty()) {
+    // ---- extend a dataset (extend.h) ----
+    KeyedLog log;
+    log.strings = true;
+    for (uint64_t k = 0; k < in.num_user_keys; ++k)
+      log.user_strings.push_back(users.string_of(user_rank.order[k]));
+    for (uint64_t k = 0; k < in.num_item_keys; ++k)
+      log.item_strings.push_back(items.string_of(item_rank.order[k]));
+    users = InternTable();
+    items = InternTable();
+    log.in = std::move(in);
+    DatasetPlan plan;
+    plan.source = "csv:" + input_name(file);
+    plan.eval_negatives = opt.eval_negatives;
+    plan.eval_sampling = opt.eval_sampling;
+    plan.record_rows = opt.record_rows;
+    plan.num_shards = opt.num_shards;
+    plan.seed = opt.seed;
+    plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+    plan.generator = generator;
+    plan.generator["max_users"] = opt.extend.max_users;
+    plan.generator["max_items"] = opt.extend.max_items;
+    if (csv.min_rating) plan.generator["min_rating"] = *csv.min_rating;
+    if (csv.skip_bad_rows) plan.generator["bad_rows"] = bad_total;
+    return extend_dataset(std::move(log), plan, opt, out_dir, file);
+  }
+
   // ---- remap + split (shared with MovieLens) ----
   t0 = Clock::now();
   const HeldOutUsers d = hold_out_latest(std::move(in), opt.min_interactions, threads, file);
@@ -972,26 +1016,17 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
   plan.seed = opt.seed;
   plan.dropped_users = d.dropped;
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+  // Each id's latest activity (generation 0), what a bounded --extend keeps by.
+  std::vector<int64_t> user_activity(2 * U), item_activity(2 * I);
+  for (uint64_t u = 0; u < U; ++u) user_activity[2 * u + 1] = d.user_time[u];
+  for (uint64_t i = 0; i < I; ++i) item_activity[2 * i + 1] = d.item_time[i];
+  plan.user_activity = &user_activity;
+  plan.item_activity = &item_activity;
   plan.user_strings = &user_ids;
   plan.item_strings = &item_ids;
-  nlohmann::json columns = nlohmann::json::object();
-  for (int r = 0; r < kRoles; ++r)
-    if (layout.col[size_t(r)] >= 0) columns[kRoleName[r]] = layout.col[size_t(r)];
-  // No path and nothing about compression: the same rows give the same dataset
-  // from a .gz file and from its plain twin.
-  plan.generator = {{"format", "csv"},
-                    {"input", input_name(file)},
-                    {"input_bytes", reader.content_bytes()},
-                    {"input_crc32c", reader.content_crc32c()},
-                    {"columns", columns},
-                    {"separator", std::string(1, csv.separator)},
-                    {"header", has_header},
-                    {"time", timed ? "timestamp column" : "file order"},
-                    {"rows", records},
-                    {"interactions", num_rows},
-                    {"duplicates_removed", d.duplicates},
-                    {"raw_users", d.raw_users},
-                    {"min_interactions", opt.min_interactions}};
+  plan.generator = generator;
+  plan.generator["duplicates_removed"] = d.duplicates;
+  plan.generator["raw_users"] = d.raw_users;
   if (csv.min_rating) {
     plan.generator["min_rating"] = *csv.min_rating;
     plan.generator["below_min_rating"] = below_min_rating;

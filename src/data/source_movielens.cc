@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "data/extend.h"
 #include "data/interactions.h"
 #include "data/prep_stages.h"
 #include "data/sources.h"
@@ -120,6 +121,27 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
     });
   }
   std::vector<Rating>().swap(ratings);
+  if (!opt.extend.prev.empty()) {
+    KeyedLog log;
+    log.in = std::move(in);
+    log.user_ids = std::move(all_users);
+    log.item_ids = std::move(all_items);
+    DatasetPlan plan;
+    plan.source = "movielens:" + movielens_name(file);
+    plan.eval_negatives = opt.eval_negatives;
+    plan.eval_sampling = opt.eval_sampling;
+    plan.record_rows = opt.record_rows;
+    plan.num_shards = opt.num_shards;
+    plan.seed = opt.seed;
+    plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+    plan.generator = {{"input", file},
+                      {"format", format_name(f)},
+                      {"ratings", num_ratings},
+                      {"min_interactions", opt.min_interactions},
+                      {"max_users", opt.extend.max_users},
+                      {"max_items", opt.extend.max_items}};
+    return extend_dataset(std::move(log), plan, opt, out_dir, file);
+  }
   const HeldOutUsers d = hold_out_latest(std::move(in), opt.min_interactions, threads, file);
   const uint64_t U = d.num_users(), I = d.num_items();
   std::vector<int64_t> raw_user(U), raw_item(I);
@@ -146,6 +168,12 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
   plan.seed = opt.seed;
   plan.dropped_users = d.dropped;
   plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+  // Each id's latest activity (generation 0), what a bounded --extend keeps by.
+  std::vector<int64_t> user_activity(2 * U), item_activity(2 * I);
+  for (uint64_t u = 0; u < U; ++u) user_activity[2 * u + 1] = d.user_time[u];
+  for (uint64_t i = 0; i < I; ++i) item_activity[2 * i + 1] = d.item_time[i];
+  plan.user_activity = &user_activity;
+  plan.item_activity = &item_activity;
   plan.raw_users = &raw_user;
   plan.raw_items = &raw_item;
   plan.generator = {{"input", file},

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "data/extend.h"
 #include "data/prep_stages.h"
 #include "data/sources.h"
 #include "data/text_input.h"
@@ -275,6 +276,8 @@ DatasetMeta prepare_ncf_paper(const std::string& prefix_in, const std::string& o
                  static_cast<unsigned long long>(E), progress.seconds());
 
   DatasetPlan plan;
+  // --extend: dense ids extend the parent's by identity (extend.h).
+  if (!opt.extend.prev.empty()) plan.lineage = identity_lineage(opt.extend.prev);
   plan.source = "ncf-paper:" + basename_of(prefix);
   plan.num_users = U;
   plan.num_items = I;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "data/extend.h"
 #include "data/format.h"
 #include "data/prep_stages.h"
 #include "data/tf_example.pb.h"
@@ -733,6 +734,8 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
   }
 
   DatasetPlan plan;
+  // --extend: dense ids extend the parent's by identity (extend.h).
+  if (!opt.extend.prev.empty()) plan.lineage = identity_lineage(opt.extend.prev);
   plan.source = "tfmg:" + fs::path(dir).filename().string();
   plan.num_users = U;
   plan.num_items = I;

@@ -30,6 +30,13 @@ constexpr const char* kNcfTrain = ".train.rating";
 constexpr const char* kNcfTest = ".test.rating";
 constexpr const char* kNcfNegative = ".test.negative";
 
+// ncf_prep --extend PREV (data/extend.h).
+struct ExtendOptions {
+  std::string prev;        // the parent dataset's directory; empty: from scratch
+  uint64_t max_users = 0;  // keep this many most recently active users (0: all)
+  uint64_t max_items = 0;
+};
+
 // Options shared by every source.
 struct PrepOptions {
   uint32_t eval_negatives = 999;  // E
@@ -43,6 +50,7 @@ struct PrepOptions {
   // How drawn eval negatives are drawn (dataset.h); the sources that carry
   // their own (NCF-paper, TF-MG) do not read it.
   EvalSampling eval_sampling = EvalSampling::kAuto;
+  ExtendOptions extend;
 };
 
 // Finds the format of `path` (a file, or a directory holding one known file, or

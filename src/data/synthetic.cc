@@ -16,6 +16,7 @@
 #include "common/check.h"
 #include "common/parallel.h"
 #include "common/philox.h"
+#include "data/extend.h"
 #include "data/prep_stages.h"
 
 namespace ncf {
@@ -570,6 +571,8 @@ DatasetMeta generate_synthetic(const SyntheticParams& params, const std::string&
                  sh.name.c_str(), progress.seconds(), cap);
 
   DatasetPlan plan;
+  // --extend: dense ids extend the parent's by identity (extend.h).
+  if (!opt.extend.prev.empty()) plan.lineage = identity_lineage(opt.extend.prev);
   plan.source = "synthetic:" + sh.name;
   plan.num_users = U;
   plan.num_items = I;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "common/check.h"
@@ -30,6 +31,66 @@ void check_file_against_meta(const std::string& path, uint64_t bytes, uint32_t c
   }
 }
 
+// An extension's lineage (extend.h): its counts add up; with the parent where
+// the metadata says it is (and of the recorded id), the parent's kept ids come
+// first in the parent's order, the new ones are not the parent's, and the
+// dropped ones are the parent's ids (or new ones) absent here. Returns a line
+// for the summary.
+std::string check_lineage(const std::string& dir, const DatasetMeta& meta, const IdMaps& maps) {
+  const std::string path = dir + "/" + kMetadataFile;
+  const nlohmann::json& l = meta.lineage;
+  const nlohmann::json& parent = l.at("parent");
+  const std::vector<std::string> ancestors = meta.ancestors();
+  if (ancestors.empty() || ancestors[0] != parent.value("dataset_id", ""))
+    NCF_FAIL(path, ": lineage.ancestors does not start with the parent ",
+             parent.value("dataset_id", "?"));
+  uint64_t kept[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const char* which = k == 0 ? "users" : "items";
+    const nlohmann::json& c = l.at(which);
+    const uint64_t n = k == 0 ? meta.num_users : meta.num_items;
+    kept[k] = c.at("kept").get<uint64_t>();
+    const uint64_t p = c.at("parent").get<uint64_t>();
+    if (kept[k] + c.at("new").get<uint64_t>() != n ||
+        kept[k] + c.at("dropped").get<uint64_t>() != p ||
+        p != parent.at(k == 0 ? "num_users" : "num_items").get<uint64_t>())
+      NCF_FAIL(path, ": lineage.", which, " ", c.dump(), " does not add up to ", n, " ", which,
+               " and the parent's ", p);
+    if (!meta.dropped_ids.empty() &&
+        meta.dropped_ids[size_t(k)].count !=
+            c.at("dropped").get<uint64_t>() + c.at("new_dropped").get<uint64_t>())
+      NCF_FAIL(path, ": ", meta.dropped_ids[size_t(k)].name, " lists ",
+               meta.dropped_ids[size_t(k)].count, " ids, lineage.", which, " counts ",
+               c.at("dropped").get<uint64_t>() + c.at("new_dropped").get<uint64_t>());
+  }
+  const std::string pdir = parent.value("path", "");
+  std::error_code ec;
+  if (pdir.empty() || !std::filesystem::exists(pdir + "/" + kMetadataFile, ec))
+    return detail::concat("lineage counts checked; the parent ", parent.at("dataset_id"),
+                          " is not at ", pdir, " to compare ids with");
+  const DatasetMeta pm = DatasetMeta::load(pdir);
+  if (pm.dataset_id != parent.at("dataset_id").get<std::string>())
+    return detail::concat("lineage counts checked; ", pdir, " now holds dataset ", pm.dataset_id,
+                          ", not the parent ", parent.at("dataset_id"));
+  const IdMaps pmaps = load_id_maps(pdir, pm);
+  for (int k = 0; k < 2; ++k) {
+    const IdMap& now = k == 0 ? maps.user : maps.item;
+    const IdMap& before = k == 0 ? pmaps.user : pmaps.item;
+    int64_t last = -1;
+    for (int64_t d = 0; d < now.size(); ++d) {
+      const int64_t p = before.find_same(now, d);
+      const bool known = uint64_t(d) < kept[k];
+      if (known != (p >= 0) || (known && p <= last))
+        NCF_FAIL(dir, ": ", k == 0 ? "user" : "item", " ", now.text(d), " (dense id ", d, ") is ",
+                 p >= 0 ? detail::concat("the parent's ", p) : "not the parent's",
+                 ", but the lineage has the parent's kept ids first, in the parent's order, then "
+                 "the new ones");
+      if (known) last = p;
+    }
+  }
+  return detail::concat("lineage checked against the parent ", pm.dataset_id, " (", pdir, ")");
+}
+
 }  // namespace
 
 VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
@@ -42,6 +103,7 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   std::vector<uint8_t> mask(L);
   const bool distinct = meta.eval_sampling == eval_sampling_name(EvalSampling::kDistinct);
   std::string payload;
+  int64_t last_user = -1;  // of the previous eval record
   for (const char* kind : {"train", "eval"}) {
     auto shards = meta.shards_of(kind);
     const bool train = std::strcmp(kind, "train") == 0;
@@ -50,6 +112,7 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
       const ShardInfo& si = cur.info();
       const std::string& path = cur.path();
       uint64_t rows = 0, off = 0;
+      if (!train && s == 0) last_user = -1;
       for (uint64_t k = 0; cur.next(&payload, &off); ++k) {
         const uint64_t g = si.first_record + k;
         if (train) {
@@ -57,13 +120,14 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
           decode_train_record(payload, meta, valid, path, off, users.data(), items.data());
           rows += valid;
         } else {
-          decode_eval_record(payload, meta, g, path, off, items.data(), mask.data());
+          last_user =
+              decode_eval_record(payload, meta, g, last_user, path, off, items.data(), mask.data());
           // The metadata's word for how the lists were drawn is checked where
           // the list can show it: distinct lists repeat nothing.
           if (distinct) {
             const size_t j = size_t(std::find(mask.begin(), mask.end(), 0) - mask.begin());
             if (j < L)
-              NCF_FAIL(path, " at byte offset ", off, ": the eval list of user ", g,
+              NCF_FAIL(path, " at byte offset ", off, ": the eval list of user ", last_user,
                        " repeats item ", items[j], " at position ", j,
                        ", but the metadata says its negatives are distinct");
           }
@@ -92,9 +156,10 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   check_file_against_meta(pos_path, meta.positives_bytes, meta.positives_crc32c);
   check_positive_lists(PositiveLists(dir, meta), meta, pos_path);
   sum.bytes += meta.positives_bytes;
-  // The id maps: sizes, CRCs, ascending ids.
-  load_id_maps(dir, meta);
+  // The id maps: sizes, CRCs, ascending (or distinct) ids.
+  const IdMaps maps = load_id_maps(dir, meta);
   for (const IdMapInfo& m : meta.id_maps) sum.bytes += m.bytes;
+  if (meta.lineage.is_object()) sum.lineage = check_lineage(dir, meta, maps);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }

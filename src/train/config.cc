@@ -298,6 +298,16 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "never, auto (the newest whole checkpoint in --checkpoint_dir, if any), or "
                  "the path of one checkpoint")
       ->capture_default_str();
+  app.add_option("--init_from", c.init_from,
+                 "warm start from this checkpoint (DIR/step-N or a checkpoint directory) of the "
+                 "dataset or of one it extends (ncf_prep --extend): rows of ids on both sides "
+                 "and the tower carry over, new ids start as from scratch; a checkpoint --resume "
+                 "finds comes first");
+  app.add_option("--init_optimizer_state", c.init_optimizer_state,
+                 "with --init_from: keep the checkpoint's optimizer state (and step count) or "
+                 "reset it")
+      ->check(CLI::IsMember({"keep", "reset"}))
+      ->capture_default_str();
   app.add_option("--allow_changed_flags", c.allow_changed,
                  "flags a resumed run may set differently from the checkpoint (some of "
                  "learning_rate, embedding_lr, train_epochs, exchange_dtype, table_dtype: "
@@ -338,6 +348,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
            c.checkpoint_dir.empty() ? "no --checkpoint_dir"
                                     : "--eval_only writes nothing there and takes no lock");
     unused("--allow_changed_flags", c.resume == "never", "no --resume");
+    unused("--init_optimizer_state", c.init_from.empty(), "no --init_from");
   }
   if (!c.preset.empty()) {
     for (const Preset& p : kPresets) {
@@ -365,7 +376,7 @@ void validate_config(const TrainConfig& c) {
     if (!why.empty()) NCF_FAIL(why);
   });
   check_recorded_combinations(c, "");
-  if (c.eval_only && c.resume == "never")
+  if (c.eval_only && c.resume == "never" && c.init_from.empty())
     NCF_FAIL(
         "flag --eval_only needs a checkpoint: --resume PATH, or --resume auto with "
         "--checkpoint_dir");

@@ -65,6 +65,11 @@ struct TrainConfig {
   int64_t checkpoint_chunk_kib = 65536;    // rows staged per exchange when checkpointing
   std::string resume = "never";            // never | auto | PATH
   std::vector<std::string> allow_changed;  // flags a resumed run may change
+  // A warm start (Trainer::warm_start): a checkpoint of this dataset or of an
+  // ancestor (ncf_prep --extend), its rows matched by original id; "keep" or
+  // "reset" its optimizer state. A checkpoint --resume finds comes first.
+  std::string init_from;
+  std::string init_optimizer_state = "keep";
   // A lock of --checkpoint_dir held on another host is stale after this long
   // without a heartbeat (train/checkpoint_lock.h).
   int64_t checkpoint_lock_stale_seconds = 300;

@@ -110,6 +110,16 @@ void write_epoch_scalars(TensorBoardWriter& tb, int64_t step, int epoch, const E
 // long an eval list is (1 + E) and how many users it evaluates. Every rank
 // reads the same metadata, so every rank refuses alike, before any collective
 // of the trainer and before anything is written.
+// --save_params: the parameters (gathered: collective), written by rank 0.
+void save_params(const TrainConfig& cfg, bool lead, Trainer* trainer) {
+  if (cfg.save_params.empty()) return;
+  const std::vector<float> params = trainer->gather_parameters();
+  if (!lead) return;
+  std::ofstream f(cfg.save_params, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(params.data()), std::streamsize(params.size() * 4));
+  if (!f) NCF_FAIL("flag --save_params: cannot write ", cfg.save_params);
+}
+
 void check_flags_against_data(const TrainConfig& cfg, const DatasetMeta& meta, bool lead) {
   // Without evaluation neither flag is used (a checkpoint evaluated later is
   // checked then, with --eval_only).
@@ -271,6 +281,16 @@ int train_main(int& argc, char**& argv) {
     install_stop_handlers();
   }
   const Trainer::Position start = trainer.resume();
+  // A warm start, unless a checkpoint of this run was found (a requeued job
+  // continues where it stopped, with the same command line).
+  if (!cfg.init_from.empty()) {
+    if (!trainer.resumed()) {
+      trainer.warm_start();
+    } else if (lead) {
+      std::printf("ncf_dist: --init_from %s not used: resumed from this run's own checkpoint\n",
+                  cfg.init_from.c_str());
+    }
+  }
   trainer.set_tensorboard(tb.get());
   if (tb) tb->session_start(trainer.global_step() + 1);
   if (cfg.eval_only) {
@@ -293,6 +313,7 @@ int train_main(int& argc, char**& argv) {
         metrics << j.dump() << "\n";
       }
     }
+    save_params(cfg, lead, &trainer);
     comm->barrier();
     return 0;
   }
@@ -377,13 +398,7 @@ int train_main(int& argc, char**& argv) {
 
   trainer.save_final_checkpoint();
   if (tb) tb->close();
-  std::vector<float> params;
-  if (!cfg.save_params.empty()) params = trainer.gather_parameters();
-  if (lead && !cfg.save_params.empty()) {
-    std::ofstream f(cfg.save_params, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(params.data()), std::streamsize(params.size() * 4));
-    if (!f) NCF_FAIL("flag --save_params: cannot write ", cfg.save_params);
-  }
+  save_params(cfg, lead, &trainer);
   comm->barrier();
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -52,6 +53,38 @@ void print_meta_summary(const ncf::DatasetMeta& m, const std::string& dir, doubl
       sampling_words(m.eval_sampling), (unsigned long long)m.num_train_records(),
       m.train_record_rows, m.shards_of("train").size(), m.shards_of("eval").size(),
       human_bytes(double(bytes)).c_str(), seconds);
+  if (m.lineage.is_object()) {
+    // Every count of an extension, so that nothing is dropped unseen.
+    const nlohmann::json& l = m.lineage;
+    auto side = [&](const char* which) {
+      const nlohmann::json& c = l.at(std::string(which) + "s");
+      const uint64_t bound = c.at("max").get<uint64_t>();
+      return ncf::detail::concat(
+          which, "s: ", c.at("kept").get<uint64_t>(), " of the parent's ",
+          c.at("parent").get<uint64_t>(), " kept, ", c.at("new").get<uint64_t>(), " new, ",
+          c.at("dropped").get<uint64_t>(), " of the parent's and ",
+          c.at("new_dropped").get<uint64_t>(), " new dropped",
+          bound ? ncf::detail::concat(" (--max_", which, "s ", bound, ")") : std::string(),
+          c.at("renumbered").get<bool>() ? ", renumbered" : "");
+    };
+    std::printf("  extends %s (%s), generation %llu, %s ids\n  %s\n  %s\n",
+                l.at("parent").at("dataset_id").get<std::string>().c_str(),
+                l.at("parent").at("path").get<std::string>().c_str(),
+                (unsigned long long)m.generation(), l.at("ids").get<std::string>().c_str(),
+                side("user").c_str(), side("item").c_str());
+    if (l.contains("log")) {
+      const nlohmann::json& g = l.at("log");
+      std::printf(
+          "  log: %llu rows, %llu duplicates, %llu repeat a user's earlier items, %llu dropped "
+          "with their ids; %llu new users with too few items dropped; %llu users evaluated\n",
+          (unsigned long long)g.at("rows").get<uint64_t>(),
+          (unsigned long long)g.at("duplicates_removed").get<uint64_t>(),
+          (unsigned long long)g.at("repeats_of_history").get<uint64_t>(),
+          (unsigned long long)g.at("dropped_with_ids").get<uint64_t>(),
+          (unsigned long long)l.at("too_few_interactions").get<uint64_t>(),
+          (unsigned long long)m.num_eval_users);
+    }
+  }
 }
 
 }  // namespace
@@ -189,6 +222,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app.add_option("--verify", verify_dir, "walk and check every record of a dataset directory");
+  auto* extend_opt = app.add_option(
+      "--extend", opt.extend.prev,
+      "a dataset to extend (docs/preparing_data.md): its original ids keep their places, the "
+      "input's new users and items follow, each user's history stays among its positives");
+  auto* max_users_opt =
+      ncf::add_ranged(app, "--max_users", opt.extend.max_users,
+                      "with --extend: keep the N most recently active users, drop the rest "
+                      "(counted and listed); 0: keep all",
+                      ncf::FlagRange::ints(0, INT32_MAX));
+  auto* max_items_opt =
+      ncf::add_ranged(app, "--max_items", opt.extend.max_items,
+                      "with --extend: keep the N most recently active items, drop the rest "
+                      "(counted and listed); 0: keep all",
+                      ncf::FlagRange::ints(0, INT32_MAX));
 
   try {
     app.parse(argc, argv);
@@ -223,6 +270,19 @@ int main(int argc, char** argv) {
         refuse_given(o, "--format csv");
     if (synthetic.empty())
       for (const CLI::Option* o : synthetic_opts) refuse_given(o, "--synthetic");
+    if (extend_opt->count() == 0)
+      for (const CLI::Option* o : {max_users_opt, max_items_opt}) refuse_given(o, "--extend");
+    if (!verify_dir.empty()) refuse_given(extend_opt, "--input and --synthetic");
+    if (!opt.extend.prev.empty()) {
+      // The parent must load (its metadata checked) before anything is read.
+      ncf::DatasetMeta::load(opt.extend.prev);
+      if (output.empty()) NCF_FAIL("--output is required to write a dataset");
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      if (fs::equivalent(opt.extend.prev, output, ec))
+        NCF_FAIL("--extend ", opt.extend.prev, " and --output ", output,
+                 " are the same directory: an extension is written beside its parent");
+    }
     if (!verify_dir.empty() || !synthetic.empty()) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
       refuse_given(tfmg_cycles_opt, "TF Model Garden input");
@@ -236,6 +296,13 @@ int main(int argc, char** argv) {
       refuse_sampling(
           "--verify checks a dataset as it is (its metadata.json records its sampling)");
     opt.eval_sampling = ncf::parse_eval_sampling(eval_sampling);
+    // Dense ids extend by identity: nothing can be renumbered or dropped.
+    auto refuse_bounds = [&](const char* input) {
+      for (const CLI::Option* o : {max_users_opt, max_items_opt})
+        if (o->count() > 0)
+          NCF_FAIL(o->get_name(), " applies to input with its own ids (MovieLens, csv): ", input,
+                   " ids are dense and extend by identity");
+    };
     if (!verify_dir.empty()) {
       ncf::VerifySummary s = ncf::verify_dataset(verify_dir, opt.progress);
       if (!s.warning.empty()) std::fprintf(stderr, "ncf_prep: warning: %s\n", s.warning.c_str());
@@ -245,10 +312,12 @@ int main(int argc, char** argv) {
           verify_dir.c_str(), (unsigned long long)s.num_shards, (unsigned long long)s.train_records,
           (unsigned long long)s.train_rows, (unsigned long long)s.eval_records,
           human_bytes(double(s.bytes)).c_str(), s.seconds);
+      if (!s.lineage.empty()) std::printf("ncf_prep: %s\n", s.lineage.c_str());
       return 0;
     }
     if (output.empty()) NCF_FAIL("--output is required to write a dataset");
     if (!synthetic.empty()) {
+      refuse_bounds("synthetic");
       if (synthetic == "custom") {
         if (!users || !items || !interactions)
           NCF_FAIL("--synthetic custom needs --users, --items and --interactions");
@@ -269,6 +338,7 @@ int main(int argc, char** argv) {
     if (format == "tfmg" || (format == "auto" && ncf::is_tfmg_dir(input))) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
       refuse_sampling("TF Model Garden shards carry their own eval negatives and masks");
+      refuse_bounds("TF Model Garden");
       opt.eval_negatives = eval_negatives;  // 0: as many as the data has
       ncf::DatasetMeta m =
           ncf::prepare_tfmg(input, output, opt, ncf::parse_tfmg_cycles(tfmg_cycles));
@@ -282,6 +352,7 @@ int main(int argc, char** argv) {
     if (fmt == ncf::InputFormat::kNcfPaper) {
       refuse_given(min_interactions_opt, "MovieLens and csv input");
       refuse_sampling("the NCF paper's files carry their own eval negatives");
+      refuse_bounds("NCF-paper");
     }
     ncf::DatasetMeta m;
     if (fmt == ncf::InputFormat::kCsv) {

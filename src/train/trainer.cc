@@ -542,16 +542,15 @@ EvalResult Trainer::evaluate() {
       int64_t kept = 0;
       users.clear();
       for (int64_t u = 0; u < b.num_users; ++u) {
-        if (!eval_selected_[size_t(b.first_user + u)]) continue;
-        users.push_back(int32_t(b.first_user + u));
+        if (!eval_selected_[size_t(b.first_record + u)]) continue;
+        users.push_back(b.users[size_t(u)]);
         std::copy_n(&b.items[u * L], L, &b.items[kept * L]);
         std::copy_n(&b.mask[u * L], L, &b.mask[kept * L]);
         ++kept;
       }
       b.num_users = kept;
     } else {
-      users.resize(b.num_users);
-      for (int64_t u = 0; u < b.num_users; ++u) users[u] = int32_t(b.first_user + u);
+      users.assign(b.users.begin(), b.users.end());
     }
     const int64_t n = b.num_users;
     eval_users_.reserve(n);
@@ -866,6 +865,118 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
       for (int64_t s = 0; s < k; ++s) resumed_loss_[size_t(s)] += all[size_t(p * k + s)];
   }
   last_checkpoint_ = Clock::now();
+}
+
+void Trainer::warm_start() {
+  const int W = comm_.world(), r = comm_.rank();
+  std::vector<std::string> log;
+  const CheckpointReader ck = open_checkpoint(comm_, cfg_.init_from, &log);
+  const CheckpointManifest& m = ck.manifest();
+  const std::string& path = ck.path();
+  const std::vector<std::string> ancestors = meta_.ancestors();
+  if (m.dataset_id != meta_.dataset_id &&
+      std::find(ancestors.begin(), ancestors.end(), m.dataset_id) == ancestors.end()) {
+    std::string line;
+    for (const std::string& a : ancestors) line += (line.empty() ? "" : ", ") + a;
+    NCF_FAIL("flag --init_from ", path, ": the checkpoint belongs to dataset ", m.dataset_id,
+             ", which is neither --data_dir ", cfg_.data_dir, " (dataset ", meta_.dataset_id,
+             ") nor one it extends (",
+             line.empty() ? std::string("it was made from scratch") : "its ancestors: " + line,
+             "); a warm start continues a model on a dataset made from its own with ncf_prep "
+             "--extend");
+  }
+  const nlohmann::json recorded = with_later_flags(m.config);
+  const bool keep = cfg_.init_optimizer_state == "keep" && !cfg_.eval_only;
+  const nlohmann::json now = trajectory_flags(cfg_);
+  for (const char* key : {"num_factors", "layers", "embedding_optimizer"}) {
+    if (!recorded.contains(key))
+      NCF_FAIL("flag --init_from ", path, ": the checkpoint does not record --", key);
+    const bool state = std::string(key) == "embedding_optimizer";
+    if (recorded.at(key) != now.at(key) && (!state || keep))
+      NCF_FAIL("flag --init_from ", path, ": the checkpoint was trained with --", key, " ",
+               recorded.at(key).dump(), ", this run has --", key, " ", now.at(key).dump(),
+               state ? " (pass --init_optimizer_state reset to start the new optimizer's state "
+                       "afresh)"
+                     : " (a warm start keeps the model's shape)");
+  }
+  // The tower, and its Adam moments unless reset.
+  const int64_t params = model_->num_params();
+  NCF_REQUIRE(ck.bytes("tower.f32") == 3 * params * 4, "flag --init_from ", path,
+              ": tower.f32 has ", ck.bytes("tower.f32"), " bytes, this model needs ",
+              3 * params * 4);
+  {
+    std::vector<float> tower(static_cast<size_t>(3 * params));
+    ck.read("tower.f32", 0, tower.data(), tower.size() * 4);
+    if (!keep) std::fill(tower.begin() + params, tower.end(), 0.0f);
+    device_copy(ctx_.device, model_->params().data(), Device::kCpu, tower.data(), params * 4);
+    device_copy(ctx_.device, state_.adam_m.data(), Device::kCpu, tower.data() + params, params * 4);
+    device_copy(ctx_.device, state_.adam_v.data(), Device::kCpu, tower.data() + 2 * params,
+                params * 4);
+  }
+  state_.t = keep ? m.step : 0;
+  // The tables: each rank maps the rows of its block to the checkpoint's by
+  // original id, then the chunks go through the collection as in a resume,
+  // the rows the checkpoint lacks keeping this run's initial values.
+  const IdMaps old_maps = ck.id_maps();
+  const IdMaps new_maps = load_id_maps(cfg_.data_dir, meta_);
+  const std::vector<std::string> arrays = state_array_names(table_optimizer_);
+  const size_t num_arrays = keep ? arrays.size() : 1;
+  int64_t counts[4] = {0, 0, 0, 0};  // user rows found, new; item rows found, new
+  for (int t = 0; t < tables_->num_tables(); ++t) {
+    const TableSpec& spec = plan_.tables[t];
+    const IdMap& now_map = spec.name == "user" ? new_maps.user : new_maps.item;
+    const IdMap& old_map = spec.name == "user" ? old_maps.user : old_maps.item;
+    const int64_t old_rows = checkpoint_table_rows(m, spec.name, path);
+    int64_t first = 0, count = 0;
+    block_range(spec.num_rows, W, r, &first, &count);
+    std::vector<int64_t> source(static_cast<size_t>(count));
+    try {
+      for (int64_t k = 0; k < count; ++k) source[size_t(k)] = old_map.find_same(now_map, first + k);
+    } catch (const Error& e) {
+      NCF_RETHROW(e, "flag --init_from ", path, ": table ", spec.name, " of ", cfg_.data_dir);
+    }
+    for (int64_t s : source) ++counts[2 * (t == 0 ? 0 : 1) + (s < 0 ? 1 : 0)];
+    for (size_t a = 0; a < num_arrays; ++a) {
+      const std::string name = spec.name + "." + arrays[a] + ".f32";
+      const int64_t width = tables_->state_width(int(a));
+      NCF_REQUIRE(ck.bytes(name) == old_rows * width * 4, "flag --init_from ", path, ": ", name,
+                  " has ", ck.bytes(name), " bytes for ", old_rows, " rows x ", width, " floats");
+      std::vector<float> chunk;
+      for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
+        int64_t lo = 0, rows = 0;
+        const float* now_rows = tables_->export_chunk(t, int(a), c, &rows);
+        chunk.assign(now_rows, now_rows + rows * width);
+        tables_->chunk_range(t, r, c, &lo, &rows);
+        // Runs of rows whose sources are consecutive: one read each.
+        for (int64_t k = 0; k < rows;) {
+          const int64_t s = source[size_t(lo - first + k)];
+          if (s < 0) {
+            ++k;
+            continue;
+          }
+          int64_t run = 1;
+          while (k + run < rows && source[size_t(lo - first + k + run)] == s + run) ++run;
+          ck.read(name, s * width * 4, chunk.data() + k * width, size_t(run * width) * 4);
+          k += run;
+        }
+        tables_->import_chunk(t, int(a), c, chunk.data());
+      }
+    }
+  }
+  all_reduce_sum_on(comm_, Device::kCpu, counts, 4, DType::kInt64);
+  init_from_ = {{"path", path},
+                {"dataset_id", m.dataset_id},
+                {"step", m.step},
+                {"optimizer_state", keep ? "keep" : "reset"}};
+  if (r == 0) {
+    std::printf(
+        "ncf_dist: warm start from %s (dataset %s, step %lld): users %lld from the checkpoint, "
+        "%lld new; items %lld from the checkpoint, %lld new; tower carried over; optimizer "
+        "state %s\n",
+        path.c_str(), m.dataset_id.c_str(), (long long)m.step, (long long)counts[0],
+        (long long)counts[1], (long long)counts[2], (long long)counts[3], keep ? "kept" : "reset");
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace ncf

@@ -84,6 +84,17 @@ class Trainer {
   // belongs to this dataset and these flags (collective). Rank 0 prints what
   // it took or skipped.
   Position resume();
+  // Whether resume() loaded a checkpoint.
+  bool resumed() const { return !resumed_from_.empty(); }
+  // --init_from: a warm start from a checkpoint of this dataset or of one of
+  // its ancestors (ncf_prep --extend), refused otherwise naming both dataset
+  // ids (collective). Rows of the original ids both datasets have are the
+  // checkpoint's, with its optimizer state unless --init_optimizer_state
+  // reset; the others keep the initialisation of this run (keyed by seed and
+  // global row, so the same for any W); the tower and its Adam moments carry
+  // over (and the step count, for Adam's bias correction, unless reset).
+  // Training then starts at epoch 0 of this dataset. Rank 0 prints the counts.
+  void warm_start();
   // A checkpoint of the state after epoch_step steps of epoch (collective);
   // returns its directory.
   std::string save_checkpoint(int64_t epoch, int64_t epoch_step);
