@@ -467,6 +467,20 @@ TEST(ExportIds, StringIdsAsNumpyArrays) {
   EXPECT_TRUE(std::filesystem::exists(t.file("npy/user_ids.npy")));
   EXPECT_FALSE(std::filesystem::exists(t.file("npy/item_ids.npy")));
   EXPECT_TRUE(std::filesystem::exists(t.file("npy/item_ids_offsets.npy")));
+  // The checkpoint carries a copy of the dataset's maps: without --data_dir
+  // the export writes the same files, ids included.
+  r = run(bin("ncf_export") + " --checkpoint " + t.file("ck") + " --format npy --output " +
+          t.file("npy_ck"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(t.file("npy"))) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(test::read_file(t.file("npy_ck/" + name)), test::read_file(e.path().string()))
+        << name;
+    ++files;
+  }
+  EXPECT_EQ(files, size_t(std::distance(std::filesystem::directory_iterator(t.file("npy_ck")),
+                                        std::filesystem::directory_iterator())));
   // NumPy's view of the ids equals the dataset's maps, in row order.
   r =
       run("/usr/bin/python3 -c 'import numpy as np, sys; d = sys.argv[1]; "

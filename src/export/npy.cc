@@ -26,14 +26,10 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
   });
 }
 
-void write_npy(const std::string& path, const char* dtype, const std::vector<int64_t>& shape,
-               size_t element_bytes, const std::function<void(const NpyAppend&)>& body) {
+std::string npy_header(const std::string& path, const char* dtype,
+                       const std::vector<int64_t>& shape) {
   std::string dims;  // "(3,)" for one dimension, "(3, 4)" for two, as NumPy writes them
-  int64_t count = 1;
-  for (size_t k = 0; k < shape.size(); ++k) {
-    dims += (k ? ", " : "") + std::to_string(shape[k]);
-    count *= shape[k];
-  }
+  for (size_t k = 0; k < shape.size(); ++k) dims += (k ? ", " : "") + std::to_string(shape[k]);
   if (shape.size() == 1) dims += ",";
   std::string header =
       "{'descr': '" + std::string(dtype) + "', 'fortran_order': False, 'shape': (" + dims + "), }";
@@ -46,6 +42,14 @@ void write_npy(const std::string& path, const char* dtype, const std::vector<int
   head += char(header.size() & 0xff);
   head += char(header.size() >> 8);
   head += header;
+  return head;
+}
+
+void write_npy(const std::string& path, const char* dtype, const std::vector<int64_t>& shape,
+               size_t element_bytes, const std::function<void(const NpyAppend&)>& body) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  const std::string head = npy_header(path, dtype, shape);
   // Written as the pieces come (a table need not fit in memory), through a
   // temporary file and a rename like write_file_atomic.
   const std::string tmp = path + ".tmp";
@@ -117,29 +121,23 @@ void export_string_ids(const std::string& dir, const std::string& name, const St
 
 }  // namespace
 
-void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir) {
-  std::filesystem::create_directories(dir);
-  nlohmann::json files = nlohmann::json::object();
+std::string npy_table_file(TrainedModel::Table t) {
+  return t == TrainedModel::kUsers ? "user_embeddings.npy" : "item_embeddings.npy";
+}
+
+nlohmann::json npy_table_entry(const TrainedModel& m, TrainedModel::Table t) {
+  const std::string name = t == TrainedModel::kUsers ? "user" : "item";
+  return {{"shape", {m.rows(t), int64_t(m.D)}},
+          {"dtype", "float32"},
+          {"what", name + " rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP embedding"}};
+}
+
+void write_npy_tower(const TrainedModel& m, const std::string& dir, nlohmann::json* files) {
   auto put = [&](const std::string& name, const std::vector<int64_t>& shape, const float* data,
                  const std::string& what) {
     write_npy(dir + "/" + name, "<f4", shape, data, 4);
-    files[name] = {{"shape", shape}, {"dtype", "float32"}, {"what", what}};
+    (*files)[name] = {{"shape", shape}, {"dtype", "float32"}, {"what", what}};
   };
-  for (const auto& [name, table] :
-       {std::pair{"user", TrainedModel::kUsers}, std::pair{"item", TrainedModel::kItems}}) {
-    const std::string file = std::string(name) + "_embeddings.npy";
-    const std::vector<int64_t> shape = {m.rows(table), m.D};
-    write_npy(dir + "/" + file, "<f4", shape, 4, [&](const NpyAppend& append) {
-      m.for_each_piece(
-          table, export_piece_rows(m.D),
-          [&](int64_t, int64_t rows, const float* data) { append(data, size_t(rows * m.D) * 4); });
-    });
-    files[file] = {
-        {"shape", shape},
-        {"dtype", "float32"},
-        {"what", std::string(name) + " rows: columns [0, mf_dim) GMF factors, [mf_dim, D) MLP "
-                                     "embedding"}};
-  }
   for (size_t l = 0; l < m.tower.size(); ++l) {
     const DenseLayerView& v = m.tower[l];
     const std::string p = "mlp_" + std::to_string(l);
@@ -151,26 +149,39 @@ void export_npy(const TrainedModel& m, const std::string& dir, const std::string
   put("head_weight.npy", {F}, m.params.data() + m.head_w_offset,
       "logit = [gmf ; x_last] @ w + c: the first mf_dim entries weigh the GMF product");
   put("head_bias.npy", {1}, m.params.data() + m.head_c_offset, "c");
+}
+
+std::optional<IdMaps> export_id_maps(const TrainedModel& m, const std::string& data_dir) {
   if (!data_dir.empty()) {
     const DatasetMeta meta = DatasetMeta::load(data_dir);
     if (meta.dataset_id != m.manifest.dataset_id)
       NCF_FAIL("checkpoint ", m.path, " belongs to dataset ", m.manifest.dataset_id,
                ", but --data_dir ", data_dir, " holds dataset ", meta.dataset_id);
-    const IdMaps maps = load_id_maps(data_dir, meta);
-    for (const auto& [name, map] :
-         {std::pair{"user_ids.npy", &maps.user}, std::pair{"item_ids.npy", &maps.item}}) {
-      if (map->strings()) {
-        export_string_ids(dir, name, map->string_list(), &files);
-        continue;
-      }
-      std::vector<int64_t> ids(size_t(map->size()));
-      for (int64_t d = 0; d < map->size(); ++d) ids[size_t(d)] = map->raw(d);
-      write_npy(dir + "/" + name, "<i8", {map->size()}, ids.data(), 8);
-      files[name] = {{"shape", {map->size()}},
-                     {"dtype", "int64"},
-                     {"what", "the dataset's original id of each row"}};
-    }
+    // The checkpoint's copy is that dataset's maps (checked against the CRCs
+    // its manifest took from metadata.json), so it is read instead.
+    if (m.manifest.id_maps.empty()) return load_id_maps(data_dir, meta);
   }
+  if (m.manifest.id_maps.empty()) return std::nullopt;
+  return m.reader->id_maps();
+}
+
+void write_npy_ids(const IdMaps& maps, const std::string& dir, nlohmann::json* files) {
+  for (const auto& [name, map] :
+       {std::pair{"user_ids.npy", &maps.user}, std::pair{"item_ids.npy", &maps.item}}) {
+    if (map->strings()) {
+      export_string_ids(dir, name, map->string_list(), files);
+      continue;
+    }
+    std::vector<int64_t> ids(size_t(map->size()));
+    for (int64_t d = 0; d < map->size(); ++d) ids[size_t(d)] = map->raw(d);
+    write_npy(dir + "/" + name, "<i8", {map->size()}, ids.data(), 8);
+    (*files)[name] = {{"shape", {map->size()}},
+                      {"dtype", "int64"},
+                      {"what", "the dataset's original id of each row"}};
+  }
+}
+
+std::string npy_manifest_text(const TrainedModel& m, const nlohmann::json& files) {
   const nlohmann::json manifest = {{"model", "NeuMF"},
                                    {"mf_dim", m.config.mf_dim},
                                    {"layers", m.config.layers},
@@ -182,7 +193,26 @@ void export_npy(const TrainedModel& m, const std::string& dir, const std::string
                                    {"dataset_id", m.manifest.dataset_id},
                                    {"score", "sigmoid(logit)"},
                                    {"files", files}};
-  write_file_atomic(dir + "/manifest.json", manifest.dump(2) + "\n");
+  return manifest.dump(2) + "\n";
+}
+
+void export_npy(const TrainedModel& m, const std::string& dir, const std::string& data_dir) {
+  // The maps first: a --data_dir of another dataset is refused before any file is written.
+  const std::optional<IdMaps> maps = export_id_maps(m, data_dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json files = nlohmann::json::object();
+  for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {
+    const std::string file = npy_table_file(t);
+    write_npy(dir + "/" + file, "<f4", {m.rows(t), m.D}, 4, [&](const NpyAppend& append) {
+      m.for_each_piece(t, export_piece_rows(m.D), [&](int64_t, int64_t rows, const float* data) {
+        append(data, size_t(rows * m.D) * 4);
+      });
+    });
+    files[file] = npy_table_entry(m, t);
+  }
+  write_npy_tower(m, dir, &files);
+  if (maps) write_npy_ids(*maps, dir, &files);
+  write_file_atomic(dir + "/manifest.json", npy_manifest_text(m, files));
 }
 
 }  // namespace ncf

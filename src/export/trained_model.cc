@@ -9,14 +9,6 @@
 
 namespace ncf {
 
-namespace {
-
-const char* table_file(TrainedModel::Table t) {
-  return t == TrainedModel::kUsers ? "user.rows.f32" : "item.rows.f32";
-}
-
-}  // namespace
-
 void TrainedModel::read_rows(Table t, int64_t first, int64_t count, float* out) const {
   NCF_CHECK(first >= 0 && count >= 0 && first + count <= rows(t), path, "/", table_file(t),
             ": rows [", first, ", ", first + count, ") out of [0, ", rows(t), ")");
@@ -72,7 +64,7 @@ TrainedModel load_trained_model(const std::string& checkpoint) {
   m.params.resize(size_t(n_params));
   ck.read("tower.f32", 0, m.params.data(), m.params.size() * 4);
   for (TrainedModel::Table t : {TrainedModel::kUsers, TrainedModel::kItems}) {
-    const std::string name = table_file(t);
+    const std::string name = TrainedModel::table_file(t);
     const int64_t bytes = ck.bytes(name);
     NCF_REQUIRE(bytes % (int64_t(m.D) * 4) == 0, ck.path(), ": ", name, " has ", bytes,
                 " bytes, not whole rows of ", m.D, " floats (the width its flags give)");

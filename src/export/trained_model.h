@@ -30,6 +30,8 @@ struct TrainedModel {
 
   enum Table { kUsers, kItems };
   int64_t rows(Table t) const { return t == kUsers ? U : I; }
+  // The checkpoint's file of a table's rows ("user.rows.f32"): FP32 in global row order.
+  static const char* table_file(Table t) { return t == kUsers ? "user.rows.f32" : "item.rows.f32"; }
   // Rows [first, first + count) of a table ([count×D]) from the checkpoint.
   void read_rows(Table t, int64_t first, int64_t count, float* out) const;
   // The whole table in order, in pieces of at most `piece_rows` rows through
