@@ -459,5 +459,31 @@ TEST_F(DocCommands, ValuesPlaceholdersAndOtherBlocksAreNotFlags) {
   EXPECT_EQ(r.uses["tests/cluster/sim_cluster.sh"], 1);
 }
 
+// docs/daily_retraining.md's example, its first shell block as written, run
+// in a scratch directory where build/ and scripts/ are this checkout's: the
+// page promises that CI runs it.
+TEST(DailyRetraining, TheDocumentedCommandsRun) {
+  const std::string doc =
+      test::read_file(std::string(NCF_SOURCE_DIR) + "/docs/daily_retraining.md");
+  const size_t begin = doc.find("```sh\n");
+  ASSERT_NE(begin, std::string::npos) << "no sh block in docs/daily_retraining.md";
+  const size_t end = doc.find("```\n", begin + 6);
+  ASSERT_NE(end, std::string::npos);
+  const std::string block = doc.substr(begin + 6, end - begin - 6);
+  ASSERT_NE(block.find("--extend"), std::string::npos);
+  ASSERT_NE(block.find("--init_from"), std::string::npos);
+  ASSERT_NE(block.find("--since"), std::string::npos);
+  test::TempDir dir;
+  const fs::path build = fs::path(NCF_BIN_DIR).parent_path();
+  fs::create_directory_symlink(build, dir.path() + "/build");
+  fs::create_directory_symlink(fs::path(NCF_SOURCE_DIR) / "scripts", dir.path() + "/scripts");
+  test::write_file(dir.path() + "/example.sh", "set -euo pipefail\n" + block);
+  const test::RunResult r = test::run("cd " + dir.path() + " && bash example.sh");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warm start from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(--max_users 2800)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lineage checked against the parent"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace ncf
