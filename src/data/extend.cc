@@ -53,8 +53,7 @@ struct Kept {
   uint64_t kept_prev = 0, kept_new = 0, dropped_prev = 0, dropped_new = 0;
 };
 
-Kept keep_most_recent(const std::vector<Recency>& recency, uint64_t prev, uint64_t bound,
-                      int threads) {
+Kept keep_most_recent(const std::vector<Recency>& recency, uint64_t prev, uint64_t bound) {
   const uint64_t n = recency.size();
   Kept k;
   k.dense.assign(n, 0);
@@ -70,7 +69,6 @@ Kept keep_most_recent(const std::vector<Recency>& recency, uint64_t prev, uint64
     std::nth_element(order.begin(), order.begin() + ptrdiff_t(bound), order.end(), later);
     for (uint64_t j = bound; j < n; ++j) k.dense[order[j]] = -1;
   }
-  (void)threads;
   int32_t next = 0;
   for (uint64_t c = 0; c < n; ++c) {
     const bool in = k.dense[c] == 0;
@@ -226,8 +224,8 @@ DatasetMeta extend_dataset(KeyedLog log, DatasetPlan plan, const PrepOptions& op
   }
   std::vector<Recency>().swap(ikey_rec);
 
-  const Kept ku = keep_most_recent(urec, P_u, opt.extend.max_users, threads);
-  const Kept ki = keep_most_recent(irec, P_i, opt.extend.max_items, threads);
+  const Kept ku = keep_most_recent(urec, P_u, opt.extend.max_users);
+  const Kept ki = keep_most_recent(irec, P_i, opt.extend.max_items);
   const uint64_t U = ku.kept_prev + ku.kept_new, I = ki.kept_prev + ki.kept_new;
   if (U > uint64_t(INT32_MAX) || I > uint64_t(INT32_MAX))
     NCF_FAIL(file, ": extending ", prev_dir, " gives ", U, " users and ", I,

@@ -151,6 +151,13 @@ HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int thr
   return d;
 }
 
+void activity_of(const HeldOutUsers& d, std::vector<int64_t>* users, std::vector<int64_t>* items) {
+  users->assign(2 * d.num_users(), 0);
+  items->assign(2 * d.num_items(), 0);
+  for (uint64_t u = 0; u < d.num_users(); ++u) (*users)[2 * u + 1] = d.user_time[u];
+  for (uint64_t i = 0; i < d.num_items(); ++i) (*items)[2 * i + 1] = d.item_time[i];
+}
+
 SplitUsers leave_one_out(const HeldOutUsers& d) {
   SplitUsers s;
   s.num_users = d.num_users();

@@ -51,6 +51,10 @@ struct HeldOutUsers {
 HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int threads,
                              const std::string& file);
 
+// Each kept user's and item's activity (dataset.h) as a dataset from scratch
+// records it: generation 0 and the time of its latest row, [2 x U], [2 x I].
+void activity_of(const HeldOutUsers& d, std::vector<int64_t>* users, std::vector<int64_t>* items);
+
 // The split stage over the result: positives, train items (all but the latest),
 // the held-out item.
 SplitUsers leave_one_out(const HeldOutUsers& d);

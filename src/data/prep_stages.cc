@@ -206,6 +206,18 @@ void write_stage(const UserBlock& block, DatasetWriter* writer) {
   }
 }
 
+DatasetPlan plan_of_options(const std::string& source, const PrepOptions& opt) {
+  DatasetPlan plan;
+  plan.source = source;
+  plan.eval_negatives = opt.eval_negatives;
+  plan.eval_sampling = opt.eval_sampling;
+  plan.record_rows = opt.record_rows;
+  plan.num_shards = opt.num_shards;
+  plan.seed = opt.seed;
+  plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+  return plan;
+}
+
 double PrepProgress::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

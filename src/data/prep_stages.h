@@ -90,6 +90,11 @@ void eval_negatives_stage(const EvalNegatives& negatives, int threads, UserBlock
 // Hands the block's users to the writer in id order.
 void write_stage(const UserBlock& block, DatasetWriter* writer);
 
+// A plan with what every source takes from the options as it is (E, eval
+// sampling, record rows, shards, seed, shuffle buffer) and `source`; the
+// source fills in its counts, maps and generator.
+DatasetPlan plan_of_options(const std::string& source, const PrepOptions& opt);
+
 // How assemble_dataset reports progress.
 struct PrepProgress {
   bool enabled = false;

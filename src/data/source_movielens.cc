@@ -126,14 +126,7 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
     log.in = std::move(in);
     log.user_ids = std::move(all_users);
     log.item_ids = std::move(all_items);
-    DatasetPlan plan;
-    plan.source = "movielens:" + movielens_name(file);
-    plan.eval_negatives = opt.eval_negatives;
-    plan.eval_sampling = opt.eval_sampling;
-    plan.record_rows = opt.record_rows;
-    plan.num_shards = opt.num_shards;
-    plan.seed = opt.seed;
-    plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
+    DatasetPlan plan = plan_of_options("movielens:" + movielens_name(file), opt);
     plan.generator = {{"input", file},
                       {"format", format_name(f)},
                       {"ratings", num_ratings},
@@ -155,23 +148,15 @@ DatasetMeta prepare_movielens(const std::string& path, InputFormat fmt, const st
                  opt.min_interactions, static_cast<unsigned long long>(I),
                  static_cast<unsigned long long>(d.duplicates), progress.seconds());
 
-  DatasetPlan plan;
-  plan.source = "movielens:" + movielens_name(file);
+  DatasetPlan plan = plan_of_options("movielens:" + movielens_name(file), opt);
   plan.num_users = U;
   plan.num_items = I;
   plan.num_train = d.pos.size() - U;
   plan.num_positives = d.pos.size();
-  plan.eval_negatives = opt.eval_negatives;
-  plan.eval_sampling = opt.eval_sampling;
-  plan.record_rows = opt.record_rows;
-  plan.num_shards = opt.num_shards;
-  plan.seed = opt.seed;
   plan.dropped_users = d.dropped;
-  plan.shuffle_buffer_bytes = opt.shuffle_buffer_bytes;
   // Each id's latest activity (generation 0), what a bounded --extend keeps by.
-  std::vector<int64_t> user_activity(2 * U), item_activity(2 * I);
-  for (uint64_t u = 0; u < U; ++u) user_activity[2 * u + 1] = d.user_time[u];
-  for (uint64_t i = 0; i < I; ++i) item_activity[2 * i + 1] = d.item_time[i];
+  std::vector<int64_t> user_activity, item_activity;
+  activity_of(d, &user_activity, &item_activity);
   plan.user_activity = &user_activity;
   plan.item_activity = &item_activity;
   plan.raw_users = &raw_user;
