@@ -84,7 +84,9 @@ TEST_F(Extend, KnownIdsKeepTheirPlacesAndNewOnesFollow) {
   for (int64_t d = 0; d < a.item.size(); ++d) ASSERT_EQ(a.item.text(d), b.item.text(d)) << d;
   for (int64_t d = a.user.size(); d < b.user.size(); ++d) {
     EXPECT_FALSE(a.user.find(b.user.string(d)).has_value()) << "new user " << b.user.text(d);
-    if (d > a.user.size()) EXPECT_LT(b.user.string(d - 1), b.user.string(d)) << "ascending";
+    if (d > a.user.size()) {
+      EXPECT_LT(b.user.string(d - 1), b.user.string(d)) << "ascending";
+    }
   }
   EXPECT_EQ(m2.format_version, kFormatVersion);
   EXPECT_EQ(m2.ancestors(), std::vector<std::string>{m1.dataset_id});
@@ -147,6 +149,20 @@ TEST_F(Extend, ABoundKeepsTheMostRecentAndDropsTheRestVisibly) {
   EXPECT_GE(least_kept, most_dropped);
   const RunResult v = run(bin("ncf_prep") + " --verify " + path("bounded"));
   EXPECT_EQ(v.exit_code, 0) << v.output;
+  // --verify checks the activity and dropped-id files too.
+  for (const std::string f : {"user_activity.i64", "dropped_user_ids.str"}) {
+    ASSERT_EQ(
+        run("rm -rf " + path("damaged") + " && cp -r " + path("bounded") + " " + path("damaged"))
+            .exit_code,
+        0);
+    std::string bytes = read_file(path("damaged/" + f));
+    bytes[bytes.size() - 1] ^= 1;
+    write_file(path("damaged/" + f), bytes);
+    const RunResult bad = run(bin("ncf_prep") + " --verify " + path("damaged"));
+    EXPECT_NE(bad.exit_code, 0) << f;
+    EXPECT_NE(bad.output.find(path("damaged/" + f) + ": file CRC-32C"), std::string::npos)
+        << bad.output;
+  }
 }
 
 TEST_F(Extend, AWarmStartHoldsTheCheckpointsRowsAndTheSameNewRowsAtAnyW) {

@@ -1,5 +1,7 @@
 // `ncf_prep --verify`: walks every record of a dataset directory through the
 // same ShardCursor and decoders the readers use, plus whole-file sizes and CRCs.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/file_io.h"
 #include "data/dataset.h"
 #include "data/format.h"
 #include "data/id_map.h"
@@ -88,6 +91,34 @@ std::string check_lineage(const std::string& dir, const DatasetMeta& meta, const
       if (known) last = p;
     }
   }
+  // The dropped ids: none is here; the parent's among them are as many as
+  // the lineage says it dropped.
+  if (!meta.dropped_ids.empty()) {
+    const IdMaps dropped = load_id_maps(
+        meta.dropped_ids, meta.dropped_ids[0].count, meta.dropped_ids[1].count,
+        [&](const std::string& name, int64_t off, void* data, size_t n) {
+          FileHandle(dir + "/" + name, O_RDONLY).read_at(off, data, n);
+        },
+        [&](const std::string& name) { return FileHandle(dir + "/" + name, O_RDONLY).size(); },
+        dir);
+    for (int k = 0; k < 2; ++k) {
+      const IdMap& gone = k == 0 ? dropped.user : dropped.item;
+      const IdMap& now = k == 0 ? maps.user : maps.item;
+      const IdMap& before = k == 0 ? pmaps.user : pmaps.item;
+      uint64_t of_parent = 0;
+      for (int64_t d = 0; d < gone.size(); ++d) {
+        if (now.find_same(gone, d) >= 0)
+          NCF_FAIL(dir, ": ", meta.dropped_ids[size_t(k)].name, " lists ", gone.text(d),
+                   ", which the dataset still has");
+        of_parent += before.find_same(gone, d) >= 0;
+      }
+      const char* which = k == 0 ? "users" : "items";
+      if (of_parent != l.at(which).at("dropped").get<uint64_t>())
+        NCF_FAIL(dir, ": ", meta.dropped_ids[size_t(k)].name, " lists ", of_parent,
+                 " of the parent's ids, lineage.", which, ".dropped says ",
+                 l.at(which).at("dropped").get<uint64_t>());
+    }
+  }
   return detail::concat("lineage checked against the parent ", pm.dataset_id, " (", pdir, ")");
 }
 
@@ -159,6 +190,12 @@ VerifySummary verify_dataset(const std::string& dir, bool show_progress) {
   // The id maps: sizes, CRCs, ascending (or distinct) ids.
   const IdMaps maps = load_id_maps(dir, meta);
   for (const IdMapInfo& m : meta.id_maps) sum.bytes += m.bytes;
+  // The files beside them: each id's activity, an extension's dropped ids.
+  for (const std::vector<IdMapInfo>* files : {&meta.activity, &meta.dropped_ids})
+    for (const IdMapInfo& f : *files) {
+      check_file_against_meta(dir + "/" + f.name, f.bytes, f.crc32c);
+      sum.bytes += f.bytes;
+    }
   if (meta.lineage.is_object()) sum.lineage = check_lineage(dir, meta, maps);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
