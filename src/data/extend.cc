@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <limits>
 #include <numeric>
@@ -295,24 +296,27 @@ DatasetMeta extend_dataset(KeyedLog log, DatasetPlan plan, const PrepOptions& op
     if (l->held_out >= 0) l->train.erase(std::find(l->train.begin(), l->train.end(), l->held_out));
     std::sort(l->train.begin(), l->train.end());
   };
-  std::vector<uint64_t> np(U), nt(U);
+  // A user's lists hold fewer than num_items (< 2^31) entries; the counts
+  // of repeats and dropped rows are sums, whatever order the ranges end in.
+  std::vector<uint32_t> np(U), nt(U);
   std::vector<int32_t> held(U);
-  uint64_t repeats = 0, dropped_rows = 0;
-  {
-    std::vector<uint64_t> rep(U), dro(U);
-    parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
-      UserLists l;
-      for (uint64_t u = b; u < e; ++u) {
-        lists_of(u, &l);
-        np[u] = l.positives.size();
-        nt[u] = l.train.size();
-        held[u] = l.held_out;
-        rep[u] = l.repeats;
-        dro[u] = l.dropped_rows;
-      }
-    });
-    for (uint64_t u = 0; u < U; ++u) repeats += rep[u], dropped_rows += dro[u];
-  }
+  std::atomic<uint64_t> repeat_sum{0}, dropped_sum{0};
+  parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
+    UserLists l;
+    uint64_t rep = 0, dro = 0;
+    for (uint64_t u = b; u < e; ++u) {
+      lists_of(u, &l);
+      np[u] = uint32_t(l.positives.size());
+      nt[u] = uint32_t(l.train.size());
+      held[u] = l.held_out;
+      rep += l.repeats;
+      dro += l.dropped_rows;
+    }
+    repeat_sum += rep;
+    dropped_sum += dro;
+  });
+  const uint64_t repeats = repeat_sum;
+  uint64_t dropped_rows = dropped_sum;
   // Rows of users dropped by the bound.
   for (uint64_t u = 0; u < UK; ++u)
     if (ukey_ok[u] && ku.dense[size_t(code_of_ukey[u])] < 0) dropped_rows += distinct[u];
