@@ -684,6 +684,97 @@ TEST(NeuMF, ThreadCountDoesNotChangeAnyBit) {
   }
 }
 
+// The fused top (StepKernels kStreaming: neumf_top_forward/backward) against the
+// unfused ops it replaces (kLegacy: repeat_rows, gmf_*, concat/split_cols, head_*,
+// bce_*, the last layer's mask and bias sums) on the CPU: logits, the loss, every
+// parameter gradient and both row gradients the same bits, through
+// forward_backward (loss from labels) and through backward (dlogits given); for
+// no hidden layer, layer 0 only and three layers, S = 1 and 5, GMF and tower
+// widths below, at and past one 32-lane column, n = 0 and a batch past one
+// kReduceBlock. The loss is also held to a double loop over the logits.
+TEST(NeuMF, FusedTopIsTheUnfusedOpsBitForBit) {
+  struct Case {
+    int mf;
+    std::vector<int> layers;
+    int n, S;
+  };
+  const Case cases[] = {{3, {4}, 37, 5},
+                        {5, {6, 7}, 37, 5},
+                        {8, {64, 32, 16, 8}, 37, 1},
+                        {8, {64, 32, 16, 8}, 300, 5},
+                        {40, {20, 36, 33}, 61, 5},
+                        {64, {256, 128, 64}, 9, 5},
+                        {8, {16, 8}, 0, 5}};
+  auto same = [](const float* a, const float* b, size_t count, const std::string& what) {
+    size_t bad = 0;
+    for (size_t k = 0; k < count; ++k)
+      if (std::memcmp(a + k, b + k, sizeof(float)) != 0 && bad++ < 3)
+        ADD_FAILURE() << what << " [" << k << "]: fused " << a[k] << ", unfused " << b[k];
+    EXPECT_EQ(bad, 0u) << what;
+  };
+  for (const Case& c : cases) {
+    NeuMFConfig cfg;
+    cfg.mf_dim = c.mf;
+    cfg.layers = c.layers;
+    const int n = c.n, S = c.S, B = n * S, D = cfg.embedding_width();
+    const std::string what = "mf " + std::to_string(c.mf) + " layers " +
+                             std::to_string(c.layers.size()) + " n " + std::to_string(n) + " S " +
+                             std::to_string(S) + ": ";
+    NeuMF model(cfg, Device::kCpu);
+    model.init(77);
+    Vec noise = random_vec(size_t(model.num_params()), 78, -0.2f, 0.2f);
+    for (const DenseLayerView& v : model.tower())  // non-zero biases: both sides of every kink
+      for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+    const Vec U = random_vec(size_t(n) * D, 79), I = random_vec(size_t(B) * D, 80);
+    Vec labels = random_vec(size_t(B), 81, 0.0f, 1.0f);
+    for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+    const Vec R = random_vec(size_t(B), 82, -0.5f, 0.5f);
+    const int64_t global_batch = B + 11;  // this rank's share of a larger step
+    struct Out {
+      Vec logits, grads, dU, dI;
+      double loss = -1.0;
+    };
+    ExecContext ctx = cpu(2);
+    auto run = [&](StepKernels kernels, bool from_labels) {
+      set_step_kernels(kernels);
+      Out o;
+      o.logits.assign(size_t(B), 0.0f);
+      o.dU.assign(size_t(n) * D, 5.0f);
+      o.dI.assign(size_t(B) * D, 5.0f);
+      Vec dlogits(size_t(B), 0.0f);
+      if (from_labels) {
+        model.forward_backward(ctx, U.data(), I.data(), n, S, labels.data(), global_batch,
+                               o.logits.data(), dlogits.data(), &o.loss, o.dU.data(), o.dI.data());
+      } else {
+        model.forward(ctx, U.data(), I.data(), n, S, o.logits.data());
+        model.backward(ctx, R.data(), o.dU.data(), o.dI.data());
+      }
+      o.grads.assign(model.grads().data(), model.grads().data() + model.num_params());
+      set_step_kernels(StepKernels::kStreaming);
+      return o;
+    };
+    for (bool from_labels : {true, false}) {
+      const std::string w = what + (from_labels ? "from labels: " : "dlogits given: ");
+      const Out fused = run(StepKernels::kStreaming, from_labels);
+      const Out unfused = run(StepKernels::kLegacy, from_labels);
+      same(fused.logits.data(), unfused.logits.data(), fused.logits.size(), w + "logits");
+      same(fused.grads.data(), unfused.grads.data(), fused.grads.size(), w + "dense grads");
+      same(fused.dU.data(), unfused.dU.data(), fused.dU.size(), w + "d_user_rows");
+      same(fused.dI.data(), unfused.dI.data(), fused.dI.size(), w + "d_item_rows");
+      if (!from_labels) continue;
+      if (B == 0) {
+        EXPECT_EQ(fused.loss, -1.0) << w << "the loss is left alone without rows";
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(&fused.loss, &unfused.loss, sizeof(double)), 0)
+          << w << "loss " << fused.loss << " vs " << unfused.loss;
+      double want = 0.0;
+      for (int b = 0; b < B; ++b) want += ref_bce(fused.logits[size_t(b)], labels[size_t(b)]);
+      EXPECT_NEAR(fused.loss, want / double(global_batch), 1e-12) << w << "loss vs a double loop";
+    }
+  }
+}
+
 TEST(NeuMF, InitBoundsZeroBiasesAndSeedDeterminism) {
   NeuMFConfig cfg;
   cfg.mf_dim = 16;

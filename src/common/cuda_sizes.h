@@ -23,6 +23,15 @@ inline int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 constexpr int64_t kColChunk = 256;
 inline int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
 
+// neumf_top_backward (model/ops.cu): groups per block partial, and the partial
+// columns (dw's GMF and tower parts and the bias gradient, 32 lanes × ⌈width/32⌉
+// each, then dc and the loss).
+constexpr int64_t kNeumfTopGroups = 64;
+inline int64_t neumf_top_chunks(int64_t n) { return (n + kNeumfTopGroups - 1) / kNeumfTopGroups; }
+inline int neumf_top_partial_cols(int mf, int last) {
+  return 32 * ((mf + 31) / 32 + 2 * ((last + 31) / 32)) + 2;
+}
+
 // top_k: keys sorted per CUB call (topk.cu), so the sort's size stays within int.
 constexpr int64_t kTopKBlockElements = int64_t{1} << 26;
 

@@ -96,9 +96,12 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   const int F = config_.head_width();
   const size_t rows = static_cast<size_t>(B);
   const bool tower = !tower_.empty();
-  g_.reserve(rows * mf);
-  h_.reserve(rows * F);
-  ug_.reserve(S > 1 ? rows * mf : 0);
+  fused_ = fused_top();
+  if (!fused_) {
+    g_.reserve(rows * mf);
+    h_.reserve(rows * F);
+    ug_.reserve(S > 1 ? rows * mf : 0);
+  }
   if (tower) {
     u0_.reserve(static_cast<size_t>(n) * tower_[0].out);
   } else {
@@ -113,15 +116,6 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   if (B == 0) return;
 
   const float* p = params_.data();
-  // GMF: the users' GMF columns, repeated over their S samples when S > 1.
-  const float* ug = user_rows;
-  int64_t ldug = D;
-  if (S > 1) {
-    repeat_rows(ctx, user_rows, D, mf, ug_.data(), n, S);
-    ug = ug_.data();
-    ldug = mf;
-  }
-  gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
   const float* x = nullptr;
   if (tower) {
     // Layer 0 without the concatenated input: Z0 = u_mlp · W0[:, :h]^T, once per
@@ -151,13 +145,57 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     concat_cols(ctx, um, ldum, h, item_rows + mf, D, h, x0_.data(), B);
     x = x0_.data();
   }
-  concat_cols(ctx, g_.data(), mf, mf, x, config_.layers.back(), config_.layers.back(), h_.data(),
-              B);
+  const int last = config_.layers.back();
+  if (fused_) {
+    neumf_top_forward(ctx, user_rows, D, item_rows, D, x, p + head_w_offset_, p + head_c_offset_,
+                      logits, n, S, mf, last);
+    return;
+  }
+  // GMF: the users' GMF columns, repeated over their S samples when S > 1.
+  const float* ug = user_rows;
+  int64_t ldug = D;
+  if (S > 1) {
+    repeat_rows(ctx, user_rows, D, mf, ug_.data(), n, S);
+    ug = ug_.data();
+    ldug = mf;
+  }
+  gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
+  concat_cols(ctx, g_.data(), mf, mf, x, last, last, h_.data(), B);
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
+}
+
+bool NeuMF::fused_top() const {
+  return step_kernels() == StepKernels::kStreaming && config_.mf_dim <= kNeumfTopMaxWidth &&
+         config_.layers.back() <= kNeumfTopMaxWidth;
+}
+
+void NeuMF::forward_backward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
+                             int64_t n, int S, const float* labels, int64_t global_batch,
+                             float* logits, float* dlogits, double* loss, float* d_user_rows,
+                             float* d_item_rows) {
+  forward(ctx, user_rows, item_rows, n, S, logits);
+  const int64_t B = n * S;
+  if (B == 0) {
+    backward_from(ctx, nullptr, nullptr, nullptr, global_batch, nullptr, d_user_rows, d_item_rows);
+    return;
+  }
+  if (fused_) {
+    backward_from(ctx, nullptr, logits, labels, global_batch, loss, d_user_rows, d_item_rows);
+    return;
+  }
+  bce_with_logits_forward(ctx, logits, labels, nullptr, loss, B, B, global_batch);
+  bce_with_logits_backward(ctx, logits, labels, nullptr, dlogits, B, B, global_batch);
+  backward_from(ctx, dlogits, nullptr, nullptr, 0, nullptr, d_user_rows, d_item_rows);
 }
 
 void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user_rows,
                      float* d_item_rows) {
+  backward_from(ctx, dlogits, nullptr, nullptr, 0, nullptr, d_user_rows, d_item_rows);
+}
+
+void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const float* logits,
+                          const float* labels, int64_t global_batch, double* loss,
+                          float* d_user_rows, float* d_item_rows) {
   NCF_CHECK(n_ >= 0, "NeuMF::backward called without a forward");
   NCF_CHECK(ctx.device == params_.device(), "NeuMF::backward: context device ",
             device_name(ctx.device), " differs from the parameters' device ",
@@ -168,9 +206,11 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
   const int F = config_.head_width(), last = config_.layers.back();
   const size_t rows = static_cast<size_t>(B);
   const bool tower = !tower_.empty();
-  dg_.reserve(rows * mf);
-  dh_.reserve(rows * F);
-  dug_.reserve(S > 1 ? rows * mf : 0);
+  if (!fused_) {
+    dg_.reserve(rows * mf);
+    dh_.reserve(rows * F);
+    dug_.reserve(S > 1 ? rows * mf : 0);
+  }
   if (tower) {
     du0_.reserve(static_cast<size_t>(n) * tower_[0].out);
   } else {
@@ -185,25 +225,39 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
     grads_.zero();
     return;
   }
-  head_backward(ctx, h_.data(), p + head_w_offset_, dlogits, dh_.data(), gp + head_w_offset_,
-                gp + head_c_offset_, B, F, GradMode::kOverwrite);
-  // dH = [dgmf ; d(MLP output)]
   float* dtop = tower ? dacts_.back().data() : dx0_.data();
-  split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
+  // The top layer's ReLU mask (and, above layer 0, its bias gradient) is the
+  // fused top's when it runs: the layer's own backward then neither masks nor sums.
+  bool top_masked = false;
+  if (fused_) {
+    const float* a = tower ? acts_.back().data() : x0_.data();
+    float* db = tower && tower_.size() > 1 ? gp + tower_.back().b_offset : nullptr;
+    neumf_top_backward(ctx, user_rows_, D, item_rows_, D, a, p + head_w_offset_, dlogits, logits,
+                       labels, global_batch, loss, dtop, d_user_rows, D, d_item_rows, D,
+                       gp + head_w_offset_, gp + head_c_offset_, db, n, S, mf, last, tower);
+    top_masked = tower;
+  } else {
+    head_backward(ctx, h_.data(), p + head_w_offset_, dlogits, dh_.data(), gp + head_w_offset_,
+                  gp + head_c_offset_, B, F, GradMode::kOverwrite);
+    // dH = [dgmf ; d(MLP output)]
+    split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
+  }
   if (tower) {
     for (size_t l = tower_.size(); l-- > 1;) {
       const DenseLayerView& v = tower_[l];
+      const bool top = top_masked && l + 1 == tower_.size();
       linear_backward(ctx, acts_[l - 1].data(), p + v.w_offset, acts_[l].data(), dacts_[l].data(),
-                      dacts_[l - 1].data(), gp + v.w_offset, gp + v.b_offset, B, v.in, v.out, true,
-                      GradMode::kOverwrite);
+                      dacts_[l - 1].data(), gp + v.w_offset, top ? nullptr : gp + v.b_offset, B,
+                      v.in, v.out, !top, GradMode::kOverwrite);
     }
     // Layer 0: dZ0 (masked in place), its sum over each user's samples dU0,
     // the bias gradient, then both halves of dW0 and of the input gradient.
     const DenseLayerView& v = tower_[0];
     const float* w0 = p + v.w_offset;
     float* dz = dacts_[0].data();
-    group_sum_backward(ctx, acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out, gp + v.b_offset,
-                       true);
+    const bool top = top_masked && tower_.size() == 1;
+    group_sum_backward(ctx, top ? nullptr : acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
+                       gp + v.b_offset, !top);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
          D, 0.0f, gp + v.w_offset, v.in);
     gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D, 0.0f,
@@ -218,6 +272,7 @@ void NeuMF::backward(const ExecContext& ctx, const float* dlogits, float* d_user
   } else {
     split_cols(ctx, dx0_.data(), h, h, d_user_rows + mf, D, d_item_rows + mf, D, B);
   }
+  if (fused_) return;  // the GMF columns' gradients are the fused top's
   // dgmf → the GMF columns: per sample for items, summed over the S samples for users.
   if (S > 1) {
     gmf_backward(ctx, ug_.data(), mf, item_rows_, D, dg_.data(), mf, dug_.data(), mf, d_item_rows,

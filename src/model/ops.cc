@@ -658,4 +658,151 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
   });
 }
 
+namespace {
+
+void check_top(const char* op, const float* urows, int64_t ldu, const float* irows, int64_t ldi,
+               const float* A, const float* w, int64_t n, int S, int mf, int last) {
+  check_rows(op, n);
+  check_width(op, "S", S);
+  NCF_CHECK(mf >= 1 && mf <= kNeumfTopMaxWidth && last >= 1 && last <= kNeumfTopMaxWidth, op,
+            ": mf=", mf, " and last=", last, " must be in [1, ", kNeumfTopMaxWidth, "]");
+  check_ld(op, "ldu", ldu, mf);
+  check_ld(op, "ldi", ldi, mf);
+  check_ptr(op, "urows", urows, n);
+  check_ptr(op, "irows", irows, n);
+  check_ptr(op, "A", A, n);
+  check_ptr(op, "w", w, n);
+}
+
+// bce_with_logits_backward's gradient of one valid, unweighted row (the same
+// expression: the same bits).
+inline float bce_dlogit(float z, float y, float inv_batch) {
+  const float e = std::exp(-std::fabs(z));
+  const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return 1.0f * (sig - y) * inv_batch;
+}
+
+}  // namespace
+
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last) {
+  const char* op = "neumf_top_forward";
+  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
+  check_ptr(op, "c", c, n);
+  check_ptr(op, "logits", logits, n);
+  NCF_DISPATCH_CUDA(ctx, neumf_top_forward, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf,
+                    last);
+  // head_forward's dot product over [u ⊙ i ; A] in column order, the GMF
+  // products rounded to float as gmf_forward stores them.
+  parallel_for(ctx.threads, n * S, row_grain(mf + last), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* u = urows + (b / S) * ldu;
+      const float* it = irows + b * ldi;
+      const float* a = A + b * last;
+      float s = 0.0f;
+      for (int k = 0; k < mf; ++k) {
+        const float g = u[k] * it[k];
+        s += g * w[k];
+      }
+      for (int k = 0; k < last; ++k) s += a[k] * w[mf + k];
+      logits[b] = s + c[0];
+    }
+  });
+}
+
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu) {
+  const char* op = "neumf_top_backward";
+  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
+  const bool from_labels = loss != nullptr;  // else from dlogits
+  if (from_labels) {
+    NCF_CHECK(!dlogits, op, ": dlogits given together with a loss");
+    NCF_CHECK(global_batch > 0, op, ": global_batch=", global_batch, " must be positive");
+    check_ptr(op, "logits", logits, n);
+    check_ptr(op, "labels", labels, n);
+  } else {
+    check_ptr(op, "dlogits (no loss given)", dlogits, n);
+  }
+  check_ld(op, "lddu", lddu, mf);
+  check_ld(op, "lddi", lddi, mf);
+  check_ptr(op, "dA", dA, n);
+  check_ptr(op, "durows", durows, n);
+  check_ptr(op, "dirows", dirows, n);
+  NCF_CHECK(dw != nullptr && dc != nullptr, op, ": dw or dc is null");
+  NCF_DISPATCH_CUDA(ctx, neumf_top_backward, ctx, urows, ldu, irows, ldi, A, w, dlogits, logits,
+                    labels, global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, db, n, S,
+                    mf, last, relu);
+  const int64_t B = n * S;
+  const int F = mf + last;
+  const float inv_batch =
+      from_labels ? static_cast<float>(1.0 / static_cast<double>(global_batch)) : 0.0f;
+  // Pass 1, per group: the logits' gradients, dA (masked), the items' GMF
+  // gradients and the user's, summed over its samples in double in s order.
+  std::vector<float> g_buf(static_cast<size_t>(B));
+  float* g = g_buf.data();
+  parallel_for(ctx.threads, n, row_grain(int64_t(F) * S), [&](int64_t p0, int64_t p1) {
+    std::vector<double> acc(static_cast<size_t>(mf));
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* u = urows + p * ldu;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int s = 0; s < S; ++s) {
+        const int64_t b = p * S + s;
+        const float gb = from_labels ? bce_dlogit(logits[b], labels[b], inv_batch) : dlogits[b];
+        g[b] = gb;
+        const float* it = irows + b * ldi;
+        float* di = dirows + b * lddi;
+        for (int k = 0; k < mf; ++k) {
+          const float dgk = gb * w[k];
+          di[k] = dgk * u[k];
+          acc[size_t(k)] += static_cast<double>(dgk * it[k]);
+        }
+        const float* a = A + b * last;
+        float* da = dA + b * last;
+        for (int k = 0; k < last; ++k) {
+          const float dh = gb * w[mf + k];
+          da[k] = relu ? (a[k] > 0.0f ? dh : 0.0f) : dh;
+        }
+      }
+      for (int k = 0; k < mf; ++k) durows[p * lddu + k] = static_cast<float>(acc[size_t(k)]);
+    }
+  });
+  // Pass 2, the sums in the unfused ops' blocks: dw and dc (head_backward), the
+  // bias gradient (linear_backward) and the loss (bce_with_logits_forward).
+  const int K = F + 1 + last + 1;
+  std::vector<double> sums(static_cast<size_t>(K));
+  block_sums(
+      ctx.threads, B, K,
+      [&](int64_t b0, int64_t b1, double* acc) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const double gb = g[b];
+          const float* u = urows + (b / S) * ldu;
+          const float* it = irows + b * ldi;
+          const float* a = A + b * last;
+          const float* da = dA + b * last;
+          for (int k = 0; k < mf; ++k) {
+            const float h = u[k] * it[k];
+            acc[k] += gb * h;
+          }
+          for (int k = 0; k < last; ++k) acc[mf + k] += gb * a[k];
+          acc[F] += gb;
+          for (int k = 0; k < last; ++k) acc[F + 1 + k] += da[k];
+          if (from_labels) {
+            const double z = logits[b], y = labels[b];
+            acc[K - 1] += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z)));
+          }
+        }
+      },
+      sums.data());
+  for (int k = 0; k < F; ++k) dw[k] = 0.0f + static_cast<float>(sums[size_t(k)]);
+  dc[0] = 0.0f + static_cast<float>(sums[size_t(F)]);
+  if (db)
+    for (int k = 0; k < last; ++k) db[k] = static_cast<float>(sums[size_t(F + 1 + k)]);
+  if (from_labels) *loss = sums[size_t(K - 1)] / static_cast<double>(global_batch);
+}
+
 }  // namespace ncf

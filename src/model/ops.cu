@@ -644,6 +644,244 @@ void launch_group_sum_stream(cudaStream_t stream, const float* Y, float* dY, int
   }
 }
 
+// ---- the fused top of NeuMF (neumf_top_forward / neumf_top_backward) ---------------
+// One warp per group of S samples. Lane l owns the columns l + 32j of each part
+// (GMF, tower output; j < J): the head's lane order (head_forward_kernel), so a
+// logit is the same bits. Every row's loads are issued before its first store
+// (kTopRows rows at a time), and nothing a warp reads is written in the kernel.
+
+constexpr int kTopWarps = kThreads / 32;
+constexpr int kTopMaxJ = kNeumfTopMaxWidth / 32;  // columns per lane and part, at most
+constexpr int kTopSlots = 3 * kTopMaxJ + 2;       // dw GMF, dw tower, db, then dc and loss
+
+// logits of groups p = warp, warp + warps, … (no sums across rows: any map will do).
+// J: columns per lane of F = mf + last, in head_forward's order k = lane + 32j.
+template <int J>
+__global__ void __launch_bounds__(kThreads)
+    neumf_top_forward_kernel(const float* __restrict__ urows, int64_t ldu,
+                             const float* __restrict__ irows, int64_t ldi,
+                             const float* __restrict__ A, const float* __restrict__ w,
+                             const float* __restrict__ c, float* __restrict__ logits, int64_t n,
+                             int S, int mf, int last) {
+  constexpr int R = J >= 8 ? 2 : (J >= 4 ? 4 : 8);  // rows in flight
+  const int lane = threadIdx.x & 31;
+  const int F = mf + last;
+  float wk[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int k = lane + 32 * j;
+    wk[j] = k < F ? w[k] : 0.0f;
+  }
+  const float c0 = c[0];
+  const int64_t warps = thread_stride() / 32;
+  for (int64_t p = thread_first() / 32; p < n; p += warps) {
+    float u[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int k = lane + 32 * j;
+      u[j] = k < mf ? urows[p * ldu + k] : 0.0f;
+    }
+    for (int s0 = 0; s0 < S; s0 += R) {
+      const int m = S - s0 < R ? S - s0 : R;
+      float h[R][J];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t b = p * S + s0 + r;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int k = lane + 32 * j;
+          h[r][j] = 0.0f;
+          if (r < m) {
+            if (k < mf)
+              h[r][j] = irows[b * ldi + k];
+            else if (k < F)
+              h[r][j] = A[b * last + (k - mf)];
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < m) {  // uniform across the warp
+          float acc = 0.0f;
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int k = lane + 32 * j;
+            if (k < F) {
+              const float hv = k < mf ? __fmul_rn(u[j], h[r][j]) : h[r][j];
+              acc += hv * wk[j];
+            }
+          }
+          for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+          if (lane == 0) logits[p * S + s0 + r] = acc + c0;
+        }
+      }
+    }
+  }
+}
+
+// Block x takes groups [x·kNeumfTopGroups, …), warp v of them v, v + 8, …; each
+// lane sums its columns' terms over its warp's rows (in double, row order), then
+// the block adds its warps' sums in warp order (dc and the loss also over lanes,
+// in lane order) into partial[x, ·] (neumf_top_partial_cols columns).
+// J: columns per lane of each part (mf and last ≤ 32·J).
+template <int J>
+__global__ void __launch_bounds__(kThreads)
+    neumf_top_backward_kernel(const float* __restrict__ urows, int64_t ldu,
+                              const float* __restrict__ irows, int64_t ldi,
+                              const float* __restrict__ A, const float* __restrict__ w,
+                              const float* __restrict__ dlogits, const float* __restrict__ logits,
+                              const float* __restrict__ labels, float inv_batch,
+                              float* __restrict__ dA, float* __restrict__ durows, int64_t lddu,
+                              float* __restrict__ dirows, int64_t lddi, int64_t n, int S, int mf,
+                              int last, bool relu, double* __restrict__ partial) {
+  constexpr int R = J >= 4 ? 4 : 8;  // rows in flight
+  __shared__ double sh[kTopWarps][kTopSlots][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float wg[J], wa[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int k = lane + 32 * j;
+    wg[j] = k < mf ? w[k] : 0.0f;
+    wa[j] = k < last ? w[mf + k] : 0.0f;
+  }
+  double dwg[J], dwa[J], dbs[J], dcl = 0.0, lossl = 0.0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) dwg[j] = dwa[j] = dbs[j] = 0.0;
+
+  const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kNeumfTopGroups;
+  const int64_t g1 = g0 + kNeumfTopGroups < n ? g0 + kNeumfTopGroups : n;
+  for (int64_t p = g0 + warp; p < g1; p += kTopWarps) {
+    float u[J];
+    double uacc[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int k = lane + 32 * j;
+      u[j] = k < mf ? urows[p * ldu + k] : 0.0f;
+      uacc[j] = 0.0;
+    }
+    for (int sb = 0; sb < S; sb += 32) {
+      // Lane l: the gradient of row sb + l's logit (and its loss term).
+      float gl = 0.0f;
+      if (sb + lane < S) {
+        const int64_t b = p * S + sb + lane;
+        if (dlogits) {
+          gl = dlogits[b];
+        } else {
+          const float z = logits[b], y = labels[b];
+          const float e = expf(-fabsf(z));  // bce_backward_kernel's expression
+          const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+          gl = 1.0f * (sig - y) * inv_batch;
+          const double zd = z, yd = y;  // BceLossOp's
+          lossl += 1.0 * ((zd < 0.0 ? 0.0 : zd) - zd * yd + log1p(exp(-fabs(zd))));
+        }
+        dcl += gl;
+      }
+      const int sn = S - sb < 32 ? S - sb : 32;
+      for (int s0 = 0; s0 < sn; s0 += R) {
+        const int m = sn - s0 < R ? sn - s0 : R;
+        float it[R][J], a[R][J];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t b = p * S + sb + s0 + r;
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int k = lane + 32 * j;
+            it[r][j] = r < m && k < mf ? irows[b * ldi + k] : 0.0f;
+            a[r][j] = r < m && k < last ? A[b * last + k] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r < m) {  // uniform across the warp
+            const int64_t b = p * S + sb + s0 + r;
+            const float g = __shfl_sync(0xffffffffu, gl, s0 + r);
+            const double gd = g;
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+              const int k = lane + 32 * j;
+              if (k < mf) {
+                const float dg = __fmul_rn(g, wg[j]);
+                dirows[b * lddi + k] = __fmul_rn(dg, u[j]);
+                uacc[j] += static_cast<double>(__fmul_rn(dg, it[r][j]));
+                dwg[j] += gd * static_cast<double>(__fmul_rn(u[j], it[r][j]));
+              }
+              if (k < last) {
+                const float dh = __fmul_rn(g, wa[j]);
+                const float dz = relu ? (a[r][j] > 0.0f ? dh : 0.0f) : dh;
+                dA[b * last + k] = dz;
+                dwa[j] += gd * static_cast<double>(a[r][j]);
+                dbs[j] += static_cast<double>(dz);
+              }
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int k = lane + 32 * j;
+      if (k < mf) durows[p * lddu + k] = __double2float_rn(uacc[j]);
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < J; ++j) {  // the combine below reads slots j < J only
+    sh[warp][j][lane] = dwg[j];
+    sh[warp][kTopMaxJ + j][lane] = dwa[j];
+    sh[warp][2 * kTopMaxJ + j][lane] = dbs[j];
+  }
+  sh[warp][3 * kTopMaxJ][lane] = dcl;
+  sh[warp][3 * kTopMaxJ + 1][lane] = lossl;
+  __syncthreads();
+  const int jg = (mf + 31) / 32, ja = (last + 31) / 32;
+  const int C = 32 * (jg + 2 * ja) + 2;
+  for (int col = threadIdx.x; col < C; col += kThreads) {
+    double total = 0.0;
+    if (col >= C - 2) {  // dc or the loss: every lane of every warp
+      const int slot = 3 * kTopMaxJ + (col - (C - 2));
+      for (int v = 0; v < kTopWarps; ++v)
+        for (int l = 0; l < 32; ++l) total += sh[v][slot][l];
+    } else {
+      int slot;
+      if (col < 32 * jg)
+        slot = col / 32;
+      else if (col < 32 * (jg + ja))
+        slot = kTopMaxJ + (col - 32 * jg) / 32;
+      else
+        slot = 2 * kTopMaxJ + (col - 32 * (jg + ja)) / 32;
+      for (int v = 0; v < kTopWarps; ++v) total += sh[v][slot][col % 32];
+    }
+    partial[static_cast<int64_t>(blockIdx.x) * C + col] = total;
+  }
+}
+
+// Where each partial column's total goes (neumf_top_partial_cols' layout).
+struct TopStore {
+  float* dw;
+  float* dc;
+  float* db;
+  double* loss;
+  double global_batch;
+  int mf, last;
+  __device__ void operator()(int col, double total) const {
+    const int jg = (mf + 31) / 32, ja = (last + 31) / 32;
+    const int C = 32 * (jg + 2 * ja) + 2;
+    const float v = static_cast<float>(total);
+    if (col == C - 2) {
+      *dc = v;
+    } else if (col == C - 1) {
+      if (loss) *loss = total / global_batch;
+    } else if (col < 32 * jg) {
+      if (col < mf) dw[col] = v;
+    } else if (col < 32 * (jg + ja)) {
+      const int k = col - 32 * jg;
+      if (k < last) dw[mf + k] = v;
+    } else {
+      const int k = col - 32 * (jg + ja);
+      if (db && k < last) db[k] = v;
+    }
+  }
+};
 }  // namespace
 
 // ---- the twins -------------------------------------------------------------------------
@@ -874,6 +1112,79 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
   bce_backward_kernel<<<grid_for(B), kThreads, 0, stream_of(ctx)>>>(logits, labels, weights,
                                                                     dlogits, B, n_valid, inv_batch);
   check_launch("bce_with_logits_backward");
+}
+
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last) {
+  if (n == 0) return;
+  const int F = mf + last;
+  const unsigned grid = grid_for(n * 32);
+  cudaStream_t stream = stream_of(ctx);
+  if (F <= 32) {
+    neumf_top_forward_kernel<1>
+        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+  } else if (F <= 64) {
+    neumf_top_forward_kernel<2>
+        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+  } else if (F <= 128) {
+    neumf_top_forward_kernel<4>
+        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+  } else {
+    neumf_top_forward_kernel<8>
+        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+  }
+  check_launch("neumf_top_forward");
+}
+
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu) {
+  const char* op = "neumf_top_backward";
+  cudaStream_t stream = stream_of(ctx);
+  const int64_t chunks = neumf_top_chunks(n);
+  const int C = neumf_top_partial_cols(mf, last);
+  check_int_range(op, "group chunks", chunks);
+  double* partial = nullptr;
+  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(std::max<int64_t>(chunks, 1)) * C);
+  });
+  const bool from_labels = loss != nullptr;  // else from dlogits
+  if (from_labels) dlogits = nullptr;
+  const float inv_batch =
+      from_labels ? static_cast<float>(1.0 / static_cast<double>(global_batch)) : 0.0f;
+  if (chunks > 0) {
+    const int J = std::max(mf, last) <= 32 ? 1 : (std::max(mf, last) <= 64 ? 2 : 4);
+    const unsigned grid = static_cast<unsigned>(chunks);
+    if (J == 1) {
+      neumf_top_backward_kernel<1><<<grid, kThreads, 0, stream>>>(
+          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
+          dirows, lddi, n, S, mf, last, relu, partial);
+    } else if (J == 2) {
+      neumf_top_backward_kernel<2><<<grid, kThreads, 0, stream>>>(
+          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
+          dirows, lddi, n, S, mf, last, relu, partial);
+    } else {
+      neumf_top_backward_kernel<4><<<grid, kThreads, 0, stream>>>(
+          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
+          dirows, lddi, n, S, mf, last, relu, partial);
+    }
+    check_launch(op);
+  }
+  // The blocks' partials in chunk order: deterministic_col_sums' group and finish passes.
+  int64_t step = 1;
+  if (chunks > kColGroup) {
+    const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
+    col_group_kernel<<<grid_for(groups * C), kThreads, 0, stream>>>(partial, chunks, C);
+    step = kColGroup;
+  }
+  col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(
+      partial, chunks, step, C,
+      TopStore{dw, dc, db, loss, static_cast<double>(global_batch), mf, last});
+  check_launch(op);
 }
 
 }  // namespace ncf::cuda

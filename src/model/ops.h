@@ -50,18 +50,23 @@ MathMode parse_math_mode(const std::string& name);
 // The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
 const char* math_mode_name(MathMode mode);
 
-// Which CUDA kernels run the element-wise and masked passes of the tower step
-// (linear_backward's ReLU mask and bias gradient, group_sum_backward,
-// group_bias_act), process-wide, read once per op:
-//   kStreaming (the default): a thread loads every row of its group (float4 where
-//         the rows allow) before it stores anything, stores whole rows, and sums
-//         in read-only passes;
+// Which kernels run the element-wise and masked passes of the tower step,
+// process-wide, read once per op (and by NeuMF once per forward):
+//   kStreaming (the default): on the GPU, linear_backward's ReLU mask and bias
+//         gradient, group_sum_backward and group_bias_act load every row of a
+//         group (float4 where the rows allow) before they store anything, store
+//         whole rows, and sum in read-only passes; on both devices NeuMF runs its
+//         top (GMF, head, loss and the last layer's mask and bias gradient) as
+//         the two fused ops neumf_top_forward / neumf_top_backward;
 //   kLegacy: the kernels before them (one element per thread with runtime
 //         divisions; masks stored in place inside the sums' loops, a conditional
-//         store between dependent loads), kept selectable to be measured beside
-//         the streaming ones in one binary.
-// Both compute the same values in the same order: the same bits. No effect on the
-// CPU. ncf_dist takes it from the environment variable NCF_STEP_KERNELS.
+//         store between dependent loads) and NeuMF's unfused top (repeat_rows,
+//         gmf_*, concat/split_cols, head_*, bce_*), kept selectable to be
+//         measured beside the streaming ones in one binary.
+// Both compute the same values: every element the same bits; the sums the same
+// bits on the CPU, and on the GPU the same bits except the fused top's (dw, dc,
+// the last bias gradient, the loss: another fixed order, within a double sum's
+// rounding). ncf_dist takes it from the environment variable NCF_STEP_KERNELS.
 enum class StepKernels { kStreaming, kLegacy };
 void set_step_kernels(StepKernels kernels);
 StepKernels step_kernels();
@@ -166,6 +171,47 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
                               const float* weights, float* dlogits, int64_t B, int64_t n_valid,
                               int64_t global_batch);
 
+// The top of NeuMF fused: GMF, the logit head and (in training) the loss, for n
+// groups of S samples (sample b = p·S + s pairs the group's user row p with item
+// row b), without the per-sample copies of the user's row, the GMF array, the
+// concatenated head input or the logits' gradient in memory. With
+// H[b] = [u_p[:mf] ⊙ i_b[:mf] ; A[b]] (F = mf + last columns; A [n·S × last]
+// contiguous, the tower's output):
+//   urows [n × ·] stride ldu, irows [n·S × ·] stride ldi: the gathered rows; their
+//       first mf columns are the GMF factors.
+//   logits[b] = Σ_k H[b, k]·w[k] + c[0], summed as head_forward sums H (the same bits
+//       as gmf_forward + concat_cols + head_forward).
+// The fused ops take mf and last of at most kNeumfTopMaxWidth (NeuMF takes the
+// unfused sequence beyond).
+constexpr int kNeumfTopMaxWidth = 128;
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last);
+// Backward of neumf_top_forward, with the gradient of the logits either
+//   given: dlogits [n·S] (loss null; logits and labels not read), or
+//   from the loss (loss not null; dlogits null): dlogits =
+//       bce_with_logits_backward(logits, labels, no weights,
+//       every row valid, global_batch), never stored, and *loss =
+//       bce_with_logits_forward's share (a double on ctx.device) over the same rows.
+// With dH = dlogits[b]·w (head_backward's), dG = dH[:, :mf], dA = dH[:, mf:]:
+//   dA [n·S × last] (contiguous): dA masked by A > 0 when relu (linear_backward's
+//       mask of the tower's last Linear: dA is then its dZ), overwritten;
+//   durows[p, k] = Σ_s dG[b, k]·i_b[k] (in double, s order: gmf_backward then
+//       group_sum_backward), dirows[b, k] = dG[b, k]·u_p[k], for k < mf, overwritten
+//       (columns ≥ mf untouched);
+//   dw [F], dc [1] = head_backward's sums; db [last] (may be null) = the column sums
+//       of the (masked) dA: the tower's last bias gradient. All overwritten.
+// Every element written is the same bits as the unfused ops give. The sums (dw,
+// dc, db, loss) are fixed-order: on the CPU the unfused ops' own order (the same
+// bits); on the GPU groups of kNeumfTopGroups, so within a double sum's rounding
+// of the unfused ops'.
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu);
+
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (ops.cu); called through the dispatch in ops.cc only.
 namespace cuda {
@@ -205,6 +251,15 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
                           int S, int in, int out, bool relu);
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
                         int out, float* dYg, int64_t lddyg, float* db, bool relu);
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last);
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu);
 }  // namespace cuda
 #endif
 

@@ -110,7 +110,12 @@ class Peak {
     if (B == 0) return;
     keep(Carve().take(sum_chunks(B) * 8).used());  // bce_with_logits_forward
     const int64_t F = s_.mf + s_.layers.back();
-    keep(Carve().take(col_chunks(B) * (F + 1) * 8).used());  // head_backward
+    keep(Carve().take(col_chunks(B) * (F + 1) * 8).used());                   // head_backward
+    if (s_.mf <= kNeumfTopMaxWidth && s_.layers.back() <= kNeumfTopMaxWidth)  // the fused top
+      keep(Carve()
+               .take(std::max<int64_t>(cuda::neumf_top_chunks(n), 1) *
+                     cuda::neumf_top_partial_cols(s_.mf, s_.layers.back()) * 8)
+               .used());
     if (!tower()) return;
     for (size_t l = 1; l + 1 < s_.layers.size(); ++l) {  // linear_backward
       const int64_t in = s_.layers[l], out = s_.layers[l + 1];

@@ -60,11 +60,9 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   s.logits.reserve(size_t(B));
   s.dlogits.reserve(size_t(B));
   if (B > 0) {
-    model.forward(ctx, tables.rows(0), tables.rows(1), n, S, s.logits.data());
-    bce_with_logits_forward(ctx, s.logits.data(), s.labels.data(), nullptr, loss_share, B, B, G);
-    bce_with_logits_backward(ctx, s.logits.data(), s.labels.data(), nullptr, s.dlogits.data(), B, B,
-                             G);
-    model.backward(ctx, s.dlogits.data(), tables.row_grads(0), tables.row_grads(1));
+    model.forward_backward(ctx, tables.rows(0), tables.rows(1), n, S, s.labels.data(), G,
+                           s.logits.data(), s.dlogits.data(), loss_share, tables.row_grads(0),
+                           tables.row_grads(1));
   } else {
     model.grads().zero();  // no samples: no loss share, a zero gradient
   }
