@@ -896,6 +896,44 @@ do_nccl_stop() {
   grep -q '^ncf_dist: error: \[rank 0 on .*waited .* in NCCL ' "$log" &&
     [ $(($(date +%s) - t0)) -le 30 ]
 }
+# Four NCCL ranks on the GPU in 2 declared nodes of 2 (--topology ranks_per_node=2, one
+# NCCL_HOSTID each): two_hop must end with flat's parameters byte for byte, --dedup node
+# must repeat itself; the figure names NCCL's version and the transport it chose.
+do_nccl_two_hop() {
+  local tag rc=0 d="$out/nccl_two_hop"
+  mkdir -p "$d"
+  for tag in flat two node_a node_b; do
+    local flags=(--shard_plan row --dedup on --exchange flat)
+    case $tag in
+      two) flags=(--shard_plan row --dedup on --exchange two_hop) ;;
+      node_*) flags=(--shard_plan row --dedup node --exchange two_hop) ;;
+    esac
+    # shellcheck disable=SC2016  # expanded by each rank's sh
+    ours env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+      "$(command -v mpirun)" -np 4 "${mpirun_args[@]}" \
+      sh -c 'NCCL_HOSTID=ncf-share-$OMPI_COMM_WORLD_RANK exec "$0" "$@"' \
+      "$build/src/ncf_dist" --device cuda --comm nccl --data_dir "$data/small" --train_epochs 2 \
+      --progress off --topology ranks_per_node=2 "${flags[@]}" --save_params "$d/$tag.bin" \
+      >"$d/$tag.out" 2>&1 || { echo "$tag: exit $?: $(grep -h 'error' "$d/$tag.out" | head -n 2)"; rc=1; }
+    grep -h '^ncf_dist: \(nodes\|exchange\):' "$d/$tag.out" | sed "s/^/$tag: /" | cut -c1-160
+  done
+  if cmp -s "$d/flat.bin" "$d/two.bin"; then
+    echo "fig: two_hop's parameters are flat's byte for byte"
+  else
+    echo "fig: two_hop's parameters differ from flat's"
+    rc=1
+  fi
+  if cmp -s "$d/node_a.bin" "$d/node_b.bin"; then
+    echo "fig: node dedup repeats itself"
+  else
+    echo "fig: two node dedup runs differ"
+    rc=1
+  fi
+  echo "fig: $(grep -ohE 'NCCL version [0-9.+a-z]*|via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' \
+    "$d/two.out" | sort -u | paste -s -d ' ')"
+  return "$rc"
+}
+fig_nccl_two_hop() { grep -h '^fig: ' "$1" | cut -c6- | paste -s -d ';' | cut -c1-220; }
 fig_nccl_share() {
   { grep -h '^bench_nccl_share: NCCL' "$1" | tail -n 1
     grep -ohE 'via (NET/[A-Za-z]+|P2P[^ ]*|SHM[^ ]*)' "$1" | sort -u | paste -s -d ' '
@@ -948,6 +986,7 @@ run_step() {
       "$build/src/ncf_dist" --precision "$p" --train_epochs 2 --no_eval
   done
   stage step_nsys 1 120 fig_tail -- do_step_nsys
+  stage nccl_two_hop_2x2 1 180 fig_nccl_two_hop -- do_nccl_two_hop
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
   stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch

@@ -276,6 +276,12 @@ TEST(ExchangeModel, TopologyErrorsNameWhereAndWhat) {
   EXPECT_NE(e.find("line 1: key nics_per_node value '1.5': expected a whole number"),
             std::string::npos)
       << e;
+  e = file_error("ranks_per_node = 0\n");
+  EXPECT_NE(e.find("line 1: key ranks_per_node value '0': expected a whole number in [1, 65536]"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(parse_topology("ranks_per_node=4", false).ranks_per_node, 4);
+  EXPECT_EQ(parse_topology("", false).ranks_per_node, 0) << "MPI's nodes by default";
   e = file_error("intra_gbps = -3\n");
   EXPECT_NE(e.find("key intra_gbps value '-3': expected a rate in Gbit/s > 0"), std::string::npos)
       << e;

@@ -168,6 +168,53 @@ TEST_F(TrainGpu, ANcclCheckpointResumesOnOneGpuRankAndOnTwoCpuRanks) {
   }
 }
 
+// Four NCCL ranks on the one GPU (host ids of their own, as above) in 2 nodes of
+// 2 declared by --topology ranks_per_node=2: the two-hop exchange (NCCL groups
+// of the node and of the rail, grouped sends and receives on device buffers)
+// ends with the flat exchange's parameters byte for byte, row-wise and mixed,
+// dedup on; --dedup node repeats itself bit for bit and stays within the
+// trajectory tolerance of flat (as over CPU ranks: test_two_hop.cc DeclaredNodes).
+TEST_F(TrainGpu, NcclRanksOverDeclaredNodesTakeTwoHopWithFlatsParameters) {
+  TempDir t;
+  auto run_one = [&](const std::string& tag, const std::string& flags) {
+    auto r = run("timeout 600 " + nccl_on_one_gpu(4) + bin("ncf_dist") + " --data_dir " +
+                 dir_.file("data") +
+                 " --device cuda --comm nccl --batch_size 1005 --train_epochs 2 --precision fp32 "
+                 "--topology ranks_per_node=2 " +
+                 flags + " --save_params " + t.file(tag + ".bin") + " --metrics_json " +
+                 t.file(tag + ".jsonl"));
+    EXPECT_EQ(r.exit_code, 0) << tag << ": " << r.output;
+    EXPECT_NE(r.output.find("ncf_dist: nodes: 2 nodes x 2 ranks, declared by --topology "
+                            "ranks_per_node=2"),
+              std::string::npos)
+        << tag << ": " << r.output;
+    return r.output;
+  };
+  auto params = [&](const std::string& tag) { return test::read_file(t.file(tag + ".bin")); };
+  for (const std::string plan : {"row", "user=row,item=table"}) {
+    const std::string tag = plan == "row" ? "row" : "mixed";
+    run_one(tag + "_flat", "--shard_plan " + plan + " --dedup on --exchange flat");
+    const std::string two =
+        run_one(tag + "_two", "--shard_plan " + plan + " --dedup on --exchange two_hop");
+    EXPECT_NE(two.find("ncf_dist: exchange: two_hop"), std::string::npos) << two;
+    EXPECT_FALSE(params(tag + "_flat").empty()) << tag;
+    EXPECT_EQ(params(tag + "_flat"), params(tag + "_two"))
+        << tag << ": two-hop's parameters differ from flat's";
+  }
+  const std::string node = run_one("node_a", "--shard_plan row --dedup node --exchange two_hop");
+  run_one("node_b", "--shard_plan row --dedup node --exchange two_hop");
+  EXPECT_NE(node.find("ncf_dist: exchange: two_hop + node dedup"), std::string::npos) << node;
+  EXPECT_EQ(params("node_a"), params("node_b")) << "two --dedup node runs differ";
+  auto metrics = [&](const std::string& tag) {
+    std::ifstream f(t.file(tag + ".jsonl"));
+    std::vector<nlohmann::json> out;
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+    return out;
+  };
+  expect_close(metrics("row_flat"), metrics("node_a"), 1e-5, "node dedup vs flat", 0.005);
+}
+
 TEST_F(TrainGpu, NcclRanksFollowOneRankWhenThereAreSeveralGpus) {
   int gpus = 0;
   auto r = run("nvidia-smi -L | wc -l");

@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,78 @@ TEST(NodeMap, TwoHopNeedsEqualNodesNumberedNodeByNode) {
 TEST(NodeMap, FromIdsNumbersNodesByFirstRank) {
   EXPECT_EQ(node_map_from_ids({7, 7, 3, 3, 9}).node_of, (std::vector<int>{0, 0, 1, 1, 2}));
   EXPECT_EQ(node_map_from_ids({5, 2, 5, 2}).node_of, (std::vector<int>{0, 1, 0, 1}));
+}
+
+// ---- ncf_dist over nodes declared on one host ----------------------------------------
+
+// --topology ranks_per_node=2 declares 2 nodes of 2 ranks over 4 ranks of this
+// host: ncf_dist says so at start-up, takes the two-hop route when asked and
+// ends with the flat route's parameters byte for byte (row-wise and mixed
+// placements, dedup on and off); --dedup node takes two-hop with node dedup,
+// repeats itself bit for bit and ends within the trajectory tolerance of flat
+// (loss 1e-5 relative, HR and NDCG 0.005, as across real hosts in
+// tests/cluster/test_two_hop.sh). A ranks_per_node that does not divide W is
+// refused on every rank, naming the flag and both values. The same runs over
+// NCCL ranks sharing one GPU: test_train_gpu.cc.
+TEST(DeclaredNodes, TwoHopOverDeclaredNodesEndsWithFlatsParameters) {
+  test::TempDir dir;
+  auto prep = test::run(test::bin("ncf_prep") +
+                        " --synthetic custom --users 300 --items 200 --interactions 9000 "
+                        "--eval_negatives 50 --record_rows 512 --num_shards 2 --progress off "
+                        "--output " +
+                        dir.file("data"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  auto train = [&](const std::string& tag, const std::string& flags) {
+    auto r = test::run("timeout -k 5 300 " + test::mpirun(4) + " " + test::bin("ncf_dist") +
+                       " --device cpu --threads 1 --data_dir " + dir.file("data") +
+                       " --batch_size 2000 --train_epochs 2 --topology ranks_per_node=2 " + flags +
+                       " --save_params " + dir.file(tag + ".bin") + " --metrics_json " +
+                       dir.file(tag + ".jsonl"));
+    EXPECT_EQ(r.exit_code, 0) << tag << ": " << r.output;
+    EXPECT_NE(r.output.find("ncf_dist: nodes: 2 nodes x 2 ranks, declared by --topology "
+                            "ranks_per_node=2 (MPI finds 1 node)"),
+              std::string::npos)
+        << tag << ": " << r.output;
+    return r.output;
+  };
+  auto params = [&](const std::string& tag) { return test::read_file(dir.file(tag + ".bin")); };
+  for (const std::string plan : {"row", "user=row,item=table"})
+    for (const std::string dedup : {"on", "off"}) {
+      const std::string tag = (plan == "row" ? "row_" : "mixed_") + dedup;
+      const std::string flags = "--shard_plan " + plan + " --dedup " + dedup;
+      const std::string flat = train(tag + "_flat", flags + " --exchange flat");
+      const std::string two = train(tag + "_two", flags + " --exchange two_hop");
+      EXPECT_NE(two.find("ncf_dist: exchange: two_hop"), std::string::npos) << tag << two;
+      EXPECT_NE(flat.find("ncf_dist: exchange: flat"), std::string::npos) << tag << flat;
+      EXPECT_FALSE(params(tag + "_flat").empty()) << tag;
+      EXPECT_EQ(params(tag + "_flat"), params(tag + "_two"))
+          << tag << ": two-hop's parameters differ from flat's";
+    }
+  const std::string node = train("node_a", "--shard_plan row --dedup node --exchange two_hop");
+  train("node_b", "--shard_plan row --dedup node --exchange two_hop");
+  EXPECT_NE(node.find("ncf_dist: exchange: two_hop + node dedup"), std::string::npos) << node;
+  EXPECT_EQ(params("node_a"), params("node_b")) << "two --dedup node runs differ";
+  auto last = [&](const std::string& tag) {
+    std::istringstream in(test::read_file(dir.file(tag + ".jsonl")));
+    std::string line, final_line;
+    while (std::getline(in, line))
+      if (!line.empty()) final_line = line;
+    return nlohmann::json::parse(final_line);
+  };
+  const nlohmann::json a = last("row_on_flat"), b = last("node_a");
+  EXPECT_NEAR(double(a["loss"]), double(b["loss"]), 1e-5 * std::fabs(double(a["loss"])));
+  EXPECT_NEAR(double(a["hr"]), double(b["hr"]), 0.005);
+  EXPECT_NEAR(double(a["ndcg"]), double(b["ndcg"]), 0.005);
+  EXPECT_NE(params("row_on_flat"), params("node_a")) << "node dedup changed nothing: not used?";
+
+  auto bad = test::run("timeout -k 5 120 " + test::mpirun(4) + " " + test::bin("ncf_dist") +
+                       " --device cpu --data_dir " + dir.file("data") +
+                       " --train_epochs 1 --topology ranks_per_node=3");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("flag --topology ranks_per_node=3: the job's 4 ranks do not fill "
+                            "nodes of 3 ranks"),
+            std::string::npos)
+      << bad.output;
 }
 
 // ---- multi-process: this binary again, under mpirun ------------------------------

@@ -253,7 +253,7 @@ int run_main(int argc, char** argv, const std::function<int(int& argc, char**& a
 }
 
 RankRuntime::RankRuntime(int* argc, char*** argv, const std::string& device_flag,
-                         const std::string& comm_kind, int threads) {
+                         const std::string& comm_kind, int threads, int ranks_per_node) {
   Device device = Device::kCpu;
   std::string why;
   const bool gpu = device_flag != "cpu" && cuda_available(&why);
@@ -284,7 +284,20 @@ RankRuntime::RankRuntime(int* argc, char*** argv, const std::string& device_flag
                "; use --comm mpi, or --device cuda on GPU nodes");
   }
   if (device == Device::kCuda) ctx = make_cuda_context(select_local_gpu(info));
-  comm = make_communicator(info, device, comm_kind, ctx.stream);
+  RankInfo declared = info;
+  if (ranks_per_node > 0) {
+    const int L = ranks_per_node, W = info.world;
+    NCF_REQUIRE(W % L == 0, "flag --topology ranks_per_node=", L, ": the job's ", W,
+                " ranks do not fill nodes of ", L, " ranks");
+    declared.nodes.node_of.assign(size_t(W), 0);
+    for (int r = 0; r < W; ++r) declared.nodes.node_of[size_t(r)] = r / L;
+    const int found = info.nodes.node_of.empty() ? 1 : info.nodes.nodes();
+    nodes_note = std::to_string(W / L) + " node" + (W / L == 1 ? "" : "s") + " x " +
+                 std::to_string(L) + " rank" + (L == 1 ? "" : "s") +
+                 ", declared by --topology ranks_per_node=" + std::to_string(L) + " (MPI finds " +
+                 std::to_string(found) + " node" + (found == 1 ? "" : "s") + ")";
+  }
+  comm = make_communicator(declared, device, comm_kind, ctx.stream);
   ctx.device = device;
   threads_flag = threads;
   cpus = cpu_share(info.node_ranks_on);

@@ -115,8 +115,12 @@ struct RankRuntime {
   CpuShare cpus;            // this rank's mask, the machine's CPUs, the default thread count
   int threads_flag = 0;     // `threads` as given (0: the default)
   std::string device_note;  // "--device auto: ..." (empty for an explicit device)
+  std::string nodes_note;   // "2 nodes x 2 ranks, declared ... (MPI finds 1 node)"; empty: MPI's
+  // ranks_per_node > 0 declares nodes of that many consecutive ranks for the
+  // communicator (--topology ranks_per_node; W must be a multiple of it, else an
+  // error naming the flag and both values); info.nodes keeps what MPI found.
   RankRuntime(int* argc, char*** argv, const std::string& device_flag, const std::string& comm_kind,
-              int threads);
+              int threads, int ranks_per_node = 0);
   ~RankRuntime();
   RankRuntime(const RankRuntime&) = delete;
   RankRuntime& operator=(const RankRuntime&) = delete;

@@ -136,7 +136,7 @@ LinkLevels parse_topology(const std::string& spec, bool cuda) {
   } else {
     NCF_FAIL("flag --topology: '", spec,
              "' is neither a file nor key=value pairs (keys: intra_gbps, intra_us, inter_gbps, "
-             "inter_us, nics_per_node)");
+             "inter_us, nics_per_node, ranks_per_node)");
   }
   std::map<std::string, int> seen;  // key -> its line
   std::string given;
@@ -165,9 +165,13 @@ LinkLevels parse_topology(const std::string& spec, bool cuda) {
     } else if (key == "nics_per_node") {
       if (!number || v < 1 || v != std::floor(v) || v > 1024) bad("a whole number in [1, 1024]");
       l.nics_per_node = int(v);
+    } else if (key == "ranks_per_node") {
+      if (!number || v < 1 || v != std::floor(v) || v > 65536) bad("a whole number in [1, 65536]");
+      l.ranks_per_node = int(v);
     } else {
       NCF_FAIL(where, n, ": unknown key '", key, "' (value '", value,
-               "'; keys: intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node)");
+               "'; keys: intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node, "
+               "ranks_per_node)");
     }
     given += (given.empty() ? "" : ",") + key + "=" + value;
   }

@@ -37,7 +37,11 @@ struct LinkLevels {
   double inter_bw = 0;    // bytes/s of one NIC across nodes
   double inter_lat = 0;   // seconds per message across nodes
   int nics_per_node = 1;  // rails; the node's ranks share them, one rank uses at most one
-  std::string source;     // where the figures come from: defaults, file, flag
+  // Nodes declared instead of the ones MPI finds: ranks r·L .. r·L + L − 1 form
+  // node r (0: MPI's nodes). What the exchanges, node dedup and this model take
+  // for nodes; GPU choice and CPU shares still follow the real hosts.
+  int ranks_per_node = 0;
+  std::string source;  // where the figures come from: defaults, file, flag
 };
 
 // CPU ranks: shared memory inside a node, one 10 Gb/s Ethernet port per node.
@@ -48,7 +52,8 @@ LinkLevels default_links(bool cuda);
 // --topology: empty (the defaults), the path of a file of `key = value` lines
 // (`#` starts a comment), or inline `key=value,key=value`. Keys: intra_gbps,
 // inter_gbps (Gbit/s), intra_us, inter_us (microseconds per message),
-// nics_per_node; each overrides the default once. A bad line, key or value
+// nics_per_node, ranks_per_node (declared nodes, see LinkLevels); each
+// overrides the default once. A bad line, key or value
 // throws ncf::Error naming the file (or --topology), the line (or item)
 // number, the key and the value.
 LinkLevels parse_topology(const std::string& spec_or_path, bool cuda);

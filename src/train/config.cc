@@ -233,7 +233,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--topology", c.topology,
                  "links for the exchange's cost model: a file of key = value lines or inline "
                  "key=value,... (intra_gbps, intra_us, inter_gbps, inter_us, nics_per_node); "
-                 "unset keys keep the defaults for the device")
+                 "unset keys keep the defaults for the device; ranks_per_node=L declares "
+                 "nodes of L consecutive ranks instead of the hosts MPI finds")
       ->capture_default_str();
   app.add_option("--memory_limit_gb", c.memory_limit_gb,
                  "memory a rank may use for tables and state (0: the machine's available "

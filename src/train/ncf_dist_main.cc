@@ -20,6 +20,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "data/dataset.h"
+#include "embedding/exchange_model.h"
 #include "model/cpu_matmul.h"
 #include "model/ops.h"
 #include "train/checkpoint_lock.h"
@@ -151,7 +152,10 @@ int train_main(int& argc, char**& argv) {
 
   // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
   // Declared before the trainer so that the context and communicator outlive it.
-  RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads);
+  // --topology's declared nodes, read before MPI starts (a bad value is refused
+  // here, on every rank alike); the links are the trainer's.
+  const int ranks_per_node = parse_topology(cfg.topology, false).ranks_per_node;
+  RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads, ranks_per_node);
   const Device device = rt.ctx.device;
   cfg.device = device_name(device);
   if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
@@ -182,7 +186,7 @@ int train_main(int& argc, char**& argv) {
   set_math_mode(parse_math_mode(cfg.precision));
   if (const char* k = std::getenv("NCF_STEP_KERNELS"); k && *k) {
     set_step_kernels(parse_step_kernels(k, "environment variable NCF_STEP_KERNELS"));
-    if (lead && ctx.device == Device::kCuda)
+    if (lead)
       std::fprintf(stderr,
                    "ncf_dist: note: NCF_STEP_KERNELS=%s: the tower step runs the %s "
                    "kernels\n",
@@ -231,6 +235,7 @@ int train_main(int& argc, char**& argv) {
                 cfg.table_dtype == "bf16" ? ", bf16 table rows" : "");
     if (!rt.device_note.empty())
       std::printf("ncf_dist: device %s (%s)\n", device_name(device), rt.device_note.c_str());
+    if (!rt.nodes_note.empty()) std::printf("ncf_dist: nodes: %s\n", rt.nodes_note.c_str());
     if (device == Device::kCpu)
       std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
