@@ -230,10 +230,11 @@ TEST_F(TrainTest, TheDefaultDeviceIsAutoAndTheStartUpLineSaysWhichAndWhy) {
       << r.output;
 }
 
-// NCF_STEP_KERNELS picks the GPU's masked-reduction kernels (ops.h): a value
-// that is neither streaming nor legacy is refused on every rank, naming the
-// variable and the value; legacy trains the same numbers (on the CPU it changes
-// nothing; on a GPU the same bits, Parity.StreamingStepKernels...).
+// NCF_STEP_KERNELS picks the step's kernels (ops.h StepKernels): a value that is
+// neither streaming nor legacy is refused on every rank, naming the variable and
+// the value; legacy (NeuMF's unfused top on the CPU) trains the same parameters
+// bit for bit on the CPU, and says so at start-up (on a GPU the same elements,
+// the fused top's sums in another order: Parity.FusedTop..., Parity.Streaming...).
 TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
   const std::string args = " --device cpu --data_dir " + data() +
                            " --batch_size 2000 --train_epochs 1 --threads 1 --no_eval";
@@ -244,10 +245,17 @@ TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
                             "NCF_STEP_KERNELS=fast: expected streaming or legacy"),
             std::string::npos)
       << bad.output;
-  auto legacy = run("NCF_STEP_KERNELS=legacy timeout -k 5 120 " + bin("ncf_dist") + args);
-  auto streaming = run("NCF_STEP_KERNELS=streaming timeout -k 5 120 " + bin("ncf_dist") + args);
+  auto legacy = run("NCF_STEP_KERNELS=legacy timeout -k 5 120 " + bin("ncf_dist") + args +
+                    " --save_params " + dir_->file("legacy.bin"));
+  auto streaming = run("NCF_STEP_KERNELS=streaming timeout -k 5 120 " + bin("ncf_dist") + args +
+                       " --save_params " + dir_->file("streaming.bin"));
   ASSERT_EQ(legacy.exit_code, 0) << legacy.output;
   ASSERT_EQ(streaming.exit_code, 0) << streaming.output;
+  EXPECT_NE(legacy.output.find("NCF_STEP_KERNELS=legacy: the tower step runs the legacy kernels"),
+            std::string::npos)
+      << legacy.output;
+  EXPECT_EQ(test::read_file(dir_->file("legacy.bin")), test::read_file(dir_->file("streaming.bin")))
+      << "the fused top changed the CPU's parameters";
   auto losses = [](const std::string& out) {  // the epoch lines' loss
     std::string got;
     std::istringstream in(out);
