@@ -865,6 +865,60 @@ TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
         }
 }
 
+// MathMode::kBf16's operand copies: the streaming conversion (four elements per
+// thread; contiguous arrays as one range, strided rows by a 32-bit division)
+// against the legacy one (an element per thread), both feeding the same cuBLAS
+// GEMM, so the products must be the same bits; shapes that take the flat path,
+// the strided one (a column slice of wider rows, as layer 0's item half), and
+// the fallbacks (a width not a multiple of 4, a pointer off 16-byte alignment).
+// Then a Linear forward and backward in kBf16, both variants.
+TEST_F(Parity, StreamingBf16CopiesAreTheLegacyOnesBitForBit) {
+  set_math_mode(MathMode::kBf16);
+  struct Case {
+    int M, N, K, lda, a_off;
+  };
+  const Case cases[] = {{1000, 64, 128, 128, 0},        // contiguous: the flat path
+                        {1000, 64, 128, 192, 64},       // a slice of 192-wide rows
+                        {1000, 64, 6, 6, 0},            // K % 4 != 0: the element kernel
+                        {333, 64, 128, 128, 1},         // A off 16-byte alignment
+                        {1048575, 256, 128, 192, 64}};  // layer 0's items (GPU only)
+  for (const Case& c : cases) {
+    if (!on_gpu() && int64_t(c.M) * c.lda > (int64_t{1} << 22)) continue;
+    const std::string what =
+        shape({{"M", c.M}, {"N", c.N}, {"K", c.K}, {"lda", c.lda}, {"offset", c.a_off}});
+    Vec A = random_vec(size_t(c.M) * c.lda + size_t(c.a_off), gen_);
+    Vec B = random_vec(size_t(c.N) * c.K, gen_);
+    Buffer<float> gA = up(A), gB = up(B), gC_l = up(Vec(size_t(c.M) * c.N, 0.0f)),
+                  gC_s = up(Vec(size_t(c.M) * c.N, 0.0f));
+    for (StepKernels k : {StepKernels::kLegacy, StepKernels::kStreaming}) {
+      set_step_kernels(k);
+      gemm(gpu_, false, true, c.M, c.N, c.K, 1.0f, gA.data() + c.a_off, c.lda, gB.data(), c.K, 0.0f,
+           (k == StepKernels::kLegacy ? gC_l : gC_s).data(), c.N);
+    }
+    expect_same(down(gC_s), down(gC_l), what + "bf16 GEMM, streaming copies vs legacy");
+  }
+  const int64_t B = on_gpu() ? 1048575 : 3000;
+  const int in = 128, out = 64;
+  Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_),
+      bias = random_vec(size_t(out), gen_), dY = random_vec(size_t(B) * out, gen_);
+  Buffer<float> gX = up(X), gW = up(W), gb = up(bias);
+  std::vector<Vec> got[2];
+  for (StepKernels k : {StepKernels::kLegacy, StepKernels::kStreaming}) {
+    set_step_kernels(k);
+    Buffer<float> gY = up(Vec(size_t(B) * out, 0.0f)), gdY = up(dY),
+                  gdX = up(Vec(size_t(B) * in, 0.0f)), gdW = up(Vec(size_t(out) * in, 0.0f)),
+                  gdb = up(Vec(size_t(out), 0.0f));
+    linear_forward(gpu_, gX.data(), gW.data(), gb.data(), gY.data(), B, in, out, true);
+    linear_backward(gpu_, gX.data(), gW.data(), gY.data(), gdY.data(), gdX.data(), gdW.data(),
+                    gdb.data(), B, in, out, true, GradMode::kOverwrite);
+    got[k == StepKernels::kStreaming] = {down(gY), down(gdX), down(gdW), down(gdb)};
+  }
+  const char* names[] = {"Y", "dX", "dW", "db"};
+  for (int i = 0; i < 4; ++i)
+    expect_same(got[1][size_t(i)], got[0][size_t(i)],
+                std::string("bf16 Linear ") + names[i] + ", streaming vs legacy");
+}
+
 // The fused top of NeuMF (neumf_top_forward / neumf_top_backward, NeuMF's path
 // under StepKernels::kStreaming) against the unfused ops it replaces, run on the
 // GPU on the same inputs (repeat_rows, gmf_forward, concat_cols, head_forward,

@@ -40,6 +40,35 @@ __global__ void to_bf16_kernel(const float* src, int64_t ld, int64_t rows, int c
   }
 }
 
+// to_bf16_kernel streaming (StepKernels::kStreaming): four elements per thread,
+// one float4 load and one 8-byte store, rows of 4·qpr columns at a stride of ld4
+// float4s (dst: the same stride in groups of four BF16s). A contiguous array
+// (kFlat) is one range; otherwise quad q's row is q / qpr, in 32 bits when the
+// quads fit (k32). The rounding is bf16.h's: the same bits as to_bf16_kernel.
+template <bool kFlat, bool k32>
+__global__ void __launch_bounds__(kThreads)
+    to_bf16_quads_kernel(const float4* __restrict__ src, int64_t ld4, int64_t rows, int qpr,
+                         uint2* __restrict__ dst) {
+  const int64_t total = rows * qpr;
+  for (int64_t q = thread_first(); q < total; q += thread_stride()) {
+    int64_t k = q;
+    if (!kFlat) {
+      if (k32) {
+        const uint32_t r = static_cast<uint32_t>(q) / static_cast<uint32_t>(qpr);
+        k = static_cast<int64_t>(r) * ld4 + (static_cast<uint32_t>(q) - r * uint32_t(qpr));
+      } else {
+        const int64_t r = q / qpr;
+        k = r * ld4 + (q - r * qpr);
+      }
+    }
+    const float4 v = src[k];
+    uint2 o;
+    o.x = uint32_t(float_to_bf16_bits(v.x)) | (uint32_t(float_to_bf16_bits(v.y)) << 16);
+    o.y = uint32_t(float_to_bf16_bits(v.z)) | (uint32_t(float_to_bf16_bits(v.w)) << 16);
+    dst[k] = o;
+  }
+}
+
 // C[M×N] = beta·C (beta == 0 writes zeros, so NaNs in C do not leak): GEMM with K == 0.
 __global__ void scale_rows_kernel(float* C, int64_t ldc, int M, int N, float beta) {
   const int64_t total = static_cast<int64_t>(M) * N;
@@ -225,11 +254,27 @@ size_t bf16_copy_elems(int64_t rows, int64_t cols, int64_t ld) {
 // Writes the BF16 copy of src (rows × cols, stride ld) into dst, on the stream.
 GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t rows, int64_t cols,
                   __nv_bfloat16* dst, const char* op) {
-  if (rows > 0 && cols > 0) {
+  if (rows <= 0 || cols <= 0) return {dst, CUDA_R_16BF};
+  const bool quads = step_kernels() == StepKernels::kStreaming && cols % 4 == 0 && ld % 4 == 0 &&
+                     aligned16(src) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+  if (quads) {
+    const int qpr = static_cast<int>(cols / 4);
+    const int64_t total = rows * qpr;
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    uint2* d4 = reinterpret_cast<uint2*>(dst);
+    const unsigned grid = grid_for(total);
+    if (ld == cols) {
+      to_bf16_quads_kernel<true, true><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
+    } else if (total <= int64_t{UINT32_MAX}) {
+      to_bf16_quads_kernel<false, true><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
+    } else {
+      to_bf16_quads_kernel<false, false><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
+    }
+  } else {
     to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(src, ld, rows,
                                                                    static_cast<int>(cols), dst);
-    check_launch(op);
   }
+  check_launch(op);
   return {dst, CUDA_R_16BF};
 }
 

@@ -55,7 +55,9 @@ const char* math_mode_name(MathMode mode);
 //   kStreaming (the default): on the GPU, linear_backward's ReLU mask and bias
 //         gradient, group_sum_backward and group_bias_act load every row of a
 //         group (float4 where the rows allow) before they store anything, store
-//         whole rows, and sum in read-only passes; on both devices NeuMF runs its
+//         whole rows, and sum in read-only passes, and kBf16's operand copies
+//         convert four elements per thread (float4 in, 8 bytes out, no 64-bit
+//         division); on both devices NeuMF runs its
 //         top (GMF, head, loss and the last layer's mask and bias gradient) as
 //         the two fused ops neumf_top_forward / neumf_top_backward;
 //   kLegacy: the kernels before them (one element per thread with runtime
