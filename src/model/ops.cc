@@ -743,7 +743,10 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
       from_labels ? static_cast<float>(1.0 / static_cast<double>(global_batch)) : 0.0f;
   // Pass 1, per group: the logits' gradients, dA (masked), the items' GMF
   // gradients and the user's, summed over its samples in double in s order.
-  std::vector<float> g_buf(static_cast<size_t>(B));
+  // Grown once per thread, not per call: a fresh B-float vector each step comes
+  // from mmap for a large B and faults in every page.
+  thread_local std::vector<float> g_buf;
+  if (g_buf.size() < static_cast<size_t>(B)) g_buf.resize(static_cast<size_t>(B));
   float* g = g_buf.data();
   parallel_for(ctx.threads, n, row_grain(int64_t(F) * S), [&](int64_t p0, int64_t p1) {
     std::vector<double> acc(static_cast<size_t>(mf));
