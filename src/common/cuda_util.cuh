@@ -287,6 +287,20 @@ __global__ void col_finish_kernel(const double* partial, int64_t chunks, int64_t
   }
 }
 
+// The passes after the chunk partials [chunks × C]: the group sums when there are
+// more than kColGroup chunks (in place), then each column's total to store.
+template <typename Store>
+void finish_col_sums(cudaStream_t stream, double* partial, int64_t chunks, int C, Store store) {
+  if (C <= 0) return;
+  int64_t step = 1;
+  if (chunks > kColGroup) {
+    const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
+    col_group_kernel<<<grid_for(groups * C), kThreads, 0, stream>>>(partial, chunks, C);
+    step = kColGroup;
+  }
+  col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, step, C, store);
+}
+
 // `partial` holds col_chunks(B)·C doubles (the group sums reuse it in place).
 template <typename Op, typename Store>
 void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double* partial,
@@ -299,14 +313,7 @@ void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double
     dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
     col_sums_kernel<<<grid, dim3(kColLanes, kColRows), 0, stream>>>(op, B, C, partial);
   }
-  int64_t step = 1;
-  if (chunks > kColGroup && C > 0) {
-    const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
-    col_group_kernel<<<grid_for(groups * C), kThreads, 0, stream>>>(partial, chunks, C);
-    step = kColGroup;
-  }
-  if (C > 0)
-    col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, step, C, store);
+  finish_col_sums(stream, partial, chunks, C, store);
   check_launch(what);
 }
 

@@ -608,6 +608,20 @@ void check_bce(const char* op, const float* logits, const float* labels, int64_t
   check_ptr(op, "labels", labels, B);
 }
 
+// One row's loss: max(z, 0) − z·y + log(1 + exp(−|z|)), in double (no overflow).
+inline double bce_row_loss(double z, double y) {
+  return std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z)));
+}
+
+// One row's gradient w·(sigmoid(z) − y)/global_batch, the sigmoid without
+// overflow (exp of a non-positive number only). bce_with_logits_backward and
+// neumf_top_backward share it, so they give the same bits.
+inline float bce_row_grad(float z, float y, float wb, float inv_batch) {
+  const float e = std::exp(-std::fabs(z));
+  const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return wb * (sig - y) * inv_batch;
+}
+
 }  // namespace
 
 void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const float* labels,
@@ -625,8 +639,7 @@ void bce_with_logits_forward(const ExecContext& ctx, const float* logits, const 
         for (int64_t b = b0; b < b1; ++b) {
           double wb = weights ? weights[b] : 1.0;
           if (wb == 0.0) continue;  // a masked row may hold garbage logits
-          double z = logits[b], y = labels[b];
-          acc[0] += wb * (std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z))));
+          acc[0] += wb * bce_row_loss(logits[b], labels[b]);
         }
       },
       &sum);
@@ -649,11 +662,7 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
         dlogits[b] = 0.0f;
         continue;
       }
-      float z = logits[b];
-      // sigmoid without overflow: exp of a non-positive number only
-      float e = std::exp(-std::fabs(z));
-      float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-      dlogits[b] = wb * (sig - labels[b]) * inv_batch;
+      dlogits[b] = bce_row_grad(logits[b], labels[b], wb, inv_batch);
     }
   });
 }
@@ -672,14 +681,6 @@ void check_top(const char* op, const float* urows, int64_t ldu, const float* iro
   check_ptr(op, "irows", irows, n);
   check_ptr(op, "A", A, n);
   check_ptr(op, "w", w, n);
-}
-
-// bce_with_logits_backward's gradient of one valid, unweighted row (the same
-// expression: the same bits).
-inline float bce_dlogit(float z, float y, float inv_batch) {
-  const float e = std::exp(-std::fabs(z));
-  const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-  return 1.0f * (sig - y) * inv_batch;
 }
 
 }  // namespace
@@ -755,7 +756,8 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int s = 0; s < S; ++s) {
         const int64_t b = p * S + s;
-        const float gb = from_labels ? bce_dlogit(logits[b], labels[b], inv_batch) : dlogits[b];
+        const float gb =
+            from_labels ? bce_row_grad(logits[b], labels[b], 1.0f, inv_batch) : dlogits[b];
         g[b] = gb;
         const float* it = irows + b * ldi;
         float* di = dirows + b * lddi;
@@ -794,10 +796,7 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
           for (int k = 0; k < last; ++k) acc[mf + k] += gb * a[k];
           acc[F] += gb;
           for (int k = 0; k < last; ++k) acc[F + 1 + k] += da[k];
-          if (from_labels) {
-            const double z = logits[b], y = labels[b];
-            acc[K - 1] += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z)));
-          }
+          if (from_labels) acc[K - 1] += bce_row_loss(logits[b], labels[b]);
         }
       },
       sums.data());

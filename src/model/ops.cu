@@ -143,18 +143,22 @@ __global__ void head_forward_kernel(const float* H, const float* w, const float*
   }
 }
 
+// One row's BCE loss and gradient, as the CPU twins' bce_row_loss / bce_row_grad;
+// bce_with_logits_* and neumf_top_backward share them, so they give the same bits.
+__device__ __forceinline__ double bce_row_loss(double z, double y) {
+  return (z < 0.0 ? 0.0 : z) - z * y + log1p(exp(-fabs(z)));
+}
+__device__ __forceinline__ float bce_row_grad(float z, float y, float wb, float inv_batch) {
+  const float e = expf(-fabsf(z));  // exp of a non-positive number: no overflow
+  const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return wb * (sig - y) * inv_batch;
+}
+
 __global__ void bce_backward_kernel(const float* logits, const float* labels, const float* weights,
                                     float* dlogits, int64_t B, int64_t n_valid, float inv_batch) {
   for (int64_t b = thread_first(); b < B; b += thread_stride()) {
     const float wb = b < n_valid ? (weights ? weights[b] : 1.0f) : 0.0f;
-    if (wb == 0.0f) {
-      dlogits[b] = 0.0f;
-      continue;
-    }
-    const float z = logits[b];
-    const float e = expf(-fabsf(z));  // exp of a non-positive number: no overflow
-    const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    dlogits[b] = wb * (sig - labels[b]) * inv_batch;
+    dlogits[b] = wb == 0.0f ? 0.0f : bce_row_grad(logits[b], labels[b], wb, inv_batch);
   }
 }
 
@@ -220,8 +224,7 @@ struct BceLossOp {
   __device__ void operator()(int64_t b, double (&acc)[1]) const {
     const double wb = weights ? weights[b] : 1.0;
     if (wb == 0.0) return;  // a masked row may hold garbage logits
-    const double z = logits[b], y = labels[b];
-    acc[0] += wb * ((z < 0.0 ? 0.0 : z) - z * y + log1p(exp(-fabs(z))));
+    acc[0] += wb * bce_row_loss(logits[b], labels[b]);
   }
 };
 
@@ -812,12 +815,8 @@ __global__ void __launch_bounds__(kThreads)
         if (dlogits) {
           gl = dlogits[b];
         } else {
-          const float z = logits[b], y = labels[b];
-          const float e = expf(-fabsf(z));  // bce_backward_kernel's expression
-          const float sig = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-          gl = 1.0f * (sig - y) * inv_batch;
-          const double zd = z, yd = y;  // BceLossOp's
-          lossl += 1.0 * ((zd < 0.0 ? 0.0 : zd) - zd * yd + log1p(exp(-fabs(zd))));
+          gl = bce_row_grad(logits[b], labels[b], 1.0f, inv_batch);
+          lossl += bce_row_loss(logits[b], labels[b]);
         }
         dcl += gl;
       }
@@ -1219,16 +1218,9 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
     }
     check_launch(op);
   }
-  // The blocks' partials in chunk order: deterministic_col_sums' group and finish passes.
-  int64_t step = 1;
-  if (chunks > kColGroup) {
-    const int64_t groups = (chunks + kColGroup - 1) / kColGroup;
-    col_group_kernel<<<grid_for(groups * C), kThreads, 0, stream>>>(partial, chunks, C);
-    step = kColGroup;
-  }
-  col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(
-      partial, chunks, step, C,
-      TopStore{dw, dc, db, loss, static_cast<double>(global_batch), mf, last});
+  // The blocks' partials in chunk order, as deterministic_col_sums finishes its own.
+  finish_col_sums(stream, partial, chunks, C,
+                  TopStore{dw, dc, db, loss, static_cast<double>(global_batch), mf, last});
   check_launch(op);
 }
 
