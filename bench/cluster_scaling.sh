@@ -97,8 +97,7 @@ fi
 if ! [[ "$per_rank_batch" =~ ^[1-9][0-9]*$ ]] || [ $((per_rank_batch % 5)) -ne 0 ]; then
   die "--per_rank_batch '$per_rank_batch' must be a positive multiple of 5 (1 + num_neg): whole positives per rank"
 fi
-[[ "$steps" =~ ^[1-9][0-9]*$ ]] || die "--steps '$steps' must be a positive integer"
-[[ "$epochs" =~ ^[1-9][0-9]*$ ]] || die "--epochs '$epochs' must be a positive integer"
+bench_positive_ints steps epochs
 # Absolute paths: the runs start from inside $out, on other hosts' views of the files.
 out=$(realpath -m "$out")
 data=$(realpath -m "$data")

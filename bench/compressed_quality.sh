@@ -41,8 +41,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-[[ "$epochs" =~ ^[1-9][0-9]*$ ]] || die "--epochs '$epochs' must be a positive integer"
-[[ "$large_epochs" =~ ^[1-9][0-9]*$ ]] || die "--large_epochs '$large_epochs' must be a positive integer"
+bench_positive_ints epochs large_epochs
 [[ "$lrs" =~ ^[0-9.]+(,[0-9.]+)*$ ]] || die "--lrs '$lrs' is not a comma-separated list of rates"
 [[ "$protocols" =~ ^(paper|large)(,(paper|large))*$ ]] || die "--protocols '$protocols' (paper, large)"
 IFS=, read -r -a LRS <<<"$lrs"

@@ -50,9 +50,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-for v in users items interactions steps batch; do
-  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v '${!v}' must be a positive integer"
-done
+bench_positive_ints users items interactions steps batch
 [[ "$optimizers" =~ ^[a-z_]+(,[a-z_]+)*$ ]] || die "--optimizers '$optimizers' is not a comma-separated list"
 [[ "$apart" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--apart '$apart' is not a comma-separated list of positive integers"
 IFS=, read -r -a OPTIMIZERS <<<"$optimizers"

@@ -25,11 +25,9 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-for v in users new_users returning items; do
-  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v '${!v}' must be a positive integer"
-done
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
+bench_positive_ints users new_users returning items
 bench_programs "${NCF_BUILD_DIR:-$root/build}"
 commit=$(bench_commit "$root")
 [ -n "$out" ] || out="$root/bench/results/extend_scale_$(date -u +%F)_$commit"

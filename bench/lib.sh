@@ -19,3 +19,12 @@ bench_programs() {  # BUILD
     die "no ncf_dist / ncf_prep in $1/src (build first: bash scripts/build.sh, or set NCF_BUILD_DIR)"
   fi
 }
+
+# Each named variable must hold a positive integer, or die (the caller's die)
+# naming it as the flag --NAME and its value.
+bench_positive_ints() {  # VAR...
+  local v
+  for v in "$@"; do
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v '${!v}' must be a positive integer"
+  done
+}

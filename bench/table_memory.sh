@@ -39,9 +39,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-for v in users items interactions steps; do
-  [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "--$v '${!v}' must be a positive integer"
-done
+bench_positive_ints users items interactions steps
 [[ "$options" =~ ^[a-z_0-9+]+(,[a-z_0-9+]+)*$ ]] || die "--options '$options' is not a comma-separated list"
 IFS=, read -r -a OPTIONS <<<"$options"
 data="${data:-/var/tmp/ncf-bench/u${users}-i${items}}"
