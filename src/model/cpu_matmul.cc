@@ -49,7 +49,7 @@ dnnl::stream& thread_stream() {
 
 struct Key {
   int M, N, K, lda, ldb, ldc;
-  bool trans_a, trans_b, bf16, bias, relu;
+  bool trans_a, trans_b, bf16, bias, relu, c_bf16;
   float alpha, beta;
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
@@ -85,7 +85,8 @@ std::shared_ptr<const Entry> primitive_for(const Key& k) {
   auto e = std::make_shared<Entry>();
   e->a = memory::desc({k.M, k.K}, dt, k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
   e->b = memory::desc({k.K, k.N}, dt, k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
-  e->c = memory::desc({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+  e->c = memory::desc({k.M, k.N}, k.c_bf16 ? memory::data_type::bf16 : memory::data_type::f32,
+                      memory::dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
   dnnl::post_ops po;
@@ -227,8 +228,31 @@ std::string cpu_matmul_description() {
   return s;
 }
 
-void cpu_matmul(const MatmulShape& s, const float* A, const float* B, float* C,
-                const MatmulEpilogue& ep, MatmulPrecision precision) {
+namespace {
+
+// The cache key of a product, every byte set (padding included: it is hashed
+// and compared as bytes).
+Key make_key(const MatmulShape& s, const MatmulEpilogue& ep, bool bf16, bool c_bf16) {
+  Key k;
+  std::memset(&k, 0, sizeof(k));
+  k.M = s.M;
+  k.N = s.N;
+  k.K = s.K;
+  k.lda = s.lda;
+  k.ldb = s.ldb;
+  k.ldc = s.ldc;
+  k.trans_a = s.trans_a;
+  k.trans_b = s.trans_b;
+  k.bf16 = bf16;
+  k.bias = ep.bias != nullptr;
+  k.relu = ep.relu;
+  k.c_bf16 = c_bf16;
+  k.alpha = ep.alpha;
+  k.beta = ep.beta;
+  return k;
+}
+
+void check_product(const MatmulShape& s, const MatmulEpilogue& ep) {
   NCF_CHECK(s.M > 0 && s.N > 0 && s.K > 0, "cpu_matmul: empty product M=", s.M, " N=", s.N,
             " K=", s.K);
   NCF_CHECK(ep.beta == 0.0f || ep.beta == 1.0f, "cpu_matmul: beta=", ep.beta,
@@ -236,31 +260,17 @@ void cpu_matmul(const MatmulShape& s, const float* A, const float* B, float* C,
   // oneDNN scales the bias with alpha; no caller needs both, so none may ask.
   NCF_CHECK(ep.alpha == 1.0f || ep.bias == nullptr, "cpu_matmul: alpha=", ep.alpha,
             " with a bias is not supported");
-  const bool bf16 = precision == MatmulPrecision::kBf16;
-  const bool native = bf16 && cpu_bf16_native();
-  const Key key{s.M,     s.N,       s.K,       s.lda,  s.ldb,
-                s.ldc,   s.trans_a, s.trans_b, native, ep.bias != nullptr,
-                ep.relu, ep.alpha,  ep.beta};
+}
+
+// Runs the primitive of `key` on the calling thread.
+void execute(const Key& key, const void* A, const void* B, void* C, const float* bias) {
   std::shared_ptr<const Entry> e = primitive_for(key);
-  const int a_rows = s.trans_a ? s.K : s.M, a_cols = s.trans_a ? s.M : s.K;
-  const int b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
-  void* a_ptr = const_cast<float*>(A);
-  void* b_ptr = const_cast<float*>(B);
-  if (native) {
-    thread_local std::vector<uint16_t> a16, b16;
-    a_ptr = const_cast<uint16_t*>(to_bf16(A, a_rows, a_cols, s.lda, a16));
-    b_ptr = const_cast<uint16_t*>(to_bf16(B, b_rows, b_cols, s.ldb, b16));
-  } else if (bf16) {
-    thread_local std::vector<float> af, bf;
-    a_ptr = const_cast<float*>(to_bf16_floats(A, a_rows, a_cols, s.lda, af));
-    b_ptr = const_cast<float*>(to_bf16_floats(B, b_rows, b_cols, s.ldb, bf));
-  }
   dnnl::stream& strm = thread_stream();
   std::unordered_map<int, memory> args;
-  args.emplace(DNNL_ARG_SRC, memory(e->a, engine(), a_ptr));
-  args.emplace(DNNL_ARG_WEIGHTS, memory(e->b, engine(), b_ptr));
+  args.emplace(DNNL_ARG_SRC, memory(e->a, engine(), const_cast<void*>(A)));
+  args.emplace(DNNL_ARG_WEIGHTS, memory(e->b, engine(), const_cast<void*>(B)));
   args.emplace(DNNL_ARG_DST, memory(e->c, engine(), C));
-  if (ep.bias) args.emplace(DNNL_ARG_BIAS, memory(e->bias, engine(), const_cast<float*>(ep.bias)));
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(e->bias, engine(), const_cast<float*>(bias)));
   const size_t scratch_bytes = e->scratch.get_size();
   if (scratch_bytes > 0) {
     thread_local std::vector<uint64_t> scratch;  // 8-byte aligned, grown, never shrunk
@@ -273,6 +283,72 @@ void cpu_matmul(const MatmulShape& s, const float* A, const float* B, float* C,
   }
   e->prim.execute(strm, args);
   strm.wait();
+}
+
+// The `rows` × `cols` block of BF16 bits with stride ld, widened to floats with
+// the same stride in `buf`.
+const float* widen(const uint16_t* src, int rows, int cols, int ld, std::vector<float>& buf) {
+  const size_t n = static_cast<size_t>(rows - 1) * ld + cols;
+  if (buf.size() < n) buf.resize(n);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const int64_t i = static_cast<int64_t>(r) * ld + c;
+      buf[i] = bf16_bits_to_float(src[i]);
+    }
+  return buf.data();
+}
+
+}  // namespace
+
+void cpu_matmul(const MatmulShape& s, const float* A, const float* B, float* C,
+                const MatmulEpilogue& ep, MatmulPrecision precision) {
+  check_product(s, ep);
+  const bool bf16 = precision == MatmulPrecision::kBf16;
+  const bool native = bf16 && cpu_bf16_native();
+  const Key key = make_key(s, ep, native, false);
+  const int a_rows = s.trans_a ? s.K : s.M, a_cols = s.trans_a ? s.M : s.K;
+  const int b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
+  const void* a_ptr = A;
+  const void* b_ptr = B;
+  if (native) {
+    thread_local std::vector<uint16_t> a16, b16;
+    a_ptr = to_bf16(A, a_rows, a_cols, s.lda, a16);
+    b_ptr = to_bf16(B, b_rows, b_cols, s.ldb, b16);
+  } else if (bf16) {
+    thread_local std::vector<float> af, bf;
+    a_ptr = to_bf16_floats(A, a_rows, a_cols, s.lda, af);
+    b_ptr = to_bf16_floats(B, b_rows, b_cols, s.ldb, bf);
+  }
+  execute(key, a_ptr, b_ptr, C, ep.bias);
+}
+
+void cpu_matmul_bf16(const MatmulShape& s, const uint16_t* A, const uint16_t* B, float* C,
+                     uint16_t* C_bf16, const MatmulEpilogue& ep) {
+  check_product(s, ep);
+  NCF_CHECK((C == nullptr) != (C_bf16 == nullptr), "cpu_matmul_bf16: exactly one of C and C_bf16");
+  NCF_CHECK(C_bf16 == nullptr || ep.beta == 0.0f, "cpu_matmul_bf16: beta=", ep.beta,
+            " with a BF16 output (only 0)");
+  if (cpu_bf16_native()) {
+    const Key key = make_key(s, ep, true, C_bf16 != nullptr);
+    execute(key, A, B, C ? static_cast<void*>(C) : static_cast<void*>(C_bf16), ep.bias);
+    return;
+  }
+  const int a_rows = s.trans_a ? s.K : s.M, a_cols = s.trans_a ? s.M : s.K;
+  const int b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
+  thread_local std::vector<float> af, bf, cf;
+  const float* a = widen(A, a_rows, a_cols, s.lda, af);
+  const float* b = widen(B, b_rows, b_cols, s.ldb, bf);
+  if (C) {
+    execute(make_key(s, ep, false, false), a, b, C, ep.bias);
+    return;
+  }
+  // FP32 product into a block of the output's shape and stride, then rounded.
+  const size_t n = static_cast<size_t>(s.M - 1) * s.ldc + s.N;
+  if (cf.size() < n) cf.resize(n);
+  execute(make_key(s, ep, false, false), a, b, cf.data(), ep.bias);
+  for (int r = 0; r < s.M; ++r)
+    round_to_bf16_bits(cf.data() + static_cast<int64_t>(r) * s.ldc,
+                       C_bf16 + static_cast<int64_t>(r) * s.ldc, s.N);
 }
 
 }  // namespace ncf

@@ -42,6 +42,16 @@ enum class MatmulPrecision { kFp32, kBf16 };
 void cpu_matmul(const MatmulShape& shape, const float* A, const float* B, float* C,
                 const MatmulEpilogue& epilogue, MatmulPrecision precision);
 
+// The same product on operands already stored as BF16 bits (no operand copies:
+// --precision bf16's stored activations), with C FP32 (C_bf16 null) or BF16
+// (C null: act(alpha·op(A)·op(B) + bias) rounded once, nearest-even, as
+// float_to_bf16_bits rounds; beta must then be 0). Native BF16 instructions
+// when cpu_bf16_native(), else the operands widened (exactly) to FP32 and the
+// FP32 product, rounded after its epilogue: so on the emulated path the result
+// is the FP32 product's of the same values, bit for bit.
+void cpu_matmul_bf16(const MatmulShape& shape, const uint16_t* A, const uint16_t* B, float* C,
+                     uint16_t* C_bf16, const MatmulEpilogue& epilogue);
+
 // Whether --precision bf16 products run on BF16 instructions on this CPU:
 // oneDNN's ISA includes AVX512-BF16 (or AMX). NCF_CPU_BF16=emulate in the
 // environment (read once) forces the emulated path, for tests and comparisons.

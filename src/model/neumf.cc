@@ -56,10 +56,15 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
   grads_ = Buffer<float>(device, static_cast<size_t>(num_params_));
   acts_.resize(tower_.size());
   dacts_.resize(tower_.size());
+  a16_.resize(tower_.size());
+  d16_.resize(tower_.size());
   for (size_t l = 0; l < tower_.size(); ++l) {
     acts_[l] = Buffer<float>(device, 0);
     dacts_[l] = Buffer<float>(device, 0);
+    a16_[l] = Buffer<uint16_t>(device, 0);
+    d16_[l] = Buffer<uint16_t>(device, 0);
   }
+  for (Buffer<uint16_t>* b : {&wb_, &ub_, &ib_, &du0b_}) *b = Buffer<uint16_t>(device, 0);
   for (Buffer<float>* b :
        {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_})
     *b = Buffer<float>(device, 0);
@@ -97,6 +102,15 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   const size_t rows = static_cast<size_t>(B);
   const bool tower = !tower_.empty();
   fused_ = fused_top();
+  bf16_ = bf16_storage(ctx);
+  if (bf16_) {
+    n_ = n;
+    S_ = S;
+    user_rows_ = user_rows;
+    item_rows_ = item_rows;
+    forward_bf16(ctx, n, S, logits);
+    return;
+  }
   if (!fused_) {
     g_.reserve(rows * mf);
     h_.reserve(rows * F);
@@ -164,6 +178,91 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
 
+bool NeuMF::bf16_storage(const ExecContext& ctx) const {
+  // The CUDA twins of the BF16-storage ops are not written yet: the GPU keeps
+  // the per-GEMM operand copies.
+  return math_mode() == MathMode::kBf16 && fused_top() && !tower_.empty() &&
+         ctx.device == Device::kCpu;
+}
+
+void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits) {
+  const int64_t B = n * S;
+  const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
+  const size_t rows = static_cast<size_t>(B);
+  wb_.reserve(static_cast<size_t>(num_params_));
+  ub_.reserve(static_cast<size_t>(n) * h);
+  ib_.reserve(rows * h);
+  u0_.reserve(static_cast<size_t>(n) * tower_[0].out);
+  for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
+  if (B == 0) return;
+  const float* p = params_.data();
+  // The BF16 copies read by every product of the step: the weights (biases and
+  // the head come along, unread), the users' and the items' MLP columns.
+  to_bf16_rows(ctx, p, num_params_, static_cast<int>(num_params_), wb_.data(), num_params_, 1);
+  to_bf16_rows(ctx, user_rows_ + mf, D, h, ub_.data(), h, n);
+  to_bf16_rows(ctx, item_rows_ + mf, D, h, ib_.data(), h, B);
+  const DenseLayerView& v = tower_[0];
+  const uint16_t* w0 = wb_.data() + v.w_offset;
+  gemm_bf16(ctx, false, true, static_cast<int>(n), v.out, h, ub_.data(), h, w0, v.in, u0_.data(),
+            v.out);
+  group_linear_forward_bf16(ctx, ib_.data(), h, w0 + h, v.in, u0_.data(), p + v.b_offset,
+                            a16_[0].data(), n, S, h, v.out, true);
+  for (size_t l = 1; l < tower_.size(); ++l) {
+    const DenseLayerView& vl = tower_[l];
+    linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
+                        a16_[l].data(), B, vl.in, vl.out, true);
+  }
+  neumf_top_forward_bf16(ctx, user_rows_, D, item_rows_, D, a16_.back().data(), p + head_w_offset_,
+                         p + head_c_offset_, logits, n, S, mf, config_.layers.back());
+}
+
+void NeuMF::backward_bf16(const ExecContext& ctx, const float* dlogits, const float* logits,
+                          const float* labels, int64_t global_batch, double* loss,
+                          float* d_user_rows, float* d_item_rows) {
+  const int64_t n = n_, B = n_ * S_;
+  const int S = S_;
+  const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
+  const size_t rows = static_cast<size_t>(B);
+  du0_.reserve(static_cast<size_t>(n) * tower_[0].out);
+  du0b_.reserve(static_cast<size_t>(n) * tower_[0].out);
+  for (size_t l = 0; l < tower_.size(); ++l) d16_[l].reserve(rows * tower_[l].out);
+  float* gp = grads_.data();
+  if (B == 0) {  // a rank with no rows still joins the allreduce, with zeros
+    grads_.zero();
+    return;
+  }
+  const float* p = params_.data();
+  const size_t L = tower_.size();
+  // The top: the last layer's mask and (above layer 0) its bias gradient.
+  float* db_top = L > 1 ? gp + tower_.back().b_offset : nullptr;
+  neumf_top_backward_bf16(ctx, user_rows_, D, item_rows_, D, a16_.back().data(), p + head_w_offset_,
+                          dlogits, logits, labels, global_batch, loss, d16_.back().data(),
+                          d_user_rows, D, d_item_rows, D, gp + head_w_offset_, gp + head_c_offset_,
+                          db_top, n, S, mf, config_.layers.back(), true);
+  for (size_t l = L; l-- > 1;) {
+    const DenseLayerView& v = tower_[l];
+    const bool top = l + 1 == L;  // masked, and its bias gradient taken, by the top
+    linear_backward_bf16(ctx, a16_[l - 1].data(), wb_.data() + v.w_offset, a16_[l].data(),
+                         d16_[l].data(), d16_[l - 1].data(), gp + v.w_offset,
+                         top ? nullptr : gp + v.b_offset, B, v.in, v.out, !top);
+  }
+  const DenseLayerView& v = tower_[0];
+  const uint16_t* w0 = wb_.data() + v.w_offset;
+  uint16_t* dz = d16_[0].data();
+  const bool top = L == 1;
+  group_sum_backward_bf16(ctx, top ? nullptr : a16_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
+                          gp + v.b_offset, !top);
+  to_bf16_rows(ctx, du0_.data(), v.out, v.out, du0b_.data(), v.out, n);
+  gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(n), du0b_.data(), v.out, ub_.data(), h,
+            gp + v.w_offset, v.in);
+  gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(B), dz, v.out, ib_.data(), h,
+            gp + v.w_offset + h, v.in);
+  gemm_bf16(ctx, false, false, static_cast<int>(n), h, v.out, du0b_.data(), v.out, w0, v.in,
+            d_user_rows + mf, D);
+  gemm_bf16(ctx, false, false, static_cast<int>(B), h, v.out, dz, v.out, w0 + h, v.in,
+            d_item_rows + mf, D);
+}
+
 bool NeuMF::fused_top() const {
   return step_kernels() == StepKernels::kStreaming && config_.mf_dim <= kNeumfTopMaxWidth &&
          config_.layers.back() <= kNeumfTopMaxWidth;
@@ -200,6 +299,10 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
   NCF_CHECK(ctx.device == params_.device(), "NeuMF::backward: context device ",
             device_name(ctx.device), " differs from the parameters' device ",
             device_name(params_.device()));
+  if (bf16_) {
+    backward_bf16(ctx, dlogits, logits, labels, global_batch, loss, d_user_rows, d_item_rows);
+    return;
+  }
   const int64_t n = n_, B = n_ * S_;
   const int S = S_;
   const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();

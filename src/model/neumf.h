@@ -117,13 +117,26 @@ class NeuMF {
                      const float* labels, int64_t global_batch, double* loss, float* d_user_rows,
                      float* d_item_rows);
 
+  // Whether the tower runs on BF16 storage (ops.h "BF16 storage"): MathMode kBf16
+  // with the fused top and at least one hidden layer; decided by forward. Then
+  // a16_[l] / d16_[l] replace acts_[l] / dacts_[l], wb_ is the BF16 copy of the
+  // parameters, ub_ / ib_ the users' / items' MLP columns in BF16, du0b_ dU0.
+  bool bf16_storage(const ExecContext& ctx) const;
+  void forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits);
+  void backward_bf16(const ExecContext& ctx, const float* dlogits, const float* logits,
+                     const float* labels, int64_t global_batch, double* loss, float* d_user_rows,
+                     float* d_item_rows);
+
   bool fused_ = false;
+  bool bf16_ = false;
   int64_t n_ = -1;
   int S_ = 1;
   const float* user_rows_ = nullptr;
   const float* item_rows_ = nullptr;
   Buffer<float> x0_, g_, h_, dx0_, dg_, dh_, u0_, du0_, ug_, dug_, ux_, dux_;
   std::vector<Buffer<float>> acts_, dacts_;
+  Buffer<uint16_t> wb_, ub_, ib_, du0b_;
+  std::vector<Buffer<uint16_t>> a16_, d16_;
 };
 
 }  // namespace ncf

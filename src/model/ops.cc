@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "common/bf16.h"
@@ -74,36 +75,72 @@ MatmulShape matmul_shape(int M, int N, int K, bool trans_a, bool trans_b, int ld
 // small output, such as a weight gradient, with K ≥ 2·kGemmDepth) slices of
 // kGemmDepth along K, whose partial products are summed in slice order, in
 // double.
-void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-              const float* bias = nullptr, bool relu = false) {
+// T is float, or uint16_t for operands already stored as BF16 bits (their
+// products run on cpu_matmul_bf16, whatever the math mode); TC is float, or
+// uint16_t for a BF16 output (then beta is 0: each element is
+// act(alpha·op(A)·op(B) + bias) rounded once).
+template <typename T, typename TC>
+void cpu_gemm_t(int threads, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                const T* A, int lda, const T* B, int ldb, float beta, TC* C, int ldc,
+                const float* bias, bool relu) {
+  constexpr bool c16 = std::is_same<TC, uint16_t>::value;
+  static_assert(std::is_same<T, float>::value || std::is_same<T, uint16_t>::value, "operands");
+  static_assert(!c16 || std::is_same<T, uint16_t>::value, "a BF16 output needs BF16 operands");
+  NCF_CHECK(!c16 || beta == 0.0f, "cpu_gemm: beta=", beta, " with a BF16 output");
   if (M == 0 || N == 0) return;
+  // The epilogue on one element's FP32 value v (the product, plus beta·C).
+  auto store = [&](TC& c, int j, float v) {
+    if (bias) v += bias[j];
+    v = relu ? (v > 0.0f ? v : 0.0f) : v;
+    if constexpr (c16) {
+      c = float_to_bf16_bits(v);
+    } else {
+      c = v;
+    }
+  };
+  auto old = [&](const TC& c) -> float {
+    if constexpr (c16) {
+      return 0.0f;
+    } else {
+      return c;
+    }
+  };
   if (K == 0) {  // no product: C = act(beta·C + bias), spelled out
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
-        float& c = C[static_cast<int64_t>(i) * ldc + j];
-        float v = beta == 0.0f ? 0.0f : beta * c;
-        if (bias) v += bias[j];
-        c = relu ? (v > 0.0f ? v : 0.0f) : v;
+        TC& c = C[static_cast<int64_t>(i) * ldc + j];
+        store(c, j, beta == 0.0f ? 0.0f : beta * old(c));
       }
     return;
   }
   const MatmulPrecision prec = matmul_precision();
   // cpu_matmul adds C with weight 0 or 1; another beta scales C first.
   auto prescale = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    if (beta == 0.0f || beta == 1.0f) return;
-    for (int64_t i = r0; i < r1; ++i)
-      for (int64_t j = c0; j < c1; ++j) C[i * ldc + j] *= beta;
+    if constexpr (!c16) {
+      if (beta == 0.0f || beta == 1.0f) return;
+      for (int64_t i = r0; i < r1; ++i)
+        for (int64_t j = c0; j < c1; ++j) C[i * ldc + j] *= beta;
+    } else {
+      (void)r0, (void)r1, (void)c0, (void)c1;
+    }
   };
   const float mm_beta = beta == 0.0f ? 0.0f : 1.0f;
-  auto product = [&](int m, int n, int k, const float* a, const float* bb, float* c, int ldc_out,
+  auto product = [&](int m, int n, int k, const T* a, const T* bb, auto* c, int ldc_out,
                      const float* bias_part, float b, bool act) {
     MatmulEpilogue ep;
     ep.alpha = alpha;
     ep.beta = b;
     ep.bias = bias_part;
     ep.relu = act;
-    cpu_matmul(matmul_shape(m, n, k, trans_a, trans_b, lda, ldb, ldc_out), a, bb, c, ep, prec);
+    const MatmulShape sh = matmul_shape(m, n, k, trans_a, trans_b, lda, ldb, ldc_out);
+    using Out = std::remove_pointer_t<decltype(c)>;
+    if constexpr (std::is_same<T, float>::value) {
+      cpu_matmul(sh, a, bb, c, ep, prec);
+    } else if constexpr (std::is_same<Out, uint16_t>::value) {
+      cpu_matmul_bf16(sh, a, bb, nullptr, c, ep);
+    } else {
+      cpu_matmul_bf16(sh, a, bb, c, nullptr, ep);
+    }
   };
   if (M >= 2 * kGemmRows) {
     const int64_t blocks = (M + kGemmRows - 1) / kGemmRows;
@@ -113,7 +150,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         const int m = static_cast<int>(std::min<int64_t>(kGemmRows, M - m0));
         prescale(m0, m0 + m, 0, N);
         // Rows m0.. of op(A): rows of A, or columns of A when transposed.
-        const float* a = trans_a ? A + m0 : A + m0 * lda;
+        const T* a = trans_a ? A + m0 : A + m0 * lda;
         product(m, N, K, a, B, C + m0 * ldc, ldc, bias, mm_beta, relu);
       }
     });
@@ -125,7 +162,7 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         const int n = static_cast<int>(std::min<int64_t>(kGemmCols, N - n0));
         prescale(0, M, n0, n0 + n);
         // Columns n0.. of op(B): columns of B, or rows of B when transposed.
-        const float* bb = trans_b ? B + n0 * ldb : B + n0;
+        const T* bb = trans_b ? B + n0 * ldb : B + n0;
         product(M, n, K, A, bb, C + n0, ldc, bias ? bias + n0 : nullptr, mm_beta, relu);
       }
     });
@@ -141,8 +178,8 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
         const int64_t k0 = s * kGemmDepth;
         const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
         // Columns k0.. of op(A) and rows k0.. of op(B).
-        const float* a = trans_a ? A + k0 * lda : A + k0;
-        const float* bb = trans_b ? B + k0 : B + k0 * ldb;
+        const T* a = trans_a ? A + k0 * lda : A + k0;
+        const T* bb = trans_b ? B + k0 : B + k0 * ldb;
         // The bias and the ReLU apply to the sum of the slices, below.
         product(M, N, k, a, bb, p + s * mn, N, nullptr, 0.0f, false);
       }
@@ -151,15 +188,21 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
       for (int j = 0; j < N; ++j) {
         double acc = 0.0;
         for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + static_cast<int64_t>(i) * N + j];
-        float& c = C[static_cast<int64_t>(i) * ldc + j];
-        float v = static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * c);
-        if (bias) v += bias[j];
-        c = relu ? (v > 0.0f ? v : 0.0f) : v;
+        TC& c = C[static_cast<int64_t>(i) * ldc + j];
+        store(c, j,
+              static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * old(c)));
       }
   } else {
     prescale(0, M, 0, N);
     product(M, N, K, A, B, C, ldc, bias, mm_beta, relu);
   }
+}
+
+void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+              const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+              const float* bias = nullptr, bool relu = false) {
+  cpu_gemm_t<float, float>(threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                           bias, relu);
 }
 
 // dweight/db part of a linear backward, given dZ (already masked).
@@ -540,6 +583,193 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
   for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);
 }
 
+// ---- BF16 storage -----------------------------------------------------------------
+
+void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
+                  int64_t ldy, int64_t B) {
+  const char* op = "to_bf16_rows";
+  check_rows(op, B);
+  check_width(op, "w", w);
+  check_ld(op, "ldx", ldx, w);
+  check_ld(op, "ldy", ldy, w);
+  check_ptr(op, "X", X, B);
+  check_ptr(op, "Y", Y, B);
+  NCF_DISPATCH_CUDA(ctx, to_bf16_rows, ctx, X, ldx, w, Y, ldy, B);
+  parallel_for(ctx.threads, B, row_grain(w), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) round_to_bf16_bits(X + b * ldx, Y + b * ldy, w);
+  });
+}
+
+void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+               const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc) {
+  const char* op = "gemm_bf16";
+  NCF_CHECK(M >= 0 && N >= 0 && K >= 0, op, ": negative size M=", M, " N=", N, " K=", K);
+  check_ld(op, "lda", lda, trans_a ? M : K);
+  check_ld(op, "ldb", ldb, trans_b ? K : N);
+  check_ld(op, "ldc", ldc, N);
+  if (int64_t(M) * N == 0) return;
+  check_ptr(op, "C", C, 1);
+  if (K > 0) {
+    check_ptr(op, "A", A, 1);
+    check_ptr(op, "B", B, 1);
+  }
+  NCF_DISPATCH_CUDA(ctx, gemm_bf16, ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  cpu_gemm_t<uint16_t, float>(ctx.threads, trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C,
+                              ldc, nullptr, false);
+}
+
+void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_forward_bf16";
+  check_rows(op, B);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, B);
+  check_ptr(op, "weight", weight, B);
+  check_ptr(op, "Y", Y, B);
+  NCF_DISPATCH_CUDA(ctx, linear_forward_bf16, ctx, X, weight, bias, Y, B, in, out, relu);
+  if (B == 0) return;
+  cpu_gemm_t<uint16_t, uint16_t>(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X,
+                                 in, weight, in, 0.0f, Y, out, bias, relu);
+}
+
+void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
+                               const uint16_t* weight, int64_t ldw, const float* Yg,
+                               const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
+                               bool relu) {
+  const char* op = "group_linear_forward_bf16";
+  check_rows(op, n);
+  check_width(op, "S", S);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  check_ld(op, "ldx", ldx, in);
+  check_ld(op, "ldw", ldw, in);
+  NCF_CHECK(ldx <= INT_MAX && ldw <= INT_MAX, op, ": stride ldx=", ldx, " or ldw=", ldw,
+            " exceeds the BLAS int range");
+  NCF_CHECK(n * S <= INT_MAX, op, ": B=", n * S, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, n);
+  check_ptr(op, "weight", weight, n);
+  check_ptr(op, "Yg", Yg, n);
+  check_ptr(op, "Y", Y, n);
+  NCF_DISPATCH_CUDA(ctx, group_linear_forward_bf16, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in,
+                    out, relu);
+  const int64_t B = n * S;
+  const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
+  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+    // group_linear_forward's FP32 block (its users' rows, plus the product, the
+    // bias and the ReLU), rounded to BF16 while it is in cache.
+    thread_local std::vector<float> block;
+    if (block.size() < static_cast<size_t>(kGemmRows * out))
+      block.resize(static_cast<size_t>(kGemmRows * out));
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r0 = k * kGemmRows, r1 = std::min(B, r0 + kGemmRows);
+      for (int64_t b = r0; b < r1; ++b)
+        std::copy(Yg + (b / S) * out, Yg + (b / S + 1) * out, block.data() + (b - r0) * out);
+      MatmulEpilogue ep;
+      ep.beta = 1.0f;
+      ep.bias = bias;
+      ep.relu = relu;
+      cpu_matmul_bf16(matmul_shape(static_cast<int>(r1 - r0), out, in, false, true,
+                                   static_cast<int>(ldx), static_cast<int>(ldw), out),
+                      X + r0 * ldx, weight, block.data(), nullptr, ep);
+      round_to_bf16_bits(block.data(), Y + r0 * out, (r1 - r0) * out);
+    }
+  });
+}
+
+void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                          const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
+                          int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_backward_bf16";
+  check_rows(op, B);
+  check_width(op, "in", in);
+  check_width(op, "out", out);
+  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
+  check_ptr(op, "X", X, B);
+  check_ptr(op, "weight", weight, B);
+  check_ptr(op, "dY", dY, B);
+  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, B);
+  NCF_CHECK(dweight != nullptr, op, ": dweight is null");
+  NCF_DISPATCH_CUDA(ctx, linear_backward_bf16, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out,
+                    relu);
+  // linear_backward's pass over fixed blocks: the mask, the block's column sums
+  // (double), the block's rows of dX, each while the block is in cache.
+  const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
+  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
+      uint16_t* dz = dY + r0 * out;
+      const int64_t len = (r1 - r0) * out;
+      if (relu) {
+        const uint16_t* y = Y + r0 * out;
+        for (int64_t i = 0; i < len; ++i)
+          dz[i] = bf16_bits_to_float(y[i]) > 0.0f ? dz[i] : uint16_t{0};
+      }
+      if (db) {
+        double* acc = &partial[static_cast<size_t>(k) * out];
+        for (int64_t r = 0; r < r1 - r0; ++r)
+          for (int j = 0; j < out; ++j) acc[j] += bf16_bits_to_float(dz[r * out + j]);
+      }
+      if (dX) {
+        cpu_matmul_bf16(matmul_shape(static_cast<int>(r1 - r0), in, out, false, false, out, in, in),
+                        dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
+      }
+    }
+  });
+  // dweight[out×in] = dZ^T[out×B] · X[B×in]
+  cpu_gemm_t<uint16_t, float>(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dY, out,
+                              X, in, 0.0f, dweight, in, nullptr, false);
+  if (db) {
+    for (int j = 0; j < out; ++j) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < blocks; ++k) sum += partial[static_cast<size_t>(k) * out + j];
+      db[j] = static_cast<float>(sum);
+    }
+  }
+}
+
+void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu) {
+  const char* op = "group_sum_backward_bf16";
+  check_rows(op, n);
+  check_width(op, "S", S);
+  check_width(op, "out", out);
+  check_ld(op, "lddyg", lddyg, out);
+  check_ptr(op, "dY", dY, n);
+  check_ptr(op, "dYg", dYg, n);
+  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward_bf16, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
+  parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
+    std::vector<double> acc_buf(static_cast<size_t>(out));
+    double* acc = acc_buf.data();
+    for (int64_t p = p0; p < p1; ++p) {
+      std::fill(acc, acc + out, 0.0);
+      for (int s = 0; s < S; ++s) {
+        uint16_t* dy = dY + (p * S + s) * out;
+        if (relu) {
+          const uint16_t* y = Y + (p * S + s) * out;
+          for (int j = 0; j < out; ++j)
+            dy[j] = bf16_bits_to_float(y[j]) > 0.0f ? dy[j] : uint16_t{0};
+        }
+        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(bf16_bits_to_float(dy[j]));
+      }
+      for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[j]);
+    }
+  });
+  if (!db) return;
+  std::vector<double> sums(static_cast<size_t>(out));
+  block_sums(
+      ctx.threads, n, out,
+      [&](int64_t p0, int64_t p1, double* acc) {
+        for (int64_t p = p0; p < p1; ++p)
+          for (int j = 0; j < out; ++j) acc[j] += dYg[p * lddyg + j];
+      },
+      sums.data());
+  for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);
+}
+
 void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
                   float* logits, int64_t B, int F) {
   const char* op = "head_forward";
@@ -670,7 +900,7 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
 namespace {
 
 void check_top(const char* op, const float* urows, int64_t ldu, const float* irows, int64_t ldi,
-               const float* A, const float* w, int64_t n, int S, int mf, int last) {
+               const void* A, const float* w, int64_t n, int S, int mf, int last) {
   check_rows(op, n);
   check_width(op, "S", S);
   NCF_CHECK(mf >= 1 && mf <= kNeumfTopMaxWidth && last >= 1 && last <= kNeumfTopMaxWidth, op,
@@ -685,59 +915,43 @@ void check_top(const char* op, const float* urows, int64_t ldu, const float* iro
 
 }  // namespace
 
-void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
-                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last) {
-  const char* op = "neumf_top_forward";
-  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
-  check_ptr(op, "c", c, n);
-  check_ptr(op, "logits", logits, n);
-  NCF_DISPATCH_CUDA(ctx, neumf_top_forward, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf,
-                    last);
+namespace {
+
+// An element of A or dA as a float (BF16 bits widen exactly), and stored back.
+inline float ld(float x) { return x; }
+inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
+inline void st(float& d, float v) { d = v; }
+inline void st(uint16_t& d, float v) { d = float_to_bf16_bits(v); }
+
+template <typename TA>
+void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                     int64_t ldi, const TA* A, const float* w, const float* c, float* logits,
+                     int64_t n, int S, int mf, int last) {
   // head_forward's dot product over [u ⊙ i ; A] in column order, the GMF
   // products rounded to float as gmf_forward stores them.
   parallel_for(ctx.threads, n * S, row_grain(mf + last), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const float* u = urows + (b / S) * ldu;
       const float* it = irows + b * ldi;
-      const float* a = A + b * last;
+      const TA* a = A + b * last;
       float s = 0.0f;
       for (int k = 0; k < mf; ++k) {
         const float g = u[k] * it[k];
         s += g * w[k];
       }
-      for (int k = 0; k < last; ++k) s += a[k] * w[mf + k];
+      for (int k = 0; k < last; ++k) s += ld(a[k]) * w[mf + k];
       logits[b] = s + c[0];
     }
   });
 }
 
-void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
-                        int64_t ldi, const float* A, const float* w, const float* dlogits,
-                        const float* logits, const float* labels, int64_t global_batch,
-                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
-                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
-                        int last, bool relu) {
-  const char* op = "neumf_top_backward";
-  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
-  const bool from_labels = loss != nullptr;  // else from dlogits
-  if (from_labels) {
-    NCF_CHECK(!dlogits, op, ": dlogits given together with a loss");
-    NCF_CHECK(global_batch > 0, op, ": global_batch=", global_batch, " must be positive");
-    check_ptr(op, "logits", logits, n);
-    check_ptr(op, "labels", labels, n);
-  } else {
-    check_ptr(op, "dlogits (no loss given)", dlogits, n);
-  }
-  check_ld(op, "lddu", lddu, mf);
-  check_ld(op, "lddi", lddi, mf);
-  check_ptr(op, "dA", dA, n);
-  check_ptr(op, "durows", durows, n);
-  check_ptr(op, "dirows", dirows, n);
-  NCF_CHECK(dw != nullptr && dc != nullptr, op, ": dw or dc is null");
-  NCF_DISPATCH_CUDA(ctx, neumf_top_backward, ctx, urows, ldu, irows, ldi, A, w, dlogits, logits,
-                    labels, global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, db, n, S,
-                    mf, last, relu);
+template <typename TA>
+void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                      int64_t ldi, const TA* A, const float* w, const float* dlogits,
+                      const float* logits, const float* labels, int64_t global_batch, double* loss,
+                      TA* dA, float* durows, int64_t lddu, float* dirows, int64_t lddi, float* dw,
+                      float* dc, float* db, int64_t n, int S, int mf, int last, bool relu) {
+  const bool from_labels = loss != nullptr;
   const int64_t B = n * S;
   const int F = mf + last;
   const float inv_batch =
@@ -766,11 +980,11 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
           di[k] = dgk * u[k];
           acc[size_t(k)] += static_cast<double>(dgk * it[k]);
         }
-        const float* a = A + b * last;
-        float* da = dA + b * last;
+        const TA* a = A + b * last;
+        TA* da = dA + b * last;
         for (int k = 0; k < last; ++k) {
           const float dh = gb * w[mf + k];
-          da[k] = relu ? (a[k] > 0.0f ? dh : 0.0f) : dh;
+          st(da[k], relu ? (ld(a[k]) > 0.0f ? dh : 0.0f) : dh);
         }
       }
       for (int k = 0; k < mf; ++k) durows[p * lddu + k] = static_cast<float>(acc[size_t(k)]);
@@ -787,15 +1001,15 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
           const double gb = g[b];
           const float* u = urows + (b / S) * ldu;
           const float* it = irows + b * ldi;
-          const float* a = A + b * last;
-          const float* da = dA + b * last;
+          const TA* a = A + b * last;
+          const TA* da = dA + b * last;
           for (int k = 0; k < mf; ++k) {
             const float h = u[k] * it[k];
             acc[k] += gb * h;
           }
-          for (int k = 0; k < last; ++k) acc[mf + k] += gb * a[k];
+          for (int k = 0; k < last; ++k) acc[mf + k] += gb * ld(a[k]);
           acc[F] += gb;
-          for (int k = 0; k < last; ++k) acc[F + 1 + k] += da[k];
+          for (int k = 0; k < last; ++k) acc[F + 1 + k] += ld(da[k]);
           if (from_labels) acc[K - 1] += bce_row_loss(logits[b], labels[b]);
         }
       },
@@ -805,6 +1019,87 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
   if (db)
     for (int k = 0; k < last; ++k) db[k] = static_cast<float>(sums[size_t(F + 1 + k)]);
   if (from_labels) *loss = sums[size_t(K - 1)] / static_cast<double>(global_batch);
+}
+
+// The argument checks of neumf_top_backward (either storage).
+void check_top_backward(const char* op, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const void* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, const void* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, int64_t n, int S, int mf, int last) {
+  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
+  const bool from_labels = loss != nullptr;  // else from dlogits
+  if (from_labels) {
+    NCF_CHECK(!dlogits, op, ": dlogits given together with a loss");
+    NCF_CHECK(global_batch > 0, op, ": global_batch=", global_batch, " must be positive");
+    check_ptr(op, "logits", logits, n);
+    check_ptr(op, "labels", labels, n);
+  } else {
+    check_ptr(op, "dlogits (no loss given)", dlogits, n);
+  }
+  check_ld(op, "lddu", lddu, mf);
+  check_ld(op, "lddi", lddi, mf);
+  check_ptr(op, "dA", dA, n);
+  check_ptr(op, "durows", durows, n);
+  check_ptr(op, "dirows", dirows, n);
+  NCF_CHECK(dw != nullptr && dc != nullptr, op, ": dw or dc is null");
+}
+
+}  // namespace
+
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last) {
+  const char* op = "neumf_top_forward";
+  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
+  check_ptr(op, "c", c, n);
+  check_ptr(op, "logits", logits, n);
+  NCF_DISPATCH_CUDA(ctx, neumf_top_forward, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf,
+                    last);
+  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+}
+
+void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                            const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                            const float* c, float* logits, int64_t n, int S, int mf, int last) {
+  const char* op = "neumf_top_forward_bf16";
+  check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
+  check_ptr(op, "c", c, n);
+  check_ptr(op, "logits", logits, n);
+  NCF_DISPATCH_CUDA(ctx, neumf_top_forward_bf16, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S,
+                    mf, last);
+  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+}
+
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu) {
+  check_top_backward("neumf_top_backward", urows, ldu, irows, ldi, A, w, dlogits, logits, labels,
+                     global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, n, S, mf, last);
+  NCF_DISPATCH_CUDA(ctx, neumf_top_backward, ctx, urows, ldu, irows, ldi, A, w, dlogits, logits,
+                    labels, global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, db, n, S,
+                    mf, last, relu);
+  top_backward_cpu(ctx, urows, ldu, irows, ldi, A, w, dlogits, logits, labels, global_batch, loss,
+                   dA, durows, lddu, dirows, lddi, dw, dc, db, n, S, mf, last, relu);
+}
+
+void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                             const float* dlogits, const float* logits, const float* labels,
+                             int64_t global_batch, double* loss, uint16_t* dA, float* durows,
+                             int64_t lddu, float* dirows, int64_t lddi, float* dw, float* dc,
+                             float* db, int64_t n, int S, int mf, int last, bool relu) {
+  check_top_backward("neumf_top_backward_bf16", urows, ldu, irows, ldi, A, w, dlogits, logits,
+                     labels, global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, n, S, mf,
+                     last);
+  NCF_DISPATCH_CUDA(ctx, neumf_top_backward_bf16, ctx, urows, ldu, irows, ldi, A, w, dlogits,
+                    logits, labels, global_batch, loss, dA, durows, lddu, dirows, lddi, dw, dc, db,
+                    n, S, mf, last, relu);
+  top_backward_cpu(ctx, urows, ldu, irows, ldi, A, w, dlogits, logits, labels, global_batch, loss,
+                   dA, durows, lddu, dirows, lddi, dw, dc, db, n, S, mf, last, relu);
 }
 
 }  // namespace ncf

@@ -702,15 +702,28 @@ constexpr int kTopWarps = kThreads / 32;
 constexpr int kTopMaxJ = kNeumfTopMaxWidth / 32;  // columns per lane and part, at most
 constexpr int kTopSlots = 3 * kTopMaxJ + 2;       // dw GMF, dw tower, db, then dc and loss
 
+// A and dA as floats (TA float) or BF16 bits (TA uint16_t, BF16 storage): an
+// element's value, and the store of a value returning what was stored.
+__device__ __forceinline__ float value_of(float x) { return x; }
+__device__ __forceinline__ float value_of(uint16_t x) { return bf16_bits_to_float(x); }
+__device__ __forceinline__ float store_value(float* p, float v) {
+  *p = v;
+  return v;
+}
+__device__ __forceinline__ float store_value(uint16_t* p, float v) {
+  const uint16_t b = float_to_bf16_bits(v);
+  *p = b;
+  return bf16_bits_to_float(b);
+}
+
 // logits of groups p = warp, warp + warps, … (no sums across rows: any map will do).
 // J: columns per lane of F = mf + last, in head_forward's order k = lane + 32j.
-template <int J>
+template <int J, typename TA>
 __global__ void __launch_bounds__(kThreads)
     neumf_top_forward_kernel(const float* __restrict__ urows, int64_t ldu,
-                             const float* __restrict__ irows, int64_t ldi,
-                             const float* __restrict__ A, const float* __restrict__ w,
-                             const float* __restrict__ c, float* __restrict__ logits, int64_t n,
-                             int S, int mf, int last) {
+                             const float* __restrict__ irows, int64_t ldi, const TA* __restrict__ A,
+                             const float* __restrict__ w, const float* __restrict__ c,
+                             float* __restrict__ logits, int64_t n, int S, int mf, int last) {
   constexpr int R = J >= 8 ? 2 : (J >= 4 ? 4 : 8);  // rows in flight
   const int lane = threadIdx.x & 31;
   const int F = mf + last;
@@ -743,7 +756,7 @@ __global__ void __launch_bounds__(kThreads)
             if (k < mf)
               h[r][j] = irows[b * ldi + k];
             else if (k < F)
-              h[r][j] = A[b * last + (k - mf)];
+              h[r][j] = value_of(A[b * last + (k - mf)]);
           }
         }
       }
@@ -772,14 +785,14 @@ __global__ void __launch_bounds__(kThreads)
 // the block adds its warps' sums in warp order (dc and the loss also over lanes,
 // in lane order) into partial[x, ·] (neumf_top_partial_cols columns).
 // J: columns per lane of each part (mf and last ≤ 32·J).
-template <int J>
+template <int J, typename TA>
 __global__ void __launch_bounds__(kThreads)
     neumf_top_backward_kernel(const float* __restrict__ urows, int64_t ldu,
                               const float* __restrict__ irows, int64_t ldi,
-                              const float* __restrict__ A, const float* __restrict__ w,
+                              const TA* __restrict__ A, const float* __restrict__ w,
                               const float* __restrict__ dlogits, const float* __restrict__ logits,
                               const float* __restrict__ labels, float inv_batch,
-                              float* __restrict__ dA, float* __restrict__ durows, int64_t lddu,
+                              TA* __restrict__ dA, float* __restrict__ durows, int64_t lddu,
                               float* __restrict__ dirows, int64_t lddi, int64_t n, int S, int mf,
                               int last, bool relu, double* __restrict__ partial) {
   constexpr int R = J >= 4 ? 4 : 8;  // rows in flight
@@ -831,7 +844,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int j = 0; j < J; ++j) {
             const int k = lane + 32 * j;
             it[r][j] = r < m && k < mf ? irows[b * ldi + k] : 0.0f;
-            a[r][j] = r < m && k < last ? A[b * last + k] : 0.0f;
+            a[r][j] = r < m && k < last ? value_of(A[b * last + k]) : 0.0f;
           }
         }
 #pragma unroll
@@ -851,8 +864,8 @@ __global__ void __launch_bounds__(kThreads)
               }
               if (k < last) {
                 const float dh = __fmul_rn(g, wa[j]);
-                const float dz = relu ? (a[r][j] > 0.0f ? dh : 0.0f) : dh;
-                dA[b * last + k] = dz;
+                const float dz =
+                    store_value(dA + b * last + k, relu ? (a[r][j] > 0.0f ? dh : 0.0f) : dh);
                 dwa[j] += gd * static_cast<double>(a[r][j]);
                 dbs[j] += static_cast<double>(dz);
               }
@@ -896,6 +909,89 @@ __global__ void __launch_bounds__(kThreads)
       for (int v = 0; v < kTopWarps; ++v) total += sh[v][slot][col % 32];
     }
     partial[static_cast<int64_t>(blockIdx.x) * C + col] = total;
+  }
+}
+
+// ---- BF16 storage kernels -------------------------------------------------------------
+
+// Y[b·ldy + k] = BF16 bits of X[b·ldx + k], k < w, b < B.
+__global__ void rows_to_bf16_kernel(const float* __restrict__ X, int64_t ldx, int w,
+                                    uint16_t* __restrict__ Y, int64_t ldy, int64_t B) {
+  for (int64_t i = thread_first(); i < B * w; i += thread_stride()) {
+    const int64_t b = i / w, k = i - b * w;
+    Y[b * ldy + k] = float_to_bf16_bits(X[b * ldx + k]);
+  }
+}
+
+// Y[i] = BF16(act((Z[i] + Yg[b / S, j]) + bias[j])) over B × out, i = b·out + j:
+// a product's epilogue and rounding (Yg and bias may be null: then 0, as the
+// CPU twin adds nothing; with S = 1 and no Yg, act(Z + bias)).
+__global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* __restrict__ Yg,
+                                     int S, const float* __restrict__ bias,
+                                     uint16_t* __restrict__ Y, int64_t B, int out, bool relu) {
+  for (int64_t i = thread_first(); i < B * out; i += thread_stride()) {
+    float z = Z[i];
+    if (Yg || bias) {
+      const int64_t b = i / out;
+      const int j = static_cast<int>(i - b * out);
+      if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
+      if (bias) z = __fadd_rn(z, bias[j]);
+    }
+    Y[i] = float_to_bf16_bits(relu ? (z > 0.0f ? z : 0.0f) : z);
+  }
+}
+
+// dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask).
+__global__ void relu_mask_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY,
+                                      int64_t n) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride())
+    if (!(bf16_bits_to_float(Y[i]) > 0.0f)) dY[i] = 0;
+}
+
+// Column sums of a row-major [B × out] BF16 array.
+struct Bf16ColumnsOp {
+  const uint16_t* __restrict__ X;
+  int out;
+  __device__ double operator()(int64_t b, int c) const {
+    return bf16_bits_to_float(X[b * out + c]);
+  }
+};
+
+// group_sum_backward on BF16: one thread per (group p, column j); the group's
+// rows kGroupRowsInFlight at a time, every load first, then the masked values
+// stored and summed in s order in double (the CPU twin's order).
+template <bool kRelu>
+__global__ void __launch_bounds__(kThreads)
+    group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,
+                          int S, int out, float* __restrict__ dYg, int64_t lddyg) {
+  for (int64_t x = thread_first(); x < n * out; x += thread_stride()) {
+    const int64_t p = x / out;
+    const int j = static_cast<int>(x - p * out);
+    const int64_t first = p * S * out + j;
+    double acc = 0.0;
+    for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
+      const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
+      uint16_t g[kGroupRowsInFlight], y[kGroupRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k) {
+        if (k < m) {
+          const int64_t i = first + static_cast<int64_t>(s0 + k) * out;
+          g[k] = dY[i];
+          if (kRelu) y[k] = Y[i];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGroupRowsInFlight; ++k) {
+        if (k < m) {
+          if (kRelu) {
+            g[k] = bf16_bits_to_float(y[k]) > 0.0f ? g[k] : uint16_t{0};
+            dY[first + static_cast<int64_t>(s0 + k) * out] = g[k];
+          }
+          acc += bf16_bits_to_float(g[k]);
+        }
+      }
+    }
+    dYg[p * lddyg + j] = static_cast<float>(acc);
   }
 }
 
@@ -1158,36 +1254,39 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
   check_launch("bce_with_logits_backward");
 }
 
-void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
-                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last) {
+namespace {
+
+template <typename TA>
+void top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                 int64_t ldi, const TA* A, const float* w, const float* c, float* logits, int64_t n,
+                 int S, int mf, int last, const char* op) {
   if (n == 0) return;
   const int F = mf + last;
   const unsigned grid = grid_for(n * 32);
   cudaStream_t stream = stream_of(ctx);
   if (F <= 32) {
-    neumf_top_forward_kernel<1>
+    neumf_top_forward_kernel<1, TA>
         <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
   } else if (F <= 64) {
-    neumf_top_forward_kernel<2>
+    neumf_top_forward_kernel<2, TA>
         <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
   } else if (F <= 128) {
-    neumf_top_forward_kernel<4>
+    neumf_top_forward_kernel<4, TA>
         <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
   } else {
-    neumf_top_forward_kernel<8>
+    neumf_top_forward_kernel<8, TA>
         <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
   }
-  check_launch("neumf_top_forward");
+  check_launch(op);
 }
 
-void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
-                        int64_t ldi, const float* A, const float* w, const float* dlogits,
-                        const float* logits, const float* labels, int64_t global_batch,
-                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
-                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
-                        int last, bool relu) {
-  const char* op = "neumf_top_backward";
+template <typename TA>
+void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                  int64_t ldi, const TA* A, const float* w, const float* dlogits,
+                  const float* logits, const float* labels, int64_t global_batch, double* loss,
+                  TA* dA, float* durows, int64_t lddu, float* dirows, int64_t lddi, float* dw,
+                  float* dc, float* db, int64_t n, int S, int mf, int last, bool relu,
+                  const char* op) {
   cudaStream_t stream = stream_of(ctx);
   const int64_t chunks = neumf_top_chunks(n);
   const int C = neumf_top_partial_cols(mf, last);
@@ -1204,15 +1303,15 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
     const int J = std::max(mf, last) <= 32 ? 1 : (std::max(mf, last) <= 64 ? 2 : 4);
     const unsigned grid = static_cast<unsigned>(chunks);
     if (J == 1) {
-      neumf_top_backward_kernel<1><<<grid, kThreads, 0, stream>>>(
+      neumf_top_backward_kernel<1, TA><<<grid, kThreads, 0, stream>>>(
           urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
           dirows, lddi, n, S, mf, last, relu, partial);
     } else if (J == 2) {
-      neumf_top_backward_kernel<2><<<grid, kThreads, 0, stream>>>(
+      neumf_top_backward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(
           urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
           dirows, lddi, n, S, mf, last, relu, partial);
     } else {
-      neumf_top_backward_kernel<4><<<grid, kThreads, 0, stream>>>(
+      neumf_top_backward_kernel<4, TA><<<grid, kThreads, 0, stream>>>(
           urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
           dirows, lddi, n, S, mf, last, relu, partial);
     }
@@ -1222,6 +1321,148 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
   finish_col_sums(stream, partial, chunks, C,
                   TopStore{dw, dc, db, loss, static_cast<double>(global_batch), mf, last});
   check_launch(op);
+}
+
+}  // namespace
+
+void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                       int64_t ldi, const float* A, const float* w, const float* c, float* logits,
+                       int64_t n, int S, int mf, int last) {
+  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, "neumf_top_forward");
+}
+
+void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
+                        int64_t ldi, const float* A, const float* w, const float* dlogits,
+                        const float* logits, const float* labels, int64_t global_batch,
+                        double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
+                        int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
+                        int last, bool relu) {
+  top_backward(ctx, urows, ldu, irows, ldi, A, w, dlogits, logits, labels, global_batch, loss, dA,
+               durows, lddu, dirows, lddi, dw, dc, db, n, S, mf, last, relu, "neumf_top_backward");
+}
+
+// ---- BF16 storage -----------------------------------------------------------------------
+// The products read BF16 arrays as they are; a BF16 output is the FP32 product
+// (cuBLAS, FP32 accumulation) in the scratch arena, then one kernel applies the
+// epilogue and rounds with bf16.h's float_to_bf16_bits, as the CPU twin rounds.
+
+void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                            const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                            const float* c, float* logits, int64_t n, int S, int mf, int last) {
+  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last,
+              "neumf_top_forward_bf16");
+}
+
+void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                             const float* dlogits, const float* logits, const float* labels,
+                             int64_t global_batch, double* loss, uint16_t* dA, float* durows,
+                             int64_t lddu, float* dirows, int64_t lddi, float* dw, float* dc,
+                             float* db, int64_t n, int S, int mf, int last, bool relu) {
+  top_backward(ctx, urows, ldu, irows, ldi, A, w, dlogits, logits, labels, global_batch, loss, dA,
+               durows, lddu, dirows, lddi, dw, dc, db, n, S, mf, last, relu,
+               "neumf_top_backward_bf16");
+}
+
+void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
+                  int64_t ldy, int64_t B) {
+  if (B == 0) return;
+  rows_to_bf16_kernel<<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, Y, ldy, B);
+  check_launch("to_bf16_rows");
+}
+
+void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+               const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc) {
+  gemm_typed(ctx, MathMode::kBf16, trans_a, trans_b, M, N, K, 1.0f, GemmInput{A, CUDA_R_16BF}, lda,
+             GemmInput{B, CUDA_R_16BF}, ldb, 0.0f, C, ldc, "gemm_bf16");
+}
+
+void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_forward_bf16";
+  if (B == 0) return;
+  float* Z = nullptr;
+  carve_scratch(cuda_resources(ctx, op),
+                [&](ScratchLayout& s) { Z = s.take<float>(static_cast<size_t>(B) * out); });
+  gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
+             GemmInput{X, CUDA_R_16BF}, in, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, Z, out, op);
+  bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Z, nullptr, 1, bias, Y,
+                                                                           B, out, relu);
+  check_launch(op);
+}
+
+void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
+                               const uint16_t* weight, int64_t ldw, const float* Yg,
+                               const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
+                               bool relu) {
+  const char* op = "group_linear_forward_bf16";
+  if (n == 0) return;
+  const int64_t B = n * S;
+  float* Z = nullptr;
+  carve_scratch(cuda_resources(ctx, op),
+                [&](ScratchLayout& s) { Z = s.take<float>(static_cast<size_t>(B) * out); });
+  gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
+             GemmInput{X, CUDA_R_16BF}, static_cast<int>(ldx), GemmInput{weight, CUDA_R_16BF},
+             static_cast<int>(ldw), 0.0f, Z, out, op);
+  bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Z, Yg, S, bias, Y, B,
+                                                                           out, relu);
+  check_launch(op);
+}
+
+void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                          const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
+                          int64_t B, int in, int out, bool relu) {
+  const char* op = "linear_backward_bf16";
+  cudaStream_t stream = stream_of(ctx);
+  // One layout for the op: the bias partial sums and dX's FP32 product.
+  double* partial = nullptr;
+  float* Z = nullptr;
+  if (db || (dX && B > 0)) {
+    carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+      if (db) partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
+      if (dX && B > 0) Z = s.take<float>(static_cast<size_t>(B) * in);
+    });
+  }
+  if (relu && B > 0) {
+    relu_mask_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Y, dY, B * out);
+    check_launch(op);
+  }
+  if (db)
+    deterministic_col_sums(stream, B, out, Bf16ColumnsOp{dY, out}, partial, GradStore{db, false},
+                           op);
+  if (dX && B > 0) {
+    gemm_typed(ctx, MathMode::kBf16, false, false, static_cast<int>(B), in, out, 1.0f,
+               GemmInput{dY, CUDA_R_16BF}, out, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, Z, in,
+               op);
+    bias_act_bf16_kernel<<<grid_for(B * in), kThreads, 0, stream>>>(Z, nullptr, 1, nullptr, dX, B,
+                                                                    in, false);
+    check_launch(op);
+  }
+  gemm_typed(ctx, MathMode::kBf16, true, false, out, in, static_cast<int>(B), 1.0f,
+             GemmInput{dY, CUDA_R_16BF}, out, GemmInput{X, CUDA_R_16BF}, in, 0.0f, dweight, in, op);
+}
+
+void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu) {
+  const char* op = "group_sum_backward_bf16";
+  cudaStream_t stream = stream_of(ctx);
+  if (n > 0) {
+    if (relu) {
+      group_sum_bf16_kernel<true>
+          <<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
+    } else {
+      group_sum_bf16_kernel<false>
+          <<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
+    }
+    check_launch(op);
+  }
+  if (!db) return;
+  double* partial = nullptr;
+  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
+  });
+  deterministic_col_sums(stream, n, out, GroupRowsOp{dYg, lddyg}, partial, GradStore{db, false},
+                         op);
 }
 
 }  // namespace ncf::cuda

@@ -40,7 +40,9 @@ enum class GradMode { kOverwrite, kAccumulate };
 //         runs the same FP32 BLAS GEMM, so it is the GPU's reference up to
 //         summation order. The BF16 copies are made per GEMM from the FP32
 //         arrays: parameters, gradients, optimizer state, embeddings, biases
-//         and the loss stay FP32 (FP32 master weights).
+//         and the loss stay FP32 (FP32 master weights). NeuMF on CPU ranks
+//         instead stores its tower in BF16 and calls the *_bf16 ops below
+//         ("BF16 storage"), which make no per-GEMM copies.
 enum class MathMode { kTf32, kFp32, kBf16 };
 void set_math_mode(MathMode mode);
 MathMode math_mode();
@@ -214,6 +216,54 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
                         int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
                         int last, bool relu);
 
+// ---- --precision bf16 with BF16 storage -----------------------------------------
+// NeuMF under MathMode::kBf16 (with the fused top and at least one hidden layer)
+// keeps the tower's activations and their gradients in BF16: arrays typed
+// uint16_t hold BF16 bits (common/bf16.h). The GEMMs read them as they are (no
+// per-GEMM operand copies) and write BF16 outputs rounded once, nearest-even,
+// after their epilogue; every sum (products, biases, bias gradients) is taken in
+// FP32 or double. Weights are passed as a BF16 copy of the FP32 master weights
+// (to_bf16_rows once per step); embedding rows, their gradients, U0 = the users'
+// half of layer 0, weight and bias gradients stay FP32.
+
+// Y[b, :w] (row stride ldy) = X[b, :w] (row stride ldx) rounded to BF16, b < B.
+void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
+                  int64_t ldy, int64_t B);
+// C[M×N] = op(A)·op(B) in FP32 (overwritten), A and B BF16; as gemm otherwise.
+void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+               const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc);
+// linear_forward on BF16: Y = bf16(act(X · weight^T + bias)), bias FP32 (may be null).
+void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
+// group_linear_forward on BF16 X and weight: Y = bf16(act((X·weight^T + Yg[b / S]) + bias)),
+// Yg [n × out] and bias FP32.
+void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
+                               const uint16_t* weight, int64_t ldw, const float* Yg,
+                               const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
+                               bool relu);
+// linear_backward on BF16 (GradMode kOverwrite): dY masked in place by Y > 0 when
+// relu; db (may be null) = column sums of the masked dY, in double over fixed
+// blocks; dX (may be null) = bf16(dZ · weight); dweight = dZ^T · X in FP32.
+void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                          const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
+                          int64_t B, int in, int out, bool relu);
+// group_sum_backward on BF16 Y and dY: dY masked in place when relu; dYg [n × out]
+// (stride lddyg) and db FP32, summed in double as group_sum_backward sums.
+void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu);
+// neumf_top_forward / neumf_top_backward with the tower's output A and its
+// gradient dA in BF16: A read as its values; dA = bf16(the masked dH), and db
+// the column sums of the stored (rounded) dA. All else as there.
+void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                            const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                            const float* c, float* logits, int64_t n, int S, int mf, int last);
+void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                             const float* dlogits, const float* logits, const float* labels,
+                             int64_t global_batch, double* loss, uint16_t* dA, float* durows,
+                             int64_t lddu, float* dirows, int64_t lddi, float* dw, float* dc,
+                             float* db, int64_t n, int S, int mf, int last, bool relu);
+
 #ifdef NCF_WITH_CUDA
 // The CUDA twins (ops.cu); called through the dispatch in ops.cc only.
 namespace cuda {
@@ -262,6 +312,30 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
                         double* loss, float* dA, float* durows, int64_t lddu, float* dirows,
                         int64_t lddi, float* dw, float* dc, float* db, int64_t n, int S, int mf,
                         int last, bool relu);
+void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
+                  int64_t ldy, int64_t B);
+void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+               const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc);
+void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
+void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
+                               const uint16_t* weight, int64_t ldw, const float* Yg,
+                               const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
+                               bool relu);
+void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
+                          const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
+                          int64_t B, int in, int out, bool relu);
+void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu);
+void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                            const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                            const float* c, float* logits, int64_t n, int S, int mf, int last);
+void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
+                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
+                             const float* dlogits, const float* logits, const float* labels,
+                             int64_t global_batch, double* loss, uint16_t* dA, float* durows,
+                             int64_t lddu, float* dirows, int64_t lddi, float* dw, float* dc,
+                             float* db, int64_t n, int S, int mf, int last, bool relu);
 }  // namespace cuda
 #endif
 

@@ -1,0 +1,402 @@
+// --precision bf16 with BF16 storage (model/ops.h "BF16 storage", NeuMF under
+// MathMode::kBf16) on the CPU:
+//   - on the emulated path (NCF_CPU_BF16=emulate: BF16 operands widened, FP32
+//     products), every BF16-storage op is the FP32 op run on the same values,
+//     its BF16 outputs that op's outputs rounded by float_to_bf16_bits: bit for
+//     bit, at every block shape of cpu_gemm (rows, columns, K slices);
+//   - on the CPU's BF16 instructions, where it has them, each product stays
+//     within a bound derived from the roundings against a double loop;
+//   - NeuMF on BF16 storage against its legacy kernels (per-GEMM BF16 copies of
+//     FP32 activations) and the FP32 model, within bounds derived from BF16's
+//     unit roundoff, repeating itself bit for bit at any thread count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "model/cpu_matmul.h"
+#include "model/neumf.h"
+#include "model/ops.h"
+
+namespace ncf {
+namespace {
+
+using Vec = std::vector<float>;
+using Bits = std::vector<uint16_t>;
+
+// BF16's unit roundoff (8 significant bits, nearest-even) and FP32's.
+constexpr double kU16 = 1.0 / 256.0;
+constexpr double kU32 = 1.0 / 16777216.0;
+
+ExecContext cpu(int threads) {
+  ExecContext ctx;
+  ctx.device = Device::kCpu;
+  ctx.threads = threads;
+  return ctx;
+}
+
+Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+Bits to_bits(const Vec& v) {
+  Bits b(v.size());
+  for (size_t k = 0; k < v.size(); ++k) b[k] = float_to_bf16_bits(v[k]);
+  return b;
+}
+Vec widen(const Bits& b) {
+  Vec v(b.size());
+  for (size_t k = 0; k < b.size(); ++k) v[k] = bf16_bits_to_float(b[k]);
+  return v;
+}
+
+// Sets the math mode and the emulated BF16 path for a scope.
+struct Modes {
+  Modes(MathMode m, bool emulated) {
+    set_math_mode(m);
+    set_cpu_bf16_emulated(emulated);
+  }
+  ~Modes() {
+    set_math_mode(MathMode::kTf32);
+    set_cpu_bf16_emulated(false);
+    set_step_kernels(StepKernels::kStreaming);
+  }
+};
+
+void expect_same(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t k = 0; k < got.size(); ++k)
+    if (std::memcmp(&got[k], &want[k], sizeof(float)) != 0 && bad++ < 3)
+      ADD_FAILURE() << what << " [" << k << "]: " << got[k] << " vs " << want[k];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
+}
+void expect_same(const Bits& got, const Bits& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t k = 0; k < got.size(); ++k)
+    if (got[k] != want[k] && bad++ < 3)
+      ADD_FAILURE() << what << " [" << k << "]: " << bf16_bits_to_float(got[k]) << " vs "
+                    << bf16_bits_to_float(want[k]);
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " differ";
+}
+
+// ---- the ops on the emulated path ---------------------------------------------------
+
+TEST(Bf16Storage, GemmIsTheFp32GemmOfTheSameValuesOnTheEmulatedPath) {
+  Modes modes(MathMode::kFp32, true);
+  ExecContext ctx = cpu(2);
+  // cpu_gemm's three block shapes: output rows (M ≥ 2048), output columns
+  // (N ≥ 128) and K slices (K ≥ 16384), and one product.
+  const int shapes[][3] = {{2100, 24, 40}, {30, 200, 50}, {24, 40, 17000}, {33, 21, 70}};
+  for (const auto& sh : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int M = sh[0], N = sh[1], K = sh[2];
+        const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+        const Bits A = to_bits(random_vec(size_t(ta ? K : M) * lda, 1));
+        const Bits B = to_bits(random_vec(size_t(tb ? N : K) * ldb, 2));
+        Vec C(size_t(M) * ldc, 7.0f), want(size_t(M) * ldc, 7.0f);
+        gemm_bf16(ctx, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, C.data(), ldc);
+        const Vec Aw = widen(A), Bw = widen(B);
+        gemm(ctx, ta, tb, M, N, K, 1.0f, Aw.data(), lda, Bw.data(), ldb, 0.0f, want.data(), ldc);
+        expect_same(C, want,
+                    "gemm_bf16 M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
+                        std::to_string(K) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
+      }
+}
+
+TEST(Bf16Storage, LayersAreTheFp32LayersOfTheSameValuesRoundedOnTheEmulatedPath) {
+  Modes modes(MathMode::kFp32, true);
+  ExecContext ctx = cpu(2);
+  // B past two kGemmRows blocks (and not a multiple), and past one kReduceBlock.
+  const int B = 2600, in = 48, out = 40;
+  const Bits X = to_bits(random_vec(size_t(B) * in, 3));
+  const Bits W = to_bits(random_vec(size_t(out) * in, 4, -0.3f, 0.3f));
+  const Vec bias = random_vec(size_t(out), 5, -0.2f, 0.2f);
+  const Vec Xw = widen(X), Ww = widen(W);
+  for (bool relu : {true, false}) {
+    const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
+    Bits Y(size_t(B) * out);
+    Vec Yf(size_t(B) * out);
+    linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, relu);
+    linear_forward(ctx, Xw.data(), Ww.data(), bias.data(), Yf.data(), B, in, out, relu);
+    expect_same(Y, to_bits(Yf), "linear_forward_bf16" + tag);
+
+    // Backward, from the stored Y and a BF16 upstream gradient.
+    const Bits dY0 = to_bits(random_vec(size_t(B) * out, 6));
+    Bits dY = dY0, dX(size_t(B) * in);
+    Vec dW(size_t(out) * in), db(static_cast<size_t>(out));
+    linear_backward_bf16(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
+                         db.data(), B, in, out, relu);
+    Vec dYf = widen(dY0), dXf(size_t(B) * in), dWf(size_t(out) * in), dbf(static_cast<size_t>(out));
+    const Vec Yw = widen(Y);
+    linear_backward(ctx, Xw.data(), Ww.data(), Yw.data(), dYf.data(), dXf.data(), dWf.data(),
+                    dbf.data(), B, in, out, relu, GradMode::kOverwrite);
+    expect_same(widen(dY), dYf, "linear_backward_bf16 masked dY" + tag);
+    expect_same(dX, to_bits(dXf), "linear_backward_bf16 dX" + tag);
+    expect_same(dW, dWf, "linear_backward_bf16 dweight" + tag);
+    expect_same(db, dbf, "linear_backward_bf16 db" + tag);
+  }
+  if (HasFailure()) return;
+  // The mask really masks: some of dY's elements were zeroed under ReLU.
+  Bits Y(size_t(B) * out), dY = to_bits(random_vec(size_t(B) * out, 6));
+  linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, true);
+  Bits dX(size_t(B) * in);
+  Vec dW(size_t(out) * in);
+  linear_backward_bf16(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(), nullptr,
+                       B, in, out, true);
+  size_t zeros = 0, dead = 0;
+  for (size_t k = 0; k < Y.size(); ++k) {
+    dead += bf16_bits_to_float(Y[k]) <= 0.0f;
+    zeros += dY[k] == 0 && bf16_bits_to_float(Y[k]) <= 0.0f;
+  }
+  EXPECT_GT(dead, Y.size() / 10);
+  EXPECT_EQ(zeros, dead);
+}
+
+TEST(Bf16Storage, GroupOpsAreTheFp32OpsOfTheSameValuesRoundedOnTheEmulatedPath) {
+  Modes modes(MathMode::kFp32, true);
+  ExecContext ctx = cpu(2);
+  const int n = 530, S = 5, in = 24, out = 36, ldx = 30, ldw = 50, B = n * S;
+  const Bits X = to_bits(random_vec(size_t(B) * ldx, 8));
+  const Bits W = to_bits(random_vec(size_t(out) * ldw, 9, -0.4f, 0.4f));
+  const Vec Yg = random_vec(size_t(n) * out, 10, -0.5f, 0.5f);
+  const Vec bias = random_vec(size_t(out), 11, -0.2f, 0.2f);
+  Bits Y(size_t(B) * out);
+  Vec Yf(size_t(B) * out);
+  group_linear_forward_bf16(ctx, X.data(), ldx, W.data(), ldw, Yg.data(), bias.data(), Y.data(), n,
+                            S, in, out, true);
+  const Vec Xw = widen(X), Ww = widen(W);
+  group_linear_forward(ctx, Xw.data(), ldx, Ww.data(), ldw, Yg.data(), bias.data(), Yf.data(), n, S,
+                       in, out, true);
+  expect_same(Y, to_bits(Yf), "group_linear_forward_bf16");
+
+  const Bits dY0 = to_bits(random_vec(size_t(B) * out, 12));
+  for (bool relu : {true, false}) {
+    Bits dY = dY0;
+    const int lddyg = out + 3;
+    Vec dYg(size_t(n) * lddyg, 9.0f), db(static_cast<size_t>(out)), dYgf(size_t(n) * lddyg, 9.0f),
+        dbf(static_cast<size_t>(out));
+    group_sum_backward_bf16(ctx, Y.data(), dY.data(), n, S, out, dYg.data(), lddyg, db.data(),
+                            relu);
+    Vec dYf = widen(dY0);
+    const Vec Yw = widen(Y);
+    group_sum_backward(ctx, Yw.data(), dYf.data(), n, S, out, dYgf.data(), lddyg, dbf.data(), relu);
+    const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
+    expect_same(widen(dY), dYf, "group_sum_backward_bf16 dY" + tag);
+    expect_same(dYg, dYgf, "group_sum_backward_bf16 dYg" + tag);
+    expect_same(db, dbf, "group_sum_backward_bf16 db" + tag);
+  }
+}
+
+TEST(Bf16Storage, TopIsTheFp32TopOfTheSameValuesWithDaRounded) {
+  Modes modes(MathMode::kFp32, true);
+  ExecContext ctx = cpu(2);
+  const int n = 300, S = 5, mf = 16, last = 24, D = 40, B = n * S;
+  const Vec U = random_vec(size_t(n) * D, 13), I = random_vec(size_t(B) * D, 14);
+  const Bits A = to_bits(random_vec(size_t(B) * last, 15, -0.5f, 1.0f));
+  const Vec Aw = widen(A);
+  const Vec w = random_vec(size_t(mf + last), 16), c = {0.25f};
+  Vec labels = random_vec(size_t(B), 17, 0.0f, 1.0f);
+  for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+  Vec logits(static_cast<size_t>(B)), logitsf(static_cast<size_t>(B));
+  neumf_top_forward_bf16(ctx, U.data(), D, I.data(), D, A.data(), w.data(), c.data(), logits.data(),
+                         n, S, mf, last);
+  neumf_top_forward(ctx, U.data(), D, I.data(), D, Aw.data(), w.data(), c.data(), logitsf.data(), n,
+                    S, mf, last);
+  expect_same(logits, logitsf, "neumf_top_forward_bf16 logits");
+
+  const int64_t global_batch = B + 7;
+  double loss = 0, lossf = 0;
+  Bits dA(size_t(B) * last);
+  Vec dAf(size_t(B) * last), dU(size_t(n) * D, 3.0f), dI(size_t(B) * D, 3.0f),
+      dUf(size_t(n) * D, 3.0f), dIf(size_t(B) * D, 3.0f), dw(size_t(mf + last)),
+      dwf(size_t(mf + last)), dc(1), dcf(1), db(static_cast<size_t>(last)),
+      dbf(static_cast<size_t>(last));
+  neumf_top_backward_bf16(ctx, U.data(), D, I.data(), D, A.data(), w.data(), nullptr, logits.data(),
+                          labels.data(), global_batch, &loss, dA.data(), dU.data(), D, dI.data(), D,
+                          dw.data(), dc.data(), db.data(), n, S, mf, last, true);
+  neumf_top_backward(ctx, U.data(), D, I.data(), D, Aw.data(), w.data(), nullptr, logitsf.data(),
+                     labels.data(), global_batch, &lossf, dAf.data(), dUf.data(), D, dIf.data(), D,
+                     dwf.data(), dcf.data(), dbf.data(), n, S, mf, last, true);
+  expect_same(dA, to_bits(dAf), "neumf_top_backward_bf16 dA");
+  expect_same(dU, dUf, "neumf_top_backward_bf16 d_user_rows");
+  expect_same(dI, dIf, "neumf_top_backward_bf16 d_item_rows");
+  expect_same(dw, dwf, "neumf_top_backward_bf16 dw");
+  expect_same(dc, dcf, "neumf_top_backward_bf16 dc");
+  EXPECT_EQ(std::memcmp(&loss, &lossf, sizeof(double)), 0) << loss << " vs " << lossf;
+  // db sums the stored (rounded) dA: against a double loop over it.
+  const Vec dAw = widen(dA);
+  for (int k = 0; k < last; ++k) {
+    double want = 0, scale = 0;
+    for (int b = 0; b < B; ++b) {
+      want += dAw[size_t(b) * last + k];
+      scale += std::fabs(dAw[size_t(b) * last + k]);
+    }
+    EXPECT_NEAR(db[size_t(k)], want, 1e-12 * scale + kU32 * std::fabs(want)) << "db[" << k << "]";
+  }
+}
+
+// ---- the BF16 instructions ------------------------------------------------------------
+
+// On the CPU's own BF16 instructions (AMX, AVX512-BF16) the products accumulate
+// in FP32 in another order. Against a double loop over the same BF16 values, a
+// product element z = Σ_k a_k·b_k (terms exact in FP32) stored in FP32 is off by
+// at most γ_K·Σ|a_k·b_k| (γ_K ≈ K·2^-24, any summation order), and stored in
+// BF16 by at most that plus half an ulp of the result, 2^-8·|z|.
+TEST(Bf16Storage, NativeProductsStayWithinTheirRoundingOfADoubleLoop) {
+  if (!cpu_bf16_native()) GTEST_SKIP() << "no BF16 instructions: " << cpu_matmul_description();
+  Modes modes(MathMode::kBf16, false);
+  ExecContext ctx = cpu(2);
+  const int B = 2100, in = 64, out = 48;
+  const Bits X = to_bits(random_vec(size_t(B) * in, 18));
+  const Bits W = to_bits(random_vec(size_t(out) * in, 19, -0.3f, 0.3f));
+  const Vec bias = random_vec(size_t(out), 20, -0.2f, 0.2f);
+  const Vec Xw = widen(X), Ww = widen(W);
+  Bits Y(size_t(B) * out);
+  linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, false);
+  Vec C(size_t(B) * out);
+  gemm_bf16(ctx, false, true, B, out, in, X.data(), in, W.data(), in, C.data(), out);
+  size_t bad = 0;
+  for (int r = 0; r < B; ++r)
+    for (int j = 0; j < out; ++j) {
+      double z = 0, terms = 0;
+      for (int k = 0; k < in; ++k) {
+        const double t = double(Xw[size_t(r) * in + k]) * Ww[size_t(j) * in + k];
+        z += t;
+        terms += std::fabs(t);
+      }
+      const double gamma = (in + 2) * kU32 * (terms + std::fabs(bias[size_t(j)]));
+      const double y = bf16_bits_to_float(Y[size_t(r) * out + j]), c = C[size_t(r) * out + j];
+      const double zb = z + bias[size_t(j)];
+      if (!(std::fabs(c - z) <= gamma) && bad++ < 3)
+        ADD_FAILURE() << "gemm_bf16 [" << r << "," << j << "]: " << c << " vs " << z;
+      if (!(std::fabs(y - zb) <= gamma + kU16 * (std::fabs(zb) + gamma)) && bad++ < 3)
+        ADD_FAILURE() << "linear_forward_bf16 [" << r << "," << j << "]: " << y << " vs " << zb;
+    }
+  EXPECT_EQ(bad, 0u);
+}
+
+// ---- NeuMF ------------------------------------------------------------------------------
+
+struct StepOut {
+  Vec logits, grads, dU, dI;
+  double loss = 0;
+};
+
+StepOut neumf_step(NeuMF& model, const ExecContext& ctx, const Vec& U, const Vec& I,
+                   const Vec& labels, int n, int S) {
+  const int B = n * S, D = model.config().embedding_width();
+  StepOut o;
+  o.logits.assign(size_t(B), 0.0f);
+  o.dU.assign(size_t(n) * D, 0.0f);
+  o.dI.assign(size_t(B) * D, 0.0f);
+  Vec dlogits(static_cast<size_t>(B));
+  model.forward_backward(ctx, U.data(), I.data(), n, S, labels.data(), B, o.logits.data(),
+                         dlogits.data(), &o.loss, o.dU.data(), o.dI.data());
+  o.grads.assign(model.grads().data(), model.grads().data() + model.num_params());
+  return o;
+}
+
+// ‖got − want‖ / ‖want‖ over a range.
+double rel_rms(const float* got, const float* want, size_t count) {
+  double num = 0, den = 0;
+  for (size_t k = 0; k < count; ++k) {
+    num += (double(got[k]) - want[k]) * (double(got[k]) - want[k]);
+    den += double(want[k]) * want[k];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// NeuMF on BF16 storage against its legacy kernels (FP32 activations and
+// gradients, rounded to BF16 per GEMM) and against the FP32 model, from the same
+// parameters, rows and labels. Both BF16 paths feed their products the same
+// kind of operands (BF16 roundings of the same quantities); BF16 storage adds
+// roundings where the legacy path keeps FP32 outside the products: the top's
+// input A, its gradient dA, and each tower layer's dX before its mask and sums.
+// Each adds at most u = 2^-8 relative error per element, so every tensor stays
+// within (L + 2)·u in relative RMS of the legacy path's (L tower layers), and
+// its distance from FP32 within the legacy path's plus that. (The distance
+// from FP32 itself is no fixed multiple of u: the gradients are sums with
+// cancellation, which amplifies the operands' roundings in both BF16 paths.)
+TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadCount) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 64, 32, 16};
+  const int n = 700, S = 5, B = n * S, D = cfg.embedding_width();
+  NeuMF model(cfg, Device::kCpu);
+  model.init(5);
+  Vec noise = random_vec(size_t(model.num_params()), 6, -0.1f, 0.1f);
+  for (const DenseLayerView& v : model.tower())
+    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+  const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
+  const Vec I = random_vec(size_t(B) * D, 22, -0.5f, 0.5f);
+  Vec labels = random_vec(size_t(B), 23, 0.0f, 1.0f);
+  for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+
+  Modes modes(MathMode::kFp32, false);
+  const StepOut fp = neumf_step(model, cpu(2), U, I, labels, n, S);
+  set_math_mode(MathMode::kBf16);
+  const StepOut bf = neumf_step(model, cpu(2), U, I, labels, n, S);
+  set_step_kernels(StepKernels::kLegacy);
+  const StepOut legacy = neumf_step(model, cpu(2), U, I, labels, n, S);
+  set_step_kernels(StepKernels::kStreaming);
+  const double bound = (double(model.tower().size()) + 2.0) * kU16;
+  auto check = [&](size_t offset, size_t count, const Vec StepOut::*field,
+                   const std::string& what) {
+    const float* s = (bf.*field).data() + offset;
+    const float* l = (legacy.*field).data() + offset;
+    const float* f = (fp.*field).data() + offset;
+    const double sl = rel_rms(s, l, count), sf = rel_rms(s, f, count), lf = rel_rms(l, f, count);
+    EXPECT_LE(sl, bound) << what << ": storage vs legacy, relative RMS " << sl << " past " << bound;
+    EXPECT_LE(sf, lf + bound) << what << ": storage vs FP32 " << sf << ", legacy vs FP32 " << lf;
+    EXPECT_GT(sf, 0.0) << what << ": the BF16 run gave the FP32 values";
+  };
+  check(0, size_t(B), &StepOut::logits, "logits");
+  for (const DenseLayerView& v : model.tower()) {
+    const std::string l = "layer " + std::to_string(v.in) + "->" + std::to_string(v.out);
+    check(size_t(v.w_offset), size_t(v.in) * v.out, &StepOut::grads, l + " dW");
+    check(size_t(v.b_offset), size_t(v.out), &StepOut::grads, l + " db");
+  }
+  check(size_t(model.head_w_offset()), size_t(cfg.head_width()), &StepOut::grads, "head dw");
+  check(0, bf.dU.size(), &StepOut::dU, "d_user_rows");
+  check(0, bf.dI.size(), &StepOut::dI, "d_item_rows");
+  EXPECT_NEAR(bf.loss, fp.loss, bound * fp.loss);
+
+  // The same bits again, and at 1 and 3 threads.
+  for (int threads : {2, 1, 3}) {
+    const StepOut again = neumf_step(model, cpu(threads), U, I, labels, n, S);
+    const std::string t = " at " + std::to_string(threads) + " threads";
+    expect_same(again.logits, bf.logits, "logits" + t);
+    expect_same(again.grads, bf.grads, "dense grads" + t);
+    expect_same(again.dU, bf.dU, "d_user_rows" + t);
+    expect_same(again.dI, bf.dI, "d_item_rows" + t);
+  }
+}
+
+// A rank without rows on BF16 storage: zero gradients, the loss left alone.
+TEST(Bf16Storage, EmptyBatchGivesZeroGradients) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 4;
+  cfg.layers = {8, 8, 4};
+  NeuMF model(cfg, Device::kCpu);
+  model.init(3);
+  for (int64_t k = 0; k < model.num_params(); ++k) model.grads().data()[k] = 1.0f;
+  Modes modes(MathMode::kBf16, false);
+  Vec none;
+  StepOut o = neumf_step(model, cpu(2), none, none, none, 0, 5);
+  for (float g : o.grads) ASSERT_EQ(g, 0.0f);
+}
+
+}  // namespace
+}  // namespace ncf
