@@ -132,7 +132,12 @@ TEST(Bf16Storage, LayersAreTheFp32LayersOfTheSameValuesRoundedOnTheEmulatedPath)
     linear_forward(ctx, Xw.data(), Ww.data(), bias.data(), Yf.data(), B, in, out, relu);
     expect_same(Y, to_bits(Yf), "linear_forward_bf16" + tag);
 
-    // Backward, from the stored Y and a BF16 upstream gradient.
+    // Backward, from the stored Y (with every kind of special value in its first
+    // row: the mask must treat them as the FP32 comparison does) and a BF16
+    // upstream gradient.
+    const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0x7F80,
+                                 0xFF80, 0x7FC0, 0x7F81, 0xFFC0, 0x3F80, 0xBF80};
+    for (size_t k = 0; k < sizeof(specials) / sizeof(specials[0]); ++k) Y[k] = specials[k];
     const Bits dY0 = to_bits(random_vec(size_t(B) * out, 6));
     Bits dY = dY0, dX(size_t(B) * in);
     Vec dW(size_t(out) * in), db(static_cast<size_t>(out));

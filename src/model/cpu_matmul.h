@@ -67,5 +67,10 @@ std::string cpu_matmul_description();
 
 // dst[i] = BF16 bits of src[i] (nearest-even, as float_to_bf16_bits), i < n.
 void round_to_bf16_bits(const float* src, uint16_t* dst, int64_t n);
+// dst[j] = BF16 bits of act((src[j] + a[j]) + b[j]), j < n: a product's epilogue
+// (a, b may be null: nothing added; act is ReLU when relu), each add one FP32
+// rounding, then float_to_bf16_bits.
+void epilogue_to_bf16_bits(const float* src, const float* a, const float* b, bool relu,
+                           uint16_t* dst, int64_t n);
 
 }  // namespace ncf

@@ -20,6 +20,10 @@
 namespace ncf {
 namespace {
 
+// bf16_bits_to_float(y) > 0 on the bits (positive, non-zero, not NaN: 0x0001 ..
+// 0x7F80), which the compiler vectorises.
+inline bool bf16_positive(uint16_t y) { return static_cast<uint16_t>(y - 1u) < 0x7F80u; }
+
 // The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
 // output columns per block otherwise, and, for a small output with a long K
 // (the weight gradients, K = B), rows of K per partial product.
@@ -657,23 +661,20 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
   parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
-    // group_linear_forward's FP32 block (its users' rows, plus the product, the
-    // bias and the ReLU), rounded to BF16 while it is in cache.
+    // The block's FP32 product, then its epilogue (the bias, the users' rows, the
+    // ReLU: oneDNN's order for group_linear_forward's bias and sum post-ops) and
+    // the rounding in one pass while the block is in cache.
     thread_local std::vector<float> block;
     if (block.size() < static_cast<size_t>(kGemmRows * out))
       block.resize(static_cast<size_t>(kGemmRows * out));
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kGemmRows, r1 = std::min(B, r0 + kGemmRows);
-      for (int64_t b = r0; b < r1; ++b)
-        std::copy(Yg + (b / S) * out, Yg + (b / S + 1) * out, block.data() + (b - r0) * out);
-      MatmulEpilogue ep;
-      ep.beta = 1.0f;
-      ep.bias = bias;
-      ep.relu = relu;
       cpu_matmul_bf16(matmul_shape(static_cast<int>(r1 - r0), out, in, false, true,
                                    static_cast<int>(ldx), static_cast<int>(ldw), out),
-                      X + r0 * ldx, weight, block.data(), nullptr, ep);
-      round_to_bf16_bits(block.data(), Y + r0 * out, (r1 - r0) * out);
+                      X + r0 * ldx, weight, block.data(), nullptr, MatmulEpilogue{});
+      for (int64_t b = r0; b < r1; ++b)
+        epilogue_to_bf16_bits(block.data() + (b - r0) * out, bias, Yg + (b / S) * out, relu,
+                              Y + b * out, out);
     }
   });
 }
@@ -704,8 +705,7 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
       const int64_t len = (r1 - r0) * out;
       if (relu) {
         const uint16_t* y = Y + r0 * out;
-        for (int64_t i = 0; i < len; ++i)
-          dz[i] = bf16_bits_to_float(y[i]) > 0.0f ? dz[i] : uint16_t{0};
+        for (int64_t i = 0; i < len; ++i) dz[i] = bf16_positive(y[i]) ? dz[i] : uint16_t{0};
       }
       if (db) {
         double* acc = &partial[static_cast<size_t>(k) * out];
@@ -750,8 +750,7 @@ void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t
         uint16_t* dy = dY + (p * S + s) * out;
         if (relu) {
           const uint16_t* y = Y + (p * S + s) * out;
-          for (int j = 0; j < out; ++j)
-            dy[j] = bf16_bits_to_float(y[j]) > 0.0f ? dy[j] : uint16_t{0};
+          for (int j = 0; j < out; ++j) dy[j] = bf16_positive(y[j]) ? dy[j] : uint16_t{0};
         }
         for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(bf16_bits_to_float(dy[j]));
       }
@@ -917,11 +916,9 @@ void check_top(const char* op, const float* urows, int64_t ldu, const float* iro
 
 namespace {
 
-// An element of A or dA as a float (BF16 bits widen exactly), and stored back.
+// An element of A or dA as a float (BF16 bits widen exactly).
 inline float ld(float x) { return x; }
 inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
-inline void st(float& d, float v) { d = v; }
-inline void st(uint16_t& d, float v) { d = float_to_bf16_bits(v); }
 
 template <typename TA>
 void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
@@ -982,9 +979,18 @@ void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, c
         }
         const TA* a = A + b * last;
         TA* da = dA + b * last;
-        for (int k = 0; k < last; ++k) {
-          const float dh = gb * w[mf + k];
-          st(da[k], relu ? (ld(a[k]) > 0.0f ? dh : 0.0f) : dh);
+        if constexpr (std::is_same<TA, float>::value) {
+          for (int k = 0; k < last; ++k) {
+            const float dh = gb * w[mf + k];
+            da[k] = relu ? (a[k] > 0.0f ? dh : 0.0f) : dh;
+          }
+        } else {  // the masked row in FP32, then rounded as one vector
+          float row[kNeumfTopMaxWidth];
+          for (int k = 0; k < last; ++k) {
+            const float dh = gb * w[mf + k];
+            row[k] = relu ? (bf16_positive(a[k]) ? dh : 0.0f) : dh;
+          }
+          round_to_bf16_bits(row, da, last);
         }
       }
       for (int k = 0; k < mf; ++k) durows[p * lddu + k] = static_cast<float>(acc[size_t(k)]);

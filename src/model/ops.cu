@@ -923,9 +923,9 @@ __global__ void rows_to_bf16_kernel(const float* __restrict__ X, int64_t ldx, in
   }
 }
 
-// Y[i] = BF16(act((Z[i] + Yg[b / S, j]) + bias[j])) over B × out, i = b·out + j:
-// a product's epilogue and rounding (Yg and bias may be null: then 0, as the
-// CPU twin adds nothing; with S = 1 and no Yg, act(Z + bias)).
+// Y[i] = BF16(act((Z[i] + bias[j]) + Yg[b / S, j])) over B × out, i = b·out + j:
+// a product's epilogue and rounding, in the CPU twin's order (bias and Yg may be
+// null: nothing added).
 __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* __restrict__ Yg,
                                      int S, const float* __restrict__ bias,
                                      uint16_t* __restrict__ Y, int64_t B, int out, bool relu) {
@@ -934,8 +934,8 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* _
     if (Yg || bias) {
       const int64_t b = i / out;
       const int j = static_cast<int>(i - b * out);
-      if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
       if (bias) z = __fadd_rn(z, bias[j]);
+      if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
     }
     Y[i] = float_to_bf16_bits(relu ? (z > 0.0f ? z : 0.0f) : z);
   }

@@ -235,7 +235,7 @@ void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N,
 // linear_forward on BF16: Y = bf16(act(X · weight^T + bias)), bias FP32 (may be null).
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                          const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
-// group_linear_forward on BF16 X and weight: Y = bf16(act((X·weight^T + Yg[b / S]) + bias)),
+// group_linear_forward on BF16 X and weight: Y = bf16(act((X·weight^T + bias) + Yg[b / S])),
 // Yg [n × out] and bias FP32.
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
