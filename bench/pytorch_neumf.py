@@ -323,7 +323,8 @@ def read_shard(d, meta, shard, index, count, crc, pb):
         raise DataError(f"{path} at byte offset 0: shard header does not parse")
     rows = meta["train_record_rows"] if train else meta["eval_negatives"] + 1
     want = dict(format_version=meta["format_version"], kind=pb.TRAIN if train else pb.EVAL,
-                dataset_id=meta["dataset_id"], shard_index=index, num_shards=count,
+                # a proto bytes field (src/data/ncf_record.proto), the metadata's a string
+                dataset_id=meta["dataset_id"].encode(), shard_index=index, num_shards=count,
                 num_records=shard["num_records"], first_record=shard["first_record"],
                 record_rows=rows, num_users=meta["num_users"], num_items=meta["num_items"],
                 num_valid_rows=shard["num_valid_rows"])
