@@ -919,6 +919,342 @@ TEST_F(Parity, StreamingBf16CopiesAreTheLegacyOnesBitForBit) {
                 std::string("bf16 Linear ") + names[i] + ", streaming vs legacy");
 }
 
+// ---- BF16 storage (the *_bf16 ops of ops.h) --------------------------------------------
+// The ops on BF16 arrays against their CPU twins on the same BF16 inputs. A product
+// differs by its FP32 summation order only (kBf16TermsRtol·Σ|terms|, as the BF16
+// GEMMs above); a BF16 output is that product rounded once by the same function, so
+// the two roundings differ by at most one BF16 ulp (≤ 2^-7·|value|) when the FP32
+// values straddle a rounding boundary. Masks and per-group sums read identical
+// values in the same order: the same bits. The top on BF16 storage is the FP32 top
+// of the same values on the device, dA rounded: the same bits, except db, which sums
+// the rounded dA (a double sum of other values).
+
+using Bits = std::vector<uint16_t>;
+
+Bits bf16_bits_of(const Vec& v) {
+  Bits b(v.size());
+  for (size_t k = 0; k < v.size(); ++k) b[k] = float_to_bf16_bits(v[k]);
+  return b;
+}
+Vec widen_bits(const Bits& b) {
+  Vec v(b.size());
+  for (size_t k = 0; k < b.size(); ++k) v[k] = bf16_bits_to_float(b[k]);
+  return v;
+}
+
+// BF16 outputs: |gpu − cpu| ≤ kBf16TermsRtol·terms + 2^-7·|cpu|.
+void expect_bf16_close(const Bits& gpu, const Bits& cpu, const std::vector<double>& terms,
+                       const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  ASSERT_EQ(terms.size(), cpu.size()) << what;
+  size_t bad = 0;
+  for (size_t k = 0; k < gpu.size(); ++k) {
+    const double g = bf16_bits_to_float(gpu[k]), c = bf16_bits_to_float(cpu[k]);
+    const double tol = 1e-30 + kBf16TermsRtol * terms[k] + std::ldexp(std::fabs(c), -7);
+    if (!(std::fabs(g - c) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << " [" << k << "]: gpu " << g << ", cpu " << c;
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+// Σ_k |op(A)[i, k]·op(B)[k, j]| (+ |extra[j]|) of a row-major product of BF16 values.
+std::vector<double> product_terms(const Vec& A, int lda, bool ta, const Vec& B, int ldb, bool tb,
+                                  int M, int N, int K, int ldc, const Vec* extra = nullptr) {
+  std::vector<double> t(size_t(M) * ldc, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = extra ? std::fabs((*extra)[size_t(j)]) : 0.0;
+      for (int k = 0; k < K; ++k)
+        s += std::fabs(double(ta ? A[size_t(k) * lda + i] : A[size_t(i) * lda + k]) *
+                       (tb ? B[size_t(j) * ldb + k] : B[size_t(k) * ldb + j]));
+      t[size_t(i) * ldc + j] = s;
+    }
+  return t;
+}
+
+TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
+  set_math_mode(MathMode::kBf16);
+  // to_bf16_rows: bits, with strides on both sides.
+  {
+    const int64_t B = 1000;
+    const int w = 37;
+    Vec X = random_vec(size_t(B) * 50, gen_);
+    Bits Y(size_t(B) * 40, 7), gY0 = Y;
+    Buffer<float> gX = up(X);
+    Buffer<uint16_t> gY = up(gY0);
+    to_bf16_rows(cpu_, X.data(), 50, w, Y.data(), 40, B);
+    to_bf16_rows(gpu_, gX.data(), 50, w, gY.data(), 40, B);
+    expect_same(down(gY), Y, "to_bf16_rows (padding untouched)");
+  }
+  // gemm_bf16, every transpose.
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int M = 70, N = 45, K = 300, lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2,
+                ldc = N + 1;
+      const Bits A = bf16_bits_of(random_vec(size_t(ta ? K : M) * lda, gen_));
+      const Bits Bm = bf16_bits_of(random_vec(size_t(tb ? N : K) * ldb, gen_));
+      Vec C(size_t(M) * ldc, 3.0f);
+      Buffer<uint16_t> gA = up(A), gB = up(Bm);
+      Buffer<float> gC = up(C);
+      gemm_bf16(cpu_, ta, tb, M, N, K, A.data(), lda, Bm.data(), ldb, C.data(), ldc);
+      gemm_bf16(gpu_, ta, tb, M, N, K, gA.data(), lda, gB.data(), ldb, gC.data(), ldc);
+      auto terms =
+          product_terms(widen_bits(A), lda, ta, widen_bits(Bm), ldb, tb, M, N, K, ldc, nullptr);
+      for (int i = 0; i < M; ++i)  // the padding: 3.0 on both
+        for (int j = N; j < ldc; ++j) terms[size_t(i) * ldc + j] = 0.0;
+      expect_close_to_terms(down(gC), C, terms, "gemm_bf16 " + shape({{"ta", ta}, {"tb", tb}}));
+    }
+  // linear_forward_bf16 and linear_backward_bf16.
+  const int64_t B = 3000;
+  const int in = 64, out = 48;
+  const Bits X = bf16_bits_of(random_vec(size_t(B) * in, gen_));
+  const Bits W = bf16_bits_of(random_vec(size_t(out) * in, gen_, -0.3f, 0.3f));
+  const Vec bias = random_vec(size_t(out), gen_, -0.2f, 0.2f);
+  const Vec Xw = widen_bits(X), Ww = widen_bits(W);
+  Buffer<uint16_t> gX = up(X), gW = up(W);
+  Buffer<float> gbias = up(bias);
+  for (bool relu : {true, false}) {
+    const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
+    Bits Y(size_t(B) * out);
+    Buffer<uint16_t> gY = up(Y);
+    linear_forward_bf16(cpu_, X.data(), W.data(), bias.data(), Y.data(), B, in, out, relu);
+    linear_forward_bf16(gpu_, gX.data(), gW.data(), gbias.data(), gY.data(), B, in, out, relu);
+    expect_bf16_close(down(gY), Y,
+                      product_terms(Xw, in, false, Ww, in, true, int(B), out, in, out, &bias),
+                      "linear_forward_bf16" + tag);
+    // Backward from the CPU's Y on both sides.
+    const Bits dY0 = bf16_bits_of(random_vec(size_t(B) * out, gen_));
+    Bits dY = dY0, dX(size_t(B) * in);
+    Vec dW(size_t(out) * in), db(static_cast<size_t>(out));
+    Buffer<uint16_t> gYc = up(Y), gdY = up(dY0), gdX = up(dX);
+    Buffer<float> gdW = up(dW), gdb = up(db);
+    linear_backward_bf16(cpu_, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
+                         db.data(), B, in, out, relu);
+    linear_backward_bf16(gpu_, gX.data(), gW.data(), gYc.data(), gdY.data(), gdX.data(), gdW.data(),
+                         gdb.data(), B, in, out, relu);
+    expect_same(down(gdY), dY, "linear_backward_bf16 masked dY" + tag);
+    expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, "linear_backward_bf16 db" + tag);
+    const Vec dZw = widen_bits(dY);
+    expect_bf16_close(down(gdX), dX,
+                      product_terms(dZw, out, false, Ww, in, false, int(B), in, out, in),
+                      "linear_backward_bf16 dX" + tag);
+    expect_close_to_terms(down(gdW), dW,
+                          product_terms(dZw, out, true, Xw, in, false, out, in, int(B), in),
+                          "linear_backward_bf16 dweight" + tag);
+  }
+  // group_linear_forward_bf16 and group_sum_backward_bf16.
+  const int64_t n = 600;
+  const int S = 5, gin = 40, ldx = 52, ldw = 90;
+  const Bits GX = bf16_bits_of(random_vec(size_t(n * S) * ldx, gen_));
+  const Bits GW = bf16_bits_of(random_vec(size_t(out) * ldw, gen_, -0.3f, 0.3f));
+  const Vec Yg = random_vec(size_t(n) * out, gen_, -0.5f, 0.5f);
+  Bits GY(size_t(n * S) * out);
+  Buffer<uint16_t> gGX = up(GX), gGW = up(GW), gGY = up(GY);
+  Buffer<float> gYg = up(Yg);
+  group_linear_forward_bf16(cpu_, GX.data(), ldx, GW.data(), ldw, Yg.data(), bias.data(), GY.data(),
+                            n, S, gin, out, true);
+  group_linear_forward_bf16(gpu_, gGX.data(), ldx, gGW.data(), ldw, gYg.data(), gbias.data(),
+                            gGY.data(), n, S, gin, out, true);
+  {
+    auto terms = product_terms(widen_bits(GX), ldx, false, widen_bits(GW), ldw, true, int(n * S),
+                               out, gin, out, &bias);
+    for (int64_t b = 0; b < n * S; ++b)
+      for (int j = 0; j < out; ++j)
+        terms[size_t(b) * out + j] += std::fabs(Yg[size_t(b / S) * out + j]);
+    expect_bf16_close(down(gGY), GY, terms, "group_linear_forward_bf16");
+  }
+  const Bits GdY0 = bf16_bits_of(random_vec(size_t(n * S) * out, gen_));
+  for (bool relu : {true, false}) {
+    const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
+    Bits GdY = GdY0;
+    const int lddyg = out + 5;
+    Vec dYg(size_t(n) * lddyg, 2.0f), db(static_cast<size_t>(out));
+    Buffer<uint16_t> gGYc = up(GY), gGdY = up(GdY0);
+    Buffer<float> gdYg = up(dYg), gdb = up(db);
+    group_sum_backward_bf16(cpu_, GY.data(), GdY.data(), n, S, out, dYg.data(), lddyg, db.data(),
+                            relu);
+    group_sum_backward_bf16(gpu_, gGYc.data(), gGdY.data(), n, S, out, gdYg.data(), lddyg,
+                            gdb.data(), relu);
+    expect_same(down(gGdY), GdY, "group_sum_backward_bf16 dY" + tag);
+    expect_same(down(gdYg), dYg, "group_sum_backward_bf16 dYg" + tag);
+    expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, "group_sum_backward_bf16 db" + tag);
+  }
+}
+
+TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
+  const int64_t n = 2000;
+  const int S = 5, mf = 64, last = 64, F = mf + last;
+  const int64_t B = n * S, ld = mf + 17;
+  Vec U = random_vec(size_t(n) * ld, gen_), I = random_vec(size_t(B) * ld, gen_);
+  Vec A = random_vec(size_t(B) * last, gen_, -0.5f, 1.0f);
+  for (float& a : A) a = std::max(a, 0.0f);
+  const Bits A16 = bf16_bits_of(A);
+  const Vec Aw = widen_bits(A16);
+  Vec wc = random_vec(size_t(F) + 1, gen_), labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
+  for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+  const int64_t global_batch = B + 3;
+  Buffer<float> gU = up(U), gI = up(I), gAw = up(Aw), gwc = up(wc), glabels = up(labels);
+  Buffer<uint16_t> gA16 = up(A16);
+  struct Out {
+    Vec logits, dU, dI, dwc, db, dAf;
+    Bits dA16;
+    double loss = -1.0;
+  };
+  // The ops on the device's buffers (dev), or the CPU twin on host arrays.
+  auto run = [&](const ExecContext& ctx, bool storage, bool dev) {
+    Vec logits(size_t(B), 0.0f), dU(size_t(n) * ld, 4.0f), dI(size_t(B) * ld, 5.0f),
+        dwc(size_t(F) + 1, 6.0f), db(static_cast<size_t>(last), 7.0f), dAf(size_t(B) * last, 3.0f);
+    Bits dA16(size_t(B) * last, 3);
+    std::vector<double> loss{-1.0};
+    if (!dev) {  // the CPU twin on host arrays
+      if (storage) {
+        neumf_top_forward_bf16(ctx, U.data(), ld, I.data(), ld, A16.data(), wc.data(),
+                               wc.data() + F, logits.data(), n, S, mf, last);
+        neumf_top_backward_bf16(ctx, U.data(), ld, I.data(), ld, A16.data(), wc.data(), nullptr,
+                                logits.data(), labels.data(), global_batch, loss.data(),
+                                dA16.data(), dU.data(), ld, dI.data(), ld, dwc.data(),
+                                dwc.data() + F, db.data(), n, S, mf, last, true);
+      } else {
+        neumf_top_forward(ctx, U.data(), ld, I.data(), ld, Aw.data(), wc.data(), wc.data() + F,
+                          logits.data(), n, S, mf, last);
+        neumf_top_backward(ctx, U.data(), ld, I.data(), ld, Aw.data(), wc.data(), nullptr,
+                           logits.data(), labels.data(), global_batch, loss.data(), dAf.data(),
+                           dU.data(), ld, dI.data(), ld, dwc.data(), dwc.data() + F, db.data(), n,
+                           S, mf, last, true);
+      }
+      return Out{logits, dU, dI, dwc, db, dAf, dA16, loss[0]};
+    }
+    Buffer<float> gl = up(logits), gdU = up(dU), gdI = up(dI), gdwc = up(dwc), gdb = up(db),
+                  gdAf = up(dAf);
+    Buffer<uint16_t> gdA16 = up(dA16);
+    Buffer<double> gloss = up(loss);
+    if (storage) {
+      neumf_top_forward_bf16(ctx, gU.data(), ld, gI.data(), ld, gA16.data(), gwc.data(),
+                             gwc.data() + F, gl.data(), n, S, mf, last);
+      neumf_top_backward_bf16(ctx, gU.data(), ld, gI.data(), ld, gA16.data(), gwc.data(), nullptr,
+                              gl.data(), glabels.data(), global_batch, gloss.data(), gdA16.data(),
+                              gdU.data(), ld, gdI.data(), ld, gdwc.data(), gdwc.data() + F,
+                              gdb.data(), n, S, mf, last, true);
+    } else {
+      neumf_top_forward(ctx, gU.data(), ld, gI.data(), ld, gAw.data(), gwc.data(), gwc.data() + F,
+                        gl.data(), n, S, mf, last);
+      neumf_top_backward(ctx, gU.data(), ld, gI.data(), ld, gAw.data(), gwc.data(), nullptr,
+                         gl.data(), glabels.data(), global_batch, gloss.data(), gdAf.data(),
+                         gdU.data(), ld, gdI.data(), ld, gdwc.data(), gdwc.data() + F, gdb.data(),
+                         n, S, mf, last, true);
+    }
+    return Out{down(gl),  down(gdU),  down(gdI),   down(gdwc),
+               down(gdb), down(gdAf), down(gdA16), down(gloss)[0]};
+  };
+  const Out s = run(gpu_, true, true), f = run(gpu_, false, true), c = run(cpu_, true, false);
+  expect_same(s.logits, f.logits, "logits, BF16 storage vs FP32 on the device");
+  expect_same(s.dA16, bf16_bits_of(f.dAf), "dA = the FP32 top's dA rounded");
+  expect_same(s.dU, f.dU, "user GMF gradients");
+  expect_same(s.dI, f.dI, "item GMF gradients");
+  expect_same(s.dwc, f.dwc, "dw, dc");
+  EXPECT_EQ(std::memcmp(&s.loss, &f.loss, sizeof(double)), 0) << s.loss << " vs " << f.loss;
+  const Out again = run(gpu_, true, true);
+  expect_same(again.dwc, s.dwc, "dw, dc on a second run");
+  expect_same(again.db, s.db, "db on a second run");
+  // Against the CPU twin, with FusedTopIsTheUnfusedOpsOnTheGpu's tolerances (FMA
+  // contraction, CUDA's expf); dA within one BF16 ulp of the CPU's rounding.
+  expect_close(s.logits, c.logits, 1e-6 * F, kElemRtol, "logits vs the CPU twin");
+  expect_bf16_close(s.dA16, c.dA16, std::vector<double>(c.dA16.size(), 0.0), "dA vs the CPU twin");
+  expect_close(s.dU, c.dU, kElemAtol, kElemRtol, "user GMF gradients vs the CPU twin");
+  expect_close(s.dI, c.dI, kElemAtol, kElemRtol, "item GMF gradients vs the CPU twin");
+  expect_close(s.dwc, c.dwc, kDoubleSumAtol, kDoubleSumRtol, "dw, dc vs the CPU twin");
+  expect_close(s.db, c.db, kDoubleSumAtol, kDoubleSumRtol, "db vs the CPU twin");
+  expect_close(std::vector<double>{s.loss}, std::vector<double>{c.loss}, kDoubleAtol, kDoubleRtol,
+               "loss vs the CPU twin");
+}
+
+// NeuMF's step on BF16 storage, on the device and on the CPU, from the same
+// parameters, rows and labels. The two differ by the FP32 summation order of the
+// products (about 1e-6 relative), which flips the BF16 rounding of some stored
+// values by one ulp; as between BF16 storage and the legacy kernels on the CPU
+// (test_bf16_storage.cc), every tensor stays within (L + 2)·2^-8 in relative RMS.
+// The device repeats itself bit for bit, and its legacy kernels (per-GEMM copies)
+// give other values: BF16 storage ran there.
+TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
+  set_math_mode(MathMode::kBf16);
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 64, 32, 16};
+  const int64_t n = 700;
+  const int S = 5, D = cfg.embedding_width();
+  const int64_t B = n * S;
+  NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
+  cpu_model.init(5);
+  Vec params(cpu_model.params().data(), cpu_model.params().data() + cpu_model.num_params());
+  const Vec noise = random_vec(params.size(), gen_, -0.1f, 0.1f);
+  for (const DenseLayerView& v : cpu_model.tower())
+    for (int j = 0; j < v.out; ++j) params[size_t(v.b_offset + j)] = noise[size_t(j)];
+  std::copy(params.begin(), params.end(), cpu_model.params().data());
+  device_copy(g_dev, dev_model.params().data(), Device::kCpu, params.data(),
+              params.size() * sizeof(float));
+  const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
+  const Vec I = random_vec(size_t(B) * D, gen_, -0.5f, 0.5f);
+  Vec labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
+  for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+  struct Out {
+    Vec logits, grads, dU, dI;
+    double loss = 0;
+  };
+  Buffer<float> gU = up(U), gI = up(I), glabels = up(labels);
+  auto run = [&](NeuMF& model, const ExecContext& ctx, bool dev) {
+    Buffer<float> logits = up(Vec(size_t(B), 0.0f)), dlogits = up(Vec(size_t(B), 0.0f)),
+                  dU = up(Vec(size_t(n) * D, 0.0f)), dI = up(Vec(size_t(B) * D, 0.0f));
+    Buffer<double> loss = up(std::vector<double>{0.0});
+    if (dev) {
+      model.forward_backward(ctx, gU.data(), gI.data(), n, S, glabels.data(), B, logits.data(),
+                             dlogits.data(), loss.data(), dU.data(), dI.data());
+      return Out{down(logits), down(model.grads()), down(dU), down(dI), down(loss)[0]};
+    }
+    Out o{Vec(size_t(B)), Vec(), Vec(size_t(n) * D), Vec(size_t(B) * D), 0.0};
+    Vec dl(static_cast<size_t>(B));
+    model.forward_backward(ctx, U.data(), I.data(), n, S, labels.data(), B, o.logits.data(),
+                           dl.data(), &o.loss, o.dU.data(), o.dI.data());
+    o.grads.assign(model.grads().data(), model.grads().data() + model.num_params());
+    return o;
+  };
+  const Out c = run(cpu_model, cpu_, false), g = run(dev_model, gpu_, true);
+  const Out again = run(dev_model, gpu_, true);
+  set_step_kernels(StepKernels::kLegacy);
+  const Out legacy = run(dev_model, gpu_, true);
+  set_step_kernels(StepKernels::kStreaming);
+  const double bound = (double(cpu_model.tower().size()) + 2.0) / 256.0;
+  auto rel_rms = [](const float* a, const float* b, size_t count) {
+    double num = 0, den = 0;
+    for (size_t k = 0; k < count; ++k) {
+      num += (double(a[k]) - b[k]) * (double(a[k]) - b[k]);
+      den += double(b[k]) * b[k];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  };
+  auto check = [&](const Vec& dev, const Vec& cpu, const Vec& leg, size_t off, size_t count,
+                   const std::string& what) {
+    const double e = rel_rms(dev.data() + off, cpu.data() + off, count);
+    EXPECT_LE(e, bound) << what << ": device vs CPU, relative RMS " << e;
+    EXPECT_GT(rel_rms(leg.data() + off, dev.data() + off, count), 0.0)
+        << what << ": the legacy kernels gave BF16 storage's values";
+  };
+  check(g.logits, c.logits, legacy.logits, 0, size_t(B), "logits");
+  for (const DenseLayerView& v : cpu_model.tower()) {
+    const std::string l = "layer " + std::to_string(v.in) + "->" + std::to_string(v.out);
+    check(g.grads, c.grads, legacy.grads, size_t(v.w_offset), size_t(v.in) * v.out, l + " dW");
+    check(g.grads, c.grads, legacy.grads, size_t(v.b_offset), size_t(v.out), l + " db");
+  }
+  check(g.grads, c.grads, legacy.grads, size_t(cpu_model.head_w_offset()), size_t(cfg.head_width()),
+        "head dw");
+  check(g.dU, c.dU, legacy.dU, 0, c.dU.size(), "d_user_rows");
+  check(g.dI, c.dI, legacy.dI, 0, c.dI.size(), "d_item_rows");
+  EXPECT_NEAR(g.loss, c.loss, bound * c.loss);
+  expect_same(again.logits, g.logits, "logits on a second run");
+  expect_same(again.grads, g.grads, "dense gradients on a second run");
+  expect_same(again.dU, g.dU, "d_user_rows on a second run");
+  expect_same(again.dI, g.dI, "d_item_rows on a second run");
+}
+
 // The fused top of NeuMF (neumf_top_forward / neumf_top_backward, NeuMF's path
 // under StepKernels::kStreaming) against the unfused ops it replaces, run on the
 // GPU on the same inputs (repeat_rows, gmf_forward, concat_cols, head_forward,

@@ -102,7 +102,7 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   const size_t rows = static_cast<size_t>(B);
   const bool tower = !tower_.empty();
   fused_ = fused_top();
-  bf16_ = bf16_storage(ctx);
+  bf16_ = bf16_storage();
   if (bf16_) {
     n_ = n;
     S_ = S;
@@ -178,11 +178,8 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
 
-bool NeuMF::bf16_storage(const ExecContext& ctx) const {
-  // The CUDA twins of the BF16-storage ops are not written yet: the GPU keeps
-  // the per-GEMM operand copies.
-  return math_mode() == MathMode::kBf16 && fused_top() && !tower_.empty() &&
-         ctx.device == Device::kCpu;
+bool NeuMF::bf16_storage() const {
+  return math_mode() == MathMode::kBf16 && fused_top() && !tower_.empty();
 }
 
 void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits) {

@@ -121,7 +121,7 @@ class NeuMF {
   // with the fused top and at least one hidden layer; decided by forward. Then
   // a16_[l] / d16_[l] replace acts_[l] / dacts_[l], wb_ is the BF16 copy of the
   // parameters, ub_ / ib_ the users' / items' MLP columns in BF16, du0b_ dU0.
-  bool bf16_storage(const ExecContext& ctx) const;
+  bool bf16_storage() const;
   void forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits);
   void backward_bf16(const ExecContext& ctx, const float* dlogits, const float* logits,
                      const float* labels, int64_t global_batch, double* loss, float* d_user_rows,

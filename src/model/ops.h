@@ -40,9 +40,9 @@ enum class GradMode { kOverwrite, kAccumulate };
 //         runs the same FP32 BLAS GEMM, so it is the GPU's reference up to
 //         summation order. The BF16 copies are made per GEMM from the FP32
 //         arrays: parameters, gradients, optimizer state, embeddings, biases
-//         and the loss stay FP32 (FP32 master weights). NeuMF on CPU ranks
-//         instead stores its tower in BF16 and calls the *_bf16 ops below
-//         ("BF16 storage"), which make no per-GEMM copies.
+//         and the loss stay FP32 (FP32 master weights). NeuMF (with the
+//         streaming kernels) instead stores its tower in BF16 and calls the
+//         *_bf16 ops below ("BF16 storage"), which make no per-GEMM copies.
 enum class MathMode { kTf32, kFp32, kBf16 };
 void set_math_mode(MathMode mode);
 MathMode math_mode();
