@@ -285,14 +285,19 @@ GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t row
 // row-major matrix is its transpose in column-major, so cuBLAS computes
 // C^T = op(B)^T·op(A)^T with the operands swapped. A and B are both FP32 or
 // both BF16; C is FP32.
+//
+// c_type CUDA_R_16BF (BF16 storage's dX): C is BF16, the FP32 accumulator rounded
+// once by cuBLAS (beta 0, K > 0 only).
 void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_b, int M, int N,
-                int K, float alpha, GemmInput A, int lda, GemmInput B, int ldb, float beta,
-                float* C, int ldc, const char* op) {
+                int K, float alpha, GemmInput A, int lda, GemmInput B, int ldb, float beta, void* C,
+                int ldc, const char* op, cudaDataType_t c_type = CUDA_R_32F) {
   if (M == 0 || N == 0) return;
   cudaStream_t stream = stream_of(ctx);
+  NCF_CHECK(c_type == CUDA_R_32F || (beta == 0.0f && K > 0), op,
+            ": a BF16 output takes beta 0 and K > 0");
   if (K == 0) {
-    scale_rows_kernel<<<grid_for(static_cast<int64_t>(M) * N), kThreads, 0, stream>>>(C, ldc, M, N,
-                                                                                      beta);
+    scale_rows_kernel<<<grid_for(static_cast<int64_t>(M) * N), kThreads, 0, stream>>>(
+        static_cast<float*>(C), ldc, M, N, beta);
     check_launch(op);
     return;
   }
@@ -304,7 +309,7 @@ void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_
   CUBLAS_CHECK(cublasSetStream(h, stream));
   CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B.data, B.type,
-                            ldb, A.data, A.type, lda, &beta, C, CUDA_R_32F, ldc, compute_type(mode),
+                            ldb, A.data, A.type, lda, &beta, C, c_type, ldc, compute_type(mode),
                             CUBLAS_GEMM_DEFAULT));
 }
 
@@ -1342,9 +1347,11 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
 }
 
 // ---- BF16 storage -----------------------------------------------------------------------
-// The products read BF16 arrays as they are; a BF16 output is the FP32 product
-// (cuBLAS, FP32 accumulation) in the scratch arena, then one kernel applies the
-// epilogue and rounds with bf16.h's float_to_bf16_bits, as the CPU twin rounds.
+// The products read BF16 arrays as they are and accumulate in FP32. A BF16 output
+// is rounded once after its epilogue: by cuBLAS for dX (no epilogue, to nearest);
+// for the forward layers the FP32 product goes to the scratch arena and one
+// kernel applies the epilogue (bias, ReLU, layer 0's users' rows) and rounds with
+// bf16.h's float_to_bf16_bits, as the CPU twin rounds.
 
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
@@ -1381,6 +1388,9 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
                          const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
   const char* op = "linear_forward_bf16";
   if (B == 0) return;
+  // The FP32 product, then the epilogue kernel: cuBLASLt's bias epilogue takes a
+  // bias of D's type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), which
+  // would round the FP32 bias to BF16.
   float* Z = nullptr;
   carve_scratch(cuda_resources(ctx, op),
                 [&](ScratchLayout& s) { Z = s.take<float>(static_cast<size_t>(B) * out); });
@@ -1414,13 +1424,10 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
                           int64_t B, int in, int out, bool relu) {
   const char* op = "linear_backward_bf16";
   cudaStream_t stream = stream_of(ctx);
-  // One layout for the op: the bias partial sums and dX's FP32 product.
-  double* partial = nullptr;
-  float* Z = nullptr;
-  if (db || (dX && B > 0)) {
+  double* partial = nullptr;  // the bias partial sums
+  if (db) {
     carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
-      if (db) partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
-      if (dX && B > 0) Z = s.take<float>(static_cast<size_t>(B) * in);
+      partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
     });
   }
   if (relu && B > 0) {
@@ -1430,14 +1437,12 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
   if (db)
     deterministic_col_sums(stream, B, out, Bf16ColumnsOp{dY, out}, partial, GradStore{db, false},
                            op);
-  if (dX && B > 0) {
+  // dX = dZ·weight, written as BF16 by cuBLAS (no epilogue: one rounding of the
+  // FP32 accumulator).
+  if (dX && B > 0)
     gemm_typed(ctx, MathMode::kBf16, false, false, static_cast<int>(B), in, out, 1.0f,
-               GemmInput{dY, CUDA_R_16BF}, out, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, Z, in,
-               op);
-    bias_act_bf16_kernel<<<grid_for(B * in), kThreads, 0, stream>>>(Z, nullptr, 1, nullptr, dX, B,
-                                                                    in, false);
-    check_launch(op);
-  }
+               GemmInput{dY, CUDA_R_16BF}, out, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, dX, in,
+               op, CUDA_R_16BF);
   gemm_typed(ctx, MathMode::kBf16, true, false, out, in, static_cast<int>(B), 1.0f,
              GemmInput{dY, CUDA_R_16BF}, out, GemmInput{X, CUDA_R_16BF}, in, 0.0f, dweight, in, op);
 }

@@ -244,6 +244,8 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
 // linear_backward on BF16 (GradMode kOverwrite): dY masked in place by Y > 0 when
 // relu; db (may be null) = column sums of the masked dY, in double over fixed
 // blocks; dX (may be null) = bf16(dZ · weight); dweight = dZ^T · X in FP32.
+// (On the GPU cuBLAS rounds dX to nearest rather than float_to_bf16_bits: the same
+// rounding of an FP32 value.)
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                           const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
                           int64_t B, int in, int out, bool relu);

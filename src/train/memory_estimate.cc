@@ -126,8 +126,6 @@ class Peak {
       c.take(col_chunks(B) * out * 8);
       if (s_.bf16) c.take(B * out * 2).take(out * in * 2).take(B * in * 2);
       keep(c.used());
-      // linear_backward_bf16: the bias partials and dX's FP32 product.
-      if (s_.bf16) keep(Carve().take(col_chunks(B) * out * 8).take(B * in * 4).used());
     }
     const int64_t h = s_.layers[0] / 2, in0 = s_.layers[0], out0 = s_.layers[1];
     keep(Carve().take(col_chunks(n) * out0 * 8).used());  // group_sum_backward, bias sums
