@@ -793,6 +793,9 @@ do_step_parity() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
     --gtest_filter="$step_parity_filter"
 }
+do_lt_probe() {  # what cuBLASLt offers for the tower's fused epilogues (nothing timed)
+  ours "$build/bench/bench_lt_probe" --batch 1048575 --json "$out/lt_probe.jsonl"
+}
 do_step_kernels() {
   ours "$build/bench/bench_kernels" --device cuda --warmup 2 --repeats 10 \
     --filter "group_bias_act,group_sum_backward,linear_backward L,neumf_top,neumf_fwd_bwd_grouped" --json "$out/step_kernels.json"
@@ -967,6 +970,7 @@ EOF
 run_step() {
   built || { record step FAIL "no build in $build" 0; return 0; }
   stage step_parity 1 150 fig_parity -- do_step_parity
+  stage lt_probe 1 30 fig_tail -- do_lt_probe
   stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
   stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
   stage data_small 0 120 fig_tail -- do_small_data
