@@ -974,17 +974,17 @@ std::vector<double> product_terms(const Vec& A, int lda, bool ta, const Vec& B, 
 
 TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
   set_math_mode(MathMode::kBf16);
-  // to_bf16_rows: bits, with strides on both sides.
-  {
+  // to_bf16_rows: bits, with strides on both sides (one element per thread, and
+  // four: the items' MLP columns of the step's shape).
+  for (const auto& [w, ldx, ldy] : {std::tuple<int, int, int>{37, 50, 40}, {128, 192, 132}}) {
     const int64_t B = 1000;
-    const int w = 37;
-    Vec X = random_vec(size_t(B) * 50, gen_);
-    Bits Y(size_t(B) * 40, 7), gY0 = Y;
+    Vec X = random_vec(size_t(B) * ldx, gen_);
+    Bits Y(size_t(B) * ldy, 7), gY0 = Y;
     Buffer<float> gX = up(X);
     Buffer<uint16_t> gY = up(gY0);
-    to_bf16_rows(cpu_, X.data(), 50, w, Y.data(), 40, B);
-    to_bf16_rows(gpu_, gX.data(), 50, w, gY.data(), 40, B);
-    expect_same(down(gY), Y, "to_bf16_rows (padding untouched)");
+    to_bf16_rows(cpu_, X.data(), ldx, w, Y.data(), ldy, B);
+    to_bf16_rows(gpu_, gX.data(), ldx, w, gY.data(), ldy, B);
+    expect_same(down(gY), Y, "to_bf16_rows w=" + std::to_string(w) + " (padding untouched)");
   }
   // gemm_bf16, every transpose.
   for (bool ta : {false, true})

@@ -928,6 +928,32 @@ __global__ void rows_to_bf16_kernel(const float* __restrict__ X, int64_t ldx, in
   }
 }
 
+// rows_to_bf16_kernel four columns at a time (w, ldx, ldy multiples of 4, X 16-byte
+// and Y 8-byte aligned): one float4 load, one 8-byte store; the row from one
+// division per thread, in 32 bits when the quads fit (k32). The same bits.
+template <bool k32>
+__global__ void __launch_bounds__(kThreads)
+    rows_to_bf16_quads_kernel(const float* __restrict__ X, int64_t ldx, int w,
+                              uint16_t* __restrict__ Y, int64_t ldy, int64_t B) {
+  const int per_row = w / 4;
+  const int64_t total = B * per_row;
+  for (int64_t q = thread_first(); q < total; q += thread_stride()) {
+    int64_t b;
+    if (k32) {
+      b = static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
+    } else {
+      b = q / per_row;
+    }
+    const int k = static_cast<int>(q - b * per_row) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(X + b * ldx + k);
+    const uint32_t lo =
+        uint32_t(float_to_bf16_bits(x.x)) | (uint32_t(float_to_bf16_bits(x.y)) << 16);
+    const uint32_t hi =
+        uint32_t(float_to_bf16_bits(x.z)) | (uint32_t(float_to_bf16_bits(x.w)) << 16);
+    *reinterpret_cast<uint2*>(Y + b * ldy + k) = make_uint2(lo, hi);
+  }
+}
+
 // Y[i] = BF16(act((Z[i] + bias[j]) + Yg[b / S, j])) over B × out, i = b·out + j:
 // a product's epilogue and rounding, in the CPU twin's order (bias and Yg may be
 // null: nothing added).
@@ -943,6 +969,70 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* _
       if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
     }
     Y[i] = float_to_bf16_bits(relu ? (z > 0.0f ? z : 0.0f) : z);
+  }
+}
+
+// bias_act_bf16_kernel eight columns at a time (out % 8 == 0, Z and Yg 16-byte
+// aligned, Y 16-byte aligned): two float4 loads of Z (and of Yg's row), one 16-byte
+// store of eight BF16s; the row from one division per thread, in 32 bits when the
+// octets fit (k32). The same expression per element: the same bits.
+template <bool k32>
+__global__ void __launch_bounds__(kThreads)
+    bias_act_bf16_octets_kernel(const float* __restrict__ Z, const float* __restrict__ Yg, int S,
+                                const float* __restrict__ bias, uint16_t* __restrict__ Y, int64_t B,
+                                int out, bool relu) {
+  const int per_row = out / 8;
+  const int64_t total = B * per_row;
+  for (int64_t q = thread_first(); q < total; q += thread_stride()) {
+    int64_t b;
+    if (k32) {
+      b = static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
+    } else {
+      b = q / per_row;
+    }
+    const int j = static_cast<int>(q - b * per_row) * 8;
+    const float4* z4 = reinterpret_cast<const float4*>(Z + b * out + j);
+    const float4 z0 = z4[0], z1 = z4[1];
+    float v[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+    if (bias) {
+#pragma unroll
+      for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], bias[j + l]);
+    }
+    if (Yg) {
+      const float4* g4 = reinterpret_cast<const float4*>(Yg + (b / S) * out + j);
+      const float4 g0 = g4[0], g1 = g4[1];
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+      for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], g[l]);
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const float a = relu ? (v[2 * l] > 0.0f ? v[2 * l] : 0.0f) : v[2 * l];
+      const float c = relu ? (v[2 * l + 1] > 0.0f ? v[2 * l + 1] : 0.0f) : v[2 * l + 1];
+      w[l] = uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(c)) << 16);
+    }
+    *reinterpret_cast<uint4*>(Y + b * out + j) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Launches the epilogue over B × out: eight columns per thread where the widths
+// and pointers allow, else one element per thread.
+void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, int S,
+                          const float* bias, uint16_t* Y, int64_t B, int out, bool relu) {
+  const bool octets = out % 8 == 0 && aligned16(Z) && aligned16(Y) && (!Yg || aligned16(Yg));
+  if (!octets) {
+    bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out,
+                                                                     relu);
+    return;
+  }
+  const int64_t total = B * (out / 8);
+  if (total <= int64_t{UINT32_MAX}) {
+    bias_act_bf16_octets_kernel<true>
+        <<<grid_for(total), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out, relu);
+  } else {
+    bias_act_bf16_octets_kernel<false>
+        <<<grid_for(total), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out, relu);
   }
 }
 
@@ -1374,7 +1464,18 @@ void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t
 void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
                   int64_t ldy, int64_t B) {
   if (B == 0) return;
-  rows_to_bf16_kernel<<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, Y, ldy, B);
+  cudaStream_t stream = stream_of(ctx);
+  const bool quads = w % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(X) &&
+                     (reinterpret_cast<uintptr_t>(Y) & 7u) == 0;
+  const int64_t total = B * (w / 4);
+  if (!quads) {
+    rows_to_bf16_kernel<<<grid_for(B * w), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
+  } else if (total <= int64_t{UINT32_MAX}) {
+    rows_to_bf16_quads_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
+  } else {
+    rows_to_bf16_quads_kernel<false>
+        <<<grid_for(total), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
+  }
   check_launch("to_bf16_rows");
 }
 
@@ -1396,8 +1497,7 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
                 [&](ScratchLayout& s) { Z = s.take<float>(static_cast<size_t>(B) * out); });
   gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
              GemmInput{X, CUDA_R_16BF}, in, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, Z, out, op);
-  bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Z, nullptr, 1, bias, Y,
-                                                                           B, out, relu);
+  launch_bias_act_bf16(stream_of(ctx), Z, nullptr, 1, bias, Y, B, out, relu);
   check_launch(op);
 }
 
@@ -1414,8 +1514,7 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
   gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
              GemmInput{X, CUDA_R_16BF}, static_cast<int>(ldx), GemmInput{weight, CUDA_R_16BF},
              static_cast<int>(ldw), 0.0f, Z, out, op);
-  bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream_of(ctx)>>>(Z, Yg, S, bias, Y, B,
-                                                                           out, relu);
+  launch_bias_act_bf16(stream_of(ctx), Z, Yg, S, bias, Y, B, out, relu);
   check_launch(op);
 }
 
