@@ -262,6 +262,29 @@ TEST_F(Resume, Bf16RowsResumeIdenticallyAndConvertOnlyWhenAsked) {
       << widened.output;
 }
 
+// --precision bf16 keeps the tower's activations and gradients in BF16, derived
+// from the FP32 master weights each step: a checkpoint (FP32 weights and Adam
+// state) resumes the identical trajectory, at W = 1 and 2, inside an epoch.
+TEST_F(Resume, Bf16TowerResumesIdentically) {
+  for (int W : {1, 2}) {
+    TempDir d;
+    const std::string f = "--shard_plan row --precision bf16";
+    const Run whole =
+        train(W, f + " --checkpoint_every_steps 20 --keep_checkpoints 100 --checkpoint_dir " +
+                     d.file("ck"));
+    for (int64_t step : {20, 60})
+      expect_identical(
+          whole,
+          train(W, f + " --checkpoint_dir " + d.file("x" + std::to_string(step)) + " --resume " +
+                       ckpt(d, step)),
+          "bf16 tower, W=" + std::to_string(W) + ", resumed at step " + std::to_string(step));
+    const Run fp32 = train(W, "--shard_plan row --precision fp32");
+    ASSERT_FALSE(fp32.epochs.empty());
+    EXPECT_NE(double(fp32.epochs[0]["loss"]), double(whole.epochs[0]["loss"]))
+        << "--precision bf16 gave the fp32 loss: the BF16 tower did not run";
+  }
+}
+
 // A signal lands in the middle of a step, wherever the process is; run on the
 // interrupted stack, the handler's frame corrupted the heap in about 1 of 25
 // such stops (glibc aborted in the next tower product's free). 24 stops of a
