@@ -944,6 +944,32 @@ fig_nccl_share() {
 }
 # HR@10 after 3 epochs, ncf_dist and bench/pytorch_neumf.py --data_dir on the same prepared
 # data, both on the GPU (the figure: the last epoch's HR@10 and samples/s of each).
+# Evaluation speed: one ml-20m evaluation (138,493 users x 1 + 999) after 2 steps, at
+# the default --eval_batch_size (100 users a batch, blocking copies around each) and at
+# 10x that, under PRECISION; the figure puts the two side by side.
+do_eval_speed() {
+  local p=$1 bs
+  for bs in 100000 1000000; do
+    train_m20 "eval_${p}_b$bs" "$build/src/ncf_dist" --precision "$p" --train_epochs 1 \
+      --max_steps 2 --eval_batch_size "$bs" || return
+  done
+}
+fig_eval_speed() {
+  local p
+  p=$(basename "$1" .log)
+  p=${p#eval_speed_}
+  python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" <<'EOF'
+import json, sys
+def secs(path):
+    try:
+        return json.loads(open(path).read().splitlines()[-1])["eval_seconds"]
+    except Exception:
+        return None
+a, b = secs(sys.argv[1]), secs(sys.argv[2])
+fmt = lambda x: f"{x:.3f} s" if x is not None else "no metrics"
+print(f"one evaluation: {fmt(a)} at --eval_batch_size 100000, {fmt(b)} at 1000000")
+EOF
+}
 do_step_hr_ours() {
   train_m20 step_hr_ours "$build/src/ncf_dist" --precision tf32 --train_epochs 3
 }
@@ -994,6 +1020,9 @@ run_step() {
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
   stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
+  for p in tf32 bf16; do
+    stage "eval_speed_$p" 1 90 fig_eval_speed -- do_eval_speed "$p"
+  done
 }
 
 # ---- info and summary ------------------------------------------------------------------------------------
