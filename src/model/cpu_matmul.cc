@@ -118,26 +118,7 @@ std::shared_ptr<const Entry> primitive_for(const Key& k) {
   return cache.emplace(k, std::move(e)).first->second;
 }
 
-__attribute__((target("avx512f"))) void round_bits_avx512(const float* src, uint16_t* dst,
-                                                          int64_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-  const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-  const __m512i quiet = _mm512_set1_epi32(0x0040);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    // The arithmetic of float_to_bf16_bits, 16 lanes at a time.
-    const __m512i lsb = _mm512_and_si512(hi, one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, lsb)), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
-  }
-  for (; i < n; ++i) dst[i] = float_to_bf16_bits(src[i]);
-}
-
-// The rounding of round_bits_avx512 on 16 lanes of float bits.
+// float_to_bf16_bits on 16 lanes of float bits.
 __attribute__((target("avx512f"))) inline __m256i bf16_of_avx512(__m512i u) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
   const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
@@ -148,6 +129,18 @@ __attribute__((target("avx512f"))) inline __m256i bf16_of_avx512(__m512i u) {
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
   return _mm512_cvtepi32_epi16(r);
+}
+
+// epilogue_to_bf16_bits one element at a time.
+void epilogue_scalar(const float* src, const float* a, const float* b, bool relu, uint16_t* dst,
+                     int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = src[i];
+    if (a) v += a[i];
+    if (b) v += b[i];
+    if (relu) v = v > 0.0f ? v : 0.0f;
+    dst[i] = float_to_bf16_bits(v);
+  }
 }
 
 __attribute__((target("avx512f"))) void epilogue_avx512(const float* src, const float* a,
@@ -164,13 +157,7 @@ __attribute__((target("avx512f"))) void epilogue_avx512(const float* src, const 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
                         bf16_of_avx512(_mm512_castps_si512(v)));
   }
-  for (; i < n; ++i) {
-    float v = src[i];
-    if (a) v += a[i];
-    if (b) v += b[i];
-    if (relu) v = v > 0.0f ? v : 0.0f;
-    dst[i] = float_to_bf16_bits(v);
-  }
+  epilogue_scalar(src + i, a ? a + i : nullptr, b ? b + i : nullptr, relu, dst + i, n - i);
 }
 
 // The `rows` × `cols` block of a row-major matrix with stride ld, as BF16 bits
@@ -225,12 +212,7 @@ const char* isa_name(dnnl::cpu_isa isa) {
 }  // namespace
 
 void round_to_bf16_bits(const float* src, uint16_t* dst, int64_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) {
-    round_bits_avx512(src, dst, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16_bits(src[i]);
-  }
+  epilogue_to_bf16_bits(src, nullptr, nullptr, false, dst, n);
 }
 
 void epilogue_to_bf16_bits(const float* src, const float* a, const float* b, bool relu,
@@ -238,14 +220,8 @@ void epilogue_to_bf16_bits(const float* src, const float* a, const float* b, boo
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   if (avx512) {
     epilogue_avx512(src, a, b, relu, dst, n);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    float v = src[i];
-    if (a) v += a[i];
-    if (b) v += b[i];
-    if (relu) v = v > 0.0f ? v : 0.0f;
-    dst[i] = float_to_bf16_bits(v);
+  } else {
+    epilogue_scalar(src, a, b, relu, dst, n);
   }
 }
 

@@ -103,11 +103,11 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   const bool tower = !tower_.empty();
   fused_ = fused_top();
   bf16_ = bf16_storage();
+  n_ = n;
+  S_ = S;
+  user_rows_ = user_rows;
+  item_rows_ = item_rows;
   if (bf16_) {
-    n_ = n;
-    S_ = S;
-    user_rows_ = user_rows;
-    item_rows_ = item_rows;
     forward_bf16(ctx, n, S, logits);
     return;
   }
@@ -123,10 +123,6 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     ux_.reserve(S > 1 ? rows * h : 0);
   }
   for (size_t l = 0; l < tower_.size(); ++l) acts_[l].reserve(rows * tower_[l].out);
-  n_ = n;
-  S_ = S;
-  user_rows_ = user_rows;
-  item_rows_ = item_rows;
   if (B == 0) return;
 
   const float* p = params_.data();

@@ -24,6 +24,13 @@ namespace {
 // 0x7F80), which the compiler vectorises.
 inline bool bf16_positive(uint16_t y) { return static_cast<uint16_t>(y - 1u) < 0x7F80u; }
 
+// An element of an FP32 or BF16 array as a float (BF16 bits widen exactly), and
+// whether it passes the ReLU mask (> 0; NaN does not).
+inline float ld(float x) { return x; }
+inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
+inline bool positive(float y) { return y > 0.0f; }
+inline bool positive(uint16_t y) { return bf16_positive(y); }
+
 // The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
 // output columns per block otherwise, and, for a small output with a long K
 // (the weight gradients, K = B), rows of K per partial product.
@@ -209,30 +216,6 @@ void cpu_gemm(int threads, bool trans_a, bool trans_b, int M, int N, int K, floa
                            bias, relu);
 }
 
-// dweight/db part of a linear backward, given dZ (already masked).
-void cpu_linear_param_grads(const ExecContext& ctx, const float* X, const float* dZ, float* dweight,
-                            float* db, int64_t B, int in, int out, GradMode mode) {
-  float beta = mode == GradMode::kAccumulate ? 1.0f : 0.0f;
-  // dweight[out×in] = dZ^T[out×B] · X[B×in]
-  cpu_gemm(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dZ, out, X, in, beta,
-           dweight, in);
-  if (!db) return;
-  std::vector<double> sums(out);
-  block_sums(
-      ctx.threads, B, out,
-      [&](int64_t b0, int64_t b1, double* acc) {
-        for (int64_t b = b0; b < b1; ++b) {
-          const float* row = dZ + b * out;
-          for (int j = 0; j < out; ++j) acc[j] += row[j];
-        }
-      },
-      sums.data());
-  for (int j = 0; j < out; ++j) {
-    float s = static_cast<float>(sums[j]);
-    db[j] = mode == GradMode::kAccumulate ? db[j] + s : s;
-  }
-}
-
 }  // namespace
 
 namespace {
@@ -298,9 +281,11 @@ void gemm(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
   cpu_gemm(ctx.threads, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
-                    float* Y, int64_t B, int in, int out, bool relu) {
-  const char* op = "linear_forward";
+namespace {
+
+// The argument checks of linear_forward (either storage).
+void check_linear_forward(const char* op, const void* X, const void* weight, const void* Y,
+                          int64_t B, int in, int out) {
   check_rows(op, B);
   check_width(op, "in", in);
   check_width(op, "out", out);
@@ -308,6 +293,13 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
   check_ptr(op, "X", X, B);
   check_ptr(op, "weight", weight, B);
   check_ptr(op, "Y", Y, B);
+}
+
+}  // namespace
+
+void linear_forward(const ExecContext& ctx, const float* X, const float* weight, const float* bias,
+                    float* Y, int64_t B, int in, int out, bool relu) {
+  check_linear_forward("linear_forward", X, weight, Y, B, in, out);
   NCF_DISPATCH_CUDA(ctx, linear_forward, ctx, X, weight, bias, Y, B, in, out, relu);
   if (B == 0) return;
   // Y = act(X · weight^T + bias), the bias and the ReLU applied by each block's product
@@ -315,10 +307,12 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
            out, bias, relu);
 }
 
-void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
-                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode) {
-  const char* op = "linear_backward";
+namespace {
+
+// The argument checks of linear_backward (either storage).
+void check_linear_backward(const char* op, const void* X, const void* weight, const void* Y,
+                           const void* dY, const float* dweight, int64_t B, int in, int out,
+                           bool relu) {
   check_rows(op, B);
   check_width(op, "in", in);
   check_width(op, "out", out);
@@ -328,48 +322,71 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
   check_ptr(op, "dY", dY, B);
   if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, B);
   NCF_CHECK(dweight != nullptr, op, ": dweight is null");
-  NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
-                    mode);
-  if (B == 0) {
-    cpu_linear_param_grads(ctx, X, dY, dweight, db, B, in, out, mode);
-    return;
+}
+
+// db[j] = Σ_k partial[k, j] in block order (in double), written as `mode` says.
+void finish_block_sums(const std::vector<double>& partial, int64_t blocks, int out, float* db,
+                       GradMode mode) {
+  for (int j = 0; j < out; ++j) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < blocks; ++k) sum += partial[static_cast<size_t>(k) * out + j];
+    const float v = static_cast<float>(sum);
+    db[j] = mode == GradMode::kAccumulate ? db[j] + v : v;
   }
-  // One pass over fixed blocks of kReduceBlock rows, each while it is in cache:
-  // the ReLU mask applied to dY in place, the block's column sums of dZ (in
-  // double, summed over blocks in block order afterwards: block_sums' order),
-  // and the block's rows of dX[B×in] = dZ[B×out] · weight[out×in].
+}
+
+// linear_backward on the CPU, T float or uint16_t (BF16 bits, linear_backward_bf16).
+// One pass over fixed blocks of kReduceBlock rows, each while it is in cache: the
+// ReLU mask applied to dY in place, the block's column sums of dZ (in double, summed
+// over blocks in block order afterwards: block_sums' order), and the block's rows of
+// dX[B×in] = dZ[B×out] · weight[out×in]; then dweight = dZ^T · X.
+template <typename T>
+void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, const T* Y, T* dY,
+                         T* dX, float* dweight, float* db, int64_t B, int in, int out, bool relu,
+                         GradMode mode) {
   const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
   const MatmulPrecision prec = matmul_precision();
   parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
-      float* dz = dY + r0 * out;
+      T* dz = dY + r0 * out;
       const int64_t len = (r1 - r0) * out;
       if (relu) {
-        const float* y = Y + r0 * out;
-        for (int64_t i = 0; i < len; ++i) dz[i] = y[i] > 0.0f ? dz[i] : 0.0f;  // branch-free
+        const T* y = Y + r0 * out;
+        for (int64_t i = 0; i < len; ++i) dz[i] = positive(y[i]) ? dz[i] : T{0};  // branch-free
       }
       if (db) {
         double* acc = &partial[static_cast<size_t>(k) * out];
         for (int64_t r = 0; r < r1 - r0; ++r)
-          for (int j = 0; j < out; ++j) acc[j] += dz[r * out + j];
+          for (int j = 0; j < out; ++j) acc[j] += ld(dz[r * out + j]);
       }
       if (dX) {
-        cpu_matmul(matmul_shape(static_cast<int>(r1 - r0), in, out, false, false, out, in, in), dz,
-                   weight, dX + r0 * in, MatmulEpilogue{}, prec);
+        const MatmulShape sh =
+            matmul_shape(static_cast<int>(r1 - r0), in, out, false, false, out, in, in);
+        if constexpr (std::is_same<T, float>::value) {
+          cpu_matmul(sh, dz, weight, dX + r0 * in, MatmulEpilogue{}, prec);
+        } else {
+          cpu_matmul_bf16(sh, dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
+        }
       }
     }
   });
-  cpu_linear_param_grads(ctx, X, dY, dweight, nullptr, B, in, out, mode);
-  if (db) {
-    for (int j = 0; j < out; ++j) {
-      double sum = 0.0;
-      for (int64_t k = 0; k < blocks; ++k) sum += partial[static_cast<size_t>(k) * out + j];
-      const float v = static_cast<float>(sum);
-      db[j] = mode == GradMode::kAccumulate ? db[j] + v : v;
-    }
-  }
+  // dweight[out×in] = dZ^T[out×B] · X[B×in]
+  cpu_gemm_t<T, float>(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dY, out, X, in,
+                       mode == GradMode::kAccumulate ? 1.0f : 0.0f, dweight, in, nullptr, false);
+  if (db) finish_block_sums(partial, blocks, out, db, mode);
+}
+
+}  // namespace
+
+void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
+                     float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
+                     bool relu, GradMode mode) {
+  check_linear_backward("linear_backward", X, weight, Y, dY, dweight, B, in, out, relu);
+  NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
+                    mode);
+  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu, mode);
 }
 
 void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
@@ -506,10 +523,11 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
   });
 }
 
-void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
-                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
-                          int S, int in, int out, bool relu) {
-  const char* op = "group_linear_forward";
+namespace {
+
+// The argument checks of group_linear_forward (either storage).
+void check_group_linear(const char* op, const void* X, int64_t ldx, const void* weight, int64_t ldw,
+                        const float* Yg, const void* Y, int64_t n, int S, int in, int out) {
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "in", in);
@@ -523,6 +541,14 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
   check_ptr(op, "weight", weight, n);
   check_ptr(op, "Yg", Yg, n);
   check_ptr(op, "Y", Y, n);
+}
+
+}  // namespace
+
+void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
+                          int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
+                          int S, int in, int out, bool relu) {
+  check_group_linear("group_linear_forward", X, ldx, weight, ldw, Yg, Y, n, S, in, out);
   NCF_DISPATCH_CUDA(ctx, group_linear_forward, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in, out,
                     relu);
   const int64_t B = n * S;
@@ -546,9 +572,10 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
   });
 }
 
-void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
-  const char* op = "group_sum_backward";
+namespace {
+
+void check_group_sum(const char* op, const void* Y, const void* dY, int64_t n, int S, int out,
+                     const float* dYg, int64_t lddyg, bool relu) {
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "out", out);
@@ -556,21 +583,26 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
   check_ptr(op, "dY", dY, n);
   check_ptr(op, "dYg", dYg, n);
   if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
-  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
+}
+
+// group_sum_backward on the CPU, T float or uint16_t (BF16 bits).
+template <typename T>
+void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, int out, float* dYg,
+                   int64_t lddyg, float* db, bool relu) {
   parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
     std::vector<double> acc_buf(static_cast<size_t>(out));
     double* acc = acc_buf.data();
     for (int64_t p = p0; p < p1; ++p) {
       std::fill(acc, acc + out, 0.0);
       for (int s = 0; s < S; ++s) {
-        float* dy = dY + (p * S + s) * out;
+        T* dy = dY + (p * S + s) * out;
         // Two branch-free loops (the mask, then the sums), which the compiler
         // vectorises; the same values as masking and adding element by element.
         if (relu) {
-          const float* y = Y + (p * S + s) * out;
-          for (int j = 0; j < out; ++j) dy[j] = y[j] > 0.0f ? dy[j] : 0.0f;
+          const T* y = Y + (p * S + s) * out;
+          for (int j = 0; j < out; ++j) dy[j] = positive(y[j]) ? dy[j] : T{0};
         }
-        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(dy[j]);
+        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(ld(dy[j]));
       }
       for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[j]);
     }
@@ -585,6 +617,15 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
       },
       sums.data());
   for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);
+}
+
+}  // namespace
+
+void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
+  check_group_sum("group_sum_backward", Y, dY, n, S, out, dYg, lddyg, relu);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
+  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
 }
 
 // ---- BF16 storage -----------------------------------------------------------------
@@ -624,14 +665,7 @@ void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N,
 
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                          const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
-  const char* op = "linear_forward_bf16";
-  check_rows(op, B);
-  check_width(op, "in", in);
-  check_width(op, "out", out);
-  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
-  check_ptr(op, "X", X, B);
-  check_ptr(op, "weight", weight, B);
-  check_ptr(op, "Y", Y, B);
+  check_linear_forward("linear_forward_bf16", X, weight, Y, B, in, out);
   NCF_DISPATCH_CUDA(ctx, linear_forward_bf16, ctx, X, weight, bias, Y, B, in, out, relu);
   if (B == 0) return;
   cpu_gemm_t<uint16_t, uint16_t>(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X,
@@ -642,20 +676,7 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
                                bool relu) {
-  const char* op = "group_linear_forward_bf16";
-  check_rows(op, n);
-  check_width(op, "S", S);
-  check_width(op, "in", in);
-  check_width(op, "out", out);
-  check_ld(op, "ldx", ldx, in);
-  check_ld(op, "ldw", ldw, in);
-  NCF_CHECK(ldx <= INT_MAX && ldw <= INT_MAX, op, ": stride ldx=", ldx, " or ldw=", ldw,
-            " exceeds the BLAS int range");
-  NCF_CHECK(n * S <= INT_MAX, op, ": B=", n * S, " exceeds the BLAS int range");
-  check_ptr(op, "X", X, n);
-  check_ptr(op, "weight", weight, n);
-  check_ptr(op, "Yg", Yg, n);
-  check_ptr(op, "Y", Y, n);
+  check_group_linear("group_linear_forward_bf16", X, ldx, weight, ldw, Yg, Y, n, S, in, out);
   NCF_DISPATCH_CUDA(ctx, group_linear_forward_bf16, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in,
                     out, relu);
   const int64_t B = n * S;
@@ -682,91 +703,18 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                           const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
                           int64_t B, int in, int out, bool relu) {
-  const char* op = "linear_backward_bf16";
-  check_rows(op, B);
-  check_width(op, "in", in);
-  check_width(op, "out", out);
-  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " exceeds the BLAS int range");
-  check_ptr(op, "X", X, B);
-  check_ptr(op, "weight", weight, B);
-  check_ptr(op, "dY", dY, B);
-  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, B);
-  NCF_CHECK(dweight != nullptr, op, ": dweight is null");
+  check_linear_backward("linear_backward_bf16", X, weight, Y, dY, dweight, B, in, out, relu);
   NCF_DISPATCH_CUDA(ctx, linear_backward_bf16, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out,
                     relu);
-  // linear_backward's pass over fixed blocks: the mask, the block's column sums
-  // (double), the block's rows of dX, each while the block is in cache.
-  const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
-  std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
-  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
-      uint16_t* dz = dY + r0 * out;
-      const int64_t len = (r1 - r0) * out;
-      if (relu) {
-        const uint16_t* y = Y + r0 * out;
-        for (int64_t i = 0; i < len; ++i) dz[i] = bf16_positive(y[i]) ? dz[i] : uint16_t{0};
-      }
-      if (db) {
-        double* acc = &partial[static_cast<size_t>(k) * out];
-        for (int64_t r = 0; r < r1 - r0; ++r)
-          for (int j = 0; j < out; ++j) acc[j] += bf16_bits_to_float(dz[r * out + j]);
-      }
-      if (dX) {
-        cpu_matmul_bf16(matmul_shape(static_cast<int>(r1 - r0), in, out, false, false, out, in, in),
-                        dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
-      }
-    }
-  });
-  // dweight[out×in] = dZ^T[out×B] · X[B×in]
-  cpu_gemm_t<uint16_t, float>(ctx.threads, true, false, out, in, static_cast<int>(B), 1.0f, dY, out,
-                              X, in, 0.0f, dweight, in, nullptr, false);
-  if (db) {
-    for (int j = 0; j < out; ++j) {
-      double sum = 0.0;
-      for (int64_t k = 0; k < blocks; ++k) sum += partial[static_cast<size_t>(k) * out + j];
-      db[j] = static_cast<float>(sum);
-    }
-  }
+  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
+                      GradMode::kOverwrite);
 }
 
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
                              int S, int out, float* dYg, int64_t lddyg, float* db, bool relu) {
-  const char* op = "group_sum_backward_bf16";
-  check_rows(op, n);
-  check_width(op, "S", S);
-  check_width(op, "out", out);
-  check_ld(op, "lddyg", lddyg, out);
-  check_ptr(op, "dY", dY, n);
-  check_ptr(op, "dYg", dYg, n);
-  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
+  check_group_sum("group_sum_backward_bf16", Y, dY, n, S, out, dYg, lddyg, relu);
   NCF_DISPATCH_CUDA(ctx, group_sum_backward_bf16, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
-  parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
-    std::vector<double> acc_buf(static_cast<size_t>(out));
-    double* acc = acc_buf.data();
-    for (int64_t p = p0; p < p1; ++p) {
-      std::fill(acc, acc + out, 0.0);
-      for (int s = 0; s < S; ++s) {
-        uint16_t* dy = dY + (p * S + s) * out;
-        if (relu) {
-          const uint16_t* y = Y + (p * S + s) * out;
-          for (int j = 0; j < out; ++j) dy[j] = bf16_positive(y[j]) ? dy[j] : uint16_t{0};
-        }
-        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(bf16_bits_to_float(dy[j]));
-      }
-      for (int j = 0; j < out; ++j) dYg[p * lddyg + j] = static_cast<float>(acc[j]);
-    }
-  });
-  if (!db) return;
-  std::vector<double> sums(static_cast<size_t>(out));
-  block_sums(
-      ctx.threads, n, out,
-      [&](int64_t p0, int64_t p1, double* acc) {
-        for (int64_t p = p0; p < p1; ++p)
-          for (int j = 0; j < out; ++j) acc[j] += dYg[p * lddyg + j];
-      },
-      sums.data());
-  for (int j = 0; j < out; ++j) db[j] = static_cast<float>(sums[size_t(j)]);
+  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
 }
 
 void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,
@@ -915,10 +863,6 @@ void check_top(const char* op, const float* urows, int64_t ldu, const float* iro
 }  // namespace
 
 namespace {
-
-// An element of A or dA as a float (BF16 bits widen exactly).
-inline float ld(float x) { return x; }
-inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
 
 template <typename TA>
 void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
