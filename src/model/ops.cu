@@ -26,46 +26,77 @@ __global__ void fill_kernel(float* x, int64_t n, float value) {
   for (int64_t i = thread_first(); i < n; i += thread_stride()) x[i] = value;
 }
 
-// dst[r·ld + c] = BF16(src[r·ld + c]) for r < rows, c < cols (same stride; the
-// padding between rows is neither read nor written). The rounding is bf16.h's,
-// so it matches the CPU twin bit for bit.
-__global__ void to_bf16_kernel(const float* src, int64_t ld, int64_t rows, int cols,
-                               __nv_bfloat16* dst) {
+// dst[r·ldd + c] = BF16 bits of src[r·lds + c] for r < rows, c < cols (the padding
+// between rows is neither read nor written). The rounding is bf16.h's, so it
+// matches the CPU twin bit for bit.
+__global__ void to_bf16_kernel(const float* src, int64_t lds, int64_t rows, int cols, uint16_t* dst,
+                               int64_t ldd) {
   const int64_t total = rows * cols;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
-    const int64_t k = (i / cols) * ld + i % cols;
-    __nv_bfloat16_raw raw;
-    raw.x = float_to_bf16_bits(src[k]);
-    dst[k] = __nv_bfloat16(raw);
+    const int64_t r = i / cols, c = i % cols;
+    dst[r * ldd + c] = float_to_bf16_bits(src[r * lds + c]);
   }
 }
 
-// to_bf16_kernel streaming (StepKernels::kStreaming): four elements per thread,
-// one float4 load and one 8-byte store, rows of 4·qpr columns at a stride of ld4
-// float4s (dst: the same stride in groups of four BF16s). A contiguous array
-// (kFlat) is one range; otherwise quad q's row is q / qpr, in 32 bits when the
-// quads fit (k32). The rounding is bf16.h's: the same bits as to_bf16_kernel.
+// The row of item q of rows of per_row items: in 32 bits when the items fit (k32).
+template <bool k32>
+__device__ __forceinline__ int64_t row_of(int64_t q, int per_row) {
+  if (k32) return static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
+  return q / per_row;
+}
+
+// Two floats as BF16 bits in one word, a in the low half (the first in memory).
+__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
+  return uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
+}
+
+// to_bf16_kernel four elements per thread: one float4 load and one 8-byte store,
+// rows of 4·qpr columns at strides of lds4 float4s (src) and ldd4 groups of four
+// BF16s (dst). A contiguous pair (kFlat) is one range; otherwise quad q's row is
+// q / qpr, in 32 bits when the quads fit (k32). The same bits as to_bf16_kernel.
 template <bool kFlat, bool k32>
 __global__ void __launch_bounds__(kThreads)
-    to_bf16_quads_kernel(const float4* __restrict__ src, int64_t ld4, int64_t rows, int qpr,
-                         uint2* __restrict__ dst) {
+    to_bf16_quads_kernel(const float4* __restrict__ src, int64_t lds4, int64_t rows, int qpr,
+                         uint2* __restrict__ dst, int64_t ldd4) {
   const int64_t total = rows * qpr;
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
-    int64_t k = q;
+    int64_t ks = q, kd = q;
     if (!kFlat) {
-      if (k32) {
-        const uint32_t r = static_cast<uint32_t>(q) / static_cast<uint32_t>(qpr);
-        k = static_cast<int64_t>(r) * ld4 + (static_cast<uint32_t>(q) - r * uint32_t(qpr));
-      } else {
-        const int64_t r = q / qpr;
-        k = r * ld4 + (q - r * qpr);
-      }
+      const int64_t r = row_of<k32>(q, qpr), c = q - r * qpr;
+      ks = r * lds4 + c;
+      kd = r * ldd4 + c;
     }
-    const float4 v = src[k];
-    uint2 o;
-    o.x = uint32_t(float_to_bf16_bits(v.x)) | (uint32_t(float_to_bf16_bits(v.y)) << 16);
-    o.y = uint32_t(float_to_bf16_bits(v.z)) | (uint32_t(float_to_bf16_bits(v.w)) << 16);
-    dst[k] = o;
+    const float4 v = src[ks];
+    dst[kd] = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+  }
+}
+
+// dst (rows × cols, stride ldd) = BF16 bits of src (stride lds), four elements per
+// thread where the widths, strides and alignment allow and `quads` (legacy
+// kernels: never), else one.
+void launch_to_bf16(cudaStream_t stream, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                    uint16_t* dst, int64_t ldd, bool quads) {
+  quads = quads && cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && aligned16(src) &&
+          (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+  if (!quads) {
+    to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(
+        src, lds, rows, static_cast<int>(cols), dst, ldd);
+    return;
+  }
+  const int qpr = static_cast<int>(cols / 4);
+  const int64_t total = rows * qpr;
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+  uint2* d4 = reinterpret_cast<uint2*>(dst);
+  const unsigned grid = grid_for(total);
+  if (lds == cols && ldd == cols) {
+    to_bf16_quads_kernel<true, true>
+        <<<grid, kThreads, 0, stream>>>(s4, lds / 4, rows, qpr, d4, ldd / 4);
+  } else if (total <= int64_t{UINT32_MAX}) {
+    to_bf16_quads_kernel<false, true>
+        <<<grid, kThreads, 0, stream>>>(s4, lds / 4, rows, qpr, d4, ldd / 4);
+  } else {
+    to_bf16_quads_kernel<false, false>
+        <<<grid, kThreads, 0, stream>>>(s4, lds / 4, rows, qpr, d4, ldd / 4);
   }
 }
 
@@ -258,25 +289,8 @@ size_t bf16_copy_elems(int64_t rows, int64_t cols, int64_t ld) {
 GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t rows, int64_t cols,
                   __nv_bfloat16* dst, const char* op) {
   if (rows <= 0 || cols <= 0) return {dst, CUDA_R_16BF};
-  const bool quads = step_kernels() == StepKernels::kStreaming && cols % 4 == 0 && ld % 4 == 0 &&
-                     aligned16(src) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
-  if (quads) {
-    const int qpr = static_cast<int>(cols / 4);
-    const int64_t total = rows * qpr;
-    const float4* s4 = reinterpret_cast<const float4*>(src);
-    uint2* d4 = reinterpret_cast<uint2*>(dst);
-    const unsigned grid = grid_for(total);
-    if (ld == cols) {
-      to_bf16_quads_kernel<true, true><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
-    } else if (total <= int64_t{UINT32_MAX}) {
-      to_bf16_quads_kernel<false, true><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
-    } else {
-      to_bf16_quads_kernel<false, false><<<grid, kThreads, 0, stream>>>(s4, ld / 4, rows, qpr, d4);
-    }
-  } else {
-    to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(src, ld, rows,
-                                                                   static_cast<int>(cols), dst);
-  }
+  launch_to_bf16(stream, src, ld, rows, cols, reinterpret_cast<uint16_t*>(dst), ld,
+                 step_kernels() == StepKernels::kStreaming);
   check_launch(op);
   return {dst, CUDA_R_16BF};
 }
@@ -919,41 +933,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- BF16 storage kernels -------------------------------------------------------------
 
-// Y[b·ldy + k] = BF16 bits of X[b·ldx + k], k < w, b < B.
-__global__ void rows_to_bf16_kernel(const float* __restrict__ X, int64_t ldx, int w,
-                                    uint16_t* __restrict__ Y, int64_t ldy, int64_t B) {
-  for (int64_t i = thread_first(); i < B * w; i += thread_stride()) {
-    const int64_t b = i / w, k = i - b * w;
-    Y[b * ldy + k] = float_to_bf16_bits(X[b * ldx + k]);
-  }
-}
-
-// rows_to_bf16_kernel four columns at a time (w, ldx, ldy multiples of 4, X 16-byte
-// and Y 8-byte aligned): one float4 load, one 8-byte store; the row from one
-// division per thread, in 32 bits when the quads fit (k32). The same bits.
-template <bool k32>
-__global__ void __launch_bounds__(kThreads)
-    rows_to_bf16_quads_kernel(const float* __restrict__ X, int64_t ldx, int w,
-                              uint16_t* __restrict__ Y, int64_t ldy, int64_t B) {
-  const int per_row = w / 4;
-  const int64_t total = B * per_row;
-  for (int64_t q = thread_first(); q < total; q += thread_stride()) {
-    int64_t b;
-    if (k32) {
-      b = static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
-    } else {
-      b = q / per_row;
-    }
-    const int k = static_cast<int>(q - b * per_row) * 4;
-    const float4 x = *reinterpret_cast<const float4*>(X + b * ldx + k);
-    const uint32_t lo =
-        uint32_t(float_to_bf16_bits(x.x)) | (uint32_t(float_to_bf16_bits(x.y)) << 16);
-    const uint32_t hi =
-        uint32_t(float_to_bf16_bits(x.z)) | (uint32_t(float_to_bf16_bits(x.w)) << 16);
-    *reinterpret_cast<uint2*>(Y + b * ldy + k) = make_uint2(lo, hi);
-  }
-}
-
 // Y[i] = BF16(act((Z[i] + bias[j]) + Yg[b / S, j])) over B × out, i = b·out + j:
 // a product's epilogue and rounding, in the CPU twin's order (bias and Yg may be
 // null: nothing added).
@@ -984,12 +963,7 @@ __global__ void __launch_bounds__(kThreads)
   const int per_row = out / 8;
   const int64_t total = B * per_row;
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
-    int64_t b;
-    if (k32) {
-      b = static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
-    } else {
-      b = q / per_row;
-    }
+    const int64_t b = row_of<k32>(q, per_row);
     const int j = static_cast<int>(q - b * per_row) * 8;
     const float4* z4 = reinterpret_cast<const float4*>(Z + b * out + j);
     const float4 z0 = z4[0], z1 = z4[1];
@@ -1005,14 +979,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], g[l]);
     }
-    uint32_t w[4];
+    if (relu) {
 #pragma unroll
-    for (int l = 0; l < 4; ++l) {
-      const float a = relu ? (v[2 * l] > 0.0f ? v[2 * l] : 0.0f) : v[2 * l];
-      const float c = relu ? (v[2 * l + 1] > 0.0f ? v[2 * l + 1] : 0.0f) : v[2 * l + 1];
-      w[l] = uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(c)) << 16);
+      for (int l = 0; l < 8; ++l) v[l] = v[l] > 0.0f ? v[l] : 0.0f;
     }
-    *reinterpret_cast<uint4*>(Y + b * out + j) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(Y + b * out + j) = make_uint4(
+        bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
   }
 }
 
@@ -1464,18 +1436,7 @@ void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t
 void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
                   int64_t ldy, int64_t B) {
   if (B == 0) return;
-  cudaStream_t stream = stream_of(ctx);
-  const bool quads = w % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(X) &&
-                     (reinterpret_cast<uintptr_t>(Y) & 7u) == 0;
-  const int64_t total = B * (w / 4);
-  if (!quads) {
-    rows_to_bf16_kernel<<<grid_for(B * w), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
-  } else if (total <= int64_t{UINT32_MAX}) {
-    rows_to_bf16_quads_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
-  } else {
-    rows_to_bf16_quads_kernel<false>
-        <<<grid_for(total), kThreads, 0, stream>>>(X, ldx, w, Y, ldy, B);
-  }
+  launch_to_bf16(stream_of(ctx), X, ldx, B, w, Y, ldy, true);
   check_launch("to_bf16_rows");
 }
 
