@@ -22,6 +22,7 @@
 #include "model/cpu_matmul.h"
 #include "model/neumf.h"
 #include "model/ops.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
@@ -48,16 +49,8 @@ Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   return v;
 }
 
-Bits to_bits(const Vec& v) {
-  Bits b(v.size());
-  for (size_t k = 0; k < v.size(); ++k) b[k] = float_to_bf16_bits(v[k]);
-  return b;
-}
-Vec widen(const Bits& b) {
-  Vec v(b.size());
-  for (size_t k = 0; k < b.size(); ++k) v[k] = bf16_bits_to_float(b[k]);
-  return v;
-}
+using test::bf16_bits_of;
+using test::widen_bf16;
 
 // Sets the math mode and the emulated BF16 path for a scope.
 struct Modes {
@@ -103,11 +96,11 @@ TEST(Bf16Storage, GemmIsTheFp32GemmOfTheSameValuesOnTheEmulatedPath) {
       for (bool tb : {false, true}) {
         const int M = sh[0], N = sh[1], K = sh[2];
         const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
-        const Bits A = to_bits(random_vec(size_t(ta ? K : M) * lda, 1));
-        const Bits B = to_bits(random_vec(size_t(tb ? N : K) * ldb, 2));
+        const Bits A = bf16_bits_of(random_vec(size_t(ta ? K : M) * lda, 1));
+        const Bits B = bf16_bits_of(random_vec(size_t(tb ? N : K) * ldb, 2));
         Vec C(size_t(M) * ldc, 7.0f), want(size_t(M) * ldc, 7.0f);
         gemm_bf16(ctx, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, C.data(), ldc);
-        const Vec Aw = widen(A), Bw = widen(B);
+        const Vec Aw = widen_bf16(A), Bw = widen_bf16(B);
         gemm(ctx, ta, tb, M, N, K, 1.0f, Aw.data(), lda, Bw.data(), ldb, 0.0f, want.data(), ldc);
         expect_same(C, want,
                     "gemm_bf16 M " + std::to_string(M) + " N " + std::to_string(N) + " K " +
@@ -120,17 +113,17 @@ TEST(Bf16Storage, LayersAreTheFp32LayersOfTheSameValuesRoundedOnTheEmulatedPath)
   ExecContext ctx = cpu(2);
   // B past two kGemmRows blocks (and not a multiple), and past one kReduceBlock.
   const int B = 2600, in = 48, out = 40;
-  const Bits X = to_bits(random_vec(size_t(B) * in, 3));
-  const Bits W = to_bits(random_vec(size_t(out) * in, 4, -0.3f, 0.3f));
+  const Bits X = bf16_bits_of(random_vec(size_t(B) * in, 3));
+  const Bits W = bf16_bits_of(random_vec(size_t(out) * in, 4, -0.3f, 0.3f));
   const Vec bias = random_vec(size_t(out), 5, -0.2f, 0.2f);
-  const Vec Xw = widen(X), Ww = widen(W);
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
   for (bool relu : {true, false}) {
     const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
     Bits Y(size_t(B) * out);
     Vec Yf(size_t(B) * out);
     linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, relu);
     linear_forward(ctx, Xw.data(), Ww.data(), bias.data(), Yf.data(), B, in, out, relu);
-    expect_same(Y, to_bits(Yf), "linear_forward_bf16" + tag);
+    expect_same(Y, bf16_bits_of(Yf), "linear_forward_bf16" + tag);
 
     // Backward, from the stored Y (with every kind of special value in its first
     // row: the mask must treat them as the FP32 comparison does) and a BF16
@@ -138,23 +131,24 @@ TEST(Bf16Storage, LayersAreTheFp32LayersOfTheSameValuesRoundedOnTheEmulatedPath)
     const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7F7F, 0x7F80,
                                  0xFF80, 0x7FC0, 0x7F81, 0xFFC0, 0x3F80, 0xBF80};
     for (size_t k = 0; k < sizeof(specials) / sizeof(specials[0]); ++k) Y[k] = specials[k];
-    const Bits dY0 = to_bits(random_vec(size_t(B) * out, 6));
+    const Bits dY0 = bf16_bits_of(random_vec(size_t(B) * out, 6));
     Bits dY = dY0, dX(size_t(B) * in);
     Vec dW(size_t(out) * in), db(static_cast<size_t>(out));
     linear_backward_bf16(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
                          db.data(), B, in, out, relu);
-    Vec dYf = widen(dY0), dXf(size_t(B) * in), dWf(size_t(out) * in), dbf(static_cast<size_t>(out));
-    const Vec Yw = widen(Y);
+    Vec dYf = widen_bf16(dY0), dXf(size_t(B) * in), dWf(size_t(out) * in),
+        dbf(static_cast<size_t>(out));
+    const Vec Yw = widen_bf16(Y);
     linear_backward(ctx, Xw.data(), Ww.data(), Yw.data(), dYf.data(), dXf.data(), dWf.data(),
                     dbf.data(), B, in, out, relu, GradMode::kOverwrite);
-    expect_same(widen(dY), dYf, "linear_backward_bf16 masked dY" + tag);
-    expect_same(dX, to_bits(dXf), "linear_backward_bf16 dX" + tag);
+    expect_same(widen_bf16(dY), dYf, "linear_backward_bf16 masked dY" + tag);
+    expect_same(dX, bf16_bits_of(dXf), "linear_backward_bf16 dX" + tag);
     expect_same(dW, dWf, "linear_backward_bf16 dweight" + tag);
     expect_same(db, dbf, "linear_backward_bf16 db" + tag);
   }
   if (HasFailure()) return;
   // The mask really masks: some of dY's elements were zeroed under ReLU.
-  Bits Y(size_t(B) * out), dY = to_bits(random_vec(size_t(B) * out, 6));
+  Bits Y(size_t(B) * out), dY = bf16_bits_of(random_vec(size_t(B) * out, 6));
   linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, true);
   Bits dX(size_t(B) * in);
   Vec dW(size_t(out) * in);
@@ -173,20 +167,20 @@ TEST(Bf16Storage, GroupOpsAreTheFp32OpsOfTheSameValuesRoundedOnTheEmulatedPath) 
   Modes modes(MathMode::kFp32, true);
   ExecContext ctx = cpu(2);
   const int n = 530, S = 5, in = 24, out = 36, ldx = 30, ldw = 50, B = n * S;
-  const Bits X = to_bits(random_vec(size_t(B) * ldx, 8));
-  const Bits W = to_bits(random_vec(size_t(out) * ldw, 9, -0.4f, 0.4f));
+  const Bits X = bf16_bits_of(random_vec(size_t(B) * ldx, 8));
+  const Bits W = bf16_bits_of(random_vec(size_t(out) * ldw, 9, -0.4f, 0.4f));
   const Vec Yg = random_vec(size_t(n) * out, 10, -0.5f, 0.5f);
   const Vec bias = random_vec(size_t(out), 11, -0.2f, 0.2f);
   Bits Y(size_t(B) * out);
   Vec Yf(size_t(B) * out);
   group_linear_forward_bf16(ctx, X.data(), ldx, W.data(), ldw, Yg.data(), bias.data(), Y.data(), n,
                             S, in, out, true);
-  const Vec Xw = widen(X), Ww = widen(W);
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
   group_linear_forward(ctx, Xw.data(), ldx, Ww.data(), ldw, Yg.data(), bias.data(), Yf.data(), n, S,
                        in, out, true);
-  expect_same(Y, to_bits(Yf), "group_linear_forward_bf16");
+  expect_same(Y, bf16_bits_of(Yf), "group_linear_forward_bf16");
 
-  const Bits dY0 = to_bits(random_vec(size_t(B) * out, 12));
+  const Bits dY0 = bf16_bits_of(random_vec(size_t(B) * out, 12));
   for (bool relu : {true, false}) {
     Bits dY = dY0;
     const int lddyg = out + 3;
@@ -194,11 +188,11 @@ TEST(Bf16Storage, GroupOpsAreTheFp32OpsOfTheSameValuesRoundedOnTheEmulatedPath) 
         dbf(static_cast<size_t>(out));
     group_sum_backward_bf16(ctx, Y.data(), dY.data(), n, S, out, dYg.data(), lddyg, db.data(),
                             relu);
-    Vec dYf = widen(dY0);
-    const Vec Yw = widen(Y);
+    Vec dYf = widen_bf16(dY0);
+    const Vec Yw = widen_bf16(Y);
     group_sum_backward(ctx, Yw.data(), dYf.data(), n, S, out, dYgf.data(), lddyg, dbf.data(), relu);
     const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
-    expect_same(widen(dY), dYf, "group_sum_backward_bf16 dY" + tag);
+    expect_same(widen_bf16(dY), dYf, "group_sum_backward_bf16 dY" + tag);
     expect_same(dYg, dYgf, "group_sum_backward_bf16 dYg" + tag);
     expect_same(db, dbf, "group_sum_backward_bf16 db" + tag);
   }
@@ -209,8 +203,8 @@ TEST(Bf16Storage, TopIsTheFp32TopOfTheSameValuesWithDaRounded) {
   ExecContext ctx = cpu(2);
   const int n = 300, S = 5, mf = 16, last = 24, D = 40, B = n * S;
   const Vec U = random_vec(size_t(n) * D, 13), I = random_vec(size_t(B) * D, 14);
-  const Bits A = to_bits(random_vec(size_t(B) * last, 15, -0.5f, 1.0f));
-  const Vec Aw = widen(A);
+  const Bits A = bf16_bits_of(random_vec(size_t(B) * last, 15, -0.5f, 1.0f));
+  const Vec Aw = widen_bf16(A);
   const Vec w = random_vec(size_t(mf + last), 16), c = {0.25f};
   Vec labels = random_vec(size_t(B), 17, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
@@ -234,14 +228,14 @@ TEST(Bf16Storage, TopIsTheFp32TopOfTheSameValuesWithDaRounded) {
   neumf_top_backward(ctx, U.data(), D, I.data(), D, Aw.data(), w.data(), nullptr, logitsf.data(),
                      labels.data(), global_batch, &lossf, dAf.data(), dUf.data(), D, dIf.data(), D,
                      dwf.data(), dcf.data(), dbf.data(), n, S, mf, last, true);
-  expect_same(dA, to_bits(dAf), "neumf_top_backward_bf16 dA");
+  expect_same(dA, bf16_bits_of(dAf), "neumf_top_backward_bf16 dA");
   expect_same(dU, dUf, "neumf_top_backward_bf16 d_user_rows");
   expect_same(dI, dIf, "neumf_top_backward_bf16 d_item_rows");
   expect_same(dw, dwf, "neumf_top_backward_bf16 dw");
   expect_same(dc, dcf, "neumf_top_backward_bf16 dc");
   EXPECT_EQ(std::memcmp(&loss, &lossf, sizeof(double)), 0) << loss << " vs " << lossf;
   // db sums the stored (rounded) dA: against a double loop over it.
-  const Vec dAw = widen(dA);
+  const Vec dAw = widen_bf16(dA);
   for (int k = 0; k < last; ++k) {
     double want = 0, scale = 0;
     for (int b = 0; b < B; ++b) {
@@ -264,10 +258,10 @@ TEST(Bf16Storage, NativeProductsStayWithinTheirRoundingOfADoubleLoop) {
   Modes modes(MathMode::kBf16, false);
   ExecContext ctx = cpu(2);
   const int B = 2100, in = 64, out = 48;
-  const Bits X = to_bits(random_vec(size_t(B) * in, 18));
-  const Bits W = to_bits(random_vec(size_t(out) * in, 19, -0.3f, 0.3f));
+  const Bits X = bf16_bits_of(random_vec(size_t(B) * in, 18));
+  const Bits W = bf16_bits_of(random_vec(size_t(out) * in, 19, -0.3f, 0.3f));
   const Vec bias = random_vec(size_t(out), 20, -0.2f, 0.2f);
-  const Vec Xw = widen(X), Ww = widen(W);
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
   Bits Y(size_t(B) * out);
   linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, false);
   Vec C(size_t(B) * out);
@@ -313,15 +307,7 @@ StepOut neumf_step(NeuMF& model, const ExecContext& ctx, const Vec& U, const Vec
   return o;
 }
 
-// ‖got − want‖ / ‖want‖ over a range.
-double rel_rms(const float* got, const float* want, size_t count) {
-  double num = 0, den = 0;
-  for (size_t k = 0; k < count; ++k) {
-    num += (double(got[k]) - want[k]) * (double(got[k]) - want[k]);
-    den += double(want[k]) * want[k];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using test::relative_rms;
 
 // NeuMF on BF16 storage against its legacy kernels (FP32 activations and
 // gradients, rounded to BF16 per GEMM) and against the FP32 model, from the same
@@ -362,7 +348,8 @@ TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadC
     const float* s = (bf.*field).data() + offset;
     const float* l = (legacy.*field).data() + offset;
     const float* f = (fp.*field).data() + offset;
-    const double sl = rel_rms(s, l, count), sf = rel_rms(s, f, count), lf = rel_rms(l, f, count);
+    const double sl = relative_rms(s, l, count), sf = relative_rms(s, f, count),
+                 lf = relative_rms(l, f, count);
     EXPECT_LE(sl, bound) << what << ": storage vs legacy, relative RMS " << sl << " past " << bound;
     EXPECT_LE(sf, lf + bound) << what << ": storage vs FP32 " << sf << ", legacy vs FP32 " << lf;
     EXPECT_GT(sf, 0.0) << what << ": the BF16 run gave the FP32 values";

@@ -101,12 +101,7 @@ class Distributed : public ::testing::Test {
       EXPECT_NEAR(double(a.epochs[e]["ndcg"]), double(b.epochs[e]["ndcg"]), 3.01 / 257) << what;
     }
     ASSERT_EQ(a.params.size(), b.params.size()) << what;
-    double d2 = 0, p2 = 0;
-    for (size_t k = 0; k < a.params.size(); ++k) {
-      d2 += (double(a.params[k]) - b.params[k]) * (double(a.params[k]) - b.params[k]);
-      p2 += double(a.params[k]) * a.params[k];
-    }
-    const double rel = std::sqrt(d2 / p2);
+    const double rel = test::relative_rms(b.params.data(), a.params.data(), a.params.size());
     std::printf("%s: loss %.7g vs %.7g, parameters' RMS difference %.3g of their RMS\n",
                 what.c_str(), double(a.epochs.back()["loss"]), double(b.epochs.back()["loss"]),
                 rel);
@@ -157,15 +152,9 @@ TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
   setenv("NCF_STEP_KERNELS", "legacy", 1);
   const Run other = train(1, f);
   unsetenv("NCF_STEP_KERNELS");
-  auto rms = [](const Run& a, const Run& b) {
-    double d2 = 0, p2 = 0;
-    for (size_t k = 0; k < a.params.size() && k < b.params.size(); ++k) {
-      d2 += (double(a.params[k]) - b.params[k]) * (double(a.params[k]) - b.params[k]);
-      p2 += double(a.params[k]) * a.params[k];
-    }
-    return std::sqrt(d2 / p2);
-  };
-  const double noise = rms(one, other);
+  ASSERT_EQ(one.params.size(), other.params.size());
+  const double noise =
+      test::relative_rms(other.params.data(), one.params.data(), one.params.size());
   ASSERT_GT(noise, 0.0) << "the legacy kernels gave BF16 storage's parameters bit for bit";
   for (int W : {2, 3}) {
     const Run many = train(W, f);
@@ -176,7 +165,7 @@ TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
       const double la = one.epochs[e]["loss"], lb = many.epochs[e]["loss"];
       EXPECT_NEAR(la, lb, kBf16LossRel * std::fabs(la)) << what << " epoch " << e;
     }
-    const double d = rms(one, many);
+    const double d = test::relative_rms(many.params.data(), one.params.data(), one.params.size());
     std::printf("%s: parameters' RMS difference %.3g of their RMS; W=1 legacy kernels %.3g\n",
                 what.c_str(), d, noise);
     EXPECT_LE(d, noise) << what;

@@ -931,16 +931,8 @@ TEST_F(Parity, StreamingBf16CopiesAreTheLegacyOnesBitForBit) {
 
 using Bits = std::vector<uint16_t>;
 
-Bits bf16_bits_of(const Vec& v) {
-  Bits b(v.size());
-  for (size_t k = 0; k < v.size(); ++k) b[k] = float_to_bf16_bits(v[k]);
-  return b;
-}
-Vec widen_bits(const Bits& b) {
-  Vec v(b.size());
-  for (size_t k = 0; k < b.size(); ++k) v[k] = bf16_bits_to_float(b[k]);
-  return v;
-}
+using test::bf16_bits_of;
+using test::widen_bf16;
 
 // BF16 outputs: |gpu − cpu| ≤ kBf16TermsRtol·terms + 2^-7·|cpu|.
 void expect_bf16_close(const Bits& gpu, const Bits& cpu, const std::vector<double>& terms,
@@ -999,7 +991,7 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
       gemm_bf16(cpu_, ta, tb, M, N, K, A.data(), lda, Bm.data(), ldb, C.data(), ldc);
       gemm_bf16(gpu_, ta, tb, M, N, K, gA.data(), lda, gB.data(), ldb, gC.data(), ldc);
       auto terms =
-          product_terms(widen_bits(A), lda, ta, widen_bits(Bm), ldb, tb, M, N, K, ldc, nullptr);
+          product_terms(widen_bf16(A), lda, ta, widen_bf16(Bm), ldb, tb, M, N, K, ldc, nullptr);
       for (int i = 0; i < M; ++i)  // the padding: 3.0 on both
         for (int j = N; j < ldc; ++j) terms[size_t(i) * ldc + j] = 0.0;
       expect_close_to_terms(down(gC), C, terms, "gemm_bf16 " + shape({{"ta", ta}, {"tb", tb}}));
@@ -1010,7 +1002,7 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
   const Bits X = bf16_bits_of(random_vec(size_t(B) * in, gen_));
   const Bits W = bf16_bits_of(random_vec(size_t(out) * in, gen_, -0.3f, 0.3f));
   const Vec bias = random_vec(size_t(out), gen_, -0.2f, 0.2f);
-  const Vec Xw = widen_bits(X), Ww = widen_bits(W);
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
   Buffer<uint16_t> gX = up(X), gW = up(W);
   Buffer<float> gbias = up(bias);
   for (bool relu : {true, false}) {
@@ -1034,7 +1026,7 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
                          gdb.data(), B, in, out, relu);
     expect_same(down(gdY), dY, "linear_backward_bf16 masked dY" + tag);
     expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, "linear_backward_bf16 db" + tag);
-    const Vec dZw = widen_bits(dY);
+    const Vec dZw = widen_bf16(dY);
     expect_bf16_close(down(gdX), dX,
                       product_terms(dZw, out, false, Ww, in, false, int(B), in, out, in),
                       "linear_backward_bf16 dX" + tag);
@@ -1056,7 +1048,7 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
   group_linear_forward_bf16(gpu_, gGX.data(), ldx, gGW.data(), ldw, gYg.data(), gbias.data(),
                             gGY.data(), n, S, gin, out, true);
   {
-    auto terms = product_terms(widen_bits(GX), ldx, false, widen_bits(GW), ldw, true, int(n * S),
+    auto terms = product_terms(widen_bf16(GX), ldx, false, widen_bf16(GW), ldw, true, int(n * S),
                                out, gin, out, &bias);
     for (int64_t b = 0; b < n * S; ++b)
       for (int j = 0; j < out; ++j)
@@ -1089,7 +1081,7 @@ TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
   Vec A = random_vec(size_t(B) * last, gen_, -0.5f, 1.0f);
   for (float& a : A) a = std::max(a, 0.0f);
   const Bits A16 = bf16_bits_of(A);
-  const Vec Aw = widen_bits(A16);
+  const Vec Aw = widen_bf16(A16);
   Vec wc = random_vec(size_t(F) + 1, gen_), labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
   const int64_t global_batch = B + 3;
@@ -1223,19 +1215,11 @@ TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   const Out legacy = run(dev_model, gpu_, true);
   set_step_kernels(StepKernels::kStreaming);
   const double bound = (double(cpu_model.tower().size()) + 2.0) / 256.0;
-  auto rel_rms = [](const float* a, const float* b, size_t count) {
-    double num = 0, den = 0;
-    for (size_t k = 0; k < count; ++k) {
-      num += (double(a[k]) - b[k]) * (double(a[k]) - b[k]);
-      den += double(b[k]) * b[k];
-    }
-    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  };
   auto check = [&](const Vec& dev, const Vec& cpu, const Vec& leg, size_t off, size_t count,
                    const std::string& what) {
-    const double e = rel_rms(dev.data() + off, cpu.data() + off, count);
+    const double e = test::relative_rms(dev.data() + off, cpu.data() + off, count);
     EXPECT_LE(e, bound) << what << ": device vs CPU, relative RMS " << e;
-    EXPECT_GT(rel_rms(leg.data() + off, dev.data() + off, count), 0.0)
+    EXPECT_GT(test::relative_rms(leg.data() + off, dev.data() + off, count), 0.0)
         << what << ": the legacy kernels gave BF16 storage's values";
   };
   check(g.logits, c.logits, legacy.logits, 0, size_t(B), "logits");

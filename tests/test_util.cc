@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+
+#include "common/bf16.h"
 
 namespace ncf::test {
 
@@ -170,6 +173,28 @@ std::string mpirun(int np, const std::string& bind) {
 bool gpu_required() {
   const char* v = std::getenv("NCF_REQUIRE_GPU");
   return v != nullptr && std::string(v) == "1";
+}
+
+double relative_rms(const float* got, const float* want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const double d = double(got[k]) - want[k];
+    num += d * d;
+    den += double(want[k]) * want[k];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+std::vector<uint16_t> bf16_bits_of(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t k = 0; k < v.size(); ++k) b[k] = float_to_bf16_bits(v[k]);
+  return b;
+}
+
+std::vector<float> widen_bf16(const std::vector<uint16_t>& bits) {
+  std::vector<float> v(bits.size());
+  for (size_t k = 0; k < bits.size(); ++k) v[k] = bf16_bits_to_float(bits[k]);
+  return v;
 }
 
 }  // namespace ncf::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -79,6 +80,14 @@ struct ScopedPoller {
 // instead of skipping (the GPU kit sets it, so a broken GPU path cannot pass as
 // skipped).
 bool gpu_required();
+
+// ‖got − want‖ / ‖want‖ over n floats, in double (‖got − want‖ when want is all
+// zeros): how far a run or a tensor is from another as a whole.
+double relative_rms(const float* got, const float* want, size_t n);
+
+// BF16 bits of each float (common/bf16.h's rounding), and those bits widened back.
+std::vector<uint16_t> bf16_bits_of(const std::vector<float>& v);
+std::vector<float> widen_bf16(const std::vector<uint16_t>& bits);
 
 }  // namespace ncf::test
 
