@@ -334,9 +334,11 @@ T field(const nlohmann::json& j, const std::string& key, const std::string& path
   }
 }
 
-// A member object of a JSON object; errors name the file and the field.
-const nlohmann::json& sub(const nlohmann::json& j, const std::string& key, const std::string& path,
-                          const std::string& where = "") {
+// A member object of a JSON object (a copy: a manifest's objects are small, and a reference
+// returned through arguments that are temporaries is what GCC 13's -Wdangling-reference
+// flags); errors name the file and the field.
+nlohmann::json sub(const nlohmann::json& j, const std::string& key, const std::string& path,
+                   const std::string& where = "") {
   const std::string name = where.empty() ? key : where + "." + key;
   if (!j.is_object() || !j.contains(key) || !j.at(key).is_object())
     NCF_FAIL(path, ": field \"", name, "\" is missing or not an object: the delta is damaged");
@@ -366,7 +368,7 @@ nlohmann::json load_delta_manifest(const std::string& delta) {
   if (field<int>(j, "version", path) != kDeltaVersion)
     NCF_FAIL(path, ": delta version ", j.at("version").dump(), ", this ncf_export applies version ",
              kDeltaVersion);
-  const nlohmann::json& files = sub(j, "files", path);
+  const nlohmann::json files = sub(j, "files", path);
   for (const auto& [name, want] : files.items()) {
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
         name == kManifest)
@@ -543,8 +545,8 @@ ApplySummary apply_npy_delta(const std::string& delta, const std::string& base,
                              const std::string& output) {
   const nlohmann::json j = load_delta_manifest(delta);
   const std::string mpath = delta + "/" + kManifest;
-  const nlohmann::json& want = sub(j, "base", mpath);
-  const nlohmann::json& target = sub(j, "target", mpath);
+  const nlohmann::json want = sub(j, "base", mpath);
+  const nlohmann::json target = sub(j, "target", mpath);
   const int D = field<int>(target, "embedding_width", mpath, "target");
 
   // The base: its manifest names the checkpoint export it is, and its two
@@ -567,7 +569,8 @@ ApplySummary apply_npy_delta(const std::string& delta, const std::string& base,
                have.value("checkpoint", std::string("?")), "); the delta needs ",
                identity_text(want), " (checkpoint ", want.value("checkpoint", std::string("?")),
                ")");
-  for (const auto& [file, w] : sub(want, "files", mpath, "base").items()) {
+  const nlohmann::json want_files = sub(want, "files", mpath, "base");
+  for (const auto& [file, w] : want_files.items()) {
     const FileSum ws{field<int64_t>(w, "bytes", mpath, "base.files." + file),
                      field<uint32_t>(w, "crc32c", mpath, "base.files." + file)};
     const std::string path = base + "/" + file;
@@ -596,7 +599,7 @@ ApplySummary apply_npy_delta(const std::string& delta, const std::string& base,
     const TableDeltaCounts c = counts_from_json(sub(sub(j, "tables", mpath), name, mpath, "tables"),
                                                 mpath, "tables." + name);
     (t == TrainedModel::kUsers ? s.users : s.items) = c;
-    const nlohmann::json& tw =
+    const nlohmann::json tw =
         sub(sub(target, "files", mpath, "target"), file, mpath, "target.files");
     const FileSum wanted{field<int64_t>(tw, "bytes", mpath, "target.files." + file),
                          field<uint32_t>(tw, "crc32c", mpath, "target.files." + file)};

@@ -57,7 +57,8 @@ void print_meta_summary(const ncf::DatasetMeta& m, const std::string& dir, doubl
     // Every count of an extension, so that nothing is dropped unseen.
     const nlohmann::json& l = m.lineage;
     auto side = [&](const char* which) {
-      const nlohmann::json& c = l.at(std::string(which) + "s");
+      const std::string key = std::string(which) + "s";
+      const nlohmann::json& c = l.at(key);
       const uint64_t bound = c.at("max").get<uint64_t>();
       return ncf::detail::concat(
           which, "s: ", c.at("kept").get<uint64_t>(), " of the parent's ",
