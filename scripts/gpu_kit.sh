@@ -31,7 +31,9 @@
 # compute-sanitizer), NCF_KIT_COMMIT (the commit to report when there is no .gpu-kit/commit),
 # NCF_KIT_ROOTFS (rehearse: the cached Debian root, .gpu-kit-root/bookworm), NCF_KIT_SKIP
 # (stage names, space-separated, recorded as skipped without running: a short window spends
-# itself on the stages that matter most to it).
+# itself on the stages that matter most to it), NCF_KIT_ARCHIVE (a folder: the results go to
+# $build/kit-results, and the folder gets summary.md, summary.tsv, info.txt and results.tgz,
+# all of them, refreshed after every stage).
 # shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -204,6 +206,7 @@ commit=""
 t_start=0
 budget=540
 failures=0
+archive_to=""
 
 # unpack: the .debs into $kit_prefix (once per manifest), with the links the packages'
 # postinst would make with update-alternatives (OpenBLAS, Open MPI).
@@ -333,6 +336,19 @@ record() {  # NAME STATUS FIGURE SECONDS
   printf '%s\t%s\t%s\t%s\n' "$1" "$2" "${3//$'\t'/ }" "$4" >>"$out/summary.tsv"
   printf '%s: %-22s %-8s %s (%s s)\n' "$prog" "$1" "$2" "$3" "$4" >&2
   case "$2" in FAIL*) failures=$((failures + 1)) ;; esac
+  archive
+}
+# NCF_KIT_ARCHIVE=DIR: the results live in $build/kit-results (kept across calls on a warm
+# machine, like $OUT), and after every stage DIR gets summary.md, info.txt and all of them in
+# one results.tgz, so that a caller that brings back only a few files (or cuts the run
+# short) still gets every log of the stages that ended.
+archive() {
+  [ -n "$archive_to" ] || return 0
+  write_summary
+  cp "$out/summary.md" "$out/summary.tsv" "$archive_to/" 2>/dev/null || true
+  [ ! -f "$out/info.txt" ] || cp "$out/info.txt" "$archive_to/"
+  tar czf "$archive_to/results.tgz.tmp" -C "$out" . 2>/dev/null &&
+    mv -f "$archive_to/results.tgz.tmp" "$archive_to/results.tgz"
 }
 left() { echo $((budget - ($(date +%s) - t_start))); }
 
@@ -983,8 +999,19 @@ do_step_hr_ours() {
 }
 do_step_hr_torch() {
   rm -f "$out/step_hr_torch.jsonl"
+  # The machine's Python has protobuf but neither protoc nor crcmod (seen on an H200,
+  # 2026-11-27): the record module comes from the kit's protoc, and without crcmod the
+  # CRC-32Cs go unchecked here; ncf_dist checked every one of these files (step_hr_ours).
+  local pb2="$build/kit-pb2" extra=()
+  mkdir -p "$pb2"
+  ours protoc --proto_path="$root/src/data" --python_out="$pb2" ncf_record.proto
+  extra+=(--record_module_dir "$pb2")
+  if ! theirs python3 -c 'import crcmod.predefined' 2>/dev/null; then
+    echo "no crcmod in this Python: --skip_crc (ncf_dist read the same files with their CRCs)"
+    extra+=(--skip_crc)
+  fi
   theirs python3 "$root/bench/pytorch_neumf.py" --data_dir "$m20" --preset ml-20m-mlperf \
-    --device cuda --epochs 3 --metrics_json "$out/step_hr_torch.jsonl"
+    --device cuda --epochs 3 --metrics_json "$out/step_hr_torch.jsonl" "${extra[@]}"
 }
 fig_step_hr() {
   python3 - "$out/step_hr_ours.jsonl" "$out/step_hr_torch.jsonl" <<'EOF'
@@ -1089,7 +1116,12 @@ cmd_run() {
   fi
   [ -d "$kit/debs" ] || note "no .gpu-kit/debs: using this machine's own packages (scripts/setup.sh)"
   detect_gpu
-  if [ -n "${OUT:-}" ]; then
+  archive_to="${NCF_KIT_ARCHIVE:-}"
+  if [ -n "$archive_to" ]; then
+    mkdir -p "$archive_to"
+    archive_to="$(cd "$archive_to" && pwd)"
+    out="$build/kit-results"
+  elif [ -n "${OUT:-}" ]; then
     out="$OUT"
   else
     out="$root/bench/results/gpu_$(date -u +%F)_${commit:0:12}"
@@ -1107,6 +1139,7 @@ cmd_run() {
   esac
   write_info
   write_summary
+  archive
   cat "$out/summary.md"
   note "results in $out ($(($(date +%s) - t_start)) s)"
   [ "$failures" -eq 0 ]
@@ -1181,7 +1214,7 @@ cmd_rehearse() {
   stamp="$(date -u +%F)"
   res="$root/bench/results/gpu_kit_rehearsal_$stamp"
   local inner="$root/build-kit/rehearsal-out"
-  rm -rf "$inner"
+  rm -rf "$inner" "$root/build-kit/rehearsal/kit-results"
   mkdir -p "$inner" "$res"
   note "rehearsal: gpu_kit.sh run $what in $rootfs, no network, no GPU"
   local rc=0 t0
@@ -1190,18 +1223,23 @@ cmd_rehearse() {
   # shellcheck disable=SC2016  # expanded by the inner sh
   unshare -n -- sh -c 'ip link set lo up 2>/dev/null || true
     exec chroot "$0" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      LANG=C.UTF-8 OUT="$1" NCF_KIT_BUILD="$2" NCF_KIT_BUDGET="$3" NCF_KIT_TIMEOUT_SCALE=6 \
+      LANG=C.UTF-8 NCF_KIT_ARCHIVE="$1" NCF_KIT_BUILD="$2" NCF_KIT_BUDGET="$3" NCF_KIT_TIMEOUT_SCALE=6 \
       NCF_KIT_BUILD_TIMEOUT=3000 NCF_KIT_PREFIX="$2-prefix" NCF_KIT_DATA="$2-data" \
       bash -c "cd \"\$0\" && bash scripts/gpu_kit.sh run \"\$1\"" "$4" "$5"' \
     "$rootfs" "$inner" "$root/build-kit/rehearsal" "${NCF_KIT_BUDGET:-7200}" "$root" "$what" || rc=$?
   note "rehearsal finished in $(($(date +%s) - t0)) s, exit $rc"
+  # The archive is what a device call brings back: it must hold every stage's log.
+  if ! tar tzf "$inner/results.tgz" 2>/dev/null | grep -q '^\./build\.log$'; then
+    note "no build.log in $inner/results.tgz (NCF_KIT_ARCHIVE)"
+    rc=1
+  fi
   cp "$inner/summary.md" "$inner/info.txt" "$res/" 2>/dev/null || true
   {
     echo "# Rehearsal of scripts/gpu_kit.sh run $what on $(date -u +%FT%TZ)"
     echo "# debootstrap --variant=minbase --include=build-essential,cmake,python3 bookworm (Debian 12),"
     echo "# /usr/local/cuda bind-mounted read-only, unshare -n (no network), no GPU; wall $(($(date +%s) - t0)) s, exit $rc"
   } >"$res/rehearsal.txt"
-  note "recorded $res (logs of every stage: $inner)"
+  note "recorded $res (logs of every stage: $root/build-kit/rehearsal/kit-results, and $inner/results.tgz)"
   return "$rc"
 }
 
