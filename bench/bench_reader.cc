@@ -41,6 +41,7 @@ struct Options {
   int64_t positives = 1048576 / 5;  // P of the ml-20m-mlperf preset
   int64_t eval_users = 0;           // users per eval batch (0: the trainer's default size)
   int reps = 3;
+  int threads = 1;  // threads decoding each eval batch
   bool verify = true;
   bool evict = false;
   std::string only = "both";  // train, eval or both (one reader alone, e.g. under perf)
@@ -247,8 +248,8 @@ int run(const Options& o) {
       (unsigned long long)meta.eval_frame_bytes);
   std::printf(
       "# rank %d of W = %d, P = %lld positives per global step, %lld eval users per "
-      "batch, %s page cache\n",
-      o.rank, o.world, (long long)o.positives, (long long)eval_users,
+      "batch decoded by %d thread(s), %s page cache\n",
+      o.rank, o.world, (long long)o.positives, (long long)eval_users, o.threads,
       o.evict ? "cold (evicted before each pass)" : "warm");
 
   if (o.verify) {
@@ -260,7 +261,7 @@ int run(const Options& o) {
       Pass p = train_pass(tr, 0, true);
       got_t.rows += p.digest.rows;
       got_t.sum += p.digest.sum;
-      EvalReader er(o.data_dir, meta, r, o.world, eval_users);
+      EvalReader er(o.data_dir, meta, r, o.world, eval_users, 4, o.threads);
       Pass q = eval_pass(er, L, true);
       got_e.rows += q.digest.rows;
       got_e.sum += q.digest.sum;
@@ -274,7 +275,7 @@ int run(const Options& o) {
   }
 
   TrainReader train(o.data_dir, meta, o.rank, o.world, o.positives, meta.seed);
-  EvalReader eval(o.data_dir, meta, o.rank, o.world, eval_users);
+  EvalReader eval(o.data_dir, meta, o.rank, o.world, eval_users, 4, o.threads);
   std::vector<Pass> tpass, epass;
   uint64_t t_rows = 0, t_frames = 0, e_rows = 0;
   for (int rep = 0; rep < o.reps; ++rep) {
@@ -327,6 +328,9 @@ int main(int argc, char** argv) {
                  "users per eval batch (0: 100000 / (1 + E), the trainer's default)")
       ->capture_default_str();
   app.add_option("--reps", o.reps, "timed passes")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads decoding each eval batch (GPU ranks: --threads)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_flag("!--no_verify", o.verify, "skip the check against the files");
   app.add_option("--only", o.only, "time only this reader: train, eval or both")
       ->check(CLI::IsMember({"train", "eval", "both"}))

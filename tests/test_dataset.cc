@@ -286,6 +286,82 @@ TEST(DatasetErrors, FlippedByteIsACrcFailureAtItsRecord) {
   }
 }
 
+// Every batch of an EvalReader, flattened, or the message of the error it ends with.
+struct EvalPass {
+  std::vector<int64_t> firsts;
+  std::vector<int32_t> users, items;
+  std::vector<uint8_t> mask;
+  std::string error;
+};
+EvalPass read_eval(const std::string& dir, const DatasetMeta& m, int W, int r, int64_t batch,
+                   int threads) {
+  EvalPass out;
+  EvalReader er(dir, m, r, W, batch, 2, threads);
+  er.start();
+  EvalBatch b;
+  try {
+    while (er.next(&b)) {
+      out.firsts.push_back(b.first_record);
+      out.users.insert(out.users.end(), b.users.begin(), b.users.end());
+      out.items.insert(out.items.end(), b.items.begin(), b.items.end());
+      out.mask.insert(out.mask.end(), b.mask.begin(), b.mask.end());
+    }
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+// Records decoded by several threads, each over its own files: the batches of one
+// thread, whatever the thread count, batch size and rank.
+TEST(EvalReaderThreads, GiveTheBatchesOfOneThread) {
+  TempDir d;
+  Truth t = write_small(d.path());
+  DatasetMeta m = DatasetMeta::load(d.path());
+  for (int W : {1, 2})
+    for (int64_t batch : {int64_t{1}, int64_t{5}, int64_t{8}, int64_t{1000}}) {
+      const EvalPass one = read_eval(d.path(), m, W, W - 1, batch, 1);
+      ASSERT_EQ(one.error, "");
+      EXPECT_EQ(one.users.size(), W == 1 ? t.U : t.U - t.U / 2);
+      for (int threads : {2, 3, 7}) {
+        const std::string what = "W=" + std::to_string(W) + " batch " + std::to_string(batch) +
+                                 " threads " + std::to_string(threads);
+        const EvalPass many = read_eval(d.path(), m, W, W - 1, batch, threads);
+        EXPECT_EQ(many.error, "") << what;
+        EXPECT_EQ(many.firsts, one.firsts) << what;
+        EXPECT_EQ(many.users, one.users) << what;
+        EXPECT_EQ(many.items, one.items) << what;
+        EXPECT_EQ(many.mask, one.mask) << what;
+      }
+    }
+}
+
+// Two damaged records in one batch: every thread count names the first one, as
+// one thread does, even when a later part of the batch fails first.
+TEST(EvalReaderThreads, NameTheFirstDamagedRecord) {
+  TempDir d;
+  write_small(d.path());
+  DatasetMeta m = DatasetMeta::load(d.path());
+  // Record 1 (frame 2 of the first eval shard: frame 0 is its header) and the last
+  // record (the last frame of the last shard): in different parts at 2, 3 and 7 threads.
+  const auto* last = m.shards_of("eval").back();
+  ASSERT_GT(m.shards_of("eval").size(), 1u);
+  auto damage = [](const std::string& s) {
+    proto::EvalRecord r;
+    r.ParseFromString(s);
+    r.set_user(r.user() + 100);
+    return r.SerializeAsString();
+  };
+  rewrite_record(d.path() + "/" + last->name, int(last->num_records), damage);
+  rewrite_record(first_shard(d.path(), "eval"), 2, damage);
+  const EvalPass one = read_eval(d.path(), m, 1, 0, 1000, 1);
+  ASSERT_NE(one.error.find("expected 1"), std::string::npos) << one.error;
+  for (int threads : {2, 3, 7}) {
+    const EvalPass many = read_eval(d.path(), m, 1, 0, 1000, threads);
+    EXPECT_EQ(many.error, one.error) << threads << " threads";
+  }
+}
+
 TEST(DatasetErrors, WrongFormatVersion) {
   TempDir d;
   write_small(d.path());

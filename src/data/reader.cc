@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "common/parallel.h"
 #include "common/philox.h"
 #include "data/format.h"
 
@@ -131,15 +132,19 @@ void TrainReader::produce(int64_t epoch) {
 // -------------------------------------------------------------- EvalReader ---
 
 EvalReader::EvalReader(const std::string& dir, const DatasetMeta& meta, int rank, int world,
-                       int64_t batch_users, size_t prefetch)
+                       int64_t batch_users, size_t prefetch, int threads)
     : meta_(meta),
       begin_(static_cast<int64_t>(meta.num_eval_users * rank / world)),
       end_(static_cast<int64_t>(meta.num_eval_users * (rank + 1) / world)),
       batch_(batch_users),
       depth_(std::max<size_t>(1, prefetch)),
+      threads_(std::max(1, threads)),
       shards_(dir, meta, "eval") {
   NCF_CHECK(world > 0 && rank >= 0 && rank < world, "bad rank ", rank, " of ", world);
   NCF_CHECK(batch_users > 0, "eval batch must hold at least one user, got ", batch_users);
+  const int parts = int(std::min<int64_t>(threads_, std::max<int64_t>(1, batch_)));
+  for (int p = 1; p < parts; ++p)
+    more_shards_.push_back(std::make_unique<ShardSet>(dir, meta, "eval"));
 }
 
 EvalReader::~EvalReader() { stop(); }
@@ -164,7 +169,9 @@ bool EvalReader::next(EvalBatch* out) {
 void EvalReader::produce() {
   try {
     const int64_t L = meta_.eval_negatives + 1;
-    std::string payload;
+    const int max_parts = 1 + int(more_shards_.size());
+    std::vector<std::string> payloads(static_cast<size_t>(max_parts));
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(max_parts));
     int64_t last = -1;  // the previous record's user: they ascend
     for (int64_t u0 = begin_; u0 < end_; u0 += batch_) {
       EvalBatch b;
@@ -173,13 +180,46 @@ void EvalReader::produce() {
       b.items.resize(b.num_users * L);
       b.mask.resize(b.num_users * L);
       b.users.resize(b.num_users);
-      for (int64_t k = 0; k < b.num_users; ++k) {
-        const std::string* path;
-        uint64_t off = shards_.read(u0 + k, &payload, &path);
-        last = decode_eval_record(payload, meta_, u0 + k, last, *path, off, &b.items[k * L],
-                                  &b.mask[k * L]);
-        b.users[k] = int32_t(last);
+      // Part p: records [n·p/parts, n·(p+1)/parts) of the batch, through its own files.
+      // A part's first record is checked against the previous part's last user
+      // below, once every part is decoded; the first part's against `last`.
+      const int64_t n = b.num_users;
+      const int parts = int(std::min<int64_t>(max_parts, n));
+      auto decode_part = [&](int64_t p) {
+        ShardSet& files = p == 0 ? shards_ : *more_shards_[size_t(p - 1)];
+        int64_t after = p == 0 ? last : -1;
+        try {
+          for (int64_t k = n * p / parts; k < n * (p + 1) / parts; ++k) {
+            const std::string* path;
+            const uint64_t off = files.read(u0 + k, &payloads[size_t(p)], &path);
+            after = decode_eval_record(payloads[size_t(p)], meta_, u0 + k, after, *path, off,
+                                       &b.items[k * L], &b.mask[k * L]);
+            b.users[k] = int32_t(after);
+          }
+        } catch (...) {
+          errors[size_t(p)] = std::current_exception();
+        }
+      };
+      if (parts > 1) {
+        parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) decode_part(p);
+        });
+      } else {
+        decode_part(0);
       }
+      // In record order: a part's first record decoded again with the previous
+      // user as `after` (what one thread checks), then the part's own error.
+      for (int p = 0; p < parts; ++p) {
+        const int64_t k = n * p / parts;
+        if (p > 0 && !meta_.every_user_evaluated()) {
+          const std::string* path;
+          const uint64_t off = shards_.read(u0 + k, &payloads[0], &path);
+          decode_eval_record(payloads[0], meta_, u0 + k, b.users[k - 1], *path, off,
+                             &b.items[k * L], &b.mask[k * L]);
+        }
+        if (errors[size_t(p)]) std::rethrow_exception(errors[size_t(p)]);
+      }
+      if (n > 0) last = b.users[n - 1];
       if (!queue_->push(std::move(b))) return;
     }
     queue_->close();

@@ -141,9 +141,13 @@ class TrainReader {
 
 class EvalReader {
  public:
-  // Rank r reads users [r·U/W, (r+1)·U/W) in batches of up to batch_users.
+  // Rank r reads users [r·U/W, (r+1)·U/W) in batches of up to batch_users. With
+  // threads > 1 each batch's records are read and decoded by up to that many
+  // threads of the process's pool (common/parallel.h), each over its own open
+  // files: the same batches, and on damaged input the same first error, as one
+  // thread gives.
   EvalReader(const std::string& dir, const DatasetMeta& meta, int rank, int world,
-             int64_t batch_users, size_t prefetch = 4);
+             int64_t batch_users, size_t prefetch = 4, int threads = 1);
   ~EvalReader();
   int64_t first_user() const { return begin_; }
   int64_t num_users() const { return end_ - begin_; }
@@ -157,7 +161,9 @@ class EvalReader {
   DatasetMeta meta_;
   int64_t begin_, end_, batch_;
   size_t depth_;
+  int threads_;
   ShardSet shards_;
+  std::vector<std::unique_ptr<ShardSet>> more_shards_;  // threads 1 .. threads-1
   std::unique_ptr<PrefetchQueue<EvalBatch>> queue_;
   std::thread thread_;
 };

@@ -169,7 +169,12 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   if (!rows_only)
     train_reader_ =
         std::make_unique<TrainReader>(cfg.data_dir, meta_, r, W, P_, cfg.seed, cfg.shuffle_records);
-  eval_reader_ = std::make_unique<EvalReader>(cfg.data_dir, meta_, r, W, eval_users);
+  // GPU ranks leave their cores idle while the device scores: the eval lists
+  // (decoded and checked on the host) are read by all of them, or a host thread's
+  // pace (about 175k lists of 1,000 a second) would set the evaluation's. CPU ranks'
+  // threads are scoring then, so their reader stays on its one thread.
+  eval_reader_ = std::make_unique<EvalReader>(cfg.data_dir, meta_, r, W, eval_users, 4,
+                                              ctx.device == Device::kCpu ? 1 : ctx.threads);
   positives_ = std::make_unique<PositiveLists>(cfg.data_dir, meta_);
   if (ctx.device != Device::kCpu)
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
