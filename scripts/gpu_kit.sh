@@ -859,6 +859,23 @@ EOF
   gpu=$(theirs nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
   echo "median step $ms ms over $steps steps = $(python3 -c "print(f'{$samples / $ms / 1e3:.1f}')") M samples/s; $(python3 "$root/bench/step_floor.py" --gpu "${gpu:-H200}" --precision "$precision" --batch "$samples" --measured_ms "$ms" 2>&1)"
 }
+do_step_ncu() {  # PRECISION: Nsight Compute's duration of every kernel of 2 steps, the GPU's
+  # own clocks (ncu locks them to base otherwise: 1.5 of 1.98 GHz on an H200)
+  local ncu
+  ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+  [ -x "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  ours "$ncu" --target-processes all --clock-control none --section SpeedOfLight \
+    --launch-count 600 --print-summary per-kernel \
+    "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --precision "$1" --train_epochs 1 --max_steps 2 --no_eval --progress off \
+    >"$out/step_ncu_$1.txt" || return 1
+  theirs python3 "$root/bench/ncu_kernel_table.py" --steps 2 "$out/step_ncu_$1.txt"
+}
+fig_step_ncu() {
+  { grep -m1 '^# .* kernels' "$1" | cut -c3-
+    grep -E '^ +[0-9.]+ ms/step' "$1" | head -n 3 |
+      awk '{printf "%s ms %s\n", $1, substr($0, index($0, "us  ") + 4, 40)}'; } | paste -s -d ';' | sed 's/;/; /g'
+}
 do_step_nsys() {
   local nsys
   nsys="$(command -v nsys || true)"
@@ -1051,6 +1068,9 @@ run_step() {
       "$build/src/ncf_dist" --precision "$p" --train_epochs 2 --no_eval
   done
   stage step_nsys 1 120 fig_tail -- do_step_nsys
+  for p in tf32 bf16; do
+    stage "step_ncu_$p" 1 90 fig_step_ncu -- do_step_ncu "$p"
+  done
   stage nccl_two_hop_2x2 1 180 fig_nccl_two_hop -- do_nccl_two_hop
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
