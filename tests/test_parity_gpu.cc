@@ -1255,6 +1255,102 @@ TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   expect_same(again.dI, g.dI, "d_item_rows on a second run");
 }
 
+// Layer 0 against a table of per-item products (evaluation by items): the same
+// adds in the same order on both devices, so the same bits, on the vector paths
+// (out % 4 for FP32, out % 8 for the BF16 octets) and the scalar ones.
+TEST_F(Parity, GatherBiasActIsTheCpuTwinBitForBit) {
+  const int64_t R = 97;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}})
+    for (int S : {1, 5, 51})
+      for (int out : {1, 8, 13, 64})
+        for (bool relu : {false, true}) {
+          const std::string what = shape({{"n", n}, {"S", S}, {"out", out}, {"relu", relu}});
+          const int64_t B = n * S;
+          const Vec P = random_vec(size_t(R) * out, gen_), Yg = random_vec(size_t(n) * out, gen_),
+                    bias = random_vec(size_t(out), gen_);
+          const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+          Buffer<float> gP = up(P), gYg = up(Yg), gb = up(bias), gY = up(Vec(size_t(B) * out));
+          Buffer<int32_t> gids = up(ids);
+          Buffer<uint16_t> gY16 = up(Bits(size_t(B) * out));
+          Vec Y(size_t(B) * out);
+          Bits Y16(size_t(B) * out);
+          const float* b = relu ? bias.data() : nullptr;  // with and without a bias
+          const float* gbp = relu ? gb.data() : nullptr;
+          gather_bias_act(cpu_, P.data(), R, ids.data(), Yg.data(), b, Y.data(), n, S, out, relu);
+          gather_bias_act(gpu_, gP.data(), R, gids.data(), gYg.data(), gbp, gY.data(), n, S, out,
+                          relu);
+          expect_same(down(gY), Y, what + " gather_bias_act");
+          gather_bias_act_bf16(cpu_, P.data(), R, ids.data(), Yg.data(), b, Y16.data(), n, S, out,
+                               relu);
+          gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gYg.data(), gbp, gY16.data(), n, S,
+                               out, relu);
+          expect_same(down(gY16), Y16, what + " gather_bias_act_bf16");
+        }
+}
+
+// NeuMF scoring against the item table on the device: FP32 products, so the logits
+// of the CPU twin to the GEMM tolerance and the device's own forward() on the
+// gathered rows to the rounding of layer 0's product rows; under BF16 storage
+// within the bound of BF16 storage's other parity tests; the same bits twice.
+TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 64, 32, 16};
+  const int64_t n = 300, R = 211;
+  const int S = 21, D = cfg.embedding_width(), mf = cfg.mf_dim;
+  const int64_t B = n * S;
+  NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
+  cpu_model.init(5);
+  Vec params(cpu_model.params().data(), cpu_model.params().data() + cpu_model.num_params());
+  const Vec noise = random_vec(params.size(), gen_, -0.1f, 0.1f);
+  for (const DenseLayerView& v : cpu_model.tower())
+    for (int j = 0; j < v.out; ++j) params[size_t(v.b_offset + j)] = noise[size_t(j)];
+  std::copy(params.begin(), params.end(), cpu_model.params().data());
+  device_copy(g_dev, dev_model.params().data(), Device::kCpu, params.data(),
+              params.size() * sizeof(float));
+  const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
+  const Vec T = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
+  const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+  Vec rows(size_t(B) * D), gmf(size_t(B) * mf);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(&T[size_t(ids[size_t(b)]) * D], D, &rows[size_t(b) * D]);
+    std::copy_n(&T[size_t(ids[size_t(b)]) * D], mf, &gmf[size_t(b) * mf]);
+  }
+  Buffer<float> gU = up(U), gT = up(T), grows = up(rows), ggmf = up(gmf);
+  Buffer<int32_t> gids = up(ids);
+  auto score = [&](NeuMF& model, const ExecContext& ctx, bool dev) {
+    Vec out(static_cast<size_t>(B));
+    if (!dev) {
+      model.prepare_items(ctx, T.data() + mf, D, R);
+      model.score_items(ctx, U.data(), gmf.data(), mf, ids.data(), n, S, out.data());
+      return out;
+    }
+    Buffer<float> logits = up(out);
+    model.prepare_items(ctx, gT.data() + mf, D, R);
+    model.score_items(ctx, gU.data(), ggmf.data(), mf, gids.data(), n, S, logits.data());
+    return down(logits);
+  };
+  auto forward = [&](NeuMF& model, const ExecContext& ctx) {
+    Buffer<float> logits = up(Vec(static_cast<size_t>(B)));
+    model.forward(ctx, gU.data(), grows.data(), n, S, logits.data());
+    return down(logits);
+  };
+  set_math_mode(MathMode::kFp32);
+  const Vec c = score(cpu_model, cpu_, false), g = score(dev_model, gpu_, true);
+  expect_close(g, c, kGemmAtolPerSqrtK * std::sqrt(double(D)), kGemmRtol, "FP32 logits vs CPU");
+  const Vec f = forward(dev_model, gpu_);
+  double scale = 0.0;
+  for (float x : f) scale = std::max(scale, double(std::fabs(x)));
+  expect_close(g, f, 1e-5 * scale, 0.0, "FP32 logits vs the device's forward()");
+  expect_same(score(dev_model, gpu_, true), g, "FP32 logits on a second run");
+  set_math_mode(MathMode::kBf16);
+  const Vec c16 = score(cpu_model, cpu_, false), g16 = score(dev_model, gpu_, true);
+  const double bound = (double(cpu_model.tower().size()) + 2.0) / 256.0;
+  const double e = test::relative_rms(g16.data(), c16.data(), c16.size());
+  EXPECT_LE(e, bound) << "BF16 storage: device vs CPU, relative RMS " << e;
+  expect_same(score(dev_model, gpu_, true), g16, "BF16 logits on a second run");
+}
+
 // The fused top of NeuMF (neumf_top_forward / neumf_top_backward, NeuMF's path
 // under StepKernels::kStreaming) against the unfused ops it replaces, run on the
 // GPU on the same inputs (repeat_rows, gmf_forward, concat_cols, head_forward,

@@ -2,6 +2,7 @@
 // sequence of ops.h calls (device-agnostic: the ops dispatch on ctx.device).
 #include "model/neumf.h"
 
+#include <climits>
 #include <cmath>
 
 #include "common/check.h"
@@ -172,6 +173,81 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
   concat_cols(ctx, g_.data(), mf, mf, x, last, last, h_.data(), B);
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
+}
+
+void NeuMF::prepare_items(const ExecContext& ctx, const float* item_mlp, int64_t ld, int64_t R) {
+  NCF_CHECK(can_score_items(), "NeuMF::prepare_items: needs a hidden layer and the fused top");
+  NCF_CHECK(R >= 0 && R <= INT_MAX, "NeuMF::prepare_items: R=", R, " items");
+  const DenseLayerView& v = tower_[0];
+  const int h = config_.mlp_half();
+  pi_.reserve(static_cast<size_t>(R) * v.out);
+  pi_rows_ = R;
+  pi_bf16_ = bf16_storage();
+  if (R == 0) return;
+  const float* p = params_.data();
+  if (pi_bf16_) {
+    // The BF16 copies forward_bf16 makes: every parameter, the items' MLP columns.
+    wb_.reserve(static_cast<size_t>(num_params_));
+    ib_.reserve(static_cast<size_t>(R) * h);
+    to_bf16_rows(ctx, p, num_params_, static_cast<int>(num_params_), wb_.data(), num_params_, 1);
+    to_bf16_rows(ctx, item_mlp, ld, h, ib_.data(), h, R);
+    gemm_bf16(ctx, false, true, static_cast<int>(R), v.out, h, ib_.data(), h,
+              wb_.data() + v.w_offset + h, v.in, pi_.data(), v.out);
+  } else {
+    gemm(ctx, false, true, static_cast<int>(R), v.out, h, 1.0f, item_mlp, static_cast<int>(ld),
+         p + v.w_offset + h, v.in, 0.0f, pi_.data(), v.out);
+  }
+}
+
+void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const float* item_gmf,
+                        int64_t ldg, const int32_t* ids, int64_t n, int S, float* logits) {
+  NCF_CHECK(pi_rows_ >= 0, "NeuMF::score_items before prepare_items");
+  NCF_CHECK(pi_bf16_ == bf16_storage(),
+            "NeuMF::score_items: the math mode changed since "
+            "prepare_items");
+  NCF_CHECK(n >= 0 && S >= 1, "NeuMF::score_items: n=", n, " groups of S=", S);
+  const int64_t B = n * S;
+  const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
+  const int last = config_.layers.back();
+  const DenseLayerView& v = tower_[0];
+  const size_t rows = static_cast<size_t>(B);
+  u0_.reserve(static_cast<size_t>(n) * v.out);
+  if (pi_bf16_) {
+    ub_.reserve(static_cast<size_t>(n) * h);
+    for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
+  } else {
+    for (size_t l = 0; l < tower_.size(); ++l) acts_[l].reserve(rows * tower_[l].out);
+  }
+  if (B == 0) return;
+  const float* p = params_.data();
+  if (pi_bf16_) {
+    to_bf16_rows(ctx, user_rows + mf, D, h, ub_.data(), h, n);
+    gemm_bf16(ctx, false, true, static_cast<int>(n), v.out, h, ub_.data(), h,
+              wb_.data() + v.w_offset, v.in, u0_.data(), v.out);
+    gather_bias_act_bf16(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, a16_[0].data(),
+                         n, S, v.out, true);
+    for (size_t l = 1; l < tower_.size(); ++l) {
+      const DenseLayerView& vl = tower_[l];
+      linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
+                          a16_[l].data(), B, vl.in, vl.out, true);
+    }
+    neumf_top_forward_bf16(ctx, user_rows, D, item_gmf, ldg, a16_.back().data(), p + head_w_offset_,
+                           p + head_c_offset_, logits, n, S, mf, last);
+    return;
+  }
+  gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, p + v.w_offset,
+       v.in, 0.0f, u0_.data(), v.out);
+  gather_bias_act(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, acts_[0].data(), n, S,
+                  v.out, true);
+  const float* x = acts_[0].data();
+  for (size_t l = 1; l < tower_.size(); ++l) {
+    const DenseLayerView& vl = tower_[l];
+    linear_forward(ctx, x, p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B, vl.in, vl.out,
+                   true);
+    x = acts_[l].data();
+  }
+  neumf_top_forward(ctx, user_rows, D, item_gmf, ldg, x, p + head_w_offset_, p + head_c_offset_,
+                    logits, n, S, mf, last);
 }
 
 bool NeuMF::bf16_storage() const {

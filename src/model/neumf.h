@@ -67,6 +67,22 @@ class NeuMF {
              int S, float* logits) {
     forward(ctx, user_rows, item_rows, n, S, logits);
   }
+  // Evaluation against a table of items (Trainer::evaluate, where every candidate
+  // is one of R items). prepare_items keeps P = i_mlp · W0[:, h:]^T [R × layers[1]],
+  // the items' half of layer 0 for each item, from their MLP columns item_mlp
+  // [R × h] (row stride ld) and the current parameters (BF16 operands under BF16
+  // storage, as forward's product). score_items then gives forward's logits for n
+  // users with S candidates each, given as item ids [n·S] in [0, R) and their GMF
+  // columns item_gmf [n·S × mf] (row stride ldg): layer 0 reads P[ids[b], :]
+  // (gather_bias_act) instead of multiplying each sample's item columns. The same
+  // arithmetic, with the items' products taken once per item rather than per sample:
+  // equal to forward's wherever the GEMM gives a row the same bits in either shape.
+  // Needs a hidden layer and the fused top (can_score_items()); the parameters and
+  // the math mode must not change in between.
+  bool can_score_items() const { return !tower_.empty() && fused_top(); }
+  void prepare_items(const ExecContext& ctx, const float* item_mlp, int64_t ld, int64_t R);
+  void score_items(const ExecContext& ctx, const float* user_rows, const float* item_gmf,
+                   int64_t ldg, const int32_t* ids, int64_t n, int S, float* logits);
   // Backward of the last forward: dlogits[n·S] → the dense gradients (overwritten
   // in grads()), d_user_rows [n×D] (each user's sum over its samples) and
   // d_item_rows [n·S × D] (overwritten), the gradients w.r.t. the gathered rows,
@@ -137,6 +153,10 @@ class NeuMF {
   std::vector<Buffer<float>> acts_, dacts_;
   Buffer<uint16_t> wb_, ub_, ib_, du0b_;
   std::vector<Buffer<uint16_t>> a16_, d16_;
+  // prepare_items: P [pi_rows_ × layers[1]], made under BF16 storage or not.
+  Buffer<float> pi_;
+  int64_t pi_rows_ = -1;
+  bool pi_bf16_ = false;
 };
 
 }  // namespace ncf

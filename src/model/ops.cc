@@ -700,6 +700,63 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
   });
 }
 
+namespace {
+
+// The argument checks of gather_bias_act (either storage) and of every id.
+void check_gather_bias_act(const char* op, const float* P, int64_t R, const int32_t* ids,
+                           const float* Yg, const void* Y, int64_t n, int S, int out) {
+  check_rows(op, n);
+  check_rows(op, R);
+  check_width(op, "S", S);
+  check_width(op, "out", out);
+  check_ptr(op, "P", P, n);
+  check_ptr(op, "ids", ids, n);
+  check_ptr(op, "Yg", Yg, n);
+  check_ptr(op, "Y", Y, n);
+}
+
+void check_ids_cpu(const char* op, const int32_t* ids, int64_t B, int64_t R) {
+  for (int64_t b = 0; b < B; ++b)
+    NCF_CHECK(ids[b] >= 0 && ids[b] < R, op, ": ids[", b, "] = ", ids[b], " is outside [0, ", R,
+              ")");
+}
+
+}  // namespace
+
+void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                     const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
+                     bool relu) {
+  const char* op = "gather_bias_act";
+  check_gather_bias_act(op, P, R, ids, Yg, Y, n, S, out);
+  NCF_DISPATCH_CUDA(ctx, gather_bias_act, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu);
+  check_ids_cpu(op, ids, n * S, R);
+  parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* z = P + int64_t(ids[b]) * out;
+      const float* u = Yg + (b / S) * out;
+      float* y = Y + b * out;
+      for (int j = 0; j < out; ++j) {
+        const float v = (z[j] + u[j]) + (bias ? bias[j] : 0.0f);
+        y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
+      }
+    }
+  });
+}
+
+void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                          const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
+                          int out, bool relu) {
+  const char* op = "gather_bias_act_bf16";
+  check_gather_bias_act(op, P, R, ids, Yg, Y, n, S, out);
+  NCF_DISPATCH_CUDA(ctx, gather_bias_act_bf16, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu);
+  check_ids_cpu(op, ids, n * S, R);
+  parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      epilogue_to_bf16_bits(P + int64_t(ids[b]) * out, bias, Yg + (b / S) * out, relu, Y + b * out,
+                            out);
+  });
+}
+
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                           const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
                           int64_t B, int in, int out, bool relu) {

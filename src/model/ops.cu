@@ -936,17 +936,17 @@ __global__ void __launch_bounds__(kThreads)
 // Y[i] = BF16(act((Z[i] + bias[j]) + Yg[b / S, j])) over B × out, i = b·out + j:
 // a product's epilogue and rounding, in the CPU twin's order (bias and Yg may be
 // null: nothing added).
-__global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* __restrict__ Yg,
-                                     int S, const float* __restrict__ bias,
-                                     uint16_t* __restrict__ Y, int64_t B, int out, bool relu) {
+// With ids, Z's row for output row b is ids[b] (gather_bias_act_bf16).
+__global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const int32_t* __restrict__ ids,
+                                     const float* __restrict__ Yg, int S,
+                                     const float* __restrict__ bias, uint16_t* __restrict__ Y,
+                                     int64_t B, int out, bool relu) {
   for (int64_t i = thread_first(); i < B * out; i += thread_stride()) {
-    float z = Z[i];
-    if (Yg || bias) {
-      const int64_t b = i / out;
-      const int j = static_cast<int>(i - b * out);
-      if (bias) z = __fadd_rn(z, bias[j]);
-      if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
-    }
+    const int64_t b = i / out;
+    const int j = static_cast<int>(i - b * out);
+    float z = Z[(ids ? static_cast<int64_t>(ids[b]) : b) * out + j];
+    if (bias) z = __fadd_rn(z, bias[j]);
+    if (Yg) z = __fadd_rn(z, Yg[(b / S) * out + j]);
     Y[i] = float_to_bf16_bits(relu ? (z > 0.0f ? z : 0.0f) : z);
   }
 }
@@ -957,15 +957,16 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const float* _
 // octets fit (k32). The same expression per element: the same bits.
 template <bool k32>
 __global__ void __launch_bounds__(kThreads)
-    bias_act_bf16_octets_kernel(const float* __restrict__ Z, const float* __restrict__ Yg, int S,
-                                const float* __restrict__ bias, uint16_t* __restrict__ Y, int64_t B,
-                                int out, bool relu) {
+    bias_act_bf16_octets_kernel(const float* __restrict__ Z, const int32_t* __restrict__ ids,
+                                const float* __restrict__ Yg, int S, const float* __restrict__ bias,
+                                uint16_t* __restrict__ Y, int64_t B, int out, bool relu) {
   const int per_row = out / 8;
   const int64_t total = B * per_row;
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
     const int64_t b = row_of<k32>(q, per_row);
     const int j = static_cast<int>(q - b * per_row) * 8;
-    const float4* z4 = reinterpret_cast<const float4*>(Z + b * out + j);
+    const int64_t zr = ids ? static_cast<int64_t>(ids[b]) : b;
+    const float4* z4 = reinterpret_cast<const float4*>(Z + zr * out + j);
     const float4 z0 = z4[0], z1 = z4[1];
     float v[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
     if (bias) {
@@ -991,20 +992,69 @@ __global__ void __launch_bounds__(kThreads)
 // Launches the epilogue over B × out: eight columns per thread where the widths
 // and pointers allow, else one element per thread.
 void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, int S,
-                          const float* bias, uint16_t* Y, int64_t B, int out, bool relu) {
+                          const float* bias, uint16_t* Y, int64_t B, int out, bool relu,
+                          const int32_t* ids = nullptr) {
   const bool octets = out % 8 == 0 && aligned16(Z) && aligned16(Y) && (!Yg || aligned16(Yg));
   if (!octets) {
-    bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out,
+    bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out,
                                                                      relu);
     return;
   }
   const int64_t total = B * (out / 8);
   if (total <= int64_t{UINT32_MAX}) {
     bias_act_bf16_octets_kernel<true>
-        <<<grid_for(total), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out, relu);
+        <<<grid_for(total), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out, relu);
   } else {
     bias_act_bf16_octets_kernel<false>
-        <<<grid_for(total), kThreads, 0, stream>>>(Z, Yg, S, bias, Y, B, out, relu);
+        <<<grid_for(total), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out, relu);
+  }
+}
+
+// gather_bias_act: group_bias_act_stream_kernel's expression on row ids[b] of P,
+// L columns per thread (vector loads of P's and Yg's rows, one vector store).
+template <int L, bool kRelu, bool k32>
+__global__ void __launch_bounds__(kThreads)
+    gather_bias_act_kernel(const float* __restrict__ P, const int32_t* __restrict__ ids,
+                           const float* __restrict__ Yg, const float* __restrict__ bias,
+                           float* __restrict__ Y, int64_t B, int S, int out) {
+  const int per_row = out / L;
+  const int64_t total = B * per_row;
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t b = row_of<k32>(x, per_row);
+    const int j = static_cast<int>(x - b * per_row) * L;
+    const Lanes<L> z = load_lanes<L>(P + static_cast<int64_t>(ids[b]) * out + j);
+    const int64_t group =
+        k32 ? int64_t{static_cast<uint32_t>(b) / static_cast<uint32_t>(S)} : b / S;
+    const Lanes<L> g = load_lanes<L>(Yg + group * out + j);
+    Lanes<L> y;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+      const float v = __fadd_rn(__fadd_rn(z.v[l], g.v[l]), bias ? bias[j + l] : 0.0f);
+      y.v[l] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+    store_lanes<L>(Y + b * out + j, y);
+  }
+}
+
+template <int L>
+void launch_gather_bias_act(cudaStream_t stream, const float* P, const int32_t* ids,
+                            const float* Yg, const float* bias, float* Y, int64_t B, int S, int out,
+                            bool relu) {
+  const int64_t total = B * (out / L);
+  const unsigned grid = grid_for(total);
+  const bool k32 = total <= int64_t{UINT32_MAX};
+  if (relu && k32) {
+    gather_bias_act_kernel<L, true, true>
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+  } else if (relu) {
+    gather_bias_act_kernel<L, true, false>
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+  } else if (k32) {
+    gather_bias_act_kernel<L, false, true>
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+  } else {
+    gather_bias_act_kernel<L, false, false>
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
   }
 }
 
@@ -1476,6 +1526,30 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
              GemmInput{X, CUDA_R_16BF}, static_cast<int>(ldx), GemmInput{weight, CUDA_R_16BF},
              static_cast<int>(ldw), 0.0f, Z, out, op);
   launch_bias_act_bf16(stream_of(ctx), Z, Yg, S, bias, Y, B, out, relu);
+  check_launch(op);
+}
+
+void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                     const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
+                     bool relu) {
+  const char* op = "gather_bias_act";
+  const int64_t B = n * S;
+  if (B == 0) return;
+  if (out % 4 == 0 && aligned16(P) && aligned16(Yg) && aligned16(Y)) {
+    launch_gather_bias_act<4>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu);
+  } else {
+    launch_gather_bias_act<1>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu);
+  }
+  check_launch(op);
+}
+
+void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                          const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
+                          int out, bool relu) {
+  const char* op = "gather_bias_act_bf16";
+  const int64_t B = n * S;
+  if (B == 0) return;
+  launch_bias_act_bf16(stream_of(ctx), P, Yg, S, bias, Y, B, out, relu, ids);
   check_launch(op);
 }
 

@@ -241,6 +241,22 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
                                bool relu);
+// Layer 0 against a table of per-item products (evaluation, where every candidate
+// is an item: P [R × out] = the items' half of layer 0 for each of R items, once
+// per evaluation, instead of once per sample). gather_bias_act is group_bias_act
+// with the product's row b taken from P[ids[b], :]: Y[b, j] = act((P[ids[b], j] +
+// Yg[b / S, j]) + bias[j]), the same two adds in the same order, so the bits of
+// group_linear_forward where the product rows are equal. gather_bias_act_bf16 is
+// group_linear_forward_bf16's epilogue on those rows: Y = bf16(act((P[ids[b], :] +
+// bias) + Yg[b / S, :])). ids [n·S] in [0, R): the CPU twins check each (the message
+// names the position and the id); the GPU twins read them as they are (the eval
+// reader checked every id against the item count).
+void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                     const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
+                     bool relu);
+void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                          const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
+                          int out, bool relu);
 // linear_backward on BF16 (GradMode kOverwrite): dY masked in place by Y > 0 when
 // relu; db (may be null) = column sums of the masked dY, in double over fixed
 // blocks; dX (may be null) = bf16(dZ · weight); dweight = dZ^T · X in FP32.
@@ -329,6 +345,12 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
                           int64_t B, int in, int out, bool relu);
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
                              int S, int out, float* dYg, int64_t lddyg, float* db, bool relu);
+void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                     const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
+                     bool relu);
+void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                          const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
+                          int out, bool relu);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
                             const float* c, float* logits, int64_t n, int S, int mf, int last);

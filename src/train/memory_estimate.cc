@@ -284,6 +284,10 @@ int64_t cuda_scratch_peak_bytes(const ScratchShapes& s) {
   return p.value();
 }
 
+bool eval_items_fit(int64_t items, int mf, int h, int out0, int64_t batch) {
+  return items * (int64_t(mf) + out0) <= batch * h;
+}
+
 int64_t MemoryEstimate::total() const {
   int64_t t = exchange + step + scratch + workspaces;
   for (int64_t x : tables) t += x;
@@ -320,6 +324,11 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
       plan.dedup);
   e.step = (rows_only ? 0 : local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64)) +
            eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16);
+  // Evaluation by items: its per-item arrays, and the table while they are made.
+  const int64_t I = int64_t(meta.num_items);
+  const int mf = cfg.num_factors, h = cfg.layers.empty() ? 0 : cfg.layers[0] / 2;
+  if (cfg.layers.size() > 1 && eval_items_fit(I, mf, h, cfg.layers[1], eval_users * L))
+    e.step += I * (mf + cfg.layers[1] + int64_t(D) + h) * 4;
   e.samples = local_samples;
   if (device == Device::kCuda) {
     e.scratch =

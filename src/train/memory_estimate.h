@@ -106,6 +106,14 @@ struct MemoryEstimate {
   int64_t total() const;
 };
 
+// Evaluation by items (Trainer::eval_by_items) keeps, per item, its GMF columns
+// and its layer-0 product: I × (mf + out0) floats, for the rest of the run. It is
+// taken where that is no more than the items' MLP rows an eval batch of `batch`
+// candidates would otherwise hold (batch × h): an item table, not a user-sized
+// one. While the products are made, the table [I × D] and its MLP columns [I × h]
+// are there too.
+bool eval_items_fit(int64_t items, int mf, int h, int out0, int64_t batch);
+
 // cfg.eval_only: rows only (no optimizer state), no training buffers.
 MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
                                     const EmbeddingPlan& plan, int rank, Device device);

@@ -239,6 +239,10 @@ int train_main(int& argc, char**& argv) {
     if (device == Device::kCpu)
       std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
+    std::printf("ncf_dist: evaluation: %s\n",
+                trainer.eval_by_items()
+                    ? "candidates scored from the item table (layer 0's items' half once per item)"
+                    : "candidates' rows looked up per sample");
     if (!trainer.exchange_reason().empty())
       std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());
   }

@@ -537,6 +537,9 @@ EvalResult Trainer::evaluate() {
   std::vector<int64_t> excl_offsets;
   std::vector<int32_t> excluded;
   if (full) tile_item_table(group, &full_item_tile_);
+  const bool by_items = eval_by_items();
+  if (by_items) prepare_eval_items();
+  const int mf = model_->config().mf_dim;
   EvalBatch b;
   std::vector<int32_t> users;
   double sums[4] = {0, 0, 0, 0};
@@ -564,12 +567,24 @@ EvalResult Trainer::evaluate() {
     device_copy(dev, eval_users_.data(), Device::kCpu, users.data(), size_t(n) * 4);
     device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
     device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
-    // One user row per user, shared by its L candidates; both tables in one
-    // exchange, as in the training step.
-    tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
-    if (n == 0) continue;
     scores_.reserve(n * L);
-    model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
+    if (by_items) {
+      // The users' rows only; the candidates' GMF columns from the item table here,
+      // their layer-0 products from the model's per-item table.
+      tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), 0}});
+      if (n == 0) continue;
+      eval_cand_gmf_.reserve(n * L * mf);
+      gather_rows(ctx_, eval_item_gmf_.data(), eval_items_.data(), eval_cand_gmf_.data(), I, n * L,
+                  mf);
+      model_->score_items(ctx_, tables_->rows(0), eval_cand_gmf_.data(), mf, eval_items_.data(), n,
+                          int(L), scores_.data());
+    } else {
+      // One user row per user, shared by its L candidates; both tables in one
+      // exchange, as in the training step.
+      tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
+      if (n == 0) continue;
+      model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
+    }
     double hr = 0, ndcg = 0;
     hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
@@ -605,6 +620,33 @@ EvalResult Trainer::evaluate() {
   res.full_ndcg = sums[3] / double(res.users);
   res.seconds = seconds_since(t0);
   return res;
+}
+
+bool Trainer::eval_by_items() const {
+  const char* env = std::getenv("NCF_EVAL_ITEMS");
+  if (env != nullptr && std::string(env) == "0") return false;
+  if (!model_->can_score_items()) return false;
+  if (parse_wire_dtype(cfg_.exchange_dtype) != WireDType::kFloat32) return false;
+  const NeuMFConfig& mc = model_->config();
+  const int64_t L = meta_.eval_negatives + 1;
+  return eval_items_fit(int64_t(meta_.num_items), mc.mf_dim, mc.mlp_half(), mc.layers.at(1),
+                        std::max<int64_t>(1, cfg_.eval_batch_size / L) * L);
+}
+
+void Trainer::prepare_eval_items() {
+  const std::vector<float> rows = tables_->gather_table(1);  // collective
+  const NeuMFConfig& mc = model_->config();
+  const int D = mc.embedding_width(), mf = mc.mf_dim, h = mc.mlp_half();
+  const int64_t I = int64_t(meta_.num_items);
+  NCF_CHECK(int64_t(rows.size()) == I * D, "item table of ", rows.size(), " floats, expected ",
+            I * D);
+  // The whole table and its MLP columns only while the products are made (a
+  // device buffer's free waits for the device).
+  Buffer<float> table(ctx_.device, rows.size()), mlp(ctx_.device, size_t(I) * h);
+  eval_item_gmf_.reserve(size_t(I) * mf);
+  device_copy(ctx_.device, table.data(), Device::kCpu, rows.data(), rows.size() * 4);
+  split_cols(ctx_, table.data(), mf, h, eval_item_gmf_.data(), mf, mlp.data(), h, I);
+  model_->prepare_items(ctx_, mlp.data(), h, I);
 }
 
 void Trainer::tile_item_table(int64_t copies, Buffer<float>* tile) {

@@ -113,6 +113,11 @@ class Trainer {
   // A checkpoint of where training ended, unless one of that step exists.
   void save_final_checkpoint();
   EvalResult evaluate();
+  // Whether evaluate() scores against the item table (NeuMF::score_items): a
+  // hidden layer and the fused top, FP32 rows on the wire (the rows the lookups
+  // would bring), and eval_items_fit (memory_estimate.h); NCF_EVAL_ITEMS=0 turns
+  // it off.
+  bool eval_by_items() const;
   // Loads a found checkpoint (resume(), ncf_recommend): its dataset must be
   // this one, and its flags this run's (with --eval_only: its shape flags).
   void load_checkpoint(const class CheckpointReader& ck);
@@ -159,6 +164,9 @@ class Trainer {
   // *tile on this rank's device, so that `copies` users meet every item in
   // one NeuMF::score ([copies × I × D]).
   void tile_item_table(int64_t copies, Buffer<float>* tile);
+  // The whole item table on this rank (collective), its GMF columns apart, and
+  // the model's per-item products of layer 0 (NeuMF::prepare_items).
+  void prepare_eval_items();
   // The positives.bin interactions of users[0..m) as one CSR on the host:
   // user x's items are (*items)[(*offsets)[x] .. (*offsets)[x+1]).
   void seen_items(const int32_t* users, int64_t m, std::vector<int64_t>* offsets,
@@ -236,6 +244,9 @@ class Trainer {
   // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
   // and their scores.
   Buffer<float> full_item_tile_, full_scores_;
+  // eval_by_items(): the item table's GMF columns [I × mf] and a batch's
+  // candidates' [n×L × mf].
+  Buffer<float> eval_item_gmf_, eval_cand_gmf_;
 };
 
 }  // namespace ncf

@@ -1,0 +1,260 @@
+// Evaluation against the item table (NeuMF::prepare_items / score_items, model/ops.h
+// gather_bias_act), on the CPU:
+//   - gather_bias_act is group_bias_act on the gathered rows, and gather_bias_act_bf16
+//     group_linear_forward_bf16's epilogue on them: bit for bit against loops written
+//     here, at 1 and 3 threads; an id outside the table is refused, named;
+//   - score_items gives forward()'s logits for the same rows: under FP32 within the
+//     rounding of the layer-0 product (its rows come from a GEMM of another shape),
+//     under BF16 storage within the bound test_bf16_storage.cc derives;
+//   - ncf_dist's evaluation by items ends with the per-sample evaluation's metrics, at
+//     1 rank and at 2 (where the item table is gathered from both).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/check.h"
+#include "model/neumf.h"
+#include "model/ops.h"
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using Vec = std::vector<float>;
+using Bits = std::vector<uint16_t>;
+using test::bin;
+using test::run;
+using test::TempDir;
+
+constexpr double kU16 = 1.0 / 256.0;
+
+ExecContext cpu(int threads) {
+  ExecContext ctx;
+  ctx.device = Device::kCpu;
+  ctx.threads = threads;
+  return ctx;
+}
+
+Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::vector<int32_t> random_ids(size_t n, int32_t R, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(0, R - 1);
+  std::vector<int32_t> ids(n);
+  for (int32_t& x : ids) x = dist(gen);
+  return ids;
+}
+
+struct Modes {
+  explicit Modes(MathMode m) { set_math_mode(m); }
+  ~Modes() { set_math_mode(MathMode::kTf32); }
+};
+
+TEST(GatherBiasAct, IsGroupBiasActAndTheBf16EpilogueOnTheGatheredRows) {
+  const int64_t R = 37, n = 53;
+  const int S = 7, out = 24;
+  const int64_t B = n * S;
+  const Vec P = random_vec(size_t(R) * out, 1), Yg = random_vec(size_t(n) * out, 2),
+            bias = random_vec(size_t(out), 3);
+  const std::vector<int32_t> ids = random_ids(size_t(B), int32_t(R), 4);
+  for (bool relu : {true, false})
+    for (bool with_bias : {true, false}) {
+      const float* b = with_bias ? bias.data() : nullptr;
+      const std::string what =
+          std::string(relu ? "relu" : "identity") + (with_bias ? ", bias" : ", no bias");
+      // FP32: the rows gathered by a loop, then group_bias_act.
+      Vec want(size_t(B) * out);
+      for (int64_t r = 0; r < B; ++r)
+        std::memcpy(&want[size_t(r) * out], &P[size_t(ids[size_t(r)]) * out], out * 4);
+      group_bias_act(cpu(1), want.data(), Yg.data(), b, n, S, out, relu);
+      // BF16: (z + bias) + Yg, ReLU, rounded, written out per element.
+      Bits want16(size_t(B) * out);
+      for (int64_t r = 0; r < B; ++r)
+        for (int j = 0; j < out; ++j) {
+          float z = P[size_t(ids[size_t(r)]) * out + j];
+          if (b) z = z + b[j];
+          z = z + Yg[size_t(r / S) * out + j];
+          if (relu) z = z > 0.0f ? z : 0.0f;
+          want16[size_t(r) * out + j] = float_to_bf16_bits(z);
+        }
+      for (int threads : {1, 3}) {
+        Vec got(size_t(B) * out, -7.0f);
+        gather_bias_act(cpu(threads), P.data(), R, ids.data(), Yg.data(), b, got.data(), n, S, out,
+                        relu);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << what << ", " << threads << " threads";
+        Bits got16(size_t(B) * out, 0xFFFF);
+        gather_bias_act_bf16(cpu(threads), P.data(), R, ids.data(), Yg.data(), b, got16.data(), n,
+                             S, out, relu);
+        EXPECT_EQ(got16, want16) << what << ", " << threads << " threads";
+      }
+    }
+}
+
+TEST(GatherBiasAct, RefusesAnIdOutsideTheTable) {
+  const int64_t R = 5, n = 2;
+  const int S = 3, out = 4;
+  const Vec P(size_t(R) * out, 1.0f), Yg(size_t(n) * out, 0.0f);
+  std::vector<int32_t> ids = {0, 1, 2, 3, 4, 0};
+  ids[4] = int32_t(R);
+  Vec Y(size_t(n) * S * out);
+  Bits Y16(Y.size());
+  for (bool bf16 : {false, true}) {
+    try {
+      if (bf16)
+        gather_bias_act_bf16(cpu(1), P.data(), R, ids.data(), Yg.data(), nullptr, Y16.data(), n, S,
+                             out, true);
+      else
+        gather_bias_act(cpu(1), P.data(), R, ids.data(), Yg.data(), nullptr, Y.data(), n, S, out,
+                        true);
+      ADD_FAILURE() << "id " << R << " of a table of " << R << " rows accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ids[4] = 5 is outside [0, 5)"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The logits of forward() on gathered rows and of score_items on the item table.
+struct Scores {
+  Vec forward, items;
+};
+Scores score_both(NeuMF& model, const ExecContext& ctx, const Vec& U, const Vec& T,
+                  const std::vector<int32_t>& ids, int64_t n, int S) {
+  const NeuMFConfig& c = model.config();
+  const int D = c.embedding_width(), mf = c.mf_dim;
+  const int64_t R = int64_t(T.size()) / D, B = n * S;
+  Vec rows(size_t(B) * D), gmf(size_t(B) * mf);
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(&rows[size_t(b) * D], &T[size_t(ids[size_t(b)]) * D], size_t(D) * 4);
+    std::memcpy(&gmf[size_t(b) * mf], &T[size_t(ids[size_t(b)]) * D], size_t(mf) * 4);
+  }
+  Scores s{Vec(size_t(B)), Vec(size_t(B))};
+  model.forward(ctx, U.data(), rows.data(), n, S, s.forward.data());
+  model.prepare_items(ctx, T.data() + mf, D, R);
+  model.score_items(ctx, U.data(), gmf.data(), mf, ids.data(), n, S, s.items.data());
+  return s;
+}
+
+TEST(ScoreItems, GivesForwardsLogitsForTheSameRows) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 64, 32, 16};
+  const int64_t n = 300, R = 211;
+  const int S = 21, D = cfg.embedding_width();
+  NeuMF model(cfg, Device::kCpu);
+  model.init(5);
+  Vec noise = random_vec(size_t(model.num_params()), 6, -0.1f, 0.1f);
+  for (const DenseLayerView& v : model.tower())
+    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+  ASSERT_TRUE(model.can_score_items());
+  const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
+  const Vec T = random_vec(size_t(R) * D, 22, -0.5f, 0.5f);
+  const std::vector<int32_t> ids = random_ids(size_t(n) * S, int32_t(R), 23);
+  {
+    // FP32: a layer-0 product row in FP32 differs between GEMM shapes by its own
+    // summation order at most (h products of O(1) terms); through the tower the
+    // logits move by a few units in the last place of their size.
+    Modes m(MathMode::kFp32);
+    const Scores s = score_both(model, cpu(2), U, T, ids, n, S);
+    double scale = 0.0;
+    for (float x : s.forward) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t b = 0; b < s.forward.size(); ++b)
+      ASSERT_NEAR(s.items[b], s.forward[b], 1e-5 * scale) << "logit " << b;
+    for (int threads : {1, 3}) {
+      const Scores again = score_both(model, cpu(threads), U, T, ids, n, S);
+      EXPECT_EQ(std::memcmp(again.items.data(), s.items.data(), s.items.size() * 4), 0)
+          << threads << " threads";
+    }
+  }
+  {
+    Modes m(MathMode::kBf16);
+    const Scores s = score_both(model, cpu(2), U, T, ids, n, S);
+    const double bound = (double(model.tower().size()) + 2.0) * kU16;
+    const double d = test::relative_rms(s.items.data(), s.forward.data(), s.forward.size());
+    EXPECT_LE(d, bound) << "BF16 storage: score_items vs forward, relative RMS";
+    for (int threads : {1, 3}) {
+      const Scores again = score_both(model, cpu(threads), U, T, ids, n, S);
+      EXPECT_EQ(std::memcmp(again.items.data(), s.items.data(), s.items.size() * 4), 0)
+          << "BF16, " << threads << " threads";
+    }
+  }
+}
+
+TEST(ScoreItems, NeedsPrepareItems) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 8;
+  cfg.layers = {16, 8};
+  NeuMF model(cfg, Device::kCpu);
+  model.init(1);
+  Vec U(size_t(cfg.embedding_width())), g(size_t(cfg.mf_dim)), logits(1);
+  const int32_t id = 0;
+  EXPECT_THROW(model.score_items(cpu(1), U.data(), g.data(), cfg.mf_dim, &id, 1, 1, logits.data()),
+               Error);
+}
+
+// ncf_dist's metrics lines (--metrics_json) of one run.
+std::vector<nlohmann::json> metrics_of(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
+  TempDir d;
+  auto prep = run(bin("ncf_prep") +
+                  " --synthetic custom --users 301 --items 157 --interactions 12000 "
+                  "--eval_negatives 60 --record_rows 300 --progress off --output " +
+                  d.file("data"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  for (const char* precision : {"fp32", "bf16"})
+    for (int W : {1, 2}) {
+      std::vector<nlohmann::json> m[2];
+      for (int by_items : {0, 1}) {
+        const std::string json = d.file("m" + std::to_string(by_items) + ".jsonl");
+        std::remove(json.c_str());  // --metrics_json appends
+        auto r = run("NCF_EVAL_ITEMS=" + std::to_string(by_items) + " " +
+                     (W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
+                     " --data_dir " + d.file("data") +
+                     " --batch_size 1005 --train_epochs 2 --threads 1 --progress off "
+                     "--eval_batch_size 1000 --precision " +
+                     precision + " --metrics_json " + json);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        const std::string said = by_items ? "candidates scored from the item table"
+                                          : "candidates' rows looked up per sample";
+        EXPECT_NE(r.output.find("ncf_dist: evaluation: " + said), std::string::npos) << r.output;
+        m[by_items] = metrics_of(json);
+      }
+      const std::string what = std::string(precision) + ", W=" + std::to_string(W);
+      ASSERT_EQ(m[0].size(), 2u) << what;
+      ASSERT_EQ(m[1].size(), 2u) << what;
+      for (size_t e = 0; e < 2; ++e) {
+        // Training is the same run: the same loss to the last digit printed.
+        EXPECT_EQ(m[0][e]["loss"], m[1][e]["loss"]) << what << " epoch " << e + 1;
+        // A candidate's score may move by a rounding; a tie that flips moves one
+        // user's hit (1 / 301 of HR).
+        EXPECT_NEAR(double(m[0][e]["hr"]), double(m[1][e]["hr"]), 1.5 / 301) << what;
+        EXPECT_NEAR(double(m[0][e]["ndcg"]), double(m[1][e]["ndcg"]), 1.5 / 301) << what;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace ncf
