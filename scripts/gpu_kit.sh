@@ -988,27 +988,31 @@ fig_nccl_share() {
 # Evaluation speed: one ml-20m evaluation (138,493 users x 1 + 999) after 2 steps, at
 # the default --eval_batch_size (100 users a batch, blocking copies around each) and at
 # 10x that, under PRECISION; the figure puts the two side by side.
-do_eval_speed() {
+do_eval_speed() {  # by items at two batch sizes, then the per-sample path at the larger
   local p=$1 bs
   for bs in 100000 1000000; do
     train_m20 "eval_${p}_b$bs" "$build/src/ncf_dist" --precision "$p" --train_epochs 1 \
       --max_steps 2 --eval_batch_size "$bs" || return
   done
+  NCF_EVAL_ITEMS=0 train_m20 "eval_${p}_b1000000_per_sample" "$build/src/ncf_dist" \
+    --precision "$p" --train_epochs 1 --max_steps 2 --eval_batch_size 1000000
 }
 fig_eval_speed() {
   local p
   p=$(basename "$1" .log)
   p=${p#eval_speed_}
-  python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" <<'EOF'
+  python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
+    "$out/eval_${p}_b1000000_per_sample.jsonl" <<'EOF'
 import json, sys
 def secs(path):
     try:
         return json.loads(open(path).read().splitlines()[-1])["eval_seconds"]
     except Exception:
         return None
-a, b = secs(sys.argv[1]), secs(sys.argv[2])
+a, b, c = secs(sys.argv[1]), secs(sys.argv[2]), secs(sys.argv[3])
 fmt = lambda x: f"{x:.3f} s" if x is not None else "no metrics"
-print(f"one evaluation: {fmt(a)} at --eval_batch_size 100000, {fmt(b)} at 1000000")
+print(f"one evaluation by items: {fmt(a)} at --eval_batch_size 100000, {fmt(b)} at 1000000; "
+      f"per sample at 1000000: {fmt(c)}")
 EOF
 }
 do_step_hr_ours() {
