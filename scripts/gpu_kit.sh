@@ -876,6 +876,11 @@ fig_step_ncu() {
     grep -E '^ +[0-9.]+ ms/step' "$1" | head -n 3 |
       awk '{printf "%s ms %s\n", $1, substr($0, index($0, "us  ") + 4, 40)}'; } | paste -s -d ';' | sed 's/;/; /g'
 }
+do_nccl_resume() {  # a checkpoint of 4 NCCL ranks on the GPU resumed by 1 GPU rank and 2 CPU ranks
+  ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \
+    --gtest_filter='TrainGpu.ANcclCheckpointResumesOnOneGpuRankAndOnTwoCpuRanks'
+}
+fig_ctest_filter() { grep -hE '^\[  (PASSED|FAILED) ' "$1" | tr '\n' ' ' | cut -c1-200; }
 do_step_nsys() {
   local nsys
   nsys="$(command -v nsys || true)"
@@ -1051,13 +1056,12 @@ EOF
 }
 run_step() {
   built || { record step FAIL "no build in $build" 0; return 0; }
+  # First what decides the step's next kernels (parity, the kernels side by side, the
+  # step, where its time goes, the peer, quality, evaluation), then the NCCL checks on
+  # one GPU (socket transport: slow), which a short window can skip.
   stage step_parity 1 150 fig_parity -- do_step_parity
   stage lt_probe 1 30 fig_tail -- do_lt_probe
-  stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
-  stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
   stage data_small 0 120 fig_tail -- do_small_data
-  stage nccl_dist_w2 1 120 fig_tail -- do_nccl_dist 2
-  stage nccl_stop_w2 1 150 fig_tail -- do_nccl_stop
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
   stage data_ml20m 0 240 fig_tail -- do_m20_data
@@ -1075,13 +1079,18 @@ run_step() {
   for p in tf32 bf16; do
     stage "step_ncu_$p" 1 90 fig_step_ncu -- do_step_ncu "$p"
   done
-  stage nccl_two_hop_2x2 1 180 fig_nccl_two_hop -- do_nccl_two_hop
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
   stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
   for p in tf32 bf16; do
     stage "eval_speed_$p" 1 90 fig_eval_speed -- do_eval_speed "$p"
   done
+  stage nccl_resume 1 120 fig_ctest_filter -- do_nccl_resume
+  stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
+  stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
+  stage nccl_dist_w2 1 120 fig_tail -- do_nccl_dist 2
+  stage nccl_stop_w2 1 150 fig_tail -- do_nccl_stop
+  stage nccl_two_hop_2x2 1 180 fig_nccl_two_hop -- do_nccl_two_hop
 }
 
 # ---- info and summary ------------------------------------------------------------------------------------
