@@ -18,6 +18,7 @@
 #include "common/bf16.h"
 #include "common/check.h"
 #include "model/ops.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
@@ -238,22 +239,11 @@ class ScopedMathMode {
   ScopedMathMode& operator=(const ScopedMathMode&) = delete;
 };
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.device = Device::kCpu;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
 // Values in [-1, 1) that are not BF16 values (random floats keep 24 bits), so
 // rounding them changes almost every product.
-Vec random_vec(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  Vec v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 double rb(float x) { return double(round_to_bf16(x)); }
 

@@ -34,20 +34,9 @@ using Bits = std::vector<uint16_t>;
 constexpr double kU16 = 1.0 / 256.0;
 constexpr double kU32 = 1.0 / 16777216.0;
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.device = Device::kCpu;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
-Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 using test::bf16_bits_of;
 using test::widen_bf16;

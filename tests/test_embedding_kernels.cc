@@ -21,6 +21,7 @@
 #include "data/negatives.h"
 #include "embedding/embedding_kernels.h"
 #include "model/ops.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
@@ -29,11 +30,7 @@ using IVec = std::vector<int32_t>;
 using LVec = std::vector<int64_t>;
 using Vec = std::vector<float>;
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
 IVec random_ids(size_t n, int32_t hi, uint32_t seed) {
   std::mt19937 gen(seed);

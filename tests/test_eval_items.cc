@@ -37,20 +37,9 @@ using test::TempDir;
 
 constexpr double kU16 = 1.0 / 256.0;
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.device = Device::kCpu;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
-Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 std::vector<int32_t> random_ids(size_t n, int32_t R, uint32_t seed) {
   std::mt19937 gen(seed);

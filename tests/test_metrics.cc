@@ -8,15 +8,12 @@
 
 #include "common/check.h"
 #include "model/metrics.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
 struct Sums {
   double hr = -1, ndcg = -1;

@@ -20,6 +20,7 @@
 #include "common/parallel.h"
 #include "model/neumf.h"
 #include "model/ops.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
@@ -27,22 +28,11 @@ namespace {
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 
-Vec random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using test::random_vec;
 
 DVec to_double(const Vec& v) { return DVec(v.begin(), v.end()); }
 
-ExecContext cpu(int threads) {
-  ExecContext ctx;
-  ctx.device = Device::kCpu;
-  ctx.threads = threads;
-  return ctx;
-}
+using test::cpu;
 
 // |got − want| <= atol + rtol·|want| element-wise; reports the first misses.
 void expect_close(const Vec& got, const DVec& want, double atol, double rtol, const char* what) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -173,6 +174,21 @@ std::string mpirun(int np, const std::string& bind) {
 bool gpu_required() {
   const char* v = std::getenv("NCF_REQUIRE_GPU");
   return v != nullptr && std::string(v) == "1";
+}
+
+ExecContext cpu(int threads) {
+  ExecContext ctx;
+  ctx.device = Device::kCpu;
+  ctx.threads = threads;
+  return ctx;
+}
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
 }
 
 double relative_rms(const float* got, const float* want, size_t n) {

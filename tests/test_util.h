@@ -81,6 +81,12 @@ struct ScopedPoller {
 // skipped).
 bool gpu_required();
 
+// A CPU context with `threads` threads for the ops (model/ops.h, table ops).
+ExecContext cpu(int threads);
+// n floats uniform in [lo, hi) from std::mt19937(seed): the same values on every machine
+// with the same standard library.
+std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f);
+
 // ‖got − want‖ / ‖want‖ over n floats, in double (‖got − want‖ when want is all
 // zeros): how far a run or a tensor is from another as a whole.
 double relative_rms(const float* got, const float* want, size_t n);
