@@ -1284,6 +1284,22 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
   ncf::cuda::group_bias_act(ctx, Y, Yg, bias, n, S, out, relu);
 }
 
+namespace {
+
+// The bias gradient of a group op: db = the column sums of the group sums dYg
+// [n × out] (row stride lddyg), in double over fixed chunks (deterministic_col_sums).
+void group_bias_grad(const ExecContext& ctx, cudaStream_t stream, const float* dYg, int64_t lddyg,
+                     int64_t n, int out, float* db, const char* op) {
+  double* partial = nullptr;
+  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
+    partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
+  });
+  deterministic_col_sums(stream, n, out, GroupRowsOp{dYg, lddyg}, partial, GradStore{db, false},
+                         op);
+}
+
+}  // namespace
+
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
                         int out, float* dYg, int64_t lddyg, float* db, bool relu) {
   const char* op = "group_sum_backward";
@@ -1302,13 +1318,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
                                                                  relu);
     check_launch(op);
   }
-  if (!db) return;
-  double* partial = nullptr;
-  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
-    partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
-  });
-  deterministic_col_sums(stream, n, out, GroupRowsOp{dYg, lddyg}, partial, GradStore{db, false},
-                         op);
+  if (db) group_bias_grad(ctx, stream, dYg, lddyg, n, out, db, op);
 }
 
 void concat_cols(const ExecContext& ctx, const float* A, int64_t lda, int wa, const float* C,
@@ -1595,13 +1605,7 @@ void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t
     }
     check_launch(op);
   }
-  if (!db) return;
-  double* partial = nullptr;
-  carve_scratch(cuda_resources(ctx, op), [&](ScratchLayout& s) {
-    partial = s.take<double>(static_cast<size_t>(col_chunks(n)) * out);
-  });
-  deterministic_col_sums(stream, n, out, GroupRowsOp{dYg, lddyg}, partial, GradStore{db, false},
-                         op);
+  if (db) group_bias_grad(ctx, stream, dYg, lddyg, n, out, db, op);
 }
 
 }  // namespace ncf::cuda
