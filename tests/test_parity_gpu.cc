@@ -219,6 +219,18 @@ class Parity : public ::testing::Test {
     destroy_cuda_context(gpu_);
   }
   bool on_gpu() const { return gpu_.device == Device::kCuda; }
+  // The CPU model's seeded init with non-zero tower biases (drawn from gen_), and the
+  // same parameters in the device model.
+  void same_parameters(NeuMF& cpu_model, NeuMF& dev_model) {
+    cpu_model.init(5);
+    Vec params(cpu_model.params().data(), cpu_model.params().data() + cpu_model.num_params());
+    const Vec noise = random_vec(params.size(), gen_, -0.1f, 0.1f);
+    for (const DenseLayerView& v : cpu_model.tower())
+      for (int j = 0; j < v.out; ++j) params[size_t(v.b_offset + j)] = noise[size_t(j)];
+    std::copy(params.begin(), params.end(), cpu_model.params().data());
+    device_copy(g_dev, dev_model.params().data(), Device::kCpu, params.data(),
+                params.size() * sizeof(float));
+  }
 
   ExecContext cpu_;
   ExecContext gpu_;
@@ -1192,14 +1204,7 @@ TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   const int S = 5, D = cfg.embedding_width();
   const int64_t B = n * S;
   NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
-  cpu_model.init(5);
-  Vec params(cpu_model.params().data(), cpu_model.params().data() + cpu_model.num_params());
-  const Vec noise = random_vec(params.size(), gen_, -0.1f, 0.1f);
-  for (const DenseLayerView& v : cpu_model.tower())
-    for (int j = 0; j < v.out; ++j) params[size_t(v.b_offset + j)] = noise[size_t(j)];
-  std::copy(params.begin(), params.end(), cpu_model.params().data());
-  device_copy(g_dev, dev_model.params().data(), Device::kCpu, params.data(),
-              params.size() * sizeof(float));
+  same_parameters(cpu_model, dev_model);
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec I = random_vec(size_t(B) * D, gen_, -0.5f, 0.5f);
   Vec labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
@@ -1300,14 +1305,7 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
   const int S = 21, D = cfg.embedding_width(), mf = cfg.mf_dim;
   const int64_t B = n * S;
   NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
-  cpu_model.init(5);
-  Vec params(cpu_model.params().data(), cpu_model.params().data() + cpu_model.num_params());
-  const Vec noise = random_vec(params.size(), gen_, -0.1f, 0.1f);
-  for (const DenseLayerView& v : cpu_model.tower())
-    for (int j = 0; j < v.out; ++j) params[size_t(v.b_offset + j)] = noise[size_t(j)];
-  std::copy(params.begin(), params.end(), cpu_model.params().data());
-  device_copy(g_dev, dev_model.params().data(), Device::kCpu, params.data(),
-              params.size() * sizeof(float));
+  same_parameters(cpu_model, dev_model);
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec T = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
   const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
