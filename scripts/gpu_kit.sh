@@ -604,10 +604,15 @@ do_profile_steps() {
   ours "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
     --train_epochs 1 --max_steps 30 --no_eval --step_log --progress off
 }
-do_profile_kernels() {
+ncu_path() {  # Nsight Compute: on PATH, else in the CUDA toolkit; empty when neither
   local ncu
   ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
-  [ -x "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  [ ! -x "$ncu" ] || echo "$ncu"
+}
+do_profile_kernels() {
+  local ncu
+  ncu="$(ncu_path)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 0; }
   ours "$ncu" --target-processes all --launch-count 400 --print-summary per-kernel \
     "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
     --train_epochs 1 --max_steps 2 --no_eval --progress off
@@ -862,8 +867,8 @@ EOF
 do_step_ncu() {  # PRECISION: Nsight Compute's duration of every kernel of 2 steps, the GPU's
   # own clocks (ncu locks them to base otherwise: 1.5 of 1.98 GHz on an H200)
   local ncu
-  ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
-  [ -x "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  ncu="$(ncu_path)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 0; }
   ours "$ncu" --target-processes all --clock-control none --section SpeedOfLight \
     --launch-count 600 --print-summary per-kernel \
     "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
