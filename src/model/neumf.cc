@@ -138,12 +138,8 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     group_linear_forward(ctx, item_rows + mf, D, w0 + h, v.in, u0_.data(), p + v.b_offset,
                          acts_[0].data(), n, S, h, v.out, true);
     x = acts_[0].data();
-    for (size_t l = 1; l < tower_.size(); ++l) {
-      const DenseLayerView& vl = tower_[l];
-      linear_forward(ctx, x, p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B, vl.in, vl.out,
-                     true);
-      x = acts_[l].data();
-    }
+    layers_above_first(ctx, B, false);
+    x = acts_.back().data();
   } else {
     // No hidden layer: the MLP output is X0 = [u_mlp ; i_mlp] itself.
     const float* um = user_rows + mf;
@@ -226,11 +222,7 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
               wb_.data() + v.w_offset, v.in, u0_.data(), v.out);
     gather_bias_act_bf16(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, a16_[0].data(),
                          n, S, v.out, true);
-    for (size_t l = 1; l < tower_.size(); ++l) {
-      const DenseLayerView& vl = tower_[l];
-      linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
-                          a16_[l].data(), B, vl.in, vl.out, true);
-    }
+    layers_above_first(ctx, B, true);
     neumf_top_forward_bf16(ctx, user_rows, D, item_gmf, ldg, a16_.back().data(), p + head_w_offset_,
                            p + head_c_offset_, logits, n, S, mf, last);
     return;
@@ -239,15 +231,23 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
        v.in, 0.0f, u0_.data(), v.out);
   gather_bias_act(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, acts_[0].data(), n, S,
                   v.out, true);
-  const float* x = acts_[0].data();
+  layers_above_first(ctx, B, false);
+  neumf_top_forward(ctx, user_rows, D, item_gmf, ldg, acts_.back().data(), p + head_w_offset_,
+                    p + head_c_offset_, logits, n, S, mf, last);
+}
+
+void NeuMF::layers_above_first(const ExecContext& ctx, int64_t B, bool bf16) {
+  const float* p = params_.data();
   for (size_t l = 1; l < tower_.size(); ++l) {
     const DenseLayerView& vl = tower_[l];
-    linear_forward(ctx, x, p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B, vl.in, vl.out,
-                   true);
-    x = acts_[l].data();
+    if (bf16) {
+      linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
+                          a16_[l].data(), B, vl.in, vl.out, true);
+    } else {
+      linear_forward(ctx, acts_[l - 1].data(), p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B,
+                     vl.in, vl.out, true);
+    }
   }
-  neumf_top_forward(ctx, user_rows, D, item_gmf, ldg, x, p + head_w_offset_, p + head_c_offset_,
-                    logits, n, S, mf, last);
 }
 
 bool NeuMF::bf16_storage() const {
@@ -276,11 +276,7 @@ void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits
             v.out);
   group_linear_forward_bf16(ctx, ib_.data(), h, w0 + h, v.in, u0_.data(), p + v.b_offset,
                             a16_[0].data(), n, S, h, v.out, true);
-  for (size_t l = 1; l < tower_.size(); ++l) {
-    const DenseLayerView& vl = tower_[l];
-    linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
-                        a16_[l].data(), B, vl.in, vl.out, true);
-  }
+  layers_above_first(ctx, B, true);
   neumf_top_forward_bf16(ctx, user_rows_, D, item_rows_, D, a16_.back().data(), p + head_w_offset_,
                          p + head_c_offset_, logits, n, S, mf, config_.layers.back());
 }

@@ -138,6 +138,9 @@ class NeuMF {
   // a16_[l] / d16_[l] replace acts_[l] / dacts_[l], wb_ is the BF16 copy of the
   // parameters, ub_ / ib_ the users' / items' MLP columns in BF16, du0b_ dU0.
   bool bf16_storage() const;
+  // Layers 1 .. L-1 of the tower on B rows, after layer 0: acts_ (FP32) or, with bf16,
+  // a16_ on wb_ (BF16 storage).
+  void layers_above_first(const ExecContext& ctx, int64_t B, bool bf16);
   void forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits);
   void backward_bf16(const ExecContext& ctx, const float* dlogits, const float* logits,
                      const float* labels, int64_t global_batch, double* loss, float* d_user_rows,
