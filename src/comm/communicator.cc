@@ -263,7 +263,7 @@ void Communicator::group_exchange_counts(CommGroup g, const int64_t* send, int64
 
 void* Communicator::scratch(int slot, size_t bytes) {
   Buffer<char>& b = scratch_[slot];
-  if (b.device() != device()) b = Buffer<char>(device(), 0);
+  if (!b.placed() || b.device() != device()) b = Buffer<char>(device(), 0);
   b.reserve(std::max<size_t>(bytes, 1));
   return b.data();
 }
@@ -473,7 +473,7 @@ void* Communicator::host_staging(int slot, size_t bytes) {
 void* Communicator::device_staging(int slot, size_t bytes) {
   NCF_CHECK(slot == 0 || slot == 1, "device_staging: slot ", slot, " (0 or 1)");
   Buffer<char>& b = device_staging_[slot];
-  if (b.device() != device()) b = Buffer<char>(device(), 0);
+  if (!b.placed() || b.device() != device()) b = Buffer<char>(device(), 0);
   b.reserve(std::max<size_t>(bytes, 1));
   return b.data();
 }

@@ -74,6 +74,13 @@ void device_free(Device d, void* p) {
 #endif
 }
 
+void buffer_without_device(size_t n, size_t bytes_each) {
+  throw_error(__FILE__, __LINE__,
+              detail::concat("Buffer: ", n, " elements of ", bytes_each,
+                             " bytes asked of a buffer made without a device (a workspace its "
+                             "owner never placed)"));
+}
+
 void device_release(Device d, void* p) noexcept {
   if (!p) return;
   if (d == Device::kCpu) {

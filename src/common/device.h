@@ -34,6 +34,8 @@ void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p);
 // device_free for destructors: never throws (wait_device_nothrow, errors dropped).
 void device_release(Device d, void* p) noexcept;
+// Throws: a Buffer made without a device was asked for n elements of `bytes_each`.
+[[noreturn]] void buffer_without_device(size_t n, size_t bytes_each);
 // Copies between any two devices (host<->device via cudaMemcpy: the host waits).
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
 void device_zero(Device d, void* p, size_t bytes);
@@ -99,16 +101,19 @@ class PinnedBuffer {
 // An owning, typed, device-tagged array. Move-only. reset, reserve (growing) and
 // move assignment free through device_free, so on a GPU they wait for the device
 // (its kernels may still read the memory) and may throw a wait poller's error; the
-// buffer is then unchanged.
+// buffer is then unchanged. A default-constructed Buffer has no device: it holds
+// nothing and its reserve throws until a Buffer(device, n) is moved into it, so a
+// workspace member left out of its owner's set-up fails on CPU ranks too, instead
+// of handing host memory to a GPU kernel.
 template <typename T>
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Device d, size_t n) : dev_(d), n_(n) {
+  Buffer(Device d, size_t n) : dev_(d), placed_(true), n_(n) {
     if (n) p_ = static_cast<T*>(device_alloc(d, n * sizeof(T)));
   }
   ~Buffer() { device_release(dev_, p_); }
-  Buffer(Buffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) {
+  Buffer(Buffer&& o) noexcept : dev_(o.dev_), placed_(o.placed_), p_(o.p_), n_(o.n_) {
     o.p_ = nullptr;
     o.n_ = 0;
   }
@@ -116,6 +121,7 @@ class Buffer {
     if (this != &o) {
       reset();
       dev_ = o.dev_;
+      placed_ = o.placed_;
       p_ = o.p_;
       n_ = o.n_;
       o.p_ = nullptr;
@@ -135,6 +141,7 @@ class Buffer {
   // memory is freed before the new is allocated, so the peak is the larger of the two.
   void reserve(size_t n) {
     if (n <= n_) return;
+    if (!placed_) buffer_without_device(n, sizeof(T));
     reset();
     p_ = static_cast<T*>(device_alloc(dev_, n * sizeof(T)));
     n_ = n;
@@ -144,6 +151,7 @@ class Buffer {
   }
 
   Device device() const { return dev_; }
+  bool placed() const { return placed_; }  // made with a device, or moved from one that was
   T* data() { return p_; }
   const T* data() const { return p_; }
   size_t size() const { return n_; }
@@ -151,6 +159,7 @@ class Buffer {
 
  private:
   Device dev_ = Device::kCpu;
+  bool placed_ = false;  // made with a device (or moved from one that was)
   T* p_ = nullptr;
   size_t n_ = 0;
 };

@@ -67,7 +67,7 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
   }
   for (Buffer<uint16_t>* b : {&wb_, &ub_, &ib_, &du0b_}) *b = Buffer<uint16_t>(device, 0);
   for (Buffer<float>* b :
-       {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_})
+       {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_, &pi_})
     *b = Buffer<float>(device, 0);
 }
 

@@ -197,7 +197,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   for (Buffer<int32_t>* b : {&eval_users_, &eval_items_}) *b = Buffer<int32_t>(ctx.device, 0);
   scores_ = Buffer<float>(ctx.device, 0);
   eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
-  for (Buffer<float>* b : {&full_item_tile_, &full_scores_}) *b = Buffer<float>(ctx.device, 0);
+  for (Buffer<float>* b : {&full_item_tile_, &full_scores_, &eval_item_gmf_, &eval_cand_gmf_})
+    *b = Buffer<float>(ctx.device, 0);
   if (cfg.eval_users > 0) {
     // A fixed subset of exactly eval_users users (selection sampling over the
     // user ids in order, keyed by the seed): the same on every rank and any W.
