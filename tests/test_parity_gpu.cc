@@ -1101,6 +1101,54 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
   }
 }
 
+// The BF16 ReLU mask (linear_backward_bf16) and group_sum_backward_bf16 take 16-byte
+// octets where the width and the arrays allow and single elements elsewhere (and
+// for the mask's last B·out % 8): at every width, group size and offset, the CPU
+// twin's bits. Y holds zeros, negatives and NaNs, which all mask to 0.
+TEST_F(Parity, Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit) {
+  for (int out : {1, 8, 13, 48, 64})
+    for (int S : {1, 5, 9})
+      for (int64_t n : {int64_t{1}, int64_t{37}})
+        for (int offset : {0, 1}) {  // offset 1: no array 16-byte aligned
+          const std::string what = shape({{"out", out}, {"S", S}, {"n", n}, {"offset", offset}});
+          const int64_t B = n * S;
+          const size_t len = size_t(B) * out + size_t(offset);
+          Bits Y = bf16_bits_of(random_vec(len, gen_, -1.0f, 1.0f));
+          for (size_t i = 0; i < len; i += 7) Y[i] = 0;
+          for (size_t i = 3; i < len; i += 11) Y[i] = 0x7fc0;  // NaN
+          const Bits dY0 = bf16_bits_of(random_vec(len, gen_));
+          // The mask, through linear_backward_bf16 without dX or db.
+          const int in = 8;
+          const Bits X = bf16_bits_of(random_vec(size_t(B) * in, gen_));
+          const Bits W = bf16_bits_of(random_vec(size_t(out) * in, gen_));
+          Bits dY = dY0;
+          Vec dW(size_t(out) * in);
+          Buffer<uint16_t> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY0);
+          Buffer<float> gdW = up(dW);
+          linear_backward_bf16(cpu_, X.data(), W.data(), Y.data() + offset, dY.data() + offset,
+                               nullptr, dW.data(), nullptr, B, in, out, true);
+          linear_backward_bf16(gpu_, gX.data(), gW.data(), gY.data() + offset, gdY.data() + offset,
+                               nullptr, gdW.data(), nullptr, B, in, out, true);
+          expect_same(down(gdY), dY, what + " linear_backward_bf16 masked dY");
+          for (bool relu : {true, false}) {
+            const std::string tag = what + (relu ? " (ReLU)" : " (no ReLU)");
+            Bits GdY = dY0;
+            const int64_t lddyg = out + offset;
+            Vec dYg(size_t(n) * lddyg + 1, 2.0f), db(static_cast<size_t>(out));
+            Buffer<uint16_t> gGdY = up(dY0);
+            Buffer<float> gdYg = up(dYg), gdb = up(db);
+            group_sum_backward_bf16(cpu_, Y.data() + offset, GdY.data() + offset, n, S, out,
+                                    dYg.data() + offset, lddyg, db.data(), relu);
+            group_sum_backward_bf16(gpu_, gY.data() + offset, gGdY.data() + offset, n, S, out,
+                                    gdYg.data() + offset, lddyg, gdb.data(), relu);
+            expect_same(down(gGdY), GdY, tag + " group_sum_backward_bf16 dY");
+            expect_same(down(gdYg), dYg, tag + " group_sum_backward_bf16 dYg");
+            expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol,
+                         tag + " group_sum_backward_bf16 db");
+          }
+        }
+}
+
 TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
   const int64_t n = 2000;
   const int S = 5, mf = 64, last = 64, F = mf + last;

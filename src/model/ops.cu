@@ -1058,11 +1058,28 @@ void launch_gather_bias_act(cudaStream_t stream, const float* P, const int32_t* 
   }
 }
 
-// dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask).
+// dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask): full
+// stores, eight BF16s (16 bytes) at a time when both arrays are 16-byte aligned
+// (vec), the last n % 8 (or all, without vec) one at a time.
+__device__ __forceinline__ uint32_t mask_bf16_pair(uint32_t y, uint32_t g) {
+  const uint32_t lo = bf16_bits_to_float(static_cast<uint16_t>(y)) > 0.0f ? g & 0xffffu : 0u;
+  const uint32_t hi = bf16_bits_to_float(static_cast<uint16_t>(y >> 16)) > 0.0f ? g >> 16 : 0u;
+  return lo | (hi << 16);
+}
+__device__ __forceinline__ uint4 mask_bf16_octet(const uint4& y, const uint4& g) {
+  return make_uint4(mask_bf16_pair(y.x, g.x), mask_bf16_pair(y.y, g.y), mask_bf16_pair(y.z, g.z),
+                    mask_bf16_pair(y.w, g.w));
+}
 __global__ void relu_mask_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY,
-                                      int64_t n) {
-  for (int64_t i = thread_first(); i < n; i += thread_stride())
-    if (!(bf16_bits_to_float(Y[i]) > 0.0f)) dY[i] = 0;
+                                      int64_t n, bool vec) {
+  const int64_t octets = vec ? n / 8 : 0;
+  for (int64_t q = thread_first(); q < octets; q += thread_stride()) {
+    const uint4 y = reinterpret_cast<const uint4*>(Y)[q];
+    const uint4 g = reinterpret_cast<const uint4*>(dY)[q];
+    reinterpret_cast<uint4*>(dY)[q] = mask_bf16_octet(y, g);
+  }
+  for (int64_t i = octets * 8 + thread_first(); i < n; i += thread_stride())
+    dY[i] = bf16_bits_to_float(Y[i]) > 0.0f ? dY[i] : uint16_t{0};
 }
 
 // Column sums of a row-major [B × out] BF16 array.
@@ -1074,41 +1091,102 @@ struct Bf16ColumnsOp {
   }
 };
 
-// group_sum_backward on BF16: one thread per (group p, column j); the group's
-// rows kGroupRowsInFlight at a time, every load first, then the masked values
-// stored and summed in s order in double (the CPU twin's order).
-template <bool kRelu>
+// group_sum_backward on BF16: one thread per (group p, L columns from j, L = 1 or
+// 8: one 16-byte load of each row); the group's rows kGroupRowsInFlight at a time,
+// every load first, then the masked rows stored whole and each column summed in s
+// order in double (the CPU twin's order): the same bits at either L.
+template <int L>
+struct Bf16Lanes;
+template <>
+struct Bf16Lanes<1> {
+  uint16_t v;
+  __device__ float at(int) const { return bf16_bits_to_float(v); }
+};
+template <>
+struct Bf16Lanes<8> {
+  uint4 v;
+  __device__ float at(int l) const {
+    const uint32_t w = (&v.x)[l >> 1];
+    return bf16_bits_to_float(static_cast<uint16_t>(l & 1 ? w >> 16 : w));
+  }
+};
+template <int L>
+__device__ __forceinline__ Bf16Lanes<L> load_bf16_lanes(const uint16_t* __restrict__ p) {
+  Bf16Lanes<L> r;
+  if constexpr (L == 8)
+    r.v = *reinterpret_cast<const uint4*>(p);
+  else
+    r.v = *p;
+  return r;
+}
+template <int L>
+__device__ __forceinline__ void store_bf16_lanes(uint16_t* __restrict__ p, const Bf16Lanes<L>& r) {
+  if constexpr (L == 8)
+    *reinterpret_cast<uint4*>(p) = r.v;
+  else
+    *p = r.v;
+}
+template <int L>
+__device__ __forceinline__ Bf16Lanes<L> mask_bf16_lanes(const Bf16Lanes<L>& y,
+                                                        const Bf16Lanes<L>& g) {
+  Bf16Lanes<L> r;
+  if constexpr (L == 8)
+    r.v = mask_bf16_octet(y.v, g.v);
+  else
+    r.v = bf16_bits_to_float(y.v) > 0.0f ? g.v : uint16_t{0};
+  return r;
+}
+
+template <int L, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
     group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,
                           int S, int out, float* __restrict__ dYg, int64_t lddyg) {
-  for (int64_t x = thread_first(); x < n * out; x += thread_stride()) {
-    const int64_t p = x / out;
-    const int j = static_cast<int>(x - p * out);
+  const int per_row = out / L;
+  const int64_t total = n * per_row;
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t p = x / per_row;
+    const int j = static_cast<int>(x - p * per_row) * L;
     const int64_t first = p * S * out + j;
-    double acc = 0.0;
+    double acc[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) acc[l] = 0.0;
     for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
       const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
-      uint16_t g[kGroupRowsInFlight], y[kGroupRowsInFlight];
+      Bf16Lanes<L> g[kGroupRowsInFlight], y[kGroupRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kGroupRowsInFlight; ++k) {
         if (k < m) {
           const int64_t i = first + static_cast<int64_t>(s0 + k) * out;
-          g[k] = dY[i];
-          if (kRelu) y[k] = Y[i];
+          g[k] = load_bf16_lanes<L>(dY + i);
+          if (kRelu) y[k] = load_bf16_lanes<L>(Y + i);
         }
       }
 #pragma unroll
       for (int k = 0; k < kGroupRowsInFlight; ++k) {
         if (k < m) {
           if (kRelu) {
-            g[k] = bf16_bits_to_float(y[k]) > 0.0f ? g[k] : uint16_t{0};
-            dY[first + static_cast<int64_t>(s0 + k) * out] = g[k];
+            g[k] = mask_bf16_lanes<L>(y[k], g[k]);
+            store_bf16_lanes<L>(dY + first + static_cast<int64_t>(s0 + k) * out, g[k]);
           }
-          acc += bf16_bits_to_float(g[k]);
+#pragma unroll
+          for (int l = 0; l < L; ++l) acc[l] += g[k].at(l);
         }
       }
     }
-    dYg[p * lddyg + j] = static_cast<float>(acc);
+    float* dst = dYg + p * lddyg + j;
+#pragma unroll
+    for (int l = 0; l < L; ++l) dst[l] = static_cast<float>(acc[l]);
+  }
+}
+
+template <int L>
+void launch_group_sum_bf16(cudaStream_t stream, const uint16_t* Y, uint16_t* dY, int64_t n, int S,
+                           int out, float* dYg, int64_t lddyg, bool relu) {
+  const unsigned grid = grid_for(n * (out / L));
+  if (relu) {
+    group_sum_bf16_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
+  } else {
+    group_sum_bf16_kernel<L, false><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
   }
 }
 
@@ -1575,7 +1653,9 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
     });
   }
   if (relu && B > 0) {
-    relu_mask_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Y, dY, B * out);
+    const bool vec = aligned16(Y) && aligned16(dY);
+    relu_mask_bf16_kernel<<<grid_for(vec ? B * out / 8 + 1 : B * out), kThreads, 0, stream>>>(
+        Y, dY, B * out, vec);
     check_launch(op);
   }
   if (db)
@@ -1596,13 +1676,11 @@ void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t
   const char* op = "group_sum_backward_bf16";
   cudaStream_t stream = stream_of(ctx);
   if (n > 0) {
-    if (relu) {
-      group_sum_bf16_kernel<true>
-          <<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
-    } else {
-      group_sum_bf16_kernel<false>
-          <<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
-    }
+    // Rows of 16-byte octets when the width and both arrays allow.
+    if (out % 8 == 0 && aligned16(dY) && (!relu || aligned16(Y)))
+      launch_group_sum_bf16<8>(stream, Y, dY, n, S, out, dYg, lddyg, relu);
+    else
+      launch_group_sum_bf16<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu);
     check_launch(op);
   }
   if (db) group_bias_grad(ctx, stream, dYg, lddyg, n, out, db, op);
