@@ -806,6 +806,7 @@ run_bench() {
     stage nccl_multi_gpu 1 180 fig_thr -- train_m20 nccl_multi_gpu "$(command -v mpirun)" \
       -np "$num_gpus" "${mpirun_args[@]}" "$build/src/ncf_dist" --comm nccl --train_epochs 2 --no_eval
   fi
+  stage step_ncu_top 1 90 fig_step_ncu_top -- do_step_ncu_top
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
 }
 
@@ -817,7 +818,7 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.ScoreItemsTracksTheCpuTwinAndForward"
+step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.ScoreItemsTracksTheCpuTwinAndForward"
 do_step_parity() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
     --gtest_filter="$step_parity_filter"
@@ -880,6 +881,24 @@ fig_step_ncu() {
   { grep -m1 '^# .* kernels' "$1" | cut -c3-
     grep -E '^ +[0-9.]+ ms/step' "$1" | head -n 3 |
       awk '{printf "%s ms %s\n", $1, substr($0, index($0, "us  ") + 4, 40)}'; } | paste -s -d ';' | sed 's/;/; /g'
+}
+do_step_ncu_top() {  # the fused top's two kernels of step 2 in depth (memory, warp stalls,
+  # occupancy), on FP32 and on BF16 storage: why the BF16 ones, moving fewer bytes, take longer
+  local ncu p
+  ncu="$(ncu_path)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  for p in tf32 bf16; do
+    echo "## $p"
+    ours "$ncu" --target-processes all --clock-control none --kernel-name regex:neumf_top \
+      --launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+      "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+      --precision "$p" --train_epochs 1 --max_steps 3 --no_eval --progress off || return 1
+  done
+}
+fig_step_ncu_top() {
+  awk '/^## /{p=$2} /neumf_top_(forward|backward)_kernel/{k=($0 ~ /forward/) ? "fwd" : "bwd"}
+    /^ +Duration +[a-z]+ /{printf "%s %s %s %s; ", p, k, $(NF), $2}' "$1" | cut -c1-200
 }
 do_nccl_resume() {  # a checkpoint of 4 NCCL ranks on the GPU resumed by 1 GPU rank and 2 CPU ranks
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \
