@@ -806,7 +806,6 @@ run_bench() {
     stage nccl_multi_gpu 1 180 fig_thr -- train_m20 nccl_multi_gpu "$(command -v mpirun)" \
       -np "$num_gpus" "${mpirun_args[@]}" "$build/src/ncf_dist" --comm nccl --train_epochs 2 --no_eval
   fi
-  stage step_ncu_top 1 90 fig_step_ncu_top -- do_step_ncu_top
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
 }
 
@@ -1103,6 +1102,7 @@ run_step() {
   for p in tf32 bf16; do
     stage "step_ncu_$p" 1 90 fig_step_ncu -- do_step_ncu "$p"
   done
+  stage step_ncu_top 1 90 fig_step_ncu_top -- do_step_ncu_top
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
   stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
