@@ -879,7 +879,8 @@ do_step_ncu() {  # PRECISION: Nsight Compute's duration of every kernel of 2 ste
 fig_step_ncu() {
   { grep -m1 '^# .* kernels' "$1" | cut -c3-
     grep -E '^ +[0-9.]+ ms/step' "$1" | head -n 3 |
-      awk '{printf "%s ms %s\n", $1, substr($0, index($0, "us  ") + 4, 40)}'; } | paste -s -d ';' | sed 's/;/; /g'
+      awk '{printf "%s ms (%s HBM) %s\n", $1, $7, substr($0, index($0, "% HBM  ") + 7, 40)}'; } |
+    paste -s -d ';' | sed 's/;/; /g'
 }
 do_step_ncu_top() {  # the fused top's two kernels of step 2 in depth (memory, warp stalls,
   # occupancy), on FP32 and on BF16 storage: why the BF16 ones, moving fewer bytes, take longer
