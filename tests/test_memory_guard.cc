@@ -149,5 +149,27 @@ TEST(MemoryGuard, RowsOnlyHasNoTrainingCarves) {
   EXPECT_EQ(cuda_scratch_peak_bytes(s), expected);
 }
 
+// --eval_batch_size's default follows the resolved device: 100,000 on CPU ranks, a
+// million on GPU ranks; a value on the command line is kept on either, even the CPU's
+// default.
+TEST(DeviceDefaults, GpuRanksEvaluateInBatchesOfAMillionUnlessTheFlagIsGiven) {
+  auto parsed = [](std::vector<std::string> args, bool gpu) {
+    args.insert(args.begin(), {"ncf_dist", "--data_dir", "/nonexistent"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    TrainConfig c;
+    int code = -1;
+    EXPECT_TRUE(parse_train_flags(int(argv.size()), argv.data(), &c, &code));
+    use_device_defaults(&c, gpu);
+    return c.eval_batch_size;
+  };
+  EXPECT_EQ(parsed({}, false), 100000);
+  EXPECT_EQ(parsed({}, true), kGpuEvalBatchSize);
+  EXPECT_EQ(kGpuEvalBatchSize, 1000000);
+  EXPECT_EQ(parsed({"--eval_batch_size", "5000"}, true), 5000);
+  EXPECT_EQ(parsed({"--eval_batch_size", "100000"}, true), 100000);
+  EXPECT_EQ(parsed({"--eval_batch_size", "2000000"}, false), 2000000);
+}
+
 }  // namespace
 }  // namespace ncf

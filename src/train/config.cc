@@ -123,8 +123,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "rounded down to a multiple of 1 + num_neg)")
       ->capture_default_str();
   app.add_option("--eval_batch_size", c.eval_batch_size,
-                 "eval samples (users x (1 + E)) scored per batch on each rank")
-      ->capture_default_str();
+                 "eval samples (users x (1 + E)) scored per batch on each rank (default: "
+                 "100000 on CPU ranks, 1000000 on GPU ranks)");
   app.add_option("--learning_rate", c.learning_rate, "Adam learning rate")->capture_default_str();
   app.add_option("--beta1", c.beta1, "Adam beta1")->capture_default_str();
   app.add_option("--beta2", c.beta2, "Adam beta2")->capture_default_str();
@@ -330,6 +330,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   }
 
   c.topk_given = app.count("--topk") > 0;
+  c.eval_batch_size_given = app.count("--eval_batch_size") > 0;
   c.peer_lost_after_given = app.count("--peer_lost_after") > 0;
   {
     // Flags given that this combination never reads. A note, not a refusal: a
@@ -394,6 +395,10 @@ void validate_config(const TrainConfig& c) {
                "exchange_dtype, table_dtype)");
   if (c.device == "cpu" && c.comm == "nccl")
     NCF_FAIL("flag --comm nccl needs --device cuda (NCCL exchanges device buffers)");
+}
+
+void use_device_defaults(TrainConfig* c, bool gpu) {
+  if (gpu && !c->eval_batch_size_given) c->eval_batch_size = kGpuEvalBatchSize;
 }
 
 nlohmann::json trajectory_flags(const TrainConfig& c) {

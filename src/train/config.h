@@ -10,11 +10,19 @@
 
 namespace ncf {
 
+// The default --eval_batch_size of a GPU rank: at 100,000 a GPU evaluation is bound by
+// its per-batch work on the host (an H200 evaluates ml-20m in 1.02 s at 100,000 and in
+// 0.32 s at 1,000,000, bench/results/gpu_2026-11-27_410a5f3).
+constexpr int64_t kGpuEvalBatchSize = 1000000;
+
 struct TrainConfig {
   std::string data_dir;
   std::string preset;         // "", "ml-20m-mlperf", "ncf-paper"
   int64_t batch_size = 2048;  // training samples per global step (positives × (1 + num_neg))
-  int64_t eval_batch_size = 100000;  // eval samples (users × (1 + E)) per eval batch per rank
+  // Eval samples (users × (1 + E)) per eval batch per rank: 100,000 on CPU ranks, and
+  // kGpuEvalBatchSize on GPU ranks unless --eval_batch_size was given (use_device_defaults).
+  int64_t eval_batch_size = 100000;
+  bool eval_batch_size_given = false;
   double learning_rate = 0.001;
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
   int num_factors = 8;  // mf_dim
@@ -104,5 +112,9 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code);
 // combinations. (The ones that need the dataset, --topk and --eval_users
 // against its eval lists, are ncf_dist's.)
 void validate_config(const TrainConfig& cfg);
+
+// The defaults that depend on where the ranks run, once --device is resolved (the
+// same on every rank): on GPU ranks --eval_batch_size is kGpuEvalBatchSize unless given.
+void use_device_defaults(TrainConfig* cfg, bool gpu);
 
 }  // namespace ncf

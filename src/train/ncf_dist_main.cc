@@ -158,6 +158,7 @@ int train_main(int& argc, char**& argv) {
   RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads, ranks_per_node);
   const Device device = rt.ctx.device;
   cfg.device = device_name(device);
+  use_device_defaults(&cfg, device == Device::kCuda);
   if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
   // Collective: every rank's heartbeat connections to its ring neighbours.
   if (cfg.peer_lost_after > 0) {
