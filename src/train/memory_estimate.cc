@@ -243,7 +243,10 @@ ScratchShapes scratch_shapes(const TrainConfig& cfg, const DatasetMeta& meta,
     s.train_received.push_back(received);
   }
   s.eval_list = int64_t(meta.eval_negatives) + 1;
-  s.eval_users = std::max<int64_t>(1, cfg.eval_batch_size / s.eval_list);
+  // A batch holds at most the dataset's eval users (a GPU rank's default batch of a
+  // million samples is more than a small dataset has).
+  s.eval_users = std::min<int64_t>(std::max<int64_t>(1, cfg.eval_batch_size / s.eval_list),
+                                   std::max<int64_t>(1, int64_t(meta.num_eval_users)));
   s.eval_lookups = {s.eval_users, s.eval_users * s.eval_list};
   // Full ranking and ncf_recommend score a group of users against every item.
   if (cfg.eval_full_ranking || cfg.eval_only) {
