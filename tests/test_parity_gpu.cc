@@ -1104,7 +1104,9 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
 // The BF16 ReLU mask (linear_backward_bf16) and group_sum_backward_bf16 take 16-byte
 // octets where the width and the arrays allow and single elements elsewhere (and
 // for the mask's last B·out % 8): at every width, group size and offset, the CPU
-// twin's bits. Y holds zeros, negatives and NaNs, which all mask to 0.
+// twin's bits. Y holds zeros, negatives and NaNs, which all mask to 0. With a bias
+// gradient the mask runs fused with its column sums, whose db must be the sums'
+// bits over the masked dY.
 TEST_F(Parity, Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit) {
   for (int out : {1, 8, 13, 48, 64})
     for (int S : {1, 5, 9})
@@ -1117,19 +1119,30 @@ TEST_F(Parity, Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit) {
           for (size_t i = 0; i < len; i += 7) Y[i] = 0;
           for (size_t i = 3; i < len; i += 11) Y[i] = 0x7fc0;  // NaN
           const Bits dY0 = bf16_bits_of(random_vec(len, gen_));
-          // The mask, through linear_backward_bf16 without dX or db.
+          // The mask through linear_backward_bf16 without dX, alone (no db) and with the
+          // bias gradient (the mask and its column sums in one pass). That db is the bits of
+          // the column sums alone over the masked dY (relu off), and near the CPU's.
           const int in = 8;
           const Bits X = bf16_bits_of(random_vec(size_t(B) * in, gen_));
           const Bits W = bf16_bits_of(random_vec(size_t(out) * in, gen_));
           Bits dY = dY0;
-          Vec dW(size_t(out) * in);
-          Buffer<uint16_t> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY0);
-          Buffer<float> gdW = up(dW);
+          Vec dW(size_t(out) * in), db(static_cast<size_t>(out));
+          Buffer<uint16_t> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY0), gdY2 = up(dY0);
+          Buffer<float> gdW = up(dW), gdb = up(db), gdb2 = up(db);
           linear_backward_bf16(cpu_, X.data(), W.data(), Y.data() + offset, dY.data() + offset,
-                               nullptr, dW.data(), nullptr, B, in, out, true);
+                               nullptr, dW.data(), db.data(), B, in, out, true);
           linear_backward_bf16(gpu_, gX.data(), gW.data(), gY.data() + offset, gdY.data() + offset,
                                nullptr, gdW.data(), nullptr, B, in, out, true);
           expect_same(down(gdY), dY, what + " linear_backward_bf16 masked dY");
+          linear_backward_bf16(gpu_, gX.data(), gW.data(), gY.data() + offset, gdY2.data() + offset,
+                               nullptr, gdW.data(), gdb.data(), B, in, out, true);
+          expect_same(down(gdY2), dY, what + " linear_backward_bf16 masked dY, with db");
+          expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol,
+                       what + " linear_backward_bf16 db");
+          linear_backward_bf16(gpu_, gX.data(), gW.data(), nullptr, gdY.data() + offset, nullptr,
+                               gdW.data(), gdb2.data(), B, in, out, false);
+          expect_same(down(gdb2), down(gdb),
+                      what + " linear_backward_bf16 db: fused vs sums alone");
           for (bool relu : {true, false}) {
             const std::string tag = what + (relu ? " (ReLU)" : " (no ReLU)");
             Bits GdY = dY0;

@@ -639,6 +639,73 @@ __global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __re
     dY[i] = Y[i] > 0.0f ? dY[i] : 0.0f;
 }
 
+// The ReLU mask of dY (relu_mask_stream_kernel, relu_mask_bf16_kernel) and the bias
+// gradient's column sums of the masked dY (col_sums_kernel over ColumnsOp or
+// Bf16ColumnsOp) in one pass over the arrays: block (x, y) takes col_sums_kernel's rows
+// [x·kColChunk, …) and columns [32y, 32y+32), thread (tx, ty) its rows ty, ty+8, … in that
+// order, kMaskRowsInFlight of them loaded before the first is stored (each element stored
+// whole), and the thread rows combined in ty order. The same masked values added in the
+// same order: both kernels' bits. T: float, or uint16_t for BF16 bits.
+constexpr int kMaskRowsInFlight = 8;
+__device__ __forceinline__ float element_value(float x) { return x; }
+__device__ __forceinline__ float element_value(uint16_t x) { return bf16_bits_to_float(x); }
+template <typename T>
+__global__ void __launch_bounds__(kColLanes* kColRows)
+    mask_col_sums_kernel(const T* __restrict__ Y, T* __restrict__ dY, int64_t B, int C,
+                         double* __restrict__ partial) {
+  __shared__ double sh[kColRows][kColLanes];
+  const int c = blockIdx.y * kColLanes + threadIdx.x;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
+  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
+  double acc = 0.0;
+  if (c < C) {
+    for (int64_t base = b0 + threadIdx.y; base < b1; base += kColRows * kMaskRowsInFlight) {
+      T g[kMaskRowsInFlight], y[kMaskRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kMaskRowsInFlight; ++k) {
+        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
+        if (b < b1) {
+          g[k] = dY[b * C + c];
+          y[k] = Y[b * C + c];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kMaskRowsInFlight; ++k) {
+        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
+        if (b < b1) {
+          const T m = element_value(y[k]) > 0.0f ? g[k] : T{0};
+          dY[b * C + c] = m;
+          acc += static_cast<double>(element_value(m));
+        }
+      }
+    }
+  }
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    double s = 0.0;
+    for (int r = 0; r < kColRows; ++r) s += sh[r][threadIdx.x];
+    partial[static_cast<int64_t>(blockIdx.x) * C + c] = s;
+  }
+}
+
+// dY masked by Y > 0 in place and store(c, Σ_b dY[b, c]): deterministic_col_sums'
+// chunks, groups and order (partial holds col_chunks(B)·C doubles).
+template <typename T, typename Store>
+void masked_col_sums(cudaStream_t stream, const T* Y, T* dY, int64_t B, int C, double* partial,
+                     Store store, const char* what) {
+  const int64_t chunks = col_chunks(B);
+  const int64_t tiles = (static_cast<int64_t>(C) + kColLanes - 1) / kColLanes;
+  check_int_range(what, "row chunks", chunks);
+  NCF_CHECK(tiles <= 65535, what, ": C=", C, " columns exceed the grid's y range");
+  if (chunks > 0 && C > 0) {
+    dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
+    mask_col_sums_kernel<T><<<grid, dim3(kColLanes, kColRows), 0, stream>>>(Y, dY, B, C, partial);
+  }
+  finish_col_sums(stream, partial, chunks, C, store);
+  check_launch(what);
+}
+
 // Column sums of a row-major [B × out] array, read only (the streaming bias gradient).
 struct ColumnsOp {
   const float* __restrict__ X;
@@ -1282,13 +1349,15 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
   }
   // 1. dZ: dY masked in place, and the bias column sums of it when there is a bias.
   if (step_kernels() == StepKernels::kStreaming) {
-    if (relu && B > 0) {
+    if (relu && db) {  // the mask and its column sums in one pass
+      masked_col_sums(stream, Y, dY, B, out, partial, GradStore{db, add}, op);
+    } else if (relu && B > 0) {
       relu_mask_stream_kernel<<<grid_for(B * out / 4 + 1), kThreads, 0, stream>>>(
           Y, dY, B * out, aligned16(Y) && aligned16(dY));
       check_launch(op);
-    }
-    if (db)
+    } else if (db) {
       deterministic_col_sums(stream, B, out, ColumnsOp{dY, out}, partial, GradStore{db, add}, op);
+    }
   } else if (db) {  // legacy: the mask fused into the sums' loop
     deterministic_col_sums(stream, B, out, LinearBiasOp{dY, Y, out, relu}, partial,
                            GradStore{db, add}, op);
@@ -1652,15 +1721,17 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
       partial = s.take<double>(static_cast<size_t>(col_chunks(B)) * out);
     });
   }
-  if (relu && B > 0) {
+  if (relu && db) {  // the mask and its column sums in one pass
+    masked_col_sums(stream, Y, dY, B, out, partial, GradStore{db, false}, op);
+  } else if (relu && B > 0) {
     const bool vec = aligned16(Y) && aligned16(dY);
     relu_mask_bf16_kernel<<<grid_for(vec ? B * out / 8 + 1 : B * out), kThreads, 0, stream>>>(
         Y, dY, B * out, vec);
     check_launch(op);
-  }
-  if (db)
+  } else if (db) {
     deterministic_col_sums(stream, B, out, Bf16ColumnsOp{dY, out}, partial, GradStore{db, false},
                            op);
+  }
   // dX = dZ·weight, written as BF16 by cuBLAS (no epilogue: one rounding of the
   // FP32 accumulator).
   if (dX && B > 0)
