@@ -1024,13 +1024,16 @@ do_eval_speed() {  # by items at two batch sizes, then the per-sample path at th
       --max_steps 2 --eval_batch_size "$bs" || return
   done
   NCF_EVAL_ITEMS=0 train_m20 "eval_${p}_b1000000_per_sample" "$build/src/ncf_dist" \
+    --precision "$p" --train_epochs 1 --max_steps 2 --eval_batch_size 1000000 || return
+  # where the time goes: each phase ends with a device wait (slower, but split)
+  NCF_EVAL_PHASES=1 train_m20 "eval_${p}_b1000000_phases" "$build/src/ncf_dist" \
     --precision "$p" --train_epochs 1 --max_steps 2 --eval_batch_size 1000000
 }
 fig_eval_speed() {
   local p
   p=$(basename "$1" .log)
   p=${p#eval_speed_}
-  python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
+  { python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
     "$out/eval_${p}_b1000000_per_sample.jsonl" <<'EOF'
 import json, sys
 def secs(path):
@@ -1043,6 +1046,8 @@ fmt = lambda x: f"{x:.3f} s" if x is not None else "no metrics"
 print(f"one evaluation by items: {fmt(a)} at --eval_batch_size 100000, {fmt(b)} at 1000000; "
       f"per sample at 1000000: {fmt(c)}")
 EOF
+  grep -m1 'eval phases' "$1" | sed 's/.*after each)://; s/^/phases at 1000000:/' || true; } |
+    paste -s -d '|' | sed 's/|/; /g'
 }
 do_step_hr_ours() {
   train_m20 step_hr_ours "$build/src/ncf_dist" --precision tf32 --train_epochs 3

@@ -245,5 +245,41 @@ TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
     }
 }
 
+// NCF_EVAL_PHASES=1 prints where one evaluation's time went, once per evaluation on
+// rank 0, and changes no metric: the same lines as the run without it.
+TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
+  TempDir d;
+  auto prep = run(bin("ncf_prep") +
+                  " --synthetic custom --users 301 --items 157 --interactions 12000 "
+                  "--eval_negatives 60 --record_rows 300 --progress off --output " +
+                  d.file("data"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  std::vector<nlohmann::json> m[2];
+  for (int phases : {0, 1}) {
+    const std::string json = d.file("p" + std::to_string(phases) + ".jsonl");
+    auto r = run("NCF_EVAL_PHASES=" + std::to_string(phases) + " " + test::mpirun(2) + " " +
+                 bin("ncf_dist") + " --data_dir " + d.file("data") +
+                 " --batch_size 1005 --train_epochs 2 --threads 1 --progress off "
+                 "--eval_batch_size 1000 --metrics_json " +
+                 json);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    size_t lines = 0;
+    for (size_t at = r.output.find("ncf_dist: eval phases"); at != std::string::npos;
+         at = r.output.find("ncf_dist: eval phases", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, phases ? 2u : 0u) << r.output;  // one per epoch's evaluation, rank 0 only
+    if (phases) {
+      for (const char* p : {" prepare ", " read ", " upload ", " lookup ", " score ", " metrics ",
+                            " full ranking "})
+        EXPECT_NE(r.output.find(p), std::string::npos) << p << "\n" << r.output;
+    }
+    m[phases] = metrics_of(json);
+  }
+  ASSERT_EQ(m[0].size(), 2u);
+  ASSERT_EQ(m[1].size(), 2u);
+  for (size_t e = 0; e < 2; ++e)
+    for (const char* k : {"loss", "hr", "ndcg"}) EXPECT_EQ(m[0][e][k], m[1][e][k]) << k;
+}
+
 }  // namespace
 }  // namespace ncf

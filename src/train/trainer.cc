@@ -517,9 +517,56 @@ void Trainer::log_train_window(int64_t last, EpochResult* r) {
   tb_window_.since = Clock::now();
 }
 
+namespace {
+
+// NCF_EVAL_PHASES=1: where one evaluation's time goes, for benchmarks. Each phase
+// ends with a wait for the device, so its work is counted in it (and the waits slow
+// the evaluation down); rank 0 prints the seconds per phase.
+class EvalPhases {
+ public:
+  enum Phase { kPrepare, kRead, kUpload, kLookup, kScore, kMetrics, kFullRanking, kCount };
+  EvalPhases(Device dev, bool lead) : dev_(dev), lead_(lead) {
+    const char* e = std::getenv("NCF_EVAL_PHASES");
+    on_ = e != nullptr && std::string(e) == "1";
+    last_ = Clock::now();
+  }
+  // The time since the previous end (or the start) was spent in `p`.
+  void end(Phase p) {
+    if (!on_) return;
+#ifdef NCF_WITH_CUDA
+    if (dev_ == Device::kCuda) wait_device();
+#endif
+    const auto now = Clock::now();
+    seconds_[p] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+  void report() const {
+    if (!on_ || !lead_) return;
+    static const char* const kNames[kCount] = {"prepare", "read",    "upload",      "lookup",
+                                               "score",   "metrics", "full ranking"};
+    std::string line = "ncf_dist: eval phases (rank 0, device waited after each):";
+    for (int p = 0; p < kCount; ++p) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.3f s%s", kNames[p], seconds_[p],
+                    p + 1 < kCount ? "," : "");
+      line += buf;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
+ private:
+  Device dev_;
+  bool lead_, on_ = false;
+  Clock::time_point last_;
+  double seconds_[kCount] = {};
+};
+
+}  // namespace
+
 EvalResult Trainer::evaluate() {
   EvalResult res;
   auto t0 = Clock::now();
+  EvalPhases phases(ctx_.device, comm_.rank() == 0);
   const int W = comm_.world();
   const int64_t L = meta_.eval_negatives + 1;
   const int D = model_->config().embedding_width();
@@ -540,6 +587,7 @@ EvalResult Trainer::evaluate() {
   if (full) tile_item_table(group, &full_item_tile_);
   const bool by_items = eval_by_items();
   if (by_items) prepare_eval_items();
+  phases.end(EvalPhases::kPrepare);
   const int mf = model_->config().mf_dim;
   EvalBatch b;
   std::vector<int32_t> users;
@@ -562,6 +610,7 @@ EvalResult Trainer::evaluate() {
       users.assign(b.users.begin(), b.users.end());
     }
     const int64_t n = b.num_users;
+    phases.end(EvalPhases::kRead);
     eval_users_.reserve(n);
     eval_items_.reserve(n * L);
     eval_mask_.reserve(n * L);
@@ -569,6 +618,7 @@ EvalResult Trainer::evaluate() {
     device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
     device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
     scores_.reserve(n * L);
+    phases.end(EvalPhases::kUpload);
     if (by_items) {
       // The users' rows only; the candidates' GMF columns from the item table here,
       // their layer-0 products from the model's per-item table.
@@ -577,6 +627,7 @@ EvalResult Trainer::evaluate() {
       eval_cand_gmf_.reserve(n * L * mf);
       gather_rows(ctx_, eval_item_gmf_.data(), eval_items_.data(), eval_cand_gmf_.data(), I, n * L,
                   mf);
+      phases.end(EvalPhases::kLookup);
       model_->score_items(ctx_, tables_->rows(0), eval_cand_gmf_.data(), mf, eval_items_.data(), n,
                           int(L), scores_.data());
     } else {
@@ -584,12 +635,15 @@ EvalResult Trainer::evaluate() {
       // exchange, as in the training step.
       tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
       if (n == 0) continue;
+      phases.end(EvalPhases::kLookup);
       model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
     }
+    phases.end(EvalPhases::kScore);
     double hr = 0, ndcg = 0;
     hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
     sums[0] += hr;
     sums[1] += ndcg;
+    phases.end(EvalPhases::kMetrics);
     if (!full) continue;
     // The users' rows (still in tables_->rows(0)) against every item, a group
     // of users at a time; the ranks are counted on the host.
@@ -610,8 +664,11 @@ EvalResult Trainer::evaluate() {
       sums[2] += fh;
       sums[3] += fn;
     }
+    phases.end(EvalPhases::kFullRanking);
   }
+  phases.end(EvalPhases::kFullRanking);  // the batches' ends: no work, nothing to wait for
   all_reduce_sum_on(comm_, Device::kCpu, sums, 4, DType::kFloat64);
+  phases.report();
   res.users = eval_selected_.empty() ? int64_t(meta_.num_eval_users)
                                      : std::min<int64_t>(cfg_.eval_users, meta_.num_eval_users);
   res.hr = sums[0] / double(res.users);
