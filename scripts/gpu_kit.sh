@@ -817,7 +817,7 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.ScoreItemsTracksTheCpuTwinAndForward"
+step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.ScoreItemsTracksTheCpuTwinAndForward"
 do_step_parity() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
     --gtest_filter="$step_parity_filter"

@@ -53,6 +53,18 @@ __device__ __forceinline__ int lanes_of(int D) {
   return kVec ? D / 4 : D;
 }
 
+// lanes_of on the host: lanes per row of D columns, four columns each when vec.
+inline int64_t lanes_for(bool vec, int D) { return vec ? D / 4 : D; }
+
+// The row of flat index i over rows of `lanes` lanes: one 32-bit division when every
+// index of the launch fits 32 bits (k32, the usual case: the 64-bit one is a long
+// emulated sequence per element), else 64-bit.
+template <bool k32>
+__device__ __forceinline__ int64_t row_of_lane(int64_t i, int lanes) {
+  if (k32) return static_cast<uint32_t>(i) / static_cast<uint32_t>(lanes);
+  return i / lanes;
+}
+
 // Every row r < R: gradient row map[r], or zero when map[r] < 0.
 template <typename Rule, bool kVec>
 __global__ void all_rows_kernel(Rule rule, const int32_t* map, const float* grads, int64_t R, int D,
@@ -94,14 +106,14 @@ __global__ void touched_rows_kernel(Rule rule, const RowId* rows, const float* g
 }
 
 // out[k, :] = table[ids[k], :]; a bad id gives a zero row and an error record.
-template <bool kVec>
+template <bool kVec, bool k32>
 __global__ void gather_rows_kernel(const float* table, const RowId* ids, float* out, int64_t R,
                                    int64_t n, int D, DeviceErrorRecord* err) {
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = n * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
-    const int64_t k = i / lanes;
-    const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
+    const int64_t k = row_of_lane<k32>(i, lanes);
+    const int d = static_cast<int>(i - k * lanes) * (kVec ? 4 : 1);
     const RowId id = ids[k];
     const bool ok = id >= 0 && id < R;
     if (!ok && d == 0) record_error(err, DeviceErrorCode::kGatherRowOutOfRange, k, id, R);
@@ -349,7 +361,7 @@ __global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
 }
 
 // The fused dense update: every row r < R, with the sum of run map[r] or 0.
-template <typename Rule, bool kVec>
+template <typename Rule, bool kVec, bool k32>
 __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList runs,
                                        const int32_t* map, int64_t R, int D,
                                        const DeviceErrorRecord* err) {
@@ -357,8 +369,8 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = R * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
-    const int64_t r = i / lanes;
-    const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
+    const int64_t r = row_of_lane<k32>(i, lanes);
+    const int d = static_cast<int>(i - r * lanes) * (kVec ? 4 : 1);
     const int32_t u = map[r];
     if constexpr (kVec) {
       float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -370,6 +382,18 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
       rule.apply(r * D + d, g);
     }
   }
+}
+
+template <bool kVec, typename Rule>
+void launch_update_all_rows(cudaStream_t stream, const Rule& rule, const float* grads,
+                            const RunList& runs, int64_t R, int D, const DeviceErrorRecord* err) {
+  const int64_t total = R * lanes_for(kVec, D);
+  if (total <= int64_t{UINT32_MAX})
+    update_all_rows_kernel<Rule, kVec, true>
+        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, err);
+  else
+    update_all_rows_kernel<Rule, kVec, false>
+        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, err);
 }
 
 // Sorts ids[n] with their positions (CUB's LSD radix sort is stable: equal
@@ -561,11 +585,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       if (runs.n_runs > 0)
         scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, runs.map);
       if (runs.vec && rule.aligned())
-        update_all_rows_kernel<AdamRule, true><<<grid_for(R * (D / 4)), kThreads, 0, stream>>>(
-            rule, grads, runs, runs.map, R, D, r.error_dev);
+        launch_update_all_rows<true>(stream, rule, grads, runs, R, D, r.error_dev);
       else
-        update_all_rows_kernel<AdamRule, false><<<grid_for(R * D), kThreads, 0, stream>>>(
-            rule, grads, runs, runs.map, R, D, r.error_dev);
+        launch_update_all_rows<false>(stream, rule, grads, runs, R, D, r.error_dev);
       check_launch(op);
       return;
     }
@@ -652,12 +674,22 @@ void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, f
   if (n == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
-  if (D % 4 == 0 && aligned16(table) && aligned16(out))
-    gather_rows_kernel<true>
-        <<<grid_for(n * (D / 4)), kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+  const bool vec = D % 4 == 0 && aligned16(table) && aligned16(out);
+  const int64_t total = n * lanes_for(vec, D);
+  const bool k32 = total <= int64_t{UINT32_MAX};
+  const unsigned grid = grid_for(total);
+  if (vec && k32)
+    gather_rows_kernel<true, true>
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+  else if (vec)
+    gather_rows_kernel<true, false>
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+  else if (k32)
+    gather_rows_kernel<false, true>
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
   else
-    gather_rows_kernel<false>
-        <<<grid_for(n * D), kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+    gather_rows_kernel<false, false>
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
   check_launch(op);
 }
 
