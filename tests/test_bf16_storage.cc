@@ -187,6 +187,90 @@ TEST(Bf16Storage, GroupOpsAreTheFp32OpsOfTheSameValuesRoundedOnTheEmulatedPath) 
   }
 }
 
+// Layer 0's ReLU bit mask: group_linear_forward(_bf16) writes bit j % 32 of word
+// b·words + j / 32 for the stored Y[b, j] > 0 (words = 4 per 128 columns: 8 for 130, the
+// padding bits 0), checked element by element; group_sum_backward(_bf16) masking by
+// those bits (Y null) gives the bits of masking by Y.
+TEST(Bf16Storage, Layer0BitMaskIsTheStoredOutputsSignAndMasksAsYDoes) {
+  EXPECT_EQ(relu_mask_words(1), 4);
+  EXPECT_EQ(relu_mask_words(128), 4);
+  EXPECT_EQ(relu_mask_words(130), 8);
+  EXPECT_EQ(relu_mask_words(256), 8);
+  uint32_t seed = 70;
+  const int64_t n = 37;
+  const int S = 3, in = 24;
+  for (int out : {5, 32, 130, 256})
+    for (int threads : {1, 3}) {
+      const std::string what =
+          "out " + std::to_string(out) + ", threads " + std::to_string(threads);
+      const ExecContext ctx = cpu(threads);
+      const int64_t B = n * S, words = relu_mask_words(out);
+      const Vec X = random_vec(size_t(B) * in, ++seed), W = random_vec(size_t(out) * in, ++seed),
+                Yg = random_vec(size_t(n) * out, ++seed), bias = random_vec(size_t(out), ++seed);
+      auto check_bits = [&](auto get_positive, const std::vector<uint32_t>& mask,
+                            const std::string& tag) {
+        size_t bad = 0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t j = 0; j < words * 32; ++j) {
+            const bool bit = (mask[size_t(b * words + j / 32)] >> (j % 32)) & 1u;
+            const bool want = j < out && get_positive(b, int(j));
+            if (bit != want && bad++ < 3)
+              ADD_FAILURE() << tag << " row " << b << " bit " << j << ": " << bit;
+          }
+        EXPECT_EQ(bad, 0u) << tag;
+      };
+      const Vec dY0 = random_vec(size_t(B) * out, ++seed);
+      {  // FP32
+        Vec Y(size_t(B) * out);
+        std::vector<uint32_t> mask(size_t(B * words), 0xdeadbeefu);
+        group_linear_forward(ctx, X.data(), in, W.data(), in, Yg.data(), bias.data(), Y.data(), n,
+                             S, in, out, true, mask.data());
+        size_t zeros = 0;
+        for (float y : Y) zeros += y == 0.0f;
+        EXPECT_GT(zeros, 0u) << what;  // the ReLU cut some, so the mask has both values
+        check_bits([&](int64_t b, int j) { return Y[size_t(b * out + j)] > 0.0f; }, mask,
+                   what + " FP32");
+        Vec by_y = dY0, by_bits = dY0, g1(size_t(n) * out), g2(size_t(n) * out);
+        Vec db1(static_cast<size_t>(out)), db2(static_cast<size_t>(out));
+        group_sum_backward(ctx, Y.data(), by_y.data(), n, S, out, g1.data(), out, db1.data(), true);
+        group_sum_backward(ctx, nullptr, by_bits.data(), n, S, out, g2.data(), out, db2.data(),
+                           true, mask.data());
+        expect_same(by_bits, by_y, what + " FP32 dZ");
+        expect_same(g2, g1, what + " FP32 dYg");
+        expect_same(db2, db1, what + " FP32 db");
+      }
+      {  // BF16 storage
+        const Bits Xb = bf16_bits_of(X), Wb = bf16_bits_of(W), dYb = bf16_bits_of(dY0);
+        Bits Y(size_t(B) * out);
+        std::vector<uint32_t> mask(size_t(B * words), 0xdeadbeefu);
+        group_linear_forward_bf16(ctx, Xb.data(), in, Wb.data(), in, Yg.data(), bias.data(),
+                                  Y.data(), n, S, in, out, true, mask.data());
+        check_bits([&](int64_t b, int j) { return bf16_bits_to_float(Y[size_t(b * out + j)]) > 0; },
+                   mask, what + " BF16");
+        Bits by_y = dYb, by_bits = dYb;
+        Vec g1(size_t(n) * out), g2(size_t(n) * out);
+        Vec db1(static_cast<size_t>(out)), db2(static_cast<size_t>(out));
+        group_sum_backward_bf16(ctx, Y.data(), by_y.data(), n, S, out, g1.data(), out, db1.data(),
+                                true);
+        group_sum_backward_bf16(ctx, nullptr, by_bits.data(), n, S, out, g2.data(), out, db2.data(),
+                                true, mask.data());
+        expect_same(by_bits, by_y, what + " BF16 dZ");
+        expect_same(g2, g1, what + " BF16 dYg");
+        expect_same(db2, db1, what + " BF16 db");
+      }
+    }
+  // A mask without the ReLU is refused.
+  const ExecContext ctx = cpu(1);
+  Vec X(8), W(4), Yg(4), Y(8), dY(8), g(4);
+  uint32_t mask[8] = {};
+  EXPECT_THROW(group_linear_forward(ctx, X.data(), 2, W.data(), 2, Yg.data(), nullptr, Y.data(), 2,
+                                    2, 2, 2, false, mask),
+               Error);
+  EXPECT_THROW(
+      group_sum_backward(ctx, nullptr, dY.data(), 2, 2, 2, g.data(), 2, nullptr, false, mask),
+      Error);
+}
+
 TEST(Bf16Storage, TopIsTheFp32TopOfTheSameValuesWithDaRounded) {
   Modes modes(MathMode::kFp32, true);
   ExecContext ctx = cpu(2);

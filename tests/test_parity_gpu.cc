@@ -1162,6 +1162,89 @@ TEST_F(Parity, Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit) {
         }
 }
 
+// Layer 0's ReLU bit mask on the device: written in passing by the streaming epilogue
+// kernels where the width allows (FP32 out % 128 == 0, BF16 out % 256 == 0) and by a
+// kernel of its own elsewhere, each bit the sign of the device's own stored output (its
+// product may round differently from the CPU's); and group_sum_backward(_bf16) masking
+// by those bits is the bits of masking by that output, on the device and on the CPU twin.
+TEST_F(Parity, Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes) {
+  const int64_t n = 301;
+  const int S = 5, in = 40;
+  for (int out : {5, 128, 130, 256}) {
+    const std::string what = "out " + std::to_string(out);
+    const int64_t B = n * S, words = relu_mask_words(out);
+    const Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_),
+              Yg = random_vec(size_t(n) * out, gen_), bias = random_vec(size_t(out), gen_),
+              dY0 = random_vec(size_t(B) * out, gen_);
+    Buffer<float> gX = up(X), gW = up(W), gYg = up(Yg), gb = up(bias);
+    auto expect_sign_bits = [&](const std::vector<uint32_t>& mask, auto positive_at,
+                                const std::string& tag) {
+      size_t bad = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < words * 32; ++j) {
+          const bool bit = (mask[size_t(b * words + j / 32)] >> (j % 32)) & 1u;
+          if (bit != (j < out && positive_at(b, int(j))) && bad++ < 3)
+            ADD_FAILURE() << tag << " row " << b << " bit " << j << ": " << bit;
+        }
+      EXPECT_EQ(bad, 0u) << tag;
+    };
+    {  // FP32
+      Buffer<float> gY = up(Vec(size_t(B) * out));
+      Buffer<uint32_t> gm = up(std::vector<uint32_t>(size_t(B * words), 0xdeadbeefu));
+      group_linear_forward(gpu_, gX.data(), in, gW.data(), in, gYg.data(), gb.data(), gY.data(), n,
+                           S, in, out, true, gm.data());
+      const Vec Y = down(gY);
+      const std::vector<uint32_t> mask = down(gm);
+      expect_sign_bits(
+          mask, [&](int64_t b, int j) { return Y[size_t(b * out + j)] > 0.0f; }, what + " FP32");
+      Buffer<float> gdy1 = up(dY0), gdy2 = up(dY0), gg1 = up(Vec(size_t(n) * out)),
+                    gg2 = up(Vec(size_t(n) * out)), gdb1 = up(Vec(size_t(out))),
+                    gdb2 = up(Vec(size_t(out)));
+      group_sum_backward(gpu_, gY.data(), gdy1.data(), n, S, out, gg1.data(), out, gdb1.data(),
+                         true);
+      group_sum_backward(gpu_, nullptr, gdy2.data(), n, S, out, gg2.data(), out, gdb2.data(), true,
+                         gm.data());
+      expect_same(down(gdy2), down(gdy1), what + " FP32 dZ by bits vs by Y");
+      expect_same(down(gg2), down(gg1), what + " FP32 dYg by bits vs by Y");
+      expect_same(down(gdb2), down(gdb1), what + " FP32 db by bits vs by Y");
+      Vec dY = dY0, g(size_t(n) * out), db(static_cast<size_t>(out));
+      group_sum_backward(cpu_, nullptr, dY.data(), n, S, out, g.data(), out, db.data(), true,
+                         mask.data());
+      expect_same(down(gdy2), dY, what + " FP32 dZ by bits vs the CPU twin");
+      expect_same(down(gg2), g, what + " FP32 dYg by bits vs the CPU twin");
+    }
+    {  // BF16 storage
+      Buffer<uint16_t> gXb = up(bf16_bits_of(X)), gWb = up(bf16_bits_of(W));
+      Buffer<uint16_t> gY = up(Bits(size_t(B) * out));
+      Buffer<uint32_t> gm = up(std::vector<uint32_t>(size_t(B * words), 0xdeadbeefu));
+      group_linear_forward_bf16(gpu_, gXb.data(), in, gWb.data(), in, gYg.data(), gb.data(),
+                                gY.data(), n, S, in, out, true, gm.data());
+      const Bits Y = down(gY);
+      const std::vector<uint32_t> mask = down(gm);
+      expect_sign_bits(
+          mask, [&](int64_t b, int j) { return bf16_bits_to_float(Y[size_t(b * out + j)]) > 0.0f; },
+          what + " BF16");
+      const Bits dYb = bf16_bits_of(dY0);
+      Buffer<uint16_t> gdy1 = up(dYb), gdy2 = up(dYb);
+      Buffer<float> gg1 = up(Vec(size_t(n) * out)), gg2 = up(Vec(size_t(n) * out)),
+                    gdb1 = up(Vec(size_t(out))), gdb2 = up(Vec(size_t(out)));
+      group_sum_backward_bf16(gpu_, gY.data(), gdy1.data(), n, S, out, gg1.data(), out, gdb1.data(),
+                              true);
+      group_sum_backward_bf16(gpu_, nullptr, gdy2.data(), n, S, out, gg2.data(), out, gdb2.data(),
+                              true, gm.data());
+      expect_same(down(gdy2), down(gdy1), what + " BF16 dZ by bits vs by Y");
+      expect_same(down(gg2), down(gg1), what + " BF16 dYg by bits vs by Y");
+      expect_same(down(gdb2), down(gdb1), what + " BF16 db by bits vs by Y");
+      Bits dY = dYb;
+      Vec g(size_t(n) * out), db(static_cast<size_t>(out));
+      group_sum_backward_bf16(cpu_, nullptr, dY.data(), n, S, out, g.data(), out, db.data(), true,
+                              mask.data());
+      expect_same(down(gdy2), dY, what + " BF16 dZ by bits vs the CPU twin");
+      expect_same(down(gg2), g, what + " BF16 dYg by bits vs the CPU twin");
+    }
+  }
+}
+
 TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
   const int64_t n = 2000;
   const int S = 5, mf = 64, last = 64, F = mf + last;

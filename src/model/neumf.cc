@@ -66,6 +66,7 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
     d16_[l] = Buffer<uint16_t>(device, 0);
   }
   for (Buffer<uint16_t>* b : {&wb_, &ub_, &ib_, &du0b_}) *b = Buffer<uint16_t>(device, 0);
+  m0_ = Buffer<uint32_t>(device, 0);
   for (Buffer<float>* b :
        {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_, &pi_})
     *b = Buffer<float>(device, 0);
@@ -136,7 +137,7 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, w0, v.in, 0.0f,
          u0_.data(), v.out);
     group_linear_forward(ctx, item_rows + mf, D, w0 + h, v.in, u0_.data(), p + v.b_offset,
-                         acts_[0].data(), n, S, h, v.out, true);
+                         acts_[0].data(), n, S, h, v.out, true, layer0_mask(B));
     x = acts_[0].data();
     layers_above_first(ctx, B, false);
     x = acts_.back().data();
@@ -169,6 +170,14 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
   concat_cols(ctx, g_.data(), mf, mf, x, last, last, h_.data(), B);
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
+}
+
+uint32_t* NeuMF::layer0_mask(int64_t B) {
+  m0_ptr_ = nullptr;
+  if (!fused_ || tower_.size() < 2) return nullptr;
+  m0_.reserve(static_cast<size_t>(B * relu_mask_words(tower_[0].out)));
+  m0_ptr_ = m0_.data();
+  return m0_ptr_;
 }
 
 void NeuMF::prepare_items(const ExecContext& ctx, const float* item_mlp, int64_t ld, int64_t R) {
@@ -275,7 +284,7 @@ void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits
   gemm_bf16(ctx, false, true, static_cast<int>(n), v.out, h, ub_.data(), h, w0, v.in, u0_.data(),
             v.out);
   group_linear_forward_bf16(ctx, ib_.data(), h, w0 + h, v.in, u0_.data(), p + v.b_offset,
-                            a16_[0].data(), n, S, h, v.out, true);
+                            a16_[0].data(), n, S, h, v.out, true, layer0_mask(B));
   layers_above_first(ctx, B, true);
   neumf_top_forward_bf16(ctx, user_rows_, D, item_rows_, D, a16_.back().data(), p + head_w_offset_,
                          p + head_c_offset_, logits, n, S, mf, config_.layers.back());
@@ -316,7 +325,7 @@ void NeuMF::backward_bf16(const ExecContext& ctx, const float* dlogits, const fl
   uint16_t* dz = d16_[0].data();
   const bool top = L == 1;
   group_sum_backward_bf16(ctx, top ? nullptr : a16_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
-                          gp + v.b_offset, !top);
+                          gp + v.b_offset, !top, top ? nullptr : m0_ptr_);
   to_bf16_rows(ctx, du0_.data(), v.out, v.out, du0b_.data(), v.out, n);
   gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(n), du0b_.data(), v.out, ub_.data(), h,
             gp + v.w_offset, v.in);
@@ -425,7 +434,7 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
     float* dz = dacts_[0].data();
     const bool top = top_masked && tower_.size() == 1;
     group_sum_backward(ctx, top ? nullptr : acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
-                       gp + v.b_offset, !top);
+                       gp + v.b_offset, !top, top ? nullptr : m0_ptr_);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
          D, 0.0f, gp + v.w_offset, v.in);
     gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D, 0.0f,

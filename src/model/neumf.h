@@ -156,6 +156,13 @@ class NeuMF {
   std::vector<Buffer<float>> acts_, dacts_;
   Buffer<uint16_t> wb_, ub_, ib_, du0b_;
   std::vector<Buffer<uint16_t>> a16_, d16_;
+  // Layer 0's ReLU bit mask (ops.h relu_mask_words), written by the forward and read
+  // by the backward instead of layer 0's whole output: with the fused top and a layer
+  // above layer 0 (whose backward then masks layer 0). layer0_mask(B) sizes it for B
+  // rows and returns it, or null where unused; m0_ptr_ is what the last forward wrote.
+  uint32_t* layer0_mask(int64_t B);
+  Buffer<uint32_t> m0_;
+  uint32_t* m0_ptr_ = nullptr;
   // prepare_items: P [pi_rows_ × layers[1]], made under BF16 storage or not.
   Buffer<float> pi_;
   int64_t pi_rows_ = -1;

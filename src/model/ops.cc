@@ -502,6 +502,8 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
   });
 }
 
+int64_t relu_mask_words(int out) { return (int64_t{out} + 127) / 128 * 4; }
+
 void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
                     int S, int out, bool relu) {
   const char* op = "group_bias_act";
@@ -525,9 +527,29 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
 
 namespace {
 
+// Rows [r0, r1) of a [B × out] output's ReLU bit mask (relu_mask_words' layout).
+template <typename T>
+void write_relu_mask_rows(const T* Y, int64_t r0, int64_t r1, int out, uint32_t* mask) {
+  const int64_t words = relu_mask_words(out);
+  for (int64_t b = r0; b < r1; ++b) {
+    const T* y = Y + b * out;
+    uint32_t* m = mask + b * words;
+    for (int64_t w = 0; w < words; ++w) {
+      uint32_t word = 0;
+      for (int bit = 0; bit < 32; ++bit) {
+        const int64_t j = w * 32 + bit;
+        if (j < out && positive(y[j])) word |= uint32_t{1} << bit;
+      }
+      m[w] = word;
+    }
+  }
+}
+
 // The argument checks of group_linear_forward (either storage).
 void check_group_linear(const char* op, const void* X, int64_t ldx, const void* weight, int64_t ldw,
-                        const float* Yg, const void* Y, int64_t n, int S, int in, int out) {
+                        const float* Yg, const void* Y, int64_t n, int S, int in, int out,
+                        bool relu = true, const uint32_t* mask = nullptr) {
+  NCF_CHECK(!mask || relu, op, ": a ReLU bit mask without the ReLU");
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "in", in);
@@ -547,10 +569,10 @@ void check_group_linear(const char* op, const void* X, int64_t ldx, const void* 
 
 void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
                           int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
-                          int S, int in, int out, bool relu) {
-  check_group_linear("group_linear_forward", X, ldx, weight, ldw, Yg, Y, n, S, in, out);
+                          int S, int in, int out, bool relu, uint32_t* mask) {
+  check_group_linear("group_linear_forward", X, ldx, weight, ldw, Yg, Y, n, S, in, out, relu, mask);
   NCF_DISPATCH_CUDA(ctx, group_linear_forward, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in, out,
-                    relu);
+                    relu, mask);
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
   const MatmulPrecision prec = matmul_precision();
@@ -568,6 +590,7 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
       cpu_matmul(matmul_shape(static_cast<int>(r1 - r0), out, in, false, true,
                               static_cast<int>(ldx), static_cast<int>(ldw), out),
                  X + r0 * ldx, weight, Y + r0 * out, ep, prec);
+      if (mask) write_relu_mask_rows(Y, r0, r1, out, mask);
     }
   });
 }
@@ -575,20 +598,22 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
 namespace {
 
 void check_group_sum(const char* op, const void* Y, const void* dY, int64_t n, int S, int out,
-                     const float* dYg, int64_t lddyg, bool relu) {
+                     const float* dYg, int64_t lddyg, bool relu, const uint32_t* mask) {
   check_rows(op, n);
   check_width(op, "S", S);
   check_width(op, "out", out);
   check_ld(op, "lddyg", lddyg, out);
   check_ptr(op, "dY", dY, n);
   check_ptr(op, "dYg", dYg, n);
-  if (relu) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
+  NCF_CHECK(!mask || relu, op, ": a ReLU bit mask without the ReLU");
+  if (relu && !mask) check_ptr(op, "Y (needed for the ReLU mask)", Y, n);
 }
 
 // group_sum_backward on the CPU, T float or uint16_t (BF16 bits).
 template <typename T>
 void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, int out, float* dYg,
-                   int64_t lddyg, float* db, bool relu) {
+                   int64_t lddyg, float* db, bool relu, const uint32_t* mask) {
+  const int64_t words = relu_mask_words(out);
   parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
     std::vector<double> acc_buf(static_cast<size_t>(out));
     double* acc = acc_buf.data();
@@ -598,7 +623,10 @@ void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, 
         T* dy = dY + (p * S + s) * out;
         // Two branch-free loops (the mask, then the sums), which the compiler
         // vectorises; the same values as masking and adding element by element.
-        if (relu) {
+        if (relu && mask) {
+          const uint32_t* m = mask + (p * S + s) * words;
+          for (int j = 0; j < out; ++j) dy[j] = (m[j / 32] >> (j % 32)) & 1u ? dy[j] : T{0};
+        } else if (relu) {
           const T* y = Y + (p * S + s) * out;
           for (int j = 0; j < out; ++j) dy[j] = positive(y[j]) ? dy[j] : T{0};
         }
@@ -622,10 +650,11 @@ void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, 
 }  // namespace
 
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
-  check_group_sum("group_sum_backward", Y, dY, n, S, out, dYg, lddyg, relu);
-  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
-  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                        const uint32_t* mask) {
+  check_group_sum("group_sum_backward", Y, dY, n, S, out, dYg, lddyg, relu, mask);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu, mask);
+  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu, mask);
 }
 
 // ---- BF16 storage -----------------------------------------------------------------
@@ -675,10 +704,11 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
-                               bool relu) {
-  check_group_linear("group_linear_forward_bf16", X, ldx, weight, ldw, Yg, Y, n, S, in, out);
+                               bool relu, uint32_t* mask) {
+  check_group_linear("group_linear_forward_bf16", X, ldx, weight, ldw, Yg, Y, n, S, in, out, relu,
+                     mask);
   NCF_DISPATCH_CUDA(ctx, group_linear_forward_bf16, ctx, X, ldx, weight, ldw, Yg, bias, Y, n, S, in,
-                    out, relu);
+                    out, relu, mask);
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
   parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
@@ -696,6 +726,7 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
       for (int64_t b = r0; b < r1; ++b)
         epilogue_to_bf16_bits(block.data() + (b - r0) * out, bias, Yg + (b / S) * out, relu,
                               Y + b * out, out);
+      if (mask) write_relu_mask_rows(Y, r0, r1, out, mask);
     }
   });
 }
@@ -768,10 +799,12 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
 }
 
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
-                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu) {
-  check_group_sum("group_sum_backward_bf16", Y, dY, n, S, out, dYg, lddyg, relu);
-  NCF_DISPATCH_CUDA(ctx, group_sum_backward_bf16, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
-  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu);
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                             const uint32_t* mask) {
+  check_group_sum("group_sum_backward_bf16", Y, dY, n, S, out, dYg, lddyg, relu, mask);
+  NCF_DISPATCH_CUDA(ctx, group_sum_backward_bf16, ctx, Y, dY, n, S, out, dYg, lddyg, db, relu,
+                    mask);
+  group_sum_cpu(ctx, Y, dY, n, S, out, dYg, lddyg, db, relu, mask);
 }
 
 void head_forward(const ExecContext& ctx, const float* H, const float* w, const float* c,

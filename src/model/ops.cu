@@ -570,10 +570,13 @@ constexpr int kGroupRowsInFlight = 8;  // rows of a group loaded before the firs
 // stored whole (kRelu), and each column's sum runs in s order in double, as
 // group_sum_kernel's. A warp covers 32·L consecutive columns of one row.
 // vec_out: dYg's rows may take float4 stores (16-byte aligned, lddyg % 4 == 0).
-template <int L, bool kRelu>
+// kBits: the mask from the forward's ReLU bit mask (relu_mask_words' layout) instead of
+// Y: one word per row and thread, L bits of it.
+template <int L, bool kRelu, bool kBits = false>
 __global__ void __launch_bounds__(kThreads)
     group_sum_stream_kernel(const float* __restrict__ Y, float* __restrict__ dY, int64_t n, int S,
-                            int out, float* __restrict__ dYg, int64_t lddyg, bool vec_out) {
+                            int out, float* __restrict__ dYg, int64_t lddyg, bool vec_out,
+                            const uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
   const int per_row = out / L;
   const int64_t total = n * per_row;
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
@@ -586,12 +589,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
       const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
       Lanes<L> g[kGroupRowsInFlight], y[kGroupRowsInFlight];
+      uint32_t bits[kGroupRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kGroupRowsInFlight; ++k) {
         if (k < m) {
           const int64_t i = first + static_cast<int64_t>(s0 + k) * out;
           g[k] = load_lanes<L>(dY + i);
-          if (kRelu) y[k] = load_lanes<L>(Y + i);
+          if (kRelu && kBits)
+            bits[k] = mask[(p * S + s0 + k) * words + j / 32] >> (j % 32);
+          else if (kRelu)
+            y[k] = load_lanes<L>(Y + i);
         }
       }
 #pragma unroll
@@ -599,7 +606,10 @@ __global__ void __launch_bounds__(kThreads)
         if (k < m) {
           if (kRelu) {
 #pragma unroll
-            for (int l = 0; l < L; ++l) g[k].v[l] = y[k].v[l] > 0.0f ? g[k].v[l] : 0.0f;
+            for (int l = 0; l < L; ++l) {
+              const bool on = kBits ? ((bits[k] >> l) & 1u) != 0 : y[k].v[l] > 0.0f;
+              g[k].v[l] = on ? g[k].v[l] : 0.0f;
+            }
             store_lanes<L>(dY + first + static_cast<int64_t>(s0 + k) * out, g[k]);
           }
 #pragma unroll
@@ -719,10 +729,14 @@ struct ColumnsOp {
 // Y = act((Y + Yg) + bias) with group_bias_act_kernel's two round-to-nearest adds
 // (the bias 0 when there is none), so the same bits. One division per thread and
 // S·L elements, where the legacy kernel did two per element.
+// With mask (kRelu, L = 4, out % 128 == 0: a warp's 32 threads cover 128 columns of
+// one row, and every thread of a warp is in the loop), each row's ReLU bit mask as
+// well: a nibble per thread, gathered into words over groups of 8 lanes.
 template <int L, bool kRelu>
 __global__ void __launch_bounds__(kThreads)
     group_bias_act_stream_kernel(float* __restrict__ Y, const float* __restrict__ Yg,
-                                 const float* __restrict__ bias, int64_t n, int S, int out) {
+                                 const float* __restrict__ bias, int64_t n, int S, int out,
+                                 uint32_t* __restrict__ mask, int64_t words) {
   const int per_row = out / L;
   const int64_t total = n * per_row;
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
@@ -748,6 +762,18 @@ __global__ void __launch_bounds__(kThreads)
             y[k].v[l] = kRelu ? (z > 0.0f ? z : 0.0f) : z;
           }
           store_lanes<L>(Y + first + static_cast<int64_t>(s0 + k) * out, y[k]);
+          if constexpr (kRelu && L == 4) {
+            if (mask) {  // the same for the whole warp
+              uint32_t nibble = 0;
+#pragma unroll
+              for (int l = 0; l < L; ++l) nibble |= uint32_t{y[k].v[l] > 0.0f} << l;
+              uint32_t word = nibble << (4 * (threadIdx.x & 7));
+              word |= __shfl_xor_sync(0xffffffffu, word, 1);
+              word |= __shfl_xor_sync(0xffffffffu, word, 2);
+              word |= __shfl_xor_sync(0xffffffffu, word, 4);
+              if ((threadIdx.x & 7) == 0) mask[(p * S + s0 + k) * words + j / 32] = word;
+            }
+          }
         }
       }
     }
@@ -756,20 +782,49 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int L>
 void launch_group_bias_act_stream(cudaStream_t stream, float* Y, const float* Yg, const float* bias,
-                                  int64_t n, int S, int out, bool relu) {
+                                  int64_t n, int S, int out, bool relu, uint32_t* mask = nullptr) {
   const unsigned grid = grid_for(n * (out / L));
+  const int64_t words = relu_mask_words(out);
   if (relu) {
-    group_bias_act_stream_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    group_bias_act_stream_kernel<L, true>
+        <<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out, mask, words);
   } else {
-    group_bias_act_stream_kernel<L, false><<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out);
+    group_bias_act_stream_kernel<L, false>
+        <<<grid, kThreads, 0, stream>>>(Y, Yg, bias, n, S, out, nullptr, words);
   }
+}
+
+// The ReLU bit mask of a stored [B × out] output, one thread per word (for the
+// widths the forward kernels do not write it in passing).
+template <typename T>
+__global__ void relu_bits_kernel(const T* __restrict__ Y, int64_t B, int out,
+                                 uint32_t* __restrict__ mask, int64_t words) {
+  for (int64_t i = thread_first(); i < B * words; i += thread_stride()) {
+    const int64_t b = i / words;
+    const int w = static_cast<int>(i - b * words);
+    uint32_t word = 0;
+    for (int bit = 0; bit < 32; ++bit) {
+      const int j = 32 * w + bit;
+      if (j < out && element_value(Y[b * out + j]) > 0.0f) word |= uint32_t{1} << bit;
+    }
+    mask[i] = word;
+  }
+}
+template <typename T>
+void launch_relu_bits(cudaStream_t stream, const T* Y, int64_t B, int out, uint32_t* mask) {
+  const int64_t words = relu_mask_words(out);
+  relu_bits_kernel<T><<<grid_for(B * words), kThreads, 0, stream>>>(Y, B, out, mask, words);
 }
 
 template <int L>
 void launch_group_sum_stream(cudaStream_t stream, const float* Y, float* dY, int64_t n, int S,
-                             int out, float* dYg, int64_t lddyg, bool relu, bool vec_out) {
+                             int out, float* dYg, int64_t lddyg, bool relu, bool vec_out,
+                             const uint32_t* mask = nullptr) {
   const unsigned grid = grid_for(n * (out / L));
-  if (relu) {
+  if (relu && mask) {
+    group_sum_stream_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(
+        nullptr, dY, n, S, out, dYg, lddyg, vec_out, mask, relu_mask_words(out));
+  } else if (relu) {
     group_sum_stream_kernel<L, true>
         <<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg, vec_out);
   } else {
@@ -1022,11 +1077,15 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const int32_t*
 // aligned, Y 16-byte aligned): two float4 loads of Z (and of Yg's row), one 16-byte
 // store of eight BF16s; the row from one division per thread, in 32 bits when the
 // octets fit (k32). The same expression per element: the same bits.
+// With mask (relu, out % 256 == 0: a warp's 32 threads cover 256 columns of one row),
+// the ReLU bit mask of the stored BF16s too: a byte per thread, gathered into words over
+// groups of 4 lanes.
 template <bool k32>
 __global__ void __launch_bounds__(kThreads)
     bias_act_bf16_octets_kernel(const float* __restrict__ Z, const int32_t* __restrict__ ids,
                                 const float* __restrict__ Yg, int S, const float* __restrict__ bias,
-                                uint16_t* __restrict__ Y, int64_t B, int out, bool relu) {
+                                uint16_t* __restrict__ Y, int64_t B, int out, bool relu,
+                                uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
   const int per_row = out / 8;
   const int64_t total = B * per_row;
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
@@ -1051,30 +1110,51 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int l = 0; l < 8; ++l) v[l] = v[l] > 0.0f ? v[l] : 0.0f;
     }
-    *reinterpret_cast<uint4*>(Y + b * out + j) = make_uint4(
-        bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+    const uint4 stored = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
+                                    bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+    *reinterpret_cast<uint4*>(Y + b * out + j) = stored;
+    if (mask) {  // the same for the whole warp
+      uint32_t byte = 0;
+#pragma unroll
+      for (int l = 0; l < 8; ++l) {
+        const uint32_t w = (&stored.x)[l >> 1];
+        const uint16_t h = static_cast<uint16_t>(l & 1 ? w >> 16 : w);
+        byte |= uint32_t{bf16_bits_to_float(h) > 0.0f} << l;
+      }
+      uint32_t word = byte << (8 * (threadIdx.x & 3));
+      word |= __shfl_xor_sync(0xffffffffu, word, 1);
+      word |= __shfl_xor_sync(0xffffffffu, word, 2);
+      if ((threadIdx.x & 3) == 0) mask[b * words + j / 32] = word;
+    }
   }
 }
 
 // Launches the epilogue over B × out: eight columns per thread where the widths
 // and pointers allow, else one element per thread.
+// With mask (relu only), the output's ReLU bit mask: in passing where out % 256 == 0,
+// else from the stored output (relu_bits_kernel).
 void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, int S,
                           const float* bias, uint16_t* Y, int64_t B, int out, bool relu,
-                          const int32_t* ids = nullptr) {
+                          const int32_t* ids = nullptr, uint32_t* mask = nullptr) {
+  if (!relu) mask = nullptr;
   const bool octets = out % 8 == 0 && aligned16(Z) && aligned16(Y) && (!Yg || aligned16(Yg));
   if (!octets) {
     bias_act_bf16_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out,
                                                                      relu);
+    if (mask) launch_relu_bits(stream, static_cast<const uint16_t*>(Y), B, out, mask);
     return;
   }
   const int64_t total = B * (out / 8);
+  const int64_t words = relu_mask_words(out);
+  uint32_t* in_passing = out % 256 == 0 ? mask : nullptr;
   if (total <= int64_t{UINT32_MAX}) {
-    bias_act_bf16_octets_kernel<true>
-        <<<grid_for(total), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out, relu);
+    bias_act_bf16_octets_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+        Z, ids, Yg, S, bias, Y, B, out, relu, in_passing, words);
   } else {
-    bias_act_bf16_octets_kernel<false>
-        <<<grid_for(total), kThreads, 0, stream>>>(Z, ids, Yg, S, bias, Y, B, out, relu);
+    bias_act_bf16_octets_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+        Z, ids, Yg, S, bias, Y, B, out, relu, in_passing, words);
   }
+  if (mask && !in_passing) launch_relu_bits(stream, static_cast<const uint16_t*>(Y), B, out, mask);
 }
 
 // gather_bias_act: group_bias_act_stream_kernel's expression on row ids[b] of P,
@@ -1204,10 +1284,32 @@ __device__ __forceinline__ Bf16Lanes<L> mask_bf16_lanes(const Bf16Lanes<L>& y,
   return r;
 }
 
-template <int L, bool kRelu>
+// g masked by the low L bits of `bits` (bit l for lane l).
+template <int L>
+__device__ __forceinline__ Bf16Lanes<L> mask_bf16_bits(uint32_t bits, const Bf16Lanes<L>& g) {
+  Bf16Lanes<L> r;
+  if constexpr (L == 8) {
+    uint32_t w[4] = {g.v.x, g.v.y, g.v.z, g.v.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t lo = (bits >> (2 * q)) & 1u ? 0x0000ffffu : 0u;
+      const uint32_t hi = (bits >> (2 * q + 1)) & 1u ? 0xffff0000u : 0u;
+      w[q] &= lo | hi;
+    }
+    r.v = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    r.v = bits & 1u ? g.v : uint16_t{0};
+  }
+  return r;
+}
+
+// kBits: the mask from the forward's ReLU bit mask instead of Y (one word per row
+// and thread, L bits of it).
+template <int L, bool kRelu, bool kBits = false>
 __global__ void __launch_bounds__(kThreads)
     group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,
-                          int S, int out, float* __restrict__ dYg, int64_t lddyg) {
+                          int S, int out, float* __restrict__ dYg, int64_t lddyg,
+                          const uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
   const int per_row = out / L;
   const int64_t total = n * per_row;
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
@@ -1220,19 +1322,23 @@ __global__ void __launch_bounds__(kThreads)
     for (int s0 = 0; s0 < S; s0 += kGroupRowsInFlight) {
       const int m = S - s0 < kGroupRowsInFlight ? S - s0 : kGroupRowsInFlight;
       Bf16Lanes<L> g[kGroupRowsInFlight], y[kGroupRowsInFlight];
+      uint32_t bits[kGroupRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kGroupRowsInFlight; ++k) {
         if (k < m) {
           const int64_t i = first + static_cast<int64_t>(s0 + k) * out;
           g[k] = load_bf16_lanes<L>(dY + i);
-          if (kRelu) y[k] = load_bf16_lanes<L>(Y + i);
+          if (kRelu && kBits)
+            bits[k] = mask[(p * S + s0 + k) * words + j / 32] >> (j % 32);
+          else if (kRelu)
+            y[k] = load_bf16_lanes<L>(Y + i);
         }
       }
 #pragma unroll
       for (int k = 0; k < kGroupRowsInFlight; ++k) {
         if (k < m) {
           if (kRelu) {
-            g[k] = mask_bf16_lanes<L>(y[k], g[k]);
+            g[k] = kBits ? mask_bf16_bits<L>(bits[k], g[k]) : mask_bf16_lanes<L>(y[k], g[k]);
             store_bf16_lanes<L>(dY + first + static_cast<int64_t>(s0 + k) * out, g[k]);
           }
 #pragma unroll
@@ -1248,9 +1354,13 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int L>
 void launch_group_sum_bf16(cudaStream_t stream, const uint16_t* Y, uint16_t* dY, int64_t n, int S,
-                           int out, float* dYg, int64_t lddyg, bool relu) {
+                           int out, float* dYg, int64_t lddyg, bool relu,
+                           const uint32_t* mask = nullptr) {
   const unsigned grid = grid_for(n * (out / L));
-  if (relu) {
+  if (relu && mask) {
+    group_sum_bf16_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(
+        nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
+  } else if (relu) {
     group_sum_bf16_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
   } else {
     group_sum_bf16_kernel<L, false><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
@@ -1405,30 +1515,48 @@ void repeat_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, flo
   check_launch("repeat_rows");
 }
 
-void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
-                    int S, int out, bool relu) {
+namespace {
+
+// group_bias_act, and with mask (relu only) the output's ReLU bit mask: written in
+// passing by the streaming kernel where out % 128 == 0, else by relu_bits_kernel
+// from the stored output.
+void group_bias_act_masked(const ExecContext& ctx, float* Y, const float* Yg, const float* bias,
+                           int64_t n, int S, int out, bool relu, uint32_t* mask) {
+  const char* op = "group_bias_act";
   if (n == 0) return;
+  cudaStream_t stream = stream_of(ctx);
+  bool mask_done = false;
   if (step_kernels() == StepKernels::kStreaming) {
     if (out % 4 == 0 && aligned16(Y) && aligned16(Yg)) {
-      launch_group_bias_act_stream<4>(stream_of(ctx), Y, Yg, bias, n, S, out, relu);
+      mask_done = out % 128 == 0;
+      launch_group_bias_act_stream<4>(stream, Y, Yg, bias, n, S, out, relu,
+                                      mask_done ? mask : nullptr);
     } else {
-      launch_group_bias_act_stream<1>(stream_of(ctx), Y, Yg, bias, n, S, out, relu);
+      launch_group_bias_act_stream<1>(stream, Y, Yg, bias, n, S, out, relu);
     }
-    check_launch("group_bias_act");
-    return;
+  } else {
+    group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream>>>(Y, Yg, bias, n, S, out,
+                                                                          relu);
   }
-  group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream_of(ctx)>>>(Y, Yg, bias, n, S,
-                                                                                out, relu);
-  check_launch("group_bias_act");
+  if (mask && relu && !mask_done)
+    launch_relu_bits(stream, static_cast<const float*>(Y), n * S, out, mask);
+  check_launch(op);
+}
+
+}  // namespace
+
+void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const float* bias, int64_t n,
+                    int S, int out, bool relu) {
+  group_bias_act_masked(ctx, Y, Yg, bias, n, S, out, relu, nullptr);
 }
 
 void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
                           int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
-                          int S, int in, int out, bool relu) {
+                          int S, int in, int out, bool relu, uint32_t* mask) {
   if (n == 0) return;
   gemm_on(ctx, false, true, static_cast<int>(n * S), out, in, 1.0f, X, static_cast<int>(ldx),
           weight, static_cast<int>(ldw), 0.0f, Y, out, "group_linear_forward");
-  ncf::cuda::group_bias_act(ctx, Y, Yg, bias, n, S, out, relu);
+  group_bias_act_masked(ctx, Y, Yg, bias, n, S, out, relu, mask);
 }
 
 namespace {
@@ -1448,16 +1576,19 @@ void group_bias_grad(const ExecContext& ctx, cudaStream_t stream, const float* d
 }  // namespace
 
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dYg, int64_t lddyg, float* db, bool relu) {
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                        const uint32_t* mask) {
   const char* op = "group_sum_backward";
   cudaStream_t stream = stream_of(ctx);
-  if (n > 0 && step_kernels() == StepKernels::kStreaming) {
-    const bool vec = out % 4 == 0 && aligned16(dY) && (!relu || aligned16(Y));
+  if (!relu) mask = nullptr;
+  // A bit mask takes the streaming kernels (the legacy one reads Y).
+  if (n > 0 && (mask || step_kernels() == StepKernels::kStreaming)) {
+    const bool vec = out % 4 == 0 && aligned16(dY) && (!relu || mask || aligned16(Y));
     if (vec) {
       launch_group_sum_stream<4>(stream, Y, dY, n, S, out, dYg, lddyg, relu,
-                                 aligned16(dYg) && lddyg % 4 == 0);
+                                 aligned16(dYg) && lddyg % 4 == 0, mask);
     } else {
-      launch_group_sum_stream<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu, false);
+      launch_group_sum_stream<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu, false, mask);
     }
     check_launch(op);
   } else if (n > 0) {
@@ -1672,7 +1803,7 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
-                               bool relu) {
+                               bool relu, uint32_t* mask) {
   const char* op = "group_linear_forward_bf16";
   if (n == 0) return;
   const int64_t B = n * S;
@@ -1682,7 +1813,7 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
   gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
              GemmInput{X, CUDA_R_16BF}, static_cast<int>(ldx), GemmInput{weight, CUDA_R_16BF},
              static_cast<int>(ldw), 0.0f, Z, out, op);
-  launch_bias_act_bf16(stream_of(ctx), Z, Yg, S, bias, Y, B, out, relu);
+  launch_bias_act_bf16(stream_of(ctx), Z, Yg, S, bias, Y, B, out, relu, nullptr, mask);
   check_launch(op);
 }
 
@@ -1743,15 +1874,17 @@ void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint1
 }
 
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
-                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu) {
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                             const uint32_t* mask) {
   const char* op = "group_sum_backward_bf16";
   cudaStream_t stream = stream_of(ctx);
+  if (!relu) mask = nullptr;
   if (n > 0) {
     // Rows of 16-byte octets when the width and both arrays allow.
-    if (out % 8 == 0 && aligned16(dY) && (!relu || aligned16(Y)))
-      launch_group_sum_bf16<8>(stream, Y, dY, n, S, out, dYg, lddyg, relu);
+    if (out % 8 == 0 && aligned16(dY) && (!relu || mask || aligned16(Y)))
+      launch_group_sum_bf16<8>(stream, Y, dY, n, S, out, dYg, lddyg, relu, mask);
     else
-      launch_group_sum_bf16<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu);
+      launch_group_sum_bf16<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu, mask);
     check_launch(op);
   }
   if (db) group_bias_grad(ctx, stream, dYg, lddyg, n, out, db, op);

@@ -137,15 +137,25 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
 // users' half Yg [n × out] was computed once per user). The CPU adds Yg and the
 // bias inside each block's product (no pass of its own over Y); the GPU runs the
 // GEMM, then group_bias_act.
+// With mask (relu only), the output's ReLU bit mask too (relu_mask_words).
 void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
                           int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
-                          int S, int in, int out, bool relu);
+                          int S, int in, int out, bool relu, uint32_t* mask = nullptr);
 // Backward of group_bias_act. dY [n·S × out] in: dL/dY; out: the masked dL/dZ
-// (when relu, from the forward output Y; Y may be null otherwise). dYg[p, :] (row
-// stride lddyg) = Σ_s dZ[p·S + s, :], summed in double in s order, overwritten;
-// db (may be null) = Σ_p dYg[p, :] (fixed row blocks), overwritten.
+// (when relu, from the forward output Y, or from its bit mask when mask is given;
+// Y may be null otherwise). dYg[p, :] (row stride lddyg) = Σ_s dZ[p·S + s, :],
+// summed in double in s order, overwritten; db (may be null) = Σ_p dYg[p, :] (fixed
+// row blocks), overwritten.
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dYg, int64_t lddyg, float* db, bool relu);
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                        const uint32_t* mask = nullptr);
+
+// A ReLU bit mask of a [B × out] output: one bit per element, set where the stored
+// output is > 0 (so a NaN or a zero is 0); row b starts at word b·relu_mask_words(out),
+// element j at bit j % 32 of the row's word j / 32, rows padded to 128 bits (the
+// layout of cuBLASLt's ReLU aux output). Layer 0's forward writes it, and its
+// backward masks with it instead of reading the whole output again.
+int64_t relu_mask_words(int out);
 
 // The logit head: logits[b] = w · H[b, :] + c[0], H[B×F] = [GMF ; MLP output].
 // c points at the scalar (inside the parameter buffer, on ctx.device).
@@ -240,7 +250,7 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
-                               bool relu);
+                               bool relu, uint32_t* mask = nullptr);
 // Layer 0 against a table of per-item products (evaluation, where every candidate
 // is an item: P [R × out] = the items' half of layer 0 for each of R items, once
 // per evaluation, instead of once per sample). gather_bias_act is group_bias_act
@@ -265,10 +275,12 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                           const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
                           int64_t B, int in, int out, bool relu);
-// group_sum_backward on BF16 Y and dY: dY masked in place when relu; dYg [n × out]
-// (stride lddyg) and db FP32, summed in double as group_sum_backward sums.
+// group_sum_backward on BF16 Y and dY: dY masked in place when relu (by Y, or by
+// its bit mask when given); dYg [n × out] (stride lddyg) and db FP32, summed in double
+// as group_sum_backward sums.
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
-                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu);
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                             const uint32_t* mask = nullptr);
 // neumf_top_forward / neumf_top_backward with the tower's output A and its
 // gradient dA in BF16: A read as its values; dA = bf16(the masked dH), and db
 // the column sums of the stored (rounded) dA. All else as there.
@@ -318,9 +330,10 @@ void group_bias_act(const ExecContext& ctx, float* Y, const float* Yg, const flo
                     int S, int out, bool relu);
 void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, const float* weight,
                           int64_t ldw, const float* Yg, const float* bias, float* Y, int64_t n,
-                          int S, int in, int out, bool relu);
+                          int S, int in, int out, bool relu, uint32_t* mask);
 void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64_t n, int S,
-                        int out, float* dYg, int64_t lddyg, float* db, bool relu);
+                        int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                        const uint32_t* mask);
 void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                        int64_t ldi, const float* A, const float* w, const float* c, float* logits,
                        int64_t n, int S, int mf, int last);
@@ -339,12 +352,13 @@ void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,
-                               bool relu);
+                               bool relu, uint32_t* mask);
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
                           const uint16_t* Y, uint16_t* dY, uint16_t* dX, float* dweight, float* db,
                           int64_t B, int in, int out, bool relu);
 void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t* dY, int64_t n,
-                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu);
+                             int S, int out, float* dYg, int64_t lddyg, float* db, bool relu,
+                             const uint32_t* mask);
 void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                      const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
                      bool relu);
