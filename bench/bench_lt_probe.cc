@@ -8,7 +8,8 @@
 // The products, in cuBLASLt's column-major view of our row-major arrays (B rows):
 //   fwd    Y[B×out] = X[B×in]·W^T: D[out×B] = W(op T)·X, epilogues BIAS, RELU_BIAS,
 //          RELU_AUX_BIAS (the ReLU mask kept as a bit mask for the backward);
-//   dgrad  dX[B×in] = dZ[B×out]·W: D[in×B] = W·dZ, epilogues DEFAULT and DRELU_BGRAD
+//   dgrad  dX[B×in] = dZ[B×out]·W: D[in×B] = W·dZ, epilogues DEFAULT, DRELU (the layer
+//          below's mask only: linear_backward's dx_mask) and DRELU_BGRAD
 //          (the layer below's mask applied and its bias gradient summed);
 //   wgrad  dW[out×in] = dZ^T·X: D[in×out] = X·dZ(op T), epilogues DEFAULT, BGRADA and
 //          BGRADB (this layer's bias gradient from one of the operands).
@@ -64,6 +65,8 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
       return "RELU_BIAS";
     case CUBLASLT_EPILOGUE_RELU_AUX_BIAS:
       return "RELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DRELU:
+      return "DRELU";
     case CUBLASLT_EPILOGUE_DRELU_BGRAD:
       return "DRELU_BGRAD";
     case CUBLASLT_EPILOGUE_BGRADA:
@@ -101,9 +104,9 @@ Case query(cublasLtHandle_t lt, const Types& t, cublasLtEpilogue_t epi, cublasOp
   }
   const uint64_t a_rows = ta == CUBLAS_OP_N ? m : k, a_cols = ta == CUBLAS_OP_N ? k : m;
   const uint64_t b_rows = tb == CUBLAS_OP_N ? k : n, b_cols = tb == CUBLAS_OP_N ? n : k;
-  const bool aux_epi =
-      epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DRELU_BGRAD;
-  const bool vec_epi = epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const bool aux_epi = epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DRELU ||
+                       epi == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+  const bool vec_epi = epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_DRELU;
   // The ReLU bit mask: one bit per element of D, its leading dimension a multiple of 128.
   const int64_t aux_ld = int64_t((m + 127) / 128 * 128);
   struct Attr {
@@ -227,7 +230,8 @@ int main(int argc, char** argv) {
         c.product = layer + " fwd";
         cases.push_back(c);
       }
-      for (cublasLtEpilogue_t e : {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_DRELU_BGRAD}) {
+      for (cublasLtEpilogue_t e :
+           {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_DRELU, CUBLASLT_EPILOGUE_DRELU_BGRAD}) {
         Case c = query(lt, t, e, CUBLAS_OP_N, CUBLAS_OP_N, in, B, out, vec, aux, workspace);
         c.product = layer + " dgrad";
         cases.push_back(c);

@@ -1245,6 +1245,75 @@ TEST_F(Parity, Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes) {
   }
 }
 
+// linear_backward with the layer below's bit mask (dx_mask): dX masked in the product's
+// cuBLASLt DRELU epilogue where cuBLASLt offers one, else after it. Zeros exactly where
+// the bits are 0 (the mask from the device's own group_linear_forward); elsewhere the
+// unmasked product's values to a GEMM's rounding (the epilogue may take another
+// algorithm), and the CPU twin's to the GEMM tolerance; the same bits twice.
+TEST_F(Parity, LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu) {
+  struct Case {
+    int64_t n;
+    int S, below, out;
+  };
+  for (const Case& c : {Case{301, 5, 256, 128}, Case{301, 5, 130, 64}, Case{209715, 5, 256, 128}})
+    for (MathMode mode : {MathMode::kFp32, MathMode::kTf32}) {
+      if (!on_gpu() && c.n > 1000) continue;
+      set_math_mode(mode);
+      const bool tf32 = mode == MathMode::kTf32;
+      const std::string what =
+          shape({{"n", c.n}, {"below", c.below}, {"out", c.out}}) + (tf32 ? " tf32" : " fp32");
+      const int64_t B = c.n * c.S, words = relu_mask_words(c.below);
+      const int in0 = 32;
+      const Vec X0 = random_vec(size_t(B) * in0, gen_),
+                W0 = random_vec(size_t(c.below) * in0, gen_),
+                Yg = random_vec(size_t(c.n) * c.below, gen_);
+      Buffer<float> gX0 = up(X0), gW0 = up(W0), gYg = up(Yg), gX = up(Vec(size_t(B) * c.below));
+      Buffer<uint32_t> gm = up(std::vector<uint32_t>(size_t(B * words)));
+      group_linear_forward(gpu_, gX0.data(), in0, gW0.data(), in0, gYg.data(), nullptr, gX.data(),
+                           c.n, c.S, in0, c.below, true, gm.data());
+      const Vec X = down(gX);
+      const std::vector<uint32_t> mask = down(gm);
+      const Vec W = random_vec(size_t(c.out) * c.below, gen_),
+                dY0 = random_vec(size_t(B) * c.out, gen_, -0.1f, 0.1f);
+      Buffer<float> gW = up(W), gY = up(Vec(size_t(B) * c.out, 1.0f));
+      auto run = [&](const uint32_t* m) {
+        Buffer<float> gdY = up(dY0), gdX = up(Vec(size_t(B) * c.below, 7.0f)),
+                      gdW = up(Vec(size_t(c.out) * c.below)), gdb = up(Vec(size_t(c.out)));
+        linear_backward(gpu_, gX.data(), gW.data(), gY.data(), gdY.data(), gdX.data(), gdW.data(),
+                        gdb.data(), B, c.below, c.out, true, GradMode::kOverwrite, m);
+        return down(gdX);
+      };
+      const Vec plain = run(nullptr), masked = run(gm.data());
+      expect_same(run(gm.data()), masked, what + " dX twice");
+      size_t bad = 0;
+      Vec plain_masked = plain;
+      for (int64_t b = 0; b < B; ++b)
+        for (int j = 0; j < c.below; ++j) {
+          const size_t i = size_t(b * c.below + j);
+          const bool bit = (mask[size_t(b * words + j / 32)] >> (j % 32)) & 1u;
+          if (bit != (X[i] > 0.0f) && bad++ < 3) ADD_FAILURE() << what << " mask bit " << i;
+          if (!bit) {
+            plain_masked[i] = 0.0f;
+            if (masked[i] != 0.0f && bad++ < 3)
+              ADD_FAILURE() << what << " dX[" << i << "] = " << masked[i] << " where the bit is 0";
+          }
+        }
+      EXPECT_EQ(bad, 0u) << what;
+      const double sk = std::sqrt(double(c.out));
+      expect_close(masked, plain_masked, (tf32 ? kTf32AtolPerSqrtK : kGemmAtolPerSqrtK) * sk * 0.1,
+                   tf32 ? kTf32Rtol : kGemmRtol, what + " dX vs the unmasked product, masked");
+      if (c.n <= 1000) {  // the CPU twin
+        Vec dY = dY0, dX(size_t(B) * c.below), dW(size_t(c.out) * c.below),
+            db(static_cast<size_t>(c.out));
+        const Vec Y(size_t(B) * c.out, 1.0f);
+        linear_backward(cpu_, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
+                        db.data(), B, c.below, c.out, true, GradMode::kOverwrite, mask.data());
+        expect_close(masked, dX, (tf32 ? kTf32AtolPerSqrtK : kGemmAtolPerSqrtK) * sk * 0.1,
+                     tf32 ? kTf32Rtol : kGemmRtol, what + " dX vs the CPU twin");
+      }
+    }
+}
+
 TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
   const int64_t n = 2000;
   const int S = 5, mf = 64, last = 64, F = mf + last;

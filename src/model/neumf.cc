@@ -4,6 +4,8 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "common/check.h"
 #include "common/philox.h"
@@ -171,6 +173,19 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   concat_cols(ctx, g_.data(), mf, mf, x, last, last, h_.data(), B);
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
+
+namespace {
+
+// NCF_LT_DRELU=0: layer 0's mask stays in its group sums (for side-by-side runs).
+bool lt_drelu_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("NCF_LT_DRELU");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  return on;
+}
+
+}  // namespace
 
 uint32_t* NeuMF::layer0_mask(int64_t B) {
   m0_ptr_ = nullptr;
@@ -420,21 +435,27 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
     split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
   }
   if (tower) {
+    // With layer 0's bit mask, layer 1's backward hands layer 0 its masked gradient
+    // (the mask in layer 1's dX product: its cuBLASLt epilogue on a GPU), so layer 0's
+    // group sums read no mask at all. NCF_LT_DRELU=0 leaves the mask to the group sums.
+    const uint32_t* mask0_in_dx = m0_ptr_ != nullptr && lt_drelu_enabled() ? m0_ptr_ : nullptr;
     for (size_t l = tower_.size(); l-- > 1;) {
       const DenseLayerView& v = tower_[l];
       const bool top = top_masked && l + 1 == tower_.size();
       linear_backward(ctx, acts_[l - 1].data(), p + v.w_offset, acts_[l].data(), dacts_[l].data(),
                       dacts_[l - 1].data(), gp + v.w_offset, top ? nullptr : gp + v.b_offset, B,
-                      v.in, v.out, !top, GradMode::kOverwrite);
+                      v.in, v.out, !top, GradMode::kOverwrite, l == 1 ? mask0_in_dx : nullptr);
     }
-    // Layer 0: dZ0 (masked in place), its sum over each user's samples dU0,
-    // the bias gradient, then both halves of dW0 and of the input gradient.
+    // Layer 0: dZ0 (masked in place, unless layer 1 masked it), its sum over each
+    // user's samples dU0, the bias gradient, then both halves of dW0 and of the input
+    // gradient.
     const DenseLayerView& v = tower_[0];
     const float* w0 = p + v.w_offset;
     float* dz = dacts_[0].data();
     const bool top = top_masked && tower_.size() == 1;
-    group_sum_backward(ctx, top ? nullptr : acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
-                       gp + v.b_offset, !top, top ? nullptr : m0_ptr_);
+    const bool masked = top || mask0_in_dx != nullptr;
+    group_sum_backward(ctx, masked ? nullptr : acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
+                       gp + v.b_offset, !masked, masked ? nullptr : m0_ptr_);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
          D, 0.0f, gp + v.w_offset, v.in);
     gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D, 0.0f,

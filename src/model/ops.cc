@@ -343,7 +343,8 @@ void finish_block_sums(const std::vector<double>& partial, int64_t blocks, int o
 template <typename T>
 void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, const T* Y, T* dY,
                          T* dX, float* dweight, float* db, int64_t B, int in, int out, bool relu,
-                         GradMode mode) {
+                         GradMode mode, const uint32_t* dx_mask = nullptr) {
+  const int64_t mask_words = relu_mask_words(in);
   const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
   const MatmulPrecision prec = matmul_precision();
@@ -369,6 +370,12 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
         } else {
           cpu_matmul_bf16(sh, dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
         }
+        if (dx_mask)
+          for (int64_t r = r0; r < r1; ++r) {
+            const uint32_t* m = dx_mask + r * mask_words;
+            T* dx = dX + r * in;
+            for (int j = 0; j < in; ++j) dx[j] = (m[j / 32] >> (j % 32)) & 1u ? dx[j] : T{0};
+          }
       }
     }
   });
@@ -382,11 +389,12 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
 
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode) {
+                     bool relu, GradMode mode, const uint32_t* dx_mask) {
   check_linear_backward("linear_backward", X, weight, Y, dY, dweight, B, in, out, relu);
+  NCF_CHECK(!dx_mask || dX, "linear_backward: a mask for dX without dX");
   NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
-                    mode);
-  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu, mode);
+                    mode, dx_mask);
+  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu, mode, dx_mask);
 }
 
 void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,

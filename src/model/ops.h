@@ -97,12 +97,15 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
 //   Y   [B×out] the forward output (post-activation); read only when relu, for the
 //       mask Y > 0 (the gradient at Z = 0 is taken as 0), may be null otherwise.
 //   dY  [B×out] in: dL/dY; out: dL/dZ (the masked gradient) when relu, else unchanged.
-//   dX  [B×in]  dL/dX, always overwritten; null skips it.
+//   dX  [B×in]  dL/dX, always overwritten; null skips it. With dx_mask (the ReLU bit
+//       mask of the layer below's output X, relu_mask_words(in) words per row), dX is
+//       that layer's masked gradient dL/dZ instead: zero where the bit is 0 (on the
+//       GPU in the product's cuBLASLt epilogue where cuBLASLt offers one).
 //   dweight  [out×in], db [out] (db null when the layer has no bias): written as `mode` says.
 // dweight = dZ^T·X (GEMM), db = column sums of dZ (block_sums: fixed row blocks).
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode);
+                     bool relu, GradMode mode, const uint32_t* dx_mask = nullptr);
 
 // GMF: gmf[b, k] = urows[b, k] · irows[b, k] for k < mf. urows and irows are the gathered user and
 // item embedding rows; the GMF part is their first mf columns.
@@ -304,7 +307,7 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
                     float* Y, int64_t B, int in, int out, bool relu);
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode);
+                     bool relu, GradMode mode, const uint32_t* dx_mask);
 void gmf_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                  int64_t ldi, float* gmf, int64_t ldg, int64_t B, int mf);
 void gmf_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
