@@ -267,6 +267,32 @@ TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
   EXPECT_EQ(losses(legacy.output), losses(streaming.output));
 }
 
+// NCF_LT_DRELU=1 moves layer 0's ReLU mask from its group sums into layer 1's dX
+// product (model/neumf.cc); on CPU ranks the same values: the same parameters, byte
+// for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
+// mask either way).
+TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCpu) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::string args = " --device cpu --data_dir " + data() +
+                             " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval "
+                             "--precision " +
+                             std::string(precision);
+    const std::string a = dir_->file(std::string("drelu_") + precision + ".bin"),
+                      b = dir_->file(std::string("plain_") + precision + ".bin");
+    auto with =
+        run("NCF_LT_DRELU=1 timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + a);
+    auto without = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
+    ASSERT_EQ(with.exit_code, 0) << with.output;
+    ASSERT_EQ(without.exit_code, 0) << without.output;
+    const std::string note = "NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient";
+    EXPECT_NE(with.output.find(note), std::string::npos) << with.output;
+    EXPECT_EQ(without.output.find(note), std::string::npos) << without.output;
+    const std::string pa = test::read_file(a);
+    EXPECT_FALSE(pa.empty()) << precision;
+    EXPECT_EQ(pa, test::read_file(b)) << precision;
+  }
+}
+
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
 // singleton init cannot start (no launcher variables, an installation prefix that
 // does not exist: MPI_Init finds no orted); `--comm mpi` asks for MPI and fails there,

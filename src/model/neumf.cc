@@ -174,18 +174,13 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
 
-namespace {
-
-// NCF_LT_DRELU=0: layer 0's mask stays in its group sums (for side-by-side runs).
 bool lt_drelu_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("NCF_LT_DRELU");
-    return !(e != nullptr && std::string(e) == "0");
+    return e != nullptr && std::string(e) == "1";
   }();
   return on;
 }
-
-}  // namespace
 
 uint32_t* NeuMF::layer0_mask(int64_t B) {
   m0_ptr_ = nullptr;
@@ -435,9 +430,9 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
     split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
   }
   if (tower) {
-    // With layer 0's bit mask, layer 1's backward hands layer 0 its masked gradient
-    // (the mask in layer 1's dX product: its cuBLASLt epilogue on a GPU), so layer 0's
-    // group sums read no mask at all. NCF_LT_DRELU=0 leaves the mask to the group sums.
+    // With layer 0's bit mask and NCF_LT_DRELU=1, layer 1's backward hands layer 0 its
+    // masked gradient (the mask in layer 1's dX product: its cuBLASLt epilogue on a GPU),
+    // so layer 0's group sums read no mask at all.
     const uint32_t* mask0_in_dx = m0_ptr_ != nullptr && lt_drelu_enabled() ? m0_ptr_ : nullptr;
     for (size_t l = tower_.size(); l-- > 1;) {
       const DenseLayerView& v = tower_[l];

@@ -41,6 +41,13 @@ struct DenseLayerView {
   int64_t b_offset = 0;  // b [out]
 };
 
+// NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient (cuBLASLt's DRELU
+// epilogue reading layer 0's bit mask) and layer 0's group sums mask nothing. Off by
+// default until a GPU run has shown cuBLASLt reading the mask as laid out here
+// (Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu) and the step faster;
+// meanwhile the group sums mask. Read once.
+bool lt_drelu_enabled();
+
 class NeuMF {
  public:
   // Allocates parameters and gradients on `device` (contents undefined until init).

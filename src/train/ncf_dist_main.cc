@@ -22,6 +22,7 @@
 #include "data/dataset.h"
 #include "embedding/exchange_model.h"
 #include "model/cpu_matmul.h"
+#include "model/neumf.h"
 #include "model/ops.h"
 #include "train/checkpoint_lock.h"
 #include "train/config.h"
@@ -193,6 +194,10 @@ int train_main(int& argc, char**& argv) {
                    "kernels\n",
                    k, step_kernels_name(step_kernels()));
   }
+  if (lead && lt_drelu_enabled())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
+                 "gradient\n");
   check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
   // One job per checkpoint directory (train/checkpoint_lock.h): taken before
   // any rank writes anything, refused on every rank alike, released when this
