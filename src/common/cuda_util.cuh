@@ -237,18 +237,11 @@ constexpr int kColLanes = 32;
 constexpr int kColRows = 8;
 constexpr int64_t kColGroup = 64;  // chunk partials per middle-pass sum (kColChunk rows each)
 
-// op(b, c) returns the double to add (it may also write element (b, c) of an
-// output: each (b, c) is visited exactly once). partial is [chunks × C].
-template <typename Op>
-__global__ void __launch_bounds__(kColLanes* kColRows)
-    col_sums_kernel(Op op, int64_t B, int C, double* partial) {
+// The end of a block of col_sums_kernel's shape: thread (tx, ty)'s sum `acc` of
+// column c over its rows, combined with the block's other thread rows in ty order
+// into partial[blockIdx.x, c]. Every thread of the block calls it.
+__device__ __forceinline__ void store_col_partial(double acc, int c, int C, double* partial) {
   __shared__ double sh[kColRows][kColLanes];
-  const int c = blockIdx.y * kColLanes + threadIdx.x;
-  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
-  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
-  double acc = 0.0;
-  if (c < C)
-    for (int64_t b = b0 + threadIdx.y; b < b1; b += kColRows) acc += op(b, c);
   sh[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
@@ -256,6 +249,20 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
     for (int r = 0; r < kColRows; ++r) s += sh[r][threadIdx.x];
     partial[static_cast<int64_t>(blockIdx.x) * C + c] = s;
   }
+}
+
+// op(b, c) returns the double to add (it may also write element (b, c) of an
+// output: each (b, c) is visited exactly once). partial is [chunks × C].
+template <typename Op>
+__global__ void __launch_bounds__(kColLanes* kColRows)
+    col_sums_kernel(Op op, int64_t B, int C, double* partial) {
+  const int c = blockIdx.y * kColLanes + threadIdx.x;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
+  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
+  double acc = 0.0;
+  if (c < C)
+    for (int64_t b = b0 + threadIdx.y; b < b1; b += kColRows) acc += op(b, c);
+  store_col_partial(acc, c, C, partial);
 }
 
 // partial[g·kColGroup, c] = Σ partial[x, c] over the chunks x of group g, in
@@ -301,20 +308,30 @@ void finish_col_sums(cudaStream_t stream, double* partial, int64_t chunks, int C
   col_finish_kernel<<<grid_for(C), kThreads, 0, stream>>>(partial, chunks, step, C, store);
 }
 
+// The column sums of B rows and C columns: launch(grid, block) runs a kernel of
+// col_sums_kernel's shape (chunks × column tiles of kColLanes × kColRows threads)
+// writing the chunk partials, then the passes after them store each total.
 // `partial` holds col_chunks(B)·C doubles (the group sums reuse it in place).
-template <typename Op, typename Store>
-void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double* partial,
-                            Store store, const char* what) {
+template <typename Store, typename Launch>
+void run_col_sums(cudaStream_t stream, int64_t B, int C, double* partial, Store store,
+                  const char* what, Launch launch) {
   const int64_t chunks = col_chunks(B);
   const int64_t tiles = (static_cast<int64_t>(C) + kColLanes - 1) / kColLanes;
   check_int_range(what, "row chunks", chunks);
   NCF_CHECK(tiles <= 65535, what, ": C=", C, " columns exceed the grid's y range");
-  if (chunks > 0 && C > 0) {
-    dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
-    col_sums_kernel<<<grid, dim3(kColLanes, kColRows), 0, stream>>>(op, B, C, partial);
-  }
+  if (chunks > 0 && C > 0)
+    launch(dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles)),
+           dim3(kColLanes, kColRows));
   finish_col_sums(stream, partial, chunks, C, store);
   check_launch(what);
+}
+
+template <typename Op, typename Store>
+void deterministic_col_sums(cudaStream_t stream, int64_t B, int C, Op op, double* partial,
+                            Store store, const char* what) {
+  run_col_sums(stream, B, C, partial, store, what, [&](dim3 grid, dim3 block) {
+    col_sums_kernel<<<grid, block, 0, stream>>>(op, B, C, partial);
+  });
 }
 
 }  // namespace

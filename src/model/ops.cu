@@ -390,6 +390,40 @@ struct LtChoice {
 std::mutex g_lt_mutex;
 std::map<LtKey, LtChoice> g_lt_choices;
 
+// The heuristic's pick for the matmul m describes (D = A·B, C = D), remembered under
+// `key`: asked once per key, with A, B and D (and C) aligned to al_a, al_b, al_d bytes
+// and the context's workspace. ok false when cuBLASLt offers no algorithm.
+LtChoice lt_choose(CudaResources& r, LtDescriptors& m, const LtKey& key, uint32_t al_a,
+                   uint32_t al_b, uint32_t al_d) {
+  {
+    std::lock_guard<std::mutex> lock(g_lt_mutex);
+    auto it = g_lt_choices.find(key);
+    if (it != g_lt_choices.end()) return it->second;
+  }
+  LtChoice choice;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&m.pref));
+  const uint64_t ws = r.lt_workspace_bytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      m.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+  for (const auto& [attr, value] : aligns)
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(m.pref, attr, &value, sizeof(value)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(r.lt, m.desc, m.a, m.b, m.d, m.d, m.pref, 1, &result, &found);
+  choice.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (choice.ok) choice.algo = result.algo;
+  std::lock_guard<std::mutex> lock(g_lt_mutex);
+  if (g_lt_choices.size() > 4096) g_lt_choices.clear();  // many batch sizes: start over
+  g_lt_choices[key] = choice;
+  return choice;
+}
+
 // Y = act(X·weight^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
 // algorithm for this shape and alignment (the caller then runs GEMM + epilogue).
 // The heuristic filters algorithms by the operands' alignment, but users of the
@@ -434,38 +468,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   const uint32_t al_b = bias ? alignment_of(bias) : 256;
   const LtKey key{r.device_id,  B,           in, out, al_w, al_x, al_y, al_b, int(epilogue),
                   int(compute), int(in_type)};
-  LtChoice choice;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> lock(g_lt_mutex);
-    auto it = g_lt_choices.find(key);
-    if (it != g_lt_choices.end()) {
-      choice = it->second;
-      known = true;
-    }
-  }
-  if (!known) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&m.pref));
-    const uint64_t ws = r.lt_workspace_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        m.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_w},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_x},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_y},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_y}};
-    for (const auto& [attr, value] : aligns)
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(m.pref, attr, &value, sizeof(value)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(r.lt, m.desc, m.a, m.b, m.d, m.d,
-                                                             m.pref, 1, &result, &found);
-    choice.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (choice.ok) choice.algo = result.algo;
-    std::lock_guard<std::mutex> lock(g_lt_mutex);
-    if (g_lt_choices.size() > 4096) g_lt_choices.clear();  // many batch sizes: start over
-    g_lt_choices[key] = choice;
-  }
+  const LtChoice choice = lt_choose(r, m, key, al_w, al_x, al_y);
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, weight, m.a, X, m.b, &beta, Y, m.d, Y, m.d,
@@ -508,38 +511,7 @@ bool lt_drelu_dx(const ExecContext& ctx, CudaResources& r, MathMode mode, const 
   const LtKey key{
       r.device_id,  B,           in, out, al_w, al_z, al_x, alignment_of(mask), int(epilogue),
       int(compute), int(in_type)};
-  LtChoice choice;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> lock(g_lt_mutex);
-    auto it = g_lt_choices.find(key);
-    if (it != g_lt_choices.end()) {
-      choice = it->second;
-      known = true;
-    }
-  }
-  if (!known) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&m.pref));
-    const uint64_t ws = r.lt_workspace_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        m.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_w},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_z},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_x},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_x}};
-    for (const auto& [attr, value] : aligns)
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(m.pref, attr, &value, sizeof(value)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(r.lt, m.desc, m.a, m.b, m.d, m.d,
-                                                             m.pref, 1, &result, &found);
-    choice.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (choice.ok) choice.algo = result.algo;
-    std::lock_guard<std::mutex> lock(g_lt_mutex);
-    if (g_lt_choices.size() > 4096) g_lt_choices.clear();
-    g_lt_choices[key] = choice;
-  }
+  const LtChoice choice = lt_choose(r, m, key, al_w, al_z, al_x);
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, weight, m.a, dZ, m.b, &beta, dX, m.d, dX, m.d,
@@ -747,7 +719,6 @@ template <typename T>
 __global__ void __launch_bounds__(kColLanes* kColRows)
     mask_col_sums_kernel(const T* __restrict__ Y, T* __restrict__ dY, int64_t B, int C,
                          double* __restrict__ partial) {
-  __shared__ double sh[kColRows][kColLanes];
   const int c = blockIdx.y * kColLanes + threadIdx.x;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
   const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
@@ -774,13 +745,7 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
       }
     }
   }
-  sh[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    double s = 0.0;
-    for (int r = 0; r < kColRows; ++r) s += sh[r][threadIdx.x];
-    partial[static_cast<int64_t>(blockIdx.x) * C + c] = s;
-  }
+  store_col_partial(acc, c, C, partial);
 }
 
 // dY masked by Y > 0 in place and store(c, Σ_b dY[b, c]): deterministic_col_sums'
@@ -788,16 +753,9 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
 template <typename T, typename Store>
 void masked_col_sums(cudaStream_t stream, const T* Y, T* dY, int64_t B, int C, double* partial,
                      Store store, const char* what) {
-  const int64_t chunks = col_chunks(B);
-  const int64_t tiles = (static_cast<int64_t>(C) + kColLanes - 1) / kColLanes;
-  check_int_range(what, "row chunks", chunks);
-  NCF_CHECK(tiles <= 65535, what, ": C=", C, " columns exceed the grid's y range");
-  if (chunks > 0 && C > 0) {
-    dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
-    mask_col_sums_kernel<T><<<grid, dim3(kColLanes, kColRows), 0, stream>>>(Y, dY, B, C, partial);
-  }
-  finish_col_sums(stream, partial, chunks, C, store);
-  check_launch(what);
+  run_col_sums(stream, B, C, partial, store, what, [&](dim3 grid, dim3 block) {
+    mask_col_sums_kernel<T><<<grid, block, 0, stream>>>(Y, dY, B, C, partial);
+  });
 }
 
 // Column sums of a row-major [B × out] array, read only (the streaming bias gradient).
