@@ -206,13 +206,18 @@ std::vector<nlohmann::json> metrics_of(const std::string& path) {
   return out;
 }
 
-TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
-  TempDir d;
+// A small synthetic set at `dir`: 301 users, 157 items, 60 eval negatives.
+void prepare_small_set(const std::string& dir) {
   auto prep = run(bin("ncf_prep") +
                   " --synthetic custom --users 301 --items 157 --interactions 12000 "
                   "--eval_negatives 60 --record_rows 300 --progress off --output " +
-                  d.file("data"));
+                  dir);
   ASSERT_EQ(prep.exit_code, 0) << prep.output;
+}
+
+TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
+  TempDir d;
+  ASSERT_NO_FATAL_FAILURE(prepare_small_set(d.file("data")));
   for (const char* precision : {"fp32", "bf16"})
     for (int W : {1, 2}) {
       std::vector<nlohmann::json> m[2];
@@ -249,11 +254,7 @@ TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
 // rank 0, and changes no metric: the same lines as the run without it.
 TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
   TempDir d;
-  auto prep = run(bin("ncf_prep") +
-                  " --synthetic custom --users 301 --items 157 --interactions 12000 "
-                  "--eval_negatives 60 --record_rows 300 --progress off --output " +
-                  d.file("data"));
-  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  ASSERT_NO_FATAL_FAILURE(prepare_small_set(d.file("data")));
   std::vector<nlohmann::json> m[2];
   for (int phases : {0, 1}) {
     const std::string json = d.file("p" + std::to_string(phases) + ".jsonl");

@@ -327,7 +327,7 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
       plan.dedup);
   // Per sample: the gathered rows, two activations of the widest layer, and layer 0's
   // ReLU bit mask (16 bytes per 128 columns, ops.h relu_mask_words).
-  const int64_t mask_bytes = cfg.layers.size() > 1 ? (int64_t(cfg.layers[1]) + 127) / 128 * 16 : 0;
+  const int64_t mask_bytes = cfg.layers.size() > 1 ? relu_mask_words(cfg.layers[1]) * 4 : 0;
   e.step =
       (rows_only ? 0 : local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64 + mask_bytes)) +
       eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16 + mask_bytes);
