@@ -836,26 +836,27 @@ void launch_group_bias_act_stream(cudaStream_t stream, float* Y, const float* Yg
   }
 }
 
-// The ReLU bit mask of a stored [B × out] output, one thread per word (for the
-// widths the forward kernels do not write it in passing).
+// The ReLU bit mask of a stored [B × out] output (for the widths the forward kernels
+// do not write it in passing), one warp per word: lane l tests element 32·w + l (one
+// coalesced load per warp, where a thread per word waited on 32 loads in turn) and the
+// warp's ballot is the word, bit l from lane l.
 template <typename T>
 __global__ void relu_bits_kernel(const T* __restrict__ Y, int64_t B, int out,
                                  uint32_t* __restrict__ mask, int64_t words) {
-  for (int64_t i = thread_first(); i < B * words; i += thread_stride()) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = B * words;
+  for (int64_t i = thread_first() / 32; i < total; i += thread_stride() / 32) {  // per warp
     const int64_t b = i / words;
-    const int w = static_cast<int>(i - b * words);
-    uint32_t word = 0;
-    for (int bit = 0; bit < 32; ++bit) {
-      const int j = 32 * w + bit;
-      if (j < out && element_value(Y[b * out + j]) > 0.0f) word |= uint32_t{1} << bit;
-    }
-    mask[i] = word;
+    const int j = 32 * static_cast<int>(i - b * words) + lane;
+    const bool on = j < out && element_value(Y[b * out + j]) > 0.0f;
+    const uint32_t word = __ballot_sync(0xffffffffu, on);
+    if (lane == 0) mask[i] = word;
   }
 }
 template <typename T>
 void launch_relu_bits(cudaStream_t stream, const T* Y, int64_t B, int out, uint32_t* mask) {
   const int64_t words = relu_mask_words(out);
-  relu_bits_kernel<T><<<grid_for(B * words), kThreads, 0, stream>>>(Y, B, out, mask, words);
+  relu_bits_kernel<T><<<grid_for(B * words * 32), kThreads, 0, stream>>>(Y, B, out, mask, words);
 }
 
 template <int L>
@@ -927,19 +928,23 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (int s0 = 0; s0 < S; s0 += R) {
       const int m = S - s0 < R ? S - s0 : R;
-      float h[R][J];
+      // The loads as stored (raw): a BF16 element widened only below, after every
+      // load of the round is issued (widened in the load's branch, it would wait there).
+      float hi[R][J];
+      TA ha[R][J];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t b = p * S + s0 + r;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
           const int k = lane + 32 * j;
-          h[r][j] = 0.0f;
+          hi[r][j] = 0.0f;
+          ha[r][j] = TA{0};
           if (r < m) {
             if (k < mf)
-              h[r][j] = irows[b * ldi + k];
+              hi[r][j] = irows[b * ldi + k];
             else if (k < F)
-              h[r][j] = value_of(A[b * last + (k - mf)]);
+              ha[r][j] = A[b * last + (k - mf)];
           }
         }
       }
@@ -951,7 +956,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int j = 0; j < J; ++j) {
             const int k = lane + 32 * j;
             if (k < F) {
-              const float hv = k < mf ? __fmul_rn(u[j], h[r][j]) : h[r][j];
+              const float hv = k < mf ? __fmul_rn(u[j], hi[r][j]) : value_of(ha[r][j]);
               acc += hv * wk[j];
             }
           }
@@ -1019,7 +1024,8 @@ __global__ void __launch_bounds__(kThreads)
       const int sn = S - sb < 32 ? S - sb : 32;
       for (int s0 = 0; s0 < sn; s0 += R) {
         const int m = sn - s0 < R ? sn - s0 : R;
-        float it[R][J], a[R][J];
+        float it[R][J];
+        TA a[R][J];  // as stored: widened where used, after every load of the round
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const int64_t b = p * S + sb + s0 + r;
@@ -1027,7 +1033,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int j = 0; j < J; ++j) {
             const int k = lane + 32 * j;
             it[r][j] = r < m && k < mf ? irows[b * ldi + k] : 0.0f;
-            a[r][j] = r < m && k < last ? value_of(A[b * last + k]) : 0.0f;
+            a[r][j] = r < m && k < last ? A[b * last + k] : TA{0};
           }
         }
 #pragma unroll
@@ -1047,9 +1053,10 @@ __global__ void __launch_bounds__(kThreads)
               }
               if (k < last) {
                 const float dh = __fmul_rn(g, wa[j]);
+                const float av = value_of(a[r][j]);
                 const float dz =
-                    store_value(dA + b * last + k, relu ? (a[r][j] > 0.0f ? dh : 0.0f) : dh);
-                dwa[j] += gd * static_cast<double>(a[r][j]);
+                    store_value(dA + b * last + k, relu ? (av > 0.0f ? dh : 0.0f) : dh);
+                dwa[j] += gd * static_cast<double>(av);
                 dbs[j] += static_cast<double>(dz);
               }
             }
