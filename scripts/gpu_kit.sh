@@ -845,6 +845,7 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
     --no_eval --step_log --progress off
 }
 do_step_train_drelu() { NCF_LT_DRELU=1 do_step_train "$@"; }
+do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
   precision=$(basename "$1" .log | cut -d_ -f2)
@@ -1103,6 +1104,9 @@ run_step() {
   done
   # layer 0's mask in layer 1's dX epilogue (NCF_LT_DRELU=1) instead of its group sums
   stage step_tf32_drelu 1 90 fig_step_train -- do_step_train_drelu tf32 streaming
+  # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
+  # path their cuBLASLt BF16 epilogue replaced
+  stage step_bf16_no_lt_out 1 90 fig_step_train -- do_step_train_no_lt_out bf16 streaming
   for p in tf32 bf16; do
     stage "train_${p}_throughput" 1 120 fig_thr -- train_m20 "train_${p}_throughput" \
       "$build/src/ncf_dist" --precision "$p" --train_epochs 2 --no_eval

@@ -104,14 +104,14 @@ TEST(Bf16Storage, LayersAreTheFp32LayersOfTheSameValuesRoundedOnTheEmulatedPath)
   const int B = 2600, in = 48, out = 40;
   const Bits X = bf16_bits_of(random_vec(size_t(B) * in, 3));
   const Bits W = bf16_bits_of(random_vec(size_t(out) * in, 4, -0.3f, 0.3f));
-  const Vec bias = random_vec(size_t(out), 5, -0.2f, 0.2f);
-  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
+  const Bits bias = bf16_bits_of(random_vec(size_t(out), 5, -0.2f, 0.2f));
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W), biasw = widen_bf16(bias);
   for (bool relu : {true, false}) {
     const std::string tag = relu ? " (ReLU)" : " (no ReLU)";
     Bits Y(size_t(B) * out);
     Vec Yf(size_t(B) * out);
     linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, relu);
-    linear_forward(ctx, Xw.data(), Ww.data(), bias.data(), Yf.data(), B, in, out, relu);
+    linear_forward(ctx, Xw.data(), Ww.data(), biasw.data(), Yf.data(), B, in, out, relu);
     expect_same(Y, bf16_bits_of(Yf), "linear_forward_bf16" + tag);
 
     // Backward, from the stored Y (with every kind of special value in its first
@@ -377,10 +377,10 @@ TEST(Bf16Storage, NativeProductsStayWithinTheirRoundingOfADoubleLoop) {
   const int B = 2100, in = 64, out = 48;
   const Bits X = bf16_bits_of(random_vec(size_t(B) * in, 18));
   const Bits W = bf16_bits_of(random_vec(size_t(out) * in, 19, -0.3f, 0.3f));
-  const Vec bias = random_vec(size_t(out), 20, -0.2f, 0.2f);
-  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W);
+  const Bits bias16 = bf16_bits_of(random_vec(size_t(out), 20, -0.2f, 0.2f));
+  const Vec Xw = widen_bf16(X), Ww = widen_bf16(W), bias = widen_bf16(bias16);
   Bits Y(size_t(B) * out);
-  linear_forward_bf16(ctx, X.data(), W.data(), bias.data(), Y.data(), B, in, out, false);
+  linear_forward_bf16(ctx, X.data(), W.data(), bias16.data(), Y.data(), B, in, out, false);
   Vec C(size_t(B) * out);
   gemm_bf16(ctx, false, true, B, out, in, X.data(), in, W.data(), in, C.data(), out);
   size_t bad = 0;
@@ -431,9 +431,10 @@ using test::relative_rms;
 // parameters, rows and labels. Both BF16 paths feed their products the same
 // kind of operands (BF16 roundings of the same quantities); BF16 storage adds
 // roundings where the legacy path keeps FP32 outside the products: the top's
-// input A, its gradient dA, and each tower layer's dX before its mask and sums.
+// input A, its gradient dA, each tower layer's dX before its mask and sums, and
+// the bias of each layer above layer 0, added as BF16 (linear_forward_bf16).
 // Each adds at most u = 2^-8 relative error per element, so every tensor stays
-// within (L + 2)·u in relative RMS of the legacy path's (L tower layers), and
+// within (2L + 1)·u in relative RMS of the legacy path's (L tower layers), and
 // its distance from FP32 within the legacy path's plus that. (The distance
 // from FP32 itself is no fixed multiple of u: the gradients are sums with
 // cancellation, which amplifies the operands' roundings in both BF16 paths.)
@@ -459,7 +460,7 @@ TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadC
   set_step_kernels(StepKernels::kLegacy);
   const StepOut legacy = neumf_step(model, cpu(2), U, I, labels, n, S);
   set_step_kernels(StepKernels::kStreaming);
-  const double bound = (double(model.tower().size()) + 2.0) * kU16;
+  const double bound = (2.0 * double(model.tower().size()) + 1.0) * kU16;
   auto check = [&](size_t offset, size_t count, const Vec StepOut::*field,
                    const std::string& what) {
     const float* s = (bf.*field).data() + offset;

@@ -293,6 +293,27 @@ TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCp
   }
 }
 
+// NCF_LT_BF16_OUT=0 selects the GPU's older path for the BF16 layers above layer 0
+// (FP32 product, then the epilogue kernel); it says so, and CPU ranks train the same
+// parameters, byte for byte, with it and without.
+TEST_F(TrainTest, TheBf16EpilogueSwitchIsNotedAndLeavesCpuTrainingAlone) {
+  const std::string args = " --device cpu --data_dir " + data() +
+                           " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval "
+                           "--precision bf16";
+  const std::string a = dir_->file("lt_out_off.bin"), b = dir_->file("lt_out_on.bin");
+  auto off =
+      run("NCF_LT_BF16_OUT=0 timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + a);
+  auto on = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  const std::string note = "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product";
+  EXPECT_NE(off.output.find(note), std::string::npos) << off.output;
+  EXPECT_EQ(on.output.find(note), std::string::npos) << on.output;
+  const std::string pa = test::read_file(a);
+  EXPECT_FALSE(pa.empty());
+  EXPECT_EQ(pa, test::read_file(b));
+}
+
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
 // singleton init cannot start (no launcher variables, an installation prefix that
 // does not exist: MPI_Init finds no orted); `--comm mpi` asks for MPI and fails there,

@@ -260,8 +260,8 @@ void NeuMF::layers_above_first(const ExecContext& ctx, int64_t B, bool bf16) {
   for (size_t l = 1; l < tower_.size(); ++l) {
     const DenseLayerView& vl = tower_[l];
     if (bf16) {
-      linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset, p + vl.b_offset,
-                          a16_[l].data(), B, vl.in, vl.out, true);
+      linear_forward_bf16(ctx, a16_[l - 1].data(), wb_.data() + vl.w_offset,
+                          wb_.data() + vl.b_offset, a16_[l].data(), B, vl.in, vl.out, true);
     } else {
       linear_forward(ctx, acts_[l - 1].data(), p + vl.w_offset, p + vl.b_offset, acts_[l].data(), B,
                      vl.in, vl.out, true);
@@ -284,7 +284,8 @@ void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits
   for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
   if (B == 0) return;
   const float* p = params_.data();
-  // The BF16 copies read by every product of the step: the weights (biases and
+  // The BF16 copies read by every product of the step: the weights, the biases of
+  // the layers above layer 0 (their matmul epilogues add BF16 biases; layer 0's and
   // the head come along, unread), the users' and the items' MLP columns.
   to_bf16_rows(ctx, p, num_params_, static_cast<int>(num_params_), wb_.data(), num_params_, 1);
   to_bf16_rows(ctx, user_rows_ + mf, D, h, ub_.data(), h, n);

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -234,6 +236,14 @@ StepKernels parse_step_kernels(const std::string& name, const std::string& what)
 
 const char* step_kernels_name(StepKernels kernels) {
   return kernels == StepKernels::kLegacy ? "legacy" : "streaming";
+}
+
+bool lt_bf16_out_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("NCF_LT_BF16_OUT");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
 }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
@@ -701,12 +711,18 @@ void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N,
 }
 
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
-                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
+                         const uint16_t* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
   check_linear_forward("linear_forward_bf16", X, weight, Y, B, in, out);
   NCF_DISPATCH_CUDA(ctx, linear_forward_bf16, ctx, X, weight, bias, Y, B, in, out, relu);
   if (B == 0) return;
+  std::vector<float> bias32;  // the BF16 bias's values, which the FP32 epilogue adds
+  if (bias) {
+    bias32.resize(static_cast<size_t>(out));
+    for (int j = 0; j < out; ++j) bias32[size_t(j)] = bf16_bits_to_float(bias[j]);
+  }
   cpu_gemm_t<uint16_t, uint16_t>(ctx.threads, false, true, static_cast<int>(B), out, in, 1.0f, X,
-                                 in, weight, in, 0.0f, Y, out, bias, relu);
+                                 in, weight, in, 0.0f, Y, out, bias ? bias32.data() : nullptr,
+                                 relu);
 }
 
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,

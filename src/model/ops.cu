@@ -38,6 +38,12 @@ __global__ void to_bf16_kernel(const float* src, int64_t lds, int64_t rows, int 
   }
 }
 
+// dst[i] = the FP32 value of BF16 src[i], i < n.
+__global__ void widen_bf16_kernel(const uint16_t* __restrict__ src, float* __restrict__ dst,
+                                  int64_t n) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) dst[i] = bf16_bits_to_float(src[i]);
+}
+
 // The row of item q of rows of per_row items: in 32 bits when the items fit (k32).
 template <bool k32>
 __device__ __forceinline__ int64_t row_of(int64_t q, int per_row) {
@@ -382,7 +388,7 @@ struct LtDescriptors {
 // handful of shapes). The input type separates kBf16 from kFp32, which share
 // CUBLAS_COMPUTE_32F.
 using LtKey =
-    std::tuple<int, int64_t, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int, int>;
+    std::tuple<int, int64_t, int, int, uint32_t, uint32_t, uint32_t, uint32_t, int, int, int, int>;
 struct LtChoice {
   bool ok = false;
   cublasLtMatmulAlgo_t algo{};
@@ -426,6 +432,8 @@ LtChoice lt_choose(CudaResources& r, LtDescriptors& m, const LtKey& key, uint32_
 
 // Y = act(X·weight^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
 // algorithm for this shape and alignment (the caller then runs GEMM + epilogue).
+// Y and the bias are of `out_type`: FP32, or BF16 (linear_forward_bf16: the epilogue
+// adds the BF16 bias to the FP32 product and stores the activation rounded to BF16).
 // The heuristic filters algorithms by the operands' alignment, but users of the
 // bias epilogue report misaligned-address faults for biases below 16 bytes, so
 // such a bias (a layer width not a multiple of 4 in the flat parameter buffer)
@@ -439,8 +447,8 @@ LtChoice lt_choose(CudaResources& r, LtDescriptors& m, const LtKey& key, uint32_
 // Should a cuBLASLt build offer no algorithm for it, the heuristic fails and the
 // caller takes the unfused path on the same BF16 copies.
 bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, const void* X,
-                       const void* weight, cudaDataType_t in_type, const float* bias, float* Y,
-                       int64_t B, int in, int out, bool relu) {
+                       const void* weight, cudaDataType_t in_type, const void* bias, void* Y,
+                       cudaDataType_t out_type, int64_t B, int in, int out, bool relu) {
   if (bias && !aligned16(bias)) return false;
   const cublasComputeType_t compute = compute_type(mode);
   const cublasLtEpilogue_t epilogue =
@@ -462,12 +470,13 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
                                                 sizeof(bias)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.a, in_type, uint64_t(in), uint64_t(out), in));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, in_type, uint64_t(in), uint64_t(B), in));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(out), uint64_t(B), out));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, out_type, uint64_t(out), uint64_t(B), out));
 
   const uint32_t al_w = alignment_of(weight), al_x = alignment_of(X), al_y = alignment_of(Y);
   const uint32_t al_b = bias ? alignment_of(bias) : 256;
-  const LtKey key{r.device_id,  B,           in, out, al_w, al_x, al_y, al_b, int(epilogue),
-                  int(compute), int(in_type)};
+  const LtKey key{
+      r.device_id,  B, in, out, al_w, al_x, al_y, al_b, int(epilogue), int(compute), int(in_type),
+      int(out_type)};
   const LtChoice choice = lt_choose(r, m, key, al_w, al_x, al_y);
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
@@ -508,9 +517,18 @@ bool lt_drelu_dx(const ExecContext& ctx, CudaResources& r, MathMode mode, const 
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(in), uint64_t(B), in));
 
   const uint32_t al_w = alignment_of(weight), al_z = alignment_of(dZ), al_x = alignment_of(dX);
-  const LtKey key{
-      r.device_id,  B,           in, out, al_w, al_z, al_x, alignment_of(mask), int(epilogue),
-      int(compute), int(in_type)};
+  const LtKey key{r.device_id,
+                  B,
+                  in,
+                  out,
+                  al_w,
+                  al_z,
+                  al_x,
+                  alignment_of(mask),
+                  int(epilogue),
+                  int(compute),
+                  int(in_type),
+                  int(CUDA_R_32F)};
   const LtChoice choice = lt_choose(r, m, key, al_w, al_z, al_x);
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
@@ -1474,7 +1492,9 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
     x = to_bf16(stream_of(ctx), X, in, B, in, x16, op);
     w = to_bf16(stream_of(ctx), weight, in, out, in, w16, op);
   }
-  if (lt_linear_forward(ctx, r, mode, x.data, w.data, x.type, bias, Y, B, in, out, relu)) return;
+  if (lt_linear_forward(ctx, r, mode, x.data, w.data, x.type, bias, Y, CUDA_R_32F, B, in, out,
+                        relu))
+    return;
   gemm_typed(ctx, mode, false, true, static_cast<int>(B), out, in, 1.0f, x, in, w, in, 0.0f, Y, out,
              op);
   if (bias || relu) {
@@ -1844,18 +1864,28 @@ void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N,
 }
 
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
-                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
+                         const uint16_t* bias, uint16_t* Y, int64_t B, int in, int out, bool relu) {
   const char* op = "linear_forward_bf16";
   if (B == 0) return;
-  // The FP32 product, then the epilogue kernel: cuBLASLt's bias epilogue takes a
-  // bias of D's type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), which
-  // would round the FP32 bias to BF16.
-  float* Z = nullptr;
-  carve_scratch(cuda_resources(ctx, op),
-                [&](ScratchLayout& s) { Z = s.take<float>(static_cast<size_t>(B) * out); });
+  CudaResources& r = cuda_resources(ctx, op);
+  // One cuBLASLt matmul writing the BF16 activations: its bias epilogue takes a
+  // bias of D's type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), hence the
+  // BF16 bias of this op.
+  if (lt_bf16_out_enabled() && lt_linear_forward(ctx, r, MathMode::kBf16, X, weight, CUDA_R_16BF,
+                                                 bias, Y, CUDA_R_16BF, B, in, out, relu))
+    return;
+  // Else the FP32 product and the epilogue kernel, on the bias widened to FP32: the
+  // same sum of the same two values, rounded once.
+  float *Z = nullptr, *bias32 = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    Z = s.take<float>(static_cast<size_t>(B) * out);
+    if (bias) bias32 = s.take<float>(static_cast<size_t>(out));
+  });
+  cudaStream_t stream = stream_of(ctx);
+  if (bias) widen_bf16_kernel<<<grid_for(out), kThreads, 0, stream>>>(bias, bias32, out);
   gemm_typed(ctx, MathMode::kBf16, false, true, static_cast<int>(B), out, in, 1.0f,
              GemmInput{X, CUDA_R_16BF}, in, GemmInput{weight, CUDA_R_16BF}, in, 0.0f, Z, out, op);
-  launch_bias_act_bf16(stream_of(ctx), Z, nullptr, 1, bias, Y, B, out, relu);
+  launch_bias_act_bf16(stream, Z, nullptr, 1, bias32, Y, B, out, relu);
   check_launch(op);
 }
 

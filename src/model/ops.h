@@ -79,6 +79,12 @@ StepKernels step_kernels();
 StepKernels parse_step_kernels(const std::string& name, const std::string& what);
 const char* step_kernels_name(StepKernels kernels);
 
+// GPU linear_forward_bf16 as one cuBLASLt matmul whose epilogue writes the BF16
+// activations (true, the default) or, with the environment variable
+// NCF_LT_BF16_OUT=0, as the FP32 product and the epilogue kernel (the path it
+// replaced, on the same BF16 bias), kept selectable to be measured beside it. Read once.
+bool lt_bf16_out_enabled();
+
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 
@@ -245,9 +251,13 @@ void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, ui
 // C[M×N] = op(A)·op(B) in FP32 (overwritten), A and B BF16; as gemm otherwise.
 void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc);
-// linear_forward on BF16: Y = bf16(act(X · weight^T + bias)), bias FP32 (may be null).
+// linear_forward on BF16: Y = bf16(act(X · weight^T + bias)), the product and the sum
+// in FP32, the bias BF16 like the weights (may be null). On the GPU this is one
+// cuBLASLt matmul whose epilogue writes the BF16 activations, and that epilogue takes
+// a bias of the output's type; PyTorch's autocast likewise casts a linear layer's bias
+// with its weight.
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
-                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
+                         const uint16_t* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
 // group_linear_forward on BF16 X and weight: Y = bf16(act((X·weight^T + bias) + Yg[b / S])),
 // Yg [n × out] and bias FP32.
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
@@ -351,7 +361,7 @@ void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, ui
 void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc);
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,
-                         const float* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
+                         const uint16_t* bias, uint16_t* Y, int64_t B, int in, int out, bool relu);
 void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_t ldx,
                                const uint16_t* weight, int64_t ldw, const float* Yg,
                                const float* bias, uint16_t* Y, int64_t n, int S, int in, int out,

@@ -194,6 +194,10 @@ int train_main(int& argc, char**& argv) {
                    "kernels\n",
                    k, step_kernels_name(step_kernels()));
   }
+  if (lead && !lt_bf16_out_enabled())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
+                 "FP32 product and an epilogue kernel\n");
   if (lead && lt_drelu_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
