@@ -53,6 +53,32 @@ TEST(Metrics, FourUsersHandWorked) {
   EXPECT_NEAR(s.ndcg / 4, (1 + 0.6309297535714575 + 1.0) / 4, 1e-15);
 }
 
+// A pass's running sums: each batch's hit and NDCG sums added in batch order, the
+// same bits as adding hit_ndcg's results on the host; the sums it starts from stay.
+TEST(Metrics, AccumulateAddsEachBatchsSumsToTheRunningOnes) {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> score(0, 6);
+  double sums[2] = {0.5, 0.25}, want[2] = {0.5, 0.25};
+  for (int64_t U : {3, 0, 40}) {
+    const int L = 21;
+    std::vector<float> scores(size_t(U) * L);
+    std::vector<uint8_t> mask(size_t(U) * L);
+    for (size_t i = 0; i < scores.size(); ++i) {
+      scores[i] = float(score(gen)) / 7.0f;
+      mask[i] = i % 5 != 3;
+    }
+    const Sums s = eval(scores, mask, U, L, 10);
+    want[0] += s.hr;
+    want[1] += s.ndcg;
+    hit_ndcg_accumulate(cpu(2), scores.data(), mask.data(), U, L, 10, sums);
+    EXPECT_EQ(sums[0], want[0]) << "U " << U;
+    EXPECT_EQ(sums[1], want[1]) << "U " << U;
+  }
+  EXPECT_GT(want[0], 0.5);
+  EXPECT_THROW(hit_ndcg_accumulate(cpu(1), nullptr, nullptr, 2, 21, 10, sums), Error);
+  EXPECT_THROW(hit_ndcg_accumulate(cpu(1), nullptr, nullptr, 0, 21, 10, nullptr), Error);
+}
+
 TEST(Metrics, RankTenIsAMissRankNineAHit) {
   Sums miss = eval(list_with_rank(10), {}, 1, 12, 10);
   EXPECT_EQ(miss.hr, 0.0);

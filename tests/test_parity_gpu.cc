@@ -1950,6 +1950,34 @@ TEST_F(Parity, HitNdcgWithTiesNaNsAndMasks) {
         }
 }
 
+// hit_ndcg_accumulate on the device: after each batch the running sums (starting
+// from non-zero values) are those sums plus the batch's device hit_ndcg sums, added
+// on the host in the same order: the same bits. No wait per batch.
+TEST_F(Parity, HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice) {
+  std::uniform_int_distribution<int> score(0, 4);
+  const int L = 101, K = 10;
+  std::vector<double> want = {0.5, 0.25};
+  Buffer<double> gsums = up(want);
+  for (int64_t U : kBatches) {
+    Vec s(size_t(U) * L);
+    std::vector<uint8_t> mask(size_t(U) * L);
+    for (size_t i = 0; i < s.size(); ++i) {
+      s[i] = float(score(gen_));
+      mask[i] = i % 7 != 2;
+    }
+    Buffer<float> gs = up(s);
+    Buffer<uint8_t> gm = up(mask);
+    double hr = -1, nd = -1;
+    hit_ndcg(gpu_, gs.data(), gm.data(), U, L, K, &hr, &nd);
+    want[0] += hr;
+    want[1] += nd;
+    hit_ndcg_accumulate(gpu_, gs.data(), gm.data(), U, L, K, gsums.data());
+    const std::vector<double> got = down(gsums);
+    EXPECT_EQ(got[0], want[0]) << "U " << U;
+    EXPECT_EQ(got[1], want[1]) << "U " << U;
+  }
+}
+
 // ---- negatives.h ---------------------------------------------------------------------------
 
 // A small dataset whose users hold from one item to all items but one, so the

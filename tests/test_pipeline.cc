@@ -93,6 +93,29 @@ TEST(InputStager, ResetForgetsAnInterruptedEpoch) {
   st.release();
 }
 
+// ArrayStager on a CPU context hands out each staged batch's own parts, in staging
+// order, and refuses a batch with another number of parts.
+TEST(ArrayStager, CpuHandsOutEachBatchsPartsInStagingOrder) {
+  ExecContext cpu;
+  ArrayStager st(cpu, 3);
+  std::vector<int32_t> u1 = {1, 2}, i1 = {3, 4, 5, 6}, u2 = {7};
+  std::vector<uint8_t> m1 = {1, 0, 1, 1}, m2 = {0};
+  st.stage({{u1.data(), 8}, {i1.data(), 16}, {m1.data(), 4}});
+  st.stage({{u2.data(), 4}, {nullptr, 0}, {m2.data(), 1}});
+  EXPECT_THROW(st.stage({{u1.data(), 8}, {i1.data(), 16}, {m1.data(), 4}}), Error);  // a third
+  std::vector<const void*> a = st.acquire();
+  EXPECT_EQ(a, (std::vector<const void*>{u1.data(), i1.data(), m1.data()}));
+  EXPECT_THROW(st.acquire(), Error);  // still acquired
+  st.release();
+  EXPECT_THROW(st.stage({{u1.data(), 8}, {i1.data(), 16}}), Error);  // two parts, not three
+  std::vector<const void*> b = st.acquire();
+  EXPECT_EQ(b, (std::vector<const void*>{u2.data(), nullptr, m2.data()}));
+  st.release();
+  EXPECT_EQ(st.staged(), 0);
+  EXPECT_THROW(st.release(), Error);
+  EXPECT_THROW(ArrayStager(cpu, 0), Error);
+}
+
 TEST(PinnedBuffer, GrowsKeepsAlignmentAndMoves) {
   PinnedBuffer<double> p;
   EXPECT_EQ(p.data(), nullptr);

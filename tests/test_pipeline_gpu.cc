@@ -87,6 +87,49 @@ TEST_F(PipelineGpu, StagerDeliversEveryBatchStagedAheadLikeTheTrainer) {
   }
 }
 
+// The evaluation's use: three parts of unrelated byte sizes per batch (users, the
+// candidate lists, their one-byte duplicate flags), each delivered whole and 256-byte
+// aligned, the next batch staged while the device reads the one before.
+TEST_F(PipelineGpu, ArrayStagerDeliversEveryPartOfEveryBatchAligned) {
+  ArrayStager st(gpu_, 3);
+  std::mt19937 rng(11);
+  const std::vector<int64_t> users = {1000, 3, 0, 999, 2500000, 1};
+  const int L = 101;
+  struct Lists {
+    std::vector<int32_t> users, items;
+    std::vector<uint8_t> mask;
+  };
+  std::vector<Lists> batches;
+  for (int64_t n : users) {
+    Lists b;
+    std::uniform_int_distribution<int32_t> d(0, 1 << 30);
+    for (int64_t i = 0; i < n; ++i) b.users.push_back(d(rng));
+    for (int64_t i = 0; i < n * L; ++i) {
+      b.items.push_back(d(rng));
+      b.mask.push_back(uint8_t(d(rng) & 1));
+    }
+    batches.push_back(std::move(b));
+  }
+  auto stage = [&](const Lists& b) {
+    st.stage({{b.users.data(), b.users.size() * 4},
+              {b.items.data(), b.items.size() * 4},
+              {b.mask.data(), b.mask.size()}});
+  };
+  stage(batches[0]);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const std::vector<const void*>& p = st.acquire();
+    ASSERT_EQ(p.size(), 3u);
+    for (const void* q : p) EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % 256, 0u) << "batch " << k;
+    const Lists& b = batches[k];
+    EXPECT_EQ(read_back(static_cast<const int32_t*>(p[0]), b.users.size()), b.users) << k;
+    EXPECT_EQ(read_back(static_cast<const int32_t*>(p[1]), b.items.size()), b.items) << k;
+    EXPECT_EQ(read_back(static_cast<const uint8_t*>(p[2]), b.mask.size()), b.mask) << k;
+    st.release();
+    if (k + 1 < batches.size()) stage(batches[k + 1]);
+  }
+  EXPECT_EQ(st.staged(), 0);
+}
+
 TEST_F(PipelineGpu, NcclDeferredCollectivesAreVisibleAfterJoin) {
   std::unique_ptr<Communicator> comm =
       make_communicator(RankInfo{}, Device::kCuda, "nccl", gpu_.stream);

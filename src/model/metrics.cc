@@ -9,13 +9,33 @@
 
 namespace ncf {
 
-void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,
-              int L, int K, double* hr_sum, double* ndcg_sum) {
-  const char* op = "hit_ndcg";
+namespace {
+
+void check_hit_ndcg(const char* op, const float* scores, int64_t U, int L, int K) {
   NCF_CHECK(U >= 0, op, ": negative user count U=", U);
   NCF_CHECK(L >= 1, op, ": list length L=", L, " must be >= 1 (the positive)");
   NCF_CHECK(K >= 1, op, ": K=", K, " must be >= 1");
   NCF_CHECK(U == 0 || scores, op, ": scores is null with U=", U);
+}
+
+}  // namespace
+
+void hit_ndcg_accumulate(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask,
+                         int64_t U, int L, int K, double* sums) {
+  const char* op = "hit_ndcg_accumulate";
+  check_hit_ndcg(op, scores, U, L, K);
+  NCF_CHECK(sums, op, ": sums is null");
+  NCF_DISPATCH_CUDA(ctx, hit_ndcg_accumulate, ctx, scores, dup_mask, U, L, K, sums);
+  double hr = 0, ndcg = 0;
+  hit_ndcg(ctx, scores, dup_mask, U, L, K, &hr, &ndcg);
+  sums[0] += hr;
+  sums[1] += ndcg;
+}
+
+void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,
+              int L, int K, double* hr_sum, double* ndcg_sum) {
+  const char* op = "hit_ndcg";
+  check_hit_ndcg(op, scores, U, L, K);
   NCF_CHECK(hr_sum && ndcg_sum, op, ": hr_sum or ndcg_sum is null");
   NCF_DISPATCH_CUDA(ctx, hit_ndcg, ctx, scores, dup_mask, U, L, K, hr_sum, ndcg_sum);
   const double log2 = std::log(2.0);

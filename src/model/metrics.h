@@ -24,6 +24,12 @@ namespace ncf {
 // blocks in a fixed order (the same for any thread count).
 void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,
               int L, int K, double* hr_sum, double* ndcg_sum);
+// hit_ndcg's two sums added to sums[0] and sums[1] (2 doubles on ctx.device), in that
+// order: a pass over many batches keeps its totals on the device and reads them once,
+// with no wait per batch. Batch after batch, the same additions as adding hit_ndcg's
+// host sums: the same bits.
+void hit_ndcg_accumulate(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask,
+                         int64_t U, int L, int K, double* sums);
 
 // Full-catalogue ranking (as against E sampled negatives; Krichene and Rendle,
 // KDD 2020): for each of n users, scores[u×I .. u×I + I) of all I items, in
@@ -41,6 +47,8 @@ void full_ranking_hit_ndcg(int threads, const float* scores, int64_t n, int64_t 
 namespace cuda {
 void hit_ndcg(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask, int64_t U,
               int L, int K, double* hr_sum, double* ndcg_sum);
+void hit_ndcg_accumulate(const ExecContext& ctx, const float* scores, const uint8_t* dup_mask,
+                         int64_t U, int L, int K, double* sums);
 }  // namespace cuda
 #endif
 

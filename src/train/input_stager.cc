@@ -8,14 +8,19 @@
 
 namespace ncf {
 
-struct InputStager::Slot {
-  // CPU contexts: the staged batch's arrays.
-  const int32_t* host_users = nullptr;
-  const int32_t* host_items = nullptr;
-  int64_t n = 0;
-  // CUDA contexts.
-  PinnedBuffer<int32_t> pinned;           // [2n]: users then items
-  Buffer<int32_t> dev{Device::kCuda, 0};  // [2n]
+namespace {
+
+constexpr size_t kPartAlign = 256;  // each part's offset in a slot
+
+size_t aligned_up(size_t bytes) { return (bytes + kPartAlign - 1) / kPartAlign * kPartAlign; }
+
+}  // namespace
+
+struct ArrayStager::Slot {
+  std::vector<const void*> ptrs;  // what acquire() hands out
+  // CUDA contexts: the parts back to back at kPartAlign offsets.
+  PinnedBuffer<uint8_t> pinned;
+  Buffer<uint8_t> dev{Device::kCuda, 0};
 #ifdef NCF_WITH_CUDA
   cudaEvent_t copied = nullptr;    // on the copy stream: the slot's H2D copy is done
   cudaEvent_t consumed = nullptr;  // on the compute stream: the slot's last reader is done
@@ -24,21 +29,23 @@ struct InputStager::Slot {
 #endif
 };
 
-InputStager::InputStager(const ExecContext& ctx) : ctx_(ctx), slots_(new Slot[2]) {
+ArrayStager::ArrayStager(const ExecContext& ctx, int parts)
+    : ctx_(ctx), parts_(parts), slots_(new Slot[2]) {
+  NCF_CHECK(parts >= 1, "ArrayStager: ", parts, " parts");
 #ifdef NCF_WITH_CUDA
   if (ctx_.device == Device::kCuda) {
-    cuda_resources(ctx_, "InputStager");  // a context from make_cuda_context
+    cuda_resources(ctx_, "ArrayStager");  // a context from make_cuda_context
     for (int k = 0; k < 2; ++k) {
       CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].copied, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&slots_[k].consumed, cudaEventDisableTiming));
     }
   }
 #else
-  NCF_CHECK(ctx_.device == Device::kCpu, "InputStager on cuda in a build without CUDA");
+  NCF_CHECK(ctx_.device == Device::kCpu, "ArrayStager on cuda in a build without CUDA");
 #endif
 }
 
-InputStager::~InputStager() {
+ArrayStager::~ArrayStager() {
 #ifdef NCF_WITH_CUDA
   // No wait here: a copy still pending reads pinned memory that the slots'
   // PinnedBuffer destructors free after this body, and those drain the device first
@@ -52,36 +59,38 @@ InputStager::~InputStager() {
 #endif
 }
 
-void InputStager::stage(const TrainBatch& b) {
-  NCF_CHECK(staged_ < 2, "InputStager: two batches are staged already");
-  NCF_CHECK(b.users.size() == b.items.size(), "InputStager: ", b.users.size(), " users but ",
-            b.items.size(), " items");
+void ArrayStager::stage(const std::vector<Part>& parts) {
+  NCF_CHECK(staged_ < 2, "ArrayStager: two batches are staged already");
+  NCF_CHECK(int(parts.size()) == parts_, "ArrayStager: ", parts.size(), " parts, expected ",
+            parts_);
   Slot& s = slots_[head_];
-  s.n = int64_t(b.users.size());
+  s.ptrs.assign(parts.size(), nullptr);
   if (ctx_.device == Device::kCpu) {
-    s.host_users = b.users.data();
-    s.host_items = b.items.data();
+    for (size_t i = 0; i < parts.size(); ++i) s.ptrs[i] = parts[i].data;
   } else {
 #ifdef NCF_WITH_CUDA
-    CudaResources& r = cuda_resources(ctx_, "InputStager::stage");
-    const size_t n = size_t(s.n);
-    // The pinned slot may still feed the copy issued two steps ago. That copy waited
-    // for the step that last read the device slot, which may wait for a collective:
+    CudaResources& r = cuda_resources(ctx_, "ArrayStager::stage");
+    size_t total = 0;
+    for (const Part& p : parts) total += aligned_up(p.bytes);
+    // The pinned slot may still feed the copy issued two batches ago. That copy waited
+    // for the work that last read the device slot, which may wait for a collective:
     // an interruptible wait.
     if (s.copy_pending) wait_event(s.copied);
     s.copy_pending = false;
     // Growing frees the old pinned and device arrays once the device has drained
     // (pinned_free, device_free), so no copy or kernel still uses them.
-    s.pinned.reserve(2 * n);
-    if (n) {
-      std::memcpy(s.pinned.data(), b.users.data(), n * 4);
-      std::memcpy(s.pinned.data() + n, b.items.data(), n * 4);
+    s.pinned.reserve(total);
+    s.dev.reserve(total);
+    size_t at = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].bytes) std::memcpy(s.pinned.data() + at, parts[i].data, parts[i].bytes);
+      s.ptrs[i] = s.dev.data() + at;
+      at += aligned_up(parts[i].bytes);
     }
-    s.dev.reserve(2 * n);
-    // The device slot may still be read by the step that used it last.
+    // The device slot may still be read by the work that used it last.
     if (s.consume_recorded) CUDA_CHECK(cudaStreamWaitEvent(r.copy_stream, s.consumed, 0));
-    if (n)
-      CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), 2 * n * 4, cudaMemcpyHostToDevice,
+    if (total)
+      CUDA_CHECK(cudaMemcpyAsync(s.dev.data(), s.pinned.data(), total, cudaMemcpyHostToDevice,
                                  r.copy_stream));
     CUDA_CHECK(cudaEventRecord(s.copied, r.copy_stream));
     s.copy_pending = true;
@@ -91,7 +100,7 @@ void InputStager::stage(const TrainBatch& b) {
   ++staged_;
 }
 
-void InputStager::reset() {
+void ArrayStager::reset() {
 #ifdef NCF_WITH_CUDA
   if (ctx_.device == Device::kCuda)
     for (int k = 0; k < 2; ++k)
@@ -100,27 +109,24 @@ void InputStager::reset() {
         slots_[k].copy_pending = false;
       }
 #endif
-  for (int k = 0; k < 2; ++k) {
-    slots_[k].host_users = slots_[k].host_items = nullptr;
-    slots_[k].n = 0;
-  }
+  for (int k = 0; k < 2; ++k) slots_[k].ptrs.clear();
   head_ = tail_ = staged_ = 0;
   acquired_ = false;
 }
 
-InputStager::Staged InputStager::acquire() {
-  NCF_CHECK(staged_ > 0 && !acquired_, "InputStager: acquire without a staged batch");
+const std::vector<const void*>& ArrayStager::acquire() {
+  NCF_CHECK(staged_ > 0 && !acquired_, "ArrayStager: acquire without a staged batch");
   Slot& s = slots_[tail_];
   acquired_ = true;
-  if (ctx_.device == Device::kCpu) return {s.host_users, s.host_items, s.n};
 #ifdef NCF_WITH_CUDA
-  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), s.copied, 0));
+  if (ctx_.device == Device::kCuda)
+    CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), s.copied, 0));
 #endif
-  return {s.dev.data(), s.dev.data() + s.n, s.n};
+  return s.ptrs;
 }
 
-void InputStager::release() {
-  NCF_CHECK(acquired_, "InputStager: release without acquire");
+void ArrayStager::release() {
+  NCF_CHECK(acquired_, "ArrayStager: release without acquire");
 #ifdef NCF_WITH_CUDA
   if (ctx_.device == Device::kCuda) {
     Slot& s = slots_[tail_];
@@ -131,6 +137,29 @@ void InputStager::release() {
   acquired_ = false;
   tail_ ^= 1;
   --staged_;
+}
+
+void InputStager::stage(const TrainBatch& b) {
+  NCF_CHECK(staged() < 2, "InputStager: two batches are staged already");
+  NCF_CHECK(b.users.size() == b.items.size(), "InputStager: ", b.users.size(), " users but ",
+            b.items.size(), " items");
+  const size_t n = b.users.size();
+  arrays_.stage({{b.users.data(), n * 4}, {b.items.data(), n * 4}});
+  n_[head_] = int64_t(n);
+  head_ ^= 1;
+}
+
+InputStager::Staged InputStager::acquire() {
+  NCF_CHECK(staged() > 0, "InputStager: acquire without a staged batch");
+  const std::vector<const void*>& p = arrays_.acquire();
+  const int64_t n = n_[tail_];
+  tail_ ^= 1;
+  return {static_cast<const int32_t*>(p[0]), static_cast<const int32_t*>(p[1]), n};
+}
+
+void InputStager::reset() {
+  arrays_.reset();
+  head_ = tail_ = 0;
 }
 
 }  // namespace ncf

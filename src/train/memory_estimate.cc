@@ -326,11 +326,13 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
                                        std::max(local_samples, eval_users * L)},
       plan.dedup);
   // Per sample: the gathered rows, two activations of the widest layer, and layer 0's
-  // ReLU bit mask (16 bytes per 128 columns, ops.h relu_mask_words).
+  // ReLU bit mask (16 bytes per 128 columns, ops.h relu_mask_words); per eval candidate
+  // also 16 bytes of lists and score, and its id and duplicate flag (5 bytes) in the
+  // second slot the lists are staged through.
   const int64_t mask_bytes = cfg.layers.size() > 1 ? relu_mask_words(cfg.layers[1]) * 4 : 0;
   e.step =
       (rows_only ? 0 : local_samples * (2 * int64_t(D) * 4 + 2 * widest * 4 + 64 + mask_bytes)) +
-      eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16 + mask_bytes);
+      eval_users * L * (int64_t(D) * 4 + 2 * widest * 4 + 16 + 5 + mask_bytes);
   // Evaluation by items: its per-item arrays, and the table while they are made.
   const int64_t I = int64_t(meta.num_items);
   const int mf = cfg.num_factors, h = cfg.layers.empty() ? 0 : cfg.layers[0] / 2;

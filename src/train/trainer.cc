@@ -194,9 +194,9 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   state_.tables = tables_.get();
   state_.model = model_.get();
   state_.allocate(ctx);
-  for (Buffer<int32_t>* b : {&eval_users_, &eval_items_}) *b = Buffer<int32_t>(ctx.device, 0);
+  eval_stager_ = std::make_unique<ArrayStager>(ctx, 3);  // users, candidates, masks
+  eval_sums_ = Buffer<double>(ctx.device, 0);
   scores_ = Buffer<float>(ctx.device, 0);
-  eval_mask_ = Buffer<uint8_t>(ctx.device, 0);
   for (Buffer<float>* b : {&full_item_tile_, &full_scores_, &eval_item_gmf_, &eval_cand_gmf_})
     *b = Buffer<float>(ctx.device, 0);
   if (cfg.eval_users > 0) {
@@ -589,83 +589,107 @@ EvalResult Trainer::evaluate() {
   if (by_items) prepare_eval_items();
   phases.end(EvalPhases::kPrepare);
   const int mf = model_->config().mf_dim;
-  EvalBatch b;
-  std::vector<int32_t> users;
+  // The lists move to the device through eval_stager_: batch k + 1 is read (host
+  // threads), copied to a pinned slot and sent on the copy stream while the device
+  // scores batch k, and the metrics add up on the device (hit_ndcg_accumulate), so
+  // nothing waits for the device inside the pass except full ranking's scores.
+  auto read = [&](EvalBatch* b) {
+    if (!eval_reader_->next(b)) *b = EvalBatch{};
+    if (eval_selected_.empty()) return;
+    // Keep the selected users of the batch (their lists move up in place).
+    int64_t kept = 0;
+    for (int64_t u = 0; u < b->num_users; ++u) {
+      if (!eval_selected_[size_t(b->first_record + u)]) continue;
+      b->users[size_t(kept)] = b->users[size_t(u)];
+      std::copy_n(&b->items[u * L], L, &b->items[kept * L]);
+      std::copy_n(&b->mask[u * L], L, &b->mask[kept * L]);
+      ++kept;
+    }
+    b->num_users = kept;
+  };
+  auto stage = [&](const EvalBatch& b) {
+    const size_t n = size_t(b.num_users), nl = n * size_t(L);
+    eval_stager_->stage({{b.users.data(), n * 4}, {b.items.data(), nl * 4}, {b.mask.data(), nl}});
+  };
+  eval_stager_->reset();  // an evaluation that threw may have left batches staged
+  eval_sums_.reserve(2);
+  eval_sums_.zero();
+  EvalBatch batch[2];
+  if (batches > 0) {
+    read(&batch[0]);
+    phases.end(EvalPhases::kRead);
+    stage(batch[0]);
+    phases.end(EvalPhases::kUpload);
+  }
   double sums[4] = {0, 0, 0, 0};
   for (int64_t k = 0; k < batches; ++k) {
-    if (!eval_reader_->next(&b)) b = EvalBatch{};
-    if (!eval_selected_.empty()) {
-      // Keep the selected users of the batch (their lists move up in place).
-      int64_t kept = 0;
-      users.clear();
-      for (int64_t u = 0; u < b.num_users; ++u) {
-        if (!eval_selected_[size_t(b.first_record + u)]) continue;
-        users.push_back(b.users[size_t(u)]);
-        std::copy_n(&b.items[u * L], L, &b.items[kept * L]);
-        std::copy_n(&b.mask[u * L], L, &b.mask[kept * L]);
-        ++kept;
-      }
-      b.num_users = kept;
-    } else {
-      users.assign(b.users.begin(), b.users.end());
-    }
+    const EvalBatch& b = batch[k % 2];
     const int64_t n = b.num_users;
-    phases.end(EvalPhases::kRead);
-    eval_users_.reserve(n);
-    eval_items_.reserve(n * L);
-    eval_mask_.reserve(n * L);
-    device_copy(dev, eval_users_.data(), Device::kCpu, users.data(), size_t(n) * 4);
-    device_copy(dev, eval_items_.data(), Device::kCpu, b.items.data(), size_t(n * L) * 4);
-    device_copy(dev, eval_mask_.data(), Device::kCpu, b.mask.data(), size_t(n * L));
+    const std::vector<const void*>& staged = eval_stager_->acquire();
+    const auto* users = static_cast<const int32_t*>(staged[0]);
+    const auto* items = static_cast<const int32_t*>(staged[1]);
+    const auto* mask = static_cast<const uint8_t*>(staged[2]);
     scores_.reserve(n * L);
-    phases.end(EvalPhases::kUpload);
     if (by_items) {
       // The users' rows only; the candidates' GMF columns from the item table here,
       // their layer-0 products from the model's per-item table.
-      tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), 0}});
-      if (n == 0) continue;
-      eval_cand_gmf_.reserve(n * L * mf);
-      gather_rows(ctx_, eval_item_gmf_.data(), eval_items_.data(), eval_cand_gmf_.data(), I, n * L,
-                  mf);
-      phases.end(EvalPhases::kLookup);
-      model_->score_items(ctx_, tables_->rows(0), eval_cand_gmf_.data(), mf, eval_items_.data(), n,
-                          int(L), scores_.data());
+      tables_->lookup({{users, n}, {items, 0}});
+      if (n > 0) {
+        eval_cand_gmf_.reserve(n * L * mf);
+        gather_rows(ctx_, eval_item_gmf_.data(), items, eval_cand_gmf_.data(), I, n * L, mf);
+        phases.end(EvalPhases::kLookup);
+        model_->score_items(ctx_, tables_->rows(0), eval_cand_gmf_.data(), mf, items, n, int(L),
+                            scores_.data());
+      }
     } else {
       // One user row per user, shared by its L candidates; both tables in one
       // exchange, as in the training step.
-      tables_->lookup({{eval_users_.data(), n}, {eval_items_.data(), n * L}});
-      if (n == 0) continue;
-      phases.end(EvalPhases::kLookup);
-      model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
+      tables_->lookup({{users, n}, {items, n * L}});
+      if (n > 0) {
+        phases.end(EvalPhases::kLookup);
+        model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
+      }
     }
-    phases.end(EvalPhases::kScore);
-    double hr = 0, ndcg = 0;
-    hit_ndcg(ctx_, scores_.data(), eval_mask_.data(), n, int(L), cfg_.topk, &hr, &ndcg);
-    sums[0] += hr;
-    sums[1] += ndcg;
-    phases.end(EvalPhases::kMetrics);
-    if (!full) continue;
-    // The users' rows (still in tables_->rows(0)) against every item, a group
-    // of users at a time; the ranks are counted on the host.
-    for (int64_t a = 0; a < n; a += group) {
-      const int64_t m = std::min(group, n - a);
-      full_scores_.reserve(m * I);
-      model_->score(ctx_, tables_->rows(0) + a * D, full_item_tile_.data(), m, int(I),
-                    full_scores_.data());
-      host_scores.resize(m * I);
-      device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);
-      test_items.resize(m);
-      for (int64_t x = 0; x < m; ++x)
-        test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
-      seen_items(users.data() + a, m, &excl_offsets, &excluded);
-      double fh = 0, fn = 0;
-      full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
-                            excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
-      sums[2] += fh;
-      sums[3] += fn;
+    if (n > 0) {
+      phases.end(EvalPhases::kScore);
+      hit_ndcg_accumulate(ctx_, scores_.data(), mask, n, int(L), cfg_.topk, eval_sums_.data());
+      phases.end(EvalPhases::kMetrics);
     }
-    phases.end(EvalPhases::kFullRanking);
+    eval_stager_->release();
+    if (full && n > 0) {
+      // The users' rows (still in tables_->rows(0)) against every item, a group
+      // of users at a time; the ranks are counted on the host.
+      for (int64_t a = 0; a < n; a += group) {
+        const int64_t m = std::min(group, n - a);
+        full_scores_.reserve(m * I);
+        model_->score(ctx_, tables_->rows(0) + a * D, full_item_tile_.data(), m, int(I),
+                      full_scores_.data());
+        host_scores.resize(m * I);
+        device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);
+        test_items.resize(m);
+        for (int64_t x = 0; x < m; ++x)
+          test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
+        seen_items(b.users.data() + a, m, &excl_offsets, &excluded);
+        double fh = 0, fn = 0;
+        full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
+                              excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
+        sums[2] += fh;
+        sums[3] += fn;
+      }
+      phases.end(EvalPhases::kFullRanking);
+    }
+    // The next batch is read and sent while the device works on this one. Its host
+    // arrays replace batch k - 1's: staged (copied, on a GPU) before this batch was.
+    if (k + 1 < batches) {
+      read(&batch[(k + 1) % 2]);
+      phases.end(EvalPhases::kRead);
+      stage(batch[(k + 1) % 2]);
+      phases.end(EvalPhases::kUpload);
+    }
   }
+  // A kernel's bad-input record (hit_ndcg raised it per batch) surfaces here, once.
+  check_device_errors(ctx_);
+  device_copy(Device::kCpu, sums, dev, eval_sums_.data(), 2 * sizeof(double));
   phases.end(EvalPhases::kFullRanking);  // the batches' ends: no work, nothing to wait for
   all_reduce_sum_on(comm_, Device::kCpu, sums, 4, DType::kFloat64);
   phases.report();

@@ -236,11 +236,13 @@ class Trainer {
   nlohmann::json init_from_;          // --init_from: where the warm start began (manifests)
   int64_t saved_step_ = -1;           // optimizer step of the last checkpoint written
   Buffer<double> step_loss_;          // [steps of the epoch] this rank's loss shares
-  // Eval buffers (n users, L = 1 + E list entries each).
-  Buffer<int32_t> eval_users_, eval_items_;  // [n], [n×L]
-  Buffer<uint8_t> eval_mask_;                // [n×L]
-  Buffer<float> scores_;                     // [n×L]
-  std::vector<uint8_t> eval_selected_;       // --eval_users: 1 for the users evaluated
+  // Eval buffers (n users, L = 1 + E list entries each): the batches' users [n],
+  // candidates [n×L] and duplicate masks [n×L] in two staged slots; the pass's
+  // hit and NDCG sums [2], on the device.
+  std::unique_ptr<ArrayStager> eval_stager_;
+  Buffer<double> eval_sums_;
+  Buffer<float> scores_;                // [n×L]
+  std::vector<uint8_t> eval_selected_;  // --eval_users: 1 for the users evaluated
   // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
   // and their scores.
   Buffer<float> full_item_tile_, full_scores_;
