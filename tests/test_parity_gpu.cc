@@ -1524,23 +1524,22 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec T = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
   const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
-  Vec rows(size_t(B) * D), gmf(size_t(B) * mf);
-  for (int64_t b = 0; b < B; ++b) {
+  Vec rows(size_t(B) * D);
+  for (int64_t b = 0; b < B; ++b)
     std::copy_n(&T[size_t(ids[size_t(b)]) * D], D, &rows[size_t(b) * D]);
-    std::copy_n(&T[size_t(ids[size_t(b)]) * D], mf, &gmf[size_t(b) * mf]);
-  }
-  Buffer<float> gU = up(U), gT = up(T), grows = up(rows), ggmf = up(gmf);
+  Buffer<float> gU = up(U), gT = up(T), grows = up(rows);
   Buffer<int32_t> gids = up(ids);
+  // The candidates' GMF columns are read from the table's rows (stride D) by id.
   auto score = [&](NeuMF& model, const ExecContext& ctx, bool dev) {
     Vec out(static_cast<size_t>(B));
     if (!dev) {
       model.prepare_items(ctx, T.data() + mf, D, R);
-      model.score_items(ctx, U.data(), gmf.data(), mf, ids.data(), n, S, out.data());
+      model.score_items(ctx, U.data(), T.data(), D, ids.data(), n, S, out.data());
       return out;
     }
     Buffer<float> logits = up(out);
     model.prepare_items(ctx, gT.data() + mf, D, R);
-    model.score_items(ctx, gU.data(), ggmf.data(), mf, gids.data(), n, S, logits.data());
+    model.score_items(ctx, gU.data(), gT.data(), D, gids.data(), n, S, logits.data());
     return down(logits);
   };
   auto forward = [&](NeuMF& model, const ExecContext& ctx) {
@@ -1578,6 +1577,54 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
 // below, at and past 32 lanes, groups longer than the rows in flight and than a
 // warp (S = 51), rows with a stride past mf, n = 0, and the ml-20m MLPerf step's
 // shapes (GPU only).
+// The fused top's forward reading item rows by id (evaluation's candidates) on the
+// device: the bits of its forward on the same rows gathered per sample, and the CPU
+// twin's by id to a dot product's rounding; FP32 and BF16 A, a GMF width below one
+// warp and one of two warps.
+TEST_F(Parity, TopForwardReadsItemRowsByIdAsGatheredOnTheGpu) {
+  const int64_t n = 301, R = 97;
+  const int S = 11, last = 64, ldt = 192;
+  const int64_t B = n * S;
+  for (int mf : {20, 64}) {
+    const std::string what = "mf " + std::to_string(mf);
+    const Vec U = random_vec(size_t(n) * ldt, gen_, -0.5f, 0.5f);
+    const Vec T = random_vec(size_t(R) * ldt, gen_, -0.5f, 0.5f);
+    const Vec A = random_vec(size_t(B) * last, gen_, 0.0f, 0.5f);
+    const Vec w = random_vec(size_t(mf + last), gen_, -0.3f, 0.3f), c = {0.125f};
+    const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+    Vec rows(size_t(B) * ldt);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(&T[size_t(ids[size_t(b)]) * ldt], ldt, &rows[size_t(b) * ldt]);
+    const Bits A16 = bf16_bits_of(A);
+    Buffer<float> gU = up(U), gT = up(T), grows = up(rows), gA = up(A), gw = up(w), gc = up(c),
+                  gby = up(Vec(size_t(B))), ggat = up(Vec(size_t(B)));
+    Buffer<uint16_t> gA16 = up(A16);
+    Buffer<int32_t> gids = up(ids);
+    for (bool bf16 : {false, true}) {
+      const std::string tag = what + (bf16 ? " BF16 A" : " FP32 A");
+      Vec cpu_by_id(static_cast<size_t>(B));
+      if (bf16) {
+        neumf_top_forward_bf16(gpu_, gU.data(), ldt, gT.data(), ldt, gA16.data(), gw.data(),
+                               gc.data(), gby.data(), n, S, mf, last, gids.data());
+        neumf_top_forward_bf16(gpu_, gU.data(), ldt, grows.data(), ldt, gA16.data(), gw.data(),
+                               gc.data(), ggat.data(), n, S, mf, last);
+        neumf_top_forward_bf16(cpu_, U.data(), ldt, T.data(), ldt, A16.data(), w.data(), c.data(),
+                               cpu_by_id.data(), n, S, mf, last, ids.data());
+      } else {
+        neumf_top_forward(gpu_, gU.data(), ldt, gT.data(), ldt, gA.data(), gw.data(), gc.data(),
+                          gby.data(), n, S, mf, last, gids.data());
+        neumf_top_forward(gpu_, gU.data(), ldt, grows.data(), ldt, gA.data(), gw.data(), gc.data(),
+                          ggat.data(), n, S, mf, last);
+        neumf_top_forward(cpu_, U.data(), ldt, T.data(), ldt, A.data(), w.data(), c.data(),
+                          cpu_by_id.data(), n, S, mf, last, ids.data());
+      }
+      expect_same(down(gby), down(ggat), tag + ": by id vs gathered");
+      // The CPU twin sums the dot product in column order, the device in lane order.
+      expect_close(down(gby), cpu_by_id, 1e-6 * (mf + last), kElemRtol, tag + ": vs the CPU twin");
+    }
+  }
+}
+
 TEST_F(Parity, FusedTopIsTheUnfusedOpsOnTheGpu) {
   struct TopCase {
     int64_t n;

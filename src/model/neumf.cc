@@ -243,7 +243,7 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
                          n, S, v.out, true);
     layers_above_first(ctx, B, true);
     neumf_top_forward_bf16(ctx, user_rows, D, item_gmf, ldg, a16_.back().data(), p + head_w_offset_,
-                           p + head_c_offset_, logits, n, S, mf, last);
+                           p + head_c_offset_, logits, n, S, mf, last, ids);
     return;
   }
   gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, p + v.w_offset,
@@ -252,7 +252,7 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
                   v.out, true);
   layers_above_first(ctx, B, false);
   neumf_top_forward(ctx, user_rows, D, item_gmf, ldg, acts_.back().data(), p + head_w_offset_,
-                    p + head_c_offset_, logits, n, S, mf, last);
+                    p + head_c_offset_, logits, n, S, mf, last, ids);
 }
 
 void NeuMF::layers_above_first(const ExecContext& ctx, int64_t B, bool bf16) {

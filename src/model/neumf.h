@@ -79,9 +79,10 @@ class NeuMF {
   // the items' half of layer 0 for each item, from their MLP columns item_mlp
   // [R × h] (row stride ld) and the current parameters (BF16 operands under BF16
   // storage, as forward's product). score_items then gives forward's logits for n
-  // users with S candidates each, given as item ids [n·S] in [0, R) and their GMF
-  // columns item_gmf [n·S × mf] (row stride ldg): layer 0 reads P[ids[b], :]
-  // (gather_bias_act) instead of multiplying each sample's item columns. The same
+  // users with S candidates each, given as item ids [n·S] in [0, R), and the R items'
+  // GMF columns item_gmf [R × mf] (row stride ldg): layer 0 reads P[ids[b], :]
+  // (gather_bias_act) instead of multiplying each sample's item columns, and the top
+  // reads item_gmf[ids[b], :] (neumf_top_forward's irow_ids) instead of a copy. The same
   // arithmetic, with the items' products taken once per item rather than per sample:
   // equal to forward's wherever the GEMM gives a row the same bits in either shape.
   // Needs a hidden layer and the fused top (can_score_items()); the parameters and

@@ -981,13 +981,13 @@ namespace {
 template <typename TA>
 void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                      int64_t ldi, const TA* A, const float* w, const float* c, float* logits,
-                     int64_t n, int S, int mf, int last) {
+                     int64_t n, int S, int mf, int last, const int32_t* irow_ids) {
   // head_forward's dot product over [u ⊙ i ; A] in column order, the GMF
   // products rounded to float as gmf_forward stores them.
   parallel_for(ctx.threads, n * S, row_grain(mf + last), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const float* u = urows + (b / S) * ldu;
-      const float* it = irows + b * ldi;
+      const float* it = irows + (irow_ids ? int64_t{irow_ids[b]} : b) * ldi;
       const TA* a = A + b * last;
       float s = 0.0f;
       for (int k = 0; k < mf; ++k) {
@@ -1113,26 +1113,27 @@ void check_top_backward(const char* op, const float* urows, int64_t ldu, const f
 
 void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                        int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last) {
+                       int64_t n, int S, int mf, int last, const int32_t* irow_ids) {
   const char* op = "neumf_top_forward";
   check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
   check_ptr(op, "c", c, n);
   check_ptr(op, "logits", logits, n);
   NCF_DISPATCH_CUDA(ctx, neumf_top_forward, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf,
-                    last);
-  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+                    last, irow_ids);
+  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, irow_ids);
 }
 
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
-                            const float* c, float* logits, int64_t n, int S, int mf, int last) {
+                            const float* c, float* logits, int64_t n, int S, int mf, int last,
+                            const int32_t* irow_ids) {
   const char* op = "neumf_top_forward_bf16";
   check_top(op, urows, ldu, irows, ldi, A, w, n, S, mf, last);
   check_ptr(op, "c", c, n);
   check_ptr(op, "logits", logits, n);
   NCF_DISPATCH_CUDA(ctx, neumf_top_forward_bf16, ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S,
-                    mf, last);
-  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+                    mf, last, irow_ids);
+  top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, irow_ids);
 }
 
 void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,

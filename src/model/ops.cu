@@ -920,12 +920,15 @@ __device__ __forceinline__ float store_value(uint16_t* p, float v) {
 
 // logits of groups p = warp, warp + warps, … (no sums across rows: any map will do).
 // J: columns per lane of F = mf + last, in head_forward's order k = lane + 32j.
+// ids (may be null): sample b's item row is irows row ids[b] (neumf_top_forward's
+// irow_ids), each round's ids loaded before its rows.
 template <int J, typename TA>
 __global__ void __launch_bounds__(kThreads)
     neumf_top_forward_kernel(const float* __restrict__ urows, int64_t ldu,
                              const float* __restrict__ irows, int64_t ldi, const TA* __restrict__ A,
                              const float* __restrict__ w, const float* __restrict__ c,
-                             float* __restrict__ logits, int64_t n, int S, int mf, int last) {
+                             float* __restrict__ logits, int64_t n, int S, int mf, int last,
+                             const int32_t* __restrict__ ids) {
   constexpr int R = J >= 8 ? 2 : (J >= 4 ? 4 : 8);  // rows in flight
   const int lane = threadIdx.x & 31;
   const int F = mf + last;
@@ -950,6 +953,12 @@ __global__ void __launch_bounds__(kThreads)
       // load of the round is issued (widened in the load's branch, it would wait there).
       float hi[R][J];
       TA ha[R][J];
+      int64_t row[R];  // each sample's row of irows
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t b = p * S + s0 + r;
+        row[r] = ids && r < m ? int64_t{ids[b]} : b;
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int64_t b = p * S + s0 + r;
@@ -960,7 +969,7 @@ __global__ void __launch_bounds__(kThreads)
           ha[r][j] = TA{0};
           if (r < m) {
             if (k < mf)
-              hi[r][j] = irows[b * ldi + k];
+              hi[r][j] = irows[row[r] * ldi + k];
             else if (k < F)
               ha[r][j] = A[b * last + (k - mf)];
           }
@@ -1743,23 +1752,23 @@ namespace {
 template <typename TA>
 void top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                  int64_t ldi, const TA* A, const float* w, const float* c, float* logits, int64_t n,
-                 int S, int mf, int last, const char* op) {
+                 int S, int mf, int last, const int32_t* ids, const char* op) {
   if (n == 0) return;
   const int F = mf + last;
   const unsigned grid = grid_for(n * 32);
   cudaStream_t stream = stream_of(ctx);
   if (F <= 32) {
-    neumf_top_forward_kernel<1, TA>
-        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+    neumf_top_forward_kernel<1, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
+                                                                   logits, n, S, mf, last, ids);
   } else if (F <= 64) {
-    neumf_top_forward_kernel<2, TA>
-        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+    neumf_top_forward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
+                                                                   logits, n, S, mf, last, ids);
   } else if (F <= 128) {
-    neumf_top_forward_kernel<4, TA>
-        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+    neumf_top_forward_kernel<4, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
+                                                                   logits, n, S, mf, last, ids);
   } else {
-    neumf_top_forward_kernel<8, TA>
-        <<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last);
+    neumf_top_forward_kernel<8, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
+                                                                   logits, n, S, mf, last, ids);
   }
   check_launch(op);
 }
@@ -1811,8 +1820,9 @@ void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
 
 void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                        int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last) {
-  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, "neumf_top_forward");
+                       int64_t n, int S, int mf, int last, const int32_t* irow_ids) {
+  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, irow_ids,
+              "neumf_top_forward");
 }
 
 void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
@@ -1827,15 +1837,17 @@ void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu,
 
 // ---- BF16 storage -----------------------------------------------------------------------
 // The products read BF16 arrays as they are and accumulate in FP32. A BF16 output
-// is rounded once after its epilogue: by cuBLAS for dX (no epilogue, to nearest);
-// for the forward layers the FP32 product goes to the scratch arena and one
-// kernel applies the epilogue (bias, ReLU, layer 0's users' rows) and rounds with
-// bf16.h's float_to_bf16_bits, as the CPU twin rounds.
+// is rounded once after its epilogue: by cuBLAS for dX (no epilogue, to nearest) and
+// for the layers above layer 0 (cuBLASLt's bias and ReLU epilogue); for layer 0 the
+// FP32 product goes to the scratch arena and one kernel applies the epilogue (bias,
+// ReLU, the users' rows) and rounds with bf16.h's float_to_bf16_bits, as the CPU twin
+// rounds.
 
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
-                            const float* c, float* logits, int64_t n, int S, int mf, int last) {
-  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last,
+                            const float* c, float* logits, int64_t n, int S, int mf, int last,
+                            const int32_t* irow_ids) {
+  top_forward(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, irow_ids,
               "neumf_top_forward_bf16");
 }
 

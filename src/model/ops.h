@@ -206,10 +206,14 @@ void bce_with_logits_backward(const ExecContext& ctx, const float* logits, const
 //       as gmf_forward + concat_cols + head_forward).
 // The fused ops take mf and last of at most kNeumfTopMaxWidth (NeuMF takes the
 // unfused sequence beyond).
+// irow_ids (forward only, may be null): sample b's item row is irows[irow_ids[b], :],
+// a table of item rows, instead of irows[b, :] (evaluation, whose candidates are item
+// ids, reads the item table's GMF columns without gathering them per sample). The
+// ids must be rows of that table; the caller checks them.
 constexpr int kNeumfTopMaxWidth = 128;
 void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                        int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last);
+                       int64_t n, int S, int mf, int last, const int32_t* irow_ids = nullptr);
 // Backward of neumf_top_forward, with the gradient of the logits either
 //   given: dlogits [n·S] (loss null; logits and labels not read), or
 //   from the loss (loss not null; dlogits null): dlogits =
@@ -299,7 +303,8 @@ void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t
 // the column sums of the stored (rounded) dA. All else as there.
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
-                            const float* c, float* logits, int64_t n, int S, int mf, int last);
+                            const float* c, float* logits, int64_t n, int S, int mf, int last,
+                            const int32_t* irow_ids = nullptr);
 void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                              const float* irows, int64_t ldi, const uint16_t* A, const float* w,
                              const float* dlogits, const float* logits, const float* labels,
@@ -349,7 +354,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
                         const uint32_t* mask);
 void neumf_top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                        int64_t ldi, const float* A, const float* w, const float* c, float* logits,
-                       int64_t n, int S, int mf, int last);
+                       int64_t n, int S, int mf, int last, const int32_t* irow_ids);
 void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                         int64_t ldi, const float* A, const float* w, const float* dlogits,
                         const float* logits, const float* labels, int64_t global_batch,
@@ -380,7 +385,8 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
                           int out, bool relu);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
-                            const float* c, float* logits, int64_t n, int S, int mf, int last);
+                            const float* c, float* logits, int64_t n, int S, int mf, int last,
+                            const int32_t* irow_ids);
 void neumf_top_backward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                              const float* irows, int64_t ldi, const uint16_t* A, const float* w,
                              const float* dlogits, const float* logits, const float* labels,

@@ -197,7 +197,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   eval_stager_ = std::make_unique<ArrayStager>(ctx, 3);  // users, candidates, masks
   eval_sums_ = Buffer<double>(ctx.device, 0);
   scores_ = Buffer<float>(ctx.device, 0);
-  for (Buffer<float>* b : {&full_item_tile_, &full_scores_, &eval_item_gmf_, &eval_cand_gmf_})
+  for (Buffer<float>* b : {&full_item_tile_, &full_scores_, &eval_item_gmf_})
     *b = Buffer<float>(ctx.device, 0);
   if (cfg.eval_users > 0) {
     // A fixed subset of exactly eval_users users (selection sampling over the
@@ -631,14 +631,13 @@ EvalResult Trainer::evaluate() {
     const auto* mask = static_cast<const uint8_t*>(staged[2]);
     scores_.reserve(n * L);
     if (by_items) {
-      // The users' rows only; the candidates' GMF columns from the item table here,
-      // their layer-0 products from the model's per-item table.
+      // The users' rows only; the candidates' GMF columns and layer-0 products are
+      // read by id from the item table's copy here and the model's per-item table
+      // (the ids were checked as the lists were read).
       tables_->lookup({{users, n}, {items, 0}});
       if (n > 0) {
-        eval_cand_gmf_.reserve(n * L * mf);
-        gather_rows(ctx_, eval_item_gmf_.data(), items, eval_cand_gmf_.data(), I, n * L, mf);
         phases.end(EvalPhases::kLookup);
-        model_->score_items(ctx_, tables_->rows(0), eval_cand_gmf_.data(), mf, items, n, int(L),
+        model_->score_items(ctx_, tables_->rows(0), eval_item_gmf_.data(), mf, items, n, int(L),
                             scores_.data());
       }
     } else {

@@ -246,9 +246,8 @@ class Trainer {
   // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
   // and their scores.
   Buffer<float> full_item_tile_, full_scores_;
-  // eval_by_items(): the item table's GMF columns [I × mf] and a batch's
-  // candidates' [n×L × mf].
-  Buffer<float> eval_item_gmf_, eval_cand_gmf_;
+  // eval_by_items(): the item table's GMF columns [I × mf].
+  Buffer<float> eval_item_gmf_;
 };
 
 }  // namespace ncf
