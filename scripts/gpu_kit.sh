@@ -1126,12 +1126,13 @@ run_step() {
     stage "step_ncu_$p" 1 90 fig_step_ncu -- do_step_ncu "$p"
   done
   stage step_ncu_top 1 90 fig_step_ncu_top -- do_step_ncu_top
-  stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
-  stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
-  stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
+  # the evaluation's time (a few seconds each) before the peer's long stages
   for p in tf32 bf16; do
     stage "eval_speed_$p" 1 90 fig_eval_speed -- do_eval_speed "$p"
   done
+  stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
+  stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
+  stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
   stage nccl_resume 1 120 fig_ctest_filter -- do_nccl_resume
   stage nccl_share_w2 1 60 fig_nccl_share -- do_nccl_share 2
   stage nccl_share_same_host 1 60 fig_nccl_share -- do_nccl_refusal
