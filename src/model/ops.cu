@@ -430,6 +430,18 @@ LtChoice lt_choose(CudaResources& r, LtDescriptors& m, const LtKey& key, uint32_
   return choice;
 }
 
+// m's matmul descriptor: FP32 scale type, `compute`, op(A) and op(B), the epilogue.
+void lt_describe(LtDescriptors& m, cublasComputeType_t compute, cublasOperation_t ta,
+                 cublasOperation_t tb, cublasLtEpilogue_t epilogue) {
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof(epilogue)));
+}
+
 // Y = act(X·weight^T + bias) as one cuBLASLt matmul; false when cuBLASLt offers no
 // algorithm for this shape and alignment (the caller then runs GEMM + epilogue).
 // Y and the bias are of `out_type`: FP32, or BF16 (linear_forward_bf16: the epilogue
@@ -457,14 +469,7 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   LtDescriptors m;
   // Column-major view: D[out×B] = op(A)·B with A = weight stored [in×out] (ld in),
   // op(A) = A^T, and B = X stored [in×B] (ld in); D is Y stored [out×B] (ld out).
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                              sizeof(epilogue)));
+  lt_describe(m, compute, CUBLAS_OP_T, CUBLAS_OP_N, epilogue);
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
@@ -499,14 +504,7 @@ bool lt_drelu_dx(const ExecContext& ctx, CudaResources& r, MathMode mode, const 
   // Column-major view: D[in×B] = A·B with A = weight stored [in×out] (ld in), B = dZ
   // stored [out×B] (ld out), D = dX stored [in×B] (ld in); the aux bits of D's column
   // b are row b of the mask.
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&m.desc, compute, CUDA_R_32F));
-  const cublasOperation_t tn = CUBLAS_OP_N;
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tn, sizeof(tn)));
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tn, sizeof(tn)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                              sizeof(epilogue)));
+  lt_describe(m, compute, CUBLAS_OP_N, CUBLAS_OP_N, epilogue);
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &mask, sizeof(mask)));
   const int64_t aux_ld = relu_mask_words(in) * 32;  // in bits
@@ -517,18 +515,10 @@ bool lt_drelu_dx(const ExecContext& ctx, CudaResources& r, MathMode mode, const 
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(in), uint64_t(B), in));
 
   const uint32_t al_w = alignment_of(weight), al_z = alignment_of(dZ), al_x = alignment_of(dX);
-  const LtKey key{r.device_id,
-                  B,
-                  in,
-                  out,
-                  al_w,
-                  al_z,
-                  al_x,
-                  alignment_of(mask),
-                  int(epilogue),
-                  int(compute),
-                  int(in_type),
-                  int(CUDA_R_32F)};
+  const uint32_t al_m = alignment_of(mask);
+  const LtKey key{
+      r.device_id,    B, in, out, al_w, al_z, al_x, al_m, int(epilogue), int(compute), int(in_type),
+      int(CUDA_R_32F)};
   const LtChoice choice = lt_choose(r, m, key, al_w, al_z, al_x);
   if (!choice.ok) return false;
   const float alpha = 1.0f, beta = 0.0f;
