@@ -18,6 +18,7 @@ size_t aligned_up(size_t bytes) { return (bytes + kPartAlign - 1) / kPartAlign *
 
 struct ArrayStager::Slot {
   std::vector<const void*> ptrs;  // what acquire() hands out
+  std::vector<size_t> bytes;      // each part's size
   // CUDA contexts: the parts back to back at kPartAlign offsets.
   PinnedBuffer<uint8_t> pinned;
   Buffer<uint8_t> dev{Device::kCuda, 0};
@@ -65,6 +66,8 @@ void ArrayStager::stage(const std::vector<Part>& parts) {
             parts_);
   Slot& s = slots_[head_];
   s.ptrs.assign(parts.size(), nullptr);
+  s.bytes.clear();
+  for (const Part& p : parts) s.bytes.push_back(p.bytes);
   if (ctx_.device == Device::kCpu) {
     for (size_t i = 0; i < parts.size(); ++i) s.ptrs[i] = parts[i].data;
   } else {
@@ -109,7 +112,10 @@ void ArrayStager::reset() {
         slots_[k].copy_pending = false;
       }
 #endif
-  for (int k = 0; k < 2; ++k) slots_[k].ptrs.clear();
+  for (int k = 0; k < 2; ++k) {
+    slots_[k].ptrs.clear();
+    slots_[k].bytes.clear();
+  }
   head_ = tail_ = staged_ = 0;
   acquired_ = false;
 }
@@ -123,6 +129,12 @@ const std::vector<const void*>& ArrayStager::acquire() {
     CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), s.copied, 0));
 #endif
   return s.ptrs;
+}
+
+size_t ArrayStager::acquired_bytes(int k) const {
+  NCF_CHECK(acquired_, "ArrayStager: acquired_bytes without an acquired batch");
+  NCF_CHECK(k >= 0 && k < parts_, "ArrayStager: part ", k, " of ", parts_);
+  return slots_[tail_].bytes[size_t(k)];
 }
 
 void ArrayStager::release() {
@@ -145,21 +157,13 @@ void InputStager::stage(const TrainBatch& b) {
             b.items.size(), " items");
   const size_t n = b.users.size();
   arrays_.stage({{b.users.data(), n * 4}, {b.items.data(), n * 4}});
-  n_[head_] = int64_t(n);
-  head_ ^= 1;
 }
 
 InputStager::Staged InputStager::acquire() {
   NCF_CHECK(staged() > 0, "InputStager: acquire without a staged batch");
   const std::vector<const void*>& p = arrays_.acquire();
-  const int64_t n = n_[tail_];
-  tail_ ^= 1;
-  return {static_cast<const int32_t*>(p[0]), static_cast<const int32_t*>(p[1]), n};
-}
-
-void InputStager::reset() {
-  arrays_.reset();
-  head_ = tail_ = 0;
+  return {static_cast<const int32_t*>(p[0]), static_cast<const int32_t*>(p[1]),
+          int64_t(arrays_.acquired_bytes(0) / 4)};
 }
 
 }  // namespace ncf

@@ -42,6 +42,8 @@ class ArrayStager {
   // The oldest staged batch not yet acquired: its parts on the context's device,
   // each 256-byte aligned on a GPU.
   const std::vector<const void*>& acquire();
+  // The acquired batch's part k, as staged: its size in bytes.
+  size_t acquired_bytes(int k) const;
   // The acquired batch's arrays are no longer read by work issued after this call.
   void release();
 
@@ -81,12 +83,10 @@ class InputStager {
   int staged() const { return arrays_.staged(); }
   // Forgets every staged batch (after an interrupted epoch), once their copies
   // have finished; the next stage() starts afresh.
-  void reset();
+  void reset() { arrays_.reset(); }
 
  private:
   ArrayStager arrays_;
-  int64_t n_[2] = {0, 0};  // the staged batches' sizes, by slot
-  int head_ = 0, tail_ = 0;
 };
 
 }  // namespace ncf
