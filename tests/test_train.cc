@@ -34,6 +34,28 @@ class TrainTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string data() { return dir_->file("data"); }
+  // One CPU epoch with the environment setting `env` (NAME=VALUE) and one without:
+  // the first prints `note` and the second does not, and both save the same
+  // parameters, byte for byte (a GPU-only switch leaves CPU ranks alone).
+  static void expect_switch_noted_and_cpu_alone(const std::string& env, const std::string& note,
+                                                const std::string& precision) {
+    const std::string args = " --device cpu --data_dir " + data() +
+                             " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval "
+                             "--precision " +
+                             precision;
+    const std::string tag = env + " " + precision;
+    const std::string a = dir_->file("switch_on_" + precision + ".bin"),
+                      b = dir_->file("switch_off_" + precision + ".bin");
+    auto with = run(env + " timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + a);
+    auto without = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
+    ASSERT_EQ(with.exit_code, 0) << with.output;
+    ASSERT_EQ(without.exit_code, 0) << without.output;
+    EXPECT_NE(with.output.find(note), std::string::npos) << tag << "\n" << with.output;
+    EXPECT_EQ(without.output.find(note), std::string::npos) << tag << "\n" << without.output;
+    const std::string pa = test::read_file(a);
+    EXPECT_FALSE(pa.empty()) << tag;
+    EXPECT_EQ(pa, test::read_file(b)) << tag;
+  }
   static TempDir* dir_;
 };
 TempDir* TrainTest::dir_ = nullptr;
@@ -272,46 +294,19 @@ TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
 // for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
 // mask either way).
 TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCpu) {
-  for (const char* precision : {"fp32", "bf16"}) {
-    const std::string args = " --device cpu --data_dir " + data() +
-                             " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval "
-                             "--precision " +
-                             std::string(precision);
-    const std::string a = dir_->file(std::string("drelu_") + precision + ".bin"),
-                      b = dir_->file(std::string("plain_") + precision + ".bin");
-    auto with =
-        run("NCF_LT_DRELU=1 timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + a);
-    auto without = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
-    ASSERT_EQ(with.exit_code, 0) << with.output;
-    ASSERT_EQ(without.exit_code, 0) << without.output;
-    const std::string note = "NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient";
-    EXPECT_NE(with.output.find(note), std::string::npos) << with.output;
-    EXPECT_EQ(without.output.find(note), std::string::npos) << without.output;
-    const std::string pa = test::read_file(a);
-    EXPECT_FALSE(pa.empty()) << precision;
-    EXPECT_EQ(pa, test::read_file(b)) << precision;
-  }
+  for (const char* precision : {"fp32", "bf16"})
+    expect_switch_noted_and_cpu_alone(
+        "NCF_LT_DRELU=1", "NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient",
+        precision);
 }
 
 // NCF_LT_BF16_OUT=0 selects the GPU's older path for the BF16 layers above layer 0
 // (FP32 product, then the epilogue kernel); it says so, and CPU ranks train the same
 // parameters, byte for byte, with it and without.
 TEST_F(TrainTest, TheBf16EpilogueSwitchIsNotedAndLeavesCpuTrainingAlone) {
-  const std::string args = " --device cpu --data_dir " + data() +
-                           " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval "
-                           "--precision bf16";
-  const std::string a = dir_->file("lt_out_off.bin"), b = dir_->file("lt_out_on.bin");
-  auto off =
-      run("NCF_LT_BF16_OUT=0 timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + a);
-  auto on = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
-  ASSERT_EQ(off.exit_code, 0) << off.output;
-  ASSERT_EQ(on.exit_code, 0) << on.output;
-  const std::string note = "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product";
-  EXPECT_NE(off.output.find(note), std::string::npos) << off.output;
-  EXPECT_EQ(on.output.find(note), std::string::npos) << on.output;
-  const std::string pa = test::read_file(a);
-  EXPECT_FALSE(pa.empty());
-  EXPECT_EQ(pa, test::read_file(b));
+  expect_switch_noted_and_cpu_alone(
+      "NCF_LT_BF16_OUT=0", "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product",
+      "bf16");
 }
 
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's
