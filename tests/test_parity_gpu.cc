@@ -1508,6 +1508,182 @@ TEST_F(Parity, GatherBiasActIsTheCpuTwinBitForBit) {
         }
 }
 
+// Layer 0 by item's ops on the device (the batch's runs of items from CUB's radix sort,
+// the runs' rows, the per-run sums in double, the layer-0 masks): the same arrays and
+// the same bits as the CPU twins, on the vector paths (out % 4, out % 8 for BF16) and the
+// scalar ones, with hot ids (long runs) and bounds that leave runs empty.
+TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
+  for (int64_t B : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}, int64_t{200003}})
+    for (int64_t bound : {int64_t{1}, int64_t{50}, int64_t{30011}}) {
+      IVec ids = random_ids(size_t(B), 0, int32_t(bound), gen_);
+      for (size_t b = 0; b < ids.size(); b += 3) ids[b] = int32_t(b % 4) % int32_t(bound);
+      const int64_t R = std::min(B, bound) + 1;
+      const std::string what = shape({{"B", B}, {"bound", bound}});
+      IVec order(static_cast<size_t>(B)), starts(static_cast<size_t>(R) + 1),
+          inv(static_cast<size_t>(B)), first(static_cast<size_t>(R));
+      item_runs(cpu_, ids.data(), B, bound, R, order.data(), starts.data(), inv.data(),
+                first.data());
+      Buffer<int32_t> gids = up(ids), gorder = up(IVec(size_t(B), -9)),
+                      gstarts = up(IVec(size_t(R) + 1, -9)), ginv = up(IVec(size_t(B), -9)),
+                      gfirst = up(IVec(size_t(R), -9));
+      item_runs(gpu_, gids.data(), B, bound, R, gorder.data(), gstarts.data(), ginv.data(),
+                gfirst.data());
+      EXPECT_EQ(down(gorder), order) << what << " order";
+      EXPECT_EQ(down(gstarts), starts) << what << " starts";
+      EXPECT_EQ(down(ginv), inv) << what << " inv";
+      EXPECT_EQ(down(gfirst), first) << what << " first";
+      const int w = 13, ldx = 17;
+      const Vec X = random_vec(size_t(B) * ldx, gen_);
+      Buffer<float> gX = up(X), gXr = up(Vec(size_t(R) * w, -1.0f));
+      Vec Xr(size_t(R) * w);
+      gather_run_rows(cpu_, X.data(), ldx, w, first.data(), R, Xr.data());
+      gather_run_rows(gpu_, gX.data(), ldx, w, gfirst.data(), R, gXr.data());
+      expect_same(down(gXr), Xr, what + " gather_run_rows");
+      for (int out : {1, 8, 13, 64, 256}) {
+        if (B > 3000 && out < 64) continue;  // the large batch on the vector paths only
+        Vec dZ = random_vec(size_t(B) * out, gen_);
+        for (size_t i = 0; i < dZ.size(); i += 7) dZ[i] *= 4096.0f;
+        const Bits dZ16 = bf16_bits_of(dZ);
+        Buffer<float> gdZ = up(dZ), gdP = up(Vec(size_t(R) * out, -1.0f)),
+                      gdP16 = up(Vec(size_t(R) * out, -1.0f));
+        Buffer<uint16_t> gdZ16 = up(dZ16);
+        Vec dP(size_t(R) * out), dP16(size_t(R) * out);
+        run_sums(cpu_, dZ.data(), order.data(), starts.data(), R, out, dP.data());
+        run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
+        run_sums_bf16(cpu_, dZ16.data(), order.data(), starts.data(), R, out, dP16.data());
+        run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
+        const std::string o = what + "out=" + std::to_string(out);
+        expect_same(down(gdP), dP, o + " run_sums");
+        expect_same(down(gdP16), dP16, o + " run_sums_bf16");
+      }
+    }
+  // split_bf16's two parts.
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
+    const Vec X = random_vec(size_t(n), gen_, -3.0f, 3.0f);
+    Bits hi(static_cast<size_t>(n)), lo(static_cast<size_t>(n));
+    split_bf16(cpu_, X.data(), n, hi.data(), lo.data());
+    Buffer<float> gX = up(X);
+    Buffer<uint16_t> ghi = up(Bits(size_t(n))), glo = up(Bits(size_t(n)));
+    split_bf16(gpu_, gX.data(), n, ghi.data(), glo.data());
+    EXPECT_EQ(down(ghi), hi) << "split_bf16 hi, n=" << n;
+    EXPECT_EQ(down(glo), lo) << "split_bf16 lo, n=" << n;
+  }
+  // The masks gather_bias_act(_bf16) write in passing (out % 128, % 256) and after.
+  const int64_t R = 97, n = 300;
+  const int S = 5;
+  for (int out : {24, 128, 256}) {
+    const int64_t B = n * S, words = relu_mask_words(out);
+    const Vec P = random_vec(size_t(R) * out, gen_), Yg = random_vec(size_t(n) * out, gen_),
+              bias = random_vec(size_t(out), gen_);
+    const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+    Buffer<float> gP = up(P), gYg = up(Yg), gb = up(bias), gY = up(Vec(size_t(B) * out));
+    Buffer<int32_t> gids = up(ids);
+    Buffer<uint16_t> gY16 = up(Bits(size_t(B) * out));
+    const std::vector<uint32_t> junk(size_t(B * words), 0xDEADBEEFu);
+    Buffer<uint32_t> gm = up(junk), gm16 = up(junk);
+    Vec Y(size_t(B) * out);
+    Bits Y16(size_t(B) * out);
+    std::vector<uint32_t> m = junk, m16 = junk;
+    gather_bias_act(cpu_, P.data(), R, ids.data(), Yg.data(), bias.data(), Y.data(), n, S, out,
+                    true, m.data());
+    gather_bias_act(gpu_, gP.data(), R, gids.data(), gYg.data(), gb.data(), gY.data(), n, S, out,
+                    true, gm.data());
+    gather_bias_act_bf16(cpu_, P.data(), R, ids.data(), Yg.data(), bias.data(), Y16.data(), n, S,
+                         out, true, m16.data());
+    gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gYg.data(), gb.data(), gY16.data(), n, S,
+                         out, true, gm16.data());
+    const std::string what = shape({{"out", out}});
+    expect_same(down(gY), Y, what + " gather_bias_act");
+    expect_same(down(gY16), Y16, what + " gather_bias_act_bf16");
+    EXPECT_EQ(down(gm), m) << what << " gather_bias_act's mask";
+    EXPECT_EQ(down(gm16), m16) << what << " gather_bias_act_bf16's mask";
+  }
+}
+
+// NeuMF's step with layer 0 by item on the device against the CPU twin by item (FP32:
+// within the GEMMs' summation order; BF16 storage: within the bound of
+// NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself plus the per-item sums' rounding), against
+// the device's own per-sample step within test_layer0_items.cc's bounds, and the same bits
+// twice.
+TEST_F(Parity, NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 256, 32, 16};
+  const int64_t n = 700, items = 301;
+  const int S = 5, D = cfg.embedding_width();
+  const int64_t B = n * S;
+  NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
+  same_parameters(cpu_model, dev_model);
+  const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
+  const Vec table = random_vec(size_t(items) * D, gen_, -0.5f, 0.5f);
+  const IVec ids = random_ids(size_t(B), 0, int32_t(items), gen_);
+  Vec I(size_t(B) * D);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(&table[size_t(ids[size_t(b)]) * D], D, &I[size_t(b) * D]);
+  Vec labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
+  for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
+  struct Out {
+    Vec logits, grads, dU, dI;
+    double loss = 0;
+    bool by_item = false;
+  };
+  Buffer<float> gU = up(U), gI = up(I), glabels = up(labels);
+  Buffer<int32_t> gids = up(ids);
+  auto run = [&](NeuMF& model, const ExecContext& ctx, bool dev, bool by_item) {
+    Buffer<float> logits = up(Vec(size_t(B), 0.0f)), dlogits = up(Vec(size_t(B), 0.0f)),
+                  dU = up(Vec(size_t(n) * D, 0.0f)), dI = up(Vec(size_t(B) * D, 0.0f));
+    Buffer<double> loss = up(std::vector<double>{0.0});
+    if (dev) {
+      model.forward_backward(ctx, gU.data(), gI.data(), n, S, glabels.data(), B, logits.data(),
+                             dlogits.data(), loss.data(), dU.data(), dI.data(),
+                             by_item ? ItemKeys{gids.data(), items} : ItemKeys{});
+      return Out{down(logits), down(model.grads()), down(dU),
+                 down(dI),     down(loss)[0],       model.layer0_by_item()};
+    }
+    Out o{Vec(size_t(B)), Vec(), Vec(size_t(n) * D), Vec(size_t(B) * D), 0.0, false};
+    Vec dl(static_cast<size_t>(B));
+    model.forward_backward(ctx, U.data(), I.data(), n, S, labels.data(), B, o.logits.data(),
+                           dl.data(), &o.loss, o.dU.data(), o.dI.data(),
+                           by_item ? ItemKeys{ids.data(), items} : ItemKeys{});
+    o.grads.assign(model.grads().data(), model.grads().data() + model.num_params());
+    o.by_item = model.layer0_by_item();
+    return o;
+  };
+  for (MathMode mode : {MathMode::kFp32, MathMode::kBf16}) {
+    set_math_mode(mode);
+    const bool bf16 = mode == MathMode::kBf16;
+    const std::string m = bf16 ? "BF16 storage" : "FP32";
+    const Out c = run(cpu_model, cpu_, false, true), g = run(dev_model, gpu_, true, true);
+    const Out again = run(dev_model, gpu_, true, true);
+    const Out per_sample = run(dev_model, gpu_, true, false);
+    ASSERT_TRUE(c.by_item && g.by_item) << m;
+    ASSERT_FALSE(per_sample.by_item) << m;
+    const double L = double(cpu_model.tower().size());
+    const double vs_cpu = bf16 ? (2.0 * L + 1.0) / 256.0 : 1e-5;
+    const double vs_sample = bf16 ? (2.0 * L + 1.0) / 256.0 : 1e-5;
+    auto check = [&](const Vec& dev, const Vec& cpu, const Vec& ps, size_t off, size_t count,
+                     const std::string& what) {
+      const double e = test::relative_rms(dev.data() + off, cpu.data() + off, count);
+      EXPECT_LE(e, vs_cpu) << m << ", " << what << ": device vs CPU, relative RMS";
+      const double p = test::relative_rms(dev.data() + off, ps.data() + off, count);
+      EXPECT_LE(p, vs_sample) << m << ", " << what << ": by item vs per sample, relative RMS";
+    };
+    check(g.logits, c.logits, per_sample.logits, 0, size_t(B), "logits");
+    for (const DenseLayerView& v : cpu_model.tower()) {
+      const std::string l = "layer " + std::to_string(v.in) + "->" + std::to_string(v.out);
+      check(g.grads, c.grads, per_sample.grads, size_t(v.w_offset), size_t(v.in) * v.out,
+            l + " dW");
+      check(g.grads, c.grads, per_sample.grads, size_t(v.b_offset), size_t(v.out), l + " db");
+    }
+    check(g.dU, c.dU, per_sample.dU, 0, c.dU.size(), "d_user_rows");
+    check(g.dI, c.dI, per_sample.dI, 0, c.dI.size(), "d_item_rows");
+    EXPECT_NEAR(g.loss, c.loss, vs_cpu * c.loss) << m;
+    expect_same(again.logits, g.logits, m + " logits on a second run");
+    expect_same(again.grads, g.grads, m + " dense gradients on a second run");
+    expect_same(again.dI, g.dI, m + " d_item_rows on a second run");
+  }
+}
+
 // NeuMF scoring against the item table on the device: FP32 products, so the logits
 // of the CPU twin to the GEMM tolerance and the device's own forward() on the
 // gathered rows to the rounding of layer 0's product rows; under BF16 storage

@@ -107,7 +107,9 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
                                   std::vector<float>(size_t(B) * D)};
     gather_rows(ctx, ref_table[0].data(), b.users.data(), rows[0].data(), U, n, D);
     gather_rows(ctx, ref_table[1].data(), si.data(), rows[1].data(), I, B, D);
-    ref_model.forward(ctx, rows[0].data(), rows[1].data(), n, S, logits.data());
+    // Layer 0 by item, from the samples' item ids, as train_step runs it.
+    ref_model.forward(ctx, rows[0].data(), rows[1].data(), n, S, logits.data(),
+                      ItemKeys{si.data(), I});
     double ref_loss = 0;
     bce_with_logits_forward(ctx, logits.data(), labels.data(), nullptr, &ref_loss, B, B, G);
     bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, dlogits.data(), B, B, G);

@@ -114,7 +114,7 @@ const char* device_error_text(DeviceErrorCode code) {
     case DeviceErrorCode::kTopKExcludedOutOfRange:
       return "top_k: excluded[index] outside the items [0, I)";
     case DeviceErrorCode::kSortIdOutOfRange:
-      return "unique_ids or sort_reduce_rows: ids[index] outside [0, bound)";
+      return "unique_ids, sort_reduce_rows or item_runs: ids[index] outside [0, bound)";
     case DeviceErrorCode::kNotAPermutation:
       return "unpermute_rows: perm[index] repeated or outside [0, n)";
     case DeviceErrorCode::kScatterRowsInvalid:

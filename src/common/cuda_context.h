@@ -111,8 +111,8 @@ enum class DeviceErrorCode : int {
   kKeyNotRouted = 11,       // bucketize_by_owner: keys[index] = value outside the
                             // routed tables' keys [0, bound) or of a replicated table
   kTopKExcludedOutOfRange = 12,  // top_k: excluded[index] = value outside [0, bound)
-  kSortIdOutOfRange = 13,        // unique_ids / sort_reduce_rows: ids[index] = value outside
-                                 // [0, bound)
+  kSortIdOutOfRange = 13,  // unique_ids / sort_reduce_rows / item_runs: ids[index] = value outside
+                           // [0, bound)
 };
 const char* device_error_text(DeviceErrorCode code);
 

@@ -2,6 +2,7 @@
 // sequence of ops.h calls (device-agnostic: the ops dispatch on ctx.device).
 #include "model/neumf.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -67,10 +68,12 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
     a16_[l] = Buffer<uint16_t>(device, 0);
     d16_[l] = Buffer<uint16_t>(device, 0);
   }
-  for (Buffer<uint16_t>* b : {&wb_, &ub_, &ib_, &du0b_}) *b = Buffer<uint16_t>(device, 0);
+  for (Buffer<uint16_t>* b : {&wb_, &ub_, &ib_, &du0b_, &xrb_, &dprb_})
+    *b = Buffer<uint16_t>(device, 0);
   m0_ = Buffer<uint32_t>(device, 0);
-  for (Buffer<float>* b :
-       {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_, &pi_})
+  for (Buffer<int32_t>* b : {&order_, &starts_, &inv_, &first_}) *b = Buffer<int32_t>(device, 0);
+  for (Buffer<float>* b : {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_,
+                           &pi_, &xr_, &pr_, &dpr_})
     *b = Buffer<float>(device, 0);
 }
 
@@ -95,7 +98,7 @@ void NeuMF::init(uint64_t seed) {
 }
 
 void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
-                    int64_t n, int S, float* logits) {
+                    int64_t n, int S, float* logits, ItemKeys keys) {
   NCF_CHECK(ctx.device == params_.device(), "NeuMF::forward: context device ",
             device_name(ctx.device), " differs from the parameters' device ",
             device_name(params_.device()));
@@ -111,8 +114,14 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   S_ = S;
   user_rows_ = user_rows;
   item_rows_ = item_rows;
+  by_item_ = keys.ids != nullptr && can_score_items() && l0_by_item_enabled() &&
+             2 * std::min(B, keys.bound) <= B;
+  if (by_item_) {
+    NCF_CHECK(keys.bound >= 1, "NeuMF::forward: item id bound ", keys.bound, " must be >= 1");
+    runs_ = std::min(B, keys.bound);
+  }
   if (bf16_) {
-    forward_bf16(ctx, n, S, logits);
+    forward_bf16(ctx, n, S, logits, keys);
     return;
   }
   if (!fused_) {
@@ -138,8 +147,14 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
     const float* w0 = p + v.w_offset;
     gemm(ctx, false, true, static_cast<int>(n), v.out, h, 1.0f, user_rows + mf, D, w0, v.in, 0.0f,
          u0_.data(), v.out);
-    group_linear_forward(ctx, item_rows + mf, D, w0 + h, v.in, u0_.data(), p + v.b_offset,
-                         acts_[0].data(), n, S, h, v.out, true, layer0_mask(B));
+    if (by_item_) {
+      layer0_items(ctx, keys, B, false);
+      gather_bias_act(ctx, pr_.data(), runs_, inv_.data(), u0_.data(), p + v.b_offset,
+                      acts_[0].data(), n, S, v.out, true, layer0_mask(B));
+    } else {
+      group_linear_forward(ctx, item_rows + mf, D, w0 + h, v.in, u0_.data(), p + v.b_offset,
+                           acts_[0].data(), n, S, h, v.out, true, layer0_mask(B));
+    }
     x = acts_[0].data();
     layers_above_first(ctx, B, false);
     x = acts_.back().data();
@@ -172,6 +187,40 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   gmf_forward(ctx, ug, ldug, item_rows, D, g_.data(), mf, B, mf);
   concat_cols(ctx, g_.data(), mf, mf, x, last, last, h_.data(), B);
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
+}
+
+bool l0_by_item_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("NCF_L0_BY_ITEM");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool bf16) {
+  const DenseLayerView& v = tower_[0];
+  const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
+  const int64_t R = runs_;
+  const size_t rows = static_cast<size_t>(B), runs = static_cast<size_t>(R);
+  order_.reserve(rows);
+  inv_.reserve(rows);
+  starts_.reserve(runs + 1);
+  first_.reserve(runs);
+  xr_.reserve(runs * h);
+  pr_.reserve(runs * v.out);
+  item_runs(ctx, keys.ids, B, keys.bound, R, order_.data(), starts_.data(), inv_.data(),
+            first_.data());
+  gather_run_rows(ctx, item_rows_ + mf, D, h, first_.data(), R, xr_.data());
+  if (bf16) {  // [X ; X] in BF16: the backward's product takes dP as two BF16 parts
+    xrb_.reserve(2 * runs * h);
+    to_bf16_rows(ctx, xr_.data(), h, h, xrb_.data(), h, R);
+    to_bf16_rows(ctx, xr_.data(), h, h, xrb_.data() + R * h, h, R);
+    gemm_bf16(ctx, false, true, static_cast<int>(R), v.out, h, xrb_.data(), h,
+              wb_.data() + v.w_offset + h, v.in, pr_.data(), v.out);
+  } else {
+    gemm(ctx, false, true, static_cast<int>(R), v.out, h, 1.0f, xr_.data(), h,
+         params_.data() + v.w_offset + h, v.in, 0.0f, pr_.data(), v.out);
+  }
 }
 
 bool lt_drelu_enabled() {
@@ -273,29 +322,36 @@ bool NeuMF::bf16_storage() const {
   return math_mode() == MathMode::kBf16 && fused_top() && !tower_.empty();
 }
 
-void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits) {
+void NeuMF::forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits, ItemKeys keys) {
   const int64_t B = n * S;
   const int mf = config_.mf_dim, h = config_.mlp_half(), D = config_.embedding_width();
   const size_t rows = static_cast<size_t>(B);
   wb_.reserve(static_cast<size_t>(num_params_));
   ub_.reserve(static_cast<size_t>(n) * h);
-  ib_.reserve(rows * h);
+  if (!by_item_) ib_.reserve(rows * h);
   u0_.reserve(static_cast<size_t>(n) * tower_[0].out);
   for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
   if (B == 0) return;
   const float* p = params_.data();
   // The BF16 copies read by every product of the step: the weights, the biases of
   // the layers above layer 0 (their matmul epilogues add BF16 biases; layer 0's and
-  // the head come along, unread), the users' and the items' MLP columns.
+  // the head come along, unread), the users' MLP columns, and the items' (once per
+  // sample, or once per run by item).
   to_bf16_rows(ctx, p, num_params_, static_cast<int>(num_params_), wb_.data(), num_params_, 1);
   to_bf16_rows(ctx, user_rows_ + mf, D, h, ub_.data(), h, n);
-  to_bf16_rows(ctx, item_rows_ + mf, D, h, ib_.data(), h, B);
   const DenseLayerView& v = tower_[0];
   const uint16_t* w0 = wb_.data() + v.w_offset;
   gemm_bf16(ctx, false, true, static_cast<int>(n), v.out, h, ub_.data(), h, w0, v.in, u0_.data(),
             v.out);
-  group_linear_forward_bf16(ctx, ib_.data(), h, w0 + h, v.in, u0_.data(), p + v.b_offset,
-                            a16_[0].data(), n, S, h, v.out, true, layer0_mask(B));
+  if (by_item_) {
+    layer0_items(ctx, keys, B, true);
+    gather_bias_act_bf16(ctx, pr_.data(), runs_, inv_.data(), u0_.data(), p + v.b_offset,
+                         a16_[0].data(), n, S, v.out, true, layer0_mask(B));
+  } else {
+    to_bf16_rows(ctx, item_rows_ + mf, D, h, ib_.data(), h, B);
+    group_linear_forward_bf16(ctx, ib_.data(), h, w0 + h, v.in, u0_.data(), p + v.b_offset,
+                              a16_[0].data(), n, S, h, v.out, true, layer0_mask(B));
+  }
   layers_above_first(ctx, B, true);
   neumf_top_forward_bf16(ctx, user_rows_, D, item_rows_, D, a16_.back().data(), p + head_w_offset_,
                          p + head_c_offset_, logits, n, S, mf, config_.layers.back());
@@ -340,8 +396,22 @@ void NeuMF::backward_bf16(const ExecContext& ctx, const float* dlogits, const fl
   to_bf16_rows(ctx, du0_.data(), v.out, v.out, du0b_.data(), v.out, n);
   gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(n), du0b_.data(), v.out, ub_.data(), h,
             gp + v.w_offset, v.in);
-  gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(B), dz, v.out, ib_.data(), h,
-            gp + v.w_offset + h, v.in);
+  if (by_item_) {
+    // dW0's items' half from the per-item sums of dZ0: dP as BF16 hi and lo parts against
+    // the runs' rows twice ([hi ; lo]^T · [X ; X]), so the product sees dP to about 16 bits.
+    // One BF16 rounding of dP would round a sum over the rank's own samples: other values
+    // at another world size, where the per-sample product's BF16 inputs are the same.
+    const size_t runs = static_cast<size_t>(runs_);
+    dpr_.reserve(runs * v.out);
+    dprb_.reserve(2 * runs * v.out);
+    run_sums_bf16(ctx, dz, order_.data(), starts_.data(), runs_, v.out, dpr_.data());
+    split_bf16(ctx, dpr_.data(), runs_ * v.out, dprb_.data(), dprb_.data() + runs_ * v.out);
+    gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(2 * runs_), dprb_.data(), v.out,
+              xrb_.data(), h, gp + v.w_offset + h, v.in);
+  } else {
+    gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(B), dz, v.out, ib_.data(), h,
+              gp + v.w_offset + h, v.in);
+  }
   gemm_bf16(ctx, false, false, static_cast<int>(n), h, v.out, du0b_.data(), v.out, w0, v.in,
             d_user_rows + mf, D);
   gemm_bf16(ctx, false, false, static_cast<int>(B), h, v.out, dz, v.out, w0 + h, v.in,
@@ -356,8 +426,8 @@ bool NeuMF::fused_top() const {
 void NeuMF::forward_backward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
                              int64_t n, int S, const float* labels, int64_t global_batch,
                              float* logits, float* dlogits, double* loss, float* d_user_rows,
-                             float* d_item_rows) {
-  forward(ctx, user_rows, item_rows, n, S, logits);
+                             float* d_item_rows, ItemKeys keys) {
+  forward(ctx, user_rows, item_rows, n, S, logits, keys);
   const int64_t B = n * S;
   if (B == 0) {
     backward_from(ctx, nullptr, nullptr, nullptr, global_batch, nullptr, d_user_rows, d_item_rows);
@@ -454,8 +524,15 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
                        gp + v.b_offset, !masked, masked ? nullptr : m0_ptr_);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
          D, 0.0f, gp + v.w_offset, v.in);
-    gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D, 0.0f,
-         gp + v.w_offset + h, v.in);
+    if (by_item_) {  // dW0's items' half from the per-item sums of dZ0
+      dpr_.reserve(static_cast<size_t>(runs_) * v.out);
+      run_sums(ctx, dz, order_.data(), starts_.data(), runs_, v.out, dpr_.data());
+      gemm(ctx, true, false, v.out, h, static_cast<int>(runs_), 1.0f, dpr_.data(), v.out,
+           xr_.data(), h, 0.0f, gp + v.w_offset + h, v.in);
+    } else {
+      gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D,
+           0.0f, gp + v.w_offset + h, v.in);
+    }
     gemm(ctx, false, false, static_cast<int>(n), h, v.out, 1.0f, du0_.data(), v.out, w0, v.in, 0.0f,
          d_user_rows + mf, D);
     gemm(ctx, false, false, static_cast<int>(B), h, v.out, 1.0f, dz, v.out, w0 + h, v.in, 0.0f,

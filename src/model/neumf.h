@@ -43,10 +43,28 @@ struct DenseLayerView {
 
 // NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient (cuBLASLt's DRELU
 // epilogue reading layer 0's bit mask) and layer 0's group sums mask nothing. Off by
-// default until a GPU run has shown cuBLASLt reading the mask as laid out here
-// (Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu) and the step faster;
-// meanwhile the group sums mask. Read once.
+// default: on an H200 cuBLASLt reads the mask as laid out here
+// (Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu passed) but the step is
+// slower, so the group sums mask. Read once.
 bool lt_drelu_enabled();
+
+// Layer 0 by item in training: with the samples' item ids given (ItemKeys), NeuMF takes
+// layer 0's items' half once per distinct item of the batch, P = X_items · W0[:, h:]^T
+// on R = min(B, bound) rows (item_runs, gather_run_rows), and layer 0's output from
+// P's rows by id (gather_bias_act); the backward sums layer 0's gradient per item
+// (run_sums) and takes dW0[:, h:] from those R sums. Used where R ≤ B / 2 (the batch
+// repeats its items: ml-20m's 26,744 items against 1,048,575 samples) and on by
+// default; the environment variable NCF_L0_BY_ITEM=0 keeps the per-sample product,
+// to be measured beside it. The same values up to the order of the sums of dW0[:, h:]
+// (and, on a GPU, a GEMM row's bits in either shape). Read once.
+bool l0_by_item_enabled();
+
+// The samples' item ids for layer 0 by item: ids [n·S] (on the parameters' device), each in
+// [0, bound); ids null: per sample.
+struct ItemKeys {
+  const int32_t* ids = nullptr;
+  int64_t bound = 0;
+};
 
 class NeuMF {
  public:
@@ -67,8 +85,10 @@ class NeuMF {
   // Activations are kept in this object's workspace (grown to the largest batch
   // seen); the row pointers are kept too, so both must stay valid and unchanged
   // until backward.
+  // With keys, layer 0 by item where it applies (l0_by_item_enabled); keys.ids must stay
+  // valid and unchanged until backward too.
   void forward(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t n,
-               int S, float* logits);
+               int S, float* logits, ItemKeys keys = {});
   // Scores for evaluation and serving: the same computation as forward.
   void score(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t n,
              int S, float* logits) {
@@ -106,7 +126,10 @@ class NeuMF {
   // StepKernels). With n·S = 0: zero gradients, *loss left alone.
   void forward_backward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
                         int64_t n, int S, const float* labels, int64_t global_batch, float* logits,
-                        float* dlogits, double* loss, float* d_user_rows, float* d_item_rows);
+                        float* dlogits, double* loss, float* d_user_rows, float* d_item_rows,
+                        ItemKeys keys = {});
+  // Whether the last forward ran layer 0 by item.
+  bool layer0_by_item() const { return by_item_; }
 
   const NeuMFConfig& config() const { return config_; }
   Device device() const { return params_.device(); }
@@ -149,7 +172,7 @@ class NeuMF {
   // Layers 1 .. L-1 of the tower on B rows, after layer 0: acts_ (FP32) or, with bf16,
   // a16_ on wb_ (BF16 storage).
   void layers_above_first(const ExecContext& ctx, int64_t B, bool bf16);
-  void forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits);
+  void forward_bf16(const ExecContext& ctx, int64_t n, int S, float* logits, ItemKeys keys);
   void backward_bf16(const ExecContext& ctx, const float* dlogits, const float* logits,
                      const float* labels, int64_t global_batch, double* loss, float* d_user_rows,
                      float* d_item_rows);
@@ -171,6 +194,18 @@ class NeuMF {
   uint32_t* layer0_mask(int64_t B);
   Buffer<uint32_t> m0_;
   uint32_t* m0_ptr_ = nullptr;
+  // Layer 0 by item (the last forward's, for its backward): R runs of the batch's items
+  // (item_runs: order_, starts_, inv_, first_), their MLP columns xr_ [R × h] (xrb_ in
+  // BF16, twice: [R × h ; R × h]), their products pr_ [R × layers[1]]; the backward's
+  // per-item sums dpr_ (dprb_: their BF16 hi and lo parts, [2R × layers[1]]).
+  bool by_item_ = false;
+  int64_t runs_ = 0;
+  Buffer<int32_t> order_, starts_, inv_, first_;
+  Buffer<float> xr_, pr_, dpr_;
+  Buffer<uint16_t> xrb_, dprb_;
+  // Decides by_item_ for a forward of B samples and sizes its buffers; then the runs and
+  // P (products in BF16 with bf16).
+  void layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool bf16);
   // prepare_items: P [pi_rows_ × layers[1]], made under BF16 storage or not.
   Buffer<float> pi_;
   int64_t pi_rows_ = -1;

@@ -780,10 +780,11 @@ void check_ids_cpu(const char* op, const int32_t* ids, int64_t B, int64_t R) {
 
 void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                      const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
-                     bool relu) {
+                     bool relu, uint32_t* mask) {
   const char* op = "gather_bias_act";
   check_gather_bias_act(op, P, R, ids, Yg, Y, n, S, out);
-  NCF_DISPATCH_CUDA(ctx, gather_bias_act, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu);
+  if (!relu) mask = nullptr;
+  NCF_DISPATCH_CUDA(ctx, gather_bias_act, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
   parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -795,20 +796,147 @@ void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const in
         y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
       }
     }
+    if (mask) write_relu_mask_rows(Y, b0, b1, out, mask);
   });
 }
 
 void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                           const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
-                          int out, bool relu) {
+                          int out, bool relu, uint32_t* mask) {
   const char* op = "gather_bias_act_bf16";
   check_gather_bias_act(op, P, R, ids, Yg, Y, n, S, out);
-  NCF_DISPATCH_CUDA(ctx, gather_bias_act_bf16, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu);
+  if (!relu) mask = nullptr;
+  NCF_DISPATCH_CUDA(ctx, gather_bias_act_bf16, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
   parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       epilogue_to_bf16_bits(P + int64_t(ids[b]) * out, bias, Yg + (b / S) * out, relu, Y + b * out,
                             out);
+    if (mask) write_relu_mask_rows(Y, b0, b1, out, mask);
+  });
+}
+
+void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
+               int32_t* order, int32_t* starts, int32_t* inv, int32_t* first) {
+  const char* op = "item_runs";
+  check_rows(op, B);
+  NCF_CHECK(B <= INT_MAX, op, ": B=", B, " samples exceed the int32 positions");
+  NCF_CHECK(bound >= 1 && bound <= int64_t{INT_MAX} + 1, op, ": id bound ", bound,
+            " is outside [1, 2^31]");
+  NCF_CHECK(R >= std::min(B, bound) && R <= INT_MAX, op, ": R=", R,
+            " runs cannot hold the distinct ids of B=", B, " samples below ", bound);
+  check_ptr(op, "ids", ids, B);
+  check_ptr(op, "order", order, B);
+  check_ptr(op, "inv", inv, B);
+  NCF_CHECK(starts != nullptr, op, ": starts is null");
+  check_ptr(op, "first", first, R);
+  NCF_DISPATCH_CUDA(ctx, item_runs, ctx, ids, B, bound, R, order, starts, inv, first);
+  check_ids_cpu(op, ids, B, bound);
+  // A stable sort of the positions by id: counting where the ids are few against the
+  // samples, else std::stable_sort.
+  if (bound <= 2 * B + 1024) {
+    std::vector<int32_t> at(static_cast<size_t>(bound) + 1, 0);
+    for (int64_t b = 0; b < B; ++b) ++at[static_cast<size_t>(ids[b]) + 1];
+    for (int64_t k = 0; k < bound; ++k) at[k + 1] += at[k];
+    for (int64_t b = 0; b < B; ++b) order[at[ids[b]]++] = static_cast<int32_t>(b);
+  } else {
+    for (int64_t b = 0; b < B; ++b) order[b] = static_cast<int32_t>(b);
+    std::stable_sort(order, order + B, [&](int32_t x, int32_t y) { return ids[x] < ids[y]; });
+  }
+  int64_t u = -1;
+  for (int64_t k = 0; k < B; ++k) {
+    const int32_t b = order[k];
+    if (k == 0 || ids[b] != ids[order[k - 1]]) {
+      ++u;
+      starts[u] = static_cast<int32_t>(k);
+      first[u] = b;
+    }
+    inv[b] = static_cast<int32_t>(u);
+  }
+  for (int64_t v = u + 1; v < R; ++v) {
+    starts[v] = static_cast<int32_t>(B);
+    first[v] = -1;
+  }
+  starts[R] = static_cast<int32_t>(B);
+}
+
+void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
+                     const int32_t* first, int64_t R, float* Y) {
+  const char* op = "gather_run_rows";
+  check_rows(op, R);
+  check_width(op, "w", w);
+  check_ld(op, "ldx", ldx, w);
+  check_ptr(op, "first", first, R);
+  check_ptr(op, "Y", Y, R);
+  NCF_DISPATCH_CUDA(ctx, gather_run_rows, ctx, X, ldx, w, first, R, Y);
+  parallel_for(ctx.threads, R, row_grain(w), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      float* y = Y + u * w;
+      if (first[u] < 0) {
+        std::fill(y, y + w, 0.0f);
+      } else {
+        std::copy_n(X + int64_t{first[u]} * ldx, w, y);
+      }
+    }
+  });
+}
+
+namespace {
+
+template <typename T>
+void run_sums_cpu(const ExecContext& ctx, const T* dZ, const int32_t* order, const int32_t* starts,
+                  int64_t R, int out, float* dP) {
+  parallel_for(ctx.threads, R, row_grain(out), [&](int64_t u0, int64_t u1) {
+    std::vector<double> acc(static_cast<size_t>(out));
+    for (int64_t u = u0; u < u1; ++u) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t k = starts[u]; k < starts[u + 1]; ++k) {
+        const T* z = dZ + int64_t{order[k]} * out;
+        for (int j = 0; j < out; ++j) acc[j] += static_cast<double>(ld(z[j]));
+      }
+      for (int j = 0; j < out; ++j) dP[u * out + j] = static_cast<float>(acc[j]);
+    }
+  });
+}
+
+void check_run_sums(const char* op, const void* dZ, const int32_t* order, const int32_t* starts,
+                    int64_t R, int out, const float* dP) {
+  check_rows(op, R);
+  check_width(op, "out", out);
+  NCF_CHECK(starts != nullptr, op, ": starts is null");
+  check_ptr(op, "dP", dP, R);
+  (void)dZ;
+  (void)order;
+}
+
+}  // namespace
+
+void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,
+              int64_t R, int out, float* dP) {
+  check_run_sums("run_sums", dZ, order, starts, R, out, dP);
+  NCF_DISPATCH_CUDA(ctx, run_sums, ctx, dZ, order, starts, R, out, dP);
+  run_sums_cpu(ctx, dZ, order, starts, R, out, dP);
+}
+
+void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
+                   const int32_t* starts, int64_t R, int out, float* dP) {
+  check_run_sums("run_sums_bf16", dZ, order, starts, R, out, dP);
+  NCF_DISPATCH_CUDA(ctx, run_sums_bf16, ctx, dZ, order, starts, R, out, dP);
+  run_sums_cpu(ctx, dZ, order, starts, R, out, dP);
+}
+
+void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo) {
+  const char* op = "split_bf16";
+  check_rows(op, n);
+  check_ptr(op, "X", X, n);
+  check_ptr(op, "hi", hi, n);
+  check_ptr(op, "lo", lo, n);
+  NCF_DISPATCH_CUDA(ctx, split_bf16, ctx, X, n, hi, lo);
+  parallel_for(ctx.threads, n, 16384, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      hi[i] = float_to_bf16_bits(X[i]);
+      lo[i] = float_to_bf16_bits(X[i] - bf16_bits_to_float(hi[i]));
+    }
   });
 }
 

@@ -9,6 +9,8 @@
 // Everything runs on ctx.stream.
 #include <cuda_bf16.h>
 
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -1225,11 +1227,15 @@ void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, 
 
 // gather_bias_act: group_bias_act_stream_kernel's expression on row ids[b] of P,
 // L columns per thread (vector loads of P's and Yg's rows, one vector store).
+// With mask (kRelu, L = 4, out % 128 == 0: a warp's 32 threads cover 128 columns of
+// one row, and every thread of a warp is in the loop), the ReLU bit mask in passing, as
+// group_bias_act_stream_kernel writes it.
 template <int L, bool kRelu, bool k32>
 __global__ void __launch_bounds__(kThreads)
     gather_bias_act_kernel(const float* __restrict__ P, const int32_t* __restrict__ ids,
                            const float* __restrict__ Yg, const float* __restrict__ bias,
-                           float* __restrict__ Y, int64_t B, int S, int out) {
+                           float* __restrict__ Y, int64_t B, int S, int out,
+                           uint32_t* __restrict__ mask, int64_t words) {
   const int per_row = out / L;
   const int64_t total = B * per_row;
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
@@ -1246,29 +1252,179 @@ __global__ void __launch_bounds__(kThreads)
       y.v[l] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
     }
     store_lanes<L>(Y + b * out + j, y);
+    if constexpr (kRelu && L == 4) {
+      if (mask) {  // the same for the whole warp
+        uint32_t nibble = 0;
+#pragma unroll
+        for (int l = 0; l < L; ++l) nibble |= uint32_t{y.v[l] > 0.0f} << l;
+        uint32_t word = nibble << (4 * (threadIdx.x & 7));
+        word |= __shfl_xor_sync(0xffffffffu, word, 1);
+        word |= __shfl_xor_sync(0xffffffffu, word, 2);
+        word |= __shfl_xor_sync(0xffffffffu, word, 4);
+        if ((threadIdx.x & 7) == 0) mask[b * words + j / 32] = word;
+      }
+    }
   }
 }
 
+// With mask (relu only): in passing where L = 4 and out % 128 == 0, else from the
+// stored output (relu_bits_kernel).
 template <int L>
 void launch_gather_bias_act(cudaStream_t stream, const float* P, const int32_t* ids,
                             const float* Yg, const float* bias, float* Y, int64_t B, int S, int out,
-                            bool relu) {
+                            bool relu, uint32_t* mask) {
   const int64_t total = B * (out / L);
   const unsigned grid = grid_for(total);
   const bool k32 = total <= int64_t{UINT32_MAX};
+  const int64_t words = relu_mask_words(out);
+  uint32_t* in_passing = relu && L == 4 && out % 128 == 0 ? mask : nullptr;
   if (relu && k32) {
     gather_bias_act_kernel<L, true, true>
-        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out, in_passing, words);
   } else if (relu) {
     gather_bias_act_kernel<L, true, false>
-        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out, in_passing, words);
   } else if (k32) {
     gather_bias_act_kernel<L, false, true>
-        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out, nullptr, words);
   } else {
     gather_bias_act_kernel<L, false, false>
-        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out);
+        <<<grid, kThreads, 0, stream>>>(P, ids, Yg, bias, Y, B, S, out, nullptr, words);
   }
+  if (relu && mask && !in_passing)
+    launch_relu_bits(stream, static_cast<const float*>(Y), B, out, mask);
+}
+
+// ---- layer 0 by item: the batch's runs of equal items -----------------------------
+
+// Runs past the last distinct id: empty (starts = B) with no first sample; starts[R] = B.
+__global__ void empty_runs_kernel(int32_t* __restrict__ starts, int32_t* __restrict__ first,
+                                  int64_t R, int32_t B) {
+  for (int64_t u = thread_first(); u <= R; u += thread_stride()) {
+    starts[u] = B;
+    if (u < R) first[u] = -1;
+  }
+}
+
+// head[k] = 1 where sorted position k starts a run of equal ids (k = 0 or a new id).
+__global__ void run_heads_kernel(const int32_t* __restrict__ sorted, int64_t B,
+                                 int32_t* __restrict__ head) {
+  for (int64_t k = thread_first(); k < B; k += thread_stride())
+    head[k] = k == 0 || sorted[k] != sorted[k - 1] ? 1 : 0;
+}
+
+// From the inclusive scan of the heads (run[k] = 1 + the run of sorted position k):
+// each sample's run, and each run's start and first sample (runs below R only).
+__global__ void run_index_kernel(const int32_t* __restrict__ sorted,
+                                 const int32_t* __restrict__ order, const int32_t* __restrict__ run,
+                                 int64_t B, int64_t R, int32_t* __restrict__ starts,
+                                 int32_t* __restrict__ inv, int32_t* __restrict__ first) {
+  for (int64_t k = thread_first(); k < B; k += thread_stride()) {
+    const int32_t u = run[k] - 1;
+    const int32_t b = order[k];
+    inv[b] = u;
+    if ((k == 0 || sorted[k] != sorted[k - 1]) && u < R) {
+      starts[u] = static_cast<int32_t>(k);
+      first[u] = b;
+    }
+  }
+}
+
+// Y[u, c] = X[first[u], c] (zeros for first[u] < 0), one element per thread.
+__global__ void gather_run_rows_kernel(const float* __restrict__ X, int64_t ldx, int w,
+                                       const int32_t* __restrict__ first, int64_t R,
+                                       float* __restrict__ Y) {
+  for (int64_t i = thread_first(); i < R * w; i += thread_stride()) {
+    const int64_t u = i / w;
+    const int c = static_cast<int>(i - u * w);
+    const int32_t f = first[u];
+    Y[i] = f < 0 ? 0.0f : X[int64_t{f} * ldx + c];
+  }
+}
+
+// hi = bf16(x), lo = bf16(x − hi), one element per thread (split_bf16).
+__global__ void split_bf16_kernel(const float* __restrict__ X, int64_t n, uint16_t* __restrict__ hi,
+                                  uint16_t* __restrict__ lo) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) {
+    const float x = X[i];
+    const uint16_t h = float_to_bf16_bits(x);
+    hi[i] = h;
+    lo[i] = float_to_bf16_bits(__fsub_rn(x, bf16_bits_to_float(h)));
+  }
+}
+
+constexpr int kRunRowsInFlight = 8;  // rows of a run loaded before the first add
+
+// L consecutive elements of a row, kept as stored (FP32, or BF16 bits) until used.
+template <typename T, int L>
+struct RawLanes;
+template <>
+struct RawLanes<float, 4> {
+  float4 v;
+  __device__ __forceinline__ void load(const float* __restrict__ p) {
+    v = *reinterpret_cast<const float4*>(p);
+  }
+  __device__ __forceinline__ float at(int l) const { return (&v.x)[l]; }
+};
+template <>
+struct RawLanes<uint16_t, 8> {
+  uint4 v;
+  __device__ __forceinline__ void load(const uint16_t* __restrict__ p) {
+    v = *reinterpret_cast<const uint4*>(p);
+  }
+  __device__ __forceinline__ float at(int l) const {
+    const uint32_t w = (&v.x)[l >> 1];
+    return bf16_bits_to_float(static_cast<uint16_t>(l & 1 ? w >> 16 : w));
+  }
+};
+template <typename T>
+struct RawLanes<T, 1> {
+  T v;
+  __device__ __forceinline__ void load(const T* __restrict__ p) { v = *p; }
+  __device__ __forceinline__ float at(int) const { return element_value(v); }
+};
+
+// run_sums: one thread per (run u, L columns from j) adds the run's rows in k order in
+// double, kRunRowsInFlight rows loaded (as stored) before their adds; one FP32 store of
+// each column. The same sums in the same order as the CPU twin: the same bits.
+template <typename T, int L>
+__global__ void __launch_bounds__(kThreads)
+    run_sums_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,
+                    const int32_t* __restrict__ starts, int64_t R, int out,
+                    float* __restrict__ dP) {
+  const int per_row = out / L;
+  const int64_t total = R * per_row;
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t u = x / per_row;
+    const int j = static_cast<int>(x - u * per_row) * L;
+    double acc[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) acc[l] = 0.0;
+    const int k1 = starts[u + 1];
+    for (int k0 = starts[u]; k0 < k1; k0 += kRunRowsInFlight) {
+      const int m = k1 - k0 < kRunRowsInFlight ? k1 - k0 : kRunRowsInFlight;
+      RawLanes<T, L> z[kRunRowsInFlight];
+#pragma unroll
+      for (int i = 0; i < kRunRowsInFlight; ++i)
+        if (i < m) z[i].load(dZ + int64_t{order[k0 + i]} * out + j);
+#pragma unroll
+      for (int i = 0; i < kRunRowsInFlight; ++i) {
+        if (i < m) {
+#pragma unroll
+          for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
+        }
+      }
+    }
+#pragma unroll
+    for (int l = 0; l < L; ++l) dP[u * out + j + l] = static_cast<float>(acc[l]);
+  }
+}
+
+template <typename T, int L>
+void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
+                     int64_t R, int out, float* dP) {
+  run_sums_kernel<T, L>
+      <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
 }
 
 // dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask): full
@@ -1910,26 +2066,111 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
 
 void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                      const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
-                     bool relu) {
+                     bool relu, uint32_t* mask) {
   const char* op = "gather_bias_act";
   const int64_t B = n * S;
   if (B == 0) return;
   if (out % 4 == 0 && aligned16(P) && aligned16(Yg) && aligned16(Y)) {
-    launch_gather_bias_act<4>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu);
+    launch_gather_bias_act<4>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu, mask);
   } else {
-    launch_gather_bias_act<1>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu);
+    launch_gather_bias_act<1>(stream_of(ctx), P, ids, Yg, bias, Y, B, S, out, relu, mask);
   }
   check_launch(op);
 }
 
 void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                           const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
-                          int out, bool relu) {
+                          int out, bool relu, uint32_t* mask) {
   const char* op = "gather_bias_act_bf16";
   const int64_t B = n * S;
   if (B == 0) return;
-  launch_bias_act_bf16(stream_of(ctx), P, Yg, S, bias, Y, B, out, relu, ids);
+  launch_bias_act_bf16(stream_of(ctx), P, Yg, S, bias, Y, B, out, relu, ids, mask);
   check_launch(op);
+}
+
+// A stable radix sort of the positions by id (end_bit from the bound), the run heads
+// numbered by an inclusive scan, then each sample's run and each run's start and first
+// sample. No host wait: the runs past the last distinct id are made empty first. A bad
+// id is recorded (check_ids_kernel) and raised at the op's caller's next wait.
+void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
+               int32_t* order, int32_t* starts, int32_t* inv, int32_t* first) {
+  const char* op = "item_runs";
+  cudaStream_t stream = stream_of(ctx);
+  CudaResources& r = cuda_resources(ctx, op);
+  check_int_range(op, "B", B);
+  check_int_range(op, "R", R);
+  empty_runs_kernel<<<grid_for(R + 1), kThreads, 0, stream>>>(starts, first, R,
+                                                              static_cast<int32_t>(B));
+  check_launch(op);
+  if (B == 0) return;
+  const int n = static_cast<int>(B);
+  const int end_bit = key_end_bit(bound);
+  size_t sort_bytes = 0, scan_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, ids, static_cast<int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, stream));
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
+                                           static_cast<const int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), n, stream));
+  const size_t temp_bytes = std::max({sort_bytes, scan_bytes, size_t{1}});
+  int32_t *sorted = nullptr, *pos = nullptr, *head = nullptr, *run = nullptr;
+  void* temp = nullptr;
+  carve_scratch(r, [&](ScratchLayout& s) {
+    sorted = s.take<int32_t>(B);
+    pos = s.take<int32_t>(B);
+    head = s.take<int32_t>(B);
+    run = s.take<int32_t>(B);
+    temp = s.take<char>(temp_bytes);
+  });
+  check_ids_kernel<<<grid_for(B), kThreads, 0, stream>>>(
+      ids, B, bound, DeviceErrorCode::kSortIdOutOfRange, r.error_dev);
+  iota_kernel<<<grid_for(B), kThreads, 0, stream>>>(pos, B);
+  check_launch(op);
+  size_t bytes = temp_bytes;
+  CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos, order, n, 0, end_bit, stream));
+  run_heads_kernel<<<grid_for(B), kThreads, 0, stream>>>(sorted, B, head);
+  check_launch(op);
+  bytes = temp_bytes;
+  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, n, stream));
+  run_index_kernel<<<grid_for(B), kThreads, 0, stream>>>(sorted, order, run, B, R, starts, inv,
+                                                         first);
+  check_launch(op);
+}
+
+void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
+                     const int32_t* first, int64_t R, float* Y) {
+  if (R == 0) return;
+  gather_run_rows_kernel<<<grid_for(R * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, first, R, Y);
+  check_launch("gather_run_rows");
+}
+
+void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,
+              int64_t R, int out, float* dP) {
+  if (R == 0) return;
+  if (out % 4 == 0 && aligned16(dZ) && aligned16(dP)) {
+    launch_run_sums<float, 4>(stream_of(ctx), dZ, order, starts, R, out, dP);
+  } else {
+    launch_run_sums<float, 1>(stream_of(ctx), dZ, order, starts, R, out, dP);
+  }
+  check_launch("run_sums");
+}
+
+void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo) {
+  if (n == 0) return;
+  split_bf16_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(X, n, hi, lo);
+  check_launch("split_bf16");
+}
+
+void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
+                   const int32_t* starts, int64_t R, int out, float* dP) {
+  if (R == 0) return;
+  if (out % 8 == 0 && aligned16(dZ)) {
+    launch_run_sums<uint16_t, 8>(stream_of(ctx), dZ, order, starts, R, out, dP);
+  } else {
+    launch_run_sums<uint16_t, 1>(stream_of(ctx), dZ, order, starts, R, out, dP);
+  }
+  check_launch("run_sums_bf16");
 }
 
 void linear_backward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,

@@ -278,12 +278,44 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
 // bias) + Yg[b / S, :])). ids [n·S] in [0, R): the CPU twins check each (the message
 // names the position and the id); the GPU twins read them as they are (the eval
 // reader checked every id against the item count).
+// With mask (relu only), the output's ReLU bit mask too (relu_mask_words), as
+// group_linear_forward(_bf16) writes it.
 void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                      const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
-                     bool relu);
+                     bool relu, uint32_t* mask = nullptr);
 void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                           const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
-                          int out, bool relu);
+                          int out, bool relu, uint32_t* mask = nullptr);
+
+// ---- layer 0 by item in training --------------------------------------------------
+// A batch's samples grouped by item, so that layer 0's items' half is taken once per
+// distinct item of the batch (NeuMF, "layer 0 by item"), and its gradient summed per
+// item before the weight gradient's product.
+//
+// item_runs: ids [B] (each in [0, bound); the CPU twin checks them, naming the position
+// and the id) → order [B], the samples sorted by id, equal ids in sample order (a stable
+// sort); R >= the distinct ids (min(B, bound) always is) runs, the u-th distinct id in
+// increasing order owning order[starts[u] .. starts[u + 1]); starts [R + 1], runs past
+// the last distinct id empty (starts = B); inv [B], the run of each sample; first [R],
+// the first sample of each run (order[starts[u]]), -1 for an empty run. The same arrays
+// on both devices; the GPU sorts with CUB's radix sort and waits for nothing.
+void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
+               int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
+// Y[u, :w] = X[first[u], :w] (row stride ldx), or zeros where first[u] < 0, u < R: the
+// runs' rows, one per distinct item (Y contiguous, [R × w]).
+void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
+                     const int32_t* first, int64_t R, float* Y);
+// dP[u, :] = Σ dZ[order[k], :] over k in [starts[u], starts[u + 1]), added in k order in
+// double and stored as FP32 (zeros for an empty run), u < R; dZ [B × out]. The per-item
+// sum of layer 0's gradient. run_sums_bf16 reads dZ in BF16.
+void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,
+              int64_t R, int out, float* dP);
+void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
+                   const int32_t* starts, int64_t R, int out, float* dP);
+// X [n] FP32 as two BF16 parts: hi[i] = bf16(X[i]), lo[i] = bf16(X[i] − hi[i]) (the difference
+// is exact in FP32), so hi + lo keeps about 16 significant bits where one BF16 keeps 8: a BF16
+// product over [hi ; lo] rows against the same rows twice takes X to that precision.
+void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
 // linear_backward on BF16 (GradMode kOverwrite): dY masked in place by Y > 0 when
 // relu; db (may be null) = column sums of the masked dY, in double over fixed
 // blocks; dX (may be null) = bf16(dZ · weight); dweight = dZ^T · X in FP32.
@@ -379,10 +411,19 @@ void group_sum_backward_bf16(const ExecContext& ctx, const uint16_t* Y, uint16_t
                              const uint32_t* mask);
 void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                      const float* Yg, const float* bias, float* Y, int64_t n, int S, int out,
-                     bool relu);
+                     bool relu, uint32_t* mask);
 void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
                           const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
-                          int out, bool relu);
+                          int out, bool relu, uint32_t* mask);
+void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
+               int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
+void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
+                     const int32_t* first, int64_t R, float* Y);
+void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,
+              int64_t R, int out, float* dP);
+void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
+                   const int32_t* starts, int64_t R, int out, float* dP);
+void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
                             const float* c, float* logits, int64_t n, int S, int mf, int last,

@@ -91,6 +91,16 @@ class Peak {
     if (any_routed()) fused_update(sum_of(received), map);
   }
 
+  // item_runs over B samples (layer 0 by item): sorted ids, positions, run heads, their
+  // scan; the CUB temporary.
+  void item_runs(int64_t B) {
+    if (B == 0 || !tower()) return;
+    keep(Carve()
+             .take(4, 4 * B)
+             .take(std::max(cub_sort_pairs_bytes(B, 4, 4), cub_scan_bytes(B)))
+             .used());
+  }
+
   // NeuMF::forward over n users of S samples each (B = n·S rows).
   void tower_forward(int64_t n, int64_t S) {
     const int64_t B = n * S;
@@ -266,6 +276,7 @@ int64_t cuda_scratch_peak_bytes(const ScratchShapes& s) {
   Peak p(s);
   if (s.train) {
     p.lookup(s.train_lookups);
+    p.item_runs(s.positives * s.S);
     p.tower_forward(s.positives, s.S);
     p.tower_backward(s.positives, s.S);
     p.embedding_backward(s.train_lookups, s.train_received);
@@ -338,6 +349,12 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
   const int mf = cfg.num_factors, h = cfg.layers.empty() ? 0 : cfg.layers[0] / 2;
   if (cfg.layers.size() > 1 && eval_items_fit(I, mf, h, cfg.layers[1], eval_users * L))
     e.step += I * (mf + cfg.layers[1] + int64_t(D) + h) * 4;
+  // Layer 0 by item in training: each sample's place in the sort and its run (8 bytes), and
+  // per run its MLP columns, their product and its gradient sum (and their BF16 copies).
+  if (!rows_only && cfg.layers.size() > 1) {
+    const int64_t runs = std::min(I, local_samples), out0 = cfg.layers[1];
+    e.step += local_samples * 8 + runs * ((h + 2 * out0) * 4 + 2 * (h + out0) * 2 + 8);
+  }
   e.samples = local_samples;
   if (device == Device::kCuda) {
     e.scratch =

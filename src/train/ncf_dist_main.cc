@@ -198,6 +198,10 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
                  "FP32 product and an epilogue kernel\n");
+  if (lead && !l0_by_item_enabled())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_L0_BY_ITEM=0: layer 0 takes its items' half once per "
+                 "sample\n");
   if (lead && lt_drelu_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "

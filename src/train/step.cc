@@ -60,9 +60,10 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   s.logits.reserve(size_t(B));
   s.dlogits.reserve(size_t(B));
   if (B > 0) {
+    // The samples' item ids let layer 0 take its items' half once per distinct item.
     model.forward_backward(ctx, tables.rows(0), tables.rows(1), n, S, s.labels.data(), G,
                            s.logits.data(), s.dlogits.data(), loss_share, tables.row_grads(0),
-                           tables.row_grads(1));
+                           tables.row_grads(1), ItemKeys{s.items.data(), s.num_items});
   } else {
     model.grads().zero();  // no samples: no loss share, a zero gradient
   }
