@@ -817,7 +817,7 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu"
+step_parity_filter="Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself"
 # The staged copies (training positives, evaluation lists) and a GPU run's metrics
 # against a CPU run's.
 step_pipeline_filter="PipelineGpu.*Stager*"
@@ -856,6 +856,7 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
 }
 do_step_train_drelu() { NCF_LT_DRELU=1 do_step_train "$@"; }
 do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
+do_step_train_by_sample() { NCF_L0_BY_ITEM=0 do_step_train "$@"; }
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
   precision=$(basename "$1" .log | cut -d_ -f2)
@@ -1117,6 +1118,11 @@ run_step() {
   # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
   # path their cuBLASLt BF16 epilogue replaced
   stage step_bf16_no_lt_out 1 90 fig_step_train -- do_step_train_no_lt_out bf16 streaming
+  # layer 0's items' half once per sample (NCF_L0_BY_ITEM=0), the path layer 0 by item
+  # replaced
+  for p in tf32 bf16; do
+    stage "step_${p}_by_sample" 1 90 fig_step_train -- do_step_train_by_sample "$p" streaming
+  done
   for p in tf32 bf16; do
     stage "train_${p}_throughput" 1 120 fig_thr -- train_m20 "train_${p}_throughput" \
       "$build/src/ncf_dist" --precision "$p" --train_epochs 2 --no_eval
