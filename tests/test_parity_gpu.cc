@@ -1109,10 +1109,12 @@ TEST_F(Parity, Bf16StorageOpsTrackTheCpuTwins) {
 // gradient the mask runs fused with its column sums, whose db must be the sums'
 // bits over the masked dY.
 TEST_F(Parity, Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit) {
+  // Even widths on aligned arrays take the mask and bias sums two columns a thread; n = 300
+  // spans several row chunks (kColChunk).
   for (int out : {1, 8, 13, 48, 64})
     for (int S : {1, 5, 9})
-      for (int64_t n : {int64_t{1}, int64_t{37}})
-        for (int offset : {0, 1}) {  // offset 1: no array 16-byte aligned
+      for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{300}})
+        for (int offset : {0, 1}) {  // offset 1: no array 16-byte (or 4-byte) aligned
           const std::string what = shape({{"out", out}, {"S", S}, {"n", n}, {"offset", offset}});
           const int64_t B = n * S;
           const size_t len = size_t(B) * out + size_t(offset);

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "common/bf16.h"
 #include "common/cuda_util.cuh"
@@ -758,12 +759,79 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
   store_col_partial(acc, c, C, partial);
 }
 
+// mask_col_sums_kernel on BF16 with two adjacent columns per thread (C even, Y and dY
+// 4-byte aligned): one 4-byte load of each array per row where the one-column kernel made
+// two-byte loads (on an H200 it ran at 44% of HBM peak, bench/results/
+// gpu_2026-11-27_98d21d0/step_ncu_bf16.log). Block (x, y) takes columns [64y, 64y + 64);
+// each column's rows are added in the one-column kernel's order (thread row ty: rows ty,
+// ty + 8, …; the thread rows in ty order), so the same bits.
+__global__ void __launch_bounds__(kColLanes* kColRows)
+    mask_col_sums_bf16_pairs_kernel(const uint32_t* __restrict__ Y, uint32_t* __restrict__ dY,
+                                    int64_t B, int C, double* __restrict__ partial) {
+  const int pair = blockIdx.y * kColLanes + threadIdx.x;  // columns 2·pair, 2·pair + 1
+  const int pairs = C / 2;
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
+  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
+  double acc0 = 0.0, acc1 = 0.0;
+  if (pair < pairs) {
+    for (int64_t base = b0 + threadIdx.y; base < b1; base += kColRows * kMaskRowsInFlight) {
+      uint32_t g[kMaskRowsInFlight], y[kMaskRowsInFlight];
+#pragma unroll
+      for (int k = 0; k < kMaskRowsInFlight; ++k) {
+        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
+        if (b < b1) {
+          g[k] = dY[b * pairs + pair];
+          y[k] = Y[b * pairs + pair];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kMaskRowsInFlight; ++k) {
+        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
+        if (b < b1) {
+          const uint16_t m0 = element_value(static_cast<uint16_t>(y[k])) > 0.0f
+                                  ? static_cast<uint16_t>(g[k])
+                                  : uint16_t{0};
+          const uint16_t m1 = element_value(static_cast<uint16_t>(y[k] >> 16)) > 0.0f
+                                  ? static_cast<uint16_t>(g[k] >> 16)
+                                  : uint16_t{0};
+          dY[b * pairs + pair] = uint32_t{m0} | (uint32_t{m1} << 16);
+          acc0 += static_cast<double>(element_value(m0));
+          acc1 += static_cast<double>(element_value(m1));
+        }
+      }
+    }
+  }
+  // store_col_partial for the two columns: each column's thread rows in ty order.
+  __shared__ double sh[kColRows][2 * kColLanes];
+  sh[threadIdx.y][2 * threadIdx.x] = acc0;
+  sh[threadIdx.y][2 * threadIdx.x + 1] = acc1;
+  __syncthreads();
+  if (threadIdx.y == 0 && pair < pairs) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      double s = 0.0;
+      for (int r = 0; r < kColRows; ++r) s += sh[r][2 * threadIdx.x + j];
+      partial[static_cast<int64_t>(blockIdx.x) * C + 2 * pair + j] = s;
+    }
+  }
+}
+
 // dY masked by Y > 0 in place and store(c, Σ_b dY[b, c]): deterministic_col_sums'
-// chunks, groups and order (partial holds col_chunks(B)·C doubles).
+// chunks, groups and order (partial holds col_chunks(B)·C doubles). BF16 with an even C
+// on 4-byte aligned arrays takes two columns per thread.
 template <typename T, typename Store>
 void masked_col_sums(cudaStream_t stream, const T* Y, T* dY, int64_t B, int C, double* partial,
                      Store store, const char* what) {
   run_col_sums(stream, B, C, partial, store, what, [&](dim3 grid, dim3 block) {
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      const auto aligned4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+      if (C % 2 == 0 && aligned4(Y) && aligned4(dY)) {
+        const dim3 pairs_grid(grid.x, static_cast<unsigned>((C / 2 + kColLanes - 1) / kColLanes));
+        mask_col_sums_bf16_pairs_kernel<<<pairs_grid, block, 0, stream>>>(
+            reinterpret_cast<const uint32_t*>(Y), reinterpret_cast<uint32_t*>(dY), B, C, partial);
+        return;
+      }
+    }
     mask_col_sums_kernel<T><<<grid, block, 0, stream>>>(Y, dY, B, C, partial);
   });
 }
