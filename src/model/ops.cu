@@ -824,7 +824,9 @@ void masked_col_sums(cudaStream_t stream, const T* Y, T* dY, int64_t B, int C, d
                      Store store, const char* what) {
   run_col_sums(stream, B, C, partial, store, what, [&](dim3 grid, dim3 block) {
     if constexpr (std::is_same_v<T, uint16_t>) {
-      const auto aligned4 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; };
+      const auto aligned4 = [](const void* p) {
+        return (reinterpret_cast<uintptr_t>(p) & 3u) == 0;
+      };
       if (C % 2 == 0 && aligned4(Y) && aligned4(dY)) {
         const dim3 pairs_grid(grid.x, static_cast<unsigned>((C / 2 + kColLanes - 1) / kColLanes));
         mask_col_sums_bf16_pairs_kernel<<<pairs_grid, block, 0, stream>>>(
