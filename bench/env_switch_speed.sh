@@ -99,7 +99,8 @@ for p in precisions:
             continue
         sd = statistics.median(x["samples_per_second"] for x in d)
         ss = statistics.median(x["samples_per_second"] for x in s)
-        rows.append(f"| {p} | {int(b):,} | {sd:,.0f} | {ss:,.0f} | {sd / ss:.2f}x | {d[-1].get('hr', float('nan')):.4f} | {s[-1].get('hr', float('nan')):.4f} |")
+        hr = lambda x: f"{x['hr']:.4f}" if x.get("k") and x.get("eval_seconds", 0) > 0 else "n/a (no evaluation)"
+        rows.append(f"| {p} | {int(b):,} | {sd:,.0f} | {ss:,.0f} | {sd / ss:.2f}x | {hr(d[-1])} | {hr(s[-1])} |")
 open(f"{out}/summary.md", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 EOF

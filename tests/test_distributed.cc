@@ -148,6 +148,7 @@ TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
 // expect_close_bf16's loss bound.
 TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
   const std::string f = "--shard_plan row --precision bf16";
+  setenv("NCF_L0_BY_ITEM", "1", 1);  // layer 0 by item on these CPU ranks too
   const Run one = train(1, f);
   setenv("NCF_STEP_KERNELS", "legacy", 1);
   const Run other = train(1, f);
@@ -170,6 +171,7 @@ TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
                 what.c_str(), d, noise);
     EXPECT_LE(d, noise) << what;
   }
+  unsetenv("NCF_L0_BY_ITEM");
 }
 
 // BF16 payloads round rows and gradients where they are sent, W = 1 included,

@@ -10,7 +10,7 @@
 //   - NeuMF's forward and backward by item give the per-sample path's logits, loss and
 //     gradients (FP32: within the FP32 rounding of the products' other order; BF16
 //     storage: within the bound test_bf16_storage.cc derives), and run by item only where
-//     the batch repeats its items.
+//     the mode (NCF_L0_BY_ITEM's values, parsed) allows and the batch repeats its items.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +41,12 @@ using test::random_vec;
 struct Modes {
   explicit Modes(MathMode m) { set_math_mode(m); }
   ~Modes() { set_math_mode(MathMode::kTf32); }
+};
+
+// Layer 0 by item on CPU ranks too (its default, kAuto, is GPU ranks only).
+struct ByItem {
+  explicit ByItem(Layer0ByItem m) { set_layer0_by_item(m); }
+  ~ByItem() { set_layer0_by_item(Layer0ByItem::kAuto); }
 };
 
 // Ids with a few hot items (the way positives repeat popular items) over [0, bound).
@@ -133,6 +139,32 @@ TEST(SplitBf16, KeepsAboutSixteenBits) {
       ASSERT_LE(std::fabs(both - double(X[i])), std::ldexp(std::fabs(double(X[i])), -16)) << i;
     }
   }
+}
+
+// split_tf32: hi is x rounded to 11 significant bits, nearest and ties to even (computed
+// here with nearbyint on a scaled double), and hi + lo is x exactly.
+TEST(SplitTf32, RoundsToElevenBitsAndKeepsTheRest) {
+  Vec X = random_vec(10007, 10, -3.0f, 3.0f);
+  X[0] = 0.0f;
+  X[1] = 1.0f + 0x1p-11f;  // a tie: to even (1.0)
+  X[2] = 1.0f + 0x1p-10f + 0x1p-11f;  // a tie: to even (1 + 2^-9)
+  X[3] = -1e-30f;
+  for (int threads : {1, 3}) {
+    Vec hi(X.size()), lo(X.size());
+    split_tf32(cpu(threads), X.data(), int64_t(X.size()), hi.data(), lo.data());
+    for (size_t i = 0; i < X.size(); ++i) {
+      const double x = X[i];
+      double want = 0.0;
+      if (x != 0.0) {
+        const int e = std::ilogb(x);
+        want = std::ldexp(std::nearbyint(std::ldexp(x, 10 - e)), e - 10);
+      }
+      ASSERT_EQ(double(hi[i]), want) << i << ": x = " << x;
+      ASSERT_EQ(double(hi[i]) + double(lo[i]), x) << i;
+    }
+  }
+  EXPECT_EQ(round_to_tf32(X[1]), 1.0f);
+  EXPECT_EQ(round_to_tf32(X[2]), 1.0f + 0x1p-9f);
 }
 
 TEST(GatherRunRows, CopiesEachRunsFirstRowAndZerosTheEmptyRuns) {
@@ -268,6 +300,7 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
   Vec labels = random_vec(size_t(B), 24, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
   const ItemKeys keys{ids.data(), items};
+  const ByItem on(Layer0ByItem::kOn);
 
   auto compare = [&](const StepOut& a, const StepOut& s, double rtol, const std::string& mode) {
     // Relative RMS of each tensor against the per-sample step's.
@@ -327,6 +360,21 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
   }
 }
 
+TEST(Layer0ByItem, ModeValuesAreParsedAndOthersRefused) {
+  EXPECT_EQ(parse_layer0_by_item("auto", "v"), Layer0ByItem::kAuto);
+  EXPECT_EQ(parse_layer0_by_item("1", "v"), Layer0ByItem::kOn);
+  EXPECT_EQ(parse_layer0_by_item("0", "v"), Layer0ByItem::kOff);
+  try {
+    parse_layer0_by_item("yes", "environment variable NCF_L0_BY_ITEM");
+    ADD_FAILURE() << "yes accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NCF_L0_BY_ITEM=yes: expected auto, 1 or 0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// By item only where the mode says (the default: GPU ranks) and the batch repeats its items.
 TEST(Layer0ByItem, RunsOnlyWhereTheBatchRepeatsItsItems) {
   NeuMFConfig cfg;
   cfg.mf_dim = 8;
@@ -339,6 +387,14 @@ TEST(Layer0ByItem, RunsOnlyWhereTheBatchRepeatsItsItems) {
   const Vec U = random_vec(size_t(n) * D, 1), I = random_vec(size_t(B) * D, 2);
   Vec labels(size_t(B), 0.0f);
   const IVec ids = skewed_ids(size_t(B), 30, 3);
+  // The default on a CPU model: per sample; kOff: per sample.
+  EXPECT_EQ(layer0_by_item_mode(), Layer0ByItem::kAuto);
+  EXPECT_FALSE(step(model, cpu(1), U, I, labels, n, S, ItemKeys{ids.data(), 30}).by_item);
+  {
+    const ByItem off(Layer0ByItem::kOff);
+    EXPECT_FALSE(step(model, cpu(1), U, I, labels, n, S, ItemKeys{ids.data(), 30}).by_item);
+  }
+  const ByItem on(Layer0ByItem::kOn);
   // 30 items against 60 samples: R = 30 = B / 2, by item; 31: per sample.
   EXPECT_TRUE(step(model, cpu(1), U, I, labels, n, S, ItemKeys{ids.data(), 30}).by_item);
   EXPECT_FALSE(step(model, cpu(1), U, I, labels, n, S, ItemKeys{ids.data(), 31}).by_item);

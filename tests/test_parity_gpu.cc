@@ -207,6 +207,7 @@ class Parity : public ::testing::Test {
   void TearDown() override {
     set_math_mode(MathMode::kTf32);
     set_step_kernels(StepKernels::kStreaming);
+    set_layer0_by_item(Layer0ByItem::kAuto);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -1559,8 +1560,17 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         expect_same(down(gdP16), dP16, o + " run_sums_bf16");
       }
     }
-  // split_bf16's two parts.
+  // split_bf16's and split_tf32's two parts.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
+    {
+      const Vec X = random_vec(size_t(n), gen_, -3.0f, 3.0f);
+      Vec hi(static_cast<size_t>(n)), lo(static_cast<size_t>(n));
+      split_tf32(cpu_, X.data(), n, hi.data(), lo.data());
+      Buffer<float> gX = up(X), ghi = up(Vec(size_t(n))), glo = up(Vec(size_t(n)));
+      split_tf32(gpu_, gX.data(), n, ghi.data(), glo.data());
+      expect_same(down(ghi), hi, "split_tf32 hi, n=" + std::to_string(n));
+      expect_same(down(glo), lo, "split_tf32 lo, n=" + std::to_string(n));
+    }
     const Vec X = random_vec(size_t(n), gen_, -3.0f, 3.0f);
     Bits hi(static_cast<size_t>(n)), lo(static_cast<size_t>(n));
     split_bf16(cpu_, X.data(), n, hi.data(), lo.data());
@@ -1616,6 +1626,7 @@ TEST_F(Parity, NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself) {
   const int64_t B = n * S;
   NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
   same_parameters(cpu_model, dev_model);
+  set_layer0_by_item(Layer0ByItem::kOn);  // the CPU twin by item too
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec table = random_vec(size_t(items) * D, gen_, -0.5f, 0.5f);
   const IVec ids = random_ids(size_t(B), 0, int32_t(items), gen_);

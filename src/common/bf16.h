@@ -58,6 +58,16 @@ NCF_HD float bf16_bits_to_float(uint16_t bits) {
 // x rounded to the nearest BF16 value, returned as a float.
 NCF_HD float round_to_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 
+// x rounded to TF32 (10 mantissa bits; nearest, ties to even) as a float: NaN and the
+// infinities as they are, and a finite value whose rounding would overflow truncated.
+NCF_HD float round_to_tf32(float x) {
+  const uint32_t u = float_to_bits(x);
+  if ((u & 0x7F800000u) == 0x7F800000u) return x;  // NaN, ±inf
+  const uint32_t r = (u + 0x0FFFu + ((u >> 13) & 1u)) & 0xFFFFE000u;
+  if ((r & 0x7F800000u) == 0x7F800000u) return bits_to_float(u & 0xFFFFE000u);
+  return bits_to_float(r);
+}
+
 // Stochastic rounding with a uniform 16-bit word r (only its low 16 bits are
 // read): x goes to the BF16 above it in magnitude with probability (the
 // dropped 16 bits) / 2^16, its distance from the BF16 below over their gap,

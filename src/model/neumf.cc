@@ -3,6 +3,7 @@
 #include "model/neumf.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -114,8 +115,10 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   S_ = S;
   user_rows_ = user_rows;
   item_rows_ = item_rows;
-  by_item_ = keys.ids != nullptr && can_score_items() && l0_by_item_enabled() &&
-             2 * std::min(B, keys.bound) <= B;
+  const Layer0ByItem mode = layer0_by_item_mode();
+  by_item_ = keys.ids != nullptr && can_score_items() && 2 * std::min(B, keys.bound) <= B &&
+             (mode == Layer0ByItem::kOn ||
+              (mode == Layer0ByItem::kAuto && params_.device() == Device::kCuda));
   if (by_item_) {
     NCF_CHECK(keys.bound >= 1, "NeuMF::forward: item id bound ", keys.bound, " must be >= 1");
     runs_ = std::min(B, keys.bound);
@@ -189,12 +192,18 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
 
-bool l0_by_item_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("NCF_L0_BY_ITEM");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return on;
+namespace {
+std::atomic<Layer0ByItem> g_layer0_by_item{Layer0ByItem::kAuto};
+}  // namespace
+
+void set_layer0_by_item(Layer0ByItem mode) { g_layer0_by_item.store(mode); }
+Layer0ByItem layer0_by_item_mode() { return g_layer0_by_item.load(); }
+
+Layer0ByItem parse_layer0_by_item(const std::string& value, const std::string& what) {
+  if (value == "auto") return Layer0ByItem::kAuto;
+  if (value == "1") return Layer0ByItem::kOn;
+  if (value == "0") return Layer0ByItem::kOff;
+  NCF_FAIL(what, "=", value, ": expected auto, 1 or 0");
 }
 
 void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool bf16) {
@@ -206,11 +215,13 @@ void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool 
   inv_.reserve(rows);
   starts_.reserve(runs + 1);
   first_.reserve(runs);
-  xr_.reserve(runs * h);
+  xr_.reserve(2 * runs * h);
   pr_.reserve(runs * v.out);
   item_runs(ctx, keys.ids, B, keys.bound, R, order_.data(), starts_.data(), inv_.data(),
             first_.data());
   gather_run_rows(ctx, item_rows_ + mf, D, h, first_.data(), R, xr_.data());
+  if (!bf16 && math_mode() == MathMode::kTf32)  // [X ; X]: the backward's TF32 product
+    gather_run_rows(ctx, item_rows_ + mf, D, h, first_.data(), R, xr_.data() + R * h);
   if (bf16) {  // [X ; X] in BF16: the backward's product takes dP as two BF16 parts
     xrb_.reserve(2 * runs * h);
     to_bf16_rows(ctx, xr_.data(), h, h, xrb_.data(), h, R);
@@ -524,7 +535,18 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
                        gp + v.b_offset, !masked, masked ? nullptr : m0_ptr_);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,
          D, 0.0f, gp + v.w_offset, v.in);
-    if (by_item_) {  // dW0's items' half from the per-item sums of dZ0
+    if (by_item_ && math_mode() == MathMode::kTf32) {
+      // dW0's items' half from the per-item sums of dZ0, as TF32 hi and lo parts against
+      // the runs' rows twice: one TF32 rounding of a sum over the rank's own samples would
+      // differ between world sizes (as under bf16, backward_bf16).
+      const size_t cells = static_cast<size_t>(runs_) * v.out;
+      dpr_.reserve(3 * cells);
+      float* sums = dpr_.data() + 2 * cells;
+      run_sums(ctx, dz, order_.data(), starts_.data(), runs_, v.out, sums);
+      split_tf32(ctx, sums, runs_ * v.out, dpr_.data(), dpr_.data() + cells);
+      gemm(ctx, true, false, v.out, h, static_cast<int>(2 * runs_), 1.0f, dpr_.data(), v.out,
+           xr_.data(), h, 0.0f, gp + v.w_offset + h, v.in);
+    } else if (by_item_) {  // dW0's items' half from the per-item sums of dZ0
       dpr_.reserve(static_cast<size_t>(runs_) * v.out);
       run_sums(ctx, dz, order_.data(), starts_.data(), runs_, v.out, dpr_.data());
       gemm(ctx, true, false, v.out, h, static_cast<int>(runs_), 1.0f, dpr_.data(), v.out,

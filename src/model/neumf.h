@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/device.h"
@@ -53,11 +54,18 @@ bool lt_drelu_enabled();
 // on R = min(B, bound) rows (item_runs, gather_run_rows), and layer 0's output from
 // P's rows by id (gather_bias_act); the backward sums layer 0's gradient per item
 // (run_sums) and takes dW0[:, h:] from those R sums. Used where R ≤ B / 2 (the batch
-// repeats its items: ml-20m's 26,744 items against 1,048,575 samples) and on by
-// default; the environment variable NCF_L0_BY_ITEM=0 keeps the per-sample product,
-// to be measured beside it. The same values up to the order of the sums of dW0[:, h:]
-// (and, on a GPU, a GEMM row's bits in either shape). Read once.
-bool l0_by_item_enabled();
+// repeats its items: ml-20m's 26,744 items against 1,048,575 samples), and where the
+// mode says: kAuto (the default) on GPU ranks only, where it replaces a GEMM writing
+// 1 GB per step (on CPU ranks the products are cheap against the passes it adds: 0.92×
+// for bf16 on an AMX core at batch 65,536); kOn on every device; kOff nowhere. The same
+// values up to the order of the sums of dW0[:, h:] (and a GEMM row's bits in either
+// shape). ncf_dist reads the mode from the environment variable NCF_L0_BY_ITEM.
+enum class Layer0ByItem { kAuto, kOn, kOff };
+void set_layer0_by_item(Layer0ByItem mode);
+Layer0ByItem layer0_by_item_mode();
+// "auto" | "1" | "0" → Layer0ByItem; anything else throws ncf::Error naming `what` and
+// the value.
+Layer0ByItem parse_layer0_by_item(const std::string& value, const std::string& what);
 
 // The samples' item ids for layer 0 by item: ids [n·S] (on the parameters' device), each in
 // [0, bound); ids null: per sample.
@@ -85,7 +93,7 @@ class NeuMF {
   // Activations are kept in this object's workspace (grown to the largest batch
   // seen); the row pointers are kept too, so both must stay valid and unchanged
   // until backward.
-  // With keys, layer 0 by item where it applies (l0_by_item_enabled); keys.ids must stay
+  // With keys, layer 0 by item where it applies (layer0_by_item_mode()); keys.ids must stay
   // valid and unchanged until backward too.
   void forward(const ExecContext& ctx, const float* user_rows, const float* item_rows, int64_t n,
                int S, float* logits, ItemKeys keys = {});
@@ -195,7 +203,8 @@ class NeuMF {
   Buffer<uint32_t> m0_;
   uint32_t* m0_ptr_ = nullptr;
   // Layer 0 by item (the last forward's, for its backward): R runs of the batch's items
-  // (item_runs: order_, starts_, inv_, first_), their MLP columns xr_ [R × h] (xrb_ in
+  // (item_runs: order_, starts_, inv_, first_), their MLP columns xr_ [R × h; twice under
+  // tf32, for the backward's hi and lo parts of dpr_] (xrb_ in
   // BF16, twice: [R × h ; R × h]), their products pr_ [R × layers[1]]; the backward's
   // per-item sums dpr_ (dprb_: their BF16 hi and lo parts, [2R × layers[1]]).
   bool by_item_ = false;

@@ -925,6 +925,21 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
   run_sums_cpu(ctx, dZ, order, starts, R, out, dP);
 }
 
+void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {
+  const char* op = "split_tf32";
+  check_rows(op, n);
+  check_ptr(op, "X", X, n);
+  check_ptr(op, "hi", hi, n);
+  check_ptr(op, "lo", lo, n);
+  NCF_DISPATCH_CUDA(ctx, split_tf32, ctx, X, n, hi, lo);
+  parallel_for(ctx.threads, n, 16384, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      hi[i] = round_to_tf32(X[i]);
+      lo[i] = X[i] - hi[i];
+    }
+  });
+}
+
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo) {
   const char* op = "split_bf16";
   check_rows(op, n);

@@ -1423,6 +1423,17 @@ __global__ void split_bf16_kernel(const float* __restrict__ X, int64_t n, uint16
   }
 }
 
+// hi = tf32(x), lo = x − hi, one element per thread (split_tf32).
+__global__ void split_tf32_kernel(const float* __restrict__ X, int64_t n, float* __restrict__ hi,
+                                  float* __restrict__ lo) {
+  for (int64_t i = thread_first(); i < n; i += thread_stride()) {
+    const float x = X[i];
+    const float h = round_to_tf32(x);
+    hi[i] = h;
+    lo[i] = __fsub_rn(x, h);
+  }
+}
+
 constexpr int kRunRowsInFlight = 8;  // rows of a run loaded before the first add
 
 // L consecutive elements of a row, kept as stored (FP32, or BF16 bits) until used.
@@ -2224,6 +2235,12 @@ void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, con
     launch_run_sums<float, 1>(stream_of(ctx), dZ, order, starts, R, out, dP);
   }
   check_launch("run_sums");
+}
+
+void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {
+  if (n == 0) return;
+  split_tf32_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(X, n, hi, lo);
+  check_launch("split_tf32");
 }
 
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo) {

@@ -316,6 +316,11 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
 // is exact in FP32), so hi + lo keeps about 16 significant bits where one BF16 keeps 8: a BF16
 // product over [hi ; lo] rows against the same rows twice takes X to that precision.
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
+// The same for a TF32 product: hi[i] = X[i] rounded to TF32's 10 mantissa bits (nearest,
+// ties to even; NaN, infinities and a value that would round past FLT_MAX kept or
+// truncated), lo[i] = X[i] − hi[i], exact in FP32, so that hi + lo = X and a TF32 product
+// over [hi ; lo] sees X to about 21 bits.
+void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo);
 // linear_backward on BF16 (GradMode kOverwrite): dY masked in place by Y > 0 when
 // relu; db (may be null) = column sums of the masked dY, in double over fixed
 // blocks; dX (may be null) = bf16(dZ · weight); dweight = dZ^T · X in FP32.
@@ -424,6 +429,7 @@ void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, con
 void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
                    const int32_t* starts, int64_t R, int out, float* dP);
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
+void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,
                             const float* irows, int64_t ldi, const uint16_t* A, const float* w,
                             const float* c, float* logits, int64_t n, int S, int mf, int last,

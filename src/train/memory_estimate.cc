@@ -353,7 +353,7 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
   // per run its MLP columns, their product and its gradient sum (and their BF16 copies).
   if (!rows_only && cfg.layers.size() > 1) {
     const int64_t runs = std::min(I, local_samples), out0 = cfg.layers[1];
-    e.step += local_samples * 8 + runs * ((h + 2 * out0) * 4 + 2 * (h + out0) * 2 + 8);
+    e.step += local_samples * 8 + runs * ((2 * h + 4 * out0) * 4 + 2 * (h + out0) * 2 + 8);
   }
   e.samples = local_samples;
   if (device == Device::kCuda) {

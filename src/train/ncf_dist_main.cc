@@ -198,10 +198,17 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
                  "FP32 product and an epilogue kernel\n");
-  if (lead && !l0_by_item_enabled())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_L0_BY_ITEM=0: layer 0 takes its items' half once per "
-                 "sample\n");
+  if (const char* v = std::getenv("NCF_L0_BY_ITEM"); v && *v) {
+    set_layer0_by_item(parse_layer0_by_item(v, "environment variable NCF_L0_BY_ITEM"));
+    if (lead && layer0_by_item_mode() == Layer0ByItem::kOff)
+      std::fprintf(stderr,
+                   "ncf_dist: note: NCF_L0_BY_ITEM=0: layer 0 takes its items' half once per "
+                   "sample\n");
+    if (lead && layer0_by_item_mode() == Layer0ByItem::kOn)
+      std::fprintf(stderr,
+                   "ncf_dist: note: NCF_L0_BY_ITEM=1: layer 0 takes its items' half once per "
+                   "distinct item of a batch, on CPU ranks too\n");
+  }
   if (lead && lt_drelu_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
