@@ -146,7 +146,7 @@ TEST(SplitBf16, KeepsAboutSixteenBits) {
 TEST(SplitTf32, RoundsToElevenBitsAndKeepsTheRest) {
   Vec X = random_vec(10007, 10, -3.0f, 3.0f);
   X[0] = 0.0f;
-  X[1] = 1.0f + 0x1p-11f;  // a tie: to even (1.0)
+  X[1] = 1.0f + 0x1p-11f;             // a tie: to even (1.0)
   X[2] = 1.0f + 0x1p-10f + 0x1p-11f;  // a tie: to even (1 + 2^-9)
   X[3] = -1e-30f;
   for (int threads : {1, 3}) {
