@@ -984,8 +984,15 @@ __device__ __forceinline__ float store_value(uint16_t* p, float v) {
 // J: columns per lane of F = mf + last, in head_forward's order k = lane + 32j.
 // ids (may be null): sample b's item row is irows row ids[b] (neumf_top_forward's
 // irow_ids), each round's ids loaded before its rows.
+// Four blocks per SM where that fits in 64 registers without a spill (sm_90, ptxas -v):
+// on an H200 the kernel ran with 3 blocks (76 registers) at 38% of HBM peak with about one
+// eligible warp per scheduler (bench/results/gpu_2026-11-27_98d21d0/step_ncu_top.log).
 template <int J, typename TA>
-__global__ void __launch_bounds__(kThreads)
+constexpr int top_forward_min_blocks() {
+  return J <= 2 || (J == 4 && sizeof(TA) == 2) ? 4 : 1;
+}
+template <int J, typename TA>
+__global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA>())
     neumf_top_forward_kernel(const float* __restrict__ urows, int64_t ldu,
                              const float* __restrict__ irows, int64_t ldi, const TA* __restrict__ A,
                              const float* __restrict__ w, const float* __restrict__ c,
