@@ -889,6 +889,20 @@ do_step_ncu() {  # PRECISION: Nsight Compute's duration of every kernel of 2 ste
     >"$out/step_ncu_$1.txt" || return 1
   theirs python3 "$root/bench/ncu_kernel_table.py" --steps 2 "$out/step_ncu_$1.txt"
 }
+do_eval_ncu() {  # PRECISION: Nsight Compute's duration of 150 consecutive kernel launches from
+  # the middle of an ml-20m evaluation by items (eval batch 1,000,000 candidates: launches
+  # 300-449, past the one training step and the items' preparation), at the GPU's own clocks;
+  # where an evaluation's time goes (the table's "per step" is per those 150 launches)
+  local ncu
+  ncu="$(ncu_path)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  ours "$ncu" --target-processes all --clock-control none --section SpeedOfLight \
+    --launch-skip 300 --launch-count 150 --print-summary per-kernel \
+    "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --precision "$1" --train_epochs 1 --max_steps 1 --eval_batch_size 1000000 --progress off \
+    >"$out/eval_ncu_$1.txt" || return 1
+  theirs python3 "$root/bench/ncu_kernel_table.py" --steps 1 "$out/eval_ncu_$1.txt"
+}
 fig_step_ncu() {
   { grep -m1 '^# .* kernels' "$1" | cut -c3-
     grep -E '^ +[0-9.]+ ms/step' "$1" | head -n 3 |
@@ -1136,6 +1150,7 @@ run_step() {
   for p in tf32 bf16; do
     stage "eval_speed_$p" 1 90 fig_eval_speed -- do_eval_speed "$p"
   done
+  stage eval_ncu_bf16 1 90 fig_step_ncu -- do_eval_ncu bf16
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
   stage step_hr_torch 1 300 fig_step_hr -- do_step_hr_torch
