@@ -3,14 +3,15 @@
 //   - item_runs groups the samples by id as a stable sort does (checked against
 //     std::stable_sort on pairs), on both of its sorts (counting and comparison), names an
 //     id outside the bound, and refuses too few runs;
-//   - gather_run_rows and run_sums(_bf16) against loops written here, bit for bit, at 1
-//     and 3 threads;
+//   - gather_run_rows, run_sums(_bf16) and scatter_run_rows against loops written here,
+//     bit for bit, at 1 and 3 threads;
 //   - gather_bias_act(_bf16)'s mask is the bit layout relu_mask_words describes, taken
 //     here from the stored output;
 //   - NeuMF's forward and backward by item give the per-sample path's logits, loss and
-//     gradients (FP32: within the FP32 rounding of the products' other order; BF16
-//     storage: within the bound test_bf16_storage.cc derives), and run by item only where
-//     the mode (NCF_L0_BY_ITEM's values, parsed) allows and the batch repeats its items.
+//     gradients (the items' rows' gradients as each item's sum; FP32: within the FP32 rounding of
+//     the products' other order; BF16 storage: within the bound test_bf16_storage.cc derives), and
+//     run by item only where the mode (NCF_L0_BY_ITEM's values, parsed) allows and the batch
+//     repeats its items.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -167,6 +168,39 @@ TEST(SplitTf32, RoundsToElevenBitsAndKeepsTheRest) {
   EXPECT_EQ(round_to_tf32(X[2]), 1.0f + 0x1p-9f);
 }
 
+// scatter_run_rows against a loop: each run's parts added on its first sample, zeros on
+// the others, the row stride kept (columns past w untouched).
+TEST(ScatterRunRows, PutsEachRunsRowOnItsFirstSample) {
+  const int64_t B = 500, bound = 37, ldy = 13;
+  const int w = 8;
+  const IVec ids = skewed_ids(size_t(B), int32_t(bound), 12);
+  const int64_t R = bound + 2;
+  const Runs r = runs_of(ids, bound, R);
+  for (int parts : {1, 2}) {
+    const Vec Yr = random_vec(size_t(parts * R) * w, 13);
+    for (int threads : {1, 3}) {
+      Vec Y(size_t(B) * ldy, 7.0f);
+      scatter_run_rows(cpu(threads), Yr.data(), R, parts, w, r.inv.data(), r.first.data(), B,
+                       Y.data(), ldy);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t u = r.inv[size_t(b)];
+        for (int c = 0; c < ldy; ++c) {
+          float want = 7.0f;
+          if (c < w) {
+            want = 0.0f;
+            if (r.first[size_t(u)] == b) {
+              want = Yr[size_t(u) * w + c];
+              for (int p = 1; p < parts; ++p) want += Yr[size_t(p * R + u) * w + c];
+            }
+          }
+          ASSERT_EQ(Y[size_t(b) * ldy + c], want)
+              << "parts " << parts << ", sample " << b << ", column " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(GatherRunRows, CopiesEachRunsFirstRowAndZerosTheEmptyRuns) {
   const int64_t B = 40, ld = 11;
   const int w = 6;
@@ -258,6 +292,17 @@ TEST(GatherBiasAct, WritesTheOutputsReluMask) {
   }
 }
 
+// Each item's sum of the rows of d_item_rows over its samples (what the table's owner adds):
+// by item the MLP columns carry an item's whole gradient on one of its samples.
+Vec item_sums(const Vec& dI, const IVec& ids, int64_t items, int D) {
+  Vec s(size_t(items) * D, 0.0f);
+  std::vector<double> acc(s.size(), 0.0);
+  for (size_t b = 0; b < ids.size(); ++b)
+    for (int c = 0; c < D; ++c) acc[size_t(ids[b]) * D + c] += double(dI[b * D + c]);
+  for (size_t i = 0; i < s.size(); ++i) s[i] = float(acc[i]);
+  return s;
+}
+
 struct StepOut {
   Vec logits, grads, dU, dI;
   double loss = 0.0;
@@ -315,7 +360,20 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
       check(a.grads, s.grads, size_t(v.b_offset), size_t(v.out), l + " db");
     }
     check(a.dU, s.dU, 0, a.dU.size(), "d_user_rows");
-    check(a.dI, s.dI, 0, a.dI.size(), "d_item_rows");
+    // The GMF columns per sample; all columns as each item's sum over its samples.
+    for (int64_t b = 0; b < B; ++b)
+      check(a.dI, s.dI, size_t(b) * D, size_t(cfg.mf_dim),
+            "d_item_rows GMF, sample " + std::to_string(b));
+    const Vec ai = item_sums(a.dI, ids, items, D), si = item_sums(s.dI, ids, items, D);
+    check(ai, si, 0, ai.size(), "d_item_rows summed per item");
+    // By item, each item's MLP gradient sits on its first sample only.
+    const int h = cfg.mlp_half();
+    for (int64_t b = 0; b < B; ++b) {
+      const bool first = std::find(ids.begin(), ids.end(), ids[size_t(b)]) - ids.begin() == b;
+      bool zero = true;
+      for (int c = 0; c < h; ++c) zero = zero && a.dI[size_t(b) * D + cfg.mf_dim + c] == 0.0f;
+      if (!first) ASSERT_TRUE(zero) << mode << ": sample " << b << " is not its item's first";
+    }
     EXPECT_NEAR(a.loss, s.loss, rtol * s.loss) << mode << ", loss";
   };
   {

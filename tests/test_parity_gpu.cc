@@ -1560,6 +1560,26 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         expect_same(down(gdP16), dP16, o + " run_sums_bf16");
       }
     }
+  // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows.
+  {
+    const int64_t B = 20011, bound = 3001, R = bound, ld = 192;
+    const int w = 128;
+    const IVec ids = random_ids(size_t(B), 0, int32_t(bound), gen_);
+    IVec order(static_cast<size_t>(B)), starts(static_cast<size_t>(R) + 1),
+        inv(static_cast<size_t>(B)), first(static_cast<size_t>(R));
+    item_runs(cpu_, ids.data(), B, bound, R, order.data(), starts.data(), inv.data(), first.data());
+    const Vec Yr = random_vec(size_t(2 * R) * w, gen_);
+    for (int64_t offset : {int64_t{64}, int64_t{1}}) {  // 1: the scalar path
+      Vec Y(size_t(B) * ld, 5.0f);
+      scatter_run_rows(cpu_, Yr.data(), R, 2, w, inv.data(), first.data(), B, Y.data() + offset,
+                       ld);
+      Buffer<float> gYr = up(Yr), gY = up(Vec(size_t(B) * ld, 5.0f));
+      Buffer<int32_t> ginv = up(inv), gfirst = up(first);
+      scatter_run_rows(gpu_, gYr.data(), R, 2, w, ginv.data(), gfirst.data(), B, gY.data() + offset,
+                       ld);
+      expect_same(down(gY), Y, "scatter_run_rows, offset " + std::to_string(offset));
+    }
+  }
   // split_bf16's and split_tf32's two parts.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
     {
@@ -1689,7 +1709,21 @@ TEST_F(Parity, NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself) {
       check(g.grads, c.grads, per_sample.grads, size_t(v.b_offset), size_t(v.out), l + " db");
     }
     check(g.dU, c.dU, per_sample.dU, 0, c.dU.size(), "d_user_rows");
-    check(g.dI, c.dI, per_sample.dI, 0, c.dI.size(), "d_item_rows");
+    {  // d_item_rows: the device against the CPU per sample (both by item); against the
+       // per-sample step as each item's sum over its samples
+      const double e = test::relative_rms(g.dI.data(), c.dI.data(), c.dI.size());
+      EXPECT_LE(e, vs_cpu) << m << ", d_item_rows: device vs CPU, relative RMS";
+      Vec gi(size_t(items) * D, 0.0f), pi(size_t(items) * D, 0.0f);
+      std::vector<double> ga(gi.size(), 0.0), pa(pi.size(), 0.0);
+      for (int64_t b = 0; b < B; ++b)
+        for (int k = 0; k < D; ++k) {
+          ga[size_t(ids[size_t(b)]) * D + k] += double(g.dI[size_t(b) * D + k]);
+          pa[size_t(ids[size_t(b)]) * D + k] += double(per_sample.dI[size_t(b) * D + k]);
+        }
+      for (size_t i = 0; i < gi.size(); ++i) gi[i] = float(ga[i]), pi[i] = float(pa[i]);
+      const double p = test::relative_rms(gi.data(), pi.data(), gi.size());
+      EXPECT_LE(p, vs_sample) << m << ", d_item_rows summed per item: by item vs per sample";
+    }
     EXPECT_NEAR(g.loss, c.loss, vs_cpu * c.loss) << m;
     expect_same(again.logits, g.logits, m + " logits on a second run");
     expect_same(again.grads, g.grads, m + " dense gradients on a second run");

@@ -74,7 +74,7 @@ NeuMF::NeuMF(const NeuMFConfig& config, Device device) : config_(config) {
   m0_ = Buffer<uint32_t>(device, 0);
   for (Buffer<int32_t>* b : {&order_, &starts_, &inv_, &first_}) *b = Buffer<int32_t>(device, 0);
   for (Buffer<float>* b : {&x0_, &g_, &h_, &dx0_, &dg_, &dh_, &u0_, &du0_, &ug_, &dug_, &ux_, &dux_,
-                           &pi_, &xr_, &pr_, &dpr_})
+                           &pi_, &xr_, &pr_, &dpr_, &drun_})
     *b = Buffer<float>(device, 0);
 }
 
@@ -419,14 +419,35 @@ void NeuMF::backward_bf16(const ExecContext& ctx, const float* dlogits, const fl
     split_bf16(ctx, dpr_.data(), runs_ * v.out, dprb_.data(), dprb_.data() + runs_ * v.out);
     gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(2 * runs_), dprb_.data(), v.out,
               xrb_.data(), h, gp + v.w_offset + h, v.in);
+    // The items' MLP gradient once per run, [hi ; lo] · W0[:, h:] (2R rows), put on each
+    // run's first sample (the parts added), zeros on its other samples.
+    drun_.reserve(2 * runs * h);
+    gemm_bf16(ctx, false, false, static_cast<int>(2 * runs_), h, v.out, dprb_.data(), v.out, w0 + h,
+              v.in, drun_.data(), h);
+    scatter_run_rows(ctx, drun_.data(), runs_, 2, h, inv_.data(), first_.data(), B,
+                     d_item_rows + mf, D);
   } else {
     gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(B), dz, v.out, ib_.data(), h,
               gp + v.w_offset + h, v.in);
+    gemm_bf16(ctx, false, false, static_cast<int>(B), h, v.out, dz, v.out, w0 + h, v.in,
+              d_item_rows + mf, D);
   }
   gemm_bf16(ctx, false, false, static_cast<int>(n), h, v.out, du0b_.data(), v.out, w0, v.in,
             d_user_rows + mf, D);
-  gemm_bf16(ctx, false, false, static_cast<int>(B), h, v.out, dz, v.out, w0 + h, v.in,
-            d_item_rows + mf, D);
+}
+
+void NeuMF::item_rows_gradient(const ExecContext& ctx, const float* parts, int count,
+                               const float* w0i, int64_t ldw, float* d_item_mlp, int64_t ld) {
+  // The items' MLP gradient once per run from the parts of its layer-0 gradient sum
+  // ([parts·R × out] · W0[:, h:]), put on each run's first sample, zeros on its others.
+  const DenseLayerView& v = tower_[0];
+  const int h = config_.mlp_half();
+  const int64_t B = n_ * S_;
+  drun_.reserve(static_cast<size_t>(count) * runs_ * h);
+  gemm(ctx, false, false, static_cast<int>(count * runs_), h, v.out, 1.0f, parts, v.out, w0i,
+       static_cast<int>(ldw), 0.0f, drun_.data(), h);
+  scatter_run_rows(ctx, drun_.data(), runs_, count, h, inv_.data(), first_.data(), B, d_item_mlp,
+                   ld);
 }
 
 bool NeuMF::fused_top() const {
@@ -546,19 +567,21 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
       split_tf32(ctx, sums, runs_ * v.out, dpr_.data(), dpr_.data() + cells);
       gemm(ctx, true, false, v.out, h, static_cast<int>(2 * runs_), 1.0f, dpr_.data(), v.out,
            xr_.data(), h, 0.0f, gp + v.w_offset + h, v.in);
+      item_rows_gradient(ctx, dpr_.data(), 2, w0 + h, v.in, d_item_rows + mf, D);
     } else if (by_item_) {  // dW0's items' half from the per-item sums of dZ0
       dpr_.reserve(static_cast<size_t>(runs_) * v.out);
       run_sums(ctx, dz, order_.data(), starts_.data(), runs_, v.out, dpr_.data());
       gemm(ctx, true, false, v.out, h, static_cast<int>(runs_), 1.0f, dpr_.data(), v.out,
            xr_.data(), h, 0.0f, gp + v.w_offset + h, v.in);
+      item_rows_gradient(ctx, dpr_.data(), 1, w0 + h, v.in, d_item_rows + mf, D);
     } else {
       gemm(ctx, true, false, v.out, h, static_cast<int>(B), 1.0f, dz, v.out, item_rows_ + mf, D,
            0.0f, gp + v.w_offset + h, v.in);
+      gemm(ctx, false, false, static_cast<int>(B), h, v.out, 1.0f, dz, v.out, w0 + h, v.in, 0.0f,
+           d_item_rows + mf, D);
     }
     gemm(ctx, false, false, static_cast<int>(n), h, v.out, 1.0f, du0_.data(), v.out, w0, v.in, 0.0f,
          d_user_rows + mf, D);
-    gemm(ctx, false, false, static_cast<int>(B), h, v.out, 1.0f, dz, v.out, w0 + h, v.in, 0.0f,
-         d_item_rows + mf, D);
   } else if (S > 1) {
     split_cols(ctx, dx0_.data(), h, h, dux_.data(), h, d_item_rows + mf, D, B);
     group_sum_backward(ctx, nullptr, dux_.data(), n, S, h, d_user_rows + mf, D, nullptr, false);

@@ -122,7 +122,9 @@ class NeuMF {
   // Backward of the last forward: dlogits[n·S] → the dense gradients (overwritten
   // in grads()), d_user_rows [n×D] (each user's sum over its samples) and
   // d_item_rows [n·S × D] (overwritten), the gradients w.r.t. the gathered rows,
-  // ready to be sent back to the owners.
+  // ready to be sent back to the owners. After a forward by item (layer0_by_item()) the
+  // MLP columns of d_item_rows hold each item's whole gradient on the first of its
+  // samples and zeros on the others: per item the same sum, which is what the owners add.
   void backward(const ExecContext& ctx, const float* dlogits, float* d_user_rows,
                 float* d_item_rows);
   // A training batch in one call: forward (logits [n·S]), this rank's share of the
@@ -206,15 +208,20 @@ class NeuMF {
   // (item_runs: order_, starts_, inv_, first_), their MLP columns xr_ [R × h; twice under
   // tf32, for the backward's hi and lo parts of dpr_] (xrb_ in
   // BF16, twice: [R × h ; R × h]), their products pr_ [R × layers[1]]; the backward's
-  // per-item sums dpr_ (dprb_: their BF16 hi and lo parts, [2R × layers[1]]).
+  // per-item sums dpr_ (dprb_: their BF16 hi and lo parts, [2R × layers[1]]), and the items'
+  // MLP gradient per run drun_ ([2R × h], the parts' products).
   bool by_item_ = false;
   int64_t runs_ = 0;
   Buffer<int32_t> order_, starts_, inv_, first_;
-  Buffer<float> xr_, pr_, dpr_;
+  Buffer<float> xr_, pr_, dpr_, drun_;
   Buffer<uint16_t> xrb_, dprb_;
   // Decides by_item_ for a forward of B samples and sizes its buffers; then the runs and
   // P (products in BF16 with bf16).
   void layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool bf16);
+  // By item, the items' MLP gradient: drun_ = [count parts of R rows] · W0[:, h:]
+  // (FP32 operands), scattered onto the runs' first samples of d_item_mlp (stride ld).
+  void item_rows_gradient(const ExecContext& ctx, const float* parts, int count, const float* w0i,
+                          int64_t ldw, float* d_item_mlp, int64_t ld);
   // prepare_items: P [pi_rows_ × layers[1]], made under BF16 storage or not.
   Buffer<float> pi_;
   int64_t pi_rows_ = -1;

@@ -925,6 +925,37 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
   run_sums_cpu(ctx, dZ, order, starts, R, out, dP);
 }
 
+void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                      const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy) {
+  const char* op = "scatter_run_rows";
+  check_rows(op, R);
+  check_rows(op, B);
+  check_width(op, "w", w);
+  check_width(op, "parts", parts);
+  check_ld(op, "ldy", ldy, w);
+  check_ptr(op, "Yr", Yr, R);
+  check_ptr(op, "inv", inv, B);
+  check_ptr(op, "first", first, R);
+  check_ptr(op, "Y", Y, B);
+  NCF_DISPATCH_CUDA(ctx, scatter_run_rows, ctx, Yr, R, parts, w, inv, first, B, Y, ldy);
+  parallel_for(ctx.threads, B, row_grain(w), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t u = inv[b];
+      NCF_CHECK(u >= 0 && u < R, op, ": inv[", b, "] = ", u, " is outside [0, ", R, ")");
+      float* y = Y + b * ldy;
+      if (first[u] != b) {
+        std::fill(y, y + w, 0.0f);
+        continue;
+      }
+      for (int c = 0; c < w; ++c) {
+        float s = Yr[u * w + c];
+        for (int p = 1; p < parts; ++p) s += Yr[(p * R + u) * w + c];
+        y[c] = s;
+      }
+    }
+  });
+}
+
 void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {
   const char* op = "split_tf32";
   check_rows(op, n);

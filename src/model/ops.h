@@ -312,6 +312,12 @@ void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, con
               int64_t R, int out, float* dP);
 void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
                    const int32_t* starts, int64_t R, int out, float* dP);
+// The runs' rows back onto the samples: Y[b, :w] (row stride ldy) = Σ_p Yr[p·R + inv[b], :w]
+// (the parts' rows added in p order, in FP32) where b is its run's first sample
+// (first[inv[b]] == b), zeros for the run's other samples, b < B; Yr [parts·R × w]. A run's
+// gradient put on one of its samples: each item's sum over its samples is the run's row.
+void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                      const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy);
 // X [n] FP32 as two BF16 parts: hi[i] = bf16(X[i]), lo[i] = bf16(X[i] − hi[i]) (the difference
 // is exact in FP32), so hi + lo keeps about 16 significant bits where one BF16 keeps 8: a BF16
 // product over [hi ; lo] rows against the same rows twice takes X to that precision.
@@ -428,6 +434,8 @@ void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, con
               int64_t R, int out, float* dP);
 void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,
                    const int32_t* starts, int64_t R, int out, float* dP);
+void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                      const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy);
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
 void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,

@@ -350,10 +350,11 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
   if (cfg.layers.size() > 1 && eval_items_fit(I, mf, h, cfg.layers[1], eval_users * L))
     e.step += I * (mf + cfg.layers[1] + int64_t(D) + h) * 4;
   // Layer 0 by item in training: each sample's place in the sort and its run (8 bytes), and
-  // per run its MLP columns, their product and its gradient sum (and their BF16 copies).
+  // per run its MLP columns, their product, its gradient sum in parts and the rows'
+  // gradient from them (and their BF16 copies).
   if (!rows_only && cfg.layers.size() > 1) {
     const int64_t runs = std::min(I, local_samples), out0 = cfg.layers[1];
-    e.step += local_samples * 8 + runs * ((2 * h + 4 * out0) * 4 + 2 * (h + out0) * 2 + 8);
+    e.step += local_samples * 8 + runs * ((4 * h + 4 * out0) * 4 + 2 * (h + out0) * 2 + 8);
   }
   e.samples = local_samples;
   if (device == Device::kCuda) {
