@@ -1432,36 +1432,28 @@ __global__ void split_bf16_kernel(const float* __restrict__ X, int64_t n, uint16
 
 // scatter_run_rows: one thread per (sample b, L columns): the run's parts added in p order
 // on its first sample, zeros on the others (full stores, float4 where L = 4).
+template <int L>
 __global__ void __launch_bounds__(kThreads)
     scatter_run_rows_kernel(const float* __restrict__ Yr, int64_t R, int parts, int w,
                             const int32_t* __restrict__ inv, const int32_t* __restrict__ first,
-                            int64_t B, float* __restrict__ Y, int64_t ldy, int L) {
+                            int64_t B, float* __restrict__ Y, int64_t ldy) {
   const int per_row = w / L;
   for (int64_t x = thread_first(); x < B * per_row; x += thread_stride()) {
     const int64_t b = x / per_row;
     const int c = static_cast<int>(x - b * per_row) * L;
     const int64_t u = inv[b];
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    Lanes<L> v;
+#pragma unroll
+    for (int l = 0; l < L; ++l) v.v[l] = 0.0f;
     if (first[u] == b) {
-      for (int p = 0; p < parts; ++p) {
-        const float* r = Yr + (p * R + u) * w + c;
-        if (L == 4) {
-          const float4 t = *reinterpret_cast<const float4*>(r);
-          v[0] = p == 0 ? t.x : __fadd_rn(v[0], t.x);
-          v[1] = p == 0 ? t.y : __fadd_rn(v[1], t.y);
-          v[2] = p == 0 ? t.z : __fadd_rn(v[2], t.z);
-          v[3] = p == 0 ? t.w : __fadd_rn(v[3], t.w);
-        } else {
-          v[0] = p == 0 ? r[0] : __fadd_rn(v[0], r[0]);
-        }
+      v = load_lanes<L>(Yr + u * w + c);
+      for (int p = 1; p < parts; ++p) {
+        const Lanes<L> t = load_lanes<L>(Yr + (p * R + u) * w + c);
+#pragma unroll
+        for (int l = 0; l < L; ++l) v.v[l] = __fadd_rn(v.v[l], t.v[l]);
       }
     }
-    float* y = Y + b * ldy + c;
-    if (L == 4) {
-      *reinterpret_cast<float4*>(y) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-      y[0] = v[0];
-    }
+    store_lanes<L>(Y + b * ldy + c, v);
   }
 }
 
@@ -2286,10 +2278,13 @@ void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, con
 void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
                       const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy) {
   if (B == 0) return;
-  const bool vec = w % 4 == 0 && ldy % 4 == 0 && aligned16(Yr) && aligned16(Y);
-  const int L = vec ? 4 : 1;
-  scatter_run_rows_kernel<<<grid_for(B * (w / L)), kThreads, 0, stream_of(ctx)>>>(
-      Yr, R, parts, w, inv, first, B, Y, ldy, L);
+  if (w % 4 == 0 && ldy % 4 == 0 && aligned16(Yr) && aligned16(Y)) {
+    scatter_run_rows_kernel<4><<<grid_for(B * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
+        Yr, R, parts, w, inv, first, B, Y, ldy);
+  } else {
+    scatter_run_rows_kernel<1>
+        <<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(Yr, R, parts, w, inv, first, B, Y, ldy);
+  }
   check_launch("scatter_run_rows");
 }
 
