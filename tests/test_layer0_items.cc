@@ -372,7 +372,9 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
       const bool first = std::find(ids.begin(), ids.end(), ids[size_t(b)]) - ids.begin() == b;
       bool zero = true;
       for (int c = 0; c < h; ++c) zero = zero && a.dI[size_t(b) * D + cfg.mf_dim + c] == 0.0f;
-      if (!first) ASSERT_TRUE(zero) << mode << ": sample " << b << " is not its item's first";
+      if (!first) {
+        ASSERT_TRUE(zero) << mode << ": sample " << b << " is not its item's first";
+      }
     }
     EXPECT_NEAR(a.loss, s.loss, rtol * s.loss) << mode << ", loss";
   };
