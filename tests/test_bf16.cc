@@ -230,14 +230,7 @@ TEST(Bf16MathMode, ParseAndNameRoundTripAndBadValueIsNamed) {
 
 // ---- the CPU GEMMs in kBf16 ------------------------------------------------------------
 
-// Sets the process-wide math mode for one scope, restoring the default after.
-class ScopedMathMode {
- public:
-  explicit ScopedMathMode(MathMode m) { set_math_mode(m); }
-  ~ScopedMathMode() { set_math_mode(MathMode::kTf32); }
-  ScopedMathMode(const ScopedMathMode&) = delete;
-  ScopedMathMode& operator=(const ScopedMathMode&) = delete;
-};
+using test::ScopedMathMode;
 
 using test::cpu;
 

@@ -444,10 +444,7 @@ TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadC
   cfg.layers = {64, 64, 32, 16};
   const int n = 700, S = 5, B = n * S, D = cfg.embedding_width();
   NeuMF model(cfg, Device::kCpu);
-  model.init(5);
-  Vec noise = random_vec(size_t(model.num_params()), 6, -0.1f, 0.1f);
-  for (const DenseLayerView& v : model.tower())
-    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+  test::init_with_biases(model, 5, 6, 0.1f);
   const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
   const Vec I = random_vec(size_t(B) * D, 22, -0.5f, 0.5f);
   Vec labels = random_vec(size_t(B), 23, 0.0f, 1.0f);

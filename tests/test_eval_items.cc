@@ -49,10 +49,7 @@ std::vector<int32_t> random_ids(size_t n, int32_t R, uint32_t seed) {
   return ids;
 }
 
-struct Modes {
-  explicit Modes(MathMode m) { set_math_mode(m); }
-  ~Modes() { set_math_mode(MathMode::kTf32); }
-};
+using test::ScopedMathMode;
 
 TEST(GatherBiasAct, IsGroupBiasActAndTheBf16EpilogueOnTheGatheredRows) {
   const int64_t R = 37, n = 53;
@@ -179,10 +176,7 @@ TEST(ScoreItems, GivesForwardsLogitsForTheSameRows) {
   const int64_t n = 300, R = 211;
   const int S = 21, D = cfg.embedding_width();
   NeuMF model(cfg, Device::kCpu);
-  model.init(5);
-  Vec noise = random_vec(size_t(model.num_params()), 6, -0.1f, 0.1f);
-  for (const DenseLayerView& v : model.tower())
-    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+  test::init_with_biases(model, 5, 6, 0.1f);
   ASSERT_TRUE(model.can_score_items());
   const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
   const Vec T = random_vec(size_t(R) * D, 22, -0.5f, 0.5f);
@@ -191,7 +185,7 @@ TEST(ScoreItems, GivesForwardsLogitsForTheSameRows) {
     // FP32: a layer-0 product row in FP32 differs between GEMM shapes by its own
     // summation order at most (h products of O(1) terms); through the tower the
     // logits move by a few units in the last place of their size.
-    Modes m(MathMode::kFp32);
+    ScopedMathMode m(MathMode::kFp32);
     const Scores s = score_both(model, cpu(2), U, T, ids, n, S);
     double scale = 0.0;
     for (float x : s.forward) scale = std::max(scale, double(std::fabs(x)));
@@ -204,7 +198,7 @@ TEST(ScoreItems, GivesForwardsLogitsForTheSameRows) {
     }
   }
   {
-    Modes m(MathMode::kBf16);
+    ScopedMathMode m(MathMode::kBf16);
     const Scores s = score_both(model, cpu(2), U, T, ids, n, S);
     const double bound = (double(model.tower().size()) + 2.0) * kU16;
     const double d = test::relative_rms(s.items.data(), s.forward.data(), s.forward.size());

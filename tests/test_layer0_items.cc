@@ -39,10 +39,7 @@ using IVec = std::vector<int32_t>;
 using test::cpu;
 using test::random_vec;
 
-struct Modes {
-  explicit Modes(MathMode m) { set_math_mode(m); }
-  ~Modes() { set_math_mode(MathMode::kTf32); }
-};
+using test::ScopedMathMode;
 
 // Layer 0 by item on CPU ranks too (its default, kAuto, is GPU ranks only).
 struct ByItem {
@@ -292,17 +289,6 @@ TEST(GatherBiasAct, WritesTheOutputsReluMask) {
   }
 }
 
-// Each item's sum of the rows of d_item_rows over its samples (what the table's owner adds):
-// by item the MLP columns carry an item's whole gradient on one of its samples.
-Vec item_sums(const Vec& dI, const IVec& ids, int64_t items, int D) {
-  Vec s(size_t(items) * D, 0.0f);
-  std::vector<double> acc(s.size(), 0.0);
-  for (size_t b = 0; b < ids.size(); ++b)
-    for (int c = 0; c < D; ++c) acc[size_t(ids[b]) * D + c] += double(dI[b * D + c]);
-  for (size_t i = 0; i < s.size(); ++i) s[i] = float(acc[i]);
-  return s;
-}
-
 struct StepOut {
   Vec logits, grads, dU, dI;
   double loss = 0.0;
@@ -332,10 +318,7 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
   const int S = 5, D = cfg.embedding_width();
   const int64_t B = n * S;
   NeuMF model(cfg, Device::kCpu);
-  model.init(5);
-  Vec noise = random_vec(size_t(model.num_params()), 6, -0.1f, 0.1f);
-  for (const DenseLayerView& v : model.tower())
-    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+  test::init_with_biases(model, 5, 6, 0.1f);
   const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
   const Vec table = random_vec(size_t(items) * D, 22, -0.5f, 0.5f);
   const IVec ids = skewed_ids(size_t(B), int32_t(items), 23);
@@ -364,7 +347,10 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
     for (int64_t b = 0; b < B; ++b)
       check(a.dI, s.dI, size_t(b) * D, size_t(cfg.mf_dim),
             "d_item_rows GMF, sample " + std::to_string(b));
-    const Vec ai = item_sums(a.dI, ids, items, D), si = item_sums(s.dI, ids, items, D);
+    // (Each item's sum over its samples is what the table's owner adds: by item the MLP
+    // columns carry an item's whole gradient on one of its samples.)
+    const Vec ai = test::sum_rows_by_id(a.dI, ids, items, D),
+              si = test::sum_rows_by_id(s.dI, ids, items, D);
     check(ai, si, 0, ai.size(), "d_item_rows summed per item");
     // By item, each item's MLP gradient sits on its first sample only.
     const int h = cfg.mlp_half();
@@ -383,7 +369,7 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
     // summation order at most) and dW0's items' half sums the same products in another
     // order; with h = 32 terms per product and B = 1,500 per weight, a few units in the
     // last place of FP32, far below 1e-5.
-    Modes m(MathMode::kFp32);
+    ScopedMathMode m(MathMode::kFp32);
     const StepOut a = step(model, cpu(2), U, I, labels, n, S, keys);
     const StepOut s = step(model, cpu(2), U, I, labels, n, S, ItemKeys{});
     ASSERT_TRUE(a.by_item);
@@ -410,7 +396,7 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
     // BF16 storage: the per-item sums of dZ0 enter dW0's product as two BF16 parts (about
     // 16 bits), where the per-sample product took each BF16 gradient as it is: within the
     // (2L + 1)·2^-8 test_bf16_storage.cc derives for BF16 storage.
-    Modes m(MathMode::kBf16);
+    ScopedMathMode m(MathMode::kBf16);
     const StepOut a = step(model, cpu(2), U, I, labels, n, S, keys);
     const StepOut s = step(model, cpu(2), U, I, labels, n, S, ItemKeys{});
     ASSERT_TRUE(a.by_item);

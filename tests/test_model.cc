@@ -711,10 +711,7 @@ TEST(NeuMF, FusedTopIsTheUnfusedOpsBitForBit) {
                              std::to_string(c.layers.size()) + " n " + std::to_string(n) + " S " +
                              std::to_string(S) + ": ";
     NeuMF model(cfg, Device::kCpu);
-    model.init(77);
-    Vec noise = random_vec(size_t(model.num_params()), 78, -0.2f, 0.2f);
-    for (const DenseLayerView& v : model.tower())  // non-zero biases: both sides of every kink
-      for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+    test::init_with_biases(model, 77, 78, 0.2f);  // non-zero biases: both sides of every kink
     const Vec U = random_vec(size_t(n) * D, 79), I = random_vec(size_t(B) * D, 80);
     Vec labels = random_vec(size_t(B), 81, 0.0f, 1.0f);
     for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;

@@ -1478,17 +1478,19 @@ TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   expect_same(again.dI, g.dI, "d_item_rows on a second run");
 }
 
-// Layer 0 against a table of per-item products (evaluation by items): the same
-// adds in the same order on both devices, so the same bits, on the vector paths
-// (out % 4 for FP32, out % 8 for the BF16 octets) and the scalar ones.
+// Layer 0 against a table of per-item products (evaluation by items, and layer 0 by item
+// in training): the same adds in the same order on both devices, so the same bits, on the
+// vector paths (out % 4 for FP32, out % 8 for the BF16 octets) and the scalar ones; with
+// ReLU the layer-0 bit mask too, written in passing (out % 128 FP32, % 256 BF16) or after.
 TEST_F(Parity, GatherBiasActIsTheCpuTwinBitForBit) {
   const int64_t R = 97;
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}})
     for (int S : {1, 5, 51})
-      for (int out : {1, 8, 13, 64})
+      for (int out : {1, 8, 13, 64, 128, 256})
         for (bool relu : {false, true}) {
           const std::string what = shape({{"n", n}, {"S", S}, {"out", out}, {"relu", relu}});
           const int64_t B = n * S;
+          if (out >= 128 && B > 20000) continue;  // the mask widths at the smaller batches
           const Vec P = random_vec(size_t(R) * out, gen_), Yg = random_vec(size_t(n) * out, gen_),
                     bias = random_vec(size_t(out), gen_);
           const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
@@ -1499,22 +1501,31 @@ TEST_F(Parity, GatherBiasActIsTheCpuTwinBitForBit) {
           Bits Y16(size_t(B) * out);
           const float* b = relu ? bias.data() : nullptr;  // with and without a bias
           const float* gbp = relu ? gb.data() : nullptr;
-          gather_bias_act(cpu_, P.data(), R, ids.data(), Yg.data(), b, Y.data(), n, S, out, relu);
+          const std::vector<uint32_t> junk(size_t(B * relu_mask_words(out)), 0xDEADBEEFu);
+          std::vector<uint32_t> m = junk, m16 = junk;
+          Buffer<uint32_t> gm = up(junk), gm16 = up(junk);
+          uint32_t* mp = relu ? m.data() : nullptr;  // a mask with ReLU only
+          uint32_t* gmp = relu ? gm.data() : nullptr;
+          gather_bias_act(cpu_, P.data(), R, ids.data(), Yg.data(), b, Y.data(), n, S, out, relu,
+                          mp);
           gather_bias_act(gpu_, gP.data(), R, gids.data(), gYg.data(), gbp, gY.data(), n, S, out,
-                          relu);
+                          relu, gmp);
           expect_same(down(gY), Y, what + " gather_bias_act");
           gather_bias_act_bf16(cpu_, P.data(), R, ids.data(), Yg.data(), b, Y16.data(), n, S, out,
-                               relu);
+                               relu, relu ? m16.data() : nullptr);
           gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gYg.data(), gbp, gY16.data(), n, S,
-                               out, relu);
+                               out, relu, relu ? gm16.data() : nullptr);
           expect_same(down(gY16), Y16, what + " gather_bias_act_bf16");
+          EXPECT_EQ(down(gm), m) << what << " gather_bias_act's mask";
+          EXPECT_EQ(down(gm16), m16) << what << " gather_bias_act_bf16's mask";
         }
 }
 
 // Layer 0 by item's ops on the device (the batch's runs of items from CUB's radix sort,
-// the runs' rows, the per-run sums in double, the layer-0 masks): the same arrays and
-// the same bits as the CPU twins, on the vector paths (out % 4, out % 8 for BF16) and the
-// scalar ones, with hot ids (long runs) and bounds that leave runs empty.
+// the runs' rows, the per-run sums in double, the runs' rows put back on their first
+// samples, the BF16 and TF32 splits): the same arrays and the same bits as the CPU twins,
+// on the vector paths (out % 4) and the scalar ones, with hot ids (long runs) and bounds
+// that leave runs empty. (gather_bias_act's masks: GatherBiasActIsTheCpuTwinBitForBit.)
 TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
   for (int64_t B : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}, int64_t{200003}})
     for (int64_t bound : {int64_t{1}, int64_t{50}, int64_t{30011}}) {
@@ -1600,36 +1611,6 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
     EXPECT_EQ(down(ghi), hi) << "split_bf16 hi, n=" << n;
     EXPECT_EQ(down(glo), lo) << "split_bf16 lo, n=" << n;
   }
-  // The masks gather_bias_act(_bf16) write in passing (out % 128, % 256) and after.
-  const int64_t R = 97, n = 300;
-  const int S = 5;
-  for (int out : {24, 128, 256}) {
-    const int64_t B = n * S, words = relu_mask_words(out);
-    const Vec P = random_vec(size_t(R) * out, gen_), Yg = random_vec(size_t(n) * out, gen_),
-              bias = random_vec(size_t(out), gen_);
-    const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
-    Buffer<float> gP = up(P), gYg = up(Yg), gb = up(bias), gY = up(Vec(size_t(B) * out));
-    Buffer<int32_t> gids = up(ids);
-    Buffer<uint16_t> gY16 = up(Bits(size_t(B) * out));
-    const std::vector<uint32_t> junk(size_t(B * words), 0xDEADBEEFu);
-    Buffer<uint32_t> gm = up(junk), gm16 = up(junk);
-    Vec Y(size_t(B) * out);
-    Bits Y16(size_t(B) * out);
-    std::vector<uint32_t> m = junk, m16 = junk;
-    gather_bias_act(cpu_, P.data(), R, ids.data(), Yg.data(), bias.data(), Y.data(), n, S, out,
-                    true, m.data());
-    gather_bias_act(gpu_, gP.data(), R, gids.data(), gYg.data(), gb.data(), gY.data(), n, S, out,
-                    true, gm.data());
-    gather_bias_act_bf16(cpu_, P.data(), R, ids.data(), Yg.data(), bias.data(), Y16.data(), n, S,
-                         out, true, m16.data());
-    gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gYg.data(), gb.data(), gY16.data(), n, S,
-                         out, true, gm16.data());
-    const std::string what = shape({{"out", out}});
-    expect_same(down(gY), Y, what + " gather_bias_act");
-    expect_same(down(gY16), Y16, what + " gather_bias_act_bf16");
-    EXPECT_EQ(down(gm), m) << what << " gather_bias_act's mask";
-    EXPECT_EQ(down(gm16), m16) << what << " gather_bias_act_bf16's mask";
-  }
 }
 
 // NeuMF's step with layer 0 by item on the device against the CPU twin by item (FP32:
@@ -1713,14 +1694,8 @@ TEST_F(Parity, NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself) {
        // per-sample step as each item's sum over its samples
       const double e = test::relative_rms(g.dI.data(), c.dI.data(), c.dI.size());
       EXPECT_LE(e, vs_cpu) << m << ", d_item_rows: device vs CPU, relative RMS";
-      Vec gi(size_t(items) * D, 0.0f), pi(size_t(items) * D, 0.0f);
-      std::vector<double> ga(gi.size(), 0.0), pa(pi.size(), 0.0);
-      for (int64_t b = 0; b < B; ++b)
-        for (int k = 0; k < D; ++k) {
-          ga[size_t(ids[size_t(b)]) * D + k] += double(g.dI[size_t(b) * D + k]);
-          pa[size_t(ids[size_t(b)]) * D + k] += double(per_sample.dI[size_t(b) * D + k]);
-        }
-      for (size_t i = 0; i < gi.size(); ++i) gi[i] = float(ga[i]), pi[i] = float(pa[i]);
+      const Vec gi = test::sum_rows_by_id(g.dI, ids, items, D),
+                pi = test::sum_rows_by_id(per_sample.dI, ids, items, D);
       const double p = test::relative_rms(gi.data(), pi.data(), gi.size());
       EXPECT_LE(p, vs_sample) << m << ", d_item_rows summed per item: by item vs per sample";
     }

@@ -213,4 +213,20 @@ std::vector<float> widen_bf16(const std::vector<uint16_t>& bits) {
   return v;
 }
 
+void init_with_biases(NeuMF& model, uint64_t seed, uint32_t noise_seed, float scale) {
+  model.init(seed);
+  const std::vector<float> noise =
+      random_vec(size_t(model.num_params()), noise_seed, -scale, scale);
+  for (const DenseLayerView& v : model.tower())
+    for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
+}
+
+std::vector<float> sum_rows_by_id(const std::vector<float>& rows, const std::vector<int32_t>& ids,
+                                  int64_t groups, int width) {
+  std::vector<double> acc(size_t(groups) * width, 0.0);
+  for (size_t b = 0; b < ids.size(); ++b)
+    for (int c = 0; c < width; ++c) acc[size_t(ids[b]) * width + c] += double(rows[b * width + c]);
+  return std::vector<float>(acc.begin(), acc.end());
+}
+
 }  // namespace ncf::test

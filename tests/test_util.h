@@ -10,6 +10,8 @@
 
 #include "common/cuda_context.h"
 #include "common/device.h"
+#include "model/neumf.h"
+#include "model/ops.h"
 
 namespace ncf::test {
 
@@ -94,6 +96,24 @@ double relative_rms(const float* got, const float* want, size_t n);
 // BF16 bits of each float (common/bf16.h's rounding), and those bits widened back.
 std::vector<uint16_t> bf16_bits_of(const std::vector<float>& v);
 std::vector<float> widen_bf16(const std::vector<uint16_t>& bits);
+
+// Sets the process-wide math mode for one scope, restoring the default (tf32) after.
+class ScopedMathMode {
+ public:
+  explicit ScopedMathMode(MathMode m) { set_math_mode(m); }
+  ~ScopedMathMode() { set_math_mode(MathMode::kTf32); }
+  ScopedMathMode(const ScopedMathMode&) = delete;
+  ScopedMathMode& operator=(const ScopedMathMode&) = delete;
+};
+
+// model.init(seed), then non-zero tower biases (so every ReLU cuts on both sides): bias j
+// of each layer = noise[j], noise = random_vec(num_params, noise_seed, -scale, scale).
+void init_with_biases(NeuMF& model, uint64_t seed, uint32_t noise_seed, float scale);
+
+// Row g of the result = Σ rows[b, :] over the b with ids[b] = g, added in b order in double
+// and stored as float, g < groups; rows [ids.size() × width].
+std::vector<float> sum_rows_by_id(const std::vector<float>& rows, const std::vector<int32_t>& ids,
+                                  int64_t groups, int width);
 
 }  // namespace ncf::test
 

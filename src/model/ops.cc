@@ -956,12 +956,20 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
   });
 }
 
-void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {
-  const char* op = "split_tf32";
+namespace {
+
+// The argument checks of split_tf32 and split_bf16.
+void check_split(const char* op, const float* X, int64_t n, const void* hi, const void* lo) {
   check_rows(op, n);
   check_ptr(op, "X", X, n);
   check_ptr(op, "hi", hi, n);
   check_ptr(op, "lo", lo, n);
+}
+
+}  // namespace
+
+void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {
+  check_split("split_tf32", X, n, hi, lo);
   NCF_DISPATCH_CUDA(ctx, split_tf32, ctx, X, n, hi, lo);
   parallel_for(ctx.threads, n, 16384, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -972,11 +980,7 @@ void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, fl
 }
 
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo) {
-  const char* op = "split_bf16";
-  check_rows(op, n);
-  check_ptr(op, "X", X, n);
-  check_ptr(op, "hi", hi, n);
-  check_ptr(op, "lo", lo, n);
+  check_split("split_bf16", X, n, hi, lo);
   NCF_DISPATCH_CUDA(ctx, split_bf16, ctx, X, n, hi, lo);
   parallel_for(ctx.threads, n, 16384, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
