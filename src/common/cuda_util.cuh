@@ -237,17 +237,24 @@ constexpr int kColLanes = 32;
 constexpr int kColRows = 8;
 constexpr int64_t kColGroup = 64;  // chunk partials per middle-pass sum (kColChunk rows each)
 
-// The end of a block of col_sums_kernel's shape: thread (tx, ty)'s sum `acc` of
-// column c over its rows, combined with the block's other thread rows in ty order
-// into partial[blockIdx.x, c]. Every thread of the block calls it.
-__device__ __forceinline__ void store_col_partial(double acc, int c, int C, double* partial) {
-  __shared__ double sh[kColRows][kColLanes];
-  sh[threadIdx.y][threadIdx.x] = acc;
+// The end of a block of col_sums_kernel's shape, P adjacent columns per thread:
+// thread (tx, ty)'s sums acc[j] of column P·c + j over its rows, combined with the
+// block's other thread rows in ty order into partial[blockIdx.x, P·c + j], by the
+// threads whose P columns lie below C (c < C / P). Every thread of the block calls it.
+template <int P>
+__device__ __forceinline__ void store_col_partials(const double (&acc)[P], int c, int C,
+                                                   double* partial) {
+  __shared__ double sh[kColRows][P * kColLanes];
+#pragma unroll
+  for (int j = 0; j < P; ++j) sh[threadIdx.y][P * threadIdx.x + j] = acc[j];
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    double s = 0.0;
-    for (int r = 0; r < kColRows; ++r) s += sh[r][threadIdx.x];
-    partial[static_cast<int64_t>(blockIdx.x) * C + c] = s;
+  if (threadIdx.y == 0 && c < C / P) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      double s = 0.0;
+      for (int r = 0; r < kColRows; ++r) s += sh[r][P * threadIdx.x + j];
+      partial[static_cast<int64_t>(blockIdx.x) * C + P * c + j] = s;
+    }
   }
 }
 
@@ -259,10 +266,10 @@ __global__ void __launch_bounds__(kColLanes* kColRows)
   const int c = blockIdx.y * kColLanes + threadIdx.x;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
   const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
-  double acc = 0.0;
+  double acc[1] = {0.0};
   if (c < C)
-    for (int64_t b = b0 + threadIdx.y; b < b1; b += kColRows) acc += op(b, c);
-  store_col_partial(acc, c, C, partial);
+    for (int64_t b = b0 + threadIdx.y; b < b1; b += kColRows) acc[0] += op(b, c);
+  store_col_partials<1>(acc, c, C, partial);
 }
 
 // partial[g·kColGroup, c] = Σ partial[x, c] over the chunks x of group g, in

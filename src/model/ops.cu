@@ -719,101 +719,69 @@ __global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __re
 // The ReLU mask of dY (relu_mask_stream_kernel, relu_mask_bf16_kernel) and the bias
 // gradient's column sums of the masked dY (col_sums_kernel over ColumnsOp or
 // Bf16ColumnsOp) in one pass over the arrays: block (x, y) takes col_sums_kernel's rows
-// [x·kColChunk, …) and columns [32y, 32y+32), thread (tx, ty) its rows ty, ty+8, … in that
-// order, kMaskRowsInFlight of them loaded before the first is stored (each element stored
-// whole), and the thread rows combined in ty order. The same masked values added in the
-// same order: both kernels' bits. T: float, or uint16_t for BF16 bits.
+// [x·kColChunk, …) and the words [32y, 32y+32) of each row, a word W being P adjacent
+// columns as stored (an FP32 or a BF16, or two BF16s in 32 bits: one 4-byte load where
+// the one-column kernel made two 2-byte loads, which on an H200 ran at 44% of HBM peak,
+// bench/results/gpu_2026-11-27_98d21d0/step_ncu_bf16.log). Thread (tx, ty) takes its
+// rows ty, ty+8, … in that order, kMaskRowsInFlight of them loaded before the first is
+// stored (each word stored whole), and the thread rows are combined in ty order per
+// column. The same masked values added in the same order: both kernels' bits.
 constexpr int kMaskRowsInFlight = 8;
 __device__ __forceinline__ float element_value(float x) { return x; }
 __device__ __forceinline__ float element_value(uint16_t x) { return bf16_bits_to_float(x); }
+// Column l of a word: the element itself, or BF16 l of a pair.
 template <typename T>
-__global__ void __launch_bounds__(kColLanes* kColRows)
-    mask_col_sums_kernel(const T* __restrict__ Y, T* __restrict__ dY, int64_t B, int C,
-                         double* __restrict__ partial) {
-  const int c = blockIdx.y * kColLanes + threadIdx.x;
-  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
-  const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
-  double acc = 0.0;
-  if (c < C) {
-    for (int64_t base = b0 + threadIdx.y; base < b1; base += kColRows * kMaskRowsInFlight) {
-      T g[kMaskRowsInFlight], y[kMaskRowsInFlight];
-#pragma unroll
-      for (int k = 0; k < kMaskRowsInFlight; ++k) {
-        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
-        if (b < b1) {
-          g[k] = dY[b * C + c];
-          y[k] = Y[b * C + c];
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kMaskRowsInFlight; ++k) {
-        const int64_t b = base + static_cast<int64_t>(k) * kColRows;
-        if (b < b1) {
-          const T m = element_value(y[k]) > 0.0f ? g[k] : T{0};
-          dY[b * C + c] = m;
-          acc += static_cast<double>(element_value(m));
-        }
-      }
-    }
-  }
-  store_col_partial(acc, c, C, partial);
+__device__ __forceinline__ float lane_value(T w, int) {
+  return element_value(w);
 }
-
-// mask_col_sums_kernel on BF16 with two adjacent columns per thread (C even, Y and dY
-// 4-byte aligned): one 4-byte load of each array per row where the one-column kernel made
-// two-byte loads (on an H200 it ran at 44% of HBM peak, bench/results/
-// gpu_2026-11-27_98d21d0/step_ncu_bf16.log). Block (x, y) takes columns [64y, 64y + 64);
-// each column's rows are added in the one-column kernel's order (thread row ty: rows ty,
-// ty + 8, …; the thread rows in ty order), so the same bits.
+__device__ __forceinline__ float lane_value(uint32_t w, int l) {
+  return bf16_bits_to_float(static_cast<uint16_t>(l ? w >> 16 : w));
+}
+// g where y > 0, else 0 (NaN → 0), per column of the word.
+template <typename T>
+__device__ __forceinline__ T relu_masked(T y, T g) {
+  return element_value(y) > 0.0f ? g : T{0};
+}
+__device__ __forceinline__ uint32_t relu_masked(uint32_t y, uint32_t g) {
+  const uint32_t lo = lane_value(y, 0) > 0.0f ? g & 0xffffu : 0u;
+  const uint32_t hi = lane_value(y, 1) > 0.0f ? g >> 16 : 0u;
+  return lo | (hi << 16);
+}
+template <typename W, int P>
 __global__ void __launch_bounds__(kColLanes* kColRows)
-    mask_col_sums_bf16_pairs_kernel(const uint32_t* __restrict__ Y, uint32_t* __restrict__ dY,
-                                    int64_t B, int C, double* __restrict__ partial) {
-  const int pair = blockIdx.y * kColLanes + threadIdx.x;  // columns 2·pair, 2·pair + 1
-  const int pairs = C / 2;
+    mask_col_sums_kernel(const W* __restrict__ Y, W* __restrict__ dY, int64_t B, int C,
+                         double* __restrict__ partial) {
+  const int c = blockIdx.y * kColLanes + threadIdx.x;  // columns P·c … P·c + P − 1
+  const int words = C / P;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * kColChunk;
   const int64_t b1 = b0 + kColChunk < B ? b0 + kColChunk : B;
-  double acc0 = 0.0, acc1 = 0.0;
-  if (pair < pairs) {
+  double acc[P];
+#pragma unroll
+  for (int l = 0; l < P; ++l) acc[l] = 0.0;
+  if (c < words) {
     for (int64_t base = b0 + threadIdx.y; base < b1; base += kColRows * kMaskRowsInFlight) {
-      uint32_t g[kMaskRowsInFlight], y[kMaskRowsInFlight];
+      W g[kMaskRowsInFlight], y[kMaskRowsInFlight];
 #pragma unroll
       for (int k = 0; k < kMaskRowsInFlight; ++k) {
         const int64_t b = base + static_cast<int64_t>(k) * kColRows;
         if (b < b1) {
-          g[k] = dY[b * pairs + pair];
-          y[k] = Y[b * pairs + pair];
+          g[k] = dY[b * words + c];
+          y[k] = Y[b * words + c];
         }
       }
 #pragma unroll
       for (int k = 0; k < kMaskRowsInFlight; ++k) {
         const int64_t b = base + static_cast<int64_t>(k) * kColRows;
         if (b < b1) {
-          const uint16_t m0 = element_value(static_cast<uint16_t>(y[k])) > 0.0f
-                                  ? static_cast<uint16_t>(g[k])
-                                  : uint16_t{0};
-          const uint16_t m1 = element_value(static_cast<uint16_t>(y[k] >> 16)) > 0.0f
-                                  ? static_cast<uint16_t>(g[k] >> 16)
-                                  : uint16_t{0};
-          dY[b * pairs + pair] = uint32_t{m0} | (uint32_t{m1} << 16);
-          acc0 += static_cast<double>(element_value(m0));
-          acc1 += static_cast<double>(element_value(m1));
+          const W m = relu_masked(y[k], g[k]);
+          dY[b * words + c] = m;
+#pragma unroll
+          for (int l = 0; l < P; ++l) acc[l] += static_cast<double>(lane_value(m, l));
         }
       }
     }
   }
-  // store_col_partial for the two columns: each column's thread rows in ty order.
-  __shared__ double sh[kColRows][2 * kColLanes];
-  sh[threadIdx.y][2 * threadIdx.x] = acc0;
-  sh[threadIdx.y][2 * threadIdx.x + 1] = acc1;
-  __syncthreads();
-  if (threadIdx.y == 0 && pair < pairs) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      double s = 0.0;
-      for (int r = 0; r < kColRows; ++r) s += sh[r][2 * threadIdx.x + j];
-      partial[static_cast<int64_t>(blockIdx.x) * C + 2 * pair + j] = s;
-    }
-  }
+  store_col_partials<P>(acc, c, C, partial);
 }
 
 // dY masked by Y > 0 in place and store(c, Σ_b dY[b, c]): deterministic_col_sums'
@@ -828,13 +796,13 @@ void masked_col_sums(cudaStream_t stream, const T* Y, T* dY, int64_t B, int C, d
         return (reinterpret_cast<uintptr_t>(p) & 3u) == 0;
       };
       if (C % 2 == 0 && aligned4(Y) && aligned4(dY)) {
-        const dim3 pairs_grid(grid.x, static_cast<unsigned>((C / 2 + kColLanes - 1) / kColLanes));
-        mask_col_sums_bf16_pairs_kernel<<<pairs_grid, block, 0, stream>>>(
+        grid.y = static_cast<unsigned>((C / 2 + kColLanes - 1) / kColLanes);
+        mask_col_sums_kernel<uint32_t, 2><<<grid, block, 0, stream>>>(
             reinterpret_cast<const uint32_t*>(Y), reinterpret_cast<uint32_t*>(dY), B, C, partial);
         return;
       }
     }
-    mask_col_sums_kernel<T><<<grid, block, 0, stream>>>(Y, dY, B, C, partial);
+    mask_col_sums_kernel<T, 1><<<grid, block, 0, stream>>>(Y, dY, B, C, partial);
   });
 }
 
@@ -1491,10 +1459,7 @@ struct RawLanes<uint16_t, 4> {
   __device__ __forceinline__ void load(const uint16_t* __restrict__ p) {
     v = *reinterpret_cast<const uint2*>(p);
   }
-  __device__ __forceinline__ float at(int l) const {
-    const uint32_t w = (&v.x)[l >> 1];
-    return bf16_bits_to_float(static_cast<uint16_t>(l & 1 ? w >> 16 : w));
-  }
+  __device__ __forceinline__ float at(int l) const { return lane_value((&v.x)[l >> 1], l & 1); }
 };
 template <typename T>
 struct RawLanes<T, 1> {
@@ -1549,14 +1514,9 @@ void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, con
 // dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask): full
 // stores, eight BF16s (16 bytes) at a time when both arrays are 16-byte aligned
 // (vec), the last n % 8 (or all, without vec) one at a time.
-__device__ __forceinline__ uint32_t mask_bf16_pair(uint32_t y, uint32_t g) {
-  const uint32_t lo = bf16_bits_to_float(static_cast<uint16_t>(y)) > 0.0f ? g & 0xffffu : 0u;
-  const uint32_t hi = bf16_bits_to_float(static_cast<uint16_t>(y >> 16)) > 0.0f ? g >> 16 : 0u;
-  return lo | (hi << 16);
-}
 __device__ __forceinline__ uint4 mask_bf16_octet(const uint4& y, const uint4& g) {
-  return make_uint4(mask_bf16_pair(y.x, g.x), mask_bf16_pair(y.y, g.y), mask_bf16_pair(y.z, g.z),
-                    mask_bf16_pair(y.w, g.w));
+  return make_uint4(relu_masked(y.x, g.x), relu_masked(y.y, g.y), relu_masked(y.z, g.z),
+                    relu_masked(y.w, g.w));
 }
 __global__ void relu_mask_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY,
                                       int64_t n, bool vec) {
