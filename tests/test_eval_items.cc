@@ -64,9 +64,7 @@ TEST(GatherBiasAct, IsGroupBiasActAndTheBf16EpilogueOnTheGatheredRows) {
       const std::string what =
           std::string(relu ? "relu" : "identity") + (with_bias ? ", bias" : ", no bias");
       // FP32: the rows gathered by a loop, then group_bias_act.
-      Vec want(size_t(B) * out);
-      for (int64_t r = 0; r < B; ++r)
-        std::memcpy(&want[size_t(r) * out], &P[size_t(ids[size_t(r)]) * out], out * 4);
+      Vec want = test::rows_by_id(P, ids, out);
       group_bias_act(cpu(1), want.data(), Yg.data(), b, n, S, out, relu);
       // BF16: (z + bias) + Yg, ReLU, rounded, written out per element.
       Bits want16(size_t(B) * out);
@@ -128,9 +126,7 @@ TEST(ScoreItems, TheTopReadsItemRowsByIdAsItReadsThemGathered) {
     const Vec A = random_vec(size_t(B) * last, 33, 0.0f, 0.5f);
     const Vec w = random_vec(size_t(mf + last), 34, -0.3f, 0.3f), c = {0.125f};
     const std::vector<int32_t> ids = random_ids(size_t(B), int32_t(R), 35);
-    Vec rows(size_t(B) * ldt);
-    for (int64_t b = 0; b < B; ++b)
-      std::memcpy(&rows[size_t(b) * ldt], &T[size_t(ids[size_t(b)]) * ldt], size_t(ldt) * 4);
+    const Vec rows = test::rows_by_id(T, ids, ldt);
     Vec by_id(static_cast<size_t>(B)), gathered(static_cast<size_t>(B));
     auto same_bits = [&](const std::string& what) {
       EXPECT_EQ(std::memcmp(by_id.data(), gathered.data(), by_id.size() * 4), 0) << what;
@@ -158,9 +154,7 @@ Scores score_both(NeuMF& model, const ExecContext& ctx, const Vec& U, const Vec&
   const NeuMFConfig& c = model.config();
   const int D = c.embedding_width(), mf = c.mf_dim;
   const int64_t R = int64_t(T.size()) / D, B = n * S;
-  Vec rows(size_t(B) * D);
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(&rows[size_t(b) * D], &T[size_t(ids[size_t(b)]) * D], size_t(D) * 4);
+  const Vec rows = test::rows_by_id(T, ids, D);
   Scores s{Vec(size_t(B)), Vec(size_t(B))};
   model.forward(ctx, U.data(), rows.data(), n, S, s.forward.data());
   model.prepare_items(ctx, T.data() + mf, D, R);

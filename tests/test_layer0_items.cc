@@ -322,9 +322,7 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
   const Vec U = random_vec(size_t(n) * D, 21, -0.5f, 0.5f);
   const Vec table = random_vec(size_t(items) * D, 22, -0.5f, 0.5f);
   const IVec ids = skewed_ids(size_t(B), int32_t(items), 23);
-  Vec I(size_t(B) * D);
-  for (int64_t b = 0; b < B; ++b)
-    std::copy_n(&table[size_t(ids[size_t(b)]) * D], D, &I[size_t(b) * D]);
+  const Vec I = test::rows_by_id(table, ids, D);
   Vec labels = random_vec(size_t(B), 24, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
   const ItemKeys keys{ids.data(), items};

@@ -1631,9 +1631,7 @@ TEST_F(Parity, NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself) {
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec table = random_vec(size_t(items) * D, gen_, -0.5f, 0.5f);
   const IVec ids = random_ids(size_t(B), 0, int32_t(items), gen_);
-  Vec I(size_t(B) * D);
-  for (int64_t b = 0; b < B; ++b)
-    std::copy_n(&table[size_t(ids[size_t(b)]) * D], D, &I[size_t(b) * D]);
+  const Vec I = test::rows_by_id(table, ids, D);
   Vec labels = random_vec(size_t(B), gen_, 0.0f, 1.0f);
   for (float& y : labels) y = y < 0.2f ? 1.0f : 0.0f;
   struct Out {
@@ -1722,9 +1720,7 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
   const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
   const Vec T = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
   const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
-  Vec rows(size_t(B) * D);
-  for (int64_t b = 0; b < B; ++b)
-    std::copy_n(&T[size_t(ids[size_t(b)]) * D], D, &rows[size_t(b) * D]);
+  const Vec rows = test::rows_by_id(T, ids, D);
   Buffer<float> gU = up(U), gT = up(T), grows = up(rows);
   Buffer<int32_t> gids = up(ids);
   // The candidates' GMF columns are read from the table's rows (stride D) by id.
@@ -1790,9 +1786,7 @@ TEST_F(Parity, TopForwardReadsItemRowsByIdAsGatheredOnTheGpu) {
     const Vec A = random_vec(size_t(B) * last, gen_, 0.0f, 0.5f);
     const Vec w = random_vec(size_t(mf + last), gen_, -0.3f, 0.3f), c = {0.125f};
     const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
-    Vec rows(size_t(B) * ldt);
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(&T[size_t(ids[size_t(b)]) * ldt], ldt, &rows[size_t(b) * ldt]);
+    const Vec rows = test::rows_by_id(T, ids, ldt);
     const Bits A16 = bf16_bits_of(A);
     Buffer<float> gU = up(U), gT = up(T), grows = up(rows), gA = up(A), gw = up(w), gc = up(c),
                   gby = up(Vec(size_t(B))), ggat = up(Vec(size_t(B)));

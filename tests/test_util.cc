@@ -221,6 +221,14 @@ void init_with_biases(NeuMF& model, uint64_t seed, uint32_t noise_seed, float sc
     for (int j = 0; j < v.out; ++j) model.params().data()[v.b_offset + j] = noise[size_t(j)];
 }
 
+std::vector<float> rows_by_id(const std::vector<float>& table, const std::vector<int32_t>& ids,
+                              int width) {
+  std::vector<float> rows(ids.size() * size_t(width));
+  for (size_t b = 0; b < ids.size(); ++b)
+    std::copy_n(&table[size_t(ids[b]) * width], width, &rows[b * width]);
+  return rows;
+}
+
 std::vector<float> sum_rows_by_id(const std::vector<float>& rows, const std::vector<int32_t>& ids,
                                   int64_t groups, int width) {
   std::vector<double> acc(size_t(groups) * width, 0.0);

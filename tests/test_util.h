@@ -110,6 +110,11 @@ class ScopedMathMode {
 // of each layer = noise[j], noise = random_vec(num_params, noise_seed, -scale, scale).
 void init_with_biases(NeuMF& model, uint64_t seed, uint32_t noise_seed, float scale);
 
+// Row b of the result = table's row ids[b] (table [rows × width]): each sample's row, as a
+// lookup hands it over; result [ids.size() × width].
+std::vector<float> rows_by_id(const std::vector<float>& table, const std::vector<int32_t>& ids,
+                              int width);
+
 // Row g of the result = Σ rows[b, :] over the b with ids[b] = g, added in b order in double
 // and stored as float, g < groups; rows [ids.size() × width].
 std::vector<float> sum_rows_by_id(const std::vector<float>& rows, const std::vector<int32_t>& ids,
