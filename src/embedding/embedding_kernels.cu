@@ -8,6 +8,7 @@
 
 #include "common/bf16.h"
 #include "common/cuda_util.cuh"
+#include "common/id_runs.cuh"
 #include "embedding/embedding_kernels.h"
 
 namespace ncf::cuda {
@@ -77,11 +78,6 @@ __global__ void owner_counts_kernel(const int32_t* sorted_keys, int64_t n, int W
 }
 
 // ---- unique ---------------------------------------------------------------------------
-
-__global__ void run_heads_kernel(const int32_t* sorted, int64_t n, int32_t* head) {
-  for (int64_t i = thread_first(); i < n; i += thread_stride())
-    head[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? 1 : 0;
-}
 
 // run[i] = 1-based index of the unique id at sorted position i.
 __global__ void unique_scatter_kernel(const int32_t* sorted, const int32_t* pos_sorted,
@@ -284,53 +280,20 @@ void unique_ids(const ExecContext& ctx, const int32_t* ids, int64_t n, int32_t* 
     return;
   }
   check_int_range(op, "n", n);
-  const int n_int = static_cast<int>(n);
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
 
   // With a bound the ids are checked first (raised at the wait below) and the
   // sort reads only the bits below it; without one, all 32 (negative ids first).
-  const int end_bit = key_end_bit(bound);
-  size_t sort_bytes = 0, scan_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_int, 0, end_bit,
-      stream));
-  CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
-                                           static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), n_int, stream));
-  const size_t temp_bytes = std::max({sort_bytes, scan_bytes, size_t{1}});
-  int32_t* sorted = nullptr;      // [n] ids ascending
-  int32_t* pos_in = nullptr;      // [n] 0..n-1
-  int32_t* pos_sorted = nullptr;  // [n] input index of each sorted id
-  int32_t* head = nullptr;        // [n] 1 where a run of equal ids starts
-  int32_t* run = nullptr;         // [n] inclusive scan of head
-  void* temp = nullptr;
-  carve_scratch(r, [&](ScratchLayout& s) {
-    sorted = s.take<int32_t>(n);
-    pos_in = s.take<int32_t>(n);
-    pos_sorted = s.take<int32_t>(n);
-    head = s.take<int32_t>(n);
-    run = s.take<int32_t>(n);
-    temp = s.take<char>(temp_bytes);
-  });
-  if (bound > 0)
-    check_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-        ids, n, bound, DeviceErrorCode::kSortIdOutOfRange, r.error_dev);
-  iota_kernel<<<grid_for(n), kThreads, 0, stream>>>(pos_in, n);
-  check_launch(op);
-  size_t bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos_in, pos_sorted, n_int, 0,
-                                             end_bit, stream));
-  run_heads_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, n, head);
-  check_launch(op);
-  bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, n_int, stream));
-  unique_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(sorted, pos_sorted, head, run, n,
-                                                              out_unique, out_inverse);
+  IdRuns runs(n, bound, stream);
+  carve_scratch(r, [&](ScratchLayout& s) { runs.take(s); });
+  runs.launch(ids, r.error_dev, op);
+  unique_scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      runs.sorted, runs.pos_sorted, runs.head, runs.run, n, out_unique, out_inverse);
   check_launch(op);
   auto* host = static_cast<int32_t*>(r.pinned(sizeof(int32_t)));
-  CUDA_CHECK(cudaMemcpyAsync(host, run + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(host, runs.run + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   sync_and_raise(ctx, r);
   *n_unique = *host;
 }

@@ -9,8 +9,6 @@
 // Everything runs on ctx.stream.
 #include <cuda_bf16.h>
 
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -18,6 +16,7 @@
 
 #include "common/bf16.h"
 #include "common/cuda_util.cuh"
+#include "common/id_runs.cuh"
 #include "model/ops.h"
 
 namespace ncf::cuda {
@@ -1351,13 +1350,6 @@ __global__ void empty_runs_kernel(int32_t* __restrict__ starts, int32_t* __restr
   }
 }
 
-// head[k] = 1 where sorted position k starts a run of equal ids (k = 0 or a new id).
-__global__ void run_heads_kernel(const int32_t* __restrict__ sorted, int64_t B,
-                                 int32_t* __restrict__ head) {
-  for (int64_t k = thread_first(); k < B; k += thread_stride())
-    head[k] = k == 0 || sorted[k] != sorted[k - 1] ? 1 : 0;
-}
-
 // From the inclusive scan of the heads (run[k] = 1 + the run of sorted position k):
 // each sample's run, and each run's start and first sample (runs below R only).
 __global__ void run_index_kernel(const int32_t* __restrict__ sorted,
@@ -2167,10 +2159,10 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
   check_launch(op);
 }
 
-// A stable radix sort of the positions by id (end_bit from the bound), the run heads
-// numbered by an inclusive scan, then each sample's run and each run's start and first
-// sample. No host wait: the runs past the last distinct id are made empty first. A bad
-// id is recorded (check_ids_kernel) and raised at the op's caller's next wait.
+// The runs of the ids (IdRuns: the positions sorted by id into order, the runs numbered),
+// then each sample's run and each run's start and first sample. No host wait: the runs
+// past the last distinct id are made empty first. A bad id is recorded (IdRuns checks
+// them against the bound) and raised at the op's caller's next wait.
 void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
                int32_t* order, int32_t* starts, int32_t* inv, int32_t* first) {
   const char* op = "item_runs";
@@ -2182,38 +2174,11 @@ void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bo
                                                               static_cast<int32_t>(B));
   check_launch(op);
   if (B == 0) return;
-  const int n = static_cast<int>(B);
-  const int end_bit = key_end_bit(bound);
-  size_t sort_bytes = 0, scan_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, ids, static_cast<int32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, stream));
-  CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes,
-                                           static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), n, stream));
-  const size_t temp_bytes = std::max({sort_bytes, scan_bytes, size_t{1}});
-  int32_t *sorted = nullptr, *pos = nullptr, *head = nullptr, *run = nullptr;
-  void* temp = nullptr;
-  carve_scratch(r, [&](ScratchLayout& s) {
-    sorted = s.take<int32_t>(B);
-    pos = s.take<int32_t>(B);
-    head = s.take<int32_t>(B);
-    run = s.take<int32_t>(B);
-    temp = s.take<char>(temp_bytes);
-  });
-  check_ids_kernel<<<grid_for(B), kThreads, 0, stream>>>(
-      ids, B, bound, DeviceErrorCode::kSortIdOutOfRange, r.error_dev);
-  iota_kernel<<<grid_for(B), kThreads, 0, stream>>>(pos, B);
-  check_launch(op);
-  size_t bytes = temp_bytes;
-  CUDA_CHECK(
-      cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted, pos, order, n, 0, end_bit, stream));
-  run_heads_kernel<<<grid_for(B), kThreads, 0, stream>>>(sorted, B, head);
-  check_launch(op);
-  bytes = temp_bytes;
-  CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, head, run, n, stream));
-  run_index_kernel<<<grid_for(B), kThreads, 0, stream>>>(sorted, order, run, B, R, starts, inv,
-                                                         first);
+  IdRuns runs(B, bound, stream, order);
+  carve_scratch(r, [&](ScratchLayout& s) { runs.take(s); });
+  runs.launch(ids, r.error_dev, op);
+  run_index_kernel<<<grid_for(B), kThreads, 0, stream>>>(runs.sorted, order, runs.run, B, R, starts,
+                                                         inv, first);
   check_launch(op);
 }
 
