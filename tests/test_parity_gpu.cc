@@ -1769,52 +1769,62 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
 // elements bit for bit; from labels, the logits' gradient goes through each
 // device's expf, so within the element tolerance. Shapes: GMF and tower widths
 // below, at and past 32 lanes, groups longer than the rows in flight and than a
-// warp (S = 51), rows with a stride past mf, n = 0, and the ml-20m MLPerf step's
-// shapes (GPU only).
+// warp (S = 51: the forward's two pieces of a group), rows with a stride past mf, n = 0,
+// the ml-20m MLPerf step's shapes and evaluation's groups of 1 + 999 (GPU only).
 // The fused top's forward reading item rows by id (evaluation's candidates) on the
 // device: the bits of its forward on the same rows gathered per sample, and the CPU
 // twin's by id to a dot product's rounding; FP32 and BF16 A, a GMF width below one
-// warp and one of two warps.
+// warp and one of two warps, groups of one piece (S = 11) and of many (S = 1001, the
+// last piece shorter).
 TEST_F(Parity, TopForwardReadsItemRowsByIdAsGatheredOnTheGpu) {
-  const int64_t n = 301, R = 97;
-  const int S = 11, last = 64, ldt = 192;
-  const int64_t B = n * S;
-  for (int mf : {20, 64}) {
-    const std::string what = "mf " + std::to_string(mf);
-    const Vec U = random_vec(size_t(n) * ldt, gen_, -0.5f, 0.5f);
-    const Vec T = random_vec(size_t(R) * ldt, gen_, -0.5f, 0.5f);
-    const Vec A = random_vec(size_t(B) * last, gen_, 0.0f, 0.5f);
-    const Vec w = random_vec(size_t(mf + last), gen_, -0.3f, 0.3f), c = {0.125f};
-    const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
-    const Vec rows = test::rows_by_id(T, ids, ldt);
-    const Bits A16 = bf16_bits_of(A);
-    Buffer<float> gU = up(U), gT = up(T), grows = up(rows), gA = up(A), gw = up(w), gc = up(c),
-                  gby = up(Vec(size_t(B))), ggat = up(Vec(size_t(B)));
-    Buffer<uint16_t> gA16 = up(A16);
-    Buffer<int32_t> gids = up(ids);
-    for (bool bf16 : {false, true}) {
-      const std::string tag = what + (bf16 ? " BF16 A" : " FP32 A");
-      Vec cpu_by_id(static_cast<size_t>(B));
-      if (bf16) {
-        neumf_top_forward_bf16(gpu_, gU.data(), ldt, gT.data(), ldt, gA16.data(), gw.data(),
-                               gc.data(), gby.data(), n, S, mf, last, gids.data());
-        neumf_top_forward_bf16(gpu_, gU.data(), ldt, grows.data(), ldt, gA16.data(), gw.data(),
-                               gc.data(), ggat.data(), n, S, mf, last);
-        neumf_top_forward_bf16(cpu_, U.data(), ldt, T.data(), ldt, A16.data(), w.data(), c.data(),
-                               cpu_by_id.data(), n, S, mf, last, ids.data());
-      } else {
-        neumf_top_forward(gpu_, gU.data(), ldt, gT.data(), ldt, gA.data(), gw.data(), gc.data(),
-                          gby.data(), n, S, mf, last, gids.data());
-        neumf_top_forward(gpu_, gU.data(), ldt, grows.data(), ldt, gA.data(), gw.data(), gc.data(),
-                          ggat.data(), n, S, mf, last);
-        neumf_top_forward(cpu_, U.data(), ldt, T.data(), ldt, A.data(), w.data(), c.data(),
-                          cpu_by_id.data(), n, S, mf, last, ids.data());
+  const int64_t R = 97;
+  const int last = 64, ldt = 192;
+  struct Shape {
+    int64_t n;
+    int S;
+  };
+  for (const Shape& shape : {Shape{301, 11}, Shape{4, 1001}})
+    for (int mf : {20, 64}) {
+      const int64_t n = shape.n;
+      const int S = shape.S;
+      const int64_t B = n * S;
+      const std::string what =
+          "n " + std::to_string(n) + " S " + std::to_string(S) + " mf " + std::to_string(mf);
+      const Vec U = random_vec(size_t(n) * ldt, gen_, -0.5f, 0.5f);
+      const Vec T = random_vec(size_t(R) * ldt, gen_, -0.5f, 0.5f);
+      const Vec A = random_vec(size_t(B) * last, gen_, 0.0f, 0.5f);
+      const Vec w = random_vec(size_t(mf + last), gen_, -0.3f, 0.3f), c = {0.125f};
+      const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+      const Vec rows = test::rows_by_id(T, ids, ldt);
+      const Bits A16 = bf16_bits_of(A);
+      Buffer<float> gU = up(U), gT = up(T), grows = up(rows), gA = up(A), gw = up(w), gc = up(c),
+                    gby = up(Vec(size_t(B))), ggat = up(Vec(size_t(B)));
+      Buffer<uint16_t> gA16 = up(A16);
+      Buffer<int32_t> gids = up(ids);
+      for (bool bf16 : {false, true}) {
+        const std::string tag = what + (bf16 ? " BF16 A" : " FP32 A");
+        Vec cpu_by_id(static_cast<size_t>(B));
+        if (bf16) {
+          neumf_top_forward_bf16(gpu_, gU.data(), ldt, gT.data(), ldt, gA16.data(), gw.data(),
+                                 gc.data(), gby.data(), n, S, mf, last, gids.data());
+          neumf_top_forward_bf16(gpu_, gU.data(), ldt, grows.data(), ldt, gA16.data(), gw.data(),
+                                 gc.data(), ggat.data(), n, S, mf, last);
+          neumf_top_forward_bf16(cpu_, U.data(), ldt, T.data(), ldt, A16.data(), w.data(), c.data(),
+                                 cpu_by_id.data(), n, S, mf, last, ids.data());
+        } else {
+          neumf_top_forward(gpu_, gU.data(), ldt, gT.data(), ldt, gA.data(), gw.data(), gc.data(),
+                            gby.data(), n, S, mf, last, gids.data());
+          neumf_top_forward(gpu_, gU.data(), ldt, grows.data(), ldt, gA.data(), gw.data(),
+                            gc.data(), ggat.data(), n, S, mf, last);
+          neumf_top_forward(cpu_, U.data(), ldt, T.data(), ldt, A.data(), w.data(), c.data(),
+                            cpu_by_id.data(), n, S, mf, last, ids.data());
+        }
+        expect_same(down(gby), down(ggat), tag + ": by id vs gathered");
+        // The CPU twin sums the dot product in column order, the device in lane order.
+        expect_close(down(gby), cpu_by_id, 1e-6 * (mf + last), kElemRtol,
+                     tag + ": vs the CPU twin");
       }
-      expect_same(down(gby), down(ggat), tag + ": by id vs gathered");
-      // The CPU twin sums the dot product in column order, the device in lane order.
-      expect_close(down(gby), cpu_by_id, 1e-6 * (mf + last), kElemRtol, tag + ": vs the CPU twin");
     }
-  }
 }
 
 TEST_F(Parity, FusedTopIsTheUnfusedOpsOnTheGpu) {
@@ -1822,9 +1832,9 @@ TEST_F(Parity, FusedTopIsTheUnfusedOpsOnTheGpu) {
     int64_t n;
     int S, mf, last;
   };
-  const TopCase cases[] = {{0, 5, 8, 8},      {1, 1, 3, 5},       {37, 5, 8, 8},
-                           {3000, 5, 64, 64}, {777, 51, 40, 33},  {100, 9, 128, 128},
-                           {2000, 5, 8, 100}, {209715, 5, 64, 64}};
+  const TopCase cases[] = {{0, 5, 8, 8},      {1, 1, 3, 5},        {37, 5, 8, 8},
+                           {3000, 5, 64, 64}, {777, 51, 40, 33},   {100, 9, 128, 128},
+                           {2000, 5, 8, 100}, {209715, 5, 64, 64}, {3, 1000, 64, 64}};
   for (const TopCase& c : cases)
     for (bool from_labels : {true, false}) {
       const int64_t B = c.n * c.S;

@@ -628,6 +628,15 @@ __device__ __forceinline__ void store_lanes(float* __restrict__ p, const Lanes<L
     *p = r.v[0];
   }
 }
+// store_lanes, evict-first (an output far larger than L2, not read again in the kernel).
+template <int L>
+__device__ __forceinline__ void store_lanes_cs(float* __restrict__ p, const Lanes<L>& r) {
+  if constexpr (L == 4) {
+    __stcs(reinterpret_cast<float4*>(p), make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
+  } else {
+    __stcs(p, r.v[0]);
+  }
+}
 
 constexpr int kGroupRowsInFlight = 8;  // rows of a group loaded before the first store
 
@@ -947,19 +956,33 @@ __device__ __forceinline__ float store_value(uint16_t* p, float v) {
   return bf16_bits_to_float(b);
 }
 
-// logits of groups p = warp, warp + warps, … (no sums across rows: any map will do).
+// A group of S samples is one warp's work when S <= kTopPiece, else pieces of
+// kTopPiece samples (the last one shorter), each a warp's: evaluation's groups (a user's
+// 1 + 999 candidates) would otherwise leave one warp per user, too few to fill the GPU
+// (an H200 ran it at 6% of HBM peak with 1,000 groups of 1,000,
+// bench/results/gpu_2026-11-27_8976e61/eval_ncu_bf16.log). Training's groups of 5 stay
+// whole. Every logit is computed alone, so any split gives the same bits.
+constexpr int kTopPiece = 32;
+__host__ __device__ __forceinline__ int top_pieces(int S) {
+  return S <= kTopPiece ? 1 : (S + kTopPiece - 1) / kTopPiece;
+}
+
+// logits of pieces q = warp, warp + warps, … (no sums across rows: any map will do).
 // J: columns per lane of F = mf + last, in head_forward's order k = lane + 32j.
 // ids (may be null): sample b's item row is irows row ids[b] (neumf_top_forward's
 // irow_ids), each round's ids loaded before its rows.
 // Four blocks per SM where that fits in 64 registers without a spill (sm_90, ptxas -v):
 // on an H200 the kernel ran with 3 blocks (76 registers) at 38% of HBM peak with about one
 // eligible warp per scheduler (bench/results/gpu_2026-11-27_98d21d0/step_ncu_top.log).
-template <int J, typename TA>
+// Split groups (kPieces) keep 3 blocks: 4 would spill their piece bounds.
+template <int J, typename TA, bool kPieces>
 constexpr int top_forward_min_blocks() {
-  return J <= 2 || (J == 4 && sizeof(TA) == 2) ? 4 : 1;
+  return J <= 2 || (J == 4 && sizeof(TA) == 2) ? (kPieces && J >= 2 ? 3 : 4) : 1;
 }
-template <int J, typename TA>
-__global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA>())
+// kPieces: groups split into pieces (top_pieces(S) > 1); without, the loop over groups
+// needs fewer registers (training's S = 5 runs it).
+template <int J, typename TA, bool kPieces>
+__global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPieces>())
     neumf_top_forward_kernel(const float* __restrict__ urows, int64_t ldu,
                              const float* __restrict__ irows, int64_t ldi, const TA* __restrict__ A,
                              const float* __restrict__ w, const float* __restrict__ c,
@@ -976,15 +999,21 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA>())
   }
   const float c0 = c[0];
   const int64_t warps = thread_stride() / 32;
-  for (int64_t p = thread_first() / 32; p < n; p += warps) {
+  const int pieces = kPieces ? top_pieces(S) : 1;
+  const int64_t items = kPieces ? n * pieces : n;
+  for (int64_t q = thread_first() / 32; q < items; q += warps) {
+    // Group p's samples [s_begin, s_end).
+    const int64_t p = kPieces ? q / pieces : q;
+    const int s_begin = kPieces ? static_cast<int>(q - p * pieces) * kTopPiece : 0;
+    const int s_end = kPieces && S - s_begin > kTopPiece ? s_begin + kTopPiece : S;
     float u[J];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int k = lane + 32 * j;
       u[j] = k < mf ? urows[p * ldu + k] : 0.0f;
     }
-    for (int s0 = 0; s0 < S; s0 += R) {
-      const int m = S - s0 < R ? S - s0 : R;
+    for (int s0 = s_begin; s0 < s_end; s0 += R) {
+      const int m = s_end - s0 < R ? s_end - s0 : R;
       // The loads as stored (raw): a BF16 element widened only below, after every
       // load of the round is issued (widened in the load's branch, it would wait there).
       float hi[R][J];
@@ -1187,8 +1216,8 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const int32_t*
 
 // bias_act_bf16_kernel eight columns at a time (out % 8 == 0, Z and Yg 16-byte
 // aligned, Y 16-byte aligned): two float4 loads of Z (and of Yg's row), one 16-byte
-// store of eight BF16s; the row from one division per thread, in 32 bits when the
-// octets fit (k32). The same expression per element: the same bits.
+// store of eight BF16s; the row (and with Yg its group) from one division each per
+// thread, in 32 bits when the octets fit (k32). The same expression per element: the same bits.
 // With mask (relu, out % 256 == 0: a warp's 32 threads cover 256 columns of one row),
 // the ReLU bit mask of the stored BF16s too: a byte per thread, gathered into words over
 // groups of 4 lanes.
@@ -1212,7 +1241,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], bias[j + l]);
     }
     if (Yg) {
-      const float4* g4 = reinterpret_cast<const float4*>(Yg + (b / S) * out + j);
+      const int64_t group =
+          k32 ? int64_t{static_cast<uint32_t>(b) / static_cast<uint32_t>(S)} : b / S;
+      const float4* g4 = reinterpret_cast<const float4*>(Yg + group * out + j);
       const float4 g0 = g4[0], g1 = g4[1];
       const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
@@ -1224,7 +1255,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     const uint4 stored = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
                                     bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
-    *reinterpret_cast<uint4*>(Y + b * out + j) = stored;
+    // Evict-first: Y (B·out BF16s, far past L2) would otherwise push out Z's rows, which
+    // ids read again and again.
+    __stcs(reinterpret_cast<uint4*>(Y + b * out + j), stored);
     if (mask) {  // the same for the whole warp
       uint32_t byte = 0;
 #pragma unroll
@@ -1295,7 +1328,7 @@ __global__ void __launch_bounds__(kThreads)
       const float v = __fadd_rn(__fadd_rn(z.v[l], g.v[l]), bias ? bias[j + l] : 0.0f);
       y.v[l] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
     }
-    store_lanes<L>(Y + b * out + j, y);
+    store_lanes_cs<L>(Y + b * out + j, y);  // evict-first: keeps P's rows in L2
     if constexpr (kRelu && L == 4) {
       if (mask) {  // the same for the whole warp
         uint32_t nibble = 0;
@@ -1972,20 +2005,22 @@ void top_forward(const ExecContext& ctx, const float* urows, int64_t ldu, const 
                  int S, int mf, int last, const int32_t* ids, const char* op) {
   if (n == 0) return;
   const int F = mf + last;
-  const unsigned grid = grid_for(n * 32);
+  const int pieces = top_pieces(S);
+  const unsigned grid = grid_for(n * pieces * 32);
   cudaStream_t stream = stream_of(ctx);
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last,
+                                          ids);
+  };
+  const bool split = pieces > 1;
   if (F <= 32) {
-    neumf_top_forward_kernel<1, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
-                                                                   logits, n, S, mf, last, ids);
+    launch(split ? neumf_top_forward_kernel<1, TA, true> : neumf_top_forward_kernel<1, TA, false>);
   } else if (F <= 64) {
-    neumf_top_forward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
-                                                                   logits, n, S, mf, last, ids);
+    launch(split ? neumf_top_forward_kernel<2, TA, true> : neumf_top_forward_kernel<2, TA, false>);
   } else if (F <= 128) {
-    neumf_top_forward_kernel<4, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
-                                                                   logits, n, S, mf, last, ids);
+    launch(split ? neumf_top_forward_kernel<4, TA, true> : neumf_top_forward_kernel<4, TA, false>);
   } else {
-    neumf_top_forward_kernel<8, TA><<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, c,
-                                                                   logits, n, S, mf, last, ids);
+    launch(split ? neumf_top_forward_kernel<8, TA, true> : neumf_top_forward_kernel<8, TA, false>);
   }
   check_launch(op);
 }
