@@ -1215,11 +1215,11 @@ __global__ void bias_act_bf16_kernel(const float* __restrict__ Z, const int32_t*
 }
 
 // bias_act_bf16_kernel eight columns at a time (out % 8 == 0, Z and Yg 16-byte
-// aligned, Y 16-byte aligned): two float4 loads of Z (and of Yg's row), one 16-byte
-// store of eight BF16s; the row (and with Yg its group) from one division each per
-// thread, in 32 bits when the octets fit (k32). The same expression per element: the same bits.
-// With mask (relu, out % 256 == 0: a warp's 32 threads cover 256 columns of one row),
-// the ReLU bit mask of the stored BF16s too: a byte per thread, gathered into words over
+// aligned, Y 16-byte aligned): two float4 loads of Z (and of Yg's row, and of the bias
+// where it is 16-byte aligned), one 16-byte store of eight BF16s; the row (and with Yg its group)
+// from one division each per thread, in 32 bits when the octets fit (k32). The same expression per
+// element: the same bits. With mask (relu, out % 256 == 0: a warp's 32 threads cover 256 columns of
+// one row), the ReLU bit mask of the stored BF16s too: a byte per thread, gathered into words over
 // groups of 4 lanes.
 template <bool k32>
 __global__ void __launch_bounds__(kThreads)
@@ -1229,6 +1229,7 @@ __global__ void __launch_bounds__(kThreads)
                                 uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
   const int per_row = out / 8;
   const int64_t total = B * per_row;
+  const bool bias16 = (reinterpret_cast<uintptr_t>(bias) & 15) == 0;
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
     const int64_t b = row_of<k32>(q, per_row);
     const int j = static_cast<int>(q - b * per_row) * 8;
@@ -1237,8 +1238,18 @@ __global__ void __launch_bounds__(kThreads)
     const float4 z0 = z4[0], z1 = z4[1];
     float v[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
     if (bias) {
+      float bv[8];
+      if (bias16) {  // two vector loads: eight scalar ones kept L1 busy
+        const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + j));
+        const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + j) + 1);
+        bv[0] = b0.x, bv[1] = b0.y, bv[2] = b0.z, bv[3] = b0.w;
+        bv[4] = b1.x, bv[5] = b1.y, bv[6] = b1.z, bv[7] = b1.w;
+      } else {
 #pragma unroll
-      for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], bias[j + l]);
+        for (int l = 0; l < 8; ++l) bv[l] = bias[j + l];
+      }
+#pragma unroll
+      for (int l = 0; l < 8; ++l) v[l] = __fadd_rn(v[l], bv[l]);
     }
     if (Yg) {
       const int64_t group =
@@ -1255,8 +1266,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const uint4 stored = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
                                     bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
-    // Evict-first: Y (B·out BF16s, far past L2) would otherwise push out Z's rows, which
-    // ids read again and again.
+    // Evict-first: Y (B·out BF16s) is far larger than L2 and not read here again.
     __stcs(reinterpret_cast<uint4*>(Y + b * out + j), stored);
     if (mask) {  // the same for the whole warp
       uint32_t byte = 0;
@@ -1303,7 +1313,8 @@ void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, 
 }
 
 // gather_bias_act: group_bias_act_stream_kernel's expression on row ids[b] of P,
-// L columns per thread (vector loads of P's and Yg's rows, one vector store).
+// L columns per thread (vector loads of P's and Yg's rows, and of the bias where it is 16-byte
+// aligned; one vector store, evict-first).
 // With mask (kRelu, L = 4, out % 128 == 0: a warp's 32 threads cover 128 columns of
 // one row, and every thread of a warp is in the loop), the ReLU bit mask in passing, as
 // group_bias_act_stream_kernel writes it.
@@ -1315,6 +1326,7 @@ __global__ void __launch_bounds__(kThreads)
                            uint32_t* __restrict__ mask, int64_t words) {
   const int per_row = out / L;
   const int64_t total = B * per_row;
+  const bool bias16 = (reinterpret_cast<uintptr_t>(bias) & 15) == 0;
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
     const int64_t b = row_of<k32>(x, per_row);
     const int j = static_cast<int>(x - b * per_row) * L;
@@ -1322,13 +1334,26 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t group =
         k32 ? int64_t{static_cast<uint32_t>(b) / static_cast<uint32_t>(S)} : b / S;
     const Lanes<L> g = load_lanes<L>(Yg + group * out + j);
+    Lanes<L> bl;  // the bias's columns (zeros without), a vector load where it is 16-byte aligned
+    if constexpr (L == 4) {
+      if (bias && bias16) {
+        const float4 t = __ldg(reinterpret_cast<const float4*>(bias + j));
+        bl.v[0] = t.x, bl.v[1] = t.y, bl.v[2] = t.z, bl.v[3] = t.w;
+      } else {
+#pragma unroll
+        for (int l = 0; l < L; ++l) bl.v[l] = bias ? bias[j + l] : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int l = 0; l < L; ++l) bl.v[l] = bias ? bias[j + l] : 0.0f;
+    }
     Lanes<L> y;
 #pragma unroll
     for (int l = 0; l < L; ++l) {
-      const float v = __fadd_rn(__fadd_rn(z.v[l], g.v[l]), bias ? bias[j + l] : 0.0f);
+      const float v = __fadd_rn(__fadd_rn(z.v[l], g.v[l]), bl.v[l]);
       y.v[l] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
     }
-    store_lanes_cs<L>(Y + b * out + j, y);  // evict-first: keeps P's rows in L2
+    store_lanes_cs<L>(Y + b * out + j, y);
     if constexpr (kRelu && L == 4) {
       if (mask) {  // the same for the whole warp
         uint32_t nibble = 0;
