@@ -4,6 +4,7 @@
 // --dedup; and a rank that fails takes the whole job down with its message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -144,8 +145,11 @@ TEST_F(Distributed, TrajectoryInvariantForEveryOptimizerAndDedup) {
 // of that is measured in the same run: the legacy kernels (per-GEMM BF16 copies,
 // NCF_STEP_KERNELS=legacy, layer 0 per sample) round the same step's values at other
 // places, at W = 1 (after 2 epochs: 6.0% of the parameters' RMS). The runs at W = 2 and 3
-// (layer 0 by item) stay within that distance of the W = 1 run (0.4% and 3.5%), and within
-// expect_close_bf16's loss bound.
+// (layer 0 by item) stay within that distance of the W = 1 run (0.4% and 3.5%). Their
+// losses stay within expect_close_bf16's bound, or, where larger, within the distance at
+// which BF16 storage itself ends from FP32 at W = 1 (measured here too): on a CPU with
+// AVX512-BF16 dot products (an AMD EPYC) W = 2 ends 2.3e-4 of the loss from W = 1 after
+// 2 epochs, layer 0 by sample at W = 1 1.2e-4 and FP32 7.0e-4, past the payloads' 2e-4.
 TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
   const std::string f = "--shard_plan row --precision bf16";
   setenv("NCF_L0_BY_ITEM", "1", 1);  // layer 0 by item on these CPU ranks too
@@ -153,7 +157,9 @@ TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
   setenv("NCF_STEP_KERNELS", "legacy", 1);
   const Run other = train(1, f);
   unsetenv("NCF_STEP_KERNELS");
+  const Run fp32 = train(1, "--shard_plan row");
   ASSERT_EQ(one.params.size(), other.params.size());
+  ASSERT_EQ(one.epochs.size(), fp32.epochs.size());
   const double noise =
       test::relative_rms(other.params.data(), one.params.data(), one.params.size());
   ASSERT_GT(noise, 0.0) << "the legacy kernels gave BF16 storage's parameters bit for bit";
@@ -164,7 +170,9 @@ TEST_F(Distributed, Bf16TowerFollowsOneRankOverWorldSizes) {
     ASSERT_EQ(one.params.size(), many.params.size()) << what;
     for (size_t e = 0; e < one.epochs.size(); ++e) {
       const double la = one.epochs[e]["loss"], lb = many.epochs[e]["loss"];
-      EXPECT_NEAR(la, lb, kBf16LossRel * std::fabs(la)) << what << " epoch " << e;
+      const double storage = std::fabs(double(fp32.epochs[e]["loss"]) - la);
+      EXPECT_NEAR(la, lb, std::max(kBf16LossRel * std::fabs(la), storage))
+          << what << " epoch " << e << " (BF16 storage against FP32 at W=1: " << storage << ")";
     }
     const double d = test::relative_rms(many.params.data(), one.params.data(), one.params.size());
     std::printf("%s: parameters' RMS difference %.3g of their RMS; W=1 legacy kernels %.3g\n",
