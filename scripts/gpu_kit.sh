@@ -29,7 +29,8 @@
 # compute capability, e.g. 90; default: nvidia-smi's, else 90), NCF_KIT_TTQ_EPOCHS (20),
 # NCF_KIT_PRECISIONS ("tf32 bf16"), NCF_KIT_PARITY_FILTER (the parity tests run under
 # compute-sanitizer), NCF_KIT_STEP_PARITY_FILTER (the parity tests of `run step`: a window
-# too short for all of them runs those of the ops it changed), NCF_KIT_COMMIT (the commit to report when there is no .gpu-kit/commit),
+# too short for all of them runs those of the ops it changed), NCF_KIT_COMMIT (the commit
+# to report when there is no .gpu-kit/commit),
 # NCF_KIT_ROOTFS (rehearse: the cached Debian root, .gpu-kit-root/bookworm), NCF_KIT_SKIP
 # (stage names, space-separated, recorded as skipped without running: a short window spends
 # itself on the stages that matter most to it), NCF_KIT_ARCHIVE (a folder: the results go to

@@ -52,7 +52,9 @@ inline void check_launch(const char* op) {
 
 // Vectorized (float4) paths need 16-byte aligned rows: the base pointer and
 // every row start (so the row stride is a multiple of 4 floats).
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+__host__ __device__ inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 // The bits a radix sort of keys in [0, bound) reads (end_bit): at least one;
 // 32 without a bound (bound <= 0). Fewer bits, fewer passes over the keys.

@@ -1229,7 +1229,7 @@ __global__ void __launch_bounds__(kThreads)
                                 uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
   const int per_row = out / 8;
   const int64_t total = B * per_row;
-  const bool bias16 = (reinterpret_cast<uintptr_t>(bias) & 15) == 0;
+  const bool bias16 = aligned16(bias);
   for (int64_t q = thread_first(); q < total; q += thread_stride()) {
     const int64_t b = row_of<k32>(q, per_row);
     const int j = static_cast<int>(q - b * per_row) * 8;
@@ -1326,7 +1326,7 @@ __global__ void __launch_bounds__(kThreads)
                            uint32_t* __restrict__ mask, int64_t words) {
   const int per_row = out / L;
   const int64_t total = B * per_row;
-  const bool bias16 = (reinterpret_cast<uintptr_t>(bias) & 15) == 0;
+  const bool bias16 = aligned16(bias);
   for (int64_t x = thread_first(); x < total; x += thread_stride()) {
     const int64_t b = row_of<k32>(x, per_row);
     const int j = static_cast<int>(x - b * per_row) * L;
@@ -1334,15 +1334,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t group =
         k32 ? int64_t{static_cast<uint32_t>(b) / static_cast<uint32_t>(S)} : b / S;
     const Lanes<L> g = load_lanes<L>(Yg + group * out + j);
-    Lanes<L> bl;  // the bias's columns (zeros without), a vector load where it is 16-byte aligned
-    if constexpr (L == 4) {
-      if (bias && bias16) {
-        const float4 t = __ldg(reinterpret_cast<const float4*>(bias + j));
-        bl.v[0] = t.x, bl.v[1] = t.y, bl.v[2] = t.z, bl.v[3] = t.w;
-      } else {
-#pragma unroll
-        for (int l = 0; l < L; ++l) bl.v[l] = bias ? bias[j + l] : 0.0f;
-      }
+    Lanes<L> bl;  // the bias's columns (zeros without): one vector load where 16-byte aligned
+    if (bias && (L == 1 || bias16)) {
+      bl = load_lanes<L>(bias + j);
     } else {
 #pragma unroll
       for (int l = 0; l < L; ++l) bl.v[l] = bias ? bias[j + l] : 0.0f;
