@@ -33,6 +33,28 @@ inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
 inline bool positive(float y) { return y > 0.0f; }
 inline bool positive(uint16_t y) { return bf16_positive(y); }
 
+// x[j] = 0 for j < w where the ReLU bit mask m (relu_mask_words' layout: bit j % 32
+// of word j / 32) has a 0. A whole word's 32 elements are one loop over the bit
+// table, which the compiler vectorises; a shift by j % 32 per element (a variable
+// shift in every lane) stays scalar below AVX2.
+constexpr uint32_t kBitOf[32] = {
+    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+    1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+    1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+    1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+template <typename T>
+inline void apply_relu_mask(const uint32_t* m, T* x, int w) {
+  for (int j0 = 0; j0 < w; j0 += 32) {
+    const uint32_t word = m[j0 / 32];
+    T* xw = x + j0;
+    if (w - j0 >= 32) {
+      for (int b = 0; b < 32; ++b) xw[b] = word & kBitOf[b] ? xw[b] : T{0};
+    } else {
+      for (int b = 0; b < w - j0; ++b) xw[b] = word & kBitOf[b] ? xw[b] : T{0};
+    }
+  }
+}
+
 // The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
 // output columns per block otherwise, and, for a small output with a long K
 // (the weight gradients, K = B), rows of K per partial product.
@@ -381,11 +403,8 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
           cpu_matmul_bf16(sh, dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
         }
         if (dx_mask)
-          for (int64_t r = r0; r < r1; ++r) {
-            const uint32_t* m = dx_mask + r * mask_words;
-            T* dx = dX + r * in;
-            for (int j = 0; j < in; ++j) dx[j] = (m[j / 32] >> (j % 32)) & 1u ? dx[j] : T{0};
-          }
+          for (int64_t r = r0; r < r1; ++r)
+            apply_relu_mask(dx_mask + r * mask_words, dX + r * in, in);
       }
     }
   });
@@ -642,8 +661,7 @@ void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, 
         // Two branch-free loops (the mask, then the sums), which the compiler
         // vectorises; the same values as masking and adding element by element.
         if (relu && mask) {
-          const uint32_t* m = mask + (p * S + s) * words;
-          for (int j = 0; j < out; ++j) dy[j] = (m[j / 32] >> (j % 32)) & 1u ? dy[j] : T{0};
+          apply_relu_mask(mask + (p * S + s) * words, dy, out);
         } else if (relu) {
           const T* y = Y + (p * S + s) * out;
           for (int j = 0; j < out; ++j) dy[j] = positive(y[j]) ? dy[j] : T{0};
