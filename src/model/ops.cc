@@ -577,10 +577,14 @@ void write_relu_mask_rows(const T* Y, int64_t r0, int64_t r1, int out, uint32_t*
     const T* y = Y + b * out;
     uint32_t* m = mask + b * words;
     for (int64_t w = 0; w < words; ++w) {
+      // Whole words as an OR over the bit table (vectorised); the last one bit by bit.
+      const int64_t j0 = w * 32;
       uint32_t word = 0;
-      for (int bit = 0; bit < 32; ++bit) {
-        const int64_t j = w * 32 + bit;
-        if (j < out && positive(y[j])) word |= uint32_t{1} << bit;
+      if (out - j0 >= 32) {
+        for (int bit = 0; bit < 32; ++bit) word |= positive(y[j0 + bit]) ? kBitOf[bit] : 0u;
+      } else {
+        for (int bit = 0; bit < 32 && j0 + bit < out; ++bit)
+          word |= positive(y[j0 + bit]) ? kBitOf[bit] : 0u;
       }
       m[w] = word;
     }
