@@ -1277,70 +1277,79 @@ void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, c
   const int F = mf + last;
   const float inv_batch =
       from_labels ? static_cast<float>(1.0 / static_cast<double>(global_batch)) : 0.0f;
-  // Pass 1, per group: the logits' gradients, dA (masked), the items' GMF
-  // gradients and the user's, summed over its samples in double in s order.
-  // Grown once per thread, not per call: a fresh B-float vector each step comes
-  // from mmap for a large B and faults in every page.
-  thread_local std::vector<float> g_buf;
-  if (g_buf.size() < static_cast<size_t>(B)) g_buf.resize(static_cast<size_t>(B));
-  float* g = g_buf.data();
-  parallel_for(ctx.threads, n, row_grain(int64_t(F) * S), [&](int64_t p0, int64_t p1) {
-    std::vector<double> acc(static_cast<size_t>(mf));
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* u = urows + p * ldu;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int s = 0; s < S; ++s) {
-        const int64_t b = p * S + s;
-        const float gb =
-            from_labels ? bce_row_grad(logits[b], labels[b], 1.0f, inv_batch) : dlogits[b];
-        g[b] = gb;
-        const float* it = irows + b * ldi;
-        float* di = dirows + b * lddi;
-        for (int k = 0; k < mf; ++k) {
-          const float dgk = gb * w[k];
-          di[k] = dgk * u[k];
-          acc[size_t(k)] += static_cast<double>(dgk * it[k]);
-        }
-        const TA* a = A + b * last;
-        TA* da = dA + b * last;
-        if constexpr (std::is_same<TA, float>::value) {
-          for (int k = 0; k < last; ++k) {
-            const float dh = gb * w[mf + k];
-            da[k] = relu ? (a[k] > 0.0f ? dh : 0.0f) : dh;
-          }
-        } else {  // the masked row in FP32, then rounded as one vector
-          float row[kNeumfTopMaxWidth];
-          for (int k = 0; k < last; ++k) {
-            const float dh = gb * w[mf + k];
-            row[k] = relu ? (bf16_positive(a[k]) ? dh : 0.0f) : dh;
-          }
-          round_to_bf16_bits(row, da, last);
-        }
+  auto grad_of = [&](int64_t b) {
+    return from_labels ? bce_row_grad(logits[b], labels[b], 1.0f, inv_batch) : dlogits[b];
+  };
+  // Sample b's dA row (masked; in BF16 the FP32 row rounded as one vector).
+  auto da_row = [&](float gb, const TA* a, TA* da) {
+    if constexpr (std::is_same<TA, float>::value) {
+      for (int k = 0; k < last; ++k) {
+        const float dh = gb * w[mf + k];
+        da[k] = relu ? (a[k] > 0.0f ? dh : 0.0f) : dh;
       }
-      for (int k = 0; k < mf; ++k) durows[p * lddu + k] = static_cast<float>(acc[size_t(k)]);
+    } else {
+      float row[kNeumfTopMaxWidth];
+      for (int k = 0; k < last; ++k) {
+        const float dh = gb * w[mf + k];
+        row[k] = relu ? (bf16_positive(a[k]) ? dh : 0.0f) : dh;
+      }
+      round_to_bf16_bits(row, da, last);
     }
-  });
-  // Pass 2, the sums in the unfused ops' blocks: dw and dc (head_backward), the
-  // bias gradient (linear_backward) and the loss (bce_with_logits_forward).
+  };
+  // Sample b's terms of the sums in the unfused ops' order: dw and dc (head_backward),
+  // the bias gradient (linear_backward) and the loss (bce_with_logits_forward).
   const int K = F + 1 + last + 1;
+  auto add_terms = [&](int64_t b, float g, const TA* da, double* acc) {
+    const double gb = g;
+    const float* u = urows + (b / S) * ldu;
+    const float* it = irows + b * ldi;
+    const TA* a = A + b * last;
+    for (int k = 0; k < mf; ++k) {
+      const float h = u[k] * it[k];
+      acc[k] += gb * h;
+    }
+    for (int k = 0; k < last; ++k) acc[mf + k] += gb * ld(a[k]);
+    acc[F] += gb;
+    for (int k = 0; k < last; ++k) acc[F + 1 + k] += ld(da[k]);
+    if (from_labels) acc[K - 1] += bce_row_loss(logits[b], labels[b]);
+  };
+  // One pass over block_sums' blocks of samples, each row read once while in cache:
+  // every group that starts in the block gets its logits' gradients, dA, the items'
+  // GMF gradients and the user's (summed over its samples in double in s order), its
+  // samples past the block's end included; every sample of the block adds its terms,
+  // in sample order. A group begun in an earlier block has its first samples there:
+  // their terms are added here from the same values computed again (another thread
+  // may still be writing them).
   std::vector<double> sums(static_cast<size_t>(K));
   block_sums(
       ctx.threads, B, K,
       [&](int64_t b0, int64_t b1, double* acc) {
-        for (int64_t b = b0; b < b1; ++b) {
-          const double gb = g[b];
-          const float* u = urows + (b / S) * ldu;
-          const float* it = irows + b * ldi;
-          const TA* a = A + b * last;
-          const TA* da = dA + b * last;
-          for (int k = 0; k < mf; ++k) {
-            const float h = u[k] * it[k];
-            acc[k] += gb * h;
+        double uacc[kNeumfTopMaxWidth];
+        TA da_again[kNeumfTopMaxWidth];
+        const int64_t p0 = (b0 + S - 1) / S;  // the first group starting at or after b0
+        for (int64_t b = b0; b < std::min(b1, p0 * S); ++b) {
+          const float gb = grad_of(b);
+          da_row(gb, A + b * last, da_again);
+          add_terms(b, gb, da_again, acc);
+        }
+        for (int64_t p = p0; p < n && p * S < b1; ++p) {
+          const float* u = urows + p * ldu;
+          std::fill(uacc, uacc + mf, 0.0);
+          for (int s = 0; s < S; ++s) {
+            const int64_t b = p * S + s;
+            const float gb = grad_of(b);
+            const float* it = irows + b * ldi;
+            float* di = dirows + b * lddi;
+            for (int k = 0; k < mf; ++k) {
+              const float dgk = gb * w[k];
+              di[k] = dgk * u[k];
+              uacc[k] += static_cast<double>(dgk * it[k]);
+            }
+            TA* da = dA + b * last;
+            da_row(gb, A + b * last, da);
+            if (b < b1) add_terms(b, gb, da, acc);
           }
-          for (int k = 0; k < last; ++k) acc[mf + k] += gb * ld(a[k]);
-          acc[F] += gb;
-          for (int k = 0; k < last; ++k) acc[F + 1 + k] += ld(da[k]);
-          if (from_labels) acc[K - 1] += bce_row_loss(logits[b], labels[b]);
+          for (int k = 0; k < mf; ++k) durows[p * lddu + k] = static_cast<float>(uacc[k]);
         }
       },
       sums.data());
