@@ -310,6 +310,27 @@ struct SmallLists {
   IVec items = {1, 3, 0, 1, 2, 3, 5};
 };
 
+// The negative draw's membership test against a linear scan: every list length
+// from 0 to 70 (odd, even, powers of two and one past), every value from below the
+// first to past the last, lists with gaps and with runs of consecutive items.
+TEST(SortedContains, AgreesWithALinearScan) {
+  std::mt19937 gen(5);
+  for (int n = 0; n <= 70; ++n)
+    for (int gap : {1, 3}) {
+      IVec a;
+      int32_t v = -2;
+      for (int k = 0; k < n; ++k) {
+        v += 1 + static_cast<int32_t>(gen() % gap);
+        a.push_back(v);
+      }
+      for (int32_t x = -4; x <= v + 3; ++x) {
+        const bool want = std::find(a.begin(), a.end(), x) != a.end();
+        EXPECT_EQ(negatives_detail::sorted_contains(a.data(), n, x), want)
+            << "n " << n << " gap " << gap << " x " << x;
+      }
+    }
+}
+
 TEST(DevicePositiveLists, CpuSamplingFollowsTheDocumentedDraw) {
   SmallLists s;
   DevicePositiveLists lists(Device::kCpu, s.offsets.data(), s.items.data(), 3);
