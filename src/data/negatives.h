@@ -22,17 +22,15 @@ NCF_HD CounterRng positive_rng(uint64_t seed, int64_t epoch, uint64_t p) {
   return CounterRng{seed, kStreamTrainNegatives, (static_cast<uint64_t>(epoch) << 40) | p};
 }
 
-// Whether the ascending a[0..n) holds x. The search halves its range without a
-// branch on the comparison (a select), which a random x mispredicts half the time.
 NCF_HD bool sorted_contains(const int32_t* a, int64_t n, int32_t x) {
-  if (n <= 0) return false;
-  int64_t base = 0, len = n;  // the first element >= x is in [base, base + len]
-  while (len > 1) {
-    const int64_t half = len / 2;
-    base = a[base + half] < x ? base + half : base;
-    len -= half;
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < x)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
-  const int64_t lo = base + (a[base] < x);
   return lo < n && a[lo] == x;
 }
 
