@@ -10,7 +10,10 @@
 # Also logs each build's per-step collectives and bytes (--step_log; the older
 # log has no collective count). Writes the raw log to OUT (default
 # bench/results/compare_<before>_<after>.txt) and a table to OUT with .md.
-# Env: NCF_BENCH_DATA (default /tmp/ncf-compare), REPS (default 3).
+#   Optional (CASES): synthetic ml-20m shape at batch 65,536, 64 steps, --precision fp32
+#                                 and bf16, W = 1 (2 threads).
+# Env: NCF_BENCH_DATA (default /tmp/ncf-compare), REPS (default 3), CASES (default
+# "ml1m_w1 ml1m_w2 ml1m_w2_row ml20m_w1"; also ml20m_b65k_fp32, ml20m_b65k_bf16).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [ $# -ge 2 ] || { echo "usage: $0 BEFORE AFTER [OUT]" >&2; exit 2; }
@@ -49,8 +52,15 @@ declare -A cases=(
   [ml1m_w2]="2|--data_dir @DATA@/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1"
   [ml1m_w2_row]="2|--data_dir @DATA@/ml1m --batch_size 65536 --train_epochs 2 --no_eval --threads 1 --shard_plan row"
   [ml20m_w1]="1|--data_dir @DATA@/ml20m --preset ml-20m-mlperf --train_epochs 1 --max_steps 12 --no_eval --threads 2"
+  [ml20m_b65k_fp32]="1|--data_dir @DATA@/ml20m --preset ml-20m-mlperf --batch_size 65536 --train_epochs 1 --max_steps 64 --no_eval --threads 2 --precision fp32"
+  [ml20m_b65k_bf16]="1|--data_dir @DATA@/ml20m --preset ml-20m-mlperf --batch_size 65536 --train_epochs 1 --max_steps 64 --no_eval --threads 2 --precision bf16"
 )
-order=(ml1m_w1 ml1m_w2 ml1m_w2_row ml20m_w1)
+# CASES (space-separated) picks the cases; the ml20m_b65k ones are the CPU tower at the
+# batch of bench/tower_speed.sh in both precisions.
+read -r -a order <<<"${CASES:-ml1m_w1 ml1m_w2 ml1m_w2_row ml20m_w1}"
+for c in "${order[@]}"; do
+  [ -n "${cases[$c]:-}" ] || { echo "compare_commits: unknown case '$c' in CASES (known: ${!cases[*]})" >&2; exit 2; }
+done
 
 launch() {  # launch W: the launcher prefix for W ranks
   if [ "$1" = 1 ]; then echo ""; else echo "mpirun -np $1 --oversubscribe"; fi
