@@ -8,6 +8,7 @@
 
 namespace ncf {
 
+#ifdef NCF_WITH_CUDA
 namespace {
 
 constexpr size_t kPartAlign = 256;  // each part's offset in a slot
@@ -15,6 +16,7 @@ constexpr size_t kPartAlign = 256;  // each part's offset in a slot
 size_t aligned_up(size_t bytes) { return (bytes + kPartAlign - 1) / kPartAlign * kPartAlign; }
 
 }  // namespace
+#endif
 
 struct ArrayStager::Slot {
   std::vector<const void*> ptrs;  // what acquire() hands out
