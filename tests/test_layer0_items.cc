@@ -267,8 +267,9 @@ std::vector<uint32_t> mask_of(const std::vector<T>& Y, int64_t B, int out) {
   return m;
 }
 
+// n·S = 305 rows: the masks of more than one of the kernel's 256-row blocks.
 TEST(GatherBiasAct, WritesTheOutputsReluMask) {
-  const int64_t R = 23, n = 31;
+  const int64_t R = 23, n = 61;
   const int S = 5;
   for (int out : {24, 128, 256}) {
     const int64_t B = n * S, words = relu_mask_words(out);

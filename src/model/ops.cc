@@ -797,6 +797,15 @@ void check_gather_bias_act(const char* op, const float* P, int64_t R, const int3
   check_ptr(op, "Y", Y, n);
 }
 
+// gather_bias_act's rows: the ReLU mask of a block of kGatherBlock rows written while
+// the block is in cache, and the row of sample b + kGatherAhead fetched ahead (the ids
+// pick rows of P at random, each a cache miss otherwise).
+constexpr int64_t kGatherBlock = 256;
+constexpr int64_t kGatherAhead = 4;
+inline void prefetch_row(const float* row, int out) {
+  for (int j = 0; j < out; j += 16) __builtin_prefetch(row + j);
+}
+
 void check_ids_cpu(const char* op, const int32_t* ids, int64_t B, int64_t R) {
   for (int64_t b = 0; b < B; ++b)
     NCF_CHECK(ids[b] >= 0 && ids[b] < R, op, ": ids[", b, "] = ", ids[b], " is outside [0, ", R,
@@ -814,16 +823,20 @@ void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const in
   NCF_DISPATCH_CUDA(ctx, gather_bias_act, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
   parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* z = P + int64_t(ids[b]) * out;
-      const float* u = Yg + (b / S) * out;
-      float* y = Y + b * out;
-      for (int j = 0; j < out; ++j) {
-        const float v = (z[j] + u[j]) + (bias ? bias[j] : 0.0f);
-        y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
+      const int64_t c1 = std::min(b1, c0 + kGatherBlock);
+      for (int64_t b = c0; b < c1; ++b) {
+        if (b + kGatherAhead < b1) prefetch_row(P + int64_t(ids[b + kGatherAhead]) * out, out);
+        const float* z = P + int64_t(ids[b]) * out;
+        const float* u = Yg + (b / S) * out;
+        float* y = Y + b * out;
+        for (int j = 0; j < out; ++j) {
+          const float v = (z[j] + u[j]) + (bias ? bias[j] : 0.0f);
+          y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        }
       }
+      if (mask) write_relu_mask_rows(Y, c0, c1, out, mask);
     }
-    if (mask) write_relu_mask_rows(Y, b0, b1, out, mask);
   });
 }
 
@@ -836,10 +849,15 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
   NCF_DISPATCH_CUDA(ctx, gather_bias_act_bf16, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
   parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      epilogue_to_bf16_bits(P + int64_t(ids[b]) * out, bias, Yg + (b / S) * out, relu, Y + b * out,
-                            out);
-    if (mask) write_relu_mask_rows(Y, b0, b1, out, mask);
+    for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
+      const int64_t c1 = std::min(b1, c0 + kGatherBlock);
+      for (int64_t b = c0; b < c1; ++b) {
+        if (b + kGatherAhead < b1) prefetch_row(P + int64_t(ids[b + kGatherAhead]) * out, out);
+        epilogue_to_bf16_bits(P + int64_t(ids[b]) * out, bias, Yg + (b / S) * out, relu,
+                              Y + b * out, out);
+      }
+      if (mask) write_relu_mask_rows(Y, c0, c1, out, mask);
+    }
   });
 }
 
