@@ -38,6 +38,11 @@ inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
 inline bool positive(float y) { return y > 0.0f; }
 inline bool positive(uint16_t y) { return bf16_positive(y); }
 
+// Asks for the cache lines of row[0..out) ahead of their use.
+inline void prefetch_row(const float* row, int out) {
+  for (int j = 0; j < out; j += 16) __builtin_prefetch(row + j);
+}
+
 // x[j] = 0 for j < w where the ReLU bit mask m (relu_mask_words' layout: bit j % 32
 // of word j / 32) has a 0. A whole word's 32 elements are one loop over the bit
 // table, which the compiler vectorises; a shift by j % 32 per element (a variable
@@ -802,9 +807,6 @@ void check_gather_bias_act(const char* op, const float* P, int64_t R, const int3
 // pick rows of P at random, each a cache miss otherwise).
 constexpr int64_t kGatherBlock = 256;
 constexpr int64_t kGatherAhead = 4;
-inline void prefetch_row(const float* row, int out) {
-  for (int j = 0; j < out; j += 16) __builtin_prefetch(row + j);
-}
 
 void check_ids_cpu(const char* op, const int32_t* ids, int64_t B, int64_t R) {
   for (int64_t b = 0; b < B; ++b)
@@ -1262,6 +1264,9 @@ void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, co
     int64_t b = b0;
 #if defined(__SSE2__)
     for (; b + 4 <= b1; b += 4) {
+      // The item rows two rounds ahead: by id (evaluation) they are random rows of the
+      // table, else rows of a stride the hardware prefetch follows poorly.
+      for (int64_t q = b + 8; q < std::min(b1, b + 12); ++q) prefetch_row(irow(q), mf);
       const float* const u[4] = {urow(b), urow(b + 1), urow(b + 2), urow(b + 3)};
       const float* const it[4] = {irow(b), irow(b + 1), irow(b + 2), irow(b + 3)};
       const TA* const a[4] = {A + b * last, A + (b + 1) * last, A + (b + 2) * last,
