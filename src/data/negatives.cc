@@ -25,6 +25,20 @@ void sample_cpu(const ExecContext& ctx, const int64_t* offsets, const int32_t* p
   const int64_t S = 1 + num_neg;
   parallel_for(ctx.threads, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
+      // Two positives ahead: their users' list bounds, then (once those are in cache)
+      // the first probes of the search in the list; the users come in stream order, so
+      // each list is a cache miss otherwise.
+      if (k + 8 < end) __builtin_prefetch(offsets + users[k + 8]);
+      if (k + 4 < end) {
+        const int32_t v = users[k + 4];
+        if (v >= 0 && uint64_t(v) < num_users) {
+          const int32_t* list = pos_items + offsets[v];
+          const int64_t len = offsets[v + 1] - offsets[v];
+          __builtin_prefetch(list + len / 2);
+          __builtin_prefetch(list + len / 4);
+          __builtin_prefetch(list + 3 * len / 4);
+        }
+      }
       const int32_t u = users[k];
       NCF_CHECK(u >= 0 && uint64_t(u) < num_users, "sample_negatives: users[", k, "]=", u,
                 " outside [0, ", num_users, ")");
