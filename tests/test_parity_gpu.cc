@@ -1384,6 +1384,18 @@ TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
                down(gdb), down(gdAf), down(gdA16), down(gloss)[0]};
   };
   const Out s = run(gpu_, true, true), f = run(gpu_, false, true), c = run(cpu_, true, false);
+  {  // BF16's backward kernel at 2 blocks per SM (8 rows in flight), as before 3 blocks
+    const bool three = top_backward_three_blocks();
+    set_top_backward_three_blocks(false);
+    const Out two = run(gpu_, true, true);
+    set_top_backward_three_blocks(three);
+    expect_same(two.dA16, s.dA16, "dA, 2 blocks vs 3 blocks per SM");
+    expect_same(two.dU, s.dU, "user GMF gradients, 2 vs 3 blocks per SM");
+    expect_same(two.dI, s.dI, "item GMF gradients, 2 vs 3 blocks per SM");
+    expect_same(two.dwc, s.dwc, "dw, dc, 2 vs 3 blocks per SM");
+    expect_same(two.db, s.db, "db, 2 vs 3 blocks per SM");
+    EXPECT_EQ(std::memcmp(&two.loss, &s.loss, sizeof(double)), 0) << two.loss << " vs " << s.loss;
+  }
   expect_same(s.logits, f.logits, "logits, BF16 storage vs FP32 on the device");
   expect_same(s.dA16, bf16_bits_of(f.dAf), "dA = the FP32 top's dA rounded");
   expect_same(s.dU, f.dU, "user GMF gradients");

@@ -278,6 +278,24 @@ bool lt_bf16_out_enabled() {
   return on;
 }
 
+namespace {
+std::atomic<int> g_top_bwd_three{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool top_backward_three_blocks() {
+  int v = g_top_bwd_three.load();
+  if (v < 0) {
+    const char* e = std::getenv("NCF_TOP_BWD_3BLOCKS");
+    int expected = -1;
+    g_top_bwd_three.compare_exchange_strong(expected,
+                                            e == nullptr || std::string(e) != "0" ? 1 : 0);
+    v = g_top_bwd_three.load();
+  }
+  return v == 1;
+}
+
+void set_top_backward_three_blocks(bool on) { g_top_bwd_three.store(on ? 1 : 0); }
+
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }
 

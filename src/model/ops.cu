@@ -1064,9 +1064,17 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
 // lane sums its columns' terms over its warp's rows (in double, row order), then
 // the block adds its warps' sums in warp order (dc and the loss also over lanes,
 // in lane order) into partial[x, ·] (neumf_top_partial_cols columns).
-// J: columns per lane of each part (mf and last ≤ 32·J).
-template <int J, typename TA>
-__global__ void __launch_bounds__(kThreads)
+// J: columns per lane of each part (mf and last ≤ 32·J); R: rows in flight per warp;
+// kMinBlocks: blocks per SM that __launch_bounds__ asks ptxas to fit (its register cap).
+// On an H200 the BF16 J = 2 kernel (110 registers, 8 rows) ran 2 blocks per SM at 25%
+// occupancy and 44% of HBM peak, 41% of its warps' cycles between instructions spent
+// waiting on L1TEX (bench/results/gpu_2026-11-27_8976e61/step_ncu_top.log); with 4 rows
+// it fits 78 registers without a spill (sm_90, ptxas -v) and 3 blocks
+// (top_backward_three_blocks).
+// R changes only how many rows' loads are issued before their adds, not the order of
+// any sum: every R gives the same bits.
+template <int J, typename TA, int R = (J >= 4 ? 4 : 8), int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     neumf_top_backward_kernel(const float* __restrict__ urows, int64_t ldu,
                               const float* __restrict__ irows, int64_t ldi,
                               const TA* __restrict__ A, const float* __restrict__ w,
@@ -1075,7 +1083,6 @@ __global__ void __launch_bounds__(kThreads)
                               TA* __restrict__ dA, float* __restrict__ durows, int64_t lddu,
                               float* __restrict__ dirows, int64_t lddi, int64_t n, int S, int mf,
                               int last, bool relu, double* __restrict__ partial) {
-  constexpr int R = J >= 4 ? 4 : 8;  // rows in flight
   __shared__ double sh[kTopWarps][kTopSlots][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float wg[J], wa[J];
@@ -2071,9 +2078,18 @@ void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
           urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
           dirows, lddi, n, S, mf, last, relu, partial);
     } else if (J == 2) {
-      neumf_top_backward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(
-          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
-          dirows, lddi, n, S, mf, last, relu, partial);
+      bool three = false;  // BF16 only: the FP32 kernel spills at 3 blocks' 80 registers
+      if constexpr (sizeof(TA) == 2) {
+        three = top_backward_three_blocks();
+        if (three)
+          neumf_top_backward_kernel<2, TA, 4, 3><<<grid, kThreads, 0, stream>>>(
+              urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
+              dirows, lddi, n, S, mf, last, relu, partial);
+      }
+      if (!three)
+        neumf_top_backward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(
+            urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
+            dirows, lddi, n, S, mf, last, relu, partial);
     } else {
       neumf_top_backward_kernel<4, TA><<<grid, kThreads, 0, stream>>>(
           urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,

@@ -85,6 +85,15 @@ const char* step_kernels_name(StepKernels kernels);
 // replaced, on the same BF16 bias), kept selectable to be measured beside it. Read once.
 bool lt_bf16_out_enabled();
 
+// GPU neumf_top_backward on BF16 storage with mf and the last layer in (32, 64]: 4 rows
+// in flight per warp and at most 80 registers, so 3 blocks share an SM (true, the
+// default), or, with the environment variable NCF_TOP_BWD_3BLOCKS=0, 8 rows and 110
+// registers, 2 blocks (the kernel before, kept selectable to be measured beside it).
+// The same loads and sums in the same order either way: the same bits. The environment
+// is read once, at the first call; the setter (tests) overrides it.
+bool top_backward_three_blocks();
+void set_top_backward_three_blocks(bool on);
+
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 
