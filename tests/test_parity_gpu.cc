@@ -1581,12 +1581,19 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         Buffer<uint16_t> gdZ16 = up(dZ16);
         Vec dP(size_t(R) * out), dP16(size_t(R) * out);
         run_sums(cpu_, dZ.data(), order.data(), starts.data(), R, out, dP.data());
-        run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
         run_sums_bf16(cpu_, dZ16.data(), order.data(), starts.data(), R, out, dP16.data());
         run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
         const std::string o = what + "out=" + std::to_string(out);
-        expect_same(down(gdP), dP, o + " run_sums");
         expect_same(down(gdP16), dP16, o + " run_sums_bf16");
+        // FP32 rows with either kernel (3 blocks per SM and 12 rows in flight, or 2 and 16)
+        const bool three = run_sums_three_blocks();
+        for (bool t : {true, false}) {
+          set_run_sums_three_blocks(t);
+          gdP = up(Vec(size_t(R) * out, -1.0f));
+          run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
+          expect_same(down(gdP), dP, o + (t ? " run_sums, 3 blocks" : " run_sums, 2 blocks"));
+        }
+        set_run_sums_three_blocks(three);
       }
     }
   // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows.

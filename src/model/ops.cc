@@ -280,21 +280,26 @@ bool lt_bf16_out_enabled() {
 
 namespace {
 std::atomic<int> g_top_bwd_three{-1};  // -1: not read from the environment yet
+std::atomic<int> g_run_sums_three{-1};
+
+// A kernel choice on by default: off where the environment variable `name` is "0"; read
+// at the first call unless a setter came first.
+bool env_switch(std::atomic<int>& v, const char* name) {
+  int x = v.load();
+  if (x < 0) {
+    const char* e = std::getenv(name);
+    int expected = -1;
+    v.compare_exchange_strong(expected, e == nullptr || std::string(e) != "0" ? 1 : 0);
+    x = v.load();
+  }
+  return x == 1;
+}
 }  // namespace
 
-bool top_backward_three_blocks() {
-  int v = g_top_bwd_three.load();
-  if (v < 0) {
-    const char* e = std::getenv("NCF_TOP_BWD_3BLOCKS");
-    int expected = -1;
-    g_top_bwd_three.compare_exchange_strong(expected,
-                                            e == nullptr || std::string(e) != "0" ? 1 : 0);
-    v = g_top_bwd_three.load();
-  }
-  return v == 1;
-}
-
+bool top_backward_three_blocks() { return env_switch(g_top_bwd_three, "NCF_TOP_BWD_3BLOCKS"); }
 void set_top_backward_three_blocks(bool on) { g_top_bwd_three.store(on ? 1 : 0); }
+bool run_sums_three_blocks() { return env_switch(g_run_sums_three, "NCF_RUN_SUMS_3BLOCKS"); }
+void set_run_sums_three_blocks(bool on) { g_run_sums_three.store(on ? 1 : 0); }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

@@ -1522,8 +1522,14 @@ struct RawLanes<T, 1> {
 // run_sums: one thread per (run u, L columns from j) adds the run's rows in k order in
 // double, kRunRowsInFlight rows loaded (as stored) before their adds; one FP32 store of
 // each column. The same sums in the same order as the CPU twin: the same bits.
-template <typename T, int L>
-__global__ void __launch_bounds__(kThreads)
+// kRows: the rows in flight; kMinBlocks: blocks per SM for __launch_bounds__ (0: none).
+// With FP32 four columns, 16 rows take 96 registers and 2 blocks per SM: on an H200 the
+// kernel ran at 30% of HBM peak, its SMs busy 72% of its time
+// (bench/results/gpu_2026-11-27_8976e61/step_ncu_tf32.txt); 12 rows fit 80 registers
+// without a spill (sm_90, ptxas -v) and 3 blocks, 24 warps and 12% more bytes in flight
+// per SM (run_sums_three_blocks). kRows does not change any sum's order: the same bits.
+template <typename T, int L, int kRows = kRunRowsInFlight, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     run_sums_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,
                     const int32_t* __restrict__ starts, int64_t R, int out,
                     float* __restrict__ dP) {
@@ -1536,14 +1542,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int l = 0; l < L; ++l) acc[l] = 0.0;
     const int k1 = starts[u + 1];
-    for (int k0 = starts[u]; k0 < k1; k0 += kRunRowsInFlight) {
-      const int m = k1 - k0 < kRunRowsInFlight ? k1 - k0 : kRunRowsInFlight;
-      RawLanes<T, L> z[kRunRowsInFlight];
+    for (int k0 = starts[u]; k0 < k1; k0 += kRows) {
+      const int m = k1 - k0 < kRows ? k1 - k0 : kRows;
+      RawLanes<T, L> z[kRows];
 #pragma unroll
-      for (int i = 0; i < kRunRowsInFlight; ++i)
+      for (int i = 0; i < kRows; ++i)
         if (i < m) z[i].load(dZ + int64_t{order[k0 + i]} * out + j);
 #pragma unroll
-      for (int i = 0; i < kRunRowsInFlight; ++i) {
+      for (int i = 0; i < kRows; ++i) {
         if (i < m) {
 #pragma unroll
           for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
@@ -1558,6 +1564,13 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int L>
 void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
                      int64_t R, int out, float* dP) {
+  if constexpr (std::is_same<T, float>::value && L == 4) {
+    if (run_sums_three_blocks()) {
+      run_sums_kernel<T, L, 12, 3>
+          <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
+      return;
+    }
+  }
   run_sums_kernel<T, L>
       <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
 }

@@ -94,6 +94,13 @@ bool lt_bf16_out_enabled();
 bool top_backward_three_blocks();
 void set_top_backward_three_blocks(bool on);
 
+// GPU run_sums on FP32 rows, four columns per thread: 12 rows in flight and at most 80
+// registers, 3 blocks per SM (true, the default), or, with NCF_RUN_SUMS_3BLOCKS=0, 16 rows
+// and 96 registers, 2 blocks (the kernel before). The same sums in the same order: the
+// same bits. The environment is read at the first call; the setter (tests) overrides it.
+bool run_sums_three_blocks();
+void set_run_sums_three_blocks(bool on);
+
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 

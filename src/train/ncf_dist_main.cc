@@ -198,6 +198,10 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_TOP_BWD_3BLOCKS=0: the BF16 top's backward kernel runs "
                  "2 blocks per SM with 8 rows in flight\n");
+  if (lead && !run_sums_three_blocks())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_RUN_SUMS_3BLOCKS=0: layer 0's per-item sums of FP32 rows "
+                 "run 2 blocks per SM with 16 rows in flight\n");
   if (lead && !lt_bf16_out_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
