@@ -858,8 +858,7 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
 }
 do_step_train_drelu() { NCF_LT_DRELU=1 do_step_train "$@"; }
 do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
-do_step_train_top_bwd2() { NCF_TOP_BWD_3BLOCKS=0 do_step_train "$@"; }
-do_step_train_run_sums2() { NCF_RUN_SUMS_3BLOCKS=0 do_step_train "$@"; }
+do_step_train_2blocks() { NCF_3BLOCK_KERNELS=0 do_step_train "$@"; }
 do_step_train_by_sample() { NCF_L0_BY_ITEM=0 do_step_train "$@"; }
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
@@ -1136,12 +1135,10 @@ run_step() {
   # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
   # path their cuBLASLt BF16 epilogue replaced
   stage step_bf16_no_lt_out 1 90 fig_step_train -- do_step_train_no_lt_out bf16 streaming
-  # the BF16 top's backward kernel at 2 blocks per SM (NCF_TOP_BWD_3BLOCKS=0), the kernel
-  # the 3-block one replaced
-  stage step_bf16_top_bwd2 1 90 fig_step_train -- do_step_train_top_bwd2 bf16 streaming
-  # layer 0's per-item sums of FP32 rows at 2 blocks per SM (NCF_RUN_SUMS_3BLOCKS=0), the
-  # kernel the 3-block one replaced
-  stage step_tf32_run_sums2 1 90 fig_step_train -- do_step_train_run_sums2 tf32 streaming
+  # the kernels capped for 3 blocks per SM as they were, at 2 (NCF_3BLOCK_KERNELS=0)
+  for p in tf32 bf16; do
+    stage "step_${p}_2blocks" 1 90 fig_step_train -- do_step_train_2blocks "$p" streaming
+  done
   # layer 0's items' half once per sample (NCF_L0_BY_ITEM=0), the path layer 0 by item
   # replaced
   for p in tf32 bf16; do

@@ -1239,6 +1239,18 @@ TEST_F(Parity, Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes) {
       expect_same(down(gdy2), down(gdy1), what + " BF16 dZ by bits vs by Y");
       expect_same(down(gg2), down(gg1), what + " BF16 dYg by bits vs by Y");
       expect_same(down(gdb2), down(gdb1), what + " BF16 db by bits vs by Y");
+      {  // by bits with the kernel at 2 blocks per SM, as before 3 (three_block_kernels)
+        const bool three = three_block_kernels();
+        set_three_block_kernels(!three);
+        Buffer<uint16_t> gdy3 = up(dYb);
+        Buffer<float> gg3 = up(Vec(size_t(n) * out)), gdb3 = up(Vec(size_t(out)));
+        group_sum_backward_bf16(gpu_, nullptr, gdy3.data(), n, S, out, gg3.data(), out, gdb3.data(),
+                                true, gm.data());
+        set_three_block_kernels(three);
+        expect_same(down(gdy3), down(gdy2), what + " BF16 dZ by bits, 2 vs 3 blocks per SM");
+        expect_same(down(gg3), down(gg2), what + " BF16 dYg by bits, 2 vs 3 blocks per SM");
+        expect_same(down(gdb3), down(gdb2), what + " BF16 db by bits, 2 vs 3 blocks per SM");
+      }
       Bits dY = dYb;
       Vec g(size_t(n) * out), db(static_cast<size_t>(out));
       group_sum_backward_bf16(cpu_, nullptr, dY.data(), n, S, out, g.data(), out, db.data(), true,
@@ -1385,10 +1397,10 @@ TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
   };
   const Out s = run(gpu_, true, true), f = run(gpu_, false, true), c = run(cpu_, true, false);
   {  // BF16's backward kernel at 2 blocks per SM (8 rows in flight), as before 3 blocks
-    const bool three = top_backward_three_blocks();
-    set_top_backward_three_blocks(false);
+    const bool three = three_block_kernels();
+    set_three_block_kernels(false);
     const Out two = run(gpu_, true, true);
-    set_top_backward_three_blocks(three);
+    set_three_block_kernels(three);
     expect_same(two.dA16, s.dA16, "dA, 2 blocks vs 3 blocks per SM");
     expect_same(two.dU, s.dU, "user GMF gradients, 2 vs 3 blocks per SM");
     expect_same(two.dI, s.dI, "item GMF gradients, 2 vs 3 blocks per SM");
@@ -1586,14 +1598,14 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         const std::string o = what + "out=" + std::to_string(out);
         expect_same(down(gdP16), dP16, o + " run_sums_bf16");
         // FP32 rows with either kernel (3 blocks per SM and 12 rows in flight, or 2 and 16)
-        const bool three = run_sums_three_blocks();
+        const bool three = three_block_kernels();
         for (bool t : {true, false}) {
-          set_run_sums_three_blocks(t);
+          set_three_block_kernels(t);
           gdP = up(Vec(size_t(R) * out, -1.0f));
           run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
           expect_same(down(gdP), dP, o + (t ? " run_sums, 3 blocks" : " run_sums, 2 blocks"));
         }
-        set_run_sums_three_blocks(three);
+        set_three_block_kernels(three);
       }
     }
   // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows.

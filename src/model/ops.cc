@@ -279,8 +279,7 @@ bool lt_bf16_out_enabled() {
 }
 
 namespace {
-std::atomic<int> g_top_bwd_three{-1};  // -1: not read from the environment yet
-std::atomic<int> g_run_sums_three{-1};
+std::atomic<int> g_three_blocks{-1};  // -1: not read from the environment yet
 
 // A kernel choice on by default: off where the environment variable `name` is "0"; read
 // at the first call unless a setter came first.
@@ -296,10 +295,8 @@ bool env_switch(std::atomic<int>& v, const char* name) {
 }
 }  // namespace
 
-bool top_backward_three_blocks() { return env_switch(g_top_bwd_three, "NCF_TOP_BWD_3BLOCKS"); }
-void set_top_backward_three_blocks(bool on) { g_top_bwd_three.store(on ? 1 : 0); }
-bool run_sums_three_blocks() { return env_switch(g_run_sums_three, "NCF_RUN_SUMS_3BLOCKS"); }
-void set_run_sums_three_blocks(bool on) { g_run_sums_three.store(on ? 1 : 0); }
+bool three_block_kernels() { return env_switch(g_three_blocks, "NCF_3BLOCK_KERNELS"); }
+void set_three_block_kernels(bool on) { g_three_blocks.store(on ? 1 : 0); }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

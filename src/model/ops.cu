@@ -1070,7 +1070,7 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
 // occupancy and 44% of HBM peak, 41% of its warps' cycles between instructions spent
 // waiting on L1TEX (bench/results/gpu_2026-11-27_8976e61/step_ncu_top.log); with 4 rows
 // it fits 78 registers without a spill (sm_90, ptxas -v) and 3 blocks
-// (top_backward_three_blocks).
+// (three_block_kernels).
 // R changes only how many rows' loads are issued before their adds, not the order of
 // any sum: every R gives the same bits.
 template <int J, typename TA, int R = (J >= 4 ? 4 : 8), int kMinBlocks = 0>
@@ -1527,7 +1527,7 @@ struct RawLanes<T, 1> {
 // kernel ran at 30% of HBM peak, its SMs busy 72% of its time
 // (bench/results/gpu_2026-11-27_8976e61/step_ncu_tf32.txt); 12 rows fit 80 registers
 // without a spill (sm_90, ptxas -v) and 3 blocks, 24 warps and 12% more bytes in flight
-// per SM (run_sums_three_blocks). kRows does not change any sum's order: the same bits.
+// per SM (three_block_kernels). kRows does not change any sum's order: the same bits.
 template <typename T, int L, int kRows = kRunRowsInFlight, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     run_sums_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,
@@ -1565,7 +1565,7 @@ template <typename T, int L>
 void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
                      int64_t R, int out, float* dP) {
   if constexpr (std::is_same<T, float>::value && L == 4) {
-    if (run_sums_three_blocks()) {
+    if (three_block_kernels()) {
       run_sums_kernel<T, L, 12, 3>
           <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
       return;
@@ -1669,9 +1669,12 @@ __device__ __forceinline__ Bf16Lanes<L> mask_bf16_bits(uint32_t bits, const Bf16
 }
 
 // kBits: the mask from the forward's ReLU bit mask instead of Y (one word per row
-// and thread, L bits of it).
-template <int L, bool kRelu, bool kBits = false>
-__global__ void __launch_bounds__(kThreads)
+// and thread, L bits of it). kMinBlocks: blocks per SM for __launch_bounds__ (0: none);
+// at L = 8 with the bits the kernel takes 93 registers, 2 blocks per SM (an H200 ran it at
+// 63% of HBM peak, bench/results/gpu_2026-11-27_8976e61/step_ncu_bf16.txt), and fits 80
+// without a spill for 3 (sm_90, ptxas -v; three_block_kernels).
+template <int L, bool kRelu, bool kBits = false, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,
                           int S, int out, float* __restrict__ dYg, int64_t lddyg,
                           const uint32_t* __restrict__ mask = nullptr, int64_t words = 0) {
@@ -1723,8 +1726,16 @@ void launch_group_sum_bf16(cudaStream_t stream, const uint16_t* Y, uint16_t* dY,
                            const uint32_t* mask = nullptr) {
   const unsigned grid = grid_for(n * (out / L));
   if (relu && mask) {
-    group_sum_bf16_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(
-        nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
+    bool three = false;
+    if constexpr (L == 8) {
+      three = three_block_kernels();
+      if (three)
+        group_sum_bf16_kernel<L, true, true, 3><<<grid, kThreads, 0, stream>>>(
+            nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
+    }
+    if (!three)
+      group_sum_bf16_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(
+          nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
   } else if (relu) {
     group_sum_bf16_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
   } else {
@@ -2093,7 +2104,7 @@ void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
     } else if (J == 2) {
       bool three = false;  // BF16 only: the FP32 kernel spills at 3 blocks' 80 registers
       if constexpr (sizeof(TA) == 2) {
-        three = top_backward_three_blocks();
+        three = three_block_kernels();
         if (three)
           neumf_top_backward_kernel<2, TA, 4, 3><<<grid, kThreads, 0, stream>>>(
               urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,

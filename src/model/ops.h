@@ -85,21 +85,16 @@ const char* step_kernels_name(StepKernels kernels);
 // replaced, on the same BF16 bias), kept selectable to be measured beside it. Read once.
 bool lt_bf16_out_enabled();
 
-// GPU neumf_top_backward on BF16 storage with mf and the last layer in (32, 64]: 4 rows
-// in flight per warp and at most 80 registers, so 3 blocks share an SM (true, the
-// default), or, with the environment variable NCF_TOP_BWD_3BLOCKS=0, 8 rows and 110
-// registers, 2 blocks (the kernel before, kept selectable to be measured beside it).
-// The same loads and sums in the same order either way: the same bits. The environment
-// is read once, at the first call; the setter (tests) overrides it.
-bool top_backward_three_blocks();
-void set_top_backward_three_blocks(bool on);
-
-// GPU run_sums on FP32 rows, four columns per thread: 12 rows in flight and at most 80
-// registers, 3 blocks per SM (true, the default), or, with NCF_RUN_SUMS_3BLOCKS=0, 16 rows
-// and 96 registers, 2 blocks (the kernel before). The same sums in the same order: the
+// Three GPU kernels that ran 2 blocks per SM on an H200, capped at 80 registers so that 3
+// blocks share an SM (true, the default), or, with the environment variable
+// NCF_3BLOCK_KERNELS=0, as they were (kept selectable to be measured beside them):
+// neumf_top_backward on BF16 storage with mf and the last layer in (32, 64] (4 rows in
+// flight per warp instead of 8), run_sums on FP32 rows four columns per thread (12 rows
+// instead of 16) and group_sum_backward_bf16 by the ReLU bit mask eight columns per
+// thread (the same code). The same loads and sums in the same order either way: the
 // same bits. The environment is read at the first call; the setter (tests) overrides it.
-bool run_sums_three_blocks();
-void set_run_sums_three_blocks(bool on);
+bool three_block_kernels();
+void set_three_block_kernels(bool on);
 
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);

@@ -194,14 +194,10 @@ int train_main(int& argc, char**& argv) {
                    "kernels\n",
                    k, step_kernels_name(step_kernels()));
   }
-  if (lead && !top_backward_three_blocks())
+  if (lead && !three_block_kernels())
     std::fprintf(stderr,
-                 "ncf_dist: note: NCF_TOP_BWD_3BLOCKS=0: the BF16 top's backward kernel runs "
-                 "2 blocks per SM with 8 rows in flight\n");
-  if (lead && !run_sums_three_blocks())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_RUN_SUMS_3BLOCKS=0: layer 0's per-item sums of FP32 rows "
-                 "run 2 blocks per SM with 16 rows in flight\n");
+                 "ncf_dist: note: NCF_3BLOCK_KERNELS=0: the BF16 top's backward, the FP32 "
+                 "per-item sums and the BF16 masked group sums run 2 blocks per SM\n");
   if (lead && !lt_bf16_out_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
