@@ -270,16 +270,9 @@ const char* step_kernels_name(StepKernels kernels) {
   return kernels == StepKernels::kLegacy ? "legacy" : "streaming";
 }
 
-bool lt_bf16_out_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("NCF_LT_BF16_OUT");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return on;
-}
-
 namespace {
-std::atomic<int> g_three_blocks{-1};  // -1: not read from the environment yet
+std::atomic<int> g_lt_bf16_out{-1};   // -1: not read from the environment yet
+std::atomic<int> g_three_blocks{-1};  // likewise
 
 // A kernel choice on by default: off where the environment variable `name` is "0"; read
 // at the first call unless a setter came first.
@@ -295,6 +288,7 @@ bool env_switch(std::atomic<int>& v, const char* name) {
 }
 }  // namespace
 
+bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
 bool three_block_kernels() { return env_switch(g_three_blocks, "NCF_3BLOCK_KERNELS"); }
 void set_three_block_kernels(bool on) { g_three_blocks.store(on ? 1 : 0); }
 
@@ -828,6 +822,23 @@ void check_gather_bias_act(const char* op, const float* P, int64_t R, const int3
 constexpr int64_t kGatherBlock = 256;
 constexpr int64_t kGatherAhead = 4;
 
+// Both storages' gather_bias_act on the CPU: row(z, b) writes sample b's output row from
+// z = P's row ids[b]; then the ReLU bit mask of each block of rows.
+template <typename T, typename RowFn>
+void gather_rows_cpu(const ExecContext& ctx, const float* P, const int32_t* ids, T* Y, int64_t B,
+                     int out, uint32_t* mask, RowFn row) {
+  parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
+    for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
+      const int64_t c1 = std::min(b1, c0 + kGatherBlock);
+      for (int64_t b = c0; b < c1; ++b) {
+        if (b + kGatherAhead < b1) prefetch_row(P + int64_t(ids[b + kGatherAhead]) * out, out);
+        row(P + int64_t(ids[b]) * out, b);
+      }
+      if (mask) write_relu_mask_rows(Y, c0, c1, out, mask);
+    }
+  });
+}
+
 void check_ids_cpu(const char* op, const int32_t* ids, int64_t B, int64_t R) {
   for (int64_t b = 0; b < B; ++b)
     NCF_CHECK(ids[b] >= 0 && ids[b] < R, op, ": ids[", b, "] = ", ids[b], " is outside [0, ", R,
@@ -844,20 +855,12 @@ void gather_bias_act(const ExecContext& ctx, const float* P, int64_t R, const in
   if (!relu) mask = nullptr;
   NCF_DISPATCH_CUDA(ctx, gather_bias_act, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
-  parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
-    for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
-      const int64_t c1 = std::min(b1, c0 + kGatherBlock);
-      for (int64_t b = c0; b < c1; ++b) {
-        if (b + kGatherAhead < b1) prefetch_row(P + int64_t(ids[b + kGatherAhead]) * out, out);
-        const float* z = P + int64_t(ids[b]) * out;
-        const float* u = Yg + (b / S) * out;
-        float* y = Y + b * out;
-        for (int j = 0; j < out; ++j) {
-          const float v = (z[j] + u[j]) + (bias ? bias[j] : 0.0f);
-          y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
-        }
-      }
-      if (mask) write_relu_mask_rows(Y, c0, c1, out, mask);
+  gather_rows_cpu(ctx, P, ids, Y, n * S, out, mask, [&](const float* z, int64_t b) {
+    const float* u = Yg + (b / S) * out;
+    float* y = Y + b * out;
+    for (int j = 0; j < out; ++j) {
+      const float v = (z[j] + u[j]) + (bias ? bias[j] : 0.0f);
+      y[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
     }
   });
 }
@@ -870,16 +873,8 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
   if (!relu) mask = nullptr;
   NCF_DISPATCH_CUDA(ctx, gather_bias_act_bf16, ctx, P, R, ids, Yg, bias, Y, n, S, out, relu, mask);
   check_ids_cpu(op, ids, n * S, R);
-  parallel_for(ctx.threads, n * S, row_grain(out), [&](int64_t b0, int64_t b1) {
-    for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
-      const int64_t c1 = std::min(b1, c0 + kGatherBlock);
-      for (int64_t b = c0; b < c1; ++b) {
-        if (b + kGatherAhead < b1) prefetch_row(P + int64_t(ids[b + kGatherAhead]) * out, out);
-        epilogue_to_bf16_bits(P + int64_t(ids[b]) * out, bias, Yg + (b / S) * out, relu,
-                              Y + b * out, out);
-      }
-      if (mask) write_relu_mask_rows(Y, c0, c1, out, mask);
-    }
+  gather_rows_cpu(ctx, P, ids, Y, n * S, out, mask, [&](const float* z, int64_t b) {
+    epilogue_to_bf16_bits(z, bias, Yg + (b / S) * out, relu, Y + b * out, out);
   });
 }
 
@@ -1229,6 +1224,16 @@ inline __m128 load4(const uint16_t* p) {
   return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
 }
 
+// s + x0·w[0] + x1·w[1] + x2·w[2] + x3·w[3], added in that order, where x0..x3 are the
+// columns of the 4×4 block whose rows r0..r3 are given (row i: sample i, lane i).
+inline __m128 add_cols4(__m128 s, __m128 r0, __m128 r1, __m128 r2, __m128 r3, const float* w) {
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  s = _mm_add_ps(s, _mm_mul_ps(r0, _mm_set1_ps(w[0])));
+  s = _mm_add_ps(s, _mm_mul_ps(r1, _mm_set1_ps(w[1])));
+  s = _mm_add_ps(s, _mm_mul_ps(r2, _mm_set1_ps(w[2])));
+  return _mm_add_ps(s, _mm_mul_ps(r3, _mm_set1_ps(w[3])));
+}
+
 // The logits of four samples, one per lane: top_forward_cpu's scalar sum of each,
 // the same products added in the same column order (the same bits), the four
 // chains side by side instead of one add waiting on the last. Four columns of the
@@ -1238,17 +1243,10 @@ __m128 top_logits4(const float* const u[4], const float* const it[4], const TA* 
                    const float* w, int mf, int last) {
   __m128 s = _mm_setzero_ps();
   int k = 0;
-  for (; k + 4 <= mf; k += 4) {
-    __m128 g0 = _mm_mul_ps(_mm_loadu_ps(u[0] + k), _mm_loadu_ps(it[0] + k));
-    __m128 g1 = _mm_mul_ps(_mm_loadu_ps(u[1] + k), _mm_loadu_ps(it[1] + k));
-    __m128 g2 = _mm_mul_ps(_mm_loadu_ps(u[2] + k), _mm_loadu_ps(it[2] + k));
-    __m128 g3 = _mm_mul_ps(_mm_loadu_ps(u[3] + k), _mm_loadu_ps(it[3] + k));
-    _MM_TRANSPOSE4_PS(g0, g1, g2, g3);
-    s = _mm_add_ps(s, _mm_mul_ps(g0, _mm_set1_ps(w[k])));
-    s = _mm_add_ps(s, _mm_mul_ps(g1, _mm_set1_ps(w[k + 1])));
-    s = _mm_add_ps(s, _mm_mul_ps(g2, _mm_set1_ps(w[k + 2])));
-    s = _mm_add_ps(s, _mm_mul_ps(g3, _mm_set1_ps(w[k + 3])));
-  }
+  auto gmf = [&](int r, int j) {
+    return _mm_mul_ps(_mm_loadu_ps(u[r] + j), _mm_loadu_ps(it[r] + j));
+  };
+  for (; k + 4 <= mf; k += 4) s = add_cols4(s, gmf(0, k), gmf(1, k), gmf(2, k), gmf(3, k), w + k);
   for (; k < mf; ++k) {
     const __m128 g =
         _mm_setr_ps(u[0][k] * it[0][k], u[1][k] * it[1][k], u[2][k] * it[2][k], u[3][k] * it[3][k]);
@@ -1256,14 +1254,8 @@ __m128 top_logits4(const float* const u[4], const float* const it[4], const TA* 
   }
   const float* wa = w + mf;
   k = 0;
-  for (; k + 4 <= last; k += 4) {
-    __m128 x0 = load4(a[0] + k), x1 = load4(a[1] + k), x2 = load4(a[2] + k), x3 = load4(a[3] + k);
-    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-    s = _mm_add_ps(s, _mm_mul_ps(x0, _mm_set1_ps(wa[k])));
-    s = _mm_add_ps(s, _mm_mul_ps(x1, _mm_set1_ps(wa[k + 1])));
-    s = _mm_add_ps(s, _mm_mul_ps(x2, _mm_set1_ps(wa[k + 2])));
-    s = _mm_add_ps(s, _mm_mul_ps(x3, _mm_set1_ps(wa[k + 3])));
-  }
+  for (; k + 4 <= last; k += 4)
+    s = add_cols4(s, load4(a[0] + k), load4(a[1] + k), load4(a[2] + k), load4(a[3] + k), wa + k);
   for (; k < last; ++k) {
     const __m128 x = _mm_setr_ps(ld(a[0][k]), ld(a[1][k]), ld(a[2][k]), ld(a[3][k]));
     s = _mm_add_ps(s, _mm_mul_ps(x, _mm_set1_ps(wa[k])));

@@ -1564,15 +1564,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 template <typename T, int L>
 void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
                      int64_t R, int out, float* dP) {
-  if constexpr (std::is_same<T, float>::value && L == 4) {
-    if (three_block_kernels()) {
-      run_sums_kernel<T, L, 12, 3>
-          <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
-      return;
-    }
-  }
-  run_sums_kernel<T, L>
-      <<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
+  auto kernel = run_sums_kernel<T, L>;
+  if constexpr (std::is_same<T, float>::value && L == 4)
+    if (three_block_kernels()) kernel = run_sums_kernel<T, L, 12, 3>;
+  kernel<<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
 }
 
 // dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask): full
@@ -1726,16 +1721,11 @@ void launch_group_sum_bf16(cudaStream_t stream, const uint16_t* Y, uint16_t* dY,
                            const uint32_t* mask = nullptr) {
   const unsigned grid = grid_for(n * (out / L));
   if (relu && mask) {
-    bool three = false;
-    if constexpr (L == 8) {
-      three = three_block_kernels();
-      if (three)
-        group_sum_bf16_kernel<L, true, true, 3><<<grid, kThreads, 0, stream>>>(
-            nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
-    }
-    if (!three)
-      group_sum_bf16_kernel<L, true, true><<<grid, kThreads, 0, stream>>>(
-          nullptr, dY, n, S, out, dYg, lddyg, mask, relu_mask_words(out));
+    auto kernel = group_sum_bf16_kernel<L, true, true>;
+    if constexpr (L == 8)
+      if (three_block_kernels()) kernel = group_sum_bf16_kernel<L, true, true, 3>;
+    kernel<<<grid, kThreads, 0, stream>>>(nullptr, dY, n, S, out, dYg, lddyg, mask,
+                                          relu_mask_words(out));
   } else if (relu) {
     group_sum_bf16_kernel<L, true><<<grid, kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg);
   } else {
@@ -2097,27 +2087,22 @@ void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
   if (chunks > 0) {
     const int J = std::max(mf, last) <= 32 ? 1 : (std::max(mf, last) <= 64 ? 2 : 4);
     const unsigned grid = static_cast<unsigned>(chunks);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream>>>(urows, ldu, irows, ldi, A, w, dlogits, logits, labels,
+                                            inv_batch, dA, durows, lddu, dirows, lddi, n, S, mf,
+                                            last, relu, partial);
+    };
     if (J == 1) {
-      neumf_top_backward_kernel<1, TA><<<grid, kThreads, 0, stream>>>(
-          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
-          dirows, lddi, n, S, mf, last, relu, partial);
+      launch(neumf_top_backward_kernel<1, TA>);
     } else if (J == 2) {
-      bool three = false;  // BF16 only: the FP32 kernel spills at 3 blocks' 80 registers
-      if constexpr (sizeof(TA) == 2) {
-        three = three_block_kernels();
-        if (three)
-          neumf_top_backward_kernel<2, TA, 4, 3><<<grid, kThreads, 0, stream>>>(
-              urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
-              dirows, lddi, n, S, mf, last, relu, partial);
-      }
-      if (!three)
-        neumf_top_backward_kernel<2, TA><<<grid, kThreads, 0, stream>>>(
-            urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
-            dirows, lddi, n, S, mf, last, relu, partial);
+      // 3 blocks per SM on BF16 only: the FP32 kernel spills at 3 blocks' 80 registers.
+      if constexpr (sizeof(TA) == 2)
+        launch(three_block_kernels() ? neumf_top_backward_kernel<2, TA, 4, 3>
+                                     : neumf_top_backward_kernel<2, TA>);
+      else
+        launch(neumf_top_backward_kernel<2, TA>);
     } else {
-      neumf_top_backward_kernel<4, TA><<<grid, kThreads, 0, stream>>>(
-          urows, ldu, irows, ldi, A, w, dlogits, logits, labels, inv_batch, dA, durows, lddu,
-          dirows, lddi, n, S, mf, last, relu, partial);
+      launch(neumf_top_backward_kernel<4, TA>);
     }
     check_launch(op);
   }
