@@ -819,7 +819,7 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself}"
+step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu}"
 # The staged copies (training positives, evaluation lists) and a GPU run's metrics
 # against a CPU run's.
 step_pipeline_filter="PipelineGpu.*Stager*"
@@ -859,6 +859,8 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
 do_step_train_drelu() { NCF_LT_DRELU=1 do_step_train "$@"; }
 do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
 do_step_train_2blocks() { NCF_3BLOCK_KERNELS=0 do_step_train "$@"; }
+do_step_train_neg_one() { NCF_NEGATIVES_AHEAD=0 do_step_train "$@"; }
+do_step_train_sums_thread() { NCF_RUN_SUMS_WARP=0 do_step_train "$@"; }
 do_step_train_by_sample() { NCF_L0_BY_ITEM=0 do_step_train "$@"; }
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
@@ -1138,6 +1140,16 @@ run_step() {
   # the kernels capped for 3 blocks per SM as they were, at 2 (NCF_3BLOCK_KERNELS=0)
   for p in tf32 bf16; do
     stage "step_${p}_2blocks" 1 90 fig_step_train -- do_step_train_2blocks "$p" streaming
+  done
+  # negatives searched one draw at a time (NCF_NEGATIVES_AHEAD=0), as before the lock-step
+  # rounds
+  for p in tf32 bf16; do
+    stage "step_${p}_neg_one" 1 90 fig_step_train -- do_step_train_neg_one "$p" streaming
+  done
+  # layer 0's per-item sums with each thread loading its rows' indices (NCF_RUN_SUMS_WARP=0),
+  # as before a warp's indices came 32 at a time, a chunk ahead
+  for p in tf32 bf16; do
+    stage "step_${p}_sums_thread" 1 90 fig_step_train -- do_step_train_sums_thread "$p" streaming
   done
   # layer 0's items' half once per sample (NCF_L0_BY_ITEM=0), the path layer 0 by item
   # replaced

@@ -331,6 +331,38 @@ TEST(SortedContains, AgreesWithALinearScan) {
     }
 }
 
+// The lock-step rounds of the CUDA kernel against the one-at-a-time draw, over lists from
+// empty to all but one item (most draws taken: many rounds) and rounds of 1, 3 and 8 draws.
+template <int K>
+void expect_ahead_is_the_sequential_draw(std::mt19937& gen) {
+  for (uint64_t num_items : {uint64_t{1}, uint64_t{2}, uint64_t{7}, uint64_t{64}, uint64_t{1000}})
+    for (int trial = 0; trial < 40; ++trial) {
+      const int64_t count = static_cast<int64_t>(gen() % num_items);  // < num_items
+      IVec all(num_items);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), gen);
+      IVec pos(all.begin(), all.begin() + count);
+      std::sort(pos.begin(), pos.end());
+      const CounterRng rng{gen(), kStreamTrainNegatives, gen()};
+      for (int num_neg : {0, 1, 4, 9, 20}) {
+        IVec want(num_neg, -7), got(num_neg, -9);
+        negatives_detail::draw_negatives(rng, pos.data(), count, num_items, num_neg, want.data());
+        negatives_detail::draw_negatives_ahead<K>(rng, pos.data(), count, num_items, num_neg,
+                                                  got.data());
+        EXPECT_EQ(got, want) << "K " << K << " items " << num_items << " count " << count
+                             << " num_neg " << num_neg;
+        for (int32_t c : got) EXPECT_FALSE(std::binary_search(pos.begin(), pos.end(), c));
+      }
+    }
+}
+
+TEST(DrawNegativesAhead, DrawsTheItemsOfTheSequentialDraw) {
+  std::mt19937 gen(11);
+  expect_ahead_is_the_sequential_draw<1>(gen);
+  expect_ahead_is_the_sequential_draw<3>(gen);
+  expect_ahead_is_the_sequential_draw<8>(gen);
+}
+
 TEST(DevicePositiveLists, CpuSamplingFollowsTheDocumentedDraw) {
   SmallLists s;
   DevicePositiveLists lists(Device::kCpu, s.offsets.data(), s.items.data(), 3);

@@ -1583,7 +1583,7 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
       gather_run_rows(cpu_, X.data(), ldx, w, first.data(), R, Xr.data());
       gather_run_rows(gpu_, gX.data(), ldx, w, gfirst.data(), R, gXr.data());
       expect_same(down(gXr), Xr, what + " gather_run_rows");
-      for (int out : {1, 8, 13, 64, 256}) {
+      for (int out : {1, 8, 13, 64, 128, 256}) {
         if (B > 3000 && out < 64) continue;  // the large batch on the vector paths only
         Vec dZ = random_vec(size_t(B) * out, gen_);
         for (size_t i = 0; i < dZ.size(); i += 7) dZ[i] *= 4096.0f;
@@ -1594,18 +1594,25 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         Vec dP(size_t(R) * out), dP16(size_t(R) * out);
         run_sums(cpu_, dZ.data(), order.data(), starts.data(), R, out, dP.data());
         run_sums_bf16(cpu_, dZ16.data(), order.data(), starts.data(), R, out, dP16.data());
-        run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
         const std::string o = what + "out=" + std::to_string(out);
-        expect_same(down(gdP16), dP16, o + " run_sums_bf16");
-        // FP32 rows with either kernel (3 blocks per SM and 12 rows in flight, or 2 and 16)
-        const bool three = three_block_kernels();
-        for (bool t : {true, false}) {
-          set_three_block_kernels(t);
-          gdP = up(Vec(size_t(R) * out, -1.0f));
-          run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
-          expect_same(down(gdP), dP, o + (t ? " run_sums, 3 blocks" : " run_sums, 2 blocks"));
-        }
+        // Every kernel: by warp (out = 256), FP32 rows at 3 blocks per SM and 12 rows in
+        // flight or at 2 and 16, and BF16 rows.
+        const bool three = three_block_kernels(), by_warp = run_sums_by_warp();
+        for (bool wk : {true, false})
+          for (bool t : {true, false}) {
+            set_run_sums_by_warp(wk);
+            set_three_block_kernels(t);
+            const std::string k =
+                std::string(wk ? " by warp," : "") + (t ? " 3 blocks" : " 2 blocks");
+            gdP = up(Vec(size_t(R) * out, -1.0f));
+            run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
+            expect_same(down(gdP), dP, o + " run_sums," + k);
+            gdP16 = up(Vec(size_t(R) * out, -1.0f));
+            run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
+            expect_same(down(gdP16), dP16, o + " run_sums_bf16," + k);
+          }
         set_three_block_kernels(three);
+        set_run_sums_by_warp(by_warp);
       }
     }
   // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows.
@@ -2306,23 +2313,29 @@ TEST_F(Parity, NegativesBitIdenticalToCpu) {
   DatasetMeta meta = DatasetMeta::load(dir.path());
   PositiveLists lists(dir.path(), meta);
   DevicePositiveLists dlists(lists, g_dev);
-  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
-    for (int num_neg : {0, 1, 4}) {
-      const std::string what = shape({{"n", n}, {"num_neg", num_neg}});
-      IVec users = random_ids(n, 0, int32_t(U), gen_), items = random_ids(n, 0, int32_t(I), gen_);
-      const size_t S = size_t(n) * (1 + num_neg);
-      IVec ou(S, -5), oi(S, -5);
-      Vec ol(S, -5.0f);
-      Buffer<int32_t> gusers = up(users), gitems = up(items), gou = up(ou), goi = up(oi);
-      Buffer<float> gol = up(ol);
-      sample_negatives(cpu_, lists, I, users.data(), items.data(), 12345, n, num_neg, 99, 3,
-                       ou.data(), oi.data(), ol.data());
-      sample_negatives(gpu_, dlists, I, gusers.data(), gitems.data(), 12345, n, num_neg, 99, 3,
-                       gou.data(), goi.data(), gol.data());
-      expect_same(down(gou), ou, what + "users");
-      expect_same(down(goi), oi, what + "items");
-      expect_same(down(gol), ol, what + "labels");
-    }
+  // Both kernels' draws (lock-step rounds of up to 8, and one at a time); 9 negatives take
+  // two rounds, and user 0's one free item many.
+  for (bool ahead : {true, false})
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}})
+      for (int num_neg : {0, 1, 4, 9}) {
+        set_negatives_ahead(ahead);
+        const std::string what =
+            shape({{"n", n}, {"num_neg", num_neg}}) + (ahead ? "ahead " : "one at a time ");
+        IVec users = random_ids(n, 0, int32_t(U), gen_), items = random_ids(n, 0, int32_t(I), gen_);
+        const size_t S = size_t(n) * (1 + num_neg);
+        IVec ou(S, -5), oi(S, -5);
+        Vec ol(S, -5.0f);
+        Buffer<int32_t> gusers = up(users), gitems = up(items), gou = up(ou), goi = up(oi);
+        Buffer<float> gol = up(ol);
+        sample_negatives(cpu_, lists, I, users.data(), items.data(), 12345, n, num_neg, 99, 3,
+                         ou.data(), oi.data(), ol.data());
+        sample_negatives(gpu_, dlists, I, gusers.data(), gitems.data(), 12345, n, num_neg, 99, 3,
+                         gou.data(), goi.data(), gol.data());
+        expect_same(down(gou), ou, what + "users");
+        expect_same(down(goi), oi, what + "items");
+        expect_same(down(gol), ol, what + "labels");
+      }
+  set_negatives_ahead(true);
 }
 
 // ---- embedding_kernels.h ---------------------------------------------------------------------

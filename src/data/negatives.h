@@ -11,6 +11,13 @@
 #include "common/philox.h"
 #include "data/dataset.h"
 
+// Loops over K lanes unrolled in device code (their arrays stay in registers).
+#ifdef __CUDA_ARCH__
+#define NCF_NEGATIVES_UNROLL _Pragma("unroll")
+#else
+#define NCF_NEGATIVES_UNROLL
+#endif
+
 namespace ncf {
 
 // The per-positive draw, shared by the CPU loop and the CUDA kernel (one
@@ -52,6 +59,55 @@ NCF_HD void draw_negatives(const CounterRng& rng, const int32_t* pos, int64_t co
   }
 }
 
+// The same draws as draw_negatives, K at a time: the round takes the next m = min(K, still
+// wanted) draws of the stream, searches pos for all m in lock step (every search of a
+// list of `count` runs the same number of halvings, so the m probes of a halving are
+// independent loads in flight together) and keeps the free ones in draw order, up to the
+// count still wanted; a round with a draw taken runs again. The draws kept are the first
+// num_neg free draws of the stream, as in draw_negatives: the same items in the same order.
+// On a GPU one thread's num_neg searches are one chain of dependent loads either way; here
+// the chain is one search long (two when a draw is taken) instead of num_neg.
+template <int K>
+NCF_HD void draw_negatives_ahead(const CounterRng& rng, const int32_t* pos, int64_t count,
+                                 uint64_t num_items, int num_neg, int32_t* out) {
+  uint64_t d = 0;
+  int j = 0;
+  while (j < num_neg) {
+    const int m = num_neg - j < K ? num_neg - j : K;
+    int32_t c[K];
+    int64_t base[K];
+    NCF_NEGATIVES_UNROLL
+    for (int i = 0; i < K; ++i) {
+      base[i] = 0;
+      c[i] = 0;
+      if (i < m) {
+        const uint64_t di = d + static_cast<uint64_t>(i);
+        c[i] = static_cast<int32_t>(CounterRng::scale(
+            CounterRng::half(rng.block(static_cast<uint32_t>(di >> 1)), di), num_items));
+      }
+    }
+    // pos's lower bound for c[i] lies in [base[i], base[i] + len]; len halves each round.
+    for (int64_t len = count; len > 1;) {
+      const int64_t half = len / 2;
+      NCF_NEGATIVES_UNROLL
+      for (int i = 0; i < K; ++i)
+        if (i < m && pos[base[i] + half] < c[i]) base[i] += half;
+      len -= half;
+    }
+    NCF_NEGATIVES_UNROLL
+    for (int i = 0; i < K; ++i) {
+      if (i < m && j < num_neg) {
+        // The lower bound is base or base + 1: c is taken where either holds it.
+        const bool taken =
+            count > 0 && (pos[base[i]] == c[i] ||
+                          (pos[base[i]] < c[i] && base[i] + 1 < count && pos[base[i] + 1] == c[i]));
+        if (!taken) out[j++] = c[i];
+      }
+    }
+    d += static_cast<uint64_t>(m);
+  }
+}
+
 }  // namespace negatives_detail
 
 // For k < n: out_items[k·(1+num_neg)] = items[k] with label 1, followed by
@@ -86,6 +142,14 @@ void sample_negatives(const ExecContext& ctx, const DevicePositiveLists& positiv
                       uint64_t num_items, const int32_t* users, const int32_t* items,
                       int64_t slice_begin, int64_t n, int num_neg, uint64_t seed, int64_t epoch,
                       int32_t* out_users, int32_t* out_items, float* out_labels);
+
+// The CUDA kernel draws its positive's negatives through draw_negatives_ahead (true, the
+// default) or, with the environment variable NCF_NEGATIVES_AHEAD=0, through draw_negatives,
+// one search after another as before (kept selectable to be timed beside it): the same
+// items either way. The environment is read at the first call; the setter (tests)
+// overrides it. The CPU loop always searches one draw at a time.
+bool negatives_ahead();
+void set_negatives_ahead(bool on);
 
 #ifdef NCF_WITH_CUDA
 // The CUDA twin (negatives.cu); called through the dispatch in negatives.cc only.

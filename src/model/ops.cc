@@ -21,6 +21,7 @@
 #include "common/bf16.h"
 #include "common/check.h"
 #include "common/dispatch.h"
+#include "common/env_switch.h"
 #include "common/parallel.h"
 #include "model/cpu_matmul.h"
 
@@ -271,26 +272,16 @@ const char* step_kernels_name(StepKernels kernels) {
 }
 
 namespace {
-std::atomic<int> g_lt_bf16_out{-1};   // -1: not read from the environment yet
-std::atomic<int> g_three_blocks{-1};  // likewise
-
-// A kernel choice on by default: off where the environment variable `name` is "0"; read
-// at the first call unless a setter came first.
-bool env_switch(std::atomic<int>& v, const char* name) {
-  int x = v.load();
-  if (x < 0) {
-    const char* e = std::getenv(name);
-    int expected = -1;
-    v.compare_exchange_strong(expected, e == nullptr || std::string(e) != "0" ? 1 : 0);
-    x = v.load();
-  }
-  return x == 1;
-}
+std::atomic<int> g_lt_bf16_out{-1};    // -1: not read from the environment yet
+std::atomic<int> g_three_blocks{-1};   // likewise
+std::atomic<int> g_run_sums_warp{-1};  // likewise
 }  // namespace
 
 bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
 bool three_block_kernels() { return env_switch(g_three_blocks, "NCF_3BLOCK_KERNELS"); }
 void set_three_block_kernels(bool on) { g_three_blocks.store(on ? 1 : 0); }
+bool run_sums_by_warp() { return env_switch(g_run_sums_warp, "NCF_RUN_SUMS_WARP"); }
+void set_run_sums_by_warp(bool on) { g_run_sums_warp.store(on ? 1 : 0); }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

@@ -1561,12 +1561,68 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
+// run_sums_warp: run_sums where a run's row is whole warps (out / L a multiple of 32), so
+// the 32 threads of a warp share the run u. The run's indices come 32 at a time, lane i
+// loading order[c + i] (one coalesced load), and reach the warp's threads by shuffles; the
+// next 32 are loaded while this chunk's rows are added, so a round of kRows rows waits for
+// its rows only, not for their indices first. The same rows added in the same order into
+// the same doubles as run_sums_kernel: the same bits.
+template <typename T, int L, int kRows, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    run_sums_warp_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,
+                         const int32_t* __restrict__ starts, int64_t R, int out,
+                         float* __restrict__ dP) {
+  const int per_row = out / L;
+  const int64_t total = R * per_row;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t x = thread_first(); x < total; x += thread_stride()) {
+    const int64_t u = x / per_row;
+    const int j = static_cast<int>(x - u * per_row) * L;
+    double acc[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) acc[l] = 0.0;
+    const int k0 = starts[u], k1 = starts[u + 1];
+    int32_t next = k0 + lane < k1 ? order[k0 + lane] : 0;
+    for (int c = k0; c < k1; c += 32) {
+      const int32_t mine = next;
+      if (c + 32 + lane < k1) next = order[c + 32 + lane];
+      const int mc = k1 - c < 32 ? k1 - c : 32;
+      for (int i0 = 0; i0 < mc; i0 += kRows) {
+        const int m = mc - i0 < kRows ? mc - i0 : kRows;
+        RawLanes<T, L> z[kRows];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          if (i < m) {
+            const int32_t row = __shfl_sync(0xffffffffu, mine, i0 + i);
+            z[i].load(dZ + int64_t{row} * out + j);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          if (i < m) {
+#pragma unroll
+            for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int l = 0; l < L; ++l) dP[u * out + j + l] = static_cast<float>(acc[l]);
+  }
+}
+
 template <typename T, int L>
 void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
                      int64_t R, int out, float* dP) {
+  // The warp kernel, where it applies, whatever three_block_kernels says: FP32 at 12 rows
+  // and 3 blocks per SM (78 registers on sm_90), BF16 at 16 rows (71, 3 blocks).
+  constexpr bool fp32 = std::is_same<T, float>::value;
   auto kernel = run_sums_kernel<T, L>;
-  if constexpr (std::is_same<T, float>::value && L == 4)
+  if constexpr (fp32 && L == 4)
     if (three_block_kernels()) kernel = run_sums_kernel<T, L, 12, 3>;
+  if constexpr (L == 4)
+    if ((out / L) % 32 == 0 && run_sums_by_warp())
+      kernel = fp32 ? run_sums_warp_kernel<T, L, 12, 3> : run_sums_warp_kernel<T, L, 16, 0>;
   kernel<<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
 }
 

@@ -96,6 +96,15 @@ bool lt_bf16_out_enabled();
 bool three_block_kernels();
 void set_three_block_kernels(bool on);
 
+// run_sums and run_sums_bf16 on rows of a multiple of 128 columns with a warp's 32 threads
+// on one run, its indices loaded 32 at a time, a chunk ahead, and shuffled to the threads
+// (true, the default), or, with the environment variable NCF_RUN_SUMS_WARP=0, each thread
+// loading its indices before its rows, as before (kept selectable to be timed beside it).
+// The same rows added in the same order: the same bits. Read at the first call; the setter
+// (tests) overrides it.
+bool run_sums_by_warp();
+void set_run_sums_by_warp(bool on);
+
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 

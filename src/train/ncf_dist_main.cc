@@ -20,6 +20,7 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 #include "data/dataset.h"
+#include "data/negatives.h"
 #include "embedding/exchange_model.h"
 #include "model/cpu_matmul.h"
 #include "model/neumf.h"
@@ -198,6 +199,14 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_3BLOCK_KERNELS=0: the BF16 top's backward, the FP32 "
                  "per-item sums and the BF16 masked group sums run 2 blocks per SM\n");
+  if (lead && !run_sums_by_warp())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each "
+                 "row's index per thread\n");
+  if (lead && !negatives_ahead())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives "
+                 "one draw at a time\n");
   if (lead && !lt_bf16_out_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
