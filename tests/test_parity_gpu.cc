@@ -1615,8 +1615,11 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         set_run_sums_by_warp(by_warp);
       }
     }
-  // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows.
-  {
+  // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows,
+  // four samples per thread (B not a multiple of four) and one.
+  const bool by_four = scatter_rows_by_four();
+  for (bool four : {true, false}) {
+    set_scatter_rows_by_four(four);
     const int64_t B = 20011, bound = 3001, R = bound, ld = 192;
     const int w = 128;
     const IVec ids = random_ids(size_t(B), 0, int32_t(bound), gen_);
@@ -1632,9 +1635,11 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
       Buffer<int32_t> ginv = up(inv), gfirst = up(first);
       scatter_run_rows(gpu_, gYr.data(), R, 2, w, ginv.data(), gfirst.data(), B, gY.data() + offset,
                        ld);
-      expect_same(down(gY), Y, "scatter_run_rows, offset " + std::to_string(offset));
+      expect_same(down(gY), Y,
+                  "scatter_run_rows, offset " + std::to_string(offset) + (four ? ", by four" : ""));
     }
   }
+  set_scatter_rows_by_four(by_four);
   // split_bf16's and split_tf32's two parts.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
     {

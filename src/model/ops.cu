@@ -1519,6 +1519,59 @@ struct RawLanes<T, 1> {
   __device__ __forceinline__ float at(int) const { return element_value(v); }
 };
 
+// scatter_run_rows_kernel with kSamples consecutive samples per thread (a warp's threads on
+// the same samples when w / L is a multiple of 32): their runs, then their first samples,
+// then their parts' rows are loaded together, so a thread waits for each of the three
+// once for kSamples stores instead of once per store; the stores stream past L2 (the
+// array is read again by the embedding update, not by this kernel). The same adds in the
+// same order: the same bits.
+template <int L, int kSamples>
+__global__ void __launch_bounds__(kThreads)
+    scatter_run_rows_many_kernel(const float* __restrict__ Yr, int64_t R, int parts, int w,
+                                 const int32_t* __restrict__ inv, const int32_t* __restrict__ first,
+                                 int64_t B, float* __restrict__ Y, int64_t ldy) {
+  const int per_row = w / L;
+  const int64_t groups = (B + kSamples - 1) / kSamples;
+  for (int64_t x = thread_first(); x < groups * per_row; x += thread_stride()) {
+    const int64_t g = x / per_row;
+    const int c = static_cast<int>(x - g * per_row) * L;
+    int64_t u[kSamples];
+#pragma unroll
+    for (int s = 0; s < kSamples; ++s) {
+      const int64_t b = g * kSamples + s;
+      u[s] = b < B ? inv[b] : 0;
+    }
+    bool head[kSamples];
+#pragma unroll
+    for (int s = 0; s < kSamples; ++s) {
+      const int64_t b = g * kSamples + s;
+      head[s] = b < B && first[u[s]] == b;
+    }
+    Lanes<L> v[kSamples];
+#pragma unroll
+    for (int s = 0; s < kSamples; ++s) {
+#pragma unroll
+      for (int l = 0; l < L; ++l) v[s].v[l] = 0.0f;
+      if (head[s]) v[s] = load_lanes<L>(Yr + u[s] * w + c);
+    }
+    for (int p = 1; p < parts; ++p) {
+#pragma unroll
+      for (int s = 0; s < kSamples; ++s) {
+        if (head[s]) {
+          const Lanes<L> t = load_lanes<L>(Yr + (p * R + u[s]) * w + c);
+#pragma unroll
+          for (int l = 0; l < L; ++l) v[s].v[l] = __fadd_rn(v[s].v[l], t.v[l]);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kSamples; ++s) {
+      const int64_t b = g * kSamples + s;
+      if (b < B) store_lanes_cs<L>(Y + b * ldy + c, v[s]);
+    }
+  }
+}
+
 // run_sums: one thread per (run u, L columns from j) adds the run's rows in k order in
 // double, kRunRowsInFlight rows loaded (as stored) before their adds; one FP32 store of
 // each column. The same sums in the same order as the CPU twin: the same bits.
@@ -2339,8 +2392,14 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
                       const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy) {
   if (B == 0) return;
   if (w % 4 == 0 && ldy % 4 == 0 && aligned16(Yr) && aligned16(Y)) {
-    scatter_run_rows_kernel<4><<<grid_for(B * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
-        Yr, R, parts, w, inv, first, B, Y, ldy);
+    constexpr int kSamples = 4;
+    if (scatter_rows_by_four())
+      scatter_run_rows_many_kernel<4, kSamples>
+          <<<grid_for((B + kSamples - 1) / kSamples * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
+              Yr, R, parts, w, inv, first, B, Y, ldy);
+    else
+      scatter_run_rows_kernel<4><<<grid_for(B * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
+          Yr, R, parts, w, inv, first, B, Y, ldy);
   } else {
     scatter_run_rows_kernel<1>
         <<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(Yr, R, parts, w, inv, first, B, Y, ldy);

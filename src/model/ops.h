@@ -105,6 +105,14 @@ void set_three_block_kernels(bool on);
 bool run_sums_by_warp();
 void set_run_sums_by_warp(bool on);
 
+// scatter_run_rows on rows of four-column quads with four samples per thread, their
+// indices and rows loaded together before their stores (true, the default), or, with the
+// environment variable NCF_SCATTER_BY_FOUR=0, one sample per thread as before (kept
+// selectable to be timed beside it). The same bits. Read at the first call; the setter
+// (tests) overrides it.
+bool scatter_rows_by_four();
+void set_scatter_rows_by_four(bool on);
+
 // x[0..n) = value.
 void fill(const ExecContext& ctx, float* x, int64_t n, float value);
 

@@ -203,6 +203,10 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each "
                  "row's index per thread\n");
+  if (lead && !scatter_rows_by_four())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_SCATTER_BY_FOUR=0: the items' MLP gradients go back onto "
+                 "the samples one sample per thread\n");
   if (lead && !negatives_ahead())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives "
