@@ -66,6 +66,35 @@ TEST(CollectionOneRank, LookupReturnsEachTablesRowsInBatchOrder) {
   }
 }
 
+// A lookup of part of the item rows (the step's, where layer 0 reads the rest from the table)
+// writes their first columns and leaves the others as the lookup before wrote them;
+// local_rows is the table in row order. A BF16 wire, or a width past D, is refused.
+TEST(CollectionOneRank, ANarrowLookupWritesTheFirstColumnsOnly) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  EmbeddingCollection e(two_tables(Placement::kRowWise), comm, ctx, sgd(0.1f), false);
+  e.init(7);
+  ASSERT_TRUE(e.narrow_lookups());
+  const std::vector<float> items = e.gather_table(1);
+  ASSERT_EQ(std::vector<float>(e.local_rows(1), e.local_rows(1) + items.size()), items);
+  const std::vector<int32_t> users = random_ids(30, kUsers, 4), a = random_ids(50, kItems, 3),
+                             b = random_ids(50, kItems, 5);
+  e.lookup({{users.data(), 30}, {a.data(), 50}});
+  for (int w : {2, 1}) {
+    e.lookup({{users.data(), 30}, {b.data(), 50, w}});
+    for (size_t k = 0; k < b.size(); ++k)
+      for (int d = 0; d < 6; ++d)
+        ASSERT_EQ(e.rows(1)[k * 6 + d], items[size_t(d < w ? b[k] : a[k]) * 6 + d])
+            << "width " << w << " k=" << k << " d=" << d;
+    e.lookup({{users.data(), 30}, {a.data(), 50}});
+  }
+  EXPECT_THROW(e.lookup({{users.data(), 30}, {b.data(), 50, 7}}), Error);
+  e.set_exchange_dtype(WireDType::kBFloat16);
+  EXPECT_FALSE(e.narrow_lookups());
+  EXPECT_EQ(e.local_rows(1), nullptr);
+  EXPECT_THROW(e.lookup({{users.data(), 30}, {b.data(), 50, 2}}), Error);
+}
+
 TEST(CollectionOneRank, AnIdOutsideItsTableNamesTheTable) {
   SingleCommunicator comm;
   ExecContext ctx;

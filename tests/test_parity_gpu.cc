@@ -208,6 +208,10 @@ class Parity : public ::testing::Test {
     set_math_mode(MathMode::kTf32);
     set_step_kernels(StepKernels::kStreaming);
     set_layer0_by_item(Layer0ByItem::kAuto);
+    set_negatives_ahead(true);
+    set_run_sums_by_warp(true);
+    set_scatter_rows_by_four(true);
+    set_narrow_item_lookups(true);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -1583,6 +1587,15 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
       gather_run_rows(cpu_, X.data(), ldx, w, first.data(), R, Xr.data());
       gather_run_rows(gpu_, gX.data(), ldx, w, gfirst.data(), R, gXr.data());
       expect_same(down(gXr), Xr, what + " gather_run_rows");
+      // The same rows from a table by the samples' ids.
+      if (B > 0) {
+        const Vec T = random_vec(size_t(bound) * ldx, gen_);
+        Buffer<float> gT = up(T), gTr = up(Vec(size_t(R) * w, -1.0f));
+        Vec Tr(size_t(R) * w);
+        gather_run_rows(cpu_, T.data(), ldx, w, first.data(), R, Tr.data(), ids.data());
+        gather_run_rows(gpu_, gT.data(), ldx, w, gfirst.data(), R, gTr.data(), gids.data());
+        expect_same(down(gTr), Tr, what + " gather_run_rows by id");
+      }
       for (int out : {1, 8, 13, 64, 128, 256}) {
         if (B > 3000 && out < 64) continue;  // the large batch on the vector paths only
         Vec dZ = random_vec(size_t(B) * out, gen_);
@@ -2134,6 +2147,17 @@ TEST_F(Parity, GatherRowsExactWithDuplicates) {
           gather_rows(cpu_, table.data(), ids.data(), out.data() + offset, R, n, D);
           gather_rows(gpu_, gtable.data(), gids.data(), gout.data() + offset, R, n, D);
           expect_same(down(gout), out, shape({{"R", R}, {"D", D}, {"n", n}, {"offset", offset}}));
+          // The first columns only (a narrow lookup), the others left as they were.
+          for (int width : {1, D / 2, D - 1}) {
+            if (width < 1) continue;
+            Vec part(size_t(n) * D + offset, 2.0f);
+            Buffer<float> gpart = up(part);
+            gather_rows(cpu_, table.data(), ids.data(), part.data() + offset, R, n, D, width);
+            gather_rows(gpu_, gtable.data(), gids.data(), gpart.data() + offset, R, n, D, width);
+            expect_same(
+                down(gpart), part,
+                shape({{"R", R}, {"D", D}, {"n", n}, {"offset", offset}, {"width", width}}));
+          }
         }
 }
 
@@ -2927,6 +2951,75 @@ void expect_mostly_close(const Vec& gpu, const Vec& cpu, double bound, const std
   }
   EXPECT_LE(double(loose), kKinkShare * double(gpu.size()) + 1)
       << what << ": " << loose << " elements past the tolerance";
+}
+
+// On the GPU, the step whose item lookup writes the GMF columns only (layer 0 reading its
+// runs' MLP columns from the item table) gives the bits of the one that writes whole rows.
+TEST_F(Parity, NarrowItemLookupStepIsTheWholeRowStepBitForBit) {
+  test::TempDir dir;
+  const std::string data = dir.file("data");
+  auto r = test::run(test::bin("ncf_prep") +
+                     " --synthetic custom --users 300 --items 200 "
+                     "--interactions 8000 --eval_negatives 20 --record_rows 256 --num_shards 2 "
+                     "--seed 5 --output " +
+                     data);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const DatasetMeta meta = DatasetMeta::load(data);
+  const PositiveLists lists(data, meta);
+  const DevicePositiveLists dlists(lists, g_dev);
+  NeuMFConfig cfg;
+  cfg.mf_dim = 8;
+  cfg.layers = {64, 32, 16, 8};
+  EmbeddingPlan plan;
+  plan.D = cfg.embedding_width();
+  plan.W = 1;
+  plan.tables = {{"user", int64_t(meta.num_users), Placement::kRowWise, 0, 1, 0.05f},
+                 {"item", int64_t(meta.num_items), Placement::kRowWise, 0, 2, 0.05f}};
+  EmbeddingOptimizerConfig eopt;
+  eopt.kind = EmbeddingOptimizer::kDenseAdam;
+  eopt.adam = {0.002f, 0.9f, 0.999f, 1e-7f, 0.0f};
+  SingleCommunicator comm;
+  set_layer0_by_item(Layer0ByItem::kOn);  // by item on the CPU stand-in too
+  for (MathMode mode : {MathMode::kTf32, MathMode::kBf16}) {
+    set_math_mode(mode);
+    std::vector<float> params[2], tables[2][2];
+    for (int narrow = 0; narrow < 2; ++narrow) {
+      set_narrow_item_lookups(narrow == 1);
+      EmbeddingCollection coll(plan, comm, gpu_, eopt, false);
+      coll.init(3);
+      NeuMF model(cfg, g_dev);
+      model.init(3);
+      TrainState st;
+      st.positives = &lists;
+      st.device_positives = &dlists;
+      st.num_items = int64_t(meta.num_items);
+      st.num_neg = 4;
+      st.seed = 3;
+      st.dense_hyper = {0.002f, 0.9f, 0.999f, 1e-8f, 0.0f};
+      st.tables = &coll;
+      st.model = &model;
+      st.allocate(gpu_);
+      Buffer<double> loss(g_dev, 1);
+      TrainReader reader(data, meta, 0, 1, 400, 3, false);
+      reader.start_epoch(0);
+      TrainBatch b;
+      for (int step = 0; step < 3; ++step) {
+        ASSERT_TRUE(reader.next(&b));
+        const int64_t n = int64_t(b.users.size());
+        ASSERT_TRUE(coll.narrow_lookups());
+        ASSERT_TRUE(model.layer0_by_item(n * 5, ItemKeys{b.items.data(), st.num_items}));
+        Buffer<int32_t> gu = up(b.users), gi = up(b.items);
+        train_step(st, {gu.data(), gi.data(), n, b.slice_begin, b.epoch, b.step_count}, comm, gpu_,
+                   loss.data());
+      }
+      params[narrow] = down(model.params(), size_t(model.num_params()));
+      for (int t = 0; t < 2; ++t) tables[narrow][t] = coll.gather_table(t);
+    }
+    const std::string what = mode == MathMode::kTf32 ? "tf32 " : "bf16 ";
+    expect_same(params[1], params[0], what + "tower");
+    for (int t = 0; t < 2; ++t)
+      expect_same(tables[1][t], tables[0][t], what + "table " + std::to_string(t));
+  }
 }
 
 TEST_F(Parity, TrainStepOnBothDevices) {

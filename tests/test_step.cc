@@ -32,7 +32,11 @@ bool same_bits(const std::vector<float>& a, const float* b) {
   return std::memcmp(a.data(), b, a.size() * 4) == 0;
 }
 
-TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
+// mode: layer 0 by item or per sample on this CPU; narrow: the step's item lookup writes
+// only the GMF columns where it may (the reference always gathers whole rows).
+void expect_train_step_is_the_composed_step(Layer0ByItem mode, bool narrow) {
+  set_layer0_by_item(mode);
+  set_narrow_item_lookups(narrow);
   TempDir dir;
   const std::string data = dir.file("data");
   auto r = run(bin("ncf_prep") +
@@ -108,6 +112,10 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
     gather_rows(ctx, ref_table[0].data(), b.users.data(), rows[0].data(), U, n, D);
     gather_rows(ctx, ref_table[1].data(), si.data(), rows[1].data(), I, B, D);
     // Layer 0 by item, from the samples' item ids, as train_step runs it.
+    // The step took layer 0 by item (and, with narrow, its narrow lookup) where this says so.
+    ASSERT_TRUE(tables.narrow_lookups());
+    ASSERT_EQ(ref_model.layer0_by_item(B, ItemKeys{si.data(), I}), mode == Layer0ByItem::kOn)
+        << "step " << steps;
     ref_model.forward(ctx, rows[0].data(), rows[1].data(), n, S, logits.data(),
                       ItemKeys{si.data(), I});
     double ref_loss = 0;
@@ -139,6 +147,20 @@ TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
   }
   EXPECT_EQ(steps, 6);
   EXPECT_EQ(st.t, 6);
+}
+
+TEST(StepOneRank, TrainStepEqualsTheStepComposedFromSeparateOps) {
+  expect_train_step_is_the_composed_step(Layer0ByItem::kOff, true);
+  set_layer0_by_item(Layer0ByItem::kAuto);
+}
+
+// 200 positives of 4 samples over 70 items: layer 0 by item, its runs' MLP columns read
+// from the item table (the lookup writing the GMF columns only) or from the samples' rows.
+TEST(StepOneRank, ByItemFromTheTableEqualsTheStepComposedFromSeparateOps) {
+  expect_train_step_is_the_composed_step(Layer0ByItem::kOn, true);
+  expect_train_step_is_the_composed_step(Layer0ByItem::kOn, false);
+  set_layer0_by_item(Layer0ByItem::kAuto);
+  set_narrow_item_lookups(true);
 }
 
 }  // namespace

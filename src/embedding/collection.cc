@@ -229,6 +229,15 @@ void EmbeddingCollection::init(uint64_t seed) {
 const float* EmbeddingCollection::rows(int t) const { return rows_.data() + off_[t] * plan_.D; }
 float* EmbeddingCollection::row_grads(int t) { return grads_.data() + off_[t] * plan_.D; }
 
+bool EmbeddingCollection::narrow_lookups() const {
+  return local_ && !bf16_rows_ && wire_ == WireDType::kFloat32;
+}
+
+const float* EmbeddingCollection::local_rows(int t) const {
+  if (!narrow_lookups()) return nullptr;
+  return params_.data() + layout_.key_begin[lt_[t]] * plan_.D;
+}
+
 void EmbeddingCollection::lookup(const std::vector<TableIds>& ids) {
   lookup_start(ids);
   lookup_gather();
@@ -243,9 +252,16 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   std::vector<int> table_of_layout(T);
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
   n_total_ = n_routed_ = 0;
+  width_.assign(size_t(T), 0);
   for (int u = 0; u < T; ++u) {
     const int t = table_of_layout[u];
     NCF_CHECK(ids[t].n >= 0, "embedding lookup: table ", plan_.tables[t].name, " n=", ids[t].n);
+    NCF_CHECK(ids[t].width >= 0 && ids[t].width <= D, "embedding lookup: table ",
+              plan_.tables[t].name, " width=", ids[t].width, " outside [0, D=", D, "]");
+    NCF_CHECK(ids[t].width == 0 || ids[t].width == D || narrow_lookups(),
+              "embedding lookup: table ", plan_.tables[t].name, " width=", ids[t].width,
+              ": only a one-rank lookup of FP32 rows over an FP32 wire writes part of a row");
+    width_[t] = ids[t].width == D ? 0 : ids[t].width;
     off_[t] = n_total_;
     n_[t] = ids[t].n;
     n_total_ += ids[t].n;
@@ -323,7 +339,13 @@ void EmbeddingCollection::lookup_gather() {
 void EmbeddingCollection::lookup_finish() {
   const int D = plan_.D;
   if (local_) {
-    gather_own(keys_.data(), 0, R_, n_total_, rows_.data());
+    if (std::all_of(width_.begin(), width_.end(), [](int w) { return w == 0; })) {
+      gather_own(keys_.data(), 0, R_, n_total_, rows_.data());
+    } else {  // narrow_lookups(): FP32 rows, nothing to round
+      for (int t = 0; t < num_tables(); ++t)
+        gather_rows(ctx_, params_.data(), keys_.data() + off_[t], rows_.data() + off_[t] * D, R_,
+                    n_[t], D, width_[t]);
+    }
     round_kept_rows(rows_.data());
     return;
   }

@@ -49,10 +49,13 @@
 
 namespace ncf {
 
-// One table's ids of a step, on the context's device.
+// One table's ids of a step, on the context's device. width (0: all D columns): the
+// columns of each row the lookup writes, the first ones, the rest left as they were
+// (only where narrow_lookups() says so).
 struct TableIds {
   const int32_t* ids = nullptr;
   int64_t n = 0;
+  int width = 0;
 };
 
 // What the exchanges carry per vector element (--exchange_dtype).
@@ -92,6 +95,12 @@ class EmbeddingCollection {
   // before gradients_start.
   const float* rows(int t) const;
   float* row_grads(int t);
+  // Whether a lookup may write fewer columns than D (TableIds::width): W = 1, FP32 rows and
+  // an FP32 wire, where the lookup is one gather from this rank's own rows.
+  bool narrow_lookups() const;
+  // Table t's rows (global row order, row stride D) on the context's device where
+  // narrow_lookups(), else null.
+  const float* local_rows(int t) const;
 
   // Floats of the replicated tables' dense gradient ([N×(D+1)] each: D columns
   // and a touch count) that gradients_start writes for the allreduce; 0 when no
@@ -217,6 +226,7 @@ class EmbeddingCollection {
   // ones; table t's n_[t] ids start at off_[t]. n_routed_ ids are routed,
   // nu_ travel (unique with dedup), nr_ arrive at this rank as owner.
   std::vector<int64_t> n_, off_;
+  std::vector<int> width_;  // the last lookup's columns per table (0: D)
   int64_t n_total_ = 0, n_routed_ = 0, nu_ = 0, nr_ = 0;
   CommTicket ticket_ = 0;
   Buffer<int32_t> keys_;        // [n_total] routed: keys; replicated: table rows; W=1: flat rows

@@ -430,15 +430,17 @@ void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
 }
 
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
-                 int64_t R, int64_t n, int D) {
+                 int64_t R, int64_t n, int D, int width) {
   const char* op = "gather_rows";
   check_gather(op, table, ids, out, R, n, D);
-  NCF_DISPATCH_CUDA(ctx, gather_rows, ctx, table, ids, out, R, n, D);
+  NCF_CHECK(width >= 0 && width <= D, op, ": width=", width, " outside [0, D=", D, "]");
+  const int w = width == 0 ? D : width;
+  NCF_DISPATCH_CUDA(ctx, gather_rows, ctx, table, ids, out, R, n, D, w);
   check_gather_ids(op, ids, R, n);
-  parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
+  parallel_for(ctx.threads, n, row_grain(w), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const float* src = table + static_cast<int64_t>(ids[k]) * D;
-      std::copy(src, src + D, out + k * D);
+      std::copy(src, src + w, out + k * D);
     }
   });
 }

@@ -105,11 +105,11 @@ __global__ void touched_rows_kernel(Rule rule, const RowId* rows, const float* g
   }
 }
 
-// out[k, :] = table[ids[k], :]; a bad id gives a zero row and an error record.
+// out[k, :w] = table[ids[k], :w] (row stride D); a bad id gives a zero row and an error record.
 template <bool kVec, bool k32>
 __global__ void gather_rows_kernel(const float* table, const RowId* ids, float* out, int64_t R,
-                                   int64_t n, int D, DeviceErrorRecord* err) {
-  const int lanes = lanes_of<kVec>(D);
+                                   int64_t n, int D, int w, DeviceErrorRecord* err) {
+  const int lanes = lanes_of<kVec>(w);
   const int64_t total = n * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t k = row_of_lane<k32>(i, lanes);
@@ -669,27 +669,27 @@ void embedding_rowwise_adagrad(const ExecContext& ctx, float* table, float* acc,
 }
 
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
-                 int64_t R, int64_t n, int D) {
+                 int64_t R, int64_t n, int D, int width) {
   const char* op = "gather_rows";
   if (n == 0) return;
   CudaResources& r = cuda_resources(ctx, op);
   cudaStream_t stream = stream_of(ctx);
-  const bool vec = D % 4 == 0 && aligned16(table) && aligned16(out);
-  const int64_t total = n * lanes_for(vec, D);
+  const bool vec = D % 4 == 0 && width % 4 == 0 && aligned16(table) && aligned16(out);
+  const int64_t total = n * lanes_for(vec, width);
   const bool k32 = total <= int64_t{UINT32_MAX};
   const unsigned grid = grid_for(total);
   if (vec && k32)
     gather_rows_kernel<true, true>
-        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, width, r.error_dev);
   else if (vec)
     gather_rows_kernel<true, false>
-        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, width, r.error_dev);
   else if (k32)
     gather_rows_kernel<false, true>
-        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, width, r.error_dev);
   else
     gather_rows_kernel<false, false>
-        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, r.error_dev);
+        <<<grid, kThreads, 0, stream>>>(table, ids, out, R, n, D, width, r.error_dev);
   check_launch(op);
 }
 

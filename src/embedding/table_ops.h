@@ -68,9 +68,11 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
 // ---- the three steps the fused update joins, and the gather --------------------
 
 // out[k, :] = table[ids[k], :] for k < n; every id must be in [0, R) (checked,
-// the message names the position and the id).
+// the message names the position and the id). width in [1, D] (0: D): only the
+// first width columns of each row are copied, both arrays keeping the row stride D
+// (out's other columns are left as they were).
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
-                 int64_t R, int64_t n, int D);
+                 int64_t R, int64_t n, int D, int width = 0);
 
 // Rows per sub-run of the duplicate-gradient reduction (sort_reduce_rows).
 // Fixed, so the summation order below never depends on the device or the
@@ -165,7 +167,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
                         int64_t* n_unique);
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
-                 int64_t R, int64_t n, int D);
+                 int64_t R, int64_t n, int D, int width);
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,
                       int D, RowId* out_unique_rows, float* out_row_grads, int64_t* n_unique,
                       int64_t bound);

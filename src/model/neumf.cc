@@ -115,10 +115,11 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   S_ = S;
   user_rows_ = user_rows;
   item_rows_ = item_rows;
-  const Layer0ByItem mode = layer0_by_item_mode();
-  by_item_ = keys.ids != nullptr && can_score_items() && 2 * std::min(B, keys.bound) <= B &&
-             (mode == Layer0ByItem::kOn ||
-              (mode == Layer0ByItem::kAuto && params_.device() == Device::kCuda));
+  by_item_ = layer0_by_item(B, keys);
+  NCF_CHECK(by_item_ || keys.table == nullptr,
+            "NeuMF::forward: the item table was passed for layer 0 by item, which this batch "
+            "of ",
+            B, " samples does not take: its item rows lack their MLP columns");
   if (by_item_) {
     NCF_CHECK(keys.bound >= 1, "NeuMF::forward: item id bound ", keys.bound, " must be >= 1");
     runs_ = std::min(B, keys.bound);
@@ -192,6 +193,13 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   head_forward(ctx, h_.data(), p + head_w_offset_, p + head_c_offset_, logits, B, F);
 }
 
+bool NeuMF::layer0_by_item(int64_t B, ItemKeys keys) const {
+  const Layer0ByItem mode = layer0_by_item_mode();
+  return keys.ids != nullptr && can_score_items() && 2 * std::min(B, keys.bound) <= B &&
+         (mode == Layer0ByItem::kOn ||
+          (mode == Layer0ByItem::kAuto && params_.device() == Device::kCuda));
+}
+
 namespace {
 std::atomic<Layer0ByItem> g_layer0_by_item{Layer0ByItem::kAuto};
 }  // namespace
@@ -219,9 +227,14 @@ void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool 
   pr_.reserve(runs * v.out);
   item_runs(ctx, keys.ids, B, keys.bound, R, order_.data(), starts_.data(), inv_.data(),
             first_.data());
-  gather_run_rows(ctx, item_rows_ + mf, D, h, first_.data(), R, xr_.data());
+  // The runs' MLP columns from their first samples' rows, or, with the table, from the
+  // table's rows of their items (the same values).
+  const float* src = keys.table != nullptr ? keys.table + mf : item_rows_ + mf;
+  const int64_t ld = keys.table != nullptr ? keys.ld : D;
+  const int32_t* by_id = keys.table != nullptr ? keys.ids : nullptr;
+  gather_run_rows(ctx, src, ld, h, first_.data(), R, xr_.data(), by_id);
   if (!bf16 && math_mode() == MathMode::kTf32)  // [X ; X]: the backward's TF32 product
-    gather_run_rows(ctx, item_rows_ + mf, D, h, first_.data(), R, xr_.data() + R * h);
+    gather_run_rows(ctx, src, ld, h, first_.data(), R, xr_.data() + R * h, by_id);
   if (bf16) {  // [X ; X] in BF16: the backward's product takes dP as two BF16 parts
     xrb_.reserve(2 * runs * h);
     to_bf16_rows(ctx, xr_.data(), h, h, xrb_.data(), h, R);

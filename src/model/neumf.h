@@ -68,10 +68,15 @@ Layer0ByItem layer0_by_item_mode();
 Layer0ByItem parse_layer0_by_item(const std::string& value, const std::string& what);
 
 // The samples' item ids for layer 0 by item: ids [n·S] (on the parameters' device), each in
-// [0, bound); ids null: per sample.
+// [0, bound); ids null: per sample. table (optional, only where layer0_by_item says yes):
+// the item table's rows (row i of item i, row stride ld = embedding_width()), from which
+// layer 0 reads its runs' MLP columns; the item rows passed to forward then need to hold
+// only their GMF columns (the lookup can skip the rest).
 struct ItemKeys {
   const int32_t* ids = nullptr;
   int64_t bound = 0;
+  const float* table = nullptr;
+  int64_t ld = 0;
 };
 
 class NeuMF {
@@ -116,6 +121,9 @@ class NeuMF {
   // Needs a hidden layer and the fused top (can_score_items()); the parameters and
   // the math mode must not change in between.
   bool can_score_items() const { return !tower_.empty() && fused_top(); }
+  // Whether forward takes layer 0's items' half by item for a batch of B samples with
+  // these keys (layer0_by_item_mode(), the device, and a batch that repeats its items).
+  bool layer0_by_item(int64_t B, ItemKeys keys) const;
   void prepare_items(const ExecContext& ctx, const float* item_mlp, int64_t ld, int64_t R);
   void score_items(const ExecContext& ctx, const float* user_rows, const float* item_gmf,
                    int64_t ldg, const int32_t* ids, int64_t n, int S, float* logits);

@@ -917,21 +917,22 @@ void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bo
 }
 
 void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
-                     const int32_t* first, int64_t R, float* Y) {
+                     const int32_t* first, int64_t R, float* Y, const int32_t* ids) {
   const char* op = "gather_run_rows";
   check_rows(op, R);
   check_width(op, "w", w);
   check_ld(op, "ldx", ldx, w);
   check_ptr(op, "first", first, R);
   check_ptr(op, "Y", Y, R);
-  NCF_DISPATCH_CUDA(ctx, gather_run_rows, ctx, X, ldx, w, first, R, Y);
+  NCF_DISPATCH_CUDA(ctx, gather_run_rows, ctx, X, ldx, w, first, R, Y, ids);
   parallel_for(ctx.threads, R, row_grain(w), [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
       float* y = Y + u * w;
       if (first[u] < 0) {
         std::fill(y, y + w, 0.0f);
       } else {
-        std::copy_n(X + int64_t{first[u]} * ldx, w, y);
+        const int64_t row = ids != nullptr ? ids[first[u]] : first[u];
+        std::copy_n(X + row * ldx, w, y);
       }
     }
   });

@@ -1429,12 +1429,12 @@ __global__ void run_index_kernel(const int32_t* __restrict__ sorted,
 // Y[u, c] = X[first[u], c] (zeros for first[u] < 0), one element per thread.
 __global__ void gather_run_rows_kernel(const float* __restrict__ X, int64_t ldx, int w,
                                        const int32_t* __restrict__ first, int64_t R,
-                                       float* __restrict__ Y) {
+                                       float* __restrict__ Y, const int32_t* __restrict__ ids) {
   for (int64_t i = thread_first(); i < R * w; i += thread_stride()) {
     const int64_t u = i / w;
     const int c = static_cast<int>(i - u * w);
     const int32_t f = first[u];
-    Y[i] = f < 0 ? 0.0f : X[int64_t{f} * ldx + c];
+    Y[i] = f < 0 ? 0.0f : X[int64_t{ids != nullptr ? ids[f] : f} * ldx + c];
   }
 }
 
@@ -2371,9 +2371,10 @@ void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bo
 }
 
 void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
-                     const int32_t* first, int64_t R, float* Y) {
+                     const int32_t* first, int64_t R, float* Y, const int32_t* ids) {
   if (R == 0) return;
-  gather_run_rows_kernel<<<grid_for(R * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, first, R, Y);
+  gather_run_rows_kernel<<<grid_for(R * w), kThreads, 0, stream_of(ctx)>>>(X, ldx, w, first, R, Y,
+                                                                           ids);
   check_launch("gather_run_rows");
 }
 

@@ -330,9 +330,11 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
 void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
                int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
 // Y[u, :w] = X[first[u], :w] (row stride ldx), or zeros where first[u] < 0, u < R: the
-// runs' rows, one per distinct item (Y contiguous, [R × w]).
+// runs' rows, one per distinct item (Y contiguous, [R × w]). With ids (the samples' item
+// ids, [B]), X is the item table instead, read at row ids[first[u]]: the same values as
+// from the samples' rows gathered from it.
 void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
-                     const int32_t* first, int64_t R, float* Y);
+                     const int32_t* first, int64_t R, float* Y, const int32_t* ids = nullptr);
 // dP[u, :] = Σ dZ[order[k], :] over k in [starts[u], starts[u + 1]), added in k order in
 // double and stored as FP32 (zeros for an empty run), u < R; dZ [B × out]. The per-item
 // sum of layer 0's gradient. run_sums_bf16 reads dZ in BF16.
@@ -457,7 +459,7 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
 void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
                int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
 void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
-                     const int32_t* first, int64_t R, float* Y);
+                     const int32_t* first, int64_t R, float* Y, const int32_t* ids);
 void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,
               int64_t R, int out, float* dP);
 void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* order,

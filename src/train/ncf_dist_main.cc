@@ -27,6 +27,7 @@
 #include "model/ops.h"
 #include "train/checkpoint_lock.h"
 #include "train/config.h"
+#include "train/step.h"
 #include "train/tensorboard.h"
 #include "train/trainer.h"
 
@@ -207,6 +208,10 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_SCATTER_BY_FOUR=0: the items' MLP gradients go back onto "
                  "the samples one sample per thread\n");
+  if (lead && !narrow_item_lookups())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_NARROW_ITEM_LOOKUP=0: the step looks up the samples' whole "
+                 "item rows\n");
   if (lead && !negatives_ahead())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives "

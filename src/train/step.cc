@@ -5,9 +5,17 @@
 #include <algorithm>
 
 #include "common/check.h"
+#include "common/env_switch.h"
 #include "model/ops.h"
 
 namespace ncf {
+
+namespace {
+std::atomic<int> g_narrow_item_lookups{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool narrow_item_lookups() { return env_switch(g_narrow_item_lookups, "NCF_NARROW_ITEM_LOOKUP"); }
+void set_narrow_item_lookups(bool on) { g_narrow_item_lookups.store(on ? 1 : 0); }
 
 void TrainState::allocate(const ExecContext& ctx) {
   NCF_CHECK(model && tables, "train state: model or tables missing");
@@ -51,8 +59,18 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   mark(StepPhase::kCompute);
 
   // 2. Lookup: both tables in one exchange per phase; one user row per
-  //    positive (its S samples share it), one item row per sample.
-  tables.lookup({{batch.users, n}, {s.items.data(), B}});
+  //    positive (its S samples share it), one item row per sample. Where layer 0
+  //    takes its items' half by item from this rank's own item table, the samples'
+  //    item rows need their GMF columns only.
+  ItemKeys keys{s.items.data(), s.num_items};
+  const int mf = model.config().mf_dim;
+  const bool narrow =
+      narrow_item_lookups() && tables.narrow_lookups() && model.layer0_by_item(B, keys);
+  if (narrow) {
+    keys.table = tables.local_rows(1);
+    keys.ld = tables.plan().D;
+  }
+  tables.lookup({{batch.users, n}, {s.items.data(), B, narrow ? mf : 0}});
   mark(StepPhase::kExchange);
 
   // 3. Tower forward and backward: the loss share, the tower's gradient, and
@@ -63,7 +81,7 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
     // The samples' item ids let layer 0 take its items' half once per distinct item.
     model.forward_backward(ctx, tables.rows(0), tables.rows(1), n, S, s.labels.data(), G,
                            s.logits.data(), s.dlogits.data(), loss_share, tables.row_grads(0),
-                           tables.row_grads(1), ItemKeys{s.items.data(), s.num_items});
+                           tables.row_grads(1), keys);
   } else {
     model.grads().zero();  // no samples: no loss share, a zero gradient
   }

@@ -20,6 +20,16 @@
 
 namespace ncf {
 
+// Where layer 0 takes its items' half by item and this rank holds the whole item table
+// (W = 1, FP32 rows and wire: EmbeddingCollection::narrow_lookups), the step's lookup writes
+// only the GMF columns of the samples' item rows and layer 0 reads its runs' MLP columns
+// from the table (true, the default): the same values without writing the MLP columns of
+// every sample. With the environment variable NCF_NARROW_ITEM_LOOKUP=0 the lookup writes
+// whole rows, as before (kept selectable to be timed beside it). Read at the first call;
+// the setter (tests) overrides it.
+bool narrow_item_lookups();
+void set_narrow_item_lookups(bool on);
+
 // What a step reads and writes. The trainer builds one per run.
 struct TrainState {
   // Fixed for the run.
