@@ -198,6 +198,49 @@ TEST(ScatterRunRows, PutsEachRunsRowOnItsFirstSample) {
   }
 }
 
+// put_run_rows puts by item id what scatter_run_rows puts on the item's first sample; the
+// rows of items the batch lacks keep their values.
+TEST(PutRunRows, PutsEachRunsRowOnItsItemsRow) {
+  const int64_t B = 500, bound = 37, ldy = 13;
+  const int w = 8;
+  const IVec ids = skewed_ids(size_t(B), int32_t(bound), 12);
+  const int64_t R = bound + 2;
+  const Runs r = runs_of(ids, bound, R);
+  for (int parts : {1, 2}) {
+    const Vec Yr = random_vec(size_t(parts * R) * w, 13);
+    Vec per_sample(size_t(B) * w);
+    scatter_run_rows(cpu(1), Yr.data(), R, parts, w, r.inv.data(), r.first.data(), B,
+                     per_sample.data(), w);
+    for (int threads : {1, 3}) {
+      Vec Y(size_t(bound) * ldy, 7.0f);
+      put_run_rows(cpu(threads), Yr.data(), R, parts, w, ids.data(), r.first.data(), bound,
+                   Y.data(), ldy);
+      std::vector<bool> present(size_t(bound), false);
+      for (int32_t i : ids) present[size_t(i)] = true;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t u = r.inv[size_t(b)];
+        if (r.first[size_t(u)] != b) continue;
+        for (int c = 0; c < w; ++c)
+          ASSERT_EQ(Y[size_t(ids[size_t(b)]) * ldy + c], per_sample[size_t(b) * w + c])
+              << "parts " << parts << ", sample " << b << ", column " << c;
+      }
+      for (int64_t i = 0; i < bound; ++i)
+        for (int c = 0; c < ldy; ++c) {
+          if (!present[size_t(i)] || c >= w) {
+            ASSERT_EQ(Y[size_t(i) * ldy + c], 7.0f) << "item " << i << ", column " << c;
+          }
+        }
+    }
+  }
+  IVec bad = ids;
+  bad[size_t(r.first[0])] = int32_t(bound);
+  Vec Y(size_t(bound) * ldy);
+  const Vec Yr = random_vec(size_t(R) * w, 14);
+  EXPECT_THROW(
+      put_run_rows(cpu(1), Yr.data(), R, 1, w, bad.data(), r.first.data(), bound, Y.data(), ldy),
+      Error);
+}
+
 TEST(GatherRunRows, CopiesEachRunsFirstRowAndZerosTheEmptyRuns) {
   const int64_t B = 40, ld = 11;
   const int w = 6;

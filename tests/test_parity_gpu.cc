@@ -1587,6 +1587,16 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
       gather_run_rows(cpu_, X.data(), ldx, w, first.data(), R, Xr.data());
       gather_run_rows(gpu_, gX.data(), ldx, w, gfirst.data(), R, gXr.data());
       expect_same(down(gXr), Xr, what + " gather_run_rows");
+      // The runs' rows by item id (put_run_rows), two parts.
+      if (B > 0) {
+        const int pw = 6;
+        const Vec Yr = random_vec(size_t(2 * R) * pw, gen_);
+        Vec Y(size_t(bound) * pw, 3.0f);
+        Buffer<float> gYr = up(Yr), gY = up(Y);
+        put_run_rows(cpu_, Yr.data(), R, 2, pw, ids.data(), first.data(), bound, Y.data(), pw);
+        put_run_rows(gpu_, gYr.data(), R, 2, pw, gids.data(), gfirst.data(), bound, gY.data(), pw);
+        expect_same(down(gY), Y, what + " put_run_rows");
+      }
       // The same rows from a table by the samples' ids.
       if (B > 0) {
         const Vec T = random_vec(size_t(bound) * ldx, gen_);
@@ -2776,6 +2786,57 @@ TEST_F(Parity, ReduceUpdateRowsEveryOptimizer) {
           expect_close(down(gv), v, kElemAtol, kElemRtol, what + "state 2");
         }
   }
+}
+
+// Dense Adam with columns given directly (GivenColumns) on the GPU: the bits of the same update
+// over gradient rows carrying them on each row's first row and zeros on the others, on the
+// vector (D = 192, columns from 64) and scalar (D = 9, from 3) paths, rows repeated past two
+// sub-runs; and close to the CPU's.
+TEST_F(Parity, DenseAdamGivenColumnsAreTheirFirstRowSums) {
+  EmbeddingOptimizerConfig opt;
+  opt.kind = EmbeddingOptimizer::kDenseAdam;
+  opt.adam = {0.01f, 0.9f, 0.999f, 1e-7f, 0.0f};
+  for (const auto& [D, col] : {std::pair<int, int>{192, 64}, std::pair<int, int>{9, 3}})
+    for (int64_t n : {int64_t{1}, int64_t{1000}}) {
+      const int64_t R = 700, lo = 100, hi = 650;
+      const int w = D - col;
+      const std::string what = shape({{"D", D}, {"col", col}, {"n", n}});
+      IVec rows = random_ids(n, 0, int32_t(R), gen_);
+      for (int64_t k = 0; k < n; k += 3) rows[k] = int32_t(R / 2);
+      const Vec given = random_vec(size_t(hi - lo) * w, gen_, -0.1f, 0.1f);
+      Vec grads = random_vec(size_t(n) * D, gen_, -0.1f, 0.1f), full = grads;
+      std::vector<bool> seen(size_t(R), false);
+      for (int64_t k = 0; k < n; ++k) {
+        const int32_t r = rows[size_t(k)];
+        if (r < lo || r >= hi) continue;
+        for (int d = col; d < D; ++d) {
+          full[size_t(k) * D + d] = seen[size_t(r)] ? 0.0f : given[size_t(r - lo) * w + d - col];
+          grads[size_t(k) * D + d] = std::nanf("");
+        }
+        seen[size_t(r)] = true;
+      }
+      const Vec tab = random_vec(size_t(R) * D, gen_);
+      const Vec zeros(size_t(R) * D, 0.0f);
+      Buffer<RowId> grows = up(rows);
+      Buffer<float> gfull = up(full), ggrads = up(grads), ggiven = up(given);
+      Buffer<float> gtab[2] = {up(tab), up(tab)}, gm[2] = {up(zeros), up(zeros)},
+                    gv[2] = {up(zeros), up(zeros)};
+      Vec ctab = tab, cm = zeros, cv = zeros;
+      for (int64_t t = 1; t <= 2; ++t) {
+        reduce_update_rows(gpu_, grows.data(), gfull.data(), n,
+                           TableRows{gtab[0].data(), gm[0].data(), gv[0].data(), R, D}, opt, t);
+        reduce_update_rows(gpu_, grows.data(), ggrads.data(), n,
+                           TableRows{gtab[1].data(), gm[1].data(), gv[1].data(), R, D}, opt, t,
+                           nullptr, GivenColumns{ggiven.data(), lo, hi, col});
+        reduce_update_rows(cpu_, rows.data(), grads.data(), n,
+                           TableRows{ctab.data(), cm.data(), cv.data(), R, D}, opt, t, nullptr,
+                           GivenColumns{given.data(), lo, hi, col});
+      }
+      expect_same(down(gtab[1]), down(gtab[0]), what + "table");
+      expect_same(down(gm[1]), down(gm[0]), what + "first moments");
+      expect_same(down(gv[1]), down(gv[0]), what + "second moments");
+      expect_close(down(gtab[1]), ctab, kElemAtol, kElemRtol, what + "table against the CPU");
+    }
 }
 
 TEST_F(Parity, RoutingErrorsNameTheOp) {

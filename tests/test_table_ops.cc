@@ -170,6 +170,63 @@ TEST(EmbeddingOptim, RowwiseAdagradKeepsOneAccumulatorPerRow) {
   EXPECT_GT(apart, 1e-3) << "row-wise Adagrad stepped like per-element Adagrad";
 }
 
+// Columns given directly (GivenColumns) against the same update over gradient rows that carry
+// them on each row's first gradient row and zeros on its others: the same bits, −0 included,
+// for rows with one gradient row, a few, and more than one sub-run (kSubRun). The given
+// columns of the gradient rows are never read (NaN there changes nothing); rows outside the
+// given range sum all their columns.
+TEST(EmbeddingOptim, GivenColumnsAreTheSumOfAFirstRowAndZeros) {
+  const int64_t R = 40, lo = 10, hi = 35;
+  const int D = 9, col = 4, w = D - col;
+  std::mt19937 gen(8);
+  std::vector<RowId> rows;
+  for (int k = 0; k < 150; ++k) rows.push_back(RowId(12));  // past two sub-runs
+  for (int k = 0; k < 400; ++k) rows.push_back(RowId(gen() % R));
+  rows.push_back(RowId(33));  // one more of row 33; row 34 stays absent or rare
+  std::shuffle(rows.begin(), rows.end(), gen);
+  const int64_t n = int64_t(rows.size());
+  Vec given = random_vec(size_t(hi - lo) * w, 21);
+  given[0] = -0.0f;
+  given[size_t(12 - lo) * w + 1] = -0.0f;
+  given[size_t(33 - lo) * w + 2] = -0.0f;
+  Vec grads = random_vec(size_t(n) * D, 22), full = grads;
+  std::vector<bool> seen(size_t(R), false);
+  for (int64_t k = 0; k < n; ++k) {
+    const RowId r = rows[size_t(k)];
+    if (r < lo || r >= hi) continue;
+    for (int d = col; d < D; ++d) {
+      full[size_t(k) * D + d] = seen[size_t(r)] ? 0.0f : given[size_t(r - lo) * w + d - col];
+      grads[size_t(k) * D + d] = std::nanf("");
+    }
+    seen[size_t(r)] = true;
+  }
+  EmbeddingOptimizerConfig opt;
+  opt.kind = EmbeddingOptimizer::kDenseAdam;
+  opt.adam = tf_garden_adam(0.0f);
+  const Vec start = random_vec(size_t(R) * D, 23);
+  Vec tab[2] = {start, start}, m[2], v[2];
+  for (int i = 0; i < 2; ++i) {
+    m[i].assign(size_t(R) * D, 0.0f);
+    v[i].assign(size_t(R) * D, 0.0f);
+  }
+  for (int64_t t = 1; t <= 2; ++t) {
+    reduce_update_rows(cpu(2), rows.data(), full.data(), n,
+                       TableRows{tab[0].data(), m[0].data(), v[0].data(), R, D}, opt, t);
+    reduce_update_rows(cpu(2), rows.data(), grads.data(), n,
+                       TableRows{tab[1].data(), m[1].data(), v[1].data(), R, D}, opt, t, nullptr,
+                       GivenColumns{given.data(), lo, hi, col});
+  }
+  EXPECT_EQ(0, std::memcmp(tab[0].data(), tab[1].data(), tab[0].size() * 4)) << "rows";
+  EXPECT_EQ(0, std::memcmp(m[0].data(), m[1].data(), m[0].size() * 4)) << "first moments";
+  EXPECT_EQ(0, std::memcmp(v[0].data(), v[1].data(), v[0].size() * 4)) << "second moments";
+  // Only dense Adam takes them.
+  opt.kind = EmbeddingOptimizer::kLazyAdam;
+  EXPECT_THROW(reduce_update_rows(cpu(1), rows.data(), full.data(), n,
+                                  TableRows{tab[0].data(), m[0].data(), v[0].data(), R, D}, opt, 3,
+                                  nullptr, GivenColumns{given.data(), lo, hi, col}),
+               Error);
+}
+
 TEST(EmbeddingOptim, RejectsUnsortedOrOutOfRangeRows) {
   Vec table(kR * kD), m(kR * kD), v(kR * kD), g(2 * kD);
   std::vector<RowId> unsorted = {4, 2}, dup = {3, 3}, out_of_range = {2, kR};

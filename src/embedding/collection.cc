@@ -420,11 +420,33 @@ void EmbeddingCollection::gradients_start(float* replicated_grads) {
     }
 }
 
+bool EmbeddingCollection::given_columns_ok() const {
+  return narrow_lookups() && opt_.kind == EmbeddingOptimizer::kDenseAdam;
+}
+
+void EmbeddingCollection::give_columns(int t, int col, const float* rows) {
+  NCF_CHECK(given_columns_ok(),
+            "give_columns: only one rank's dense Adam update of FP32 rows "
+            "takes given gradient columns");
+  NCF_CHECK(t >= 0 && t < num_tables() && col >= 0 && col < plan_.D && rows != nullptr,
+            "give_columns: table ", t, " columns from ", col, " of D=", plan_.D);
+  given_.rows = rows;
+  given_.begin = layout_.key_begin[lt_[t]];
+  given_.end = given_.begin + plan_.tables[t].num_rows;
+  given_.col = col;
+}
+
 void EmbeddingCollection::gradients_finish(int64_t t) {
+  const GivenColumns given = given_;
+  given_ = GivenColumns{};
   if (local_) {
     // One rank: the batch's rows are the flat rows; one fused update over all.
     round_kept_rows(grads_.data());
-    update_rows(keys_.data(), grads_.data(), n_total_, 0, R_, false, t);
+    if (given.rows != nullptr)
+      reduce_update_rows(ctx_, keys_.data(), grads_.data(), n_total_, all_rows(0, R_), opt_, t,
+                         nullptr, given);
+    else
+      update_rows(keys_.data(), grads_.data(), n_total_, 0, R_, false, t);
     return;
   }
   if (!any_routed()) return;

@@ -112,6 +112,13 @@ class EmbeddingCollection {
   void gradients_start(float* replicated_grads);
   // The owners' fused reduce-and-update of the routed rows (step t ≥ 1).
   void gradients_finish(int64_t t);
+  // For the next gradients_finish only (narrow_lookups() and dense Adam, which
+  // given_columns_ok() says): table t's rows take columns [col, D) of their summed gradient
+  // from rows [N_t × (D − col)] (row i of row i of the table; only the batch's rows are
+  // read) instead of from the gradient rows, whose columns there are not read
+  // (table_ops.h GivenColumns).
+  bool given_columns_ok() const;
+  void give_columns(int t, int col, const float* rows);
   // After the caller's allreduce of replicated_grads: every rank applies the
   // same update to the replicated tables' touched rows.
   void update_replicated(const float* replicated_grads, int64_t t);
@@ -227,6 +234,7 @@ class EmbeddingCollection {
   // nu_ travel (unique with dedup), nr_ arrive at this rank as owner.
   std::vector<int64_t> n_, off_;
   std::vector<int> width_;  // the last lookup's columns per table (0: D)
+  GivenColumns given_;      // give_columns, for the next gradients_finish
   int64_t n_total_ = 0, n_routed_ = 0, nu_ = 0, nr_ = 0;
   CommTicket ticket_ = 0;
   Buffer<int32_t> keys_;        // [n_total] routed: keys; replicated: table rows; W=1: flat rows

@@ -172,25 +172,43 @@ int64_t sort_runs(int threads, const RowId* ids, int64_t n, RowId max_id, SortSc
   return n_runs;
 }
 
-// dst[0..D) = the gradient rows of sorted positions [k0, k1), left to right.
-void sum_rows(const float* grads, const int32_t* pos, int64_t k0, int64_t k1, int D, float* dst) {
+// dst[0..w) = columns [0, w) of the gradient rows (stride D) of sorted positions [k0, k1),
+// left to right.
+void sum_rows(const float* grads, const int32_t* pos, int64_t k0, int64_t k1, int D, int w,
+              float* dst) {
   const float* first = grads + int64_t(pos[k0]) * D;
-  std::copy(first, first + D, dst);
+  std::copy(first, first + w, dst);
   for (int64_t k = k0 + 1; k < k1; ++k) {
     const float* src = grads + int64_t(pos[k]) * D;
-    for (int d = 0; d < D; ++d) dst[d] += src[d];
+    for (int d = 0; d < w; ++d) dst[d] += src[d];
   }
 }
 
-// dst[0..D) = the sum of the sorted run [k0, k1) in table_ops.h's order:
-// sub-runs of kSubRun rows, their sums added in sub-run order. part: [D].
+// dst[0..w) = columns [0, w) (all D by default) of the sum of the sorted run [k0, k1) in
+// table_ops.h's order: sub-runs of kSubRun rows, their sums added in sub-run order.
+// part: [D].
 void sum_run(const float* grads, const int32_t* pos, int64_t k0, int64_t k1, int D, float* dst,
-             float* part) {
-  sum_rows(grads, pos, k0, std::min(k1, k0 + kSubRun), D, dst);
+             float* part, int w = -1) {
+  if (w < 0) w = D;
+  sum_rows(grads, pos, k0, std::min(k1, k0 + kSubRun), D, w, dst);
   for (int64_t s = k0 + kSubRun; s < k1; s += kSubRun) {
-    sum_rows(grads, pos, s, std::min(k1, s + kSubRun), D, part);
-    for (int d = 0; d < D; ++d) dst[d] += part[d];
+    sum_rows(grads, pos, s, std::min(k1, s + kSubRun), D, w, part);
+    for (int d = 0; d < w; ++d) dst[d] += part[d];
   }
+}
+
+// g[0..D) = the summed gradient of table row r, the sorted run [k0, k1): its columns given
+// where `given` holds them (GivenColumns), the rest summed.
+void row_gradient(const float* grads, const int32_t* pos, int64_t k0, int64_t k1, int D, int64_t r,
+                  const GivenColumns& given, float* g, float* part) {
+  if (given.rows == nullptr || r < given.begin || r >= given.end) {
+    sum_run(grads, pos, k0, k1, D, g, part);
+    return;
+  }
+  const int c = given.col;
+  if (c > 0) sum_run(grads, pos, k0, k1, D, g, part, c);
+  const float* v = given.rows + (r - given.begin) * (D - c);
+  for (int d = c; d < D; ++d) g[d] = k1 - k0 > 1 ? v[d - c] + 0.0f : v[d - c];
 }
 
 // Row-wise Adagrad on one row p[D] (accumulator *acc) with its gradient g[D],
@@ -215,7 +233,7 @@ RowId max_row(const RowId* ids, int64_t n) {
 
 void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
-                        int64_t* n_unique) {
+                        int64_t* n_unique, const GivenColumns& given) {
   const char* op = "reduce_update_rows";
   const int D = tab.D;
   const int64_t R = tab.R;
@@ -229,7 +247,12 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   AdamStepScalars s{};
   if (opt.kind == EmbeddingOptimizer::kDenseAdam || opt.kind == EmbeddingOptimizer::kLazyAdam)
     s = adam_step_scalars(opt.adam, t);
-  NCF_DISPATCH_CUDA(ctx, reduce_update_rows, ctx, rows, grads, n, tab, opt, t, n_unique);
+  NCF_CHECK(given.rows == nullptr ||
+                (opt.kind == EmbeddingOptimizer::kDenseAdam && given.col >= 0 && given.col < D &&
+                 given.begin >= 0 && given.begin <= given.end && given.end <= R),
+            op, ": given columns [", given.col, ", ", D, ") of rows [", given.begin, ", ",
+            given.end, ") of ", R, " need dense Adam and to lie in the table");
+  NCF_DISPATCH_CUDA(ctx, reduce_update_rows, ctx, rows, grads, n, tab, opt, t, n_unique, given);
   for (int64_t k = 0; k < n; ++k)
     NCF_CHECK(rows[k] >= 0 && rows[k] < R, op, ": rows[", k, "]=", rows[k],
               " outside the table's rows [0, ", R, ")");
@@ -247,7 +270,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         for (int64_t u = u0; u < u1; ++u) {
-          sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
+          row_gradient(grads, pos, run[u], run[u + 1], D, row_of(u), given, g.data(), g.data() + D);
           const int64_t off = row_of(u) * D;
           for (int d = 0; d < D; ++d)
             adam_update(&p[off + d], &tab.m[off + d], &tab.v[off + d], g[d], s);

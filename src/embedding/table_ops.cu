@@ -171,17 +171,25 @@ __global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_st
 
 // partial[s, :] = the sum of sub-run s (of the n_partials sub-runs of the long runs):
 // kSubRun rows (fewer for a run's last) in sorted = input order.
+// The columns `given` holds for their run's row (id unique[u]) are neither read nor
+// summed: their partials are zeros, never used (run_gradient takes the given values).
 template <bool kVec>
 __global__ void sub_run_sums_kernel(const float* grads, const int32_t* pos, const int32_t* start,
                                     const int32_t* len, const int32_t* sub_start,
-                                    const int32_t* owner, float* partial, int64_t n_partials,
-                                    int D) {
+                                    const int32_t* owner, float* partial, int64_t n_partials, int D,
+                                    const RowId* unique, GivenColumns given) {
   const int lanes = lanes_of<kVec>(D);
   const int64_t total = n_partials * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t s = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
     const int32_t u = owner[s];
+    if (given.rows != nullptr && d >= given.col && unique[u] >= given.begin &&
+        unique[u] < given.end) {
+#pragma unroll
+      for (int l = 0; l < (kVec ? 4 : 1); ++l) partial[s * D + d + l] = 0.0f;
+      continue;
+    }
     const int32_t j0 = start[u] + static_cast<int32_t>((s - sub_start[u]) * kSubRun);
     const int32_t j1 = min(j0 + static_cast<int32_t>(kSubRun), start[u] + len[u]);
     sum_sorted_rows<kVec>(grads, pos, j0, j1, D, d, partial + s * D + d);
@@ -361,9 +369,25 @@ __global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
 }
 
 // The fused dense update: every row r < R, with the sum of run map[r] or 0.
+// Run u's (row r's) gradient at columns d..: given (GivenColumns: the value, +0 where the
+// run has more than one row), or the run's sum.
+template <bool kVec>
+__device__ __forceinline__ void run_gradient(const float* grads, const RunList& runs, int64_t u,
+                                             int64_t r, int D, int d, const GivenColumns& given,
+                                             float* dst) {
+  if (given.rows == nullptr || d < given.col || r < given.begin || r >= given.end) {
+    run_sum<kVec>(grads, runs, u, D, d, dst);
+    return;
+  }
+  const float* v = given.rows + (r - given.begin) * (D - given.col) + (d - given.col);
+  const bool canon = runs.len[u] > 1;
+#pragma unroll
+  for (int l = 0; l < (kVec ? 4 : 1); ++l) dst[l] = canon ? __fadd_rn(v[l], 0.0f) : v[l];
+}
+
 template <typename Rule, bool kVec, bool k32>
 __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList runs,
-                                       const int32_t* map, int64_t R, int D,
+                                       const int32_t* map, int64_t R, int D, GivenColumns given,
                                        const DeviceErrorRecord* err) {
   if (error_pending(err)) return;
   const int lanes = lanes_of<kVec>(D);
@@ -374,11 +398,11 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
     const int32_t u = map[r];
     if constexpr (kVec) {
       float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (u >= 0) run_sum<true>(grads, runs, u, D, d, reinterpret_cast<float*>(&g));
+      if (u >= 0) run_gradient<true>(grads, runs, u, r, D, d, given, reinterpret_cast<float*>(&g));
       rule.apply4(r * D + d, g);
     } else {
       float g = 0.0f;
-      if (u >= 0) run_sum<false>(grads, runs, u, D, d, &g);
+      if (u >= 0) run_gradient<false>(grads, runs, u, r, D, d, given, &g);
       rule.apply(r * D + d, g);
     }
   }
@@ -386,14 +410,15 @@ __global__ void update_all_rows_kernel(Rule rule, const float* grads, RunList ru
 
 template <bool kVec, typename Rule>
 void launch_update_all_rows(cudaStream_t stream, const Rule& rule, const float* grads,
-                            const RunList& runs, int64_t R, int D, const DeviceErrorRecord* err) {
+                            const RunList& runs, int64_t R, int D, const GivenColumns& given,
+                            const DeviceErrorRecord* err) {
   const int64_t total = R * lanes_for(kVec, D);
   if (total <= int64_t{UINT32_MAX})
     update_all_rows_kernel<Rule, kVec, true>
-        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, err);
+        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, given, err);
   else
     update_all_rows_kernel<Rule, kVec, false>
-        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, err);
+        <<<grid_for(total), kThreads, 0, stream>>>(rule, grads, runs, runs.map, R, D, given, err);
 }
 
 // Sorts ids[n] with their positions (CUB's LSD radix sort is stable: equal
@@ -405,7 +430,7 @@ void launch_update_all_rows(cudaStream_t stream, const Rule& rule, const float* 
 // bits below bound. The one host wait: the unique and sub-run counts.
 RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, const float* grads,
                   int64_t n, int D, RowId* unique, int64_t map_rows, int64_t bound,
-                  DeviceErrorCode bad_id, const char* op) {
+                  DeviceErrorCode bad_id, const char* op, const GivenColumns& given = {}) {
   const bool own_unique = unique == nullptr;
   int32_t* map = nullptr;
   check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
@@ -494,16 +519,20 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   NCF_CHECK(n_partials >= 0 && n_partials <= max_partials, op, ": ", n_partials,
             " sub-runs exceed the bound ", max_partials);
 
-  const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial);
+  // Given columns split a row's four-column lanes only at a multiple of four.
+  const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial) &&
+                   (given.rows == nullptr || (given.col % 4 == 0 && aligned16(given.rows)));
   if (n_partials > 0) {
     sub_run_owner_kernel<<<grid_for(n_runs), kThreads, 0, stream>>>(n_sub, sub_start, n_runs,
                                                                     owner);
     if (vec)
       sub_run_sums_kernel<true><<<grid_for(n_partials * (D / 4)), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D);
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D, unique,
+          given);
     else
       sub_run_sums_kernel<false><<<grid_for(n_partials * D), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D);
+          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D, unique,
+          given);
     check_launch(op);
   }
   out.pos = pos_sorted;
@@ -554,7 +583,7 @@ void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& ru
 
 void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
-                        int64_t* n_unique) {
+                        int64_t* n_unique, const GivenColumns& given) {
   const char* op = "reduce_update_rows";
   const int D = tab.D;
   const int64_t R = tab.R;
@@ -570,12 +599,12 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     // Every row is checked before any is updated (the CPU twin's contract): a
     // bad row throws here, and the table is left as it was.
     runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, R,
-                     DeviceErrorCode::kUniqueRowOutOfRange, op);
+                     DeviceErrorCode::kUniqueRowOutOfRange, op, given);
   } else {
     int32_t* map = nullptr;
     carve_scratch(r, [&](ScratchLayout& s) { map = s.take<int32_t>(static_cast<size_t>(R)); });
     runs.map = map;
-    runs.vec = D % 4 == 0;
+    runs.vec = D % 4 == 0 && (given.rows == nullptr || given.col % 4 == 0);
   }
   if (n_unique) *n_unique = runs.n_runs;
   switch (opt.kind) {
@@ -585,9 +614,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       if (runs.n_runs > 0)
         scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, runs.map);
       if (runs.vec && rule.aligned())
-        launch_update_all_rows<true>(stream, rule, grads, runs, R, D, r.error_dev);
+        launch_update_all_rows<true>(stream, rule, grads, runs, R, D, given, r.error_dev);
       else
-        launch_update_all_rows<false>(stream, rule, grads, runs, R, D, r.error_dev);
+        launch_update_all_rows<false>(stream, rule, grads, runs, R, D, given, r.error_dev);
       check_launch(op);
       return;
     }

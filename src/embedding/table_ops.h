@@ -53,6 +53,19 @@ struct TableRows {
 
 // ---- the fused update ----------------------------------------------------------
 
+// Columns of some rows' summed gradient given directly to reduce_update_rows: table rows
+// [begin, end) take columns [col, D) of their sum from rows[(r − begin)·(D − col) + d − col]
+// instead of adding up those columns of their gradient rows, which are not read (they may
+// be unwritten). The value is the sum those gradient rows would have if the row's first
+// one (in input order) carried the given columns and its others zeros: the given value,
+// plus +0 where the row has more than one gradient row (a −0 comes out +0, as from the
+// sum). Only the rows touched by the batch are read. rows null: no columns given.
+struct GivenColumns {
+  const float* rows = nullptr;
+  int64_t begin = 0, end = 0;
+  int col = 0;
+};
+
 // The owner's whole backward on its rows: rows[n] (each in [0, R), repeats
 // allowed, any order) with gradient rows grads[n×D]. Equal rows are summed in
 // sort_reduce_rows' order and the optimizer is applied to each touched row
@@ -60,10 +73,10 @@ struct TableRows {
 // bit for bit that of sort_reduce_rows followed by the matching embedding_*
 // optimizer below. Rows are checked (the message names the position and the
 // row); *n_unique (host, may be null) receives the distinct rows. Synchronizes
-// on CUDA.
+// on CUDA. given: columns given directly (dense Adam only; see GivenColumns).
 void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
-                        int64_t* n_unique = nullptr);
+                        int64_t* n_unique = nullptr, const GivenColumns& given = {});
 
 // ---- the three steps the fused update joins, and the gather --------------------
 
@@ -165,7 +178,7 @@ void offset_rows(const ExecContext& ctx, const RowId* in, int64_t n, RowId delta
 namespace cuda {
 void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
-                        int64_t* n_unique);
+                        int64_t* n_unique, const GivenColumns& given);
 void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, float* out,
                  int64_t R, int64_t n, int D, int width);
 void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* grads, int64_t n,

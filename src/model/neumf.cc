@@ -116,6 +116,9 @@ void NeuMF::forward(const ExecContext& ctx, const float* user_rows, const float*
   user_rows_ = user_rows;
   item_rows_ = item_rows;
   by_item_ = layer0_by_item(B, keys);
+  keys_ = keys;
+  NCF_CHECK(keys.mlp_grads == nullptr || keys.table != nullptr,
+            "NeuMF::forward: the items' MLP gradient by id needs the item table too");
   NCF_CHECK(by_item_ || keys.table == nullptr,
             "NeuMF::forward: the item table was passed for layer 0 by item, which this batch "
             "of ",
@@ -437,8 +440,7 @@ void NeuMF::backward_bf16(const ExecContext& ctx, const float* dlogits, const fl
     drun_.reserve(2 * runs * h);
     gemm_bf16(ctx, false, false, static_cast<int>(2 * runs_), h, v.out, dprb_.data(), v.out, w0 + h,
               v.in, drun_.data(), h);
-    scatter_run_rows(ctx, drun_.data(), runs_, 2, h, inv_.data(), first_.data(), B,
-                     d_item_rows + mf, D);
+    put_item_mlp_gradient(ctx, 2, d_item_rows + mf, D);
   } else {
     gemm_bf16(ctx, true, false, v.out, h, static_cast<int>(B), dz, v.out, ib_.data(), h,
               gp + v.w_offset + h, v.in);
@@ -455,12 +457,21 @@ void NeuMF::item_rows_gradient(const ExecContext& ctx, const float* parts, int c
   // ([parts·R × out] · W0[:, h:]), put on each run's first sample, zeros on its others.
   const DenseLayerView& v = tower_[0];
   const int h = config_.mlp_half();
-  const int64_t B = n_ * S_;
   drun_.reserve(static_cast<size_t>(count) * runs_ * h);
   gemm(ctx, false, false, static_cast<int>(count * runs_), h, v.out, 1.0f, parts, v.out, w0i,
        static_cast<int>(ldw), 0.0f, drun_.data(), h);
-  scatter_run_rows(ctx, drun_.data(), runs_, count, h, inv_.data(), first_.data(), B, d_item_mlp,
-                   ld);
+  put_item_mlp_gradient(ctx, count, d_item_mlp, ld);
+}
+
+void NeuMF::put_item_mlp_gradient(const ExecContext& ctx, int count, float* d_item_mlp,
+                                  int64_t ld) {
+  const int h = config_.mlp_half();
+  if (keys_.mlp_grads != nullptr)
+    put_run_rows(ctx, drun_.data(), runs_, count, h, keys_.ids, first_.data(), keys_.bound,
+                 keys_.mlp_grads, h);
+  else
+    scatter_run_rows(ctx, drun_.data(), runs_, count, h, inv_.data(), first_.data(), n_ * S_,
+                     d_item_mlp, ld);
 }
 
 bool NeuMF::fused_top() const {

@@ -77,6 +77,11 @@ struct ItemKeys {
   int64_t bound = 0;
   const float* table = nullptr;
   int64_t ld = 0;
+  // Optional with table: [bound × mlp_half()] rows by item id that the backward fills with
+  // the batch's items' MLP gradient (put_run_rows: rows of items not in the batch left as
+  // they were), instead of putting it on each item's first sample in d_item_rows, whose MLP
+  // columns it then leaves unwritten.
+  float* mlp_grads = nullptr;
 };
 
 class NeuMF {
@@ -219,6 +224,7 @@ class NeuMF {
   // per-item sums dpr_ (dprb_: their BF16 hi and lo parts, [2R × layers[1]]), and the items'
   // MLP gradient per run drun_ ([2R × h], the parts' products).
   bool by_item_ = false;
+  ItemKeys keys_;  // the last forward's
   int64_t runs_ = 0;
   Buffer<int32_t> order_, starts_, inv_, first_;
   Buffer<float> xr_, pr_, dpr_, drun_;
@@ -230,6 +236,9 @@ class NeuMF {
   // (FP32 operands), scattered onto the runs' first samples of d_item_mlp (stride ld).
   void item_rows_gradient(const ExecContext& ctx, const float* parts, int count, const float* w0i,
                           int64_t ldw, float* d_item_mlp, int64_t ld);
+  // drun_'s count parts summed per run: by item id into keys_.mlp_grads where the forward
+  // had it, else onto the runs' first samples of d_item_mlp (stride ld).
+  void put_item_mlp_gradient(const ExecContext& ctx, int count, float* d_item_mlp, int64_t ld);
   // prepare_items: P [pi_rows_ × layers[1]], made under BF16 storage or not.
   Buffer<float> pi_;
   int64_t pi_rows_ = -1;

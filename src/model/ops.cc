@@ -1011,6 +1011,34 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
   });
 }
 
+void put_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                  const int32_t* ids, const int32_t* first, int64_t bound, float* Y, int64_t ldy) {
+  const char* op = "put_run_rows";
+  check_rows(op, R);
+  check_rows(op, bound);
+  check_width(op, "w", w);
+  check_width(op, "parts", parts);
+  check_ld(op, "ldy", ldy, w);
+  check_ptr(op, "Yr", Yr, R);
+  check_ptr(op, "first", first, R);
+  check_ptr(op, "Y", Y, bound);
+  NCF_DISPATCH_CUDA(ctx, put_run_rows, ctx, Yr, R, parts, w, ids, first, bound, Y, ldy);
+  parallel_for(ctx.threads, R, row_grain(w), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      if (first[u] < 0) continue;
+      const int64_t i = ids[first[u]];
+      NCF_CHECK(i >= 0 && i < bound, op, ": ids[", first[u], "] = ", i, " is outside [0, ", bound,
+                ")");
+      float* y = Y + i * ldy;
+      for (int c = 0; c < w; ++c) {
+        float s = Yr[u * w + c];
+        for (int p = 1; p < parts; ++p) s += Yr[(p * R + u) * w + c];
+        y[c] = s;
+      }
+    }
+  });
+}
+
 namespace {
 
 // The argument checks of split_tf32 and split_bf16.

@@ -1519,6 +1519,23 @@ struct RawLanes<T, 1> {
   __device__ __forceinline__ float at(int) const { return element_value(v); }
 };
 
+// put_run_rows: one thread per (run u, column c): the run's parts added in p order, stored
+// at its item's row.
+__global__ void put_run_rows_kernel(const float* __restrict__ Yr, int64_t R, int parts, int w,
+                                    const int32_t* __restrict__ ids,
+                                    const int32_t* __restrict__ first, float* __restrict__ Y,
+                                    int64_t ldy) {
+  for (int64_t x = thread_first(); x < R * w; x += thread_stride()) {
+    const int64_t u = x / w;
+    const int c = static_cast<int>(x - u * w);
+    const int32_t f = first[u];
+    if (f < 0) continue;
+    float v = Yr[u * w + c];
+    for (int p = 1; p < parts; ++p) v = __fadd_rn(v, Yr[(p * R + u) * w + c]);
+    Y[int64_t{ids[f]} * ldy + c] = v;
+  }
+}
+
 // scatter_run_rows_kernel with kSamples consecutive samples per thread (a warp's threads on
 // the same samples when w / L is a multiple of 32): their runs, then their first samples,
 // then their parts' rows are loaded together, so a thread waits for each of the three
@@ -2406,6 +2423,14 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
         <<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(Yr, R, parts, w, inv, first, B, Y, ldy);
   }
   check_launch("scatter_run_rows");
+}
+
+void put_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                  const int32_t* ids, const int32_t* first, int64_t bound, float* Y, int64_t ldy) {
+  if (R == 0) return;
+  put_run_rows_kernel<<<grid_for(R * w), kThreads, 0, stream_of(ctx)>>>(Yr, R, parts, w, ids, first,
+                                                                        Y, ldy);
+  check_launch("put_run_rows");
 }
 
 void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo) {

@@ -348,6 +348,12 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
 // gradient put on one of its samples: each item's sum over its samples is the run's row.
 void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
                       const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy);
+// The runs' rows by item instead: Y[ids[first[u]], :w] (row stride ldy) = Σ_p Yr[p·R + u, :w]
+// (added in p order, in FP32: the row scatter_run_rows puts on the run's first sample) for
+// every run with a sample (first[u] >= 0); Y's other rows are left as they were. ids: the
+// samples' item ids [B], each below Y's rows (the CPU twin checks them).
+void put_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                  const int32_t* ids, const int32_t* first, int64_t bound, float* Y, int64_t ldy);
 // X [n] FP32 as two BF16 parts: hi[i] = bf16(X[i]), lo[i] = bf16(X[i] − hi[i]) (the difference
 // is exact in FP32), so hi + lo keeps about 16 significant bits where one BF16 keeps 8: a BF16
 // product over [hi ; lo] rows against the same rows twice takes X to that precision.
@@ -466,6 +472,8 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
                    const int32_t* starts, int64_t R, int out, float* dP);
 void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
                       const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy);
+void put_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
+                  const int32_t* ids, const int32_t* first, int64_t bound, float* Y, int64_t ldy);
 void split_bf16(const ExecContext& ctx, const float* X, int64_t n, uint16_t* hi, uint16_t* lo);
 void split_tf32(const ExecContext& ctx, const float* X, int64_t n, float* hi, float* lo);
 void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t ldu,

@@ -351,10 +351,12 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
     e.step += I * (mf + cfg.layers[1] + int64_t(D) + h) * 4;
   // Layer 0 by item in training: each sample's place in the sort and its run (8 bytes), and
   // per run its MLP columns, their product, its gradient sum in parts and the rows'
-  // gradient from them (and their BF16 copies).
+  // gradient from them (and their BF16 copies); on one rank, the items' MLP gradient by
+  // item (train/step.h narrow_item_lookups).
   if (!rows_only && cfg.layers.size() > 1) {
     const int64_t runs = std::min(I, local_samples), out0 = cfg.layers[1];
     e.step += local_samples * 8 + runs * ((4 * h + 4 * out0) * 4 + 2 * (h + out0) * 2 + 8);
+    if (W == 1) e.step += I * h * 4;
   }
   e.samples = local_samples;
   if (device == Device::kCuda) {

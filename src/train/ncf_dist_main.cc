@@ -210,8 +210,8 @@ int train_main(int& argc, char**& argv) {
                  "the samples one sample per thread\n");
   if (lead && !narrow_item_lookups())
     std::fprintf(stderr,
-                 "ncf_dist: note: NCF_NARROW_ITEM_LOOKUP=0: the step looks up the samples' whole "
-                 "item rows\n");
+                 "ncf_dist: note: NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the "
+                 "gradients of, the samples' whole item rows\n");
   if (lead && !negatives_ahead())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives "

@@ -24,7 +24,8 @@ void TrainState::allocate(const ExecContext& ctx) {
   adam_m.zero();
   adam_v.zero();
   for (Buffer<int32_t>* b : {&users, &items}) *b = Buffer<int32_t>(ctx.device, 0);
-  for (Buffer<float>* b : {&labels, &logits, &dlogits}) *b = Buffer<float>(ctx.device, 0);
+  for (Buffer<float>* b : {&labels, &logits, &dlogits, &item_mlp_grads})
+    *b = Buffer<float>(ctx.device, 0);
   const int64_t rep = tables->replicated_grad_floats();
   dense_grads = Buffer<float>(ctx.device, size_t(model->num_params() + rep + kStepRequests));
 }
@@ -69,6 +70,10 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   if (narrow) {
     keys.table = tables.local_rows(1);
     keys.ld = tables.plan().D;
+    if (tables.given_columns_ok()) {
+      s.item_mlp_grads.reserve(size_t(s.num_items) * size_t(model.config().mlp_half()));
+      keys.mlp_grads = s.item_mlp_grads.data();
+    }
   }
   tables.lookup({{batch.users, n}, {s.items.data(), B, narrow ? mf : 0}});
   mark(StepPhase::kExchange);
@@ -82,6 +87,7 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
     model.forward_backward(ctx, tables.rows(0), tables.rows(1), n, S, s.labels.data(), G,
                            s.logits.data(), s.dlogits.data(), loss_share, tables.row_grads(0),
                            tables.row_grads(1), keys);
+    if (keys.mlp_grads != nullptr) tables.give_columns(1, mf, keys.mlp_grads);
   } else {
     model.grads().zero();  // no samples: no loss share, a zero gradient
   }

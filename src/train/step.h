@@ -23,10 +23,12 @@ namespace ncf {
 // Where layer 0 takes its items' half by item and this rank holds the whole item table
 // (W = 1, FP32 rows and wire: EmbeddingCollection::narrow_lookups), the step's lookup writes
 // only the GMF columns of the samples' item rows and layer 0 reads its runs' MLP columns
-// from the table (true, the default): the same values without writing the MLP columns of
-// every sample. With the environment variable NCF_NARROW_ITEM_LOOKUP=0 the lookup writes
-// whole rows, as before (kept selectable to be timed beside it). Read at the first call;
-// the setter (tests) overrides it.
+// from the table (true, the default); with dense Adam the backward also hands the table
+// update each item's MLP gradient by item (EmbeddingCollection::give_columns) instead of
+// on its first sample with zeros on the others. The same values without writing or reading
+// the MLP columns of every sample. With the environment variable NCF_NARROW_ITEM_LOOKUP=0 the
+// lookup writes whole rows, as before (kept selectable to be timed beside it). Read at the first
+// call; the setter (tests) overrides it.
 bool narrow_item_lookups();
 void set_narrow_item_lookups(bool on);
 
@@ -48,6 +50,7 @@ struct TrainState {
 
   // Step buffers on the context's device (B samples of this rank's step).
   Buffer<int32_t> users, items;           // [B] positives and their negatives
+  Buffer<float> item_mlp_grads;           // [items × mlp_half] by item (narrow_item_lookups)
   Buffer<float> labels, logits, dlogits;  // [B]
   // [params + replicated floats + kStepRequests]: the tower's gradient, the
   // replicated tables' dense gradients and the step's requests, allreduced as
