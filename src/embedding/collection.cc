@@ -253,6 +253,7 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
   n_total_ = n_routed_ = 0;
   width_.assign(size_t(T), 0);
+  given_ = GivenColumns{};  // a step that ended before its update leaves none to the next
   for (int u = 0; u < T; ++u) {
     const int t = table_of_layout[u];
     NCF_CHECK(ids[t].n >= 0, "embedding lookup: table ", plan_.tables[t].name, " n=", ids[t].n);

@@ -112,10 +112,10 @@ class EmbeddingCollection {
   void gradients_start(float* replicated_grads);
   // The owners' fused reduce-and-update of the routed rows (step t ≥ 1).
   void gradients_finish(int64_t t);
-  // For the next gradients_finish only (narrow_lookups() and dense Adam, which
-  // given_columns_ok() says): table t's rows take columns [col, D) of their summed gradient
-  // from rows [N_t × (D − col)] (row i of row i of the table; only the batch's rows are
-  // read) instead of from the gradient rows, whose columns there are not read
+  // For the next gradients_finish only, until the next lookup (where given_columns_ok():
+  // narrow_lookups() and dense Adam): table t's rows take columns [col, D) of their summed
+  // gradient from rows [N_t × (D − col)] (row i for the table's row i; only the batch's
+  // rows are read) instead of from the gradient rows, whose columns there are not read
   // (table_ops.h GivenColumns).
   bool given_columns_ok() const;
   void give_columns(int t, int col, const float* rows);
