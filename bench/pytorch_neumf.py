@@ -43,8 +43,11 @@ is used as it is, as ncf_dist then does).
 - Negatives: num_neg per positive, drawn uniformly over the items the user never
   interacted with: candidates uniform over [0, I), rejected and redrawn while they are
   in the user's positives.bin list (its training items and its held-out test item), as
-  ncf_dist's sampler does (src/data/negatives.h). The draws come from numpy's PCG64, not
-  ncf_dist's Philox stream: the same distribution, not the same samples.
+  ncf_dist's sampler does (src/data/negatives.h). The draws come from numpy's PCG64
+  (--sampler numpy, the default on a CPU) or torch's generator on the device, keyed by
+  --seed and the epoch (--sampler torch, the default with --device cuda: the lists' search
+  runs there too), not ncf_dist's Philox stream: the same distribution, not the same
+  samples.
 - Adam: the preset's learning rate, betas and epsilon (src/train/config.cc), overridable
   like ncf_dist's flags; initialisation as ncf_dist's (docs/training.md), from torch's generator.
 - Evaluation: each eval record's list (the held-out positive, then the E negatives
@@ -516,8 +519,9 @@ def self_check():
         assert got == want, ([hex(x) for x in got], [hex(x) for x in want])
     sub = eval_subset(1000, 100, 1)
     assert sub.size == 100 and np.all(np.diff(sub) > 0), sub
+    check_torch_sampler()
     print("pytorch_neumf: self check passed (HR/NDCG on hand-made lists at K = 1, 2, 3; "
-          "Philox-4x32-10 known answers; eval subset size)")
+          "Philox-4x32-10 known answers; eval subset size; the torch sampler's exclusion)")
 
 
 # ----------------------------------------------------------------- training ---
@@ -538,6 +542,47 @@ def draw_negatives(rng, users, num_neg, pos_keys, I):
         todo[iu[~hit], ij[~hit]] = False
         iu, ij = iu[hit], ij[hit]
         neg[iu, ij] = rng.integers(0, I, size=iu.size, dtype=np.int64)
+
+
+def draw_negatives_torch(gen, users, num_neg, pos_keys, I):
+    """draw_negatives on torch tensors (users [n] and the sorted pos_keys on one device):
+    every draw that hits its user's list is drawn again from `gen` until none does."""
+    dev = users.device
+    neg = torch.randint(0, I, (users.numel(), num_neg), generator=gen, device=dev,
+                        dtype=torch.int64)
+    if pos_keys.numel() == 0:
+        return neg
+    u = users[:, None].expand_as(neg)
+    todo = torch.ones_like(neg, dtype=torch.bool)
+    last = pos_keys.numel() - 1
+    while True:
+        keys = u * I + neg
+        at = torch.searchsorted(pos_keys, keys).clamp_(max=last)
+        hit = todo & (pos_keys[at] == keys)
+        count = int(hit.sum())
+        if count == 0:
+            return neg
+        neg[hit] = torch.randint(0, I, (count,), generator=gen, device=dev, dtype=torch.int64)
+        todo = hit
+
+
+def check_torch_sampler():
+    """Users holding all but one item, some items, or none: every draw avoids its user's
+    list, a user with one free item always gets it, and one with none free draws them all."""
+    I = 7
+    lists = [list(range(I - 1)), [0, 2, 4], []]
+    counts = np.array([len(x) for x in lists])
+    pos_keys = torch.from_numpy(np.repeat(np.arange(3, dtype=np.int64), counts) * I +
+                                np.array([i for x in lists for i in x], dtype=np.int64))
+    gen = torch.Generator().manual_seed(5)
+    users = torch.tensor([0, 1, 2, 0, 1, 2] * 50, dtype=torch.int64)
+    neg = draw_negatives_torch(gen, users, 4, pos_keys, I)
+    for k in range(users.numel()):
+        u = int(users[k])
+        for j in range(4):
+            assert 0 <= int(neg[k, j]) < I and int(neg[k, j]) not in lists[u], (u, neg[k])
+    assert bool((neg[users == 0] == I - 1).all()), neg[users == 0]
+    assert set(int(x) for x in neg[users == 2].flatten()) == set(range(I))
 
 
 def load_ncf_dist_params(model, path):
@@ -646,8 +691,14 @@ def train_on_data(a, p):
                               init_params=a.init_params, eval_users=int(ev_users.size), k=K,
                               hr=hr, ndcg=nd, eval_seconds=eval_s)))
         return
+    sampler = a.sampler or ("torch" if a.device == "cuda" else "numpy")
+    pos_keys_t = torch.from_numpy(pos_keys).to(dev) if sampler == "torch" else None
     for e in range(a.epochs):
         rng = np.random.default_rng([a.seed, e])
+        gen = None
+        if sampler == "torch":
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(int(a.seed) * 1000003 + e)
         t0 = time.perf_counter()
         order = rng.permutation(n_pos)[:steps * P]
         step_s = sample_s = 0.0
@@ -657,10 +708,17 @@ def train_on_data(a, p):
             ts = time.perf_counter()
             sel = order[done * P:c1 * P]
             us, its = tu[sel], ti[sel]
-            neg = draw_negatives(rng, us, p["num_neg"], pos_keys, I)
-            users = torch.from_numpy(np.repeat(us, S)).to(dev)
-            items = torch.from_numpy(
-                np.concatenate([its[:, None], neg], axis=1).reshape(-1)).to(dev)
+            if sampler == "torch":
+                us_t = torch.from_numpy(us).to(dev)
+                neg = draw_negatives_torch(gen, us_t, p["num_neg"], pos_keys_t, I)
+                users = us_t.repeat_interleave(S)
+                items = torch.cat([torch.from_numpy(its).to(dev)[:, None], neg],
+                                  dim=1).reshape(-1)
+            else:
+                neg = draw_negatives(rng, us, p["num_neg"], pos_keys, I)
+                users = torch.from_numpy(np.repeat(us, S)).to(dev)
+                items = torch.from_numpy(
+                    np.concatenate([its[:, None], neg], axis=1).reshape(-1)).to(dev)
             labels = group.repeat(sel.size)
             sample_s += time.perf_counter() - ts
             for k in range(c1 - done):
@@ -690,7 +748,8 @@ def train_on_data(a, p):
     total_n = sum(r["samples"] for r in epochs)
     print(json.dumps(dict(
         bench="pytorch_neumf_train", torch=torch.__version__, preset=a.preset,
-        data_dir=a.data_dir, device=a.device, users=U, items=I, train_positives=int(n_pos),
+        data_dir=a.data_dir, device=a.device, sampler=sampler, users=U, items=I,
+        train_positives=int(n_pos),
         eval_users=int(ev_users.size), eval_negatives=E1 - 1, batch=B, num_neg=p["num_neg"],
         lr=p["lr"], beta1=p["beta1"], beta2=p["beta2"], eps=p["eps"], threads=a.threads,
         openblas_core=core, omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"),
@@ -743,6 +802,9 @@ def main():
                    help="evaluate ncf_dist's fixed subset of this many users, drawn with "
                    "--seed (0: all)")
     g.add_argument("--no_eval", action="store_true", help="skip evaluation after each epoch")
+    g.add_argument("--sampler", choices=["numpy", "torch"],
+                   help="where negatives are drawn and checked against the lists: numpy on "
+                   "the host, or torch on --device (default: torch with cuda, else numpy)")
     g.add_argument("--metrics_json", help="append one JSON line per epoch to this file")
     g.add_argument("--init_params", help="start from the parameters `ncf_dist --save_params` "
                    "wrote (with --epochs 0: evaluate them and stop), to hold this script's "
