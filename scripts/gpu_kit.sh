@@ -861,7 +861,7 @@ do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
 do_step_train_2blocks() { NCF_3BLOCK_KERNELS=0 do_step_train "$@"; }
 do_step_train_neg_one() { NCF_NEGATIVES_AHEAD=0 do_step_train "$@"; }
 do_step_train_sums_thread() { NCF_RUN_SUMS_WARP=0 do_step_train "$@"; }
-do_step_train_scatter_one() { NCF_SCATTER_BY_FOUR=0 do_step_train "$@"; }
+do_step_train_scatter_one() { NCF_NARROW_ITEM_LOOKUP=0 NCF_SCATTER_BY_FOUR=0 do_step_train "$@"; }
 do_step_train_whole_rows() { NCF_NARROW_ITEM_LOOKUP=0 do_step_train "$@"; }
 do_step_train_by_sample() { NCF_L0_BY_ITEM=0 do_step_train "$@"; }
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
@@ -1154,7 +1154,8 @@ run_step() {
     stage "step_${p}_sums_thread" 1 90 fig_step_train -- do_step_train_sums_thread "$p" streaming
   done
   # the items' MLP gradients put back on the samples one sample per thread
-  # (NCF_SCATTER_BY_FOUR=0), as before four per thread
+  # (NCF_SCATTER_BY_FOUR=0), as before four per thread; the narrow item lookup, which
+  # skips that pass, off (NCF_NARROW_ITEM_LOOKUP=0): against step_*_whole_rows
   for p in tf32 bf16; do
     stage "step_${p}_scatter_one" 1 90 fig_step_train -- do_step_train_scatter_one "$p" streaming
   done
