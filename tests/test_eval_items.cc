@@ -302,5 +302,44 @@ TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
     for (const char* k : {"loss", "hr", "ndcg"}) EXPECT_EQ(m[0][e][k], m[1][e][k]) << k;
 }
 
+// NCF_EVAL_CACHE=1 keeps the lists (on the CPU here, as a GPU rank does on its device) after
+// the first evaluation, which ncf_dist says once: every metric is the run's without it, per
+// rank count, evaluation by items or per sample, and with an --eval_users subset.
+TEST(EvalListsCache, KeptListsChangeNoMetric) {
+  TempDir d;
+  ASSERT_NO_FATAL_FAILURE(prepare_small_set(d.file("data")));
+  const std::string note = "ncf_dist: evaluation: the lists stay on the device after the first";
+  for (int W : {1, 2})
+    for (const char* extra : {"", " --eval_users 150"})
+      for (int by_items : {0, 1}) {
+        std::vector<nlohmann::json> m[2];
+        for (int cache : {0, 1}) {
+          const std::string json = d.file("c" + std::to_string(cache) + ".jsonl");
+          std::remove(json.c_str());  // --metrics_json appends
+          auto r = run("NCF_EVAL_CACHE=" + std::to_string(cache) +
+                       " NCF_EVAL_ITEMS=" + std::to_string(by_items) + " " +
+                       (W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
+                       " --data_dir " + d.file("data") +
+                       " --batch_size 1005 --train_epochs 3 --threads 1 --progress off "
+                       "--eval_batch_size 1000 --metrics_json " +
+                       json + extra);
+          ASSERT_EQ(r.exit_code, 0) << r.output;
+          const size_t at = r.output.find(note);
+          EXPECT_EQ(at != std::string::npos, cache == 1) << r.output;
+          if (at != std::string::npos) {
+            EXPECT_EQ(r.output.find(note, at + 1), std::string::npos) << "said once\n" << r.output;
+          }
+          m[cache] = metrics_of(json);
+        }
+        const std::string what =
+            "W=" + std::to_string(W) + extra + (by_items ? ", by items" : ", per sample");
+        ASSERT_EQ(m[0].size(), 3u) << what;
+        ASSERT_EQ(m[1].size(), 3u) << what;
+        for (size_t e = 0; e < 3; ++e)
+          for (const char* k : {"loss", "hr", "ndcg"})
+            EXPECT_EQ(m[0][e][k], m[1][e][k]) << what << " epoch " << e + 1 << " " << k;
+      }
+}
+
 }  // namespace
 }  // namespace ncf

@@ -82,11 +82,17 @@ TEST(MemoryGuard, CudaEstimateCountsScratchAndWorkspaces) {
   EXPECT_EQ(host.workspaces, 0);
   EXPECT_EQ(gpu.scratch, 122890302);
   EXPECT_EQ(gpu.workspaces, int64_t{576} << 20);
-  EXPECT_EQ(gpu.total() - host.total(), 122890302 + (int64_t{576} << 20));
+  // The GPU also keeps the evaluation's lists: 138493 users of 1 + 999 entries, 5 bytes each
+  // and 4 for the user.
+  const int64_t lists = 138493 * (4 + 5 * 1000);
+  EXPECT_EQ(eval_lists_cache_bytes(138493, 1000), lists);
+  EXPECT_EQ(gpu.total() - host.total(), 122890302 + (int64_t{576} << 20) + lists);
   // The rest of the estimate is the same on both devices.
   EXPECT_EQ(gpu.tables, host.tables);
   EXPECT_EQ(gpu.exchange, host.exchange);
-  EXPECT_EQ(gpu.step, host.step);
+  EXPECT_EQ(gpu.step, host.step + lists);
+  // Lists past the cap are read again for every evaluation instead.
+  EXPECT_EQ(eval_lists_cache_bytes(1000000, 1000), 0);
 }
 
 // --precision bf16 carves FP32 products into the arena: on BF16 storage the largest

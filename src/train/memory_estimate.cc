@@ -298,6 +298,11 @@ int64_t cuda_scratch_peak_bytes(const ScratchShapes& s) {
   return p.value();
 }
 
+int64_t eval_lists_cache_bytes(int64_t users, int64_t list) {
+  const int64_t bytes = users * (4 + 5 * list);
+  return bytes <= kEvalListsCacheMaxBytes ? bytes : 0;
+}
+
 bool eval_items_fit(int64_t items, int mf, int h, int out0, int64_t batch) {
   return items * (int64_t(mf) + out0) <= batch * h;
 }
@@ -360,6 +365,8 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& m
   }
   e.samples = local_samples;
   if (device == Device::kCuda) {
+    if (!rows_only && !cfg.eval_full_ranking)  // the evaluation's lists, kept after the first
+      e.step += eval_lists_cache_bytes((int64_t(meta.num_eval_users) + W - 1) / W, L);
     e.scratch =
         cuda_scratch_arena_bytes(cuda_scratch_peak_bytes(scratch_shapes(cfg, meta, plan, rank)));
     e.workspaces = cuda_fixed_bytes();

@@ -114,6 +114,14 @@ struct MemoryEstimate {
 // are there too.
 bool eval_items_fit(int64_t items, int mf, int h, int out0, int64_t batch);
 
+// The evaluation's lists a GPU rank keeps on its device from the second evaluation on
+// (Trainer's lists cache): its users (4 bytes), candidates (4 bytes each) and duplicate
+// masks (1 byte each) over `users` users of `list` entries, where that is at most
+// kEvalListsCacheMaxBytes; 0 where it is more (the lists are then read for every
+// evaluation).
+constexpr int64_t kEvalListsCacheMaxBytes = int64_t{2} << 30;
+int64_t eval_lists_cache_bytes(int64_t users, int64_t list);
+
 // cfg.eval_only: rows only (no optimizer state), no training buffers.
 MemoryEstimate estimate_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
                                     const EmbeddingPlan& plan, int rank, Device device);

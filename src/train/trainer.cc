@@ -575,9 +575,14 @@ EvalResult Trainer::evaluate() {
   // Every rank runs the same number of batches (the exchanges are collective).
   const int64_t most = int64_t((meta_.num_eval_users + W - 1) / W);
   const int64_t batches = (most + per_batch - 1) / per_batch;
-  eval_reader_->start();
   // Full ranking: every rank scores its users against the whole item table.
   const bool full = cfg_.eval_full_ranking;
+  // The lists: kept on the device by the first evaluation where eval_lists_cached(), read
+  // from there by the later ones (no file, no copy).
+  const bool keep = !full && eval_lists_cached();
+  const bool cached = keep && eval_cache_.complete;
+  if (keep && !cached) eval_cache_ = EvalListsCache{};
+  if (!cached) eval_reader_->start();
   const int64_t I = int64_t(meta_.num_items);
   const int64_t group = std::max<int64_t>(1, cfg_.eval_batch_size / I);  // users scored at once
   std::vector<float> host_scores;
@@ -615,7 +620,7 @@ EvalResult Trainer::evaluate() {
   eval_sums_.reserve(2);
   eval_sums_.zero();
   EvalBatch batch[2];
-  if (batches > 0) {
+  if (batches > 0 && !cached) {
     read(&batch[0]);
     phases.end(EvalPhases::kRead);
     stage(batch[0]);
@@ -624,11 +629,32 @@ EvalResult Trainer::evaluate() {
   double sums[4] = {0, 0, 0, 0};
   for (int64_t k = 0; k < batches; ++k) {
     const EvalBatch& b = batch[k % 2];
-    const int64_t n = b.num_users;
-    const std::vector<const void*>& staged = eval_stager_->acquire();
-    const auto* users = static_cast<const int32_t*>(staged[0]);
-    const auto* items = static_cast<const int32_t*>(staged[1]);
-    const auto* mask = static_cast<const uint8_t*>(staged[2]);
+    const int32_t* users = nullptr;
+    const int32_t* items = nullptr;
+    const uint8_t* mask = nullptr;
+    int64_t n = 0;
+    if (cached) {
+      n = eval_cache_.n[size_t(k)];
+      users = eval_cache_.users[size_t(k)].data();
+      items = eval_cache_.items[size_t(k)].data();
+      mask = eval_cache_.mask[size_t(k)].data();
+    } else {
+      n = b.num_users;
+      const std::vector<const void*>& staged = eval_stager_->acquire();
+      users = static_cast<const int32_t*>(staged[0]);
+      items = static_cast<const int32_t*>(staged[1]);
+      mask = static_cast<const uint8_t*>(staged[2]);
+      if (keep) {  // this batch's lists, kept for the later evaluations
+        const size_t nl = size_t(n * L);
+        eval_cache_.n.push_back(n);
+        eval_cache_.users.emplace_back(dev, size_t(n));
+        eval_cache_.items.emplace_back(dev, nl);
+        eval_cache_.mask.emplace_back(dev, nl);
+        device_copy_async(ctx_, dev, eval_cache_.users.back().data(), dev, users, size_t(n) * 4);
+        device_copy_async(ctx_, dev, eval_cache_.items.back().data(), dev, items, nl * 4);
+        device_copy_async(ctx_, dev, eval_cache_.mask.back().data(), dev, mask, nl);
+      }
+    }
     scores_.reserve(n * L);
     if (by_items) {
       // The users' rows only; the candidates' GMF columns and layer-0 products are
@@ -654,7 +680,7 @@ EvalResult Trainer::evaluate() {
       hit_ndcg_accumulate(ctx_, scores_.data(), mask, n, int(L), cfg_.topk, eval_sums_.data());
       phases.end(EvalPhases::kMetrics);
     }
-    eval_stager_->release();
+    if (!cached) eval_stager_->release();
     if (full && n > 0) {
       // The users' rows (still in tables_->rows(0)) against every item, a group
       // of users at a time; the ranks are counted on the host.
@@ -679,11 +705,22 @@ EvalResult Trainer::evaluate() {
     }
     // The next batch is read and sent while the device works on this one. Its host
     // arrays replace batch k - 1's: staged (copied, on a GPU) before this batch was.
-    if (k + 1 < batches) {
+    if (k + 1 < batches && !cached) {
       read(&batch[(k + 1) % 2]);
       phases.end(EvalPhases::kRead);
       stage(batch[(k + 1) % 2]);
       phases.end(EvalPhases::kUpload);
+    }
+  }
+  if (keep && !cached) {
+    eval_cache_.complete = true;
+    if (comm_.rank() == 0) {
+      int64_t bytes = 0;
+      for (int64_t n : eval_cache_.n) bytes += n * (4 + 5 * L);
+      std::fprintf(stderr,
+                   "ncf_dist: evaluation: the lists stay on the device after the first "
+                   "(rank 0: %.1f MiB); later evaluations read no list\n",
+                   double(bytes) / (1 << 20));
     }
   }
   // A kernel's bad-input record (hit_ndcg raised it per batch) surfaces here, once.
@@ -701,6 +738,16 @@ EvalResult Trainer::evaluate() {
   res.full_ndcg = sums[3] / double(res.users);
   res.seconds = seconds_since(t0);
   return res;
+}
+
+bool Trainer::eval_lists_cached() const {
+  const char* env = std::getenv("NCF_EVAL_CACHE");
+  if (env != nullptr && std::string(env) == "0") return false;
+  if (env != nullptr && std::string(env) == "1") return true;  // any device (tests)
+  if (ctx_.device != Device::kCuda || cfg_.eval_only) return false;
+  const int W = comm_.world();
+  return eval_lists_cache_bytes(int64_t((meta_.num_eval_users + W - 1) / W),
+                                meta_.eval_negatives + 1) > 0;
 }
 
 bool Trainer::eval_by_items() const {

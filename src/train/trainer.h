@@ -118,6 +118,11 @@ class Trainer {
   // would bring), and eval_items_fit (memory_estimate.h); NCF_EVAL_ITEMS=0 turns
   // it off.
   bool eval_by_items() const;
+  // Whether evaluate() keeps the lists on the device after the first evaluation and reads
+  // them from there: GPU ranks whose lists fit eval_lists_cache_bytes (memory_estimate.h),
+  // not with full ranking (it reads the host lists) or --eval_only. NCF_EVAL_CACHE=0 turns
+  // it off, NCF_EVAL_CACHE=1 on, on any device.
+  bool eval_lists_cached() const;
   // Loads a found checkpoint (resume(), ncf_recommend): its dataset must be
   // this one, and its flags this run's (with --eval_only: its shape flags).
   void load_checkpoint(const class CheckpointReader& ck);
@@ -240,6 +245,15 @@ class Trainer {
   // candidates [n×L] and duplicate masks [n×L] in two staged slots; the pass's
   // hit and NDCG sums [2], on the device.
   std::unique_ptr<ArrayStager> eval_stager_;
+  // The evaluation's lists kept on a GPU rank's device (eval_lists_cache()): each batch's
+  // user count and its users, candidates and masks as the first evaluation staged them;
+  // complete once a whole evaluation has filled it, after which evaluations read no list.
+  struct EvalListsCache {
+    bool complete = false;
+    std::vector<int64_t> n;
+    std::vector<Buffer<int32_t>> users, items;
+    std::vector<Buffer<uint8_t>> mask;
+  } eval_cache_;
   Buffer<double> eval_sums_;
   Buffer<float> scores_;                // [n×L]
   std::vector<uint8_t> eval_selected_;  // --eval_users: 1 for the users evaluated
