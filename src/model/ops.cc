@@ -980,6 +980,18 @@ void run_sums_bf16(const ExecContext& ctx, const uint16_t* dZ, const int32_t* or
   run_sums_cpu(ctx, dZ, order, starts, R, out, dP);
 }
 
+namespace {
+// y[0..w) = run u's row: its parts' rows Yr[p·R + u] added in p order (scatter_run_rows,
+// put_run_rows).
+void run_row(const float* Yr, int64_t R, int parts, int w, int64_t u, float* y) {
+  for (int c = 0; c < w; ++c) {
+    float s = Yr[u * w + c];
+    for (int p = 1; p < parts; ++p) s += Yr[(p * R + u) * w + c];
+    y[c] = s;
+  }
+}
+}  // namespace
+
 void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts, int w,
                       const int32_t* inv, const int32_t* first, int64_t B, float* Y, int64_t ldy) {
   const char* op = "scatter_run_rows";
@@ -998,15 +1010,10 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
       const int64_t u = inv[b];
       NCF_CHECK(u >= 0 && u < R, op, ": inv[", b, "] = ", u, " is outside [0, ", R, ")");
       float* y = Y + b * ldy;
-      if (first[u] != b) {
+      if (first[u] != b)
         std::fill(y, y + w, 0.0f);
-        continue;
-      }
-      for (int c = 0; c < w; ++c) {
-        float s = Yr[u * w + c];
-        for (int p = 1; p < parts; ++p) s += Yr[(p * R + u) * w + c];
-        y[c] = s;
-      }
+      else
+        run_row(Yr, R, parts, w, u, y);
     }
   });
 }
@@ -1029,12 +1036,7 @@ void put_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int parts,
       const int64_t i = ids[first[u]];
       NCF_CHECK(i >= 0 && i < bound, op, ": ids[", first[u], "] = ", i, " is outside [0, ", bound,
                 ")");
-      float* y = Y + i * ldy;
-      for (int c = 0; c < w; ++c) {
-        float s = Yr[u * w + c];
-        for (int p = 1; p < parts; ++p) s += Yr[(p * R + u) * w + c];
-        y[c] = s;
-      }
+      run_row(Yr, R, parts, w, u, Y + i * ldy);
     }
   });
 }

@@ -1589,6 +1589,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// acc[l] += the first m of z's rows, in row order, in double (run_sums, run_sums_warp).
+template <typename T, int L, int kRows>
+__device__ __forceinline__ void add_loaded_rows(double (&acc)[L], const RawLanes<T, L> (&z)[kRows],
+                                                int m) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    if (i < m) {
+#pragma unroll
+      for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
+    }
+  }
+}
+
 // run_sums: one thread per (run u, L columns from j) adds the run's rows in k order in
 // double, kRunRowsInFlight rows loaded (as stored) before their adds; one FP32 store of
 // each column. The same sums in the same order as the CPU twin: the same bits.
@@ -1618,13 +1631,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
         if (i < m) z[i].load(dZ + int64_t{order[k0 + i]} * out + j);
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (i < m) {
-#pragma unroll
-          for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
-        }
-      }
+      add_loaded_rows<T, L, kRows>(acc, z, m);
     }
 #pragma unroll
     for (int l = 0; l < L; ++l) dP[u * out + j + l] = static_cast<float>(acc[l]);
@@ -1667,13 +1674,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             z[i].load(dZ + int64_t{row} * out + j);
           }
         }
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          if (i < m) {
-#pragma unroll
-            for (int l = 0; l < L; ++l) acc[l] += static_cast<double>(z[i].at(l));
-          }
-        }
+        add_loaded_rows<T, L, kRows>(acc, z, m);
       }
     }
 #pragma unroll
