@@ -856,14 +856,12 @@ do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phase
     --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
     --no_eval --step_log --progress off
 }
-do_step_train_drelu() { NCF_LT_DRELU=1 do_step_train "$@"; }
-do_step_train_no_lt_out() { NCF_LT_BF16_OUT=0 do_step_train "$@"; }
-do_step_train_2blocks() { NCF_3BLOCK_KERNELS=0 do_step_train "$@"; }
-do_step_train_neg_one() { NCF_NEGATIVES_AHEAD=0 do_step_train "$@"; }
-do_step_train_sums_thread() { NCF_RUN_SUMS_WARP=0 do_step_train "$@"; }
-do_step_train_scatter_one() { NCF_NARROW_ITEM_LOOKUP=0 NCF_SCATTER_BY_FOUR=0 do_step_train "$@"; }
-do_step_train_whole_rows() { NCF_NARROW_ITEM_LOOKUP=0 do_step_train "$@"; }
-do_step_train_by_sample() { NCF_L0_BY_ITEM=0 do_step_train "$@"; }
+do_step_train_env() {  # "VAR=VALUE ..." PRECISION KERNELS: do_step_train with those variables
+  local vars=$1
+  shift
+  # shellcheck disable=SC2086,SC2163  # one word per variable, each exported
+  (export $vars && do_step_train "$@")
+}
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
   precision=$(basename "$1" .log | cut -d_ -f2)
@@ -1139,40 +1137,31 @@ run_step() {
     done
   done
   # layer 0's mask in layer 1's dX epilogue (NCF_LT_DRELU=1) instead of its group sums
-  stage step_tf32_drelu 1 90 fig_step_train -- do_step_train_drelu tf32 streaming
+  stage step_tf32_drelu 1 90 fig_step_train -- do_step_train_env NCF_LT_DRELU=1 tf32 streaming
   # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
   # path their cuBLASLt BF16 epilogue replaced
-  stage step_bf16_no_lt_out 1 90 fig_step_train -- do_step_train_no_lt_out bf16 streaming
-  # the kernels capped for 3 blocks per SM as they were, at 2 (NCF_3BLOCK_KERNELS=0)
-  for p in tf32 bf16; do
-    stage "step_${p}_2blocks" 1 90 fig_step_train -- do_step_train_2blocks "$p" streaming
-  done
-  # negatives searched one draw at a time (NCF_NEGATIVES_AHEAD=0), as before the lock-step
-  # rounds
-  for p in tf32 bf16; do
-    stage "step_${p}_neg_one" 1 90 fig_step_train -- do_step_train_neg_one "$p" streaming
-  done
-  # layer 0's per-item sums with each thread loading its rows' indices (NCF_RUN_SUMS_WARP=0),
-  # as before a warp's indices came 32 at a time, a chunk ahead
-  for p in tf32 bf16; do
-    stage "step_${p}_sums_thread" 1 90 fig_step_train -- do_step_train_sums_thread "$p" streaming
-  done
-  # the items' MLP gradients put back on the samples one sample per thread
-  # (NCF_SCATTER_BY_FOUR=0), as before four per thread; the narrow item lookup, which
-  # skips that pass, off (NCF_NARROW_ITEM_LOOKUP=0): against step_*_whole_rows
-  for p in tf32 bf16; do
-    stage "step_${p}_scatter_one" 1 90 fig_step_train -- do_step_train_scatter_one "$p" streaming
-  done
-  # the samples' item rows looked up and their gradients reduced whole
-  # (NCF_NARROW_ITEM_LOOKUP=0), as before layer 0 read its runs' MLP columns from the item
-  # table and handed the update their gradient by item
-  for p in tf32 bf16; do
-    stage "step_${p}_whole_rows" 1 90 fig_step_train -- do_step_train_whole_rows "$p" streaming
-  done
-  # layer 0's items' half once per sample (NCF_L0_BY_ITEM=0), the path layer 0 by item
-  # replaced
-  for p in tf32 bf16; do
-    stage "step_${p}_by_sample" 1 90 fig_step_train -- do_step_train_by_sample "$p" streaming
+  stage step_bf16_no_lt_out 1 90 fig_step_train -- \
+    do_step_train_env NCF_LT_BF16_OUT=0 bf16 streaming
+  # Kernels kept selectable, each step_PRECISION_NAME with its variables, in this order:
+  #   2blocks      the kernels capped for 3 blocks per SM as they were, at 2
+  #   neg_one      negatives searched one draw at a time, as before the lock-step rounds
+  #   sums_thread  layer 0's per-item sums with each thread loading its rows' indices, as
+  #                before a warp's indices came 32 at a time, a chunk ahead
+  #   scatter_one  the items' MLP gradients put back on the samples one sample per thread,
+  #                as before four per thread; the narrow item lookup, which skips that pass,
+  #                off: against whole_rows
+  #   whole_rows   the samples' item rows looked up and their gradients reduced whole, as
+  #                before layer 0 read its runs' MLP columns from the item table and handed
+  #                the update their gradient by item
+  #   by_sample    layer 0's items' half once per sample, the path layer 0 by item replaced
+  local v
+  for v in "2blocks:NCF_3BLOCK_KERNELS=0" "neg_one:NCF_NEGATIVES_AHEAD=0" \
+    "sums_thread:NCF_RUN_SUMS_WARP=0" \
+    "scatter_one:NCF_NARROW_ITEM_LOOKUP=0 NCF_SCATTER_BY_FOUR=0" \
+    "whole_rows:NCF_NARROW_ITEM_LOOKUP=0" "by_sample:NCF_L0_BY_ITEM=0"; do
+    for p in tf32 bf16; do
+      stage "step_${p}_${v%%:*}" 1 90 fig_step_train -- do_step_train_env "${v#*:}" "$p" streaming
+    done
   done
   for p in tf32 bf16; do
     stage "train_${p}_throughput" 1 120 fig_thr -- train_m20 "train_${p}_throughput" \

@@ -3014,17 +3014,22 @@ void expect_mostly_close(const Vec& gpu, const Vec& cpu, double bound, const std
       << what << ": " << loose << " elements past the tolerance";
 }
 
-// On the GPU, the step whose item lookup writes the GMF columns only (layer 0 reading its
-// runs' MLP columns from the item table) gives the bits of the one that writes whole rows.
-TEST_F(Parity, NarrowItemLookupStepIsTheWholeRowStepBitForBit) {
-  test::TempDir dir;
-  const std::string data = dir.file("data");
+// The training steps' small set (300 users, 200 items) at `data`.
+void prepare_step_data(const std::string& data) {
   auto r = test::run(test::bin("ncf_prep") +
                      " --synthetic custom --users 300 --items 200 "
                      "--interactions 8000 --eval_negatives 20 --record_rows 256 --num_shards 2 "
                      "--seed 5 --output " +
                      data);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+// On the GPU, the step whose item lookup writes the GMF columns only (layer 0 reading its
+// runs' MLP columns from the item table) gives the bits of the one that writes whole rows.
+TEST_F(Parity, NarrowItemLookupStepIsTheWholeRowStepBitForBit) {
+  test::TempDir dir;
+  const std::string data = dir.file("data");
+  ASSERT_NO_FATAL_FAILURE(prepare_step_data(data));
   const DatasetMeta meta = DatasetMeta::load(data);
   const PositiveLists lists(data, meta);
   const DevicePositiveLists dlists(lists, g_dev);
@@ -3086,12 +3091,7 @@ TEST_F(Parity, NarrowItemLookupStepIsTheWholeRowStepBitForBit) {
 TEST_F(Parity, TrainStepOnBothDevices) {
   test::TempDir dir;
   const std::string data = dir.file("data");
-  auto r = test::run(test::bin("ncf_prep") +
-                     " --synthetic custom --users 300 --items 200 "
-                     "--interactions 8000 --eval_negatives 20 --record_rows 256 --num_shards 2 "
-                     "--seed 5 --output " +
-                     data);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NO_FATAL_FAILURE(prepare_step_data(data));
   const DatasetMeta meta = DatasetMeta::load(data);
   const PositiveLists lists(data, meta);
   const DevicePositiveLists dlists(lists, g_dev);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -196,30 +197,27 @@ int train_main(int& argc, char**& argv) {
                    "kernels\n",
                    k, step_kernels_name(step_kernels()));
   }
-  if (lead && !three_block_kernels())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_3BLOCK_KERNELS=0: the BF16 top's backward, the FP32 "
-                 "per-item sums and the BF16 masked group sums run 2 blocks per SM\n");
-  if (lead && !run_sums_by_warp())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each "
-                 "row's index per thread\n");
-  if (lead && !scatter_rows_by_four())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_SCATTER_BY_FOUR=0: the items' MLP gradients go back onto "
-                 "the samples one sample per thread\n");
-  if (lead && !narrow_item_lookups())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the "
-                 "gradients of, the samples' whole item rows\n");
-  if (lead && !negatives_ahead())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives "
-                 "one draw at a time\n");
-  if (lead && !lt_bf16_out_enabled())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the "
-                 "FP32 product and an epilogue kernel\n");
+  // The kernel choices turned off from the environment (ops.h, negatives.h, step.h).
+  const std::pair<bool, const char*> old_kernels[] = {
+      {three_block_kernels(),
+       "NCF_3BLOCK_KERNELS=0: the BF16 top's backward, the FP32 per-item sums and the BF16 "
+       "masked group sums run 2 blocks per SM"},
+      {run_sums_by_warp(),
+       "NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each row's index per thread"},
+      {scatter_rows_by_four(),
+       "NCF_SCATTER_BY_FOUR=0: the items' MLP gradients go back onto the samples one sample "
+       "per thread"},
+      {narrow_item_lookups(),
+       "NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the gradients of, the "
+       "samples' whole item rows"},
+      {negatives_ahead(),
+       "NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives one draw at a time"},
+      {lt_bf16_out_enabled(),
+       "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product and an epilogue "
+       "kernel"},
+  };
+  for (const auto& [on, what] : old_kernels)
+    if (lead && !on) std::fprintf(stderr, "ncf_dist: note: %s\n", what);
   if (const char* v = std::getenv("NCF_L0_BY_ITEM"); v && *v) {
     set_layer0_by_item(parse_layer0_by_item(v, "environment variable NCF_L0_BY_ITEM"));
     if (lead && layer0_by_item_mode() == Layer0ByItem::kOff)
