@@ -66,6 +66,28 @@ constexpr int64_t kSortGrain = 1 << 13;  // ids per sort chunk, at least
 
 int64_t row_grain(int D) { return std::max<int64_t>(1, kElemGrain / std::max(D, 1)); }
 
+// Asks for the cache lines of row[0..w) ahead of their use: the rows these loops read
+// by id or by sorted position are random rows, which the hardware prefetch cannot guess.
+template <typename T>
+inline void prefetch_row(const T* row, int w) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t j = 0; j < int64_t(w) * int64_t(sizeof(T)); j += 64) __builtin_prefetch(bytes + j);
+}
+constexpr int64_t kRowsAhead = 8;  // rows asked for ahead of the one being read
+
+// Keeps the gradient rows of sorted positions up to kRowsAhead past a run's end asked
+// for, across the runs of one thread's share [.., end).
+struct SortedRowsAhead {
+  const float* grads;
+  const int32_t* pos;
+  int D, w;
+  int64_t next, end;
+  void upto(int64_t k) {
+    for (k = std::min(end, k + kRowsAhead); next < k; ++next)
+      prefetch_row(grads + int64_t(pos[next]) * D, w);
+  }
+};
+
 // Shapes of a table update, and the contract on unique_rows: strictly
 // increasing and inside [0, R). A violation would corrupt or race silently, so
 // it is checked on every call (O(n), small next to the update itself).
@@ -269,7 +291,15 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       // so hot rows do not pile onto one thread), then the others with 0.
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
+        SortedRowsAhead ahead{grads, pos, D, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
+          ahead.upto(run[u + 1]);
+          if (u + 2 < u1) {  // the table row two runs ahead, with its state
+            const int64_t r2 = row_of(u + 2) * D;
+            prefetch_row(p + r2, D);
+            prefetch_row(tab.m + r2, D);
+            prefetch_row(tab.v + r2, D);
+          }
           row_gradient(grads, pos, run[u], run[u + 1], D, row_of(u), given, g.data(), g.data() + D);
           const int64_t off = row_of(u) * D;
           for (int d = 0; d < D; ++d)
@@ -306,7 +336,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kRowwiseAdagrad:
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
+        SortedRowsAhead ahead{grads, pos, D, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
+          ahead.upto(run[u + 1]);
           sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
           const int64_t off = row_of(u) * D;
           if (opt.kind == EmbeddingOptimizer::kLazyAdam)
@@ -462,6 +494,7 @@ void gather_rows(const ExecContext& ctx, const float* table, const RowId* ids, f
   check_gather_ids(op, ids, R, n);
   parallel_for(ctx.threads, n, row_grain(w), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
+      if (k + kRowsAhead < k1) prefetch_row(table + int64_t(ids[k + kRowsAhead]) * D, w);
       const float* src = table + static_cast<int64_t>(ids[k]) * D;
       std::copy(src, src + w, out + k * D);
     }
@@ -507,6 +540,7 @@ void gather_rows_bf16(const ExecContext& ctx, const uint16_t* table, const RowId
   check_gather_ids(op, ids, R, n);
   parallel_for(ctx.threads, n, row_grain(D), [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
+      if (k + kRowsAhead < k1) prefetch_row(table + int64_t(ids[k + kRowsAhead]) * D, D);
       const uint16_t* src = table + static_cast<int64_t>(ids[k]) * D;
       for (int d = 0; d < D; ++d) out[k * D + d] = bf16_bits_to_float(src[d]);
     }

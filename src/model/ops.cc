@@ -728,7 +728,11 @@ void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, ui
   check_ptr(op, "Y", Y, B);
   NCF_DISPATCH_CUDA(ctx, to_bf16_rows, ctx, X, ldx, w, Y, ldy, B);
   parallel_for(ctx.threads, B, row_grain(w), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) round_to_bf16_bits(X + b * ldx, Y + b * ldy, w);
+    for (int64_t b = b0; b < b1; ++b) {
+      // Rows of a stride (a lookup's rows: ldx > w) the hardware prefetch follows poorly.
+      if (ldx > w && b + 4 < b1) prefetch_row(X + (b + 4) * ldx, w);
+      round_to_bf16_bits(X + b * ldx, Y + b * ldy, w);
+    }
   });
 }
 
@@ -1393,6 +1397,12 @@ void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, c
           add_terms(b, gb, da_again, acc);
         }
         for (int64_t p = p0; p < n && p * S < b1; ++p) {
+          // The item rows and their gradient rows two groups ahead: rows of a stride
+          // (the lookup's row width) the hardware prefetch follows poorly.
+          for (int64_t q = (p + 2) * S; q < std::min(B, (p + 3) * S); ++q) {
+            prefetch_row(irows + q * ldi, mf);
+            prefetch_row(dirows + q * lddi, mf);
+          }
           const float* u = urows + p * ldu;
           std::fill(uacc, uacc + mf, 0.0);
           for (int s = 0; s < S; ++s) {
