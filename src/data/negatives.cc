@@ -35,9 +35,9 @@ void sample_cpu(const ExecContext& ctx, const int64_t* offsets, const int32_t* p
         if (v >= 0 && uint64_t(v) < num_users) {
           const int32_t* list = pos_items + offsets[v];
           const int64_t len = offsets[v + 1] - offsets[v];
-          __builtin_prefetch(list + len / 2);
-          __builtin_prefetch(list + len / 4);
-          __builtin_prefetch(list + 3 * len / 4);
+          // The probes of the search's first four halvings (a list of up to 256 items:
+          // every line of it), so that only its last few halvings can miss.
+          for (int64_t j = 1; j < 16; ++j) __builtin_prefetch(list + len * j / 16);
         }
       }
       const int32_t u = users[k];
