@@ -1308,6 +1308,8 @@ void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, co
       // The item rows two rounds ahead: by id (evaluation) they are random rows of the
       // table, else rows of a stride the hardware prefetch follows poorly.
       for (int64_t q = b + 8; q < std::min(b1, b + 12); ++q) prefetch_row(irow(q), mf);
+      // The user row of the first of those samples (a group's S samples share it).
+      if (b + 8 < b1) prefetch_row(urow(b + 8), mf);
       const float* const u[4] = {urow(b), urow(b + 1), urow(b + 2), urow(b + 3)};
       const float* const it[4] = {irow(b), irow(b + 1), irow(b + 2), irow(b + 3)};
       const TA* const a[4] = {A + b * last, A + (b + 1) * last, A + (b + 2) * last,
@@ -1397,8 +1399,12 @@ void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, c
           add_terms(b, gb, da_again, acc);
         }
         for (int64_t p = p0; p < n && p * S < b1; ++p) {
-          // The item rows and their gradient rows two groups ahead: rows of a stride
-          // (the lookup's row width) the hardware prefetch follows poorly.
+          // The user's and the items' rows and their gradient rows two groups ahead:
+          // rows of a stride (the lookup's row width) the hardware prefetch follows poorly.
+          if (p + 2 < n) {
+            prefetch_row(urows + (p + 2) * ldu, mf);
+            prefetch_row(durows + (p + 2) * lddu, mf);
+          }
           for (int64_t q = (p + 2) * S; q < std::min(B, (p + 3) * S); ++q) {
             prefetch_row(irows + q * ldi, mf);
             prefetch_row(dirows + q * lddi, mf);
