@@ -12,6 +12,7 @@ data="${NCF_BENCH_DATA:-/tmp}"
 res="$root/bench/results"
 reps="${REPS:-3}"
 py=/usr/bin/python3  # Debian's python3-torch and matplotlib live here, not in a pyenv python
+bash "$root/scripts/setup.sh" python3-torch  # the PyTorch comparison's Debian package
 mkdir -p "$res"
 
 header() {  # header TITLE: what every results file opens with

@@ -51,6 +51,7 @@ out="${TOWER_OUT:-$root/bench/results/${kind}_$(date -u +%F)_$tag}"
 for p in ncf_dist ncf_prep; do
   [ -x "$bin/$p" ] || { echo "tower_speed: $bin/$p not found (set NCF_BIN)" >&2; exit 1; }
 done
+bash "$root/scripts/setup.sh" python3-torch  # the PyTorch reference's Debian package
 $py -c 'import torch, numpy, google.protobuf, crcmod' 2>/dev/null || {
   echo "tower_speed: $py lacks torch, numpy, protobuf or crcmod: apt-get install -y" \
     "python3-torch python3-protobuf python3-crcmod" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages ncf_dist builds and tests with. Idempotent: prints
-# nothing and touches nothing when every package is already present.
+# Installs the Debian packages ncf_dist builds and tests with, and any package named on
+# the command line (the benchmarks' extras: bash scripts/setup.sh python3-torch).
+# Idempotent: prints nothing and touches nothing when every package is already present.
 set -euo pipefail
 
 packages=(
@@ -22,6 +23,7 @@ packages=(
 # Node and npm unless the machine has its own.
 command -v node >/dev/null || packages+=(nodejs)
 command -v npm >/dev/null || packages+=(npm)
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
