@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/parallel.h"
+#include "common/prefetch.h"
 
 namespace ncf {
 
@@ -66,25 +67,20 @@ constexpr int64_t kSortGrain = 1 << 13;  // ids per sort chunk, at least
 
 int64_t row_grain(int D) { return std::max<int64_t>(1, kElemGrain / std::max(D, 1)); }
 
-// Asks for the cache lines of row[0..w) ahead of their use: the rows these loops read
-// by id or by sorted position are random rows, which the hardware prefetch cannot guess.
-template <typename T>
-inline void prefetch_row(const T* row, int w) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t j = 0; j < int64_t(w) * int64_t(sizeof(T)); j += 64) __builtin_prefetch(bytes + j);
-}
-constexpr int64_t kRowsAhead = 8;  // rows asked for ahead of the one being read
+// Rows asked for (common/prefetch.h) ahead of the one being read: the rows these loops
+// read by id or by sorted position are random rows.
+constexpr int64_t kRowsAhead = 8;
 
-// Keeps the gradient rows of sorted positions up to kRowsAhead past a run's end asked
+// Keeps the gradient rows [D] of sorted positions up to kRowsAhead past a run's end asked
 // for, across the runs of one thread's share [.., end).
 struct SortedRowsAhead {
   const float* grads;
   const int32_t* pos;
-  int D, w;
+  int D;
   int64_t next, end;
   void upto(int64_t k) {
     for (k = std::min(end, k + kRowsAhead); next < k; ++next)
-      prefetch_row(grads + int64_t(pos[next]) * D, w);
+      prefetch_row(grads + int64_t(pos[next]) * D, D);
   }
 };
 
@@ -291,7 +287,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       // so hot rows do not pile onto one thread), then the others with 0.
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
-        SortedRowsAhead ahead{grads, pos, D, D, run[u0], run[u1]};
+        SortedRowsAhead ahead{grads, pos, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
           ahead.upto(run[u + 1]);
           if (u + 2 < u1) {  // the table row two runs ahead, with its state
@@ -336,7 +332,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kRowwiseAdagrad:
       parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
-        SortedRowsAhead ahead{grads, pos, D, D, run[u0], run[u1]};
+        SortedRowsAhead ahead{grads, pos, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
           ahead.upto(run[u + 1]);
           sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);

@@ -23,6 +23,7 @@
 #include "common/dispatch.h"
 #include "common/env_switch.h"
 #include "common/parallel.h"
+#include "common/prefetch.h"
 #include "model/cpu_matmul.h"
 
 namespace ncf {
@@ -38,11 +39,6 @@ inline float ld(float x) { return x; }
 inline float ld(uint16_t x) { return bf16_bits_to_float(x); }
 inline bool positive(float y) { return y > 0.0f; }
 inline bool positive(uint16_t y) { return bf16_positive(y); }
-
-// Asks for the cache lines of row[0..out) ahead of their use.
-inline void prefetch_row(const float* row, int out) {
-  for (int j = 0; j < out; j += 16) __builtin_prefetch(row + j);
-}
 
 // x[j] = 0 for j < w where the ReLU bit mask m (relu_mask_words' layout: bit j % 32
 // of word j / 32) has a 0. A whole word's 32 elements are one loop over the bit
