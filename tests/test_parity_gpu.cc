@@ -2645,9 +2645,10 @@ TEST_F(Parity, KernelErrorsAreRaisedAndLeaveTablesAlone) {
 
 // A bad row in an update, for every table optimizer, fused or not: each device
 // refuses it (at the call, or at the next check on the GPU) and leaves the
-// table and its state exactly as they were. The rows are sorted, so the bad
-// one is first or last and the others are valid: an update that checked rows
-// while it applied them would have changed some.
+// table and its state exactly as they were. The fused update runs with its
+// unique count (the GPU waits for it) and without (the whole update enqueued). The rows are sorted,
+// so the bad one is first or last and the others are valid: an update that checked rows while it
+// applied them would have changed some.
 TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
   const int64_t R = 50;
   const int D = 8;
@@ -2687,10 +2688,14 @@ TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
               EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad,
               EmbeddingOptimizer::kRowwiseAdagrad}) {
           opt.kind = kind;
-          // reduce_update_rows (the trainer's fused path) and the optimizer on
-          // already-unique rows, each on fresh copies of the table and state.
-          for (int fused = 0; fused < 2; ++fused) {
-            const std::string w = what + optimizer_name(kind) + (fused ? " fused" : " unique");
+          // reduce_update_rows (the trainer's fused path) with and without its
+          // count, and the optimizer on already-unique rows, each on fresh
+          // copies of the table and state.
+          for (int fused = 0; fused < 3; ++fused) {
+            const std::string w = what + optimizer_name(kind) +
+                                  (fused == 2   ? " fused, no count"
+                                   : fused == 1 ? " fused"
+                                                : " unique");
             Vec tab = tab0, m = m0, v = v0;
             Buffer<RowId> grows = up(rows);
             Buffer<float> ggrads = up(grads), gtab = up(tab), gm = up(m), gv = up(v);
@@ -2704,7 +2709,8 @@ TEST_F(Parity, BadRowLeavesTablesAloneWithEveryOptimizer) {
                 [&] {
                   if (fused) {
                     int64_t nu = 0;
-                    reduce_update_rows(*ctx, r, g, n, TableRows{pt, pm, pv, R, D}, opt, 1, &nu);
+                    reduce_update_rows(*ctx, r, g, n, TableRows{pt, pm, pv, R, D}, opt, 1,
+                                       fused == 1 ? &nu : nullptr);
                     return;
                   }
                   switch (kind) {
@@ -2765,14 +2771,21 @@ TEST_F(Parity, ReduceUpdateRowsEveryOptimizer) {
               v = random_vec(size_t(R) * D, gen_, 0.0f, 0.01f);
           Buffer<RowId> grows = up(rows);
           Buffer<float> ggrads = up(grads), gtab = up(tab), gm = up(m), gv = up(v);
+          // And without the unique count: the counts stay on the GPU, no host wait.
+          Buffer<float> qtab = up(tab), qm = up(m), qv = up(v);
           int64_t nu = -1, gnu = -1;
           for (int64_t t = 1; t <= 2; ++t) {
             reduce_update_rows(cpu_, rows.data(), grads.data(), n,
                                TableRows{tab.data(), m.data(), v.data(), R, D}, opt, t, &nu);
             reduce_update_rows(gpu_, grows.data(), ggrads.data(), n,
                                TableRows{gtab.data(), gm.data(), gv.data(), R, D}, opt, t, &gnu);
+            reduce_update_rows(gpu_, grows.data(), ggrads.data(), n,
+                               TableRows{qtab.data(), qm.data(), qv.data(), R, D}, opt, t);
           }
           ASSERT_EQ(gnu, nu) << what;
+          expect_same(down(qtab), down(gtab), what + "table, counts on the device");
+          expect_same(down(qm), down(gm), what + "state 1, counts on the device");
+          expect_same(down(qv), down(gv), what + "state 2, counts on the device");
           IVec distinct = rows;
           std::sort(distinct.begin(), distinct.end());
           EXPECT_EQ(nu, std::unique(distinct.begin(), distinct.end()) - distinct.begin()) << what;

@@ -56,6 +56,20 @@ __device__ __forceinline__ int lanes_of(int D) {
 // lanes_of on the host: lanes per row of D columns, four columns each when vec.
 inline int64_t lanes_for(bool vec, int D) { return vec ? D / 4 : D; }
 
+// The grid for `work` items, where a count on the device (count_dev, when not null) may
+// leave fewer: then `work` is only their bound, and the grid no larger than the blocks the
+// GPU holds at once (the kernels' grid-stride loops cover any count; the blocks past the
+// count's end leave at once).
+inline unsigned grid_for_count(int64_t work, const int32_t* count_dev) {
+  const unsigned grid = grid_for(work);
+  if (count_dev == nullptr) return grid;
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t resident = int64_t{std::max(sms, 1)} * (2048 / kThreads);
+  return static_cast<unsigned>(std::min<int64_t>(grid, resident));
+}
+
 // The row of flat index i over rows of `lanes` lanes: one 32-bit division when every
 // index of the launch fits 32 bits (k32, the usual case: the 64-bit one is a long
 // emulated sequence per element), else 64-bit.
@@ -162,9 +176,16 @@ __global__ void count_sub_runs_kernel(const int32_t* run_len, int64_t n, int32_t
   }
 }
 
+// A count the host knows (`host`), or the one on the device (`dev`, when not null) that the
+// host did not wait for; `host` is then only the launch's bound.
+__device__ __forceinline__ int64_t count_of(int64_t host, const int32_t* dev) {
+  return dev != nullptr ? static_cast<int64_t>(*dev) : host;
+}
+
 // owner[sub_start[u] + k] = u for each of run u's sub-runs (long runs only).
 __global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_start, int64_t n_runs,
-                                     int32_t* owner) {
+                                     const int32_t* n_runs_dev, int32_t* owner) {
+  n_runs = count_of(n_runs, n_runs_dev);
   for (int64_t u = thread_first(); u < n_runs; u += thread_stride())
     for (int32_t k = 0; k < n_sub[u]; ++k) owner[sub_start[u] + k] = static_cast<int32_t>(u);
 }
@@ -176,10 +197,11 @@ __global__ void sub_run_owner_kernel(const int32_t* n_sub, const int32_t* sub_st
 template <bool kVec>
 __global__ void sub_run_sums_kernel(const float* grads, const int32_t* pos, const int32_t* start,
                                     const int32_t* len, const int32_t* sub_start,
-                                    const int32_t* owner, float* partial, int64_t n_partials, int D,
-                                    const RowId* unique, GivenColumns given) {
+                                    const int32_t* owner, float* partial, int64_t n_partials,
+                                    const int32_t* n_partials_dev, int D, const RowId* unique,
+                                    GivenColumns given) {
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = n_partials * lanes;
+  const int64_t total = count_of(n_partials, n_partials_dev) * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t s = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -208,9 +230,14 @@ struct RunList {
   const float* partial = nullptr;      // [sub-runs × D]
   const RowId* unique = nullptr;       // [n_runs] the run's id, ascending
   int32_t* map = nullptr;              // [map_rows] scratch for a row -> run map
-  int64_t n_runs = 0;
-  bool vec = false;  // D % 4 == 0 and the row arrays 16-byte aligned
+  int64_t n_runs = 0;  // the runs; where n_runs_dev is set, only a bound on them (n)
+  const int32_t* n_runs_dev = nullptr;  // [1] the runs on the device, when the host did not wait
+  bool vec = false;                     // D % 4 == 0 and the row arrays 16-byte aligned
 };
+
+__device__ __forceinline__ int64_t run_count(const RunList& runs) {
+  return count_of(runs.n_runs, runs.n_runs_dev);
+}
 
 template <bool kVec>
 __device__ __forceinline__ void run_sum(const float* grads, const RunList& runs, int64_t u, int D,
@@ -237,7 +264,7 @@ __device__ __forceinline__ void run_sum(const float* grads, const RunList& runs,
 template <bool kVec>
 __global__ void reduce_runs_kernel(const float* grads, RunList runs, float* out, int D) {
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = runs.n_runs * lanes;
+  const int64_t total = run_count(runs) * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -252,7 +279,7 @@ __global__ void update_runs_kernel(Rule rule, const float* grads, RunList runs, 
                                    const DeviceErrorRecord* err) {
   if (error_pending(err)) return;
   const int lanes = lanes_of<kVec>(D);
-  const int64_t total = runs.n_runs * lanes;
+  const int64_t total = run_count(runs) * lanes;
   for (int64_t i = thread_first(); i < total; i += thread_stride()) {
     const int64_t u = i / lanes;
     const int d = static_cast<int>(i % lanes) * (kVec ? 4 : 1);
@@ -277,7 +304,8 @@ __global__ void rowwise_adagrad_runs_kernel(float* table, float* acc, const floa
                                             RunList runs, int D, AdagradHyper h,
                                             const DeviceErrorRecord* err) {
   if (error_pending(err)) return;
-  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride()) {
+  const int64_t n_runs = run_count(runs);
+  for (int64_t u = thread_first(); u < n_runs; u += thread_stride()) {
     const int64_t row = runs.unique[u];
     float* p = table + row * D;
     float sq = 0.0f;
@@ -364,7 +392,8 @@ __global__ void offset_rows_kernel(const RowId* in, int64_t n, RowId delta, RowI
 
 // map[unique[u]] = u for every run (sort_runs checked the rows against R).
 __global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
-  for (int64_t u = thread_first(); u < runs.n_runs; u += thread_stride())
+  const int64_t n_runs = run_count(runs);
+  for (int64_t u = thread_first(); u < n_runs; u += thread_stride())
     map[runs.unique[u]] = static_cast<int32_t>(u);
 }
 
@@ -426,11 +455,15 @@ void launch_update_all_rows(cudaStream_t stream, const Rule& rule, const float* 
 // (at `unique`, or in scratch when it is null) and sums the sub-runs of the
 // runs longer than kSubRun. With map_rows > 0 it also carves a [map_rows]
 // int32 row map. With bound > 0 the ids must lie in [0, bound): all are
-// checked first (the wait below raises a bad one) and the sort reads only the
-// bits below bound. The one host wait: the unique and sub-run counts.
+// checked first and the sort reads only the bits below bound. wait: the host
+// waits for the unique and sub-run counts (the one wait, which raises a bad id);
+// without it they stay on the device (RunList::n_runs_dev), the launches that
+// depend on them take bounds, and a bad id is raised by a later check, no row
+// updated meanwhile (a pending record stops the update kernels).
 RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, const float* grads,
                   int64_t n, int D, RowId* unique, int64_t map_rows, int64_t bound,
-                  DeviceErrorCode bad_id, const char* op, const GivenColumns& given = {}) {
+                  DeviceErrorCode bad_id, const char* op, const GivenColumns& given = {},
+                  bool wait = true) {
   const bool own_unique = unique == nullptr;
   int32_t* map = nullptr;
   check_int_range(op, "n + 1", n + 1);  // CUB counts in int; the sub-run scan takes n + 1
@@ -507,32 +540,42 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   bytes = temp_bytes;
   CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, n_sub, sub_start, n_int + 1, stream));
 
-  // The one wait: the unique count and the partial count, as host values.
-  auto* host_counts = static_cast<int32_t*>(r.pinned(2 * sizeof(int32_t)));
-  CUDA_CHECK(
-      cudaMemcpyAsync(host_counts, num_runs, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(cudaMemcpyAsync(host_counts + 1, sub_start + n, sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, stream));
-  sync_and_raise(ctx, r);
-  const int64_t n_runs = host_counts[0], n_partials = host_counts[1];
+  // The unique count and the partial count: host values after the one wait, or
+  // device values (the bounds n and max_partials on the host, the grids sized by them).
+  int64_t n_runs = n, n_partials = max_partials;
+  const int32_t* n_runs_dev = num_runs;
+  const int32_t* n_partials_dev = sub_start + n;
+  if (wait) {
+    auto* host_counts = static_cast<int32_t*>(r.pinned(2 * sizeof(int32_t)));
+    CUDA_CHECK(
+        cudaMemcpyAsync(host_counts, num_runs, sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(host_counts + 1, sub_start + n, sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, stream));
+    sync_and_raise(ctx, r);
+    n_runs = host_counts[0];
+    n_partials = host_counts[1];
+    n_runs_dev = n_partials_dev = nullptr;
+    NCF_CHECK(n_partials >= 0 && n_partials <= max_partials, op, ": ", n_partials,
+              " sub-runs exceed the bound ", max_partials);
+  }
   RunList out;
-  NCF_CHECK(n_partials >= 0 && n_partials <= max_partials, op, ": ", n_partials,
-            " sub-runs exceed the bound ", max_partials);
 
   // Given columns split a row's four-column lanes only at a multiple of four.
   const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial) &&
                    (given.rows == nullptr || (given.col % 4 == 0 && aligned16(given.rows)));
   if (n_partials > 0) {
-    sub_run_owner_kernel<<<grid_for(n_runs), kThreads, 0, stream>>>(n_sub, sub_start, n_runs,
-                                                                    owner);
+    sub_run_owner_kernel<<<grid_for_count(n_runs, n_runs_dev), kThreads, 0, stream>>>(
+        n_sub, sub_start, n_runs, n_runs_dev, owner);
+    const int64_t lanes = lanes_for(vec, D);
+    const unsigned grid = grid_for_count(n_partials * lanes, n_partials_dev);
     if (vec)
-      sub_run_sums_kernel<true><<<grid_for(n_partials * (D / 4)), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D, unique,
-          given);
+      sub_run_sums_kernel<true>
+          <<<grid, kThreads, 0, stream>>>(grads, pos_sorted, run_start, run_len, sub_start, owner,
+                                          partial, n_partials, n_partials_dev, D, unique, given);
     else
-      sub_run_sums_kernel<false><<<grid_for(n_partials * D), kThreads, 0, stream>>>(
-          grads, pos_sorted, run_start, run_len, sub_start, owner, partial, n_partials, D, unique,
-          given);
+      sub_run_sums_kernel<false>
+          <<<grid, kThreads, 0, stream>>>(grads, pos_sorted, run_start, run_len, sub_start, owner,
+                                          partial, n_partials, n_partials_dev, D, unique, given);
     check_launch(op);
   }
   out.pos = pos_sorted;
@@ -544,6 +587,7 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   out.unique = unique;
   out.map = map;
   out.n_runs = n_runs;
+  out.n_runs_dev = n_runs_dev;
   out.vec = vec;
   return out;
 }
@@ -571,11 +615,13 @@ void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& ru
   if (runs.n_runs == 0) return;
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && rule.aligned())
-    update_runs_kernel<Rule, true><<<grid_for(runs.n_runs * (D / 4)), kThreads, 0, stream>>>(
-        rule, grads, runs, D, r.error_dev);
+    update_runs_kernel<Rule, true>
+        <<<grid_for_count(runs.n_runs * (D / 4), runs.n_runs_dev), kThreads, 0, stream>>>(
+            rule, grads, runs, D, r.error_dev);
   else
     update_runs_kernel<Rule, false>
-        <<<grid_for(runs.n_runs * D), kThreads, 0, stream>>>(rule, grads, runs, D, r.error_dev);
+        <<<grid_for_count(runs.n_runs * D, runs.n_runs_dev), kThreads, 0, stream>>>(
+            rule, grads, runs, D, r.error_dev);
   check_launch(op);
 }
 
@@ -597,9 +643,12 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
   RunList runs;
   if (n > 0) {
     // Every row is checked before any is updated (the CPU twin's contract): a
-    // bad row throws here, and the table is left as it was.
+    // bad row is recorded and no update kernel runs, so the table is left as
+    // it was; it throws here when the host waits for the unique count, else at
+    // the next check. Without that wait the update is enqueued whole (no host
+    // wait in a step: it can be captured in a CUDA graph).
     runs = sort_runs(ctx, r, rows, grads, n, D, nullptr, dense ? R : 0, R,
-                     DeviceErrorCode::kUniqueRowOutOfRange, op, given);
+                     DeviceErrorCode::kUniqueRowOutOfRange, op, given, n_unique != nullptr);
   } else {
     int32_t* map = nullptr;
     carve_scratch(r, [&](ScratchLayout& s) { map = s.take<int32_t>(static_cast<size_t>(R)); });
@@ -612,7 +661,8 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       const AdamRule rule{tab.table, tab.m, tab.v, adam_step_scalars(opt.adam, t)};
       fill_int_kernel<<<grid_for(R), kThreads, 0, stream>>>(runs.map, R, -1);
       if (runs.n_runs > 0)
-        scatter_run_map_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(runs, runs.map);
+        scatter_run_map_kernel<<<grid_for_count(runs.n_runs, runs.n_runs_dev), kThreads, 0,
+                                 stream>>>(runs, runs.map);
       if (runs.vec && rule.aligned())
         launch_update_all_rows<true>(stream, rule, grads, runs, R, D, given, r.error_dev);
       else
@@ -632,8 +682,9 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       return;
     case EmbeddingOptimizer::kRowwiseAdagrad:
       if (runs.n_runs == 0) return;
-      rowwise_adagrad_runs_kernel<<<grid_for(runs.n_runs), kThreads, 0, stream>>>(
-          tab.table, tab.m, grads, runs, D, opt.adagrad, r.error_dev);
+      rowwise_adagrad_runs_kernel<<<grid_for_count(runs.n_runs, runs.n_runs_dev), kThreads, 0,
+                                    stream>>>(tab.table, tab.m, grads, runs, D, opt.adagrad,
+                                              r.error_dev);
       check_launch(op);
       return;
   }

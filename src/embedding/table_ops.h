@@ -72,8 +72,11 @@ struct GivenColumns {
 // once; dense Adam also decays every untouched row (gradient 0). The result is
 // bit for bit that of sort_reduce_rows followed by the matching embedding_*
 // optimizer below. Rows are checked (the message names the position and the
-// row); *n_unique (host, may be null) receives the distinct rows. Synchronizes
-// on CUDA. given: columns given directly (dense Adam only; see GivenColumns).
+// row); *n_unique (host, may be null) receives the distinct rows. On CUDA the
+// host waits for the GPU only when n_unique is asked for; without it the whole
+// update is enqueued and a bad row, recorded on the device (no row updated), is
+// raised by the next check_device_errors or synchronizing op. given: columns
+// given directly (dense Adam only; see GivenColumns).
 void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* grads, int64_t n,
                         const TableRows& tab, const EmbeddingOptimizerConfig& opt, int64_t t,
                         int64_t* n_unique = nullptr, const GivenColumns& given = {});
