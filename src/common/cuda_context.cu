@@ -168,6 +168,7 @@ CudaResources::~CudaResources() {
   pinned_release(error_host);
   if (lt) cublasLtDestroy(lt);
   if (cublas) cublasDestroy(cublas);
+  device_release(Device::kCuda, cublas_workspace);
   if (copy_stream) cudaStreamDestroy(copy_stream);
   if (stream) cudaStreamDestroy(stream);
 }
@@ -202,6 +203,8 @@ ExecContext make_cuda_context(int device_id) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&r->copy_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&r->cublas));
     CUBLAS_CHECK(cublasSetStream(r->cublas, r->stream));
+    r->cublas_workspace = device_alloc(Device::kCuda, cuda::kCublasWorkspaceBytes);
+    CUBLAS_CHECK(cublasSetWorkspace(r->cublas, r->cublas_workspace, cuda::kCublasWorkspaceBytes));
     CUBLAS_CHECK(cublasLtCreate(&r->lt));
     r->lt_workspace_bytes = cuda::kLtWorkspaceBytes;
     // Allocated through device.h, so that the destructor's device_release and

@@ -134,6 +134,7 @@ struct CudaResources {
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;  // cuBLASLt matmul workspace
   size_t lt_workspace_bytes = 0;
+  void* cublas_workspace = nullptr;         // cuBLAS's, set on its handle
   DeviceErrorRecord* error_dev = nullptr;   // device
   DeviceErrorRecord* error_host = nullptr;  // pinned mirror for the check
 

@@ -38,5 +38,9 @@ constexpr int64_t kTopKBlockElements = int64_t{1} << 26;
 // cuBLASLt may use this much workspace per matmul (split-K partials); 32 MiB is
 // what NVIDIA's samples suggest for Hopper-class GPUs (cuda_context.cu).
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+// cuBLAS's own workspace, given to its handle (cublasSetWorkspace): the size the cuBLAS
+// reference recommends for Hopper. Given, so that cuBLAS never allocates one while a
+// step is captured as a CUDA graph (train/step_graph.h).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace ncf::cuda

@@ -20,16 +20,15 @@ namespace ncf {
 
 // ---- fixed costs of a CUDA rank ------------------------------------------------
 // Allowances, not measurements. The context (module images loaded lazily, device
-// heap, stacks): a few hundred MiB on a Hopper GPU; 512 MiB is taken. cuBLAS runs
-// on its own default workspace (cublasSetWorkspace is not called): counted as the
-// 32 MiB the cuBLAS reference recommends for Hopper (4 MiB for earlier GPUs).
-// cuBLASLt's is the 32 MiB that make_cuda_context allocates (cuda::kLtWorkspaceBytes).
+// heap, stacks): a few hundred MiB on a Hopper GPU; 512 MiB is taken. cuBLAS's
+// workspace and cuBLASLt's are the 32 MiB each that make_cuda_context allocates
+// (cuda::kCublasWorkspaceBytes, set on the cuBLAS handle; cuda::kLtWorkspaceBytes).
 // The free memory the guard compares with is read after this rank's context and
-// cuBLASLt workspace exist, so on a GPU of its own the guard errs by up to these
+// both workspaces exist, so on a GPU of its own the guard errs by up to these
 // 576 MiB on the safe side; ranks sharing a GPU, and a --memory_limit_gb, need them
 // counted.
 constexpr int64_t kCudaContextBytes = int64_t{512} << 20;
-constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
+constexpr int64_t kCublasWorkspaceBytes = int64_t(cuda::kCublasWorkspaceBytes);
 constexpr int64_t kCublasLtWorkspaceBytes = int64_t(cuda::kLtWorkspaceBytes);
 inline int64_t cuda_fixed_bytes() {
   return kCudaContextBytes + kCublasWorkspaceBytes + kCublasLtWorkspaceBytes;
