@@ -633,7 +633,15 @@ do_determinism() {
     sed -E 's/"[A-Za-z_]*(seconds|per_second|_s)": *[-0-9.eE+]+,? *//g' "$d/metrics_$i.jsonl" >"$d/metrics_$i.cmp"
   done
   cmp "$d/params_1.bin" "$d/params_2.bin" && cmp "$d/metrics_1.cmp" "$d/metrics_2.cmp" &&
-    echo "identical: $(stat -c %s "$d/params_1.bin") bytes of parameters, $(wc -l <"$d/metrics_1.cmp") metric lines"
+    echo "identical: $(stat -c %s "$d/params_1.bin") bytes of parameters, $(wc -l <"$d/metrics_1.cmp") metric lines" ||
+    return 1
+  # and each step after the first of its size as one CUDA graph: the same bits again
+  ours "$build/src/ncf_dist" --device cuda --data_dir "$data/small" --train_epochs 2 \
+    --progress off --cuda_graph on --save_params "$d/params_graph.bin" \
+    --metrics_json "$d/metrics_graph.jsonl" || return 1
+  sed -E 's/"[A-Za-z_]*(seconds|per_second|_s)": *[-0-9.eE+]+,? *//g' "$d/metrics_graph.jsonl" >"$d/metrics_graph.cmp"
+  cmp "$d/params_1.bin" "$d/params_graph.bin" && cmp "$d/metrics_1.cmp" "$d/metrics_graph.cmp" &&
+    echo "--cuda_graph on: identical to the eager runs"
 }
 
 # The order gives a short GPU window the most: the parity suite, the sanitizers and one
@@ -819,11 +827,11 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu:Parity.NarrowItemLookupStepIsTheWholeRowStepBitForBit:Parity.DenseAdamGivenColumnsAreTheirFirstRowSums}"
+step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu:Parity.NarrowItemLookupStepIsTheWholeRowStepBitForBit:Parity.DenseAdamGivenColumnsAreTheirFirstRowSums:Parity.BadRowLeavesTablesAloneWithEveryOptimizer}"
 # The staged copies (training positives, evaluation lists) and a GPU run's metrics
 # against a CPU run's.
 step_pipeline_filter="PipelineGpu.*Stager*"
-step_train_filter="TrainGpu.CudaFollowsTheCpuTrajectory:TrainGpu.CudaBf16TracksTheCpuBf16Run"
+step_train_filter="TrainGpu.CudaFollowsTheCpuTrajectory:TrainGpu.CudaBf16TracksTheCpuBf16Run:TrainGpu.GraphStepsAreTheEagerStepsBitForBit"
 do_step_parity() {
   local rc=0
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
@@ -851,10 +859,10 @@ parts = [f"{c['name']} {c['median_ms']:.2f} ms" for c in cases]
 print(("FAIL: " + ", ".join(bad) + "; " if bad else "") + "; ".join(parts))
 EOF
 }
-do_step_train() {  # PRECISION KERNELS: 40 ml-20m-mlperf steps, each one's phases on its line
+do_step_train() {  # PRECISION KERNELS [FLAGS...]: 40 ml-20m-mlperf steps, each one's phases on its line
   ours env NCF_STEP_KERNELS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
     --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
-    --no_eval --step_log --progress off
+    --no_eval --step_log --progress off "${@:3}"
 }
 do_step_train_env() {  # "VAR=VALUE ..." PRECISION KERNELS: do_step_train with those variables
   local vars=$1
@@ -1135,6 +1143,10 @@ run_step() {
     for k in legacy streaming; do
       stage "step_${p}_${k}" 1 90 fig_step_train -- do_step_train "$p" "$k"
     done
+  done
+  # each step after the first as one CUDA graph (--cuda_graph on), against streaming above
+  for p in tf32 bf16; do
+    stage "step_${p}_graph" 1 90 fig_step_train -- do_step_train "$p" streaming --cuda_graph on
   done
   # layer 0's mask in layer 1's dX epilogue (NCF_LT_DRELU=1) instead of its group sums
   stage step_tf32_drelu 1 90 fig_step_train -- do_step_train_env NCF_LT_DRELU=1 tf32 streaming

@@ -20,6 +20,7 @@
 #include "model/optim.h"
 #include "test_util.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 namespace ncf {
 namespace {
@@ -161,6 +162,22 @@ TEST(StepOneRank, ByItemFromTheTableEqualsTheStepComposedFromSeparateOps) {
   expect_train_step_is_the_composed_step(Layer0ByItem::kOn, false);
   set_layer0_by_item(Layer0ByItem::kAuto);
   set_narrow_item_lookups(true);
+}
+
+// Which steps --cuda_graph on can capture: one GPU rank with FP32 table rows. Elsewhere a
+// step waits on the host (the exchange's sizes, the BF16 rows' unique count) and the reason
+// says which wait; CPU ranks launch nothing.
+TEST(StepGraph, CapturesOnlyStepsThatNeverWaitOnTheHost) {
+  EXPECT_NE(step_graph_refusal(Device::kCpu, 1, false).find("CPU ranks"), std::string::npos);
+  EXPECT_NE(step_graph_refusal(Device::kCuda, 2, false).find("2 ranks"), std::string::npos);
+  EXPECT_NE(step_graph_refusal(Device::kCuda, 8, true).find("8 ranks"), std::string::npos);
+  EXPECT_NE(step_graph_refusal(Device::kCuda, 1, true).find("--table_dtype bf16"),
+            std::string::npos);
+#ifdef NCF_WITH_CUDA
+  EXPECT_EQ(step_graph_refusal(Device::kCuda, 1, false), "");
+#else
+  EXPECT_NE(step_graph_refusal(Device::kCuda, 1, false).find("no CUDA"), std::string::npos);
+#endif
 }
 
 }  // namespace

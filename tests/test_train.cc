@@ -294,6 +294,30 @@ TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
 // product (model/neumf.cc); on CPU ranks the same values: the same parameters, byte
 // for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
 // mask either way).
+// --cuda_graph on where a step cannot be captured (CPU ranks): the start-up line says why,
+// and the steps run as they are, the same parameters byte for byte as without the flag. A
+// value other than on or off is refused, named.
+TEST_F(TrainTest, CudaGraphOnCpuRanksSaysWhyAndTrainsTheSame) {
+  const std::string args = " --device cpu --data_dir " + data() +
+                           " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval";
+  const std::string a = dir_->file("graph_on.bin"), b = dir_->file("graph_off.bin");
+  auto on =
+      run("timeout -k 5 120 " + bin("ncf_dist") + args + " --cuda_graph on --save_params " + a);
+  auto off = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --save_params " + b);
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_NE(on.output.find("cuda graph: off (CPU ranks launch no kernels)"), std::string::npos)
+      << on.output;
+  EXPECT_EQ(off.output.find("cuda graph"), std::string::npos) << off.output;
+  const std::string pa = test::read_file(a);
+  EXPECT_FALSE(pa.empty());
+  EXPECT_EQ(pa, test::read_file(b));
+  auto bad = run("timeout -k 5 60 " + bin("ncf_dist") + args + " --cuda_graph yes");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--cuda_graph"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("yes"), std::string::npos) << bad.output;
+}
+
 TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCpu) {
   for (const char* precision : {"fp32", "bf16"})
     expect_switch_noted_and_cpu_alone(

@@ -80,6 +80,44 @@ TEST_F(TrainGpu, CudaBf16TracksTheCpuBf16Run) {
   EXPECT_NE(gpu[0]["loss"], gpu_fp32[0]["loss"]) << "--precision bf16 did not reach the GPU GEMMs";
 }
 
+// --cuda_graph on: each step after the first of its size is captured and launched as one
+// graph. The same kernels with the same arguments: the saved parameters and every epoch's
+// loss, HR@10 and NDCG@10 are the eager run's bits, under tf32 and bf16, with the
+// evaluations between the epochs and the epochs' last, smaller steps run eagerly in between.
+TEST_F(TrainGpu, GraphStepsAreTheEagerStepsBitForBit) {
+  for (const char* precision : {"tf32", "bf16"}) {
+    TempDir t;
+    std::string out[2];
+    std::vector<nlohmann::json> metrics[2];
+    for (int g = 0; g < 2; ++g) {
+      const std::string m = t.file("m" + std::to_string(g) + ".jsonl");
+      auto r = run("timeout 600 " + bin("ncf_dist") + " --data_dir " + dir_.file("data") +
+                   " --device cuda --batch_size 1005 --train_epochs 2 --learning_rate 0.01 "
+                   "--progress off --precision " +
+                   precision + " --cuda_graph " + (g ? "on" : "off") + " --save_params " +
+                   t.file("p" + std::to_string(g) + ".bin") + " --metrics_json " + m);
+      ASSERT_EQ(r.exit_code, 0) << precision << "\n" << r.output;
+      out[g] = r.output;
+      std::ifstream f(m);
+      std::string line;
+      while (std::getline(f, line)) metrics[g].push_back(nlohmann::json::parse(line));
+    }
+    EXPECT_EQ(out[0].find("cuda graph"), std::string::npos) << out[0];
+    EXPECT_NE(out[1].find("ncf_dist: cuda graph: on"), std::string::npos) << out[1];
+    // 8,743 positives in steps of 201: 43 full steps and a smaller one per epoch.
+    EXPECT_NE(out[1].find("steps launched as graphs"), std::string::npos) << out[1];
+    const std::string p0 = test::read_file(t.file("p0.bin"));
+    EXPECT_FALSE(p0.empty()) << precision;
+    EXPECT_TRUE(p0 == test::read_file(t.file("p1.bin"))) << precision << ": other parameters";
+    ASSERT_EQ(metrics[0].size(), 2u) << precision;
+    ASSERT_EQ(metrics[1].size(), 2u) << precision;
+    for (size_t e = 0; e < 2; ++e)
+      for (const char* k : {"loss", "hr", "ndcg"})
+        EXPECT_EQ(double(metrics[0][e][k]), double(metrics[1][e][k]))
+            << precision << " epoch " << e + 1 << " " << k;
+  }
+}
+
 TEST_F(TrainGpu, RanksSharingOneGpuViaMpiFollowOneRank) {
   auto one = train("", dir_.file("data"), "--device cuda --comm mpi");
   for (int W : {2, 3}) {

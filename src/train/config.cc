@@ -158,6 +158,13 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "parameters, gradients, optimizer state and embeddings stay fp32")
       ->check(CLI::IsMember({"tf32", "fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--cuda_graph", c.cuda_graph,
+                 "on: each training step after the first of its size is captured as one CUDA "
+                 "graph and launched whole (the same kernels and arguments, the same bits, less "
+                 "time between kernels); one GPU rank with fp32 table rows only, elsewhere the "
+                 "start-up line says why the step runs as it is")
+      ->check(CLI::IsMember({"off", "on"}))
+      ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU kernel threads per rank (0: the cores its affinity mask allows, each shared "
                  "among the node's ranks that may run on it)")
@@ -351,6 +358,7 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                                     : "--eval_only writes nothing there and takes no lock");
     unused("--allow_changed_flags", c.resume == "never", "no --resume");
     unused("--init_optimizer_state", c.init_from.empty(), "no --init_from");
+    unused("--cuda_graph", c.eval_only, "--eval_only trains no step");
   }
   if (!c.preset.empty()) {
     for (const Preset& p : kPresets) {

@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string device = "auto";     // auto | cpu | cuda (RankRuntime resolves auto)
   std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
+  std::string cuda_graph = "off";  // off | on: each training step as one CUDA graph (step_graph.h)
   std::string embedding_optimizer = "dense_adam";
   double embedding_lr = -1;  // < 0: same as learning_rate
   double l2_embedding = 0, l2_dense = 0;

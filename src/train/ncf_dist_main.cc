@@ -286,6 +286,8 @@ int train_main(int& argc, char**& argv) {
                     : "candidates' rows looked up per sample");
     if (!trainer.exchange_reason().empty())
       std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());
+    if (!trainer.cuda_graph_reason().empty())
+      std::printf("ncf_dist: cuda graph: %s\n", trainer.cuda_graph_reason().c_str());
   }
   // Every rank's table bytes and memory estimate, gathered for the plan print.
   {
@@ -445,6 +447,9 @@ int train_main(int& argc, char**& argv) {
               "INTERVAL_END");
   if (reached && lead)
     std::printf("ncf_dist: HR@%d reached --hr_threshold %g\n", cfg.topk, cfg.hr_threshold);
+  if (lead && trainer.graph_launches() > 0)
+    std::printf("ncf_dist: cuda graph: %lld steps launched as graphs (%lld executable graphs)\n",
+                (long long)trainer.graph_launches(), (long long)trainer.graph_instantiations());
 
   trainer.save_final_checkpoint();
   if (tb) tb->close();

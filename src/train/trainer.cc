@@ -216,6 +216,15 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   step_loss_ = Buffer<double>(ctx.device, 0);
   stager_ = std::make_unique<InputStager>(ctx);
   timer_ = std::make_unique<StepTimer>(ctx);
+  if (cfg.cuda_graph == "on" && !rows_only) {
+    const std::string why = step_graph_refusal(ctx.device, W, cfg.table_dtype == "bf16");
+    if (why.empty()) {
+      graph_ = std::make_unique<StepGraph>(ctx);
+      graph_reason_ = "on (each step after the first of its size captured and launched whole)";
+    } else {
+      graph_reason_ = "off (" + why + ")";
+    }
+  }
   last_checkpoint_ = Clock::now();
 }
 
@@ -251,8 +260,17 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
                                                 : 0.0f;
   }
   if (trial_.active) route_trial_before_step(b.step);
-  const StepReport rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index,
-                                    timer_.get(), checkpointing() ? &control_ : nullptr);
+  StepReport rep;
+  StepControl* control = checkpointing() ? &control_ : nullptr;
+  if (graph_ && graph_->capture_next(n)) {
+    // One launch: the step's time is all compute (no phase marks inside a graph).
+    graph_->launch([&] {
+      rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, nullptr, control);
+    });
+    timer_->mark(StepPhase::kCompute);
+  } else {
+    rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, timer_.get(), control);
+  }
   stager_->release();
   timer_->end();
   r->bytes_sent += rep.bytes_sent;

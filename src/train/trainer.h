@@ -27,6 +27,7 @@
 #include "train/config.h"
 #include "train/input_stager.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 namespace ncf {
 
@@ -130,6 +131,12 @@ class Trainer {
   const EmbeddingPlan& plan() const { return plan_; }
   // How the exchanges cross nodes and why (the startup line); "" at W = 1.
   const std::string& exchange_reason() const { return exchange_reason_; }
+  // With --cuda_graph on: whether the steps run as CUDA graphs, and why not (the startup
+  // line); "" with --cuda_graph off.
+  const std::string& cuda_graph_reason() const { return graph_reason_; }
+  // Steps launched as CUDA graphs so far, and the executable graphs made for them.
+  int64_t graph_launches() const { return graph_ ? graph_->launches() : 0; }
+  int64_t graph_instantiations() const { return graph_ ? graph_->instantiations() : 0; }
   // This rank's bytes per table (rows and optimizer state).
   std::vector<int64_t> table_bytes() const;
   int64_t positives_per_step() const { return P_; }
@@ -190,6 +197,8 @@ class Trainer {
   std::unique_ptr<TrainReader> train_reader_;
   std::unique_ptr<InputStager> stager_;
   std::unique_ptr<StepTimer> timer_;
+  std::unique_ptr<StepGraph> graph_;  // --cuda_graph on, where a step can be captured
+  std::string graph_reason_;
   struct PendingLog {
     int64_t step, samples, bytes, collectives;
     int64_t intra_msgs, intra_bytes, inter_msgs, inter_bytes;
