@@ -390,8 +390,10 @@ __global__ void offset_rows_kernel(const RowId* in, int64_t n, RowId delta, RowI
     out[k] = in ? in[k] + delta : static_cast<RowId>(k);
 }
 
-// map[unique[u]] = u for every run (sort_runs checked the rows against R).
-__global__ void scatter_run_map_kernel(RunList runs, int32_t* map) {
+// map[unique[u]] = u for every run. sort_runs checked the rows against R before: with a
+// bad one recorded (the host may not have waited for that check) nothing is written.
+__global__ void scatter_run_map_kernel(RunList runs, int32_t* map, const DeviceErrorRecord* err) {
+  if (error_pending(err)) return;
   const int64_t n_runs = run_count(runs);
   for (int64_t u = thread_first(); u < n_runs; u += thread_stride())
     map[runs.unique[u]] = static_cast<int32_t>(u);
@@ -662,7 +664,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       fill_int_kernel<<<grid_for(R), kThreads, 0, stream>>>(runs.map, R, -1);
       if (runs.n_runs > 0)
         scatter_run_map_kernel<<<grid_for_count(runs.n_runs, runs.n_runs_dev), kThreads, 0,
-                                 stream>>>(runs, runs.map);
+                                 stream>>>(runs, runs.map, r.error_dev);
       if (runs.vec && rule.aligned())
         launch_update_all_rows<true>(stream, rule, grads, runs, R, D, given, r.error_dev);
       else
