@@ -196,6 +196,7 @@ ExecContext make_cuda_context(int device_id) {
   auto* r = new CudaResources;
   try {
     r->device_id = device_id;
+    CUDA_CHECK(cudaDeviceGetAttribute(&r->sm_count, cudaDevAttrMultiProcessorCount, device_id));
     r->separate_scratch = separate;
     CUDA_CHECK(cudaStreamCreate(&r->stream));  // blocking: see the header
     // Non-blocking, so input copies overlap the compute stream's kernels and the

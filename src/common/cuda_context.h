@@ -135,6 +135,7 @@ struct CudaResources {
   void* lt_workspace = nullptr;  // cuBLASLt matmul workspace
   size_t lt_workspace_bytes = 0;
   void* cublas_workspace = nullptr;         // cuBLAS's, set on its handle
+  int sm_count = 1;                         // the GPU's multiprocessors
   DeviceErrorRecord* error_dev = nullptr;   // device
   DeviceErrorRecord* error_host = nullptr;  // pinned mirror for the check
 

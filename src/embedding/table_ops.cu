@@ -57,16 +57,13 @@ __device__ __forceinline__ int lanes_of(int D) {
 inline int64_t lanes_for(bool vec, int D) { return vec ? D / 4 : D; }
 
 // The grid for `work` items, where a count on the device (count_dev, when not null) may
-// leave fewer: then `work` is only their bound, and the grid no larger than the blocks the
+// leave fewer: then `work` is only their bound, and the grid no larger than the blocks r's
 // GPU holds at once (the kernels' grid-stride loops cover any count; the blocks past the
 // count's end leave at once).
-inline unsigned grid_for_count(int64_t work, const int32_t* count_dev) {
+inline unsigned grid_for_count(const CudaResources& r, int64_t work, const int32_t* count_dev) {
   const unsigned grid = grid_for(work);
   if (count_dev == nullptr) return grid;
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t resident = int64_t{std::max(sms, 1)} * (2048 / kThreads);
+  const int64_t resident = int64_t{std::max(r.sm_count, 1)} * (2048 / kThreads);
   return static_cast<unsigned>(std::min<int64_t>(grid, resident));
 }
 
@@ -566,10 +563,10 @@ RunList sort_runs(const ExecContext& ctx, CudaResources& r, const RowId* ids, co
   const bool vec = D % 4 == 0 && aligned16(grads) && aligned16(partial) &&
                    (given.rows == nullptr || (given.col % 4 == 0 && aligned16(given.rows)));
   if (n_partials > 0) {
-    sub_run_owner_kernel<<<grid_for_count(n_runs, n_runs_dev), kThreads, 0, stream>>>(
+    sub_run_owner_kernel<<<grid_for_count(r, n_runs, n_runs_dev), kThreads, 0, stream>>>(
         n_sub, sub_start, n_runs, n_runs_dev, owner);
     const int64_t lanes = lanes_for(vec, D);
-    const unsigned grid = grid_for_count(n_partials * lanes, n_partials_dev);
+    const unsigned grid = grid_for_count(r, n_partials * lanes, n_partials_dev);
     if (vec)
       sub_run_sums_kernel<true>
           <<<grid, kThreads, 0, stream>>>(grads, pos_sorted, run_start, run_len, sub_start, owner,
@@ -618,11 +615,11 @@ void launch_update_runs(const ExecContext& ctx, CudaResources& r, const Rule& ru
   cudaStream_t stream = stream_of(ctx);
   if (runs.vec && rule.aligned())
     update_runs_kernel<Rule, true>
-        <<<grid_for_count(runs.n_runs * (D / 4), runs.n_runs_dev), kThreads, 0, stream>>>(
+        <<<grid_for_count(r, runs.n_runs * (D / 4), runs.n_runs_dev), kThreads, 0, stream>>>(
             rule, grads, runs, D, r.error_dev);
   else
     update_runs_kernel<Rule, false>
-        <<<grid_for_count(runs.n_runs * D, runs.n_runs_dev), kThreads, 0, stream>>>(
+        <<<grid_for_count(r, runs.n_runs * D, runs.n_runs_dev), kThreads, 0, stream>>>(
             rule, grads, runs, D, r.error_dev);
   check_launch(op);
 }
@@ -663,7 +660,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       const AdamRule rule{tab.table, tab.m, tab.v, adam_step_scalars(opt.adam, t)};
       fill_int_kernel<<<grid_for(R), kThreads, 0, stream>>>(runs.map, R, -1);
       if (runs.n_runs > 0)
-        scatter_run_map_kernel<<<grid_for_count(runs.n_runs, runs.n_runs_dev), kThreads, 0,
+        scatter_run_map_kernel<<<grid_for_count(r, runs.n_runs, runs.n_runs_dev), kThreads, 0,
                                  stream>>>(runs, runs.map, r.error_dev);
       if (runs.vec && rule.aligned())
         launch_update_all_rows<true>(stream, rule, grads, runs, R, D, given, r.error_dev);
@@ -684,7 +681,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
       return;
     case EmbeddingOptimizer::kRowwiseAdagrad:
       if (runs.n_runs == 0) return;
-      rowwise_adagrad_runs_kernel<<<grid_for_count(runs.n_runs, runs.n_runs_dev), kThreads, 0,
+      rowwise_adagrad_runs_kernel<<<grid_for_count(r, runs.n_runs, runs.n_runs_dev), kThreads, 0,
                                     stream>>>(tab.table, tab.m, grads, runs, D, opt.adagrad,
                                               r.error_dev);
       check_launch(op);
