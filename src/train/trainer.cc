@@ -261,15 +261,17 @@ void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
   }
   if (trial_.active) route_trial_before_step(b.step);
   StepReport rep;
-  StepControl* control = checkpointing() ? &control_ : nullptr;
-  if (graph_ && graph_->capture_next(n)) {
+  const bool graphed = graph_ && graph_->capture_next(n);
+  auto enqueue = [&] {
+    rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index,
+                     graphed ? nullptr : timer_.get(), checkpointing() ? &control_ : nullptr);
+  };
+  if (graphed) {
     // One launch: the step's time is all compute (no phase marks inside a graph).
-    graph_->launch([&] {
-      rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, nullptr, control);
-    });
+    graph_->launch(enqueue);
     timer_->mark(StepPhase::kCompute);
   } else {
-    rep = train_step(state_, batch, comm_, ctx_, step_loss_.data() + index, timer_.get(), control);
+    enqueue();
   }
   stager_->release();
   timer_->end();
