@@ -19,13 +19,16 @@ using test::bin;
 using test::run;
 using test::TempDir;
 
+// output: where given, what the run printed.
 std::vector<nlohmann::json> train(const std::string& launcher, const std::string& data,
-                                  const std::string& flags, const std::string& precision = "fp32") {
+                                  const std::string& flags, const std::string& precision = "fp32",
+                                  std::string* output = nullptr) {
   TempDir t;
   auto r = run("timeout 600 " + launcher + bin("ncf_dist") + " --data_dir " + data +
                " --batch_size 1005 --train_epochs 2 --learning_rate 0.01 --precision " + precision +
                " " + flags + " --metrics_json " + t.file("m.jsonl"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (output) *output = r.output;
   std::vector<nlohmann::json> out;
   std::ifstream f(t.file("m.jsonl"));
   std::string line;
@@ -89,19 +92,12 @@ TEST_F(TrainGpu, GraphStepsAreTheEagerStepsBitForBit) {
     TempDir t;
     std::string out[2];
     std::vector<nlohmann::json> metrics[2];
-    for (int g = 0; g < 2; ++g) {
-      const std::string m = t.file("m" + std::to_string(g) + ".jsonl");
-      auto r = run("timeout 600 " + bin("ncf_dist") + " --data_dir " + dir_.file("data") +
-                   " --device cuda --batch_size 1005 --train_epochs 2 --learning_rate 0.01 "
-                   "--progress off --precision " +
-                   precision + " --cuda_graph " + (g ? "on" : "off") + " --save_params " +
-                   t.file("p" + std::to_string(g) + ".bin") + " --metrics_json " + m);
-      ASSERT_EQ(r.exit_code, 0) << precision << "\n" << r.output;
-      out[g] = r.output;
-      std::ifstream f(m);
-      std::string line;
-      while (std::getline(f, line)) metrics[g].push_back(nlohmann::json::parse(line));
-    }
+    for (int g = 0; g < 2; ++g)
+      metrics[g] =
+          train("", dir_.file("data"),
+                std::string("--device cuda --progress off --cuda_graph ") + (g ? "on" : "off") +
+                    " --save_params " + t.file("p" + std::to_string(g) + ".bin"),
+                precision, &out[g]);
     EXPECT_EQ(out[0].find("cuda graph"), std::string::npos) << out[0];
     EXPECT_NE(out[1].find("ncf_dist: cuda graph: on"), std::string::npos) << out[1];
     // 8,743 positives in steps of 201: 43 full steps and a smaller one per epoch.
