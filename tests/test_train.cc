@@ -290,10 +290,6 @@ TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
   EXPECT_EQ(losses(legacy.output), losses(streaming.output));
 }
 
-// NCF_LT_DRELU=1 moves layer 0's ReLU mask from its group sums into layer 1's dX
-// product (model/neumf.cc); on CPU ranks the same values: the same parameters, byte
-// for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
-// mask either way).
 // --cuda_graph on where a step cannot be captured (CPU ranks): the start-up line says why,
 // and the steps run as they are, the same parameters byte for byte as without the flag. A
 // value other than on or off is refused, named.
@@ -318,6 +314,10 @@ TEST_F(TrainTest, CudaGraphOnCpuRanksSaysWhyAndTrainsTheSame) {
   EXPECT_NE(bad.output.find("yes"), std::string::npos) << bad.output;
 }
 
+// NCF_LT_DRELU=1 moves layer 0's ReLU mask from its group sums into layer 1's dX
+// product (model/neumf.cc); on CPU ranks the same values: the same parameters, byte
+// for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
+// mask either way).
 TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCpu) {
   for (const char* precision : {"fp32", "bf16"})
     expect_switch_noted_and_cpu_alone(
