@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/check.h"
+#include "common/vector_isa.h"
 #include "model/optim.h"
 #include "optim_reference.h"
 
@@ -59,6 +62,64 @@ TEST(DenseOptim, AdamRejectsStepZero) {
   Vec p(2), g(2), m(2), v(2);
   EXPECT_THROW(dense_adam_step(cpu(1), p.data(), g.data(), m.data(), v.data(), 2, 0, AdamHyper{}),
                Error);
+}
+
+// adam_update_n's vector paths against the scalar rule, element by element: the same bits
+// for p, m and v on every path this CPU runs, with and without a gradient, with L2, over
+// lengths that leave a tail after the last full vector, and on values where the order or
+// fusing of the operations shows (signed zeros, subnormals, magnitudes far apart).
+TEST(AdamUpdateN, EveryPathGivesTheScalarRulesBits) {
+  const int n = 16 * 5 + 13;
+  Vec p0 = random_vec(n, 7, -2.0f, 2.0f), m0 = random_vec(n, 8, -1e-3f, 1e-3f);
+  Vec v0 = random_vec(n, 9, 0.0f, 1e-6f), g0 = random_vec(n, 10, -0.1f, 0.1f);
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  m0[0] = -0.0f;
+  m0[1] = -tiny;  // β1·m rounds to −0, and −0 + 0 is +0
+  m0[17] = tiny;
+  v0[2] = 0.0f;
+  g0[3] = 1e30f;  // g² overflows to inf
+  g0[4] = -0.0f;
+  p0[5] = 1e-30f;
+  p0[33] = 3e38f;
+  for (float l2 : {0.0f, 0.05f})
+    for (bool with_g : {true, false})
+      for (VectorIsa isa : {VectorIsa::kAvx512, VectorIsa::kAvx2, VectorIsa::kBaseline}) {
+        Vec p = p0, m = m0, v = v0, pr = p0, mr = m0, vr = v0;
+        VectorIsa ran = isa;
+        for (int t = 1; t <= 4; ++t) {
+          const AdamStepScalars s = adam_step_scalars(test::tf_garden_adam(l2), t);
+          // A shorter length each step: a different tail after the last full vector.
+          const int len = n - (t - 1) * 5;
+          ran = adam_update_n_on(isa, p.data(), m.data(), v.data(), with_g ? g0.data() : nullptr,
+                                 len, s);
+          for (int i = 0; i < len; ++i)
+            adam_update(&pr[i], &mr[i], &vr[i], with_g ? g0[i] : 0.0f, s);
+        }
+        SCOPED_TRACE(::testing::Message()
+                     << "l2=" << l2 << " gradient=" << with_g << " path " << vector_isa_name(isa)
+                     << " ran " << vector_isa_name(ran));
+        for (int i = 0; i < n; ++i) {
+          EXPECT_EQ(std::memcmp(&p[i], &pr[i], 4), 0)
+              << "p[" << i << "] " << p[i] << " vs " << pr[i];
+          EXPECT_EQ(std::memcmp(&m[i], &mr[i], 4), 0)
+              << "m[" << i << "] " << m[i] << " vs " << mr[i];
+          EXPECT_EQ(std::memcmp(&v[i], &vr[i], 4), 0)
+              << "v[" << i << "] " << v[i] << " vs " << vr[i];
+        }
+      }
+}
+
+TEST(AdamUpdateN, BestPathIsOneThisCpuRuns) {
+  const VectorIsa best = best_vector_isa();
+  EXPECT_EQ(best == VectorIsa::kAvx512, bool(__builtin_cpu_supports("avx512f")));
+  if (best == VectorIsa::kAvx2) {
+    EXPECT_TRUE(__builtin_cpu_supports("avx2"));
+  }
+  // A wider path than the CPU has runs the best one instead.
+  float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
+  EXPECT_EQ(
+      adam_update_n_on(VectorIsa::kAvx512, &p, &m, &v, &g, 1, adam_step_scalars(AdamHyper{}, 1)),
+      best);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 
 namespace ncf {
 
+enum class VectorIsa;  // common/vector_isa.h (CPU only; kept out of the CUDA files)
+
 // Adam with the TF / Keras epsilon placement ("epsilon hat" of Kingma & Ba):
 //   lr_t = lr · sqrt(1 − β2^t) / (1 − β1^t)
 //   m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²;  p ← p − lr_t · m / (sqrt(v) + eps)
@@ -58,6 +60,17 @@ NCF_HD void adam_update(float* p, float* m, float* v, float g, const AdamStepSca
   *v = s.beta2 * *v + (1.0f - s.beta2) * g * g;
   *p -= s.lr_t * *m / (sqrtf(*v) + s.eps);
 }
+
+// CPU: adam_update(&p[i], &m[i], &v[i], g ? g[i] : 0.0f, s) for i in [0, n), in vectors of 16
+// (AVX-512) or 8 (AVX2) on vector_isa()'s path (common/vector_isa.h). Every path gives the
+// scalar rule's bits: each vector instruction is one of its correctly rounded IEEE operations,
+// on the same operands in the same order, none fused.
+void adam_update_n(float* p, float* m, float* v, const float* g, int64_t n,
+                   const AdamStepScalars& s);
+// The same on a chosen path (a wider one than the CPU has runs the CPU's best); returns the
+// path that ran. For tests: every path against the scalar rule.
+VectorIsa adam_update_n_on(VectorIsa isa, float* p, float* m, float* v, const float* g, int64_t n,
+                           const AdamStepScalars& s);
 
 NCF_HD void adagrad_update(float* p, float* acc, float g, const AdagradHyper& h) {
   g += h.l2 * *p;

@@ -298,8 +298,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
           }
           row_gradient(grads, pos, run[u], run[u + 1], D, row_of(u), given, g.data(), g.data() + D);
           const int64_t off = row_of(u) * D;
-          for (int d = 0; d < D; ++d)
-            adam_update(&p[off + d], &tab.m[off + d], &tab.v[off + d], g[d], s);
+          adam_update_n(p + off, tab.m + off, tab.v + off, g.data(), D, s);
         }
       });
       parallel_for(ctx.threads, R, row_grain(D), [&](int64_t r0, int64_t r1) {
@@ -311,18 +310,16 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
           else
             hi = mid;
         }
-        float* const m = tab.m;
-        float* const v = tab.v;
-        const AdamStepScalars sl = s;  // a local copy: stores to the table cannot alias it
-        for (int64_t r = r0, u = lo; r < r1; ++r) {
+        // Each stretch of untouched rows between two touched ones in one call.
+        for (int64_t r = r0, u = lo; r < r1;) {
           if (u < n_runs && row_of(u) == r) {
+            ++r;
             ++u;
             continue;
           }
-          float* pr = p + r * D;
-          float* mr = m + r * D;
-          float* vr = v + r * D;
-          for (int d = 0; d < D; ++d) adam_update(&pr[d], &mr[d], &vr[d], 0.0f, sl);
+          const int64_t end = u < n_runs ? std::min(r1, row_of(u)) : r1;
+          adam_update_n(p + r * D, tab.m + r * D, tab.v + r * D, nullptr, (end - r) * D, s);
+          r = end;
         }
       });
       return;
@@ -338,8 +335,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
           sum_run(grads, pos, run[u], run[u + 1], D, g.data(), g.data() + D);
           const int64_t off = row_of(u) * D;
           if (opt.kind == EmbeddingOptimizer::kLazyAdam)
-            for (int d = 0; d < D; ++d)
-              adam_update(&p[off + d], &tab.m[off + d], &tab.v[off + d], g[d], s);
+            adam_update_n(p + off, tab.m + off, tab.v + off, g.data(), D, s);
           else if (opt.kind == EmbeddingOptimizer::kSgd)
             for (int d = 0; d < D; ++d) sgd_update(&p[off + d], g[d], opt.sgd);
           else if (opt.kind == EmbeddingOptimizer::kRowwiseAdagrad)
@@ -402,11 +398,7 @@ void embedding_dense_adam(const ExecContext& ctx, float* table, float* m, float*
       float* p = table + r * D;
       float* mr = m + r * D;
       float* vr = v + r * D;
-      if (g) {
-        for (int d = 0; d < D; ++d) adam_update(&p[d], &mr[d], &vr[d], g[d], s);
-      } else {
-        for (int d = 0; d < D; ++d) adam_update(&p[d], &mr[d], &vr[d], 0.0f, s);
-      }
+      adam_update_n(p, mr, vr, g, D, s);
     }
   });
 }
@@ -425,7 +417,7 @@ void embedding_lazy_adam(const ExecContext& ctx, float* table, float* m, float* 
     for (int64_t k = k0; k < k1; ++k) {
       int64_t off = static_cast<int64_t>(unique_rows[k]) * D;
       const float* g = row_grads + k * D;
-      for (int d = 0; d < D; ++d) adam_update(&table[off + d], &m[off + d], &v[off + d], g[d], s);
+      adam_update_n(table + off, m + off, v + off, g, D, s);
     }
   });
 }

@@ -27,7 +27,7 @@ void dense_adam_step(const ExecContext& ctx, float* params, const float* grads, 
   AdamStepScalars s = adam_step_scalars(h, t);
   NCF_DISPATCH_CUDA(ctx, dense_adam_step, ctx, params, grads, m, v, n, t, h);
   parallel_for(ctx.threads, n, kElemGrain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) adam_update(&params[i], &m[i], &v[i], grads[i], s);
+    adam_update_n(params + i0, m + i0, v + i0, grads + i0, i1 - i0, s);
   });
 }
 
