@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/vector_isa.h"
 #include "data/dataset.h"
 #include "data/reader.h"
 #include "test_util.h"
@@ -312,6 +313,53 @@ TEST_F(TrainTest, CudaGraphOnCpuRanksSaysWhyAndTrainsTheSame) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--cuda_graph"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("yes"), std::string::npos) << bad.output;
+}
+
+// The CPU's element-wise loops run as compiled for the widest vector instructions the CPU
+// has (common/vector_isa.h); NCF_VECTOR_ISA=avx2 or baseline narrows them. Every narrower
+// path trains the same parameters, byte for byte, as the default one: FP32 and BF16, dense
+// and lazy Adam, at the ml-20m preset's widths (so that the 16-lane bodies run, not only
+// their tails). A name that is no path is refused, naming the variable and the value.
+TEST_F(TrainTest, EveryCpuVectorPathTrainsTheSameParameters) {
+  const std::string args = " --device cpu --data_dir " + data() +
+                           " --batch_size 2000 --train_epochs 1 --threads 2 --no_eval"
+                           " --num_factors 64 --layers 256,256,128,64";
+  int compared = 0;
+  for (const char* optimizer : {"dense_adam", "lazy_adam"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      if (std::string(optimizer) == "lazy_adam" && std::string(precision) == "bf16") continue;
+      const std::string run_args =
+          args + " --precision " + precision + " --embedding_optimizer " + optimizer;
+      const std::string tag = std::string(optimizer) + " " + precision;
+      const std::string base = dir_->file(tag + " default.bin");
+      auto def =
+          run("timeout -k 5 120 " + bin("ncf_dist") + run_args + " --save_params '" + base + "'");
+      ASSERT_EQ(def.exit_code, 0) << tag << "\n" << def.output;
+      EXPECT_NE(def.output.find(std::string("CPU loops: ") + vector_isa_name(best_vector_isa())),
+                std::string::npos)
+          << def.output;
+      const std::string want = test::read_file(base);
+      ASSERT_FALSE(want.empty()) << tag;
+      for (VectorIsa isa : {VectorIsa::kAvx2, VectorIsa::kBaseline}) {
+        if (isa <= best_vector_isa()) continue;  // not narrower than the default here
+        const std::string name = vector_isa_name(isa), file = dir_->file(tag + " " + name + ".bin");
+        auto r = run("NCF_VECTOR_ISA=" + name + " timeout -k 5 120 " + bin("ncf_dist") + run_args +
+                     " --save_params '" + file + "'");
+        ASSERT_EQ(r.exit_code, 0) << tag << " " << name << "\n" << r.output;
+        EXPECT_NE(r.output.find("NCF_VECTOR_ISA=" + name + ": CPU loops on the " + name + " path"),
+                  std::string::npos)
+            << r.output;
+        EXPECT_TRUE(test::read_file(file) == want)
+            << tag << ": " << name << " differs from " << vector_isa_name(best_vector_isa());
+        ++compared;
+      }
+    }
+  if (compared == 0) std::printf("note: this CPU has no path wider than the baseline\n");
+  auto bad = run("NCF_VECTOR_ISA=sse4 timeout -k 5 60 " + bin("ncf_dist") + args);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("NCF_VECTOR_ISA=sse4: expected avx512, avx2 or baseline"),
+            std::string::npos)
+      << bad.output;
 }
 
 // NCF_LT_DRELU=1 moves layer 0's ReLU mask from its group sums into layer 1's dX

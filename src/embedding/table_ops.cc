@@ -12,6 +12,7 @@
 #include "common/dispatch.h"
 #include "common/parallel.h"
 #include "common/prefetch.h"
+#include "common/vector_isa.h"
 
 namespace ncf {
 
@@ -285,7 +286,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kDenseAdam:
       // Every row once: the touched rows with their run's sum (split by runs,
       // so hot rows do not pile onto one thread), then the others with 0.
-      parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
+      parallel_for_wide(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         SortedRowsAhead ahead{grads, pos, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
@@ -327,7 +328,7 @@ void reduce_update_rows(const ExecContext& ctx, const RowId* rows, const float* 
     case EmbeddingOptimizer::kSgd:
     case EmbeddingOptimizer::kAdagrad:
     case EmbeddingOptimizer::kRowwiseAdagrad:
-      parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
+      parallel_for_wide(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
         std::vector<float> g(size_t(D) * 2);
         SortedRowsAhead ahead{grads, pos, D, run[u0], run[u1]};
         for (int64_t u = u0; u < u1; ++u) {
@@ -510,7 +511,7 @@ void sort_reduce_rows(const ExecContext& ctx, const RowId* ids, const float* gra
   const int64_t n_runs = n ? sort_runs(ctx.threads, ids, n, max_id, sc) : 0;
   const int32_t* pos = sc.pos.data();
   const int64_t* run = sc.run.data();
-  parallel_for(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
+  parallel_for_wide(ctx.threads, n_runs, row_grain(D), [&](int64_t u0, int64_t u1) {
     std::vector<float> part(static_cast<size_t>(D));
     for (int64_t u = u0; u < u1; ++u) {
       out_unique_rows[u] = RowId(sc.keys[size_t(run[u])]);

@@ -24,6 +24,7 @@
 #include "common/env_switch.h"
 #include "common/parallel.h"
 #include "common/prefetch.h"
+#include "common/vector_isa.h"
 #include "model/cpu_matmul.h"
 
 namespace ncf {
@@ -394,7 +395,7 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
   const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
   const MatmulPrecision prec = matmul_precision();
-  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+  parallel_for_wide(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kReduceBlock, r1 = std::min(B, r0 + kReduceBlock);
       T* dz = dY + r0 * out;
@@ -631,7 +632,7 @@ void group_linear_forward(const ExecContext& ctx, const float* X, int64_t ldx, c
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
   const MatmulPrecision prec = matmul_precision();
-  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+  parallel_for_wide(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * kGemmRows, r1 = std::min(B, r0 + kGemmRows);
       // The block's rows start as their users' rows; the product adds to them
@@ -669,7 +670,7 @@ template <typename T>
 void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, int out, float* dYg,
                    int64_t lddyg, float* db, bool relu, const uint32_t* mask) {
   const int64_t words = relu_mask_words(out);
-  parallel_for(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
+  parallel_for_wide(ctx.threads, n, row_grain(int64_t(out) * S), [&](int64_t p0, int64_t p1) {
     std::vector<double> acc_buf(static_cast<size_t>(out));
     double* acc = acc_buf.data();
     for (int64_t p = p0; p < p1; ++p) {
@@ -691,7 +692,7 @@ void group_sum_cpu(const ExecContext& ctx, const T* Y, T* dY, int64_t n, int S, 
   });
   if (!db) return;
   std::vector<double> sums(static_cast<size_t>(out));
-  block_sums(
+  block_sums_wide(
       ctx.threads, n, out,
       [&](int64_t p0, int64_t p1, double* acc) {
         for (int64_t p = p0; p < p1; ++p)
@@ -775,7 +776,7 @@ void group_linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, int64_
                     out, relu, mask);
   const int64_t B = n * S;
   const int64_t blocks = (B + kGemmRows - 1) / kGemmRows;
-  parallel_for(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
+  parallel_for_wide(ctx.threads, blocks, 1, [&](int64_t k0, int64_t k1) {
     // The block's FP32 product, then its epilogue (the bias, the users' rows, the
     // ReLU: oneDNN's order for group_linear_forward's bias and sum post-ops) and
     // the rounding in one pass while the block is in cache.
@@ -821,7 +822,7 @@ constexpr int64_t kGatherAhead = 4;
 template <typename T, typename RowFn>
 void gather_rows_cpu(const ExecContext& ctx, const float* P, const int32_t* ids, T* Y, int64_t B,
                      int out, uint32_t* mask, RowFn row) {
-  parallel_for(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
+  parallel_for_wide(ctx.threads, B, row_grain(out), [&](int64_t b0, int64_t b1) {
     for (int64_t c0 = b0; c0 < b1; c0 += kGatherBlock) {
       const int64_t c1 = std::min(b1, c0 + kGatherBlock);
       for (int64_t b = c0; b < c1; ++b) {
@@ -1297,7 +1298,7 @@ void top_forward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, co
   // products rounded to float as gmf_forward stores them.
   auto urow = [&](int64_t b) { return urows + (b / S) * ldu; };
   auto irow = [&](int64_t b) { return irows + (irow_ids ? int64_t{irow_ids[b]} : b) * ldi; };
-  parallel_for(ctx.threads, n * S, row_grain(mf + last), [&](int64_t b0, int64_t b1) {
+  parallel_for_wide(ctx.threads, n * S, row_grain(mf + last), [&](int64_t b0, int64_t b1) {
     int64_t b = b0;
 #if defined(__SSE2__)
     for (; b + 4 <= b1; b += 4) {
@@ -1383,7 +1384,7 @@ void top_backward_cpu(const ExecContext& ctx, const float* urows, int64_t ldu, c
   // their terms are added here from the same values computed again (another thread
   // may still be writing them).
   std::vector<double> sums(static_cast<size_t>(K));
-  block_sums(
+  block_sums_wide(
       ctx.threads, B, K,
       [&](int64_t b0, int64_t b1, double* acc) {
         double uacc[kNeumfTopMaxWidth];

@@ -20,6 +20,7 @@
 #include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
+#include "common/vector_isa.h"
 #include "data/dataset.h"
 #include "data/negatives.h"
 #include "embedding/exchange_model.h"
@@ -229,6 +230,10 @@ int train_main(int& argc, char**& argv) {
                    "ncf_dist: note: NCF_L0_BY_ITEM=1: layer 0 takes its items' half once per "
                    "distinct item of a batch, on CPU ranks too\n");
   }
+  // Every rank refuses a bad value alike, before any collective.
+  if (vector_isa_from_environment() && lead)
+    std::fprintf(stderr, "ncf_dist: note: NCF_VECTOR_ISA=%s: CPU loops on the %s path\n",
+                 std::getenv("NCF_VECTOR_ISA"), vector_isa_name(vector_isa()));
   if (lead && lt_drelu_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
@@ -277,8 +282,15 @@ int train_main(int& argc, char**& argv) {
     if (!rt.device_note.empty())
       std::printf("ncf_dist: device %s (%s)\n", device_name(device), rt.device_note.c_str());
     if (!rt.nodes_note.empty()) std::printf("ncf_dist: nodes: %s\n", rt.nodes_note.c_str());
-    if (device == Device::kCpu)
+    if (device == Device::kCpu) {
       std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
+      // The element-wise loops beside the products (common/vector_isa.h).
+      if (vector_isa() == best_vector_isa())
+        std::printf("ncf_dist: CPU loops: %s\n", vector_isa_name(vector_isa()));
+      else
+        std::printf("ncf_dist: CPU loops: %s (NCF_VECTOR_ISA; this CPU's widest: %s)\n",
+                    vector_isa_name(vector_isa()), vector_isa_name(best_vector_isa()));
+    }
     std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
     std::printf("ncf_dist: evaluation: %s\n",
                 trainer.eval_by_items()
