@@ -8,7 +8,9 @@
 namespace ncf {
 
 namespace {
+
 std::atomic<int> g_isa{-1};  // -1: the environment not read yet
+
 }  // namespace
 
 const char* vector_isa_name(VectorIsa isa) {
@@ -39,25 +41,29 @@ VectorIsa best_vector_isa() {
   return best;
 }
 
-bool vector_isa_from_environment() {
+namespace {
+
+// NCF_VECTOR_ISA's path, or `unset` where the variable is unset or empty.
+VectorIsa environment_isa(VectorIsa unset, bool* set = nullptr) {
   const char* e = std::getenv("NCF_VECTOR_ISA");
-  if (e == nullptr || *e == '\0') return false;
-  parse_vector_isa(e, "environment variable NCF_VECTOR_ISA");
-  return true;
+  if (set) *set = e != nullptr && *e != '\0';
+  if (e == nullptr || *e == '\0') return unset;
+  return parse_vector_isa(e, "environment variable NCF_VECTOR_ISA");
 }
 
-void set_vector_isa(VectorIsa isa) {
-  // Narrower is larger: kAvx512 < kAvx2 < kBaseline.
-  g_isa.store(int(isa < best_vector_isa() ? best_vector_isa() : isa));
+}  // namespace
+
+bool vector_isa_from_environment() {
+  bool set = false;
+  environment_isa(VectorIsa::kBaseline, &set);
+  return set;
 }
 
 VectorIsa vector_isa() {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v < 0) {
-    VectorIsa isa = best_vector_isa();
-    if (const char* e = std::getenv("NCF_VECTOR_ISA"); e && *e)
-      isa = parse_vector_isa(e, "environment variable NCF_VECTOR_ISA");
-    if (isa < best_vector_isa()) isa = best_vector_isa();
+    VectorIsa isa = environment_isa(best_vector_isa());
+    if (isa < best_vector_isa()) isa = best_vector_isa();  // kAvx512 < kAvx2 < kBaseline
     int expected = -1;
     g_isa.compare_exchange_strong(expected, int(isa));
     v = g_isa.load();

@@ -26,10 +26,9 @@ VectorIsa parse_vector_isa(const std::string& value, const std::string& what);
 
 // The widest this CPU runs: AVX-512 (F, BW, VL and DQ), AVX2, or the baseline.
 VectorIsa best_vector_isa();
-// The one the loops use: best_vector_isa(), or NCF_VECTOR_ISA / set_vector_isa where that
-// names a narrower one (a wider one than the CPU has runs the CPU's best).
+// The one the loops use: best_vector_isa(), or NCF_VECTOR_ISA where that names a narrower
+// one (a wider one than the CPU has runs the CPU's best). Read once per process.
 VectorIsa vector_isa();
-void set_vector_isa(VectorIsa isa);
 // Whether NCF_VECTOR_ISA is set (to a valid value; else this fails like parse_vector_isa).
 bool vector_isa_from_environment();
 
