@@ -61,10 +61,11 @@ NCF_HD void adam_update(float* p, float* m, float* v, float g, const AdamStepSca
   *p -= s.lr_t * *m / (sqrtf(*v) + s.eps);
 }
 
-// CPU: adam_update(&p[i], &m[i], &v[i], g ? g[i] : 0.0f, s) for i in [0, n), in vectors of 16
-// (AVX-512) or 8 (AVX2) on vector_isa()'s path (common/vector_isa.h). Every path gives the
-// scalar rule's bits: each vector instruction is one of its correctly rounded IEEE operations,
-// on the same operands in the same order, none fused.
+// CPU: adam_update(&p[i], &m[i], &v[i], g ? g[i] : 0.0f, s) for i in [0, n), the loop
+// compiled for vector_isa()'s path (common/vector_isa.h): 16 lanes with AVX-512, 8 with AVX2,
+// 4 on the baseline. Every path gives the scalar rule's bits: each vector instruction is one
+// of its correctly rounded IEEE operations, on the same operands in the same order, none
+// fused.
 void adam_update_n(float* p, float* m, float* v, const float* g, int64_t n,
                    const AdamStepScalars& s);
 // The same on a chosen path (a wider one than the CPU has runs the CPU's best); returns the
