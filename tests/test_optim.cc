@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -109,12 +111,27 @@ TEST(AdamUpdateN, EveryPathGivesTheScalarRulesBits) {
       }
 }
 
+// The widest path against the kernel's own list of this CPU's flags (/proc/cpuinfo):
+// AVX-512 needs F, BW, VL and DQ (vector_isa.h), AVX2 its flag.
 TEST(AdamUpdateN, BestPathIsOneThisCpuRuns) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
+  auto has = [&](const char* f) {
+    return flags.find(std::string(" ") + f + " ") != std::string::npos;
+  };
+  const VectorIsa want = has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq")
+                             ? VectorIsa::kAvx512
+                         : has("avx2") ? VectorIsa::kAvx2
+                                       : VectorIsa::kBaseline;
   const VectorIsa best = best_vector_isa();
-  EXPECT_EQ(best == VectorIsa::kAvx512, bool(__builtin_cpu_supports("avx512f")));
-  if (best == VectorIsa::kAvx2) {
-    EXPECT_TRUE(__builtin_cpu_supports("avx2"));
-  }
+  EXPECT_EQ(best, want) << "best " << vector_isa_name(best)
+                        << ", /proc/cpuinfo: " << vector_isa_name(want);
   // A wider path than the CPU has runs the best one instead.
   float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
   EXPECT_EQ(
