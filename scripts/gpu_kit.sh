@@ -826,7 +826,7 @@ run_bench() {
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, legacy and streaming; an epoch's samples/s; the top kernels per step), then
 # PyTorch on the same GPU and batch. step.md puts the figures side by side.
-step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu:Parity.NarrowItemLookupStepIsTheWholeRowStepBitForBit:Parity.DenseAdamGivenColumnsAreTheirFirstRowSums:Parity.BadRowLeavesTablesAloneWithEveryOptimizer}"
+step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.FusedScoreItemsTracksTheOpsItFuses:Parity.NeuMFScoresItemsInOneKernelWhereAsked:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu:Parity.NarrowItemLookupStepIsTheWholeRowStepBitForBit:Parity.DenseAdamGivenColumnsAreTheirFirstRowSums:Parity.BadRowLeavesTablesAloneWithEveryOptimizer}"
 # The staged copies (training positives, evaluation lists) and a GPU run's metrics
 # against a CPU run's.
 step_pipeline_filter="PipelineGpu.*Stager*"
@@ -1066,6 +1066,11 @@ do_eval_speed() {  # by items at two batch sizes, then the per-sample path at th
   done
   NCF_EVAL_ITEMS=0 train_m20 "eval_${p}_b1000000_per_sample" "$build/src/ncf_dist" \
     --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000 || return
+  # BF16 storage: each batch scored in one kernel (NCF_EVAL_FUSED=1) against the ops above
+  if [ "$p" = bf16 ]; then
+    NCF_EVAL_FUSED=1 train_m20 "eval_${p}_b1000000_fused" "$build/src/ncf_dist" \
+      --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000 || return
+  fi
   # where the time goes: each phase ends with a device wait (slower, but split)
   NCF_EVAL_PHASES=1 train_m20 "eval_${p}_b1000000_phases" "$build/src/ncf_dist" \
     --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000
@@ -1075,7 +1080,7 @@ fig_eval_speed() {
   p=$(basename "$1" .log)
   p=${p#eval_speed_}
   { python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
-    "$out/eval_${p}_b1000000_per_sample.jsonl" <<'EOF'
+    "$out/eval_${p}_b1000000_per_sample.jsonl" "$out/eval_${p}_b1000000_fused.jsonl" <<'EOF'
 import json, sys
 def secs(path, line):
     try:
@@ -1087,6 +1092,15 @@ def both(path):  # the first evaluation (lists read), then the second (lists kep
     return f"{fmt(secs(path, 0))} / kept {fmt(secs(path, 1))}"
 print(f"one evaluation by items: {both(sys.argv[1])} at --eval_batch_size 100000, "
       f"{both(sys.argv[2])} at 1000000; per sample at 1000000: {both(sys.argv[3])}")
+def hr(path):
+    try:
+        return [json.loads(l)["hr"] for l in open(path).read().splitlines()]
+    except Exception:
+        return None
+fused = hr(sys.argv[4])
+if fused is not None:  # bf16 only: the one kernel against the ops one by one
+    print(f"in one kernel (NCF_EVAL_FUSED=1) at 1000000: {both(sys.argv[4])}; "
+          f"HR@10 {fused} against the ops' {hr(sys.argv[2])}")
 EOF
   grep 'eval phases' "$1" | tail -1 | sed 's/.*after each)://; s/^/kept lists, phases at 1000000:/' ||
     true; } |
@@ -1185,7 +1199,7 @@ run_step() {
   stage step_ncu_top 1 90 fig_step_ncu_top -- do_step_ncu_top
   # the evaluation's time (a few seconds each) before the peer's long stages
   for p in tf32 bf16; do
-    stage "eval_speed_$p" 1 90 fig_eval_speed -- do_eval_speed "$p"
+    stage "eval_speed_$p" 1 120 fig_eval_speed -- do_eval_speed "$p"
   done
   stage eval_ncu_bf16 1 90 fig_step_ncu -- do_eval_ncu bf16
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576

@@ -10,6 +10,7 @@
 //     1 rank and at 2 (where the item table is gathered from both).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -203,6 +204,128 @@ TEST(ScoreItems, GivesForwardsLogitsForTheSameRows) {
           << "BF16, " << threads << " threads";
     }
   }
+}
+
+// neumf_score_items_bf16's CPU twin (the reference of its GPU kernel) against a loop over
+// each candidate written here: layer 0 from the product row by id, each layer's dot
+// products in double, every activation rounded to BF16 after its bias and ReLU, the top's
+// GMF products rounded to float. The twin sums each product in FP32, so an activation lying
+// within that sum's rounding of a BF16 midpoint may round the other way: the logits are held
+// to the BF16 storage bound, and nine in ten to 1e-5 of their size. An id outside the
+// table and widths the kernel does not take are refused, named.
+TEST(ScoreItems, FusedOpsCpuTwinIsALoopOverEachCandidate) {
+  const int w0 = 64, mf = 24, D = mf + 5;
+  const std::vector<int> outs = {48, 32};
+  const int L = int(outs.size()), last = outs.back();
+  const int64_t n = 9, R = 41;
+  const int S = 13;
+  const int64_t B = n * S;
+  const Vec P = random_vec(size_t(R) * w0, 11, -0.5f, 0.5f),
+            U0 = random_vec(size_t(n) * w0, 12, -0.5f, 0.5f),
+            b0 = random_vec(size_t(w0), 13, -0.1f, 0.1f),
+            urows = random_vec(size_t(n) * D, 14, -0.5f, 0.5f),
+            irows = random_vec(size_t(R) * D, 15, -0.5f, 0.5f),
+            head = random_vec(size_t(mf + last), 16, -0.3f, 0.3f), c = {0.05f};
+  const std::vector<int32_t> ids = random_ids(size_t(B), int32_t(R), 17);
+  std::vector<Bits> W(static_cast<size_t>(L)), Bb(static_cast<size_t>(L));
+  ScoreLayerBf16 layers[kScoreMaxLayers];
+  for (int l = 0, in = w0; l < L; in = outs[size_t(l)], ++l) {
+    const int out = outs[size_t(l)];
+    for (float x : random_vec(size_t(out) * in, uint32_t(20 + l), -0.3f, 0.3f))
+      W[size_t(l)].push_back(float_to_bf16_bits(x));
+    for (float x : random_vec(size_t(out), uint32_t(30 + l), -0.1f, 0.1f))
+      Bb[size_t(l)].push_back(float_to_bf16_bits(x));
+    layers[l] = {W[size_t(l)].data(), Bb[size_t(l)].data(), in, out};
+  }
+  Vec logits(static_cast<size_t>(B));
+  neumf_score_items_bf16(cpu(3), P.data(), R, ids.data(), U0.data(), b0.data(), w0, layers, L,
+                         urows.data(), D, irows.data(), D, head.data(), c.data(), logits.data(), n,
+                         S, mf);
+  Vec want(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t u = b / S, id = ids[size_t(b)];
+    std::vector<float> h(static_cast<size_t>(w0));
+    for (int j = 0; j < w0; ++j) {
+      const float v = (P[size_t(id * w0 + j)] + b0[size_t(j)]) + U0[size_t(u * w0 + j)];
+      h[size_t(j)] = round_to_bf16(v > 0.0f ? v : 0.0f);
+    }
+    for (int l = 0; l < L; ++l) {
+      std::vector<float> y(size_t(layers[l].out));
+      for (int j = 0; j < layers[l].out; ++j) {
+        double acc = 0.0;
+        for (int k = 0; k < layers[l].in; ++k)
+          acc += double(h[size_t(k)]) *
+                 double(bf16_bits_to_float(W[size_t(l)][size_t(j) * layers[l].in + size_t(k)]));
+        const float v = float(acc) + bf16_bits_to_float(Bb[size_t(l)][size_t(j)]);
+        y[size_t(j)] = round_to_bf16(v > 0.0f ? v : 0.0f);
+      }
+      h.swap(y);
+    }
+    double z = c[0];
+    for (int k = 0; k < mf; ++k)
+      z += double(urows[size_t(u * D + k)] * irows[size_t(id * D + k)]) * head[size_t(k)];
+    for (int k = 0; k < last; ++k) z += double(h[size_t(k)]) * head[size_t(mf + k)];
+    want[size_t(b)] = float(z);
+  }
+  const double e = test::relative_rms(logits.data(), want.data(), want.size());
+  EXPECT_LE(e, (L + 2) * kU16) << "relative RMS against the loop";
+  int64_t close = 0;
+  double scale = 0.0;
+  for (float x : want) scale = std::max(scale, double(std::fabs(x)));
+  for (int64_t b = 0; b < B; ++b)
+    close += std::fabs(double(logits[size_t(b)]) - want[size_t(b)]) <= 1e-5 * scale;
+  EXPECT_GE(double(close), 0.9 * double(B)) << close << " of " << B << " logits within 1e-5";
+
+  // An id outside the table, named.
+  std::vector<int32_t> bad = ids;
+  bad[7] = int32_t(R);
+  try {
+    neumf_score_items_bf16(cpu(1), P.data(), R, bad.data(), U0.data(), b0.data(), w0, layers, L,
+                           urows.data(), D, irows.data(), D, head.data(), c.data(), logits.data(),
+                           n, S, mf);
+    ADD_FAILURE() << "an id outside the table accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("ids[7] = 41 is outside [0, 41)"), std::string::npos)
+        << err.what();
+  }
+  // Widths that do not fit one kernel: a layer of 8.
+  ScoreLayerBf16 narrow[2] = {layers[0], {W[1].data(), Bb[1].data(), 48, 8}};
+  EXPECT_FALSE(score_items_fusable(cpu(1), w0, narrow, 2, mf));
+  try {
+    neumf_score_items_bf16(cpu(1), P.data(), R, ids.data(), U0.data(), b0.data(), w0, narrow, 2,
+                           urows.data(), D, irows.data(), D, head.data(), c.data(), logits.data(),
+                           n, S, mf);
+    ADD_FAILURE() << "a layer 8 wide accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("do not fit one kernel"), std::string::npos)
+        << err.what();
+  }
+}
+
+// NCF_EVAL_FUSED asks for the one kernel on GPU ranks only: on the CPU score_items runs the
+// ops one by one, the same bits.
+TEST(ScoreItems, EvalFusedLeavesTheCpuAlone) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 16;
+  cfg.layers = {64, 64, 32, 16};
+  NeuMF model(cfg, Device::kCpu);
+  model.init(3);
+  const int64_t n = 4, R = 19;
+  const int S = 11, D = cfg.embedding_width();
+  const Vec U = random_vec(size_t(n) * D, 41), T = random_vec(size_t(R) * D, 42);
+  const std::vector<int32_t> ids = random_ids(size_t(n * S), int32_t(R), 43);
+  ScopedMathMode bf16(MathMode::kBf16);
+  auto score = [&](bool fused) {
+    set_score_items_fused(fused);
+    Vec out(static_cast<size_t>(n * S));
+    model.prepare_items(cpu(2), T.data() + cfg.mf_dim, D, R);
+    model.score_items(cpu(2), U.data(), T.data(), D, ids.data(), n, S, out.data());
+    EXPECT_FALSE(model.last_score_fused());
+    return out;
+  };
+  const Vec off = score(false), on = score(true);
+  set_score_items_fused(false);
+  EXPECT_EQ(std::memcmp(off.data(), on.data(), off.size() * 4), 0);
 }
 
 TEST(ScoreItems, NeedsPrepareItems) {

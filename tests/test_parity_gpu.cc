@@ -212,6 +212,7 @@ class Parity : public ::testing::Test {
     set_run_sums_by_warp(true);
     set_scatter_rows_by_four(true);
     set_narrow_item_lookups(true);
+    set_score_items_fused(false);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -1827,6 +1828,187 @@ TEST_F(Parity, ScoreItemsTracksTheCpuTwinAndForward) {
   const double e = test::relative_rms(g16.data(), c16.data(), c16.size());
   EXPECT_LE(e, bound) << "BF16 storage: device vs CPU, relative RMS " << e;
   expect_same(score(dev_model, gpu_, true), g16, "BF16 logits on a second run");
+}
+
+// The share of equal bits in two sets of logits (1 for two empty sets).
+double same_share(const Vec& a, const Vec& b) {
+  if (a.empty()) return 1.0;
+  size_t same = 0;
+  for (size_t k = 0; k < a.size(); ++k) same += std::memcmp(&a[k], &b[k], sizeof(float)) == 0;
+  return double(same) / double(a.size());
+}
+
+// The fused op's logits against the same ops run one by one on the device (cuBLASLt's
+// products), and against the CPU twin: a product's FP32 sum in the tensor cores' order moves
+// a BF16 activation by one step only where that sum lies within its rounding error of a
+// step's midpoint, a small share of them, so at least half of the logits must keep every bit
+// (a misread tile, weight or row keeps almost none), the rest within the BF16 storage bound.
+void expect_fused_logits(const Vec& fused, const Vec& ops, const Vec& cpu, int L,
+                         const std::string& what) {
+  ASSERT_EQ(fused.size(), ops.size()) << what;
+  const double share = same_share(fused, ops);
+  std::printf("[   info   ] %s: %.4f of %zu logits the bits of the ops one by one\n", what.c_str(),
+              share, fused.size());
+  EXPECT_GE(share, 0.5) << what << ": logits equal to the ops' one by one";
+  const double bound = (double(L) + 2.0) / 256.0;
+  if (!fused.empty()) {
+    EXPECT_LE(test::relative_rms(fused.data(), ops.data(), ops.size()), bound)
+        << what << ": against the ops one by one, relative RMS";
+    EXPECT_LE(test::relative_rms(fused.data(), cpu.data(), cpu.size()), bound)
+        << what << ": against the CPU twin, relative RMS";
+  }
+}
+
+// neumf_score_items_bf16 (evaluation's scoring in one kernel) on the device against the
+// ops it fuses run one by one there (gather_bias_act_bf16, linear_forward_bf16 per layer,
+// neumf_top_forward_bf16 by id) and against its CPU twin, on the same inputs; the same bits
+// on a second run. Shapes: ml-20m's MLPerf tower (w0 256, layers of 128 and 64: 2 x 2
+// fragments a warp, F = 128) with users whose 1,000 candidates span tiles and a batch ending
+// inside a tile, and with groups of 21; a narrow tower (64, 32, 16; F = 32); three layers
+// above layer 0, one 48 wide (single-fragment units; F = 72), rows of stride past mf; n = 0.
+TEST_F(Parity, FusedScoreItemsTracksTheOpsItFuses) {
+  struct Shape {
+    int w0;
+    std::vector<int> outs;
+    int mf;
+    int64_t n;
+    int S;
+    int64_t R;
+  };
+  const Shape shapes[] = {{256, {128, 64}, 64, 7, 1000, 977},
+                          {256, {128, 64}, 64, 300, 21, 501},
+                          {64, {32, 16}, 16, 300, 21, 211},
+                          {128, {64, 48, 32}, 40, 5, 999, 300},
+                          {64, {32, 16}, 16, 0, 21, 10}};
+  set_math_mode(MathMode::kBf16);
+  for (const Shape& sh : shapes) {
+    const int L = static_cast<int>(sh.outs.size()), mf = sh.mf, D = mf + 7, w0 = sh.w0;
+    const int last = sh.outs.back();
+    const int64_t n = sh.n, R = sh.R, B = n * sh.S;
+    const std::string what = shape({{"w0", w0}, {"L", L}, {"mf", mf}, {"n", n}, {"S", sh.S}});
+    const Vec P = random_vec(size_t(R) * w0, gen_, -0.5f, 0.5f);
+    const Vec U0 = random_vec(size_t(n) * w0, gen_, -0.5f, 0.5f);
+    const Vec b0 = random_vec(size_t(w0), gen_, -0.1f, 0.1f);
+    const Vec urows = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
+    const Vec irows = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
+    const Vec head = random_vec(size_t(mf + last), gen_, -0.3f, 0.3f);
+    const Vec c = random_vec(1, gen_, -0.1f, 0.1f);
+    const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+    std::vector<std::vector<uint16_t>> W(static_cast<size_t>(L)), Bias(static_cast<size_t>(L));
+    ScoreLayerBf16 host[kScoreMaxLayers];
+    for (int l = 0, in = w0; l < L; in = sh.outs[size_t(l)], ++l) {
+      const int out = sh.outs[size_t(l)];
+      const float a = std::sqrt(6.0f / float(in + out));  // Glorot, as NeuMF::init
+      for (float x : random_vec(size_t(out) * in, gen_, -a, a))
+        W[size_t(l)].push_back(float_to_bf16_bits(x));
+      for (float x : random_vec(size_t(out), gen_, -0.1f, 0.1f))
+        Bias[size_t(l)].push_back(float_to_bf16_bits(x));
+      host[l] = {W[size_t(l)].data(), Bias[size_t(l)].data(), in, out};
+    }
+    Vec cpu(static_cast<size_t>(B));
+    ASSERT_TRUE(score_items_fusable(cpu_, w0, host, L, mf)) << what;
+    neumf_score_items_bf16(cpu_, P.data(), R, ids.data(), U0.data(), b0.data(), w0, host, L,
+                           urows.data(), D, irows.data(), D, head.data(), c.data(), cpu.data(), n,
+                           sh.S, mf);
+    Buffer<float> gP = up(P), gU0 = up(U0), gb0 = up(b0), gu = up(urows), gi = up(irows),
+                  gh = up(head), gc = up(c);
+    Buffer<int32_t> gids = up(ids);
+    std::vector<Buffer<uint16_t>> gW, gB;
+    ScoreLayerBf16 dev[kScoreMaxLayers];
+    for (int l = 0; l < L; ++l) {
+      gW.push_back(up(W[size_t(l)]));
+      gB.push_back(up(Bias[size_t(l)]));
+      dev[l] = {gW.back().data(), gB.back().data(), host[l].in, host[l].out};
+    }
+    ASSERT_TRUE(score_items_fusable(gpu_, w0, dev, L, mf)) << what;
+    auto fused = [&] {
+      Buffer<float> logits = up(Vec(size_t(B), -7.0f));
+      neumf_score_items_bf16(gpu_, gP.data(), R, gids.data(), gU0.data(), gb0.data(), w0, dev, L,
+                             gu.data(), D, gi.data(), D, gh.data(), gc.data(), logits.data(), n,
+                             sh.S, mf);
+      return down(logits);
+    };
+    // The ops one by one on the device.
+    Vec ops(static_cast<size_t>(B));
+    {
+      Buffer<uint16_t> x(g_dev, size_t(B) * w0);
+      gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gU0.data(), gb0.data(), x.data(), n,
+                           sh.S, w0, true);
+      for (int l = 0; l < L; ++l) {
+        Buffer<uint16_t> y(g_dev, size_t(B) * dev[l].out);
+        linear_forward_bf16(gpu_, x.data(), dev[l].w, dev[l].b, y.data(), B, dev[l].in, dev[l].out,
+                            true);
+        x = std::move(y);
+      }
+      Buffer<float> logits = up(ops);
+      neumf_top_forward_bf16(gpu_, gu.data(), D, gi.data(), D, x.data(), gh.data(), gc.data(),
+                             logits.data(), n, sh.S, mf, last, gids.data());
+      ops = down(logits);
+    }
+    const Vec g = fused();
+    expect_fused_logits(g, ops, cpu, L, what);
+    expect_same(fused(), g, what + "logits on a second run");
+  }
+  // Widths it does not take: the ops stay on their own.
+  const std::vector<uint16_t> w(64 * 64);
+  auto fits = [&](int w0, std::vector<std::pair<int, int>> io, int mf) {
+    std::vector<ScoreLayerBf16> v;
+    for (auto [in, out] : io) v.push_back({w.data(), nullptr, in, out});
+    return score_items_fusable(cpu_, w0, v.data(), int(v.size()), mf);
+  };
+  EXPECT_TRUE(fits(64, {{64, 32}, {32, 16}}, 16));
+  EXPECT_FALSE(fits(64, {{64, 32}, {32, 8}}, 16)) << "a width of 8";
+  EXPECT_FALSE(fits(64, {{64, 32}, {16, 16}}, 16)) << "layers not chained";
+  EXPECT_FALSE(fits(40, {{40, 32}}, 16)) << "w0 of 40";
+  EXPECT_FALSE(fits(64, {{64, 32}}, 129)) << "mf past kNeumfTopMaxWidth";
+  EXPECT_FALSE(fits(64, {}, 16)) << "no layer above layer 0";
+  EXPECT_FALSE(fits(64, {{64, 16}, {16, 16}, {16, 16}, {16, 16}, {16, 16}}, 16))
+      << "five layers above layer 0";
+}
+
+// NeuMF::score_items with NCF_EVAL_FUSED (set_score_items_fused): on a GPU under BF16
+// storage the one kernel runs (last_score_fused) and its logits follow the ops one by one,
+// held as above; elsewhere (FP32, or the CPU stand-in) nothing changes, to the bit.
+TEST_F(Parity, NeuMFScoresItemsInOneKernelWhereAsked) {
+  NeuMFConfig cfg;
+  cfg.mf_dim = 64;
+  cfg.layers = {256, 256, 128, 64};  // ml-20m-mlperf
+  const int64_t n = 6, R = 777;
+  const int S = 1000, D = cfg.embedding_width(), mf = cfg.mf_dim;
+  const int64_t B = n * S;
+  NeuMF cpu_model(cfg, Device::kCpu), dev_model(cfg, g_dev);
+  same_parameters(cpu_model, dev_model);
+  const Vec U = random_vec(size_t(n) * D, gen_, -0.5f, 0.5f);
+  const Vec T = random_vec(size_t(R) * D, gen_, -0.5f, 0.5f);
+  const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
+  Buffer<float> gU = up(U), gT = up(T);
+  Buffer<int32_t> gids = up(ids);
+  auto score = [&](bool fused) {
+    set_score_items_fused(fused);
+    Buffer<float> logits = up(Vec(size_t(B)));
+    dev_model.prepare_items(gpu_, gT.data() + mf, D, R);
+    dev_model.score_items(gpu_, gU.data(), gT.data(), D, gids.data(), n, S, logits.data());
+    return down(logits);
+  };
+  for (MathMode mode : {MathMode::kBf16, MathMode::kFp32}) {
+    set_math_mode(mode);
+    const bool bf16 = mode == MathMode::kBf16;
+    const std::string what = bf16 ? "BF16 storage" : "FP32";
+    Vec cpu(static_cast<size_t>(B));
+    cpu_model.prepare_items(cpu_, T.data() + mf, D, R);
+    cpu_model.score_items(cpu_, U.data(), T.data(), D, ids.data(), n, S, cpu.data());
+    const Vec ops = score(false);
+    EXPECT_FALSE(dev_model.last_score_fused()) << what;
+    const Vec fused = score(true);
+    EXPECT_EQ(dev_model.last_score_fused(), bf16 && g_dev == Device::kCuda) << what;
+    if (dev_model.last_score_fused()) {
+      expect_fused_logits(fused, ops, cpu, int(dev_model.tower().size()) - 1, what);
+      expect_same(score(true), fused, what + " fused logits on a second run");
+    } else {
+      expect_same(fused, ops, what + ": NCF_EVAL_FUSED changes nothing here");
+    }
+  }
+  set_score_items_fused(false);
 }
 
 // The fused top of NeuMF (neumf_top_forward / neumf_top_backward, NeuMF's path

@@ -250,6 +250,23 @@ void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool 
   }
 }
 
+namespace {
+std::atomic<int> g_score_fused{-1};  // -1: the environment not read yet
+}  // namespace
+
+bool score_items_fused_enabled() {
+  int v = g_score_fused.load();
+  if (v < 0) {
+    const char* e = std::getenv("NCF_EVAL_FUSED");
+    int expected = -1;
+    g_score_fused.compare_exchange_strong(expected, e != nullptr && std::string(e) == "1");
+    v = g_score_fused.load();
+  }
+  return v == 1;
+}
+
+void set_score_items_fused(bool on) { g_score_fused.store(on ? 1 : 0); }
+
 bool lt_drelu_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("NCF_LT_DRELU");
@@ -302,10 +319,23 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
   const int last = config_.layers.back();
   const DenseLayerView& v = tower_[0];
   const size_t rows = static_cast<size_t>(B);
+  // The layers above layer 0 on the BF16 copy of the parameters, for the fused kernel.
+  ScoreLayerBf16 above[kScoreMaxLayers];
+  const int L = static_cast<int>(tower_.size()) - 1;
+  score_fused_ = pi_bf16_ && ctx.device == Device::kCuda && score_items_fused_enabled() && L >= 1 &&
+                 L <= kScoreMaxLayers;
+  if (score_fused_) {
+    for (int l = 0; l < L; ++l) {
+      const DenseLayerView& vl = tower_[size_t(l) + 1];
+      above[l] = {wb_.data() + vl.w_offset, wb_.data() + vl.b_offset, vl.in, vl.out};
+    }
+    score_fused_ = score_items_fusable(ctx, v.out, above, L, mf);
+  }
   u0_.reserve(static_cast<size_t>(n) * v.out);
   if (pi_bf16_) {
     ub_.reserve(static_cast<size_t>(n) * h);
-    for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
+    if (!score_fused_)
+      for (size_t l = 0; l < tower_.size(); ++l) a16_[l].reserve(rows * tower_[l].out);
   } else {
     for (size_t l = 0; l < tower_.size(); ++l) acts_[l].reserve(rows * tower_[l].out);
   }
@@ -315,6 +345,12 @@ void NeuMF::score_items(const ExecContext& ctx, const float* user_rows, const fl
     to_bf16_rows(ctx, user_rows + mf, D, h, ub_.data(), h, n);
     gemm_bf16(ctx, false, true, static_cast<int>(n), v.out, h, ub_.data(), h,
               wb_.data() + v.w_offset, v.in, u0_.data(), v.out);
+    if (score_fused_) {
+      neumf_score_items_bf16(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, v.out,
+                             above, L, user_rows, D, item_gmf, ldg, p + head_w_offset_,
+                             p + head_c_offset_, logits, n, S, mf);
+      return;
+    }
     gather_bias_act_bf16(ctx, pi_.data(), pi_rows_, ids, u0_.data(), p + v.b_offset, a16_[0].data(),
                          n, S, v.out, true);
     layers_above_first(ctx, B, true);

@@ -49,6 +49,15 @@ struct DenseLayerView {
 // slower, so the group sums mask. Read once.
 bool lt_drelu_enabled();
 
+// NCF_EVAL_FUSED=1: NeuMF::score_items on BF16 storage on a GPU runs as the one kernel
+// neumf_score_items_bf16 (model/ops.h) where the widths fit (score_items_fusable), instead of
+// gather_bias_act_bf16, a cuBLASLt matmul per layer above and the fused top. Off by default
+// until a GPU run has timed it beside them and held its logits to theirs: its products sum
+// in the tensor cores' order, so a logit may differ from theirs in the rounding of one BF16
+// activation. Read once; the setter (tests) overrides it.
+bool score_items_fused_enabled();
+void set_score_items_fused(bool on);
+
 // Layer 0 by item in training: with the samples' item ids given (ItemKeys), NeuMF takes
 // layer 0's items' half once per distinct item of the batch, P = X_items · W0[:, h:]^T
 // on R = min(B, bound) rows (item_runs, gather_run_rows), and layer 0's output from
@@ -126,6 +135,8 @@ class NeuMF {
   // Needs a hidden layer and the fused top (can_score_items()); the parameters and
   // the math mode must not change in between.
   bool can_score_items() const { return !tower_.empty() && fused_top(); }
+  // Whether the last score_items ran as neumf_score_items_bf16 (score_items_fused_enabled()).
+  bool last_score_fused() const { return score_fused_; }
   // Whether forward takes layer 0's items' half by item for a batch of B samples with
   // these keys (layer0_by_item_mode(), the device, and a batch that repeats its items).
   bool layer0_by_item(int64_t B, ItemKeys keys) const;
@@ -243,6 +254,7 @@ class NeuMF {
   Buffer<float> pi_;
   int64_t pi_rows_ = -1;
   bool pi_bf16_ = false;
+  bool score_fused_ = false;
 };
 
 }  // namespace ncf

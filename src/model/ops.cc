@@ -1484,6 +1484,54 @@ void neumf_top_forward_bf16(const ExecContext& ctx, const float* urows, int64_t 
   top_forward_cpu(ctx, urows, ldu, irows, ldi, A, w, c, logits, n, S, mf, last, irow_ids);
 }
 
+bool score_items_fusable(const ExecContext& ctx, int w0, const ScoreLayerBf16* layers, int L,
+                         int mf) {
+  if (layers == nullptr || L < 1 || L > kScoreMaxLayers || w0 < 16 || w0 % 16 != 0) return false;
+  int in = w0;
+  for (int l = 0; l < L; ++l) {
+    const ScoreLayerBf16& v = layers[l];
+    if (v.w == nullptr || v.in != in || v.out < 16 || v.out % 16 != 0) return false;
+    in = v.out;
+  }
+  if (mf < 1 || mf > kNeumfTopMaxWidth || in > kNeumfTopMaxWidth) return false;
+  if (ctx.device != Device::kCuda) return true;
+#if defined(NCF_WITH_CUDA) && defined(NCF_CUDA_KERNELS)
+  return cuda::score_items_smem_bytes(w0, layers, L) > 0;
+#else
+  return false;
+#endif
+}
+
+void neumf_score_items_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                            const float* U0, const float* b0, int w0, const ScoreLayerBf16* layers,
+                            int L, const float* urows, int64_t ldu, const float* irows, int64_t ldi,
+                            const float* w, const float* c, float* logits, int64_t n, int S,
+                            int mf) {
+  const char* op = "neumf_score_items_bf16";
+  NCF_CHECK(score_items_fusable(ctx, w0, layers, L, mf), op, ": widths w0=", w0, ", ", L,
+            " layers above layer 0, mf=", mf, " do not fit one kernel (score_items_fusable)");
+  NCF_CHECK(n >= 0 && S >= 1 && n * S <= INT_MAX, op, ": n=", n, " groups of S=", S);
+  const int last = layers[L - 1].out;
+  // (the activations are the op's own: P stands in for the checks' output and A)
+  check_gather_bias_act(op, P, R, ids, U0, P, n, S, w0);
+  check_top(op, urows, ldu, irows, ldi, P, w, n, S, mf, last);
+  check_ptr(op, "c", c, n);
+  check_ptr(op, "logits", logits, n);
+  NCF_DISPATCH_CUDA(ctx, neumf_score_items_bf16, ctx, P, ids, U0, b0, w0, layers, L, urows, ldu,
+                    irows, ldi, w, c, logits, n, S, mf);
+  // The sequence of ops it fuses, on BF16 tiles of the whole batch.
+  const size_t B = static_cast<size_t>(n * S);
+  std::vector<uint16_t> x(B * static_cast<size_t>(w0)), y;
+  gather_bias_act_bf16(ctx, P, R, ids, U0, b0, x.data(), n, S, w0, true);
+  for (int l = 0; l < L; ++l) {
+    y.assign(B * static_cast<size_t>(layers[l].out), 0);
+    linear_forward_bf16(ctx, x.data(), layers[l].w, layers[l].b, y.data(), int64_t(B), layers[l].in,
+                        layers[l].out, true);
+    x.swap(y);
+  }
+  neumf_top_forward_bf16(ctx, urows, ldu, irows, ldi, x.data(), w, c, logits, n, S, mf, last, ids);
+}
+
 void neumf_top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const float* irows,
                         int64_t ldi, const float* A, const float* w, const float* dlogits,
                         const float* logits, const float* labels, int64_t global_batch,

@@ -315,6 +315,38 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
                           const float* Yg, const float* bias, uint16_t* Y, int64_t n, int S,
                           int out, bool relu, uint32_t* mask = nullptr);
 
+// ---- evaluation's scoring in one kernel ---------------------------------------------
+// NeuMF::score_items on BF16 storage after the users' half of layer 0, as one op:
+// gather_bias_act_bf16 (layer 0 from P [R × w0] by ids, U0 [n × w0] the users' half, b0
+// its FP32 bias), linear_forward_bf16 with ReLU for each of the L layers above (BF16
+// weights and biases), and neumf_top_forward_bf16 reading the items' GMF columns by id
+// (irows, row stride ldi) and the users' (urows, ldu): logits [n·S].
+// The CPU twin is that sequence of ops. The GPU runs it tile by tile of candidates in
+// shared memory, every activation kept on chip, the products on tensor cores (WMMA, BF16
+// operands, FP32 accumulators): layer 0's rows, each epilogue (FP32 sum with the BF16
+// bias, ReLU, BF16 rounding) and the top are the same expressions as those ops', but a
+// product's FP32 sum runs in the tensor cores' order, not cuBLASLt's, so an activation
+// may round to the neighbouring BF16 and its logit move by that. The same bits on every
+// run. Used by NeuMF with the environment variable NCF_EVAL_FUSED=1 where it fits
+// (score_items_fusable).
+struct ScoreLayerBf16 {
+  const uint16_t* w = nullptr;  // [out × in]
+  const uint16_t* b = nullptr;  // [out] (may be null: no bias)
+  int in = 0, out = 0;
+};
+constexpr int kScoreMaxLayers = 4;
+// Whether these widths can run fused on ctx's device: 1 to kScoreMaxLayers layers above
+// layer 0, chained (in of each the out of the one below, the first's in = w0), every
+// width a multiple of 16, mf and the last width in [1, kNeumfTopMaxWidth]; on a GPU also
+// a tile's weights and activations within the block's shared memory.
+bool score_items_fusable(const ExecContext& ctx, int w0, const ScoreLayerBf16* layers, int L,
+                         int mf);
+void neumf_score_items_bf16(const ExecContext& ctx, const float* P, int64_t R, const int32_t* ids,
+                            const float* U0, const float* b0, int w0, const ScoreLayerBf16* layers,
+                            int L, const float* urows, int64_t ldu, const float* irows, int64_t ldi,
+                            const float* w, const float* c, float* logits, int64_t n, int S,
+                            int mf);
+
 // ---- layer 0 by item in training --------------------------------------------------
 // A batch's samples grouped by item, so that layer 0's items' half is taken once per
 // distinct item of the batch (NeuMF, "layer 0 by item"), and its gradient summed per
@@ -464,6 +496,13 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
                           int out, bool relu, uint32_t* mask);
 void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
                int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
+// The shared memory a block needs for these widths (0: they do not fit the device).
+int score_items_smem_bytes(int w0, const ScoreLayerBf16* layers, int L);
+void neumf_score_items_bf16(const ExecContext& ctx, const float* P, const int32_t* ids,
+                            const float* U0, const float* b0, int w0, const ScoreLayerBf16* layers,
+                            int L, const float* urows, int64_t ldu, const float* irows, int64_t ldi,
+                            const float* w, const float* c, float* logits, int64_t n, int S,
+                            int mf);
 void gather_run_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w,
                      const int32_t* first, int64_t R, float* Y, const int32_t* ids);
 void run_sums(const ExecContext& ctx, const float* dZ, const int32_t* order, const int32_t* starts,

@@ -238,6 +238,10 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
                  "gradient\n");
+  if (lead && score_items_fused_enabled())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_EVAL_FUSED=1: evaluation by items on BF16 storage scores "
+                 "each batch on a GPU in one kernel\n");
   check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
   // One job per checkpoint directory (train/checkpoint_lock.h): taken before
   // any rank writes anything, refused on every rank alike, released when this
