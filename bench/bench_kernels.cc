@@ -991,6 +991,83 @@ void negatives_case(Bench& bench, const ExecContext& ctx, const Options& o, cons
       });
 }
 
+// One batch of evaluation's scoring by items as ncf_dist runs it on a GPU rank (1,000 users
+// x 1,000 candidates, ml-20m's item table, BF16 storage): NeuMF::score_items with the ops
+// one by one, and in one kernel (NCF_EVAL_FUSED, neumf_score_items_bf16), the second only
+// on a GPU. The bytes are the fused op's logical ones for both (per candidate: its id,
+// layer 0's FP32 product row, the item's GMF row, the logit), so their GB/s compare like
+// their times; the FLOPs are the products above layer 0. The one kernel's check: at least
+// half of the logits the ops' bits, the rest within the BF16 storage bound
+// (tests/test_parity_gpu.cc Parity.FusedScoreItemsTracksTheOpsItFuses).
+void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
+  const Device dev = ctx.device;
+  const int64_t n = 1000, R = kItems;
+  const int S = kEvalList;
+  const int64_t B = n * S;
+  const int threads = std::max(1, ctx.threads);
+  NeuMF model = make_tower(dev, o.seed);
+  const int D = model.config().embedding_width();
+  Buffer<float> users = to_device(dev, host_uniform(threads, o.seed, 61, n * D, -0.02f, 0.02f));
+  Buffer<float> table = to_device(dev, host_uniform(threads, o.seed, 62, R * D, -0.02f, 0.02f));
+  std::vector<int32_t> hids(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) hids[b] = int32_t(hash_unit53(o.seed, 63, uint64_t(b)) * R);
+  Buffer<int32_t> ids = to_device(dev, hids);
+  Buffer<float> logits(dev, B);
+  double macs = 0;
+  for (size_t l = 1; l + 1 < kLayers.size(); ++l) macs += double(kLayers[l]) * kLayers[l + 1];
+  const double bytes = double(B) * (4.0 + 4.0 * kLayers[1] + 4.0 * kMf + 4.0);
+  set_math_mode(MathMode::kBf16);
+  model.prepare_items(ctx, table.data() + kMf, D, R);
+  auto score = [&](bool fused) {
+    set_score_items_fused(fused);
+    model.score_items(ctx, users.data(), table.data(), D, ids.data(), n, S, logits.data());
+  };
+  const std::string shape = shape_str("%lld users x %d candidates of %lld items, bf16 storage",
+                                      (long long)n, S, (long long)R);
+  std::vector<float> ops_logits;
+  bench.run(
+      "score_items bf16 ops", shape, bytes, double(B), "candidates", 2 * macs * double(B),
+      [&] { score(false); },
+      [&]() -> std::string {
+        score(false);
+        check_device_errors(ctx);
+        ops_logits = to_host(logits, B);
+        for (float x : ops_logits)
+          if (!std::isfinite(x)) return "non-finite logit";
+        return "";
+      });
+  if (dev == Device::kCuda) {
+    bench.run(
+        "score_items bf16 fused", shape, bytes, double(B), "candidates", 2 * macs * double(B),
+        [&] { score(true); },
+        [&]() -> std::string {
+          score(true);
+          check_device_errors(ctx);
+          if (!model.last_score_fused()) return "the widths did not fit one kernel";
+          const std::vector<float> z = to_host(logits, B);
+          if (ops_logits.size() != size_t(B)) {  // the ops' case left out by --filter
+            score(false);
+            ops_logits = to_host(logits, B);
+          }
+          int64_t same = 0;
+          double d2 = 0, r2 = 0;
+          for (int64_t b = 0; b < B; ++b) {
+            same += std::memcmp(&z[b], &ops_logits[b], sizeof(float)) == 0;
+            d2 += (double(z[b]) - ops_logits[b]) * (double(z[b]) - ops_logits[b]);
+            r2 += double(ops_logits[b]) * ops_logits[b];
+          }
+          const double rms = r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+          const int L = int(kLayers.size()) - 2;  // layers above layer 0
+          if (2 * same < B || rms > (L + 2) / 256.0)
+            return std::to_string(same) + " of " + std::to_string(B) +
+                   " logits the ops' bits, relative RMS " + std::to_string(rms);
+          return "";
+        });
+  }
+  set_score_items_fused(false);
+  set_math_mode(MathMode::kTf32);
+}
+
 void metrics_case(Bench& bench, const ExecContext& ctx, const Options& o) {
   if (!bench.selected("hit_ndcg")) return;
   const Device dev = ctx.device;
@@ -1102,6 +1179,8 @@ int bench_main(const Options& o) {
   bce_cases(bench, ctx, o, hb);
   negatives_case(bench, ctx, o, hb);
   metrics_case(bench, ctx, o);
+  if (bench.selected("score_items bf16 ops") || bench.selected("score_items bf16 fused"))
+    score_items_cases(bench, ctx, o);
   const int failed = bench.failures();
   std::printf("# %zu cases, %s\n", bench.results().size(),
               failed ? (std::to_string(failed) + " FAILED their check").c_str()

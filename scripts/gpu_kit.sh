@@ -846,7 +846,7 @@ do_lt_probe() {  # what cuBLASLt offers for the tower's fused epilogues (nothing
 }
 do_step_kernels() {
   ours "$build/bench/bench_kernels" --device cuda --warmup 2 --repeats 10 \
-    --filter "group_bias_act,group_sum_backward,linear_backward L,neumf_top,neumf_fwd_bwd_grouped" --json "$out/step_kernels.json"
+    --filter "group_bias_act,group_sum_backward,linear_backward L,neumf_top,neumf_fwd_bwd_grouped,score_items" --json "$out/step_kernels.json"
 }
 fig_step_kernels() {
   [ -s "$out/step_kernels.json" ] || return 0
