@@ -997,8 +997,8 @@ void negatives_case(Bench& bench, const ExecContext& ctx, const Options& o, cons
 // on a GPU. The bytes are the fused op's logical ones for both (per candidate: its id,
 // layer 0's FP32 product row, the item's GMF row, the logit), so their GB/s compare like
 // their times; the FLOPs are the products above layer 0. The one kernel's check: at least
-// half of the logits the ops' bits, the rest within the BF16 storage bound
-// (tests/test_parity_gpu.cc Parity.FusedScoreItemsTracksTheOpsItFuses).
+// half of the logits the bits of the ops with its epilogue expressions (NCF_LT_BF16_OUT=0),
+// the rest within the BF16 storage bound (Parity.FusedScoreItemsTracksTheOpsItFuses).
 void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
   const Device dev = ctx.device;
   const int64_t n = 1000, R = kItems;
@@ -1024,15 +1024,13 @@ void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
   };
   const std::string shape = shape_str("%lld users x %d candidates of %lld items, bf16 storage",
                                       (long long)n, S, (long long)R);
-  std::vector<float> ops_logits;
   bench.run(
       "score_items bf16 ops", shape, bytes, double(B), "candidates", 2 * macs * double(B),
       [&] { score(false); },
       [&]() -> std::string {
         score(false);
         check_device_errors(ctx);
-        ops_logits = to_host(logits, B);
-        for (float x : ops_logits)
+        for (float x : to_host(logits, B))
           if (!std::isfinite(x)) return "non-finite logit";
         return "";
       });
@@ -1045,10 +1043,13 @@ void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
           check_device_errors(ctx);
           if (!model.last_score_fused()) return "the widths did not fit one kernel";
           const std::vector<float> z = to_host(logits, B);
-          if (ops_logits.size() != size_t(B)) {  // the ops' case left out by --filter
-            score(false);
-            ops_logits = to_host(logits, B);
-          }
+          // The ops with the one kernel's epilogue expressions: the FP32 product and the
+          // epilogue kernel (NCF_LT_BF16_OUT=0).
+          const bool lt = lt_bf16_out_enabled();
+          set_lt_bf16_out(false);
+          score(false);
+          set_lt_bf16_out(lt);
+          const std::vector<float> ops_logits = to_host(logits, B);
           int64_t same = 0;
           double d2 = 0, r2 = 0;
           for (int64_t b = 0; b < B; ++b) {

@@ -213,6 +213,7 @@ class Parity : public ::testing::Test {
     set_scatter_rows_by_four(true);
     set_narrow_item_lookups(true);
     set_score_items_fused(false);
+    set_lt_bf16_out(true);
     if (gpu_.device != Device::kCuda) {
       // Failures of the CPU half stay failures: gtest reports a test as skipped
       // only when nothing failed.
@@ -1838,22 +1839,30 @@ double same_share(const Vec& a, const Vec& b) {
   return double(same) / double(a.size());
 }
 
-// The fused op's logits against the same ops run one by one on the device (cuBLASLt's
-// products), and against the CPU twin: a product's FP32 sum in the tensor cores' order moves
-// a BF16 activation by one step only where that sum lies within its rounding error of a
-// step's midpoint, a small share of them, so at least half of the logits must keep every bit
-// (a misread tile, weight or row keeps almost none), the rest within the BF16 storage bound.
-void expect_fused_logits(const Vec& fused, const Vec& ops, const Vec& cpu, int L,
+// The fused op's logits against the same ops run one by one on the device and against the
+// CPU twin. ops: the layers above layer 0 as the FP32 product and the epilogue kernel
+// (NCF_LT_BF16_OUT=0), the fused kernel's expressions: a product's FP32 sum in the tensor
+// cores' order moves a BF16 activation by one step only where that sum lies within its
+// rounding error of a step's midpoint, a small share of them, so at least half of the logits
+// must keep every bit (a misread tile, weight or row keeps almost none), the rest within the
+// BF16 storage bound. ops_lt: as ncf_dist runs them, cuBLASLt's epilogue writing BF16, whose
+// rounding cuBLASLt does not document: its share is printed, the logits held to the bound.
+void expect_fused_logits(const Vec& fused, const Vec& ops, const Vec& ops_lt, const Vec& cpu, int L,
                          const std::string& what) {
   ASSERT_EQ(fused.size(), ops.size()) << what;
-  const double share = same_share(fused, ops);
-  std::printf("[   info   ] %s: %.4f of %zu logits the bits of the ops one by one\n", what.c_str(),
-              share, fused.size());
+  ASSERT_EQ(fused.size(), ops_lt.size()) << what;
+  const double share = same_share(fused, ops), share_lt = same_share(fused, ops_lt);
+  std::printf(
+      "[   info   ] %s: %.4f of %zu logits the bits of the ops one by one, %.4f of them with "
+      "cuBLASLt's BF16 epilogue\n",
+      what.c_str(), share, fused.size(), share_lt);
   EXPECT_GE(share, 0.5) << what << ": logits equal to the ops' one by one";
   const double bound = (double(L) + 2.0) / 256.0;
   if (!fused.empty()) {
     EXPECT_LE(test::relative_rms(fused.data(), ops.data(), ops.size()), bound)
         << what << ": against the ops one by one, relative RMS";
+    EXPECT_LE(test::relative_rms(fused.data(), ops_lt.data(), ops_lt.size()), bound)
+        << what << ": against the ops with cuBLASLt's BF16 epilogue, relative RMS";
     EXPECT_LE(test::relative_rms(fused.data(), cpu.data(), cpu.size()), bound)
         << what << ": against the CPU twin, relative RMS";
   }
@@ -1928,9 +1937,10 @@ TEST_F(Parity, FusedScoreItemsTracksTheOpsItFuses) {
                              sh.S, mf);
       return down(logits);
     };
-    // The ops one by one on the device.
-    Vec ops(static_cast<size_t>(B));
-    {
+    // The ops one by one on the device, the layers above layer 0 with and without
+    // cuBLASLt's BF16 epilogue.
+    auto one_by_one = [&](bool lt_out) {
+      set_lt_bf16_out(lt_out);
       Buffer<uint16_t> x(g_dev, size_t(B) * w0);
       gather_bias_act_bf16(gpu_, gP.data(), R, gids.data(), gU0.data(), gb0.data(), x.data(), n,
                            sh.S, w0, true);
@@ -1940,13 +1950,15 @@ TEST_F(Parity, FusedScoreItemsTracksTheOpsItFuses) {
                             true);
         x = std::move(y);
       }
-      Buffer<float> logits = up(ops);
+      Buffer<float> logits = up(Vec(static_cast<size_t>(B)));
       neumf_top_forward_bf16(gpu_, gu.data(), D, gi.data(), D, x.data(), gh.data(), gc.data(),
                              logits.data(), n, sh.S, mf, last, gids.data());
-      ops = down(logits);
-    }
+      set_lt_bf16_out(true);
+      return down(logits);
+    };
+    const Vec ops = one_by_one(false), ops_lt = one_by_one(true);
     const Vec g = fused();
-    expect_fused_logits(g, ops, cpu, L, what);
+    expect_fused_logits(g, ops, ops_lt, cpu, L, what);
     expect_same(fused(), g, what + "logits on a second run");
   }
   // Widths it does not take: the ops stay on their own.
@@ -1983,8 +1995,9 @@ TEST_F(Parity, NeuMFScoresItemsInOneKernelWhereAsked) {
   const IVec ids = random_ids(size_t(B), 0, int32_t(R), gen_);
   Buffer<float> gU = up(U), gT = up(T);
   Buffer<int32_t> gids = up(ids);
-  auto score = [&](bool fused) {
+  auto score = [&](bool fused, bool lt_out = true) {
     set_score_items_fused(fused);
+    set_lt_bf16_out(lt_out);
     Buffer<float> logits = up(Vec(size_t(B)));
     dev_model.prepare_items(gpu_, gT.data() + mf, D, R);
     dev_model.score_items(gpu_, gU.data(), gT.data(), D, gids.data(), n, S, logits.data());
@@ -1997,12 +2010,12 @@ TEST_F(Parity, NeuMFScoresItemsInOneKernelWhereAsked) {
     Vec cpu(static_cast<size_t>(B));
     cpu_model.prepare_items(cpu_, T.data() + mf, D, R);
     cpu_model.score_items(cpu_, U.data(), T.data(), D, ids.data(), n, S, cpu.data());
-    const Vec ops = score(false);
+    const Vec ops = score(false, false), ops_lt = score(false);
     EXPECT_FALSE(dev_model.last_score_fused()) << what;
     const Vec fused = score(true);
     EXPECT_EQ(dev_model.last_score_fused(), bf16 && g_dev == Device::kCuda) << what;
     if (dev_model.last_score_fused()) {
-      expect_fused_logits(fused, ops, cpu, int(dev_model.tower().size()) - 1, what);
+      expect_fused_logits(fused, ops, ops_lt, cpu, int(dev_model.tower().size()) - 1, what);
       expect_same(score(true), fused, what + " fused logits on a second run");
     } else {
       expect_same(fused, ops, what + ": NCF_EVAL_FUSED changes nothing here");

@@ -276,6 +276,7 @@ std::atomic<int> g_scatter_four{-1};   // likewise
 }  // namespace
 
 bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
+void set_lt_bf16_out(bool on) { g_lt_bf16_out.store(on ? 1 : 0); }
 bool three_block_kernels() { return env_switch(g_three_blocks, "NCF_3BLOCK_KERNELS"); }
 void set_three_block_kernels(bool on) { g_three_blocks.store(on ? 1 : 0); }
 bool run_sums_by_warp() { return env_switch(g_run_sums_warp, "NCF_RUN_SUMS_WARP"); }

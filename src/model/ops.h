@@ -82,8 +82,10 @@ const char* step_kernels_name(StepKernels kernels);
 // GPU linear_forward_bf16 as one cuBLASLt matmul whose epilogue writes the BF16
 // activations (true, the default) or, with the environment variable
 // NCF_LT_BF16_OUT=0, as the FP32 product and the epilogue kernel (the path it
-// replaced, on the same BF16 bias), kept selectable to be measured beside it. Read once.
+// replaced, on the same BF16 bias), kept selectable to be measured beside it. Read at the
+// first call; the setter (tests) overrides it.
 bool lt_bf16_out_enabled();
+void set_lt_bf16_out(bool on);
 
 // Three GPU kernels that ran 2 blocks per SM on an H200, capped at 80 registers so that 3
 // blocks share an SM (true, the default), or, with the environment variable
