@@ -613,7 +613,6 @@ EvalResult Trainer::evaluate() {
   const bool by_items = eval_by_items();
   if (by_items) prepare_eval_items();
   phases.end(EvalPhases::kPrepare);
-  const int mf = model_->config().mf_dim;
   // The lists move to the device through eval_stager_: batch k + 1 is read (host
   // threads), copied to a pinned slot and sent on the copy stream while the device
   // scores batch k, and the metrics add up on the device (hit_ndcg_accumulate), so
@@ -683,7 +682,7 @@ EvalResult Trainer::evaluate() {
       tables_->lookup({{users, n}, {items, 0}});
       if (n > 0) {
         phases.end(EvalPhases::kLookup);
-        model_->score_items(ctx_, tables_->rows(0), eval_item_gmf_.data(), mf, items, n, int(L),
+        model_->score_items(ctx_, tables_->rows(0), eval_gmf_, eval_gmf_ld_, items, n, int(L),
                             scores_.data());
       }
     } else {
@@ -782,10 +781,18 @@ bool Trainer::eval_by_items() const {
 }
 
 void Trainer::prepare_eval_items() {
-  const std::vector<float> rows = tables_->gather_table(1);  // collective
   const NeuMFConfig& mc = model_->config();
   const int D = mc.embedding_width(), mf = mc.mf_dim, h = mc.mlp_half();
   const int64_t I = int64_t(meta_.num_items);
+  // local_rows is the same answer on every rank (W = 1 and the wire's type), so either
+  // every rank joins gather_table's collective or none.
+  if (const float* own = tables_->local_rows(1)) {
+    eval_gmf_ = own;
+    eval_gmf_ld_ = D;
+    model_->prepare_items(ctx_, own + mf, D, I);
+    return;
+  }
+  const std::vector<float> rows = tables_->gather_table(1);  // collective
   NCF_CHECK(int64_t(rows.size()) == I * D, "item table of ", rows.size(), " floats, expected ",
             I * D);
   // The whole table and its MLP columns only while the products are made (a
@@ -794,6 +801,8 @@ void Trainer::prepare_eval_items() {
   eval_item_gmf_.reserve(size_t(I) * mf);
   device_copy(ctx_.device, table.data(), Device::kCpu, rows.data(), rows.size() * 4);
   split_cols(ctx_, table.data(), mf, h, eval_item_gmf_.data(), mf, mlp.data(), h, I);
+  eval_gmf_ = eval_item_gmf_.data();
+  eval_gmf_ld_ = mf;
   model_->prepare_items(ctx_, mlp.data(), h, I);
 }
 

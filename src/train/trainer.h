@@ -177,7 +177,9 @@ class Trainer {
   // one NeuMF::score ([copies × I × D]).
   void tile_item_table(int64_t copies, Buffer<float>* tile);
   // The whole item table on this rank (collective), its GMF columns apart, and
-  // the model's per-item products of layer 0 (NeuMF::prepare_items).
+  // the model's per-item products of layer 0 (NeuMF::prepare_items). A rank that holds
+  // the whole table on its device in FP32 (EmbeddingCollection::local_rows) reads it in
+  // place: no copy through the host.
   void prepare_eval_items();
   // The positives.bin interactions of users[0..m) as one CSR on the host:
   // user x's items are (*items)[(*offsets)[x] .. (*offsets)[x+1]).
@@ -269,8 +271,11 @@ class Trainer {
   // Full ranking: every item's row, tiled for a group of users ([users × I × D]),
   // and their scores.
   Buffer<float> full_item_tile_, full_scores_;
-  // eval_by_items(): the item table's GMF columns [I × mf].
+  // eval_by_items(): the item table's GMF columns [I × mf] where it is gathered; scoring
+  // reads eval_gmf_ (row stride eval_gmf_ld_): those, or one rank's own table in place.
   Buffer<float> eval_item_gmf_;
+  const float* eval_gmf_ = nullptr;
+  int64_t eval_gmf_ld_ = 0;
 };
 
 }  // namespace ncf
