@@ -939,6 +939,22 @@ fig_step_ncu_top() {
   awk '/^## /{p=$2} /neumf_top_(forward|backward)_kernel/{k=($0 ~ /forward/) ? "fwd" : "bwd"}
     /^ +Duration +[a-z]+ /{printf "%s %s %s %s; ", p, k, $(NF), $2}' "$1" | cut -c1-200
 }
+do_eval_ncu_fused() {  # evaluation's scoring in one kernel (NCF_EVAL_FUSED=1, bf16) in depth:
+  # two batches' launches of score_items_kernel (tensor pipes, memory, warp stalls, occupancy)
+  local ncu
+  ncu="$(ncu_path)"
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 0; }
+  ours env NCF_EVAL_FUSED=1 "$ncu" --target-processes all --clock-control none \
+    --kernel-name regex:score_items_kernel --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+    "$build/src/ncf_dist" --data_dir "$m20" --preset ml-20m-mlperf --device cuda \
+    --precision bf16 --train_epochs 1 --max_steps 1 --eval_batch_size 1000000 --progress off
+}
+fig_eval_ncu_fused() {
+  awk '/^ +Duration +[a-z]+ /{printf "duration %s %s; ", $(NF), $2}
+    /^ +(Memory|Compute \(SM\)) Throughput +%/{printf "%s %s%%; ", $1, $(NF)}' "$1" | cut -c1-200
+}
 do_nccl_resume() {  # a checkpoint of 4 NCCL ranks on the GPU resumed by 1 GPU rank and 2 CPU ranks
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \
     --gtest_filter='TrainGpu.ANcclCheckpointResumesOnOneGpuRankAndOnTwoCpuRanks'
@@ -1201,6 +1217,7 @@ run_step() {
   for p in tf32 bf16; do
     stage "eval_speed_$p" 1 120 fig_eval_speed -- do_eval_speed "$p"
   done
+  stage eval_ncu_fused 1 90 fig_eval_ncu_fused -- do_eval_ncu_fused
   stage eval_ncu_bf16 1 90 fig_step_ncu -- do_eval_ncu bf16
   stage pytorch_neumf 1 240 fig_pytorch -- do_pytorch 1048576
   stage step_hr_ours 1 120 fig_step_hr -- do_step_hr_ours
