@@ -58,6 +58,11 @@ NCF_HD float bf16_bits_to_float(uint16_t bits) {
 // x rounded to the nearest BF16 value, returned as a float.
 NCF_HD float round_to_bf16(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
 
+// Two floats as BF16 bits in one word, a in the low half (the first in memory).
+NCF_HD uint32_t bf16_pair(float a, float b) {
+  return uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
+}
+
 // x rounded to TF32 (10 mantissa bits; nearest, ties to even) as a float: NaN and the
 // infinities as they are, and a finite value whose rounding would overflow truncated.
 NCF_HD float round_to_tf32(float x) {

@@ -197,6 +197,8 @@ ExecContext make_cuda_context(int device_id) {
   try {
     r->device_id = device_id;
     CUDA_CHECK(cudaDeviceGetAttribute(&r->sm_count, cudaDevAttrMultiProcessorCount, device_id));
+    CUDA_CHECK(
+        cudaDeviceGetAttribute(&r->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id));
     r->separate_scratch = separate;
     CUDA_CHECK(cudaStreamCreate(&r->stream));  // blocking: see the header
     // Non-blocking, so input copies overlap the compute stream's kernels and the

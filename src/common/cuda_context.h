@@ -136,6 +136,7 @@ struct CudaResources {
   size_t lt_workspace_bytes = 0;
   void* cublas_workspace = nullptr;         // cuBLAS's, set on its handle
   int sm_count = 1;                         // the GPU's multiprocessors
+  int smem_optin = 0;                       // the shared memory a block can opt into, bytes
   DeviceErrorRecord* error_dev = nullptr;   // device
   DeviceErrorRecord* error_host = nullptr;  // pinned mirror for the check
 

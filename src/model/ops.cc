@@ -1497,7 +1497,7 @@ bool score_items_fusable(const ExecContext& ctx, int w0, const ScoreLayerBf16* l
   if (mf < 1 || mf > kNeumfTopMaxWidth || in > kNeumfTopMaxWidth) return false;
   if (ctx.device != Device::kCuda) return true;
 #if defined(NCF_WITH_CUDA) && defined(NCF_CUDA_KERNELS)
-  return cuda::score_items_smem_bytes(w0, layers, L) > 0;
+  return cuda::score_items_smem_bytes(ctx, w0, layers, L) > 0;
 #else
   return false;
 #endif

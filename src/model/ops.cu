@@ -53,11 +53,6 @@ __device__ __forceinline__ int64_t row_of(int64_t q, int per_row) {
   return q / per_row;
 }
 
-// Two floats as BF16 bits in one word, a in the low half (the first in memory).
-__device__ __forceinline__ uint32_t bf16_pair(float a, float b) {
-  return uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
-}
-
 // to_bf16_kernel four elements per thread: one float4 load and one 8-byte store,
 // rows of 4·qpr columns at strides of lds4 float4s (src) and ldd4 groups of four
 // BF16s (dst). A contiguous pair (kFlat) is one range; otherwise quad q's row is

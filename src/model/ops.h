@@ -499,7 +499,7 @@ void gather_bias_act_bf16(const ExecContext& ctx, const float* P, int64_t R, con
 void item_runs(const ExecContext& ctx, const int32_t* ids, int64_t B, int64_t bound, int64_t R,
                int32_t* order, int32_t* starts, int32_t* inv, int32_t* first);
 // The shared memory a block needs for these widths (0: they do not fit the device).
-int score_items_smem_bytes(int w0, const ScoreLayerBf16* layers, int L);
+int score_items_smem_bytes(const ExecContext& ctx, int w0, const ScoreLayerBf16* layers, int L);
 void neumf_score_items_bf16(const ExecContext& ctx, const float* P, const int32_t* ids,
                             const float* U0, const float* b0, int w0, const ScoreLayerBf16* layers,
                             int L, const float* urows, int64_t ldu, const float* irows, int64_t ldi,

@@ -80,11 +80,6 @@ struct ScoreArgs {
   ScoreLayout s;
 };
 
-// Two floats as BF16 bits in one word, a in the low half (the first in memory).
-__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
-  return uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
-}
-
 __device__ __forceinline__ float relu_of(float v) { return v > 0.0f ? v : 0.0f; }
 
 // One layer of a tile: Y [rows × out] (row stride ldy) = bf16(relu(X · W^T + bias)), X
@@ -138,8 +133,9 @@ __device__ __forceinline__ void score_layer(const uint16_t* X, int ldx, const ui
         const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = relu_of(__fadd_rn(v[e], bv[e]));
-        *reinterpret_cast<uint4*>(Y + (r0 + 16 * i + er) * ldy + col) = make_uint4(
-            bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
+        *reinterpret_cast<uint4*>(Y + (r0 + 16 * i + er) * ldy + col) =
+            make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
+                       bf16_pair(v[6], v[7]));
         __syncwarp();  // the scratch is read before the next fragment lands in it
       }
   }
@@ -264,8 +260,8 @@ __global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreAr
             float v[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = relu_of(__fadd_rn(__fadd_rn(zv[e], bv[e]), gv[e]));
-            st = make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]),
-                            bf16x2(v[6], v[7]));
+            st = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
+                            bf16_pair(v[6], v[7]));
           }
           *reinterpret_cast<uint4*>(buf0 + rr[u] * ld0 + jj[u]) = st;
         }
@@ -336,13 +332,11 @@ __global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreAr
 
 // The tile height whose layout fits the device's shared memory (128 candidates, else
 // 64), or 0.
-int score_rows(int w0, const ScoreLayerBf16* layers, int L, ScoreLayout* layout) {
-  int device = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+int score_rows(const CudaResources& r, int w0, const ScoreLayerBf16* layers, int L,
+               ScoreLayout* layout) {
   for (int rows : {128, 64}) {
     const ScoreLayout s = score_layout(rows, rows / 8, w0, layers, L);
-    if (s.bytes <= optin) {
+    if (s.bytes <= r.smem_optin) {
       if (layout) *layout = s;
       return rows;
     }
@@ -351,37 +345,36 @@ int score_rows(int w0, const ScoreLayerBf16* layers, int L, ScoreLayout* layout)
 }
 
 template <int kRows, int J>
-void launch_score_items(cudaStream_t stream, const ScoreArgs& a) {
+void launch_score_items(const CudaResources& r, cudaStream_t stream, const ScoreArgs& a) {
   auto kernel = score_items_kernel<kRows, J>;
   const int threads = kRows * 4;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, a.s.bytes));
-  int device = 0, sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, a.s.bytes));
   const int64_t tiles = (int64_t{a.B} + kRows - 1) / kRows;
-  const int64_t resident = int64_t{sms} * (per_sm > 0 ? per_sm : 1);
+  const int64_t resident = int64_t{r.sm_count} * (per_sm > 0 ? per_sm : 1);
   const unsigned grid = static_cast<unsigned>(tiles < resident ? tiles : resident);
   kernel<<<grid, threads, a.s.bytes, stream>>>(a);
 }
 
 template <int kRows>
-void launch_score_items_j(cudaStream_t stream, const ScoreArgs& a, int F) {
+void launch_score_items_j(const CudaResources& r, cudaStream_t stream, const ScoreArgs& a, int F) {
   if (F <= 32)
-    launch_score_items<kRows, 1>(stream, a);
+    launch_score_items<kRows, 1>(r, stream, a);
   else if (F <= 64)
-    launch_score_items<kRows, 2>(stream, a);
+    launch_score_items<kRows, 2>(r, stream, a);
   else if (F <= 128)
-    launch_score_items<kRows, 4>(stream, a);
+    launch_score_items<kRows, 4>(r, stream, a);
   else
-    launch_score_items<kRows, 8>(stream, a);
+    launch_score_items<kRows, 8>(r, stream, a);
 }
 
 }  // namespace
 
-int score_items_smem_bytes(int w0, const ScoreLayerBf16* layers, int L) {
+int score_items_smem_bytes(const ExecContext& ctx, int w0, const ScoreLayerBf16* layers, int L) {
   ScoreLayout s;
-  return score_rows(w0, layers, L, &s) > 0 ? s.bytes : 0;
+  const CudaResources& r = cuda_resources(ctx, "score_items_fusable");
+  return score_rows(r, w0, layers, L, &s) > 0 ? s.bytes : 0;
 }
 
 void neumf_score_items_bf16(const ExecContext& ctx, const float* P, const int32_t* ids,
@@ -391,11 +384,12 @@ void neumf_score_items_bf16(const ExecContext& ctx, const float* P, const int32_
                             int mf) {
   const int64_t B = n * S;
   if (B == 0) return;
+  const char* op = "neumf_score_items_bf16";
+  const CudaResources& r = cuda_resources(ctx, op);
   ScoreArgs a{};
-  const int rows = score_rows(w0, layers, L, &a.s);
-  NCF_CHECK(rows > 0, "neumf_score_items_bf16: the widths do not fit a block's shared memory");
-  NCF_CHECK(aligned16(P) && aligned16(U0),
-            "neumf_score_items_bf16: P and U0 must be 16-byte aligned");
+  const int rows = score_rows(r, w0, layers, L, &a.s);
+  NCF_CHECK(rows > 0, op, ": the widths do not fit a block's shared memory");
+  NCF_CHECK(aligned16(P) && aligned16(U0), op, ": P and U0 must be 16-byte aligned");
   a.P = P;
   a.ids = ids;
   a.U0 = U0;
@@ -420,10 +414,10 @@ void neumf_score_items_bf16(const ExecContext& ctx, const float* P, const int32_
   a.mf = mf;
   const int F = mf + layers[L - 1].out;
   if (rows == 128)
-    launch_score_items_j<128>(stream_of(ctx), a, F);
+    launch_score_items_j<128>(r, stream_of(ctx), a, F);
   else
-    launch_score_items_j<64>(stream_of(ctx), a, F);
-  check_launch("neumf_score_items_bf16");
+    launch_score_items_j<64>(r, stream_of(ctx), a, F);
+  check_launch(op);
 }
 
 }  // namespace ncf::cuda
