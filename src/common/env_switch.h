@@ -11,5 +11,7 @@ namespace ncf {
 // otherwise; the environment is read at the first call unless a setter (v.store) came
 // first.
 bool env_switch(std::atomic<int>& v, const char* name);
+// The same for a choice that is off by default: true only where `name` is "1".
+bool env_opt_in(std::atomic<int>& v, const char* name);
 
 }  // namespace ncf

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/env_switch.h"
 #include "common/philox.h"
 #include "model/ops.h"
 
@@ -252,28 +253,13 @@ void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool 
 
 namespace {
 std::atomic<int> g_score_fused{-1};  // -1: the environment not read yet
+std::atomic<int> g_lt_drelu{-1};     // likewise
 }  // namespace
 
-bool score_items_fused_enabled() {
-  int v = g_score_fused.load();
-  if (v < 0) {
-    const char* e = std::getenv("NCF_EVAL_FUSED");
-    int expected = -1;
-    g_score_fused.compare_exchange_strong(expected, e != nullptr && std::string(e) == "1");
-    v = g_score_fused.load();
-  }
-  return v == 1;
-}
-
+bool score_items_fused_enabled() { return env_opt_in(g_score_fused, "NCF_EVAL_FUSED"); }
 void set_score_items_fused(bool on) { g_score_fused.store(on ? 1 : 0); }
 
-bool lt_drelu_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("NCF_LT_DRELU");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
+bool lt_drelu_enabled() { return env_opt_in(g_lt_drelu, "NCF_LT_DRELU"); }
 
 uint32_t* NeuMF::layer0_mask(int64_t B) {
   m0_ptr_ = nullptr;
