@@ -37,20 +37,8 @@ void adam_loop(float* p, float* m, float* v, const float* g, int64_t n,
 
 VectorIsa adam_update_n_on(VectorIsa isa, float* p, float* m, float* v, const float* g, int64_t n,
                            const AdamStepScalars& s) {
-  const VectorIsa best = best_vector_isa();
-  if (isa < best) isa = best;  // narrower is larger: kAvx512 < kAvx2 < kBaseline
-  const auto loop = [&] { adam_loop(p, m, v, g, n, s); };
-  switch (isa) {
-    case VectorIsa::kAvx512:
-      detail::run_avx512(loop);
-      break;
-    case VectorIsa::kAvx2:
-      detail::run_avx2(loop);
-      break;
-    case VectorIsa::kBaseline:
-      loop();
-      break;
-  }
+  isa = runnable_vector_isa(isa);
+  run_on(isa, [&] { adam_loop(p, m, v, g, n, s); });
   return isa;
 }
 

@@ -59,11 +59,14 @@ bool vector_isa_from_environment() {
   return set;
 }
 
+VectorIsa runnable_vector_isa(VectorIsa want) {
+  return want < best_vector_isa() ? best_vector_isa() : want;  // kAvx512 < kAvx2 < kBaseline
+}
+
 VectorIsa vector_isa() {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v < 0) {
-    VectorIsa isa = environment_isa(best_vector_isa());
-    if (isa < best_vector_isa()) isa = best_vector_isa();  // kAvx512 < kAvx2 < kBaseline
+    const VectorIsa isa = runnable_vector_isa(environment_isa(best_vector_isa()));
     int expected = -1;
     g_isa.compare_exchange_strong(expected, int(isa));
     v = g_isa.load();

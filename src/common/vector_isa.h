@@ -26,8 +26,11 @@ VectorIsa parse_vector_isa(const std::string& value, const std::string& what);
 
 // The widest this CPU runs: AVX-512 (F, BW, VL and DQ), AVX2, or the baseline.
 VectorIsa best_vector_isa();
+// `want` where this CPU runs it, else the CPU's best (kAvx512 < kAvx2 < kBaseline: a wider
+// path than the CPU has runs the CPU's best).
+VectorIsa runnable_vector_isa(VectorIsa want);
 // The one the loops use: best_vector_isa(), or NCF_VECTOR_ISA where that names a narrower
-// one (a wider one than the CPU has runs the CPU's best). Read once per process.
+// one (runnable_vector_isa). Read once per process.
 VectorIsa vector_isa();
 // Whether NCF_VECTOR_ISA is set (to a valid value; else this fails like parse_vector_isa).
 bool vector_isa_from_environment();
@@ -51,23 +54,27 @@ __attribute__((target("avx2"), flatten)) void run_avx2(const F& f, A... args) {
 }
 }  // namespace detail
 
+// f(args...) as compiled for isa, which the CPU must run (runnable_vector_isa).
+template <typename F, typename... A>
+void run_on(VectorIsa isa, const F& f, A... args) {
+  switch (isa) {
+    case VectorIsa::kAvx512:
+      detail::run_avx512(f, args...);
+      return;
+    case VectorIsa::kAvx2:
+      detail::run_avx2(f, args...);
+      return;
+    case VectorIsa::kBaseline:
+      break;
+  }
+  f(args...);
+}
+
 // A callable that runs f(args...) as compiled for vector_isa(). f is held by reference:
 // the result lives no longer than the full expression around it.
 template <typename F>
 auto widest(const F& f) {
-  return [&f](auto... args) {
-    switch (vector_isa()) {
-      case VectorIsa::kAvx512:
-        detail::run_avx512(f, args...);
-        return;
-      case VectorIsa::kAvx2:
-        detail::run_avx2(f, args...);
-        return;
-      case VectorIsa::kBaseline:
-        break;
-    }
-    f(args...);
-  };
+  return [&f](auto... args) { run_on(vector_isa(), f, args...); };
 }
 
 // parallel_for and block_sums (common/parallel.h) with their loop body run by widest().
