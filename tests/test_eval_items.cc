@@ -276,30 +276,30 @@ TEST(ScoreItems, FusedOpsCpuTwinIsALoopOverEachCandidate) {
     close += std::fabs(double(logits[size_t(b)]) - want[size_t(b)]) <= 1e-5 * scale;
   EXPECT_GE(double(close), 0.9 * double(B)) << close << " of " << B << " logits within 1e-5";
 
+  // The message of the op's refusal of these ids and layers ("" where it accepts them).
+  auto refusal = [&](const std::vector<int32_t>& with_ids, const ScoreLayerBf16* with_layers,
+                     int with_L) -> std::string {
+    try {
+      neumf_score_items_bf16(cpu(1), P.data(), R, with_ids.data(), U0.data(), b0.data(), w0,
+                             with_layers, with_L, urows.data(), D, irows.data(), D, head.data(),
+                             c.data(), logits.data(), n, S, mf);
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
   // An id outside the table, named.
   std::vector<int32_t> bad = ids;
   bad[7] = int32_t(R);
-  try {
-    neumf_score_items_bf16(cpu(1), P.data(), R, bad.data(), U0.data(), b0.data(), w0, layers, L,
-                           urows.data(), D, irows.data(), D, head.data(), c.data(), logits.data(),
-                           n, S, mf);
-    ADD_FAILURE() << "an id outside the table accepted";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("ids[7] = 41 is outside [0, 41)"), std::string::npos)
-        << err.what();
-  }
+  const std::string bad_id = refusal(bad, layers, L);
+  EXPECT_NE(bad_id.find("ids[7] = 41 is outside [0, 41)"), std::string::npos)
+      << "an id outside the table: '" << bad_id << "'";
   // Widths that do not fit one kernel: a layer of 8.
   ScoreLayerBf16 narrow[2] = {layers[0], {W[1].data(), Bb[1].data(), 48, 8}};
   EXPECT_FALSE(score_items_fusable(cpu(1), w0, narrow, 2, mf));
-  try {
-    neumf_score_items_bf16(cpu(1), P.data(), R, ids.data(), U0.data(), b0.data(), w0, narrow, 2,
-                           urows.data(), D, irows.data(), D, head.data(), c.data(), logits.data(),
-                           n, S, mf);
-    ADD_FAILURE() << "a layer 8 wide accepted";
-  } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("do not fit one kernel"), std::string::npos)
-        << err.what();
-  }
+  const std::string too_narrow = refusal(ids, narrow, 2);
+  EXPECT_NE(too_narrow.find("do not fit one kernel"), std::string::npos)
+      << "a layer 8 wide: '" << too_narrow << "'";
 }
 
 // NCF_EVAL_FUSED asks for the one kernel on GPU ranks only: on the CPU score_items runs the
