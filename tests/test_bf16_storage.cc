@@ -77,9 +77,10 @@ void expect_same(const Bits& got, const Bits& want, const std::string& what) {
 TEST(Bf16Storage, GemmIsTheFp32GemmOfTheSameValuesOnTheEmulatedPath) {
   Modes modes(MathMode::kFp32, true);
   ExecContext ctx = cpu(2);
-  // cpu_gemm's three block shapes: output rows (M ≥ 2048), output columns
-  // (N ≥ 128) and K slices (K ≥ 16384), and one product.
-  const int shapes[][3] = {{2100, 24, 40}, {30, 200, 50}, {24, 40, 17000}, {33, 21, 70}};
+  // cpu_gemm's block shapes: output rows (M ≥ 2048), output columns (N ≥ 128),
+  // K slices (K ≥ 16384), tiles of K slices by 256 columns (both), and one product.
+  const int shapes[][3] = {
+      {2100, 24, 40}, {30, 200, 50}, {24, 40, 17000}, {6, 270, 16500}, {33, 21, 70}};
   for (const auto& sh : shapes)
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {

@@ -174,18 +174,19 @@ TEST(Ops, GemmMatchesNaiveLoopForAllTransposes) {
     }
 }
 
-// The CPU GEMM runs in fixed blocks on the thread pool (OpenBLAS itself
+// The CPU GEMM runs in fixed blocks on the thread pool (oneDNN itself
 // single-threaded): shapes past the row blocks (M large), past the column
-// blocks (N large, M small) and past the K slices (M and N small, K long: two
-// slices exactly, and three with a short last one), with padded strides and
-// every transpose, match a double loop, and give the same bits at any thread
-// count.
+// blocks (N large, M small), past the K slices (M and N small, K long: two
+// slices exactly, and three with a short last one) and past the tiles (M small,
+// N and K long: two tiles across, the second narrow, by three slices), with
+// padded strides and every transpose, match a double loop, and give the same
+// bits at any thread count.
 TEST(Ops, GemmInBlocksMatchesLoopAndIsTheSameAtAnyThreadCount) {
   struct Shape {
     int M, N, K;
   };
   for (Shape sh : {Shape{2049, 9, 17}, Shape{3, 300, 33}, Shape{1, 129, 5}, Shape{700, 1, 4},
-                   Shape{7, 5, 16384}, Shape{3, 2, 20001}})
+                   Shape{7, 5, 16384}, Shape{3, 2, 20001}, Shape{4, 300, 16400}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const int M = sh.M, N = sh.N, K = sh.K, pad = 3;

@@ -63,12 +63,14 @@ inline void apply_relu_mask(const uint32_t* m, T* x, int w) {
   }
 }
 
-// The fixed GEMM blocks of cpu_gemm: output rows per block when M is large,
-// output columns per block otherwise, and, for a small output with a long K
-// (the weight gradients, K = B), rows of K per partial product.
+// The fixed GEMM blocks of cpu_gemm: output rows per block when M is large;
+// for a small output with a long K (the weight gradients, K = B), tiles of
+// kGemmDepth rows of K by up to kGemmTileCols output columns, each a partial
+// product; otherwise output columns per block.
 constexpr int64_t kGemmRows = 1024;
 constexpr int64_t kGemmCols = 64;
 constexpr int64_t kGemmDepth = 8192;
+constexpr int64_t kGemmTileCols = 256;
 
 // Rows per chunk so that each chunk touches at least ~16K floats: below that a
 // thread hand-off costs more than the work.
@@ -114,10 +116,14 @@ MatmulShape matmul_shape(int M, int N, int K, bool trans_a, bool trans_b, int ld
 // plain FP32 here), and the epilogue (bias, ReLU) fused into each block's
 // product. The blocks' shapes depend on M, N and K only, never on the thread
 // count, and each runs single-threaded on one pool thread: kGemmRows output rows
-// when M is large (the batch), else kGemmCols output columns when N is, else (a
-// small output, such as a weight gradient, with K ≥ 2·kGemmDepth) slices of
-// kGemmDepth along K, whose partial products are summed in slice order, in
-// double.
+// when M is large (the batch); else, for a long K (K ≥ 2·kGemmDepth: a weight
+// gradient), tiles of one slice of kGemmDepth along K by up to kGemmTileCols
+// output columns, whose partial products are summed in slice order, in double;
+// else kGemmCols output columns when N is large.
+// The tiles are as wide as they are because every partial product packs its
+// slices of A and B again: 64-column blocks over the whole of K packed A once
+// per block, and ran the weight gradients at ml-20m's shapes 1.2× (BF16) to
+// 1.45× (FP32) slower on one core (bench/results/gemm_tiles_2026-11-28).
 // T is float, or uint16_t for operands already stored as BF16 bits (their
 // products run on cpu_matmul_bf16, whatever the math mode); TC is float, or
 // uint16_t for a BF16 output (then beta is 0: each element is
@@ -197,6 +203,38 @@ void cpu_gemm_t(int threads, bool trans_a, bool trans_b, int M, int N, int K, fl
         product(m, N, K, a, B, C + m0 * ldc, ldc, bias, mm_beta, relu);
       }
     });
+  } else if (K >= 2 * kGemmDepth) {
+    const int64_t slices = (K + kGemmDepth - 1) / kGemmDepth;
+    const int64_t col_blocks = (N + kGemmTileCols - 1) / kGemmTileCols;
+    const int64_t mn = static_cast<int64_t>(M) * N;
+    thread_local std::vector<float> partial;
+    if (partial.size() < static_cast<size_t>(slices * mn))
+      partial.resize(static_cast<size_t>(slices * mn));
+    float* p = partial.data();
+    parallel_for(threads, slices * col_blocks, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t s = t / col_blocks, n0 = (t % col_blocks) * kGemmTileCols;
+        const int64_t k0 = s * kGemmDepth;
+        const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
+        const int n = static_cast<int>(std::min<int64_t>(kGemmTileCols, N - n0));
+        // Columns k0.. of op(A); rows k0.. and columns n0.. of op(B).
+        const T* a = trans_a ? A + k0 * lda : A + k0;
+        const T* bb = trans_b ? B + n0 * ldb + k0 : B + k0 * ldb + n0;
+        // The bias and the ReLU apply to the sum of the slices, below.
+        product(M, n, k, a, bb, p + s * mn + n0, static_cast<int>(N), nullptr, 0.0f, false);
+      }
+    });
+    // Each element sums its slices in slice order, whichever thread has its row.
+    parallel_for(threads, M, row_grain(N * slices), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        for (int j = 0; j < N; ++j) {
+          double acc = 0.0;
+          for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + i * N + j];
+          TC& c = C[i * ldc + j];
+          store(c, j,
+                static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * old(c)));
+        }
+    });
   } else if (N >= 2 * kGemmCols) {
     const int64_t blocks = (N + kGemmCols - 1) / kGemmCols;
     parallel_for(threads, blocks, 1, [&](int64_t b0, int64_t b1) {
@@ -209,32 +247,6 @@ void cpu_gemm_t(int threads, bool trans_a, bool trans_b, int M, int N, int K, fl
         product(M, n, K, A, bb, C + n0, ldc, bias ? bias + n0 : nullptr, mm_beta, relu);
       }
     });
-  } else if (K >= 2 * kGemmDepth) {
-    const int64_t slices = (K + kGemmDepth - 1) / kGemmDepth;
-    const int64_t mn = static_cast<int64_t>(M) * N;
-    thread_local std::vector<float> partial;
-    if (partial.size() < static_cast<size_t>(slices * mn))
-      partial.resize(static_cast<size_t>(slices * mn));
-    float* p = partial.data();
-    parallel_for(threads, slices, 1, [&](int64_t s0, int64_t s1) {
-      for (int64_t s = s0; s < s1; ++s) {
-        const int64_t k0 = s * kGemmDepth;
-        const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
-        // Columns k0.. of op(A) and rows k0.. of op(B).
-        const T* a = trans_a ? A + k0 * lda : A + k0;
-        const T* bb = trans_b ? B + k0 : B + k0 * ldb;
-        // The bias and the ReLU apply to the sum of the slices, below.
-        product(M, N, k, a, bb, p + s * mn, N, nullptr, 0.0f, false);
-      }
-    });
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) {
-        double acc = 0.0;
-        for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + static_cast<int64_t>(i) * N + j];
-        TC& c = C[static_cast<int64_t>(i) * ldc + j];
-        store(c, j,
-              static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * old(c)));
-      }
   } else {
     prescale(0, M, 0, N);
     product(M, N, K, A, B, C, ldc, bias, mm_beta, relu);
