@@ -122,8 +122,8 @@ MatmulShape matmul_shape(int M, int N, int K, bool trans_a, bool trans_b, int ld
 // else kGemmCols output columns when N is large.
 // The tiles are as wide as they are because every partial product packs its
 // slices of A and B again: 64-column blocks over the whole of K packed A once
-// per block, and ran the weight gradients at ml-20m's shapes 1.2× (BF16) to
-// 1.45× (FP32) slower on one core (bench/results/gemm_tiles_2026-11-28).
+// per block, and oneDNN spent 13% more time on the ml-20m tower's weight
+// gradients in either precision (bench/results/gemm_tiles_2026-11-28).
 // T is float, or uint16_t for operands already stored as BF16 bits (their
 // products run on cpu_matmul_bf16, whatever the math mode); TC is float, or
 // uint16_t for a BF16 output (then beta is 0: each element is
