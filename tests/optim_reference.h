@@ -81,7 +81,7 @@ inline void ref_rowwise_adagrad(double* p, double& acc, const float* g, int D,
 }
 
 inline AdamHyper tf_garden_adam(float l2) {
-  AdamHyper h;  // TF Model Garden ml-20m settings (shared/ANCHORS.md)
+  AdamHyper h;  // TF Model Garden ml-20m settings (docs/design.md)
   h.lr = 0.00382059f;
   h.beta1 = 0.783529f;
   h.beta2 = 0.909003f;

@@ -1,4 +1,4 @@
-// A prepared dataset directory (shared/DESIGN.md): metadata.json, train-* and
+// A prepared dataset directory (docs/design.md): metadata.json, train-* and
 // eval-* record shards, and positives.bin, the per-user positive lists (CSR)
 // that online negative sampling needs. DatasetWriter makes one from any source;
 // DatasetMeta describes one; verify_dataset() walks one.

@@ -1,5 +1,5 @@
-// The byte layouts of a dataset directory, in one place (shared/DESIGN.md,
-// "Record shard format"): TFRecord framing with masked CRC-32C, the protobuf
+// The byte layouts of a dataset directory, in one place (docs/design.md,
+// "Record shards"): TFRecord framing with masked CRC-32C, the protobuf
 // payloads of ncf_record.proto (shard header, train record, eval record), the
 // frame sizes and valid-row counts they imply, the ShardCursor that the writer,
 // the readers and --verify all walk shard files with, and the positives.bin

@@ -1,4 +1,4 @@
-// Online negative sampling (shared/DESIGN.md step 2): each positive (u, i) at
+// Online negative sampling (docs/design.md, step 2): each positive (u, i) at
 // stream position p of epoch e gets num_neg items drawn uniformly from the items
 // u never interacted with. Draws come from CounterRng keyed by (seed, epoch, p),
 // so a sample does not depend on the rank count, the rank, the thread count or

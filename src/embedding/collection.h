@@ -1,4 +1,4 @@
-// Every embedding table of the model in one collection (shared/DESIGN.md
+// Every embedding table of the model in one collection (docs/design.md,
 // steps 3 and 6): one flat parameter buffer and one optimizer-state buffer per
 // rank holding the rows the plan gives it (plan.h's key layout: routed tables
 // first, then replicated ones), and one exchange per phase for all tables.

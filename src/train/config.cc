@@ -1,4 +1,4 @@
-// Flag parsing for ncf_dist (CLI11) and the presets of shared/ANCHORS.md.
+// Flag parsing for ncf_dist (CLI11) and the presets (docs/training.md).
 #include "train/config.h"
 
 #include <CLI/CLI.hpp>

@@ -1,5 +1,5 @@
 // The training step: see step.h. Read it top to bottom; each block is one
-// stage of shared/DESIGN.md's step.
+// stage of the step in docs/design.md.
 #include "train/step.h"
 
 #include <algorithm>

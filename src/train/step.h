@@ -1,4 +1,4 @@
-// One training step of one rank, as one function (shared/DESIGN.md steps 2–6):
+// One training step of one rank, as one function (docs/design.md, steps 2–6):
 //
 //   negatives → lookup → tower forward/backward → dense allreduce
 //             → table update → dense Adam
