@@ -17,13 +17,15 @@
 #     set), CLUSTER_SHARED (an empty directory in it that every host sees: put data and
 #     checkpoints there, never under /tmp, which each host has its own of),
 #     CLUSTER_HOSTS (H), CLUSTER_SUBNET (10.213.ID.0/24) and, with --slurm, SLURM_CONF.
+#     The hosts see the repository and $build (when the test set it) at their paths,
+#     also when these are under /tmp (sim_cluster.sh --share).
 #     RATE shapes each host's link both ways (default $RATE, else 1gbit; none: unshaped).
 # cluster_stop
 #     Stops the cluster (idempotent) and removes CLUSTER_DIR when cluster_start made it,
 #     unless CLUSTER_KEEP=1 (a later cluster_start makes it again; unset CLUSTER_DIR
 #     first for a new one).
 # cluster_exec HOST CMD...
-#     Runs CMD on HOST (node1..nodeH), in the current directory (when not under /tmp).
+#     Runs CMD on HOST (node1..nodeH), in the current directory (when the host sees it).
 # cluster_mpirun R [LAUNCH_OPTION...] [--] CMD...
 #     R ranks on each of the H hosts (W = H x R, ranks numbered host by host) through
 #     launch/ncf_launch and Open MPI's mpirun on node1, with the rsh agent of this
@@ -90,7 +92,11 @@ cluster_start() {
   trap cluster_cleanup EXIT
   trap 'exit 130' INT TERM
   local out
-  out=$("$cluster_sim" --dir "$CLUSTER_DIR" --hosts "$h" --rate "${RATE:-1gbit}" "$@" start) ||
+  # The hosts see the repository and the build (the test's $build) where they are, also
+  # under /tmp, which each host has its own of.
+  local share=(--share "$cluster_root")
+  [ -z "${build:-}" ] || share+=(--share "$build")
+  out=$("$cluster_sim" --dir "$CLUSTER_DIR" --hosts "$h" --rate "${RATE:-1gbit}" "${share[@]}" "$@" start) ||
     { echo "cluster_start: could not start $h hosts in $CLUSTER_DIR" >&2; return 1; }
   CLUSTER_HOSTS=$(sed -n 's/^CLUSTER_HOSTS=//p' <<<"$out")
   CLUSTER_SUBNET=$(sed -n 's/^CLUSTER_SUBNET=//p' <<<"$out")

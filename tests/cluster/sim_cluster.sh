@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A cluster of N hosts on this one machine, for tests that run ranks "across nodes".
 #
-#   sim_cluster.sh [--dir DIR] [--hosts N] [--rate RATE] [--slurm] start
+#   sim_cluster.sh [--dir DIR] [--hosts N] [--rate RATE] [--slurm] [--share PATH]... start
 #   sim_cluster.sh [--dir DIR] stop
 #   sim_cluster.sh [--dir DIR] exec HOST CMD...      run CMD on HOST (stdin/stdout pass through)
 #   sim_cluster.sh [--dir DIR] kill HOST             kill every process of HOST (a crashed node)
@@ -19,6 +19,10 @@
 # DIR (default /var/tmp/ncf-cluster) is the cluster's "shared file system": its own
 # configuration and state live there, and so must data and checkpoints that several hosts
 # read. Each host has its own /tmp, so DIR may not be under /tmp.
+#
+# --share PATH (repeatable) shows the machine's PATH to every host at the same path when
+# PATH is under /tmp, which a host would otherwise not see (a clone or a build under
+# /tmp); a PATH elsewhere is seen anyway. lib.sh shares the repository and the build.
 #
 # What a host is: a network namespace (ip netns) named <prefix>-nodeK with one interface,
 # eth0 = 10.213.ID.K/24, a veth whose other end is on a bridge shared by the cluster's
@@ -57,6 +61,7 @@ dir=${NCF_CLUSTER_DIR:-/var/tmp/ncf-cluster}
 nhosts=${HOSTS:-2}
 rate=${RATE:-1gbit}
 want_slurm=${SLURM:-0}
+shares=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir="$2"; shift 2 ;;
@@ -66,13 +71,15 @@ while [ $# -gt 0 ]; do
     --rate) rate="$2"; shift 2 ;;
     --rate=*) rate="${1#*=}"; shift ;;
     --slurm) want_slurm=1; shift ;;
+    --share) shares+=("$2"); shift 2 ;;
+    --share=*) shares+=("${1#*=}"); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1'" ;;
     *) break ;;
   esac
 done
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: $prog [--dir DIR] [--hosts N] [--rate RATE] [--slurm] start|stop|exec|kill|link|info|gc|check"
+[ -n "$cmd" ] || die "usage: $prog [--dir DIR] [--hosts N] [--rate RATE] [--slurm] [--share PATH]... start|stop|exec|kill|link|info|gc|check"
 shift
 
 # check: can this machine build a cluster? Prints the reason and exits 77 when not, so
@@ -151,7 +158,15 @@ host_exec() {
   local h="$1" pid wd="/"
   shift
   pid=$(anchor_pid "$h")
-  case "$PWD" in /tmp|/tmp/*) ;; *) wd="$PWD" ;; esac
+  case "$PWD" in
+    /tmp|/tmp/*)
+      local p
+      while IFS= read -r p; do
+        case "$PWD/" in "$p"/*) wd="$PWD" ;; esac
+      done < <(cat "$dir/shares" 2>/dev/null)
+      ;;
+    *) wd="$PWD" ;;
+  esac
   if [ -f "$dir/slurm/slurm.conf" ]; then export SLURM_CONF="$dir/slurm/slurm.conf"; fi
   exec nsenter -t "$pid" --net --uts --mount --wd="$wd" -- "$@"
 }
@@ -241,6 +256,7 @@ start_host() {  # k
   fi
   mkdir -p "$dir/host/$h/tmp"
   chmod 1777 "$dir/host/$h/tmp"
+  [ -f "$dir/shares" ] || : >"$dir/shares"
   # The anchor: enters the network namespace, makes its UTS and mount namespaces, sets
   # them up and sleeps; its pid is the handle of the host. Its mounts are private to it
   # and vanish with its namespace.
@@ -250,7 +266,12 @@ start_host() {  # k
     /bin/sh -c '
       set -e
       hostname "$1"
-      mount --bind "$2/host/$1/tmp" /tmp
+      # the shared paths under /tmp first, inside the host'"'"'s /tmp, carried along below
+      while IFS= read -r p; do
+        mkdir -p "$2/host/$1$p"
+        mount --bind "$p" "$2/host/$1$p"
+      done <"$2/shares"
+      mount --rbind "$2/host/$1/tmp" /tmp
       mount --bind "$2/hosts" /etc/hosts
       mount -t tmpfs -o mode=1777 tmpfs /dev/shm
       touch "$2/host/$1/ready"
@@ -355,6 +376,14 @@ start() {
   # Logs of an earlier cluster in DIR would mix with this one's.
   rm -rf "$dir/logs"
   mkdir -p "$dir/logs"
+  # The paths under /tmp the hosts are to see (--share), one per line, resolved.
+  local p
+  : >"$dir/shares"
+  for p in ${shares[@]+"${shares[@]}"}; do
+    [ -d "$p" ] || die "--share $p: no such directory"
+    p=$(realpath "$p")
+    case "$p" in /tmp/*) echo "$p" >>"$dir/shares" ;; /tmp) die "--share /tmp: share a folder under it" ;; esac
+  done
   # Take the first free id: `ip link add` of the bridge is the atomic claim.
   local id net=""
   for id in $(seq 1 200); do

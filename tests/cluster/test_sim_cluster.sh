@@ -16,7 +16,12 @@ fail() { echo "$name: FAIL: $*" >&2; exit 1; }
 
 work=$(mktemp -d /var/tmp/ncf-simtest-XXXXXX)
 dir="$work/c"
-trap '"$sim" --dir "$dir" stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+# a folder under this machine's /tmp that the hosts are given (--share), one they are not
+tmpshare=$(mktemp -d /tmp/ncf-simshare-XXXXXX)
+tmpown=$(mktemp -d /tmp/ncf-simown-XXXXXX)
+echo shared >"$tmpshare/f"
+echo private >"$tmpown/f"
+trap '"$sim" --dir "$dir" stop >/dev/null 2>&1 || true; rm -rf "$work" "$tmpshare" "$tmpown"' EXIT
 
 # leftovers PREFIX: what a cluster with that name prefix left (namespaces, links,
 # processes in them, munged of $dir, mounts of $dir); empty when clean.
@@ -41,7 +46,7 @@ clean_or_fail() {  # what, prefix
 }
 
 # --- 3 hosts: separation, sharing, mpirun across them ---------------------------------
-"$sim" --dir "$dir" --hosts 3 start >/dev/null
+"$sim" --dir "$dir" --hosts 3 --share "$tmpshare" start >/dev/null
 p=$(prefix_of)
 # The check of what stop leaves must see a running cluster.
 [ "$(leftovers "$p" | grep -c '^namespace ')" -eq 3 ] || fail "3 hosts are not 3 namespaces: $(leftovers "$p")"
@@ -56,6 +61,9 @@ for k in 1 2 3; do
   [ "$got" = "node$k node$k node1 node2 node3 " ] || fail "node$k sees /tmp, /dev/shm, shared files as '$got'"
 done
 [ ! -e /tmp/me ] || fail "a host's /tmp leaked into this machine's"
+# --share: the host sees that folder at its path (and starts in it), and no other of /tmp
+got=$(cd "$tmpshare" && "$sim" --dir "$dir" exec node2 sh -c 'pwd; cat f; cat '"$tmpown"'/f 2>/dev/null || echo none' | tr '\n' ' ')
+[ "$got" = "$tmpshare shared none " ] || fail "node2 sees the shared $tmpshare and the unshared $tmpown as '$got'"
 got=$("$sim" --dir "$dir" exec node3 getent hosts node1 | awk '{print $1}')
 [[ "$got" == 10.213.*.1 ]] || fail "node3 resolves node1 to '$got'"
 "$sim" --dir "$dir" exec node1 tc qdisc show dev eth0 | grep -q "tbf.*rate 1Gbit" ||
