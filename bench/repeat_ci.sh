@@ -7,7 +7,8 @@
 # one-node Slurm preemption test tests/slurm/test_preempt.sh, then every test across
 # simulated hosts, tests/cluster/run_all.sh, on that clone's build) M times in a row
 # (default 5), and
-# writes DIR (default bench/results/repeat_ci_<date>_<commit>/): runs.tsv (kind, round,
+# writes DIR (default build/repeat_ci_<date>_<commit>/, untracked: a CI run is a check, not a
+# benchmark record, so it does not go to bench/results/): runs.tsv (kind, round,
 # start, seconds, exit code), summary.md, and each run's log. Exit code 0 only when every
 # run passed. Needs what the runs need (root for the cluster and Slurm tests).
 set -euo pipefail
@@ -26,7 +27,7 @@ done
 commit=$(git -C "$root" rev-parse --short HEAD)
 [ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] ||
   echo "repeat_ci: note: the checkout has uncommitted changes; the clone runs $commit without them" >&2
-out=${out:-$root/bench/results/repeat_ci_$(date -u +%F)_$commit}
+out=${out:-$root/build/repeat_ci_$(date -u +%F)_$commit}
 mkdir -p "$out"
 clone=$(mktemp -d /var/tmp/ncf-repeat-XXXXXX)
 trap 'rm -rf "$clone"' EXIT
