@@ -359,6 +359,10 @@ int train_main(int& argc, char**& argv) {
                   cfg.init_from.c_str());
     }
   }
+  // Nothing to evaluate: --resume auto found no checkpoint (the same on every rank).
+  if (cfg.eval_only && !trainer.resumed() && cfg.init_from.empty())
+    NCF_FAIL("flag --eval_only: --resume ", cfg.resume, " found no checkpoint to evaluate in ",
+             cfg.checkpoint_dir);
   trainer.set_tensorboard(tb.get());
   if (tb) tb->session_start(trainer.global_step() + 1);
   if (cfg.eval_only) {
