@@ -290,7 +290,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "checkpoint when this many minutes passed since the last one (0: not by time)")
       ->capture_default_str();
   app.add_option("--keep_checkpoints", c.keep_checkpoints,
-                 "committed checkpoints to keep in --checkpoint_dir")
+                 "checkpoints that load to keep in --checkpoint_dir (older ones are removed; "
+                 "damaged ones are neither counted nor removed)")
       ->capture_default_str();
   app.add_option("--checkpoint_chunk_kib", c.checkpoint_chunk_kib,
                  "table rows a checkpoint stages per exchange, in KiB (bounds its extra memory)")
