@@ -283,6 +283,13 @@ TEST_F(Damaged, AutoOrRestartStartsOverNamingWhatItSkippedAndKeepsIt) {
       << r.output;
 }
 
+// auto_or_restart, like auto, needs the directory to look in.
+TEST_F(Damaged, AutoOrRestartWithoutACheckpointDirIsRefusedByName) {
+  expect_refused(run("timeout 120 " + command(1, "--resume auto_or_restart")),
+                 {"flag --resume auto_or_restart needs --checkpoint_dir (where to look)"},
+                 "no --checkpoint_dir");
+}
+
 // --keep_checkpoints N keeps N that load: a damaged newer one takes no place.
 TEST_F(Damaged, KeepCheckpointsCountsOnlyCheckpointsThatLoad) {
   TempDir t;
