@@ -174,6 +174,157 @@ TEST(Checkpoint, AutoTakesTheNewestWholeOneAndSaysWhyItSkippedOthers) {
   fs::remove_all(empty);
 }
 
+// One byte of file `name` of the checkpoint at `ck` changed.
+void flip_byte(const std::string& ck, const std::string& name, std::streamoff at) {
+  std::fstream f(ck + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+// Sealed checkpoints only, none of which loads: --resume auto stops naming
+// each and its fault and how to start over on purpose; auto_or_restart starts
+// over saying what it skipped; a directory of unsealed ones only is no error.
+TEST(Checkpoint, AutoStopsWhenNoSealedCheckpointLoadsAndAutoOrRestartStartsOver) {
+  SingleCommunicator comm;
+  const std::string dir = temp_dir("none_loads");
+  const std::string c10 = write_one(comm, dir, 10, 5), c20 = write_one(comm, dir, 20, 5);
+  flip_byte(c20, "a.bin", 7);
+  fs::resize_file(c10 + "/b.bin", 4);
+  std::vector<std::string> log;
+  std::vector<DamagedCheckpoint> damaged;
+  try {
+    find_checkpoint(comm, "auto", dir, &log, &damaged);
+    ADD_FAILURE() << "started over although sealed checkpoints were there";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const std::string& expect :
+         std::vector<std::string>{"flag --resume auto: --checkpoint_dir " + dir +
+                                      " holds 2 sealed checkpoints and none "
+                                      "loads: " +
+                                      c20 + ": file a.bin has CRC-32C ",
+                                  ", the manifest says 0x",
+                                  "; " + c10 + ": file b.bin has 4 bytes, the manifest says 10",
+                                  "pass --resume auto_or_restart to start from step 0 on purpose"})
+      EXPECT_NE(what.find(expect), std::string::npos) << expect << "\n" << what;
+  }
+  log.clear();
+  EXPECT_FALSE(find_checkpoint(comm, "auto_or_restart", dir, &log, &damaged).has_value());
+  ASSERT_EQ(damaged.size(), 2u);
+  EXPECT_EQ(damaged[0].path, c20);
+  EXPECT_EQ(damaged[1].path, c10);
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log.back().find("--resume auto_or_restart: none of the 2 sealed checkpoints in " + dir +
+                            " loads ("),
+            std::string::npos)
+      << log.back();
+  EXPECT_NE(log.back().find("starting from step 0, as asked"), std::string::npos) << log.back();
+  // The tools given the directory: refused, naming each.
+  try {
+    open_checkpoint(comm, dir, &log, "--init_from");
+    ADD_FAILURE() << "a tool took a damaged checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flag --init_from " + dir +
+                                         ": the directory holds 2 sealed checkpoints and none "
+                                         "loads: " +
+                                         c20 + ": file a.bin"),
+              std::string::npos)
+        << e.what();
+  }
+  // Unsealed ones only (no manifest: never finished): skipped, one line each.
+  fs::remove(c10 + "/manifest.json");
+  fs::remove(c20 + "/manifest.json");
+  log.clear();
+  EXPECT_FALSE(find_checkpoint(comm, "auto", dir, &log, &damaged).has_value());
+  EXPECT_TRUE(damaged.empty());
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_NE(log[0].find(c20 + ": not sealed"), std::string::npos) << log[0];
+  EXPECT_EQ(log[2],
+            "no sealed checkpoint in " + dir + " (2 unsealed skipped): starting from step 0");
+  fs::remove_all(dir);
+}
+
+// Of a newest damaged and an older whole one, the tools take the older one
+// and say what they skipped.
+TEST(Checkpoint, ToolsGivenADirectoryTakeTheNewestThatLoadsNamingTheSkipped) {
+  SingleCommunicator comm;
+  const std::string dir = temp_dir("tool_dir");
+  write_one(comm, dir, 10, 5);
+  const std::string c20 = write_one(comm, dir, 20, 5);
+  flip_byte(c20, "b.bin", 3);
+  std::vector<std::string> log;
+  const CheckpointReader ck = open_checkpoint(comm, dir, &log);
+  EXPECT_EQ(ck.manifest().step, 10);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[0].find("skipping sealed checkpoint " + c20 + ", which does not load: file b.bin"),
+            std::string::npos)
+      << log[0];
+  EXPECT_NE(log[1].find("the newer sealed checkpoint named above does not load"), std::string::npos)
+      << log[1];
+  fs::remove_all(dir);
+}
+
+// Retention counts only checkpoints that load: the damaged ones a resume
+// found, and ones whose manifest or file sizes are wrong, are neither counted
+// among the kept nor removed, so they never push out the last good one.
+TEST(Checkpoint, RetentionNeitherCountsNorRemovesCheckpointsThatDoNotLoad) {
+  SingleCommunicator comm;
+  const std::string dir = temp_dir("keep_good");
+  const std::string c5 = write_one(comm, dir, 5, 9), c6 = write_one(comm, dir, 6, 9);
+  const std::string c30 = write_one(comm, dir, 30, 9), c40 = write_one(comm, dir, 40, 9);
+  flip_byte(c40, "a.bin", 11);         // found by the resume's scan only
+  fs::resize_file(c30 + "/a.bin", 1);  // seen by its size
+  std::vector<std::string> log;
+  std::vector<DamagedCheckpoint> damaged;
+  ASSERT_EQ(find_checkpoint(comm, "auto", dir, &log, &damaged)->manifest().step, 6);
+  ASSERT_EQ(damaged.size(), 2u);
+  // A run resumed at 6 writes 7 and keeps 2: 7 and 6 load and stay; 5 goes;
+  // 40 and 30 stay, uncounted, with a note each.
+  CheckpointWriter w(comm, dir, 7);
+  w.set_damaged(damaged);
+  w.write("a.bin", 3, 0, "xyz", 3);
+  CheckpointManifest m;
+  m.config = nlohmann::json::object();
+  m.tables = nlohmann::json::array();
+  w.commit(m, 2);
+  EXPECT_TRUE(fs::exists(dir + "/" + checkpoint_name(7)));
+  EXPECT_TRUE(fs::exists(c6));
+  EXPECT_FALSE(fs::exists(c5));
+  EXPECT_TRUE(fs::exists(c40 + "/a.bin"));
+  EXPECT_TRUE(fs::exists(c30 + "/a.bin"));
+  std::string all;
+  for (const std::string& n : w.retention_notes()) all += n + "\n";
+  EXPECT_NE(all.find(checkpoint_name(40) + " alone: it did not load when this run started (file "
+                                           "a.bin has CRC-32C"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find(checkpoint_name(30) +
+                     " alone: it did not load when this run started (file a.bin has 1 bytes"),
+            std::string::npos)
+      << all;
+  // The same without the scan's list (a run that did not resume): 40 counts,
+  // as retention does not read the files; 30 still does not.
+  CheckpointWriter w2(comm, dir, 8);
+  w2.write("a.bin", 3, 0, "xyz", 3);
+  w2.commit(m, 2);
+  EXPECT_TRUE(fs::exists(c40));
+  EXPECT_TRUE(fs::exists(c30));
+  all.clear();
+  for (const std::string& n : w2.retention_notes()) all += n + "\n";
+  EXPECT_NE(all.find(checkpoint_name(30) +
+                     " alone: file a.bin has 1 bytes, the manifest says 1030; neither removed "
+                     "nor counted"),
+            std::string::npos)
+      << all;
+  EXPECT_TRUE(fs::exists(dir + "/" + checkpoint_name(8)));  // the newest that loads
+  EXPECT_FALSE(fs::exists(dir + "/" + checkpoint_name(7)));
+  EXPECT_FALSE(fs::exists(c6));
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, WritingTheSameStepAgainReplacesItWhole) {
   SingleCommunicator comm;
   const std::string dir = temp_dir("again");
@@ -375,7 +526,7 @@ TEST(Checkpoint, RetentionDeletesOnlyWholeCheckpointsOfItsOwnAndSaysWhatItLeft) 
   for (const std::string& expect : std::vector<std::string>{
            checkpoint_name(2) + " alone: it is a symbolic link",
            checkpoint_name(4) + " alone: it holds my-notes.txt, which its manifest does not list",
-           checkpoint_name(5) + " alone: its manifest does not load",
+           checkpoint_name(5) + " alone: it is not sealed (no manifest.json)",
            checkpoint_name(6) + " alone: it holds a symbolic link, b.bin.link",
            checkpoint_name(7) + " alone: it holds sub, which is not a regular file"})
     EXPECT_NE(all.find(expect), std::string::npos) << expect << "\n" << all;

@@ -4,10 +4,14 @@
 //   ncf_export --checkpoint ck/step-000000000800 --format npy --output emb/ --data_dir data
 //   ncf_export --checkpoint ck/step-000000000800 --format npy --output d/ --since ck/step-...400
 //   ncf_export --apply d/ --base emb400/ --output emb800/
+//   ncf_export --verify ck              (every checkpoint in ck, read whole and checked)
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "comm/bootstrap.h"
+#include "comm/single_communicator.h"
 #include "common/check.h"
 #include "export/delta.h"
 #include "export/npy.h"
@@ -22,6 +26,131 @@
 namespace ncf {
 namespace {
 
+// What a checkpoint that passed --verify holds, in one line.
+std::string describe(const CheckpointManifest& m, const TrainConfig& c, int64_t bytes) {
+  std::string tables;
+  for (const auto& t : m.tables)
+    if (t.is_object() && t.contains("name") && t.contains("rows") && t.contains("width"))
+      tables += (tables.empty() ? "" : ", ") + t["name"].get<std::string>() + " " +
+                std::to_string(t["rows"].get<int64_t>()) + " x " +
+                std::to_string(t["width"].get<int64_t>());
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%zu files, %.2f MiB", m.files.size() + 1,
+                double(bytes) / 1048576.0);
+  return "step " + std::to_string(m.step) + " (epoch " + std::to_string(m.epoch + 1) + ", " +
+         std::to_string(m.epoch_step) + " of its steps), dataset " + m.dataset_id + ", tables " +
+         tables + ", table dtype " + c.table_dtype + ", exchange dtype " + c.exchange_dtype +
+         ", embedding optimizer " + c.embedding_optimizer + " (tower: Adam), written by " +
+         std::to_string(m.world) + " rank" + (m.world == 1 ? "" : "s") + ", " + buf;
+}
+
+// Why the checkpoint at `path` is damaged ("" when whole): its manifest (its
+// own checksum, fields, flags), every file read whole against its size and
+// CRC-32C, each table's state files against the sizes its rows and width
+// give, the tower against the model's shape, the id maps (read and checked),
+// the loss shares, and the dataset (that of `data_dir` or one it extends,
+// when given). *line describes a whole one.
+std::string verify_one(const std::string& path, const std::string& data_dir,
+                       const DatasetMeta* meta, std::string* line) {
+  SingleCommunicator comm;
+  CheckpointManifest m;
+  const std::string why = check_checkpoint(comm, path, &m);
+  if (!why.empty()) return why;
+  try {
+    auto reader = std::make_shared<const CheckpointReader>(path, m);
+    const std::string where = path + "/" + kCheckpointManifestFile;
+    TrainConfig c;
+    apply_trajectory_flags(m.config, where, &c);
+    if (m.dataset_id.empty()) return "the manifest names no dataset (dataset_id is empty)";
+    const TrainedModel model = trained_model_of(reader);  // the tower and the tables' widths
+    for (const auto& t : m.tables) {
+      if (!t.is_object() || !t.contains("name") || !t.contains("rows") || !t.contains("width") ||
+          !t.contains("arrays") || !t["arrays"].is_array() || !t["rows"].is_number_integer() ||
+          !t["width"].is_number_integer() || !t["name"].is_string())
+        return "the manifest's \"tables\" entry " + t.dump() +
+               " is not {name, rows, width, arrays}";
+      const int64_t rows = t["rows"].get<int64_t>(), width = t["width"].get<int64_t>();
+      for (const auto& a : t["arrays"]) {
+        if (!a.is_string()) return "the manifest's table arrays " + t["arrays"].dump();
+        const std::string name = t["name"].get<std::string>() + "." + a.get<std::string>() + ".f32";
+        const int64_t w = a.get<std::string>() == "row_accumulator" ? 1 : width;
+        const int64_t bytes = reader->bytes(name);
+        if (bytes != rows * w * 4)
+          return "file " + name + " has " + std::to_string(bytes) + " bytes, table " +
+                 t["name"].get<std::string>() + " needs " + std::to_string(rows) + " rows x " +
+                 std::to_string(w) + " floats (" + std::to_string(rows * w * 4) + ")";
+      }
+    }
+    if (reader->bytes("loss.f64") != int64_t(m.world) * m.epoch_step * 8)
+      return "file loss.f64 has " + std::to_string(reader->bytes("loss.f64")) + " bytes for " +
+             std::to_string(m.world) + " ranks x " + std::to_string(m.epoch_step) + " steps";
+    reader->id_maps();  // read and checked
+    if (meta != nullptr && m.dataset_id != meta->dataset_id) {
+      const std::vector<std::string> anc = meta->ancestors();
+      if (std::find(anc.begin(), anc.end(), m.dataset_id) == anc.end())
+        return "it belongs to dataset " + m.dataset_id + ", which is neither --data_dir " +
+               data_dir + " (dataset " + meta->dataset_id + ") nor one it extends";
+    }
+    int64_t bytes = 0;
+    for (const CheckpointFile& f : m.files) bytes += f.bytes;
+    *line = describe(m, c, bytes);
+    if (!m.unsealed_warning.empty()) *line += "; warning: " + m.unsealed_warning;
+    (void)model;
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ncf_export --verify PATH: a checkpoint, or every checkpoint of a directory.
+int verify_main(const std::string& path, const std::string& data_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> targets;
+  const std::string leaf = fs::path(path).lexically_normal().filename().string();
+  if (fs::exists(fs::path(path) / kCheckpointManifestFile, ec) || leaf.rfind("step-", 0) == 0) {
+    targets.push_back(path);
+  } else if (fs::is_directory(path, ec)) {
+    const CheckpointDirListing l = list_checkpoint_dir(path);
+    for (const auto& [step, p] : l.unsealed)
+      std::printf(
+          "ncf_export: %s: not sealed (no %s: a checkpoint that was never finished; "
+          "never loaded)\n",
+          p.c_str(), kCheckpointManifestFile);
+    for (const auto& [step, p] : l.sealed) targets.push_back(p);
+    if (targets.empty())
+      NCF_FAIL("flag --verify ", path, ": no sealed checkpoint there",
+               l.unsealed.empty() ? std::string()
+                                  : " (" + std::to_string(l.unsealed.size()) + " unsealed)");
+  } else {
+    NCF_FAIL("flag --verify ", path, ": no such checkpoint or directory");
+  }
+  std::unique_ptr<DatasetMeta> meta;
+  if (!data_dir.empty()) meta = std::make_unique<DatasetMeta>(DatasetMeta::load(data_dir));
+  std::string faults;
+  size_t damaged = 0;
+  for (const std::string& t : targets) {
+    std::string line;
+    const std::string why = verify_one(t, data_dir, meta.get(), &line);
+    if (why.empty()) {
+      std::printf("ncf_export: %s: whole: %s\n", t.c_str(), line.c_str());
+    } else {
+      ++damaged;
+      faults += (faults.empty() ? "" : "; ") + t + ": " + why;
+      std::printf("ncf_export: %s: DAMAGED: %s\n", t.c_str(), why.c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (damaged > 0)
+    NCF_FAIL("flag --verify ", path, ": ", damaged, " of ", targets.size(), " sealed checkpoint",
+             targets.size() == 1 ? "" : "s", " damaged: ", faults);
+  std::printf("ncf_export: --verify %s: %zu checkpoint%s, all whole\n", path.c_str(),
+              targets.size(), targets.size() == 1 ? "" : "s");
+  return 0;
+}
+
 int export_main(int& argc, char**& argv) {
   std::string checkpoint, format, output, data_dir, since, apply, base, external = "auto";
   CLI::App app{
@@ -30,16 +159,26 @@ int export_main(int& argc, char**& argv) {
       "  ncf_export --checkpoint ck --format onnx --output neumf.onnx\n"
       "  ncf_export --checkpoint ck --format npy --output emb\n"
       "  ncf_export --checkpoint ck --format npy --output delta --since older_ck\n"
-      "  ncf_export --apply delta --base older_emb --output emb"};
+      "  ncf_export --apply delta --base older_emb --output emb\n"
+      "  ncf_export --verify ck"};
+  std::string verify;
   auto* checkpoint_opt = app.add_option(
       "--checkpoint", checkpoint,
       "a checkpoint (DIR/step-N) or a --checkpoint_dir (its newest whole checkpoint)");
   auto* format_opt =
       app.add_option("--format", format, "onnx or npy")->check(CLI::IsMember({"onnx", "npy"}));
-  app.add_option("--output", output,
-                 "the .onnx file, or the directory of .npy files (of the delta with --since, of "
-                 "the new export with --apply)")
-      ->required();
+  auto* output_opt = app.add_option(
+      "--output", output,
+      "the .onnx file, or the directory of .npy files (of the delta with --since, of "
+      "the new export with --apply)");
+  auto* verify_opt = app.add_option(
+      "--verify", verify,
+      "check a checkpoint (DIR/step-N), or every checkpoint of a --checkpoint_dir, before you "
+      "copy, delete or serve it: every file read whole against its size and CRC-32C, the "
+      "manifest's own checksum, the tables' sizes, the tower, the id maps and the dataset "
+      "(with --data_dir: that dataset or one it extends); prints each one's step, dataset, "
+      "dtypes and optimizer, and exits 1 naming the first fault of each damaged one. Writes "
+      "nothing");
   auto* data_dir_opt = app.add_option(
       "--data_dir", data_dir,
       "npy: the dataset whose original ids become user_ids.npy and item_ids.npy when the "
@@ -78,6 +217,22 @@ int export_main(int& argc, char**& argv) {
     throw_if_range_refusal(e);
     return app.exit(e);
   }
+  if (verify_opt->count() > 0) {
+    for (const auto& [o, name] :
+         {std::pair<const CLI::Option*, const char*>{checkpoint_opt, "--checkpoint"},
+          {format_opt, "--format"},
+          {output_opt, "--output"},
+          {since_opt, "--since"},
+          {apply_opt, "--apply"},
+          {base_opt, "--base"},
+          {external_opt, "--external_data"},
+          {external_bytes_opt, "--external_data_bytes"}})
+      if (o->count() > 0)
+        NCF_FAIL("flag ", name, " does not go with --verify (which checks ", verify,
+                 " and writes nothing)");
+    return verify_main(verify, data_dir);
+  }
+  if (output_opt->count() == 0) NCF_FAIL("flag --output is required");
   if (apply_opt->count() == 0) {
     if (checkpoint_opt->count() == 0)
       NCF_FAIL("flag --checkpoint is required (or --apply DELTA_DIR --base EXPORT_DIR)");

@@ -33,8 +33,30 @@ int64_t export_piece_rows(int D) { return std::max<int64_t>(1, (int64_t{64} << 2
 TrainedModel load_trained_model(const std::string& checkpoint) {
   SingleCommunicator comm;
   std::vector<std::string> log;
+  TrainedModel m = trained_model_of(
+      std::make_shared<const CheckpointReader>(open_checkpoint(comm, checkpoint, &log)));
+  // A directory whose newer checkpoints did not load: say which were skipped
+  // and which one was taken (nothing is skipped without a word).
+  if (log.size() > 1 || (log.size() == 1 && log[0].rfind("resuming from ", 0) != 0)) {
+    std::vector<std::string> lines;
+    for (const std::string& line : log) {
+      if (line.rfind("resuming from ", 0) == 0)
+        lines.push_back("taking " + line.substr(14));
+      else if (line.rfind("warning: ", 0) == 0)
+        lines.push_back(line.substr(9));
+      else
+        lines.push_back(line);
+    }
+    for (const std::string& w : m.warnings)
+      if (std::find(lines.begin(), lines.end(), w) == lines.end()) lines.push_back(w);
+    m.warnings = lines;
+  }
+  return m;
+}
+
+TrainedModel trained_model_of(std::shared_ptr<const CheckpointReader> reader) {
   TrainedModel m;
-  m.reader = std::make_shared<const CheckpointReader>(open_checkpoint(comm, checkpoint, &log));
+  m.reader = std::move(reader);
   const CheckpointReader& ck = *m.reader;
   m.path = ck.path();
   m.manifest = ck.manifest();

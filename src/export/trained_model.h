@@ -46,5 +46,8 @@ int64_t export_piece_rows(int D);
 // --checkpoint: a checkpoint or a directory of them (train/checkpoint.h:
 // open_checkpoint), every file checked against its size and CRC first.
 TrainedModel load_trained_model(const std::string& checkpoint);
+// The same for a checkpoint whose files were checked already (ncf_export
+// --verify): the shape checks and the tower, without reading the files again.
+TrainedModel trained_model_of(std::shared_ptr<const CheckpointReader> reader);
 
 }  // namespace ncf

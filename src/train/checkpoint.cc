@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -103,6 +104,33 @@ std::string remove_own_directory(const fs::path& path, bool committed) {
   }
   fs::remove(path, ec);  // fails, and says so, if something appeared meanwhile
   if (ec) return "cannot remove it: " + ec.message();
+  return "";
+}
+
+// What makes the committed checkpoint at `path` fail to load that is seen
+// without reading its data ("" when nothing is): its manifest, and every
+// file's presence and size. Retention counts only checkpoints that pass, so
+// that damaged ones never take the place of one that loads.
+std::string quick_fault(const fs::path& path) {
+  CheckpointManifest m;
+  std::error_code ec;
+  if (!fs::exists(path / kCheckpointManifestFile, ec))
+    return std::string("it is not sealed (no ") + kCheckpointManifestFile + ")";
+  try {
+    m = CheckpointManifest::load((path / kCheckpointManifestFile).string());
+  } catch (const std::exception& e) {
+    return "its manifest does not load (" + message_of(e) + ")";
+  }
+  for (const CheckpointFile& f : m.files) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path / f.name, ec);
+    if (ec || !fs::is_regular_file(st)) return "file " + f.name + " is missing";
+    const uintmax_t size = fs::file_size(path / f.name, ec);
+    if (ec) return "file " + f.name + " cannot be read: " + ec.message();
+    if (int64_t(size) != f.bytes)
+      return "file " + f.name + " has " + std::to_string(size) + " bytes, the manifest says " +
+             std::to_string(f.bytes);
+  }
   return "";
 }
 
@@ -460,12 +488,24 @@ std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {
       const std::string note = "retention left " + p.string() + " alone: " + why;
       if (first_time(note)) notes_.push_back(note);
     };
+    auto damaged_at = [&](const fs::path& p) -> const DamagedCheckpoint* {
+      for (const DamagedCheckpoint& d : damaged_)
+        if (fs::path(d.path).filename() == p.filename()) return &d;
+      return nullptr;
+    };
     int kept = 0;
     for (const auto& [step, p] : committed) {
       std::error_code lec;
       if (fs::is_symlink(fs::symlink_status(p, lec))) {
         leave(p, "it is a symbolic link (neither removed nor counted among the kept)");
-      } else if (p == fs::path(final_) || kept < std::max(keep, 1)) {
+      } else if (p.filename() == fs::path(final_).filename()) {
+        ++kept;
+      } else if (const DamagedCheckpoint* d = damaged_at(p)) {
+        leave(p, "it did not load when this run started (" + d->why +
+                     "); neither removed nor counted among the --keep_checkpoints");
+      } else if (const std::string why = quick_fault(p); !why.empty()) {
+        leave(p, why + "; neither removed nor counted among the --keep_checkpoints");
+      } else if (kept < std::max(keep, 1)) {
         ++kept;
       } else {
         const std::string why = remove_own_directory(p, true);
@@ -480,6 +520,10 @@ std::string CheckpointWriter::commit(CheckpointManifest manifest, int keep) {
   }
   comm_.barrier();
   return final_;
+}
+
+void CheckpointWriter::set_damaged(const std::vector<DamagedCheckpoint>& damaged) {
+  damaged_ = damaged;
 }
 
 // ------------------------------------------------------------------ reader ---
@@ -579,46 +623,154 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
   return "";
 }
 
+CheckpointDirListing list_checkpoint_dir(const std::string& dir) {
+  CheckpointDirListing out;
+  for (const auto& [step, path] : list_checkpoints(dir)) {
+    std::error_code ec;
+    if (fs::exists(fs::path(path) / kCheckpointManifestFile, ec))
+      out.sealed.emplace_back(step, path);
+    else
+      out.unsealed.emplace_back(step, path);
+  }
+  return out;
+}
+
+namespace {
+
+// Rank 0's listing of `dir`, the same on every rank (a file system's caches
+// may show ranks different listings; every rank must check the same
+// checkpoints in the same order, or the collectives would not match): each
+// step-N directory, newest first, with whether it is sealed.
+std::vector<std::pair<int64_t, bool>> shared_listing(Communicator& comm, const std::string& dir) {
+  std::vector<int64_t> codes;
+  if (comm.rank() == 0) {
+    const CheckpointDirListing l = list_checkpoint_dir(dir);
+    for (const auto& [step, path] : l.sealed) codes.push_back(step * 2 + 1);
+    for (const auto& [step, path] : l.unsealed) codes.push_back(step * 2);
+    std::sort(codes.begin(), codes.end(), std::greater<int64_t>());
+  }
+  int64_t n = int64_t(codes.size());
+  all_reduce_sum_on(comm, Device::kCpu, &n, 1, DType::kInt64);
+  codes.resize(size_t(n), 0);
+  if (n > 0) all_reduce_sum_on(comm, Device::kCpu, codes.data(), codes.size(), DType::kInt64);
+  std::vector<std::pair<int64_t, bool>> out;
+  for (int64_t c : codes) out.emplace_back(c / 2, c % 2 == 1);
+  return out;
+}
+
+// "DIR/step-…60: why; DIR/step-…40: why"
+std::string damaged_list(const std::vector<DamagedCheckpoint>& bad) {
+  std::string s;
+  for (const DamagedCheckpoint& d : bad) s += (s.empty() ? "" : "; ") + d.path + ": " + d.why;
+  return s;
+}
+
+std::string sealed_count(size_t n) {
+  return std::to_string(n) + " sealed checkpoint" + (n == 1 ? "" : "s");
+}
+
+// The newest sealed checkpoint in `dir` that loads, or none; the sealed ones
+// newer than it (all of them when none loads) in *bad, and lines for the log.
+std::optional<CheckpointReader> newest_loadable(Communicator& comm, const std::string& dir,
+                                                std::vector<std::string>* log,
+                                                std::vector<DamagedCheckpoint>* bad,
+                                                size_t* unsealed) {
+  bad->clear();
+  *unsealed = 0;
+  for (const auto& [step, sealed] : shared_listing(comm, dir)) {
+    const std::string path = (fs::path(dir) / checkpoint_name(step)).string();
+    if (!sealed) {
+      ++*unsealed;
+      log->push_back("skipping " + path + ": not sealed (no " + kCheckpointManifestFile +
+                     ": a checkpoint that was never finished)");
+      continue;
+    }
+    CheckpointManifest m;
+    const std::string why = check_checkpoint(comm, path, &m);
+    if (why.empty()) {
+      std::string line = "resuming from " + path + " (step " + std::to_string(m.step) + ", epoch " +
+                         std::to_string(m.epoch + 1) + " after " + std::to_string(m.epoch_step) +
+                         " of its steps)";
+      if (bad->size() == 1)
+        line += "; the newer sealed checkpoint named above does not load and stays in " + dir;
+      else if (bad->size() > 1)
+        line += "; the " + std::to_string(bad->size()) +
+                " newer sealed checkpoints named above do not load and stay in " + dir;
+      log->push_back(line);
+      if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
+      return CheckpointReader(path, m);
+    }
+    bad->push_back({path, why});
+    log->push_back("warning: skipping sealed checkpoint " + path + ", which does not load: " + why);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::string& resume,
                                                 const std::string& dir,
-                                                std::vector<std::string>* log) {
+                                                std::vector<std::string>* log,
+                                                std::vector<DamagedCheckpoint>* damaged) {
+  if (damaged) damaged->clear();
   if (resume == "never") return std::nullopt;
   CheckpointManifest m;
-  if (resume != "auto") {
+  if (resume != "auto" && resume != "auto_or_restart") {
     const std::string why = check_checkpoint(comm, resume, &m);
     if (!why.empty()) NCF_FAIL("flag --resume ", resume, ": cannot load this checkpoint: ", why);
     log->push_back("resuming from " + resume + " (step " + std::to_string(m.step) + ")");
     if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
     return CheckpointReader(resume, m);
   }
-  NCF_CHECK(!dir.empty(), "flag --resume auto needs --checkpoint_dir");
-  const auto all = list_checkpoints(dir);
-  for (const auto& [step, path] : all) {
-    const std::string why = check_checkpoint(comm, path, &m);
-    if (why.empty()) {
-      log->push_back("resuming from " + path + " (step " + std::to_string(m.step) + ", epoch " +
-                     std::to_string(m.epoch + 1) + " after " + std::to_string(m.epoch_step) +
-                     " of its steps)");
-      if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
-      return CheckpointReader(path, m);
-    }
-    log->push_back("skipping checkpoint " + path + ": " + why);
+  NCF_CHECK(!dir.empty(), "flag --resume ", resume, " needs --checkpoint_dir");
+  std::vector<DamagedCheckpoint> bad;
+  size_t unsealed = 0;
+  std::optional<CheckpointReader> ck = newest_loadable(comm, dir, log, &bad, &unsealed);
+  if (damaged) *damaged = bad;
+  if (ck) return ck;
+  if (bad.empty()) {
+    log->push_back((unsealed == 0 ? "no checkpoint in " + dir
+                                  : "no sealed checkpoint in " + dir + " (" +
+                                        std::to_string(unsealed) + " unsealed skipped)") +
+                   ": starting from step 0");
+    return std::nullopt;
   }
-  log->push_back(all.empty() ? "no checkpoint in " + dir + ": starting from step 0"
-                             : "no whole checkpoint in " + dir + ": starting from step 0");
-  return std::nullopt;
+  if (resume == "auto_or_restart") {
+    log->push_back("--resume auto_or_restart: none of the " + sealed_count(bad.size()) + " in " +
+                   dir + " loads (" + damaged_list(bad) +
+                   "): starting from step 0, as asked; they stay in " + dir);
+    return std::nullopt;
+  }
+  NCF_FAIL("flag --resume auto: --checkpoint_dir ", dir, " holds ", sealed_count(bad.size()),
+           " and none loads: ", damaged_list(bad),
+           ". Nothing was trained: restore an intact copy of a checkpoint (ncf_export --verify "
+           "checks one), or pass --resume auto_or_restart to start from step 0 on purpose");
 }
 
 CheckpointReader open_checkpoint(Communicator& comm, const std::string& path,
-                                 std::vector<std::string>* log) {
-  namespace fs = std::filesystem;
-  const bool one = fs::exists(fs::path(path) / kCheckpointManifestFile);
+                                 std::vector<std::string>* log, const std::string& flag) {
+  const bool one = fs::exists(fs::path(path) / kCheckpointManifestFile) ||
+                   step_of(fs::path(path).filename().string()) >= 0;
   if (!one && !fs::is_directory(path))
-    NCF_FAIL("--checkpoint ", path, ": no such checkpoint or directory");
-  std::optional<CheckpointReader> ck =
-      find_checkpoint(comm, one ? path : "auto", one ? "" : path, log);
-  if (!ck) NCF_FAIL("--checkpoint ", path, ": no whole checkpoint there");
-  return std::move(*ck);
+    NCF_FAIL("flag ", flag, " ", path, ": no such checkpoint or directory");
+  if (one) {
+    CheckpointManifest m;
+    const std::string why = check_checkpoint(comm, path, &m);
+    if (!why.empty()) NCF_FAIL("flag ", flag, " ", path, ": cannot load this checkpoint: ", why);
+    log->push_back("resuming from " + path + " (step " + std::to_string(m.step) + ")");
+    if (!m.unsealed_warning.empty()) log->push_back("warning: " + m.unsealed_warning);
+    return CheckpointReader(path, m);
+  }
+  std::vector<DamagedCheckpoint> bad;
+  size_t unsealed = 0;
+  std::optional<CheckpointReader> ck = newest_loadable(comm, path, log, &bad, &unsealed);
+  if (ck) return std::move(*ck);
+  if (!bad.empty())
+    NCF_FAIL("flag ", flag, " ", path, ": the directory holds ", sealed_count(bad.size()),
+             " and none loads: ", damaged_list(bad));
+  NCF_FAIL("flag ", flag, " ", path, ": no whole checkpoint there",
+           unsealed > 0 ? " (only " + std::to_string(unsealed) + " unsealed, never finished)"
+                        : std::string());
 }
 
 }  // namespace ncf

@@ -97,6 +97,13 @@ uint32_t checkpoint_manifest_crc32c(const nlohmann::json& j);
 // "step-000000000120": the directory name of the checkpoint at step `step`.
 std::string checkpoint_name(int64_t step);
 
+// A sealed checkpoint that does not load, and why (the first fault found:
+// the manifest, or a file with what the manifest expects and what was found).
+struct DamagedCheckpoint {
+  std::string path;
+  std::string why;
+};
+
 // Writes one checkpoint. Every method is collective.
 class CheckpointWriter {
  public:
@@ -122,6 +129,10 @@ class CheckpointWriter {
   int64_t bytes_written() const { return bytes_; }  // by all ranks
   // Rank 0, after commit: what retention left in DIR and why, a line each.
   const std::vector<std::string>& retention_notes() const { return notes_; }
+  // Sealed checkpoints known not to load (found so by find_checkpoint at the
+  // start of this run): retention neither counts them among the `keep` nor
+  // removes them, so damaged checkpoints never push out the last good one.
+  void set_damaged(const std::vector<DamagedCheckpoint>& damaged);
 
  private:
   Communicator& comm_;
@@ -135,6 +146,7 @@ class CheckpointWriter {
   off_t part_flushed_ = 0;  // the part's bytes before this are on disk and out of the cache
   uint32_t part_crc_ = 0;
   std::vector<std::string> notes_;
+  std::vector<DamagedCheckpoint> damaged_;
 };
 
 // The rows of a table in a checkpoint (manifest "tables"); an error naming the
@@ -160,23 +172,42 @@ class CheckpointReader {
   CheckpointManifest manifest_;
 };
 
+// A checkpoint directory's step-N directories, newest first: sealed ones
+// (with a manifest.json: ncf_dist renamed them into place whole, so one that
+// does not load was damaged afterwards) and unsealed ones (no manifest: not
+// a checkpoint this program finished; never loaded, skipped quietly).
+struct CheckpointDirListing {
+  std::vector<std::pair<int64_t, std::string>> sealed, unsealed;  // (step, path)
+};
+CheckpointDirListing list_checkpoint_dir(const std::string& dir);
+
 // The checkpoint --resume asks for, checked (collective: each rank checksums
-// a part of every file). `resume`:
-//   "never"  nothing;
-//   "auto"   the newest committed checkpoint in `dir` that is whole, or nothing
-//            when there is none;
-//   a path   that checkpoint, which must be whole.
-// Lines for the log (rank 0 prints them) say which one was taken and why each
-// newer one was skipped.
+// a part of every file; every decision is the same on every rank). `resume`:
+//   "never"            nothing;
+//   "auto"             the newest sealed checkpoint in `dir` that loads; nothing
+//                      when `dir` holds no sealed checkpoint; an error on every
+//                      rank, naming each damaged checkpoint and what is wrong
+//                      with it, when it holds sealed ones and none loads;
+//   "auto_or_restart"  the same, but nothing (start from step 0, naming what
+//                      was skipped) where "auto" stops;
+//   a path             that checkpoint, which must be whole.
+// Lines for the log (rank 0 prints them) say which one was taken and name
+// each newer sealed one that was skipped and why (an unsealed one gets a
+// short line). `damaged` (optional) gets the sealed checkpoints that did not
+// load, so that retention neither counts nor removes them.
 std::optional<CheckpointReader> find_checkpoint(Communicator& comm, const std::string& resume,
                                                 const std::string& dir,
-                                                std::vector<std::string>* log);
+                                                std::vector<std::string>* log,
+                                                std::vector<DamagedCheckpoint>* damaged = nullptr);
 
-// What a tool's --checkpoint names: a checkpoint (DIR/step-N, checked whole)
-// or a directory of them (its newest whole one). Errors name the flag and path.
-// Collective.
+// What a tool's --checkpoint (or `flag`: --init_from) names: a checkpoint
+// (DIR/step-N, checked whole) or a directory of them (its newest sealed one
+// that loads, naming in *log the newer ones skipped). Errors name the flag and
+// path; a directory whose sealed checkpoints all fail is refused naming each
+// and its fault. Collective.
 CheckpointReader open_checkpoint(Communicator& comm, const std::string& path,
-                                 std::vector<std::string>* log);
+                                 std::vector<std::string>* log,
+                                 const std::string& flag = "--checkpoint");
 
 // Why the checkpoint at `path` cannot be loaded ("" when it can): its
 // manifest, then every file's size and CRC-32C. Collective.

@@ -290,7 +290,8 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "checkpoint when this many minutes passed since the last one (0: not by time)")
       ->capture_default_str();
   app.add_option("--keep_checkpoints", c.keep_checkpoints,
-                 "committed checkpoints to keep in --checkpoint_dir")
+                 "checkpoints that load to keep in --checkpoint_dir (older ones are removed; "
+                 "damaged ones are neither counted nor removed)")
       ->capture_default_str();
   app.add_option("--checkpoint_chunk_kib", c.checkpoint_chunk_kib,
                  "table rows a checkpoint stages per exchange, in KiB (bounds its extra memory)")
@@ -303,8 +304,11 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "setting if larger")
       ->capture_default_str();
   app.add_option("--resume", c.resume,
-                 "never, auto (the newest whole checkpoint in --checkpoint_dir, if any), or "
-                 "the path of one checkpoint")
+                 "never; auto: the newest sealed checkpoint in --checkpoint_dir that loads "
+                 "(step 0 when there is none; an error naming each damaged one when it holds "
+                 "sealed checkpoints and none loads); auto_or_restart: the same, but step 0 "
+                 "instead of that error (naming what it skipped); or the path of one "
+                 "checkpoint")
       ->capture_default_str();
   app.add_option("--init_from", c.init_from,
                  "warm start from this checkpoint (DIR/step-N or a checkpoint directory) of the "
@@ -392,9 +396,10 @@ void validate_config(const TrainConfig& c) {
         "--checkpoint_dir");
   if ((c.checkpoint_every_steps > 0 || c.checkpoint_every_minutes > 0) && c.checkpoint_dir.empty())
     NCF_FAIL("flags --checkpoint_every_steps/--checkpoint_every_minutes need --checkpoint_dir");
-  if (c.resume == "auto" && c.checkpoint_dir.empty())
-    NCF_FAIL("flag --resume auto needs --checkpoint_dir (where to look)");
-  if (c.resume.empty()) NCF_FAIL("flag --resume: empty (never, auto or a checkpoint path)");
+  if ((c.resume == "auto" || c.resume == "auto_or_restart") && c.checkpoint_dir.empty())
+    NCF_FAIL("flag --resume ", c.resume, " needs --checkpoint_dir (where to look)");
+  if (c.resume.empty())
+    NCF_FAIL("flag --resume: empty (never, auto, auto_or_restart or a checkpoint path)");
   for (const std::string& f : c.allow_changed)
     if (std::find(changeable_flags().begin(), changeable_flags().end(), f) ==
         changeable_flags().end())

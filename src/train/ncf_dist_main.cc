@@ -340,10 +340,6 @@ int train_main(int& argc, char**& argv) {
     metrics.open(cfg.metrics_json, std::ios::app);
     if (!metrics) NCF_FAIL("flag --metrics_json: cannot open ", cfg.metrics_json, " for writing");
   }
-  if (lead)
-    std::printf("%6s %9s %8s %8s %9s %12s %8s\n", "epoch", "loss",
-                ("HR@" + std::to_string(cfg.topk)).c_str(),
-                ("NDCG@" + std::to_string(cfg.topk)).c_str(), "train_s", "samples/s", "eval_s");
   if (trainer.checkpointing()) {
     trainer.set_stop_flag(&g_stop_signal);
     install_stop_handlers();
@@ -359,6 +355,15 @@ int train_main(int& argc, char**& argv) {
                   cfg.init_from.c_str());
     }
   }
+  // The epoch lines' header, after what the checkpoint search printed.
+  if (lead)
+    std::printf("%6s %9s %8s %8s %9s %12s %8s\n", "epoch", "loss",
+                ("HR@" + std::to_string(cfg.topk)).c_str(),
+                ("NDCG@" + std::to_string(cfg.topk)).c_str(), "train_s", "samples/s", "eval_s");
+  // Nothing to evaluate: --resume auto found no checkpoint (the same on every rank).
+  if (cfg.eval_only && !trainer.resumed() && cfg.init_from.empty())
+    NCF_FAIL("flag --eval_only: --resume ", cfg.resume, " found no checkpoint to evaluate in ",
+             cfg.checkpoint_dir);
   trainer.set_tensorboard(tb.get());
   if (tb) tb->session_start(trainer.global_step() + 1);
   if (cfg.eval_only) {

@@ -870,6 +870,7 @@ std::string Trainer::save_checkpoint(int64_t epoch, int64_t epoch_step) {
   // with it (run_main).
   if (lock_ != nullptr && r == 0) lock_->check_held("checkpoint " + checkpoint_name(state_.t));
   CheckpointWriter w(comm_, cfg_.checkpoint_dir, state_.t);
+  w.set_damaged(damaged_);
   // The tower and its Adam moments: rank 0 writes them (every rank holds them).
   const int64_t params = model_->num_params();
   {
@@ -968,8 +969,28 @@ void Trainer::save_final_checkpoint() {
 Trainer::Position Trainer::resume() {
   std::vector<std::string> log;
   std::optional<CheckpointReader> ck =
-      find_checkpoint(comm_, cfg_.resume, cfg_.checkpoint_dir, &log);
+      find_checkpoint(comm_, cfg_.resume, cfg_.checkpoint_dir, &log, &damaged_);
   if (comm_.rank() == 0) {
+    if (checkpointing() && !cfg_.eval_only) {
+      // What the directory holds, before anything is written or removed there.
+      const CheckpointDirListing l = list_checkpoint_dir(cfg_.checkpoint_dir);
+      std::string steps;
+      for (const auto& [step, path] : l.sealed)
+        steps += (steps.empty() ? " (steps " : ", ") + std::to_string(step);
+      std::printf(
+          "ncf_dist: checkpoint directory %s: %zu sealed checkpoint%s%s%s; retention keeps the "
+          "newest %d that load (--keep_checkpoints)%s\n",
+          cfg_.checkpoint_dir.c_str(), l.sealed.size(), l.sealed.size() == 1 ? "" : "s",
+          steps.empty() ? "" : (steps + ")").c_str(),
+          l.unsealed.empty() ? ""
+                             : (", " + std::to_string(l.unsealed.size()) + " unsealed").c_str(),
+          cfg_.keep_checkpoints,
+          damaged_.empty() ? ""
+          : damaged_.size() == 1
+              ? " and leaves the one that does not load"
+              : (" and leaves the " + std::to_string(damaged_.size()) + " that do not load")
+                    .c_str());
+    }
     for (const std::string& line : log) std::printf("ncf_dist: %s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -1074,7 +1095,14 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
 void Trainer::warm_start() {
   const int W = comm_.world(), r = comm_.rank();
   std::vector<std::string> log;
-  const CheckpointReader ck = open_checkpoint(comm_, cfg_.init_from, &log);
+  const CheckpointReader ck = open_checkpoint(comm_, cfg_.init_from, &log, "--init_from");
+  if (r == 0) {
+    for (std::string line : log) {
+      if (line.rfind("resuming from ", 0) == 0) line = "warm start from " + line.substr(14);
+      std::printf("ncf_dist: --init_from: %s\n", line.c_str());
+    }
+    std::fflush(stdout);
+  }
   const CheckpointManifest& m = ck.manifest();
   const std::string& path = ck.path();
   const std::vector<std::string> ancestors = meta_.ancestors();

@@ -24,6 +24,7 @@
 #include "embedding/plan.h"
 #include "model/neumf.h"
 #include "model/optim.h"
+#include "train/checkpoint.h"  // DamagedCheckpoint
 #include "train/config.h"
 #include "train/input_stager.h"
 #include "train/step.h"
@@ -249,9 +250,11 @@ class Trainer {
   std::vector<double> resumed_loss_;  // loss shares of the resumed epoch's steps taken
   Position position_;                 // after the last step taken
   std::string resumed_from_;          // the checkpoint resume() loaded, if any
-  nlohmann::json init_from_;          // --init_from: where the warm start began (manifests)
-  int64_t saved_step_ = -1;           // optimizer step of the last checkpoint written
-  Buffer<double> step_loss_;          // [steps of the epoch] this rank's loss shares
+  // Sealed checkpoints resume() found damaged: retention leaves them uncounted.
+  std::vector<DamagedCheckpoint> damaged_;
+  nlohmann::json init_from_;  // --init_from: where the warm start began (manifests)
+  int64_t saved_step_ = -1;   // optimizer step of the last checkpoint written
+  Buffer<double> step_loss_;  // [steps of the epoch] this rank's loss shares
   // Eval buffers (n users, L = 1 + E list entries each): the batches' users [n],
   // candidates [n×L] and duplicate masks [n×L] in two staged slots; the pass's
   // hit and NDCG sums [2], on the device.

@@ -60,6 +60,7 @@ export OMPI_MCA_mpi_yield_when_idle=1
 # upstream, e.g. openpmix issues 1114 and 2210); the ranks use PMIx's hash store instead.
 export PMIX_MCA_gds=hash
 export NCF_ROOT="$root" NCF_DIST="$sh_/ncf_dist" DATA_DIR="$sh_/data" PRESET=ncf-paper DEVICE=cpu
+export NCF_EXPORT="$build/src/ncf_export"
 export GPUS_PER_NODE=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 submit() {  # submit NAME LAUNCHER [CHECKPOINT_DIR [MORE_ARGS]]: prints the job id
   LAUNCHER="$2" CHECKPOINT_DIR="${3:-}" EXTRA_ARGS="$common --metrics_json $sh_/$1.jsonl ${4:-}" \

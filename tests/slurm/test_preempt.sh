@@ -40,6 +40,7 @@ printf '#!/bin/sh\nexec python3 %q rank %q "$@"\n' "$root/tests/signal_after.py"
   "$build/src/ncf_dist" >"$work/ncf_dist"
 chmod +x "$work/ncf_dist"
 export NCF_ROOT="$root" NCF_DIST="$work/ncf_dist" DATA_DIR="$work/data" PRESET=ncf-paper
+export NCF_EXPORT="$build/src/ncf_export"
 export DEVICE=cpu OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # PMIx's shared-memory store (gds ds21) of Debian's PMIx 4.2 / Open MPI 4.1 now and
 # then crashes ranks at start under srun --mpi=pmix (segfault at address nil; known
