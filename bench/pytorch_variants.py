@@ -47,11 +47,12 @@ capture, library warm-up) are timed one by one with a device sync around each an
 apart (warmup_seconds; compile_seconds = their time beyond as many median steps). The other
 steps are timed with CUDA events around each step on cuda (perf_counter on cpu) and one
 device sync at each end of the epoch; the loss is summed on the device (no .item() per
-step). Reported: the median step (ms) over the full-size steps after warm-up, samples/s =
-batch / median step, each epoch's samples / its wall time (epoch 1 including warm-up), and
-HR/NDCG per epoch. A variant counts when its last HR@K is within --counts_tolerance (0.01)
-of eager_tf32's (the reference); the summary names the fastest variant that counts per
-precision (tf32, bf16), by its median-step samples/s.
+step). Reported: the median step (ms) over the full-size steps after warm-up (and their
+mean: on a busy machine the two part), samples/s = batch / median step, each epoch's
+samples / its wall time (epoch 1 including warm-up), and HR/NDCG per epoch. A variant
+counts when its last HR@K is within --counts_tolerance (0.01) of eager_tf32's (the
+reference); the summary names the fastest variant that counts per precision (tf32, bf16),
+by its median-step samples/s.
 
 A variant that fails (torch.compile missing or failing, fused Adam off CUDA, ...) is recorded
 with status "failed" and the exception's first line, and the next one runs; the exit status
@@ -75,11 +76,11 @@ Needs PyTorch (Debian's python3-torch: run with /usr/bin/python3).
 """
 import copy
 import json
-import math
 import os
 import statistics
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_neumf as pn  # noqa: E402  (sets the thread variables before torch loads)
@@ -238,8 +239,10 @@ class Timer:
     def __init__(self, dev):
         self.cuda = dev.type == "cuda"
         self.marks = []
+        self.partial = []  # per mark: a partial (last) batch, left out of the median
 
-    def start(self):
+    def start(self, partial=False):
+        self.partial.append(partial)
         if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()
@@ -310,9 +313,9 @@ def make_variant(name, base, S, B, p, dev, expert_mode):
     # expert
     split = SplitNeuMF(base, S, B)
     I = base.item.num_embeddings
-    notes.append(f"layer 0's item half {'once per item from the item table' if split.by_table else 'per sample'} "
-                 f"(I = {I} {'<=' if split.by_table else '>'} B = {B}); user half and GMF "
-                 "user rows once per group")
+    how = "once per item from the item table" if split.by_table else "per sample"
+    notes.append(f"layer 0's item half {how} (I = {I} {'<=' if split.by_table else '>'} "
+                 f"B = {B}); user half and GMF user rows once per group")
     fused = dev.type == "cuda"
     opt = torch.optim.Adam(base.parameters(), **hyper, **({"fused": True} if fused else
                                                          {"foreach": True}))
@@ -404,16 +407,14 @@ def run_variant(name, init_model, streams, labels, S, B, p, dev, a, evaluate):
                 sync(dev)
                 warm.append(time.perf_counter() - ts)
             else:
-                timer.start()
+                timer.start(partial=not full)
                 loss_sum += fn(*args)
                 timer.stop()
-                if not full:
-                    timer.marks[-1].append("partial")
             samples += hi - lo
         sync(dev)
         train_s = time.perf_counter() - t0
         secs = timer.seconds()
-        timer_ms += [1e3 * t for t, m in zip(secs, timer.marks) if len(m) == 2]
+        timer_ms += [1e3 * t for t, part in zip(secs, timer.partial) if not part]
         hr, nd, eval_s = evaluate(base)
         epochs.append(dict(epoch=e + 1, loss=loss_sum.item() / max(1, steps), hr=hr, ndcg=nd,
                            train_seconds=train_s, samples=samples,
@@ -433,6 +434,7 @@ def run_variant(name, init_model, streams, labels, S, B, p, dev, a, evaluate):
     warm_s = sum(warm)
     steady = [r for r in epochs[1:]] or epochs
     return dict(status="ok", notes=notes, median_step_ms=med,
+                mean_step_ms=statistics.fmean(timer_ms) if timer_ms else None,
                 samples_per_s=B / (med / 1e3) if med else None,
                 timed_steps=len(timer_ms),
                 epoch_samples_per_s=[r["samples_per_second"] for r in epochs],
@@ -537,6 +539,7 @@ def train(a, p):
         except Exception as e:
             rec.update(status="failed", reason=first_line(e))
             print(f"pytorch_variants: {name} failed: {rec['reason']}", flush=True)
+            traceback.print_exc(file=sys.stderr)  # the whole story, into the log
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         records.append(rec)

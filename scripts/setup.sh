@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ncf_dist builds and tests with, and any package named on
-# the command line (the benchmarks' extras: bash scripts/setup.sh python3-torch).
+# the command line (a benchmark's extras).
 # Idempotent: prints nothing and touches nothing when every package is already present.
 set -euo pipefail
 
@@ -18,6 +18,11 @@ packages=(
   python3 python3-matplotlib python3-numpy
   # tests/tfmg/make_tfmg.py: TF Model Garden shards (protobuf runtime, CRC-32C)
   python3-protobuf python3-crcmod
+  # bench/pytorch_variants.py's CPU tests (tests/CMakeLists.txt) and the PyTorch baselines
+  # (bench/pytorch_neumf.py): Debian's torch 1.13 for /usr/bin/python3. Installing it on the
+  # 2-core development machine, busy with a build, took 315 s (apt-get with recommends: 200
+  # packages, 77 MB downloaded; this script skips recommends)
+  python3-torch
 )
 # The export test runs ONNX Runtime under Node (tests/onnx/install.sh): Debian's
 # Node and npm unless the machine has its own.
