@@ -26,7 +26,8 @@ with its forward under torch.compile, and as an expert would write it for this m
       torch.compiler.cudagraph_mark_step_begin() before each step where it exists), the
       optimizer step compiled too, torch.optim.Adam(fused=True) on CUDA. Where torch has no
       torch.compile (Debian's torch 1.13), the split model runs eagerly with foreach Adam and
-      the record says "compile unavailable: ..." (that still tests its algebra end to end).
+      the record says "compile unavailable: ..." (that still tests its algebra end to end);
+      --no_compile does the same on any torch.
 
 Every variant starts from the same initial parameters (NeuMF's init under --seed), uses the
 preset's Adam hyper-parameters and batch, and trains --epochs epochs on one sample stream
@@ -269,14 +270,16 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
-def make_variant(name, base, S, B, p, dev, expert_mode):
+def make_variant(name, base, S, B, p, dev, expert_mode, no_compile=False):
     """(step(users_g, users, items, labels) -> loss tensor, eager_step for other shapes,
     notes, compiled?) for one variant on its own copy of the model."""
     amp = precision_of(name) == "bf16"
     kind = name.rsplit("_tf32", 1)[0].rsplit("_amp_bf16", 1)[0]
     notes = []
     hyper = dict(lr=p["lr"], betas=(p["beta1"], p["beta2"]), eps=p["eps"])
-    has_compile = hasattr(torch, "compile")
+    has_compile = hasattr(torch, "compile") and not no_compile
+    why = ("torch.compile disabled (--no_compile)" if no_compile else
+           f"torch {torch.__version__} has no torch.compile")
 
     def autocast():
         return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp)
@@ -291,7 +294,7 @@ def make_variant(name, base, S, B, p, dev, expert_mode):
         fwd = base
         if kind == "compile_fwd":
             if not has_compile:
-                raise RuntimeError(f"torch {torch.__version__} has no torch.compile")
+                raise RuntimeError(why)
             fwd = torch.compile(base)
             notes.append("torch.compile(model): the forward only; Adam eager (foreach)")
 
@@ -334,7 +337,7 @@ def make_variant(name, base, S, B, p, dev, expert_mode):
         return loss.detach()
 
     if not has_compile:
-        notes.append(f"compile unavailable: torch {torch.__version__} has no torch.compile; "
+        notes.append(f"compile unavailable: {why}; "
                      "the split model ran eagerly")
         return eager_step, eager_step, notes, False
 
@@ -381,7 +384,8 @@ def run_variant(name, init_model, streams, labels, S, B, p, dev, a, evaluate):
     if hasattr(torch, "_dynamo"):
         torch._dynamo.reset()  # no compiled code or graphs of the last variant
     base = copy.deepcopy(init_model).to(dev)
-    step, eager_step, notes, compiled = make_variant(name, base, S, B, p, dev, a.expert_mode)
+    step, eager_step, notes, compiled = make_variant(name, base, S, B, p, dev, a.expert_mode,
+                                                     a.no_compile)
     timer_ms, warm, epochs = [], [], []
     partial_eager = 0
     for e, s in enumerate(streams):
@@ -618,6 +622,10 @@ def main():
                     help="the first steps of epoch 1, timed apart (compilation, graph capture)")
     ap.add_argument("--expert_mode", choices=["reduce-overhead", "max-autotune", "default"],
                     default="reduce-overhead", help="torch.compile mode of the expert's step")
+    ap.add_argument("--no_compile", action="store_true",
+                    help="act as if torch had no torch.compile: compile_fwd_* fail, expert_* "
+                    "run the split model eagerly (the CPU test, and a torch whose compiler "
+                    "cannot build here)")
     ap.add_argument("--topk", type=int, default=10)
     ap.add_argument("--eval_batch_size", type=int, default=100000)
     ap.add_argument("--eval_users", type=int, default=0,
