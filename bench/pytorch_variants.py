@@ -59,9 +59,10 @@ A variant that fails (torch.compile missing or failing, fused Adam off CUDA, ...
 with status "failed" and the exception's first line, and the next one runs; the exit status
 is 1 only when no variant ran.
 
-Output: a table, one JSON line per variant {"bench": "pytorch_variants", "kind": "variant",
-...} and a final {"bench": "pytorch_variants", "kind": "summary", ...}; --metrics_json FILE
-appends the variant lines.
+Output: one JSON line per variant as it ends {"bench": "pytorch_variants", "kind": "variant",
+...} ("counts" there where eager_tf32 ran before it), then a table and a final {"bench":
+"pytorch_variants", "kind": "summary", ...} with "counts" against the reference whatever the
+order; --metrics_json FILE appends the variant lines as they are printed.
 
   /usr/bin/python3 bench/pytorch_variants.py --data_dir /tmp/bench-ml-1m --preset ncf-paper \\
       --epochs 2 --device cpu --variants eager_tf32,compile_fwd_tf32,expert_tf32
@@ -366,12 +367,13 @@ def make_variant(name, base, S, B, p, dev, expert_mode, no_compile=False):
             except Exception as e:  # compile failed before the step ran: step eagerly
                 state["opt_compiled"] = False
                 state["opt"] = opt_step_plain
-                notes.append("optimizer step not compiled (" + first_line(e) + ")")
+                notes.append("the compiled optimizer step failed at its first call ("
+                             + first_line(e) + "): Adam stepped eagerly instead")
                 opt.step()
         else:
             opt.step()
         return loss.detach()
-    notes.append("optimizer step compiled")
+    notes.append("optimizer step compiled (torch.compile, default mode)")
     return step, eager_step, notes, True
 
 
@@ -532,6 +534,12 @@ def train(a, p):
           f"in {stream_s:.2f} s; threads {a.threads}; variants {', '.join(names)}", flush=True)
     metrics = open(a.metrics_json, "a") if a.metrics_json else None
     records = []
+
+    def counts(r, ref):
+        if r["status"] != "ok" or ref is None:
+            return None
+        return abs(r["hr"][-1] - ref["hr"][-1]) <= a.counts_tolerance
+
     for name in names:
         rec = dict(bench="pytorch_variants", kind="variant", variant=name,
                    precision=precision_of(name), torch=torch.__version__, device=a.device,
@@ -547,24 +555,27 @@ def train(a, p):
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         records.append(rec)
+        # Its line now, so that a run cut short (a time limit) still leaves the variants that
+        # ended; "counts" here where the reference ran before it (the default order).
+        ref = next((r for r in records if r["variant"] == REFERENCE and r["status"] == "ok"),
+                   None)
+        rec["counts"] = counts(rec, ref)
+        line = json.dumps(rec)
+        print(line, flush=True)
+        if metrics:
+            metrics.write(line + "\n")
+            metrics.flush()
+    if metrics:
+        metrics.close()
     ref = next((r for r in records if r["variant"] == REFERENCE and r["status"] == "ok"), None)
     for r in records:
-        r["counts"] = None
-        if r["status"] == "ok" and ref is not None:
-            r["counts"] = abs(r["hr"][-1] - ref["hr"][-1]) <= a.counts_tolerance
+        r["counts"] = counts(r, ref)
     best = {}
     for prec in ("tf32", "bf16"):
         ok = [r for r in records if r["precision"] == prec and r["counts"] and
               r["samples_per_s"]]
         best[prec] = max(ok, key=lambda r: r["samples_per_s"])["variant"] if ok else None
     print_table(records, a.topk)
-    for r in records:
-        line = json.dumps(r)
-        print(line)
-        if metrics:
-            metrics.write(line + "\n")
-    if metrics:
-        metrics.close()
     ran = [r for r in records if r["status"] == "ok"]
     print(json.dumps(dict(
         bench="pytorch_variants", kind="summary", torch=torch.__version__, device=a.device,
