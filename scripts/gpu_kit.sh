@@ -1169,6 +1169,8 @@ do_pytorch_variants() {
 # The variants (median-step samples/s, last HR@10, whether it counts), then ncf_dist against
 # the fastest counting variant per precision: ncf_dist's median step of steps 10-40 in
 # step_{tf32,bf16}_streaming (as fig_step_train reads it) against that variant's median step.
+# ncf_dist's step draws its negatives; PyTorch's samples were drawn before the epoch, so the
+# ratio favours PyTorch by ncf_dist's sampling time (about 0.1 ms of a 5-7 ms step).
 fig_pytorch_variants() {
   python3 - "$out/pytorch_variants.jsonl" "$1" "$out/step_tf32_streaming.log" \
     "$out/step_bf16_streaming.log" "$out/step_hr_ours.jsonl" <<'EOF'
