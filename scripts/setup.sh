@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ncf_dist builds and tests with, and any package named on
-# the command line (the benchmarks' extras: bash scripts/setup.sh python3-torch).
+# the command line (the tests' and benchmarks' extras, e.g. python3-torch).
 # Idempotent: prints nothing and touches nothing when every package is already present.
 set -euo pipefail
 
