@@ -18,6 +18,7 @@
 #include "common/cuda_util.cuh"
 #include "common/id_runs.cuh"
 #include "model/ops.h"
+#include "model/ops_internal.cuh"
 
 namespace ncf::cuda {
 namespace {
@@ -46,13 +47,6 @@ __global__ void widen_bf16_kernel(const uint16_t* __restrict__ src, float* __res
   for (int64_t i = thread_first(); i < n; i += thread_stride()) dst[i] = bf16_bits_to_float(src[i]);
 }
 
-// The row of item q of rows of per_row items: in 32 bits when the items fit (k32).
-template <bool k32>
-__device__ __forceinline__ int64_t row_of(int64_t q, int per_row) {
-  if (k32) return static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
-  return q / per_row;
-}
-
 // to_bf16_kernel four elements per thread: one float4 load and one 8-byte store,
 // rows of 4·qpr columns at strides of lds4 float4s (src) and ldd4 groups of four
 // BF16s (dst). A contiguous pair (kFlat) is one range; otherwise quad q's row is
@@ -73,6 +67,8 @@ __global__ void __launch_bounds__(kThreads)
     dst[kd] = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
   }
 }
+
+}  // namespace
 
 // dst (rows × cols, stride ldd) = BF16 bits of src (stride lds), four elements per
 // thread where the widths, strides and alignment allow and `quads` (legacy
@@ -102,6 +98,8 @@ void launch_to_bf16(cudaStream_t stream, const float* src, int64_t lds, int64_t 
         <<<grid, kThreads, 0, stream>>>(s4, lds / 4, rows, qpr, d4, ldd / 4);
   }
 }
+
+namespace {
 
 // C[M×N] = beta·C (beta == 0 writes zeros, so NaNs in C do not leak): GEMM with K == 0.
 __global__ void scale_rows_kernel(float* C, int64_t ldc, int M, int N, float beta) {
@@ -215,15 +213,6 @@ struct LinearBiasOp {
   }
 };
 
-struct GradStore {  // out[c] = (add ? out[c] : 0) + total
-  float* out;
-  bool add;
-  __device__ void operator()(int c, double total) const {
-    const float v = static_cast<float>(total);
-    out[c] = add ? out[c] + v : v;
-  }
-};
-
 // The head: columns 0..F-1 are dw (g·H[b, k], writing dH on the way), column F is dc (g).
 struct HeadBackwardOp {
   const float* H;
@@ -276,13 +265,6 @@ cublasComputeType_t compute_type(MathMode mode) {
   return mode == MathMode::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-// One GEMM input as cuBLAS takes it: the array and its element type (an FP32
-// array of the caller, or the BF16 copy of one in the scratch arena).
-struct GemmInput {
-  const void* data;
-  cudaDataType_t type;
-};
-
 // Elements that a BF16 copy of a rows × cols matrix with stride ld needs.
 size_t bf16_copy_elems(int64_t rows, int64_t cols, int64_t ld) {
   return rows > 0 && cols > 0 ? static_cast<size_t>((rows - 1) * ld + cols) : 0;
@@ -298,6 +280,8 @@ GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t row
   return {dst, CUDA_R_16BF};
 }
 
+}  // namespace
+
 // Row-major C = alpha·op(A)·op(B) + beta·C through column-major cuBLAS: a
 // row-major matrix is its transpose in column-major, so cuBLAS computes
 // C^T = op(B)^T·op(A)^T with the operands swapped. A and B are both FP32 or
@@ -307,7 +291,7 @@ GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t row
 // once by cuBLAS (beta 0, K > 0 only).
 void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_b, int M, int N,
                 int K, float alpha, GemmInput A, int lda, GemmInput B, int ldb, float beta, void* C,
-                int ldc, const char* op, cudaDataType_t c_type = CUDA_R_32F) {
+                int ldc, const char* op, cudaDataType_t c_type) {
   if (M == 0 || N == 0) return;
   cudaStream_t stream = stream_of(ctx);
   NCF_CHECK(c_type == CUDA_R_32F || (beta == 0.0f && K > 0), op,
@@ -350,6 +334,8 @@ void gemm_on(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, i
   }
   gemm_typed(ctx, mode, trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc, op);
 }
+
+namespace {
 
 // ---- cuBLASLt Linear forward ----------------------------------------------------------
 
@@ -599,40 +585,6 @@ struct GroupRowsOp {  // column sums of dYg
 // full (the unmasked lanes rewrite what they read, bit for bit), and sum in the
 // same order in double: the same results as the legacy kernels, bit for bit.
 
-// L consecutive floats of a row: one float4 (L = 4, 16-byte aligned) or one float.
-template <int L>
-struct Lanes {
-  float v[L];
-};
-template <int L>
-__device__ __forceinline__ Lanes<L> load_lanes(const float* __restrict__ p) {
-  Lanes<L> r;
-  if constexpr (L == 4) {
-    const float4 t = *reinterpret_cast<const float4*>(p);
-    r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
-  } else {
-    r.v[0] = *p;
-  }
-  return r;
-}
-template <int L>
-__device__ __forceinline__ void store_lanes(float* __restrict__ p, const Lanes<L>& r) {
-  if constexpr (L == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
-  } else {
-    *p = r.v[0];
-  }
-}
-// store_lanes, evict-first (an output far larger than L2, not read again in the kernel).
-template <int L>
-__device__ __forceinline__ void store_lanes_cs(float* __restrict__ p, const Lanes<L>& r) {
-  if constexpr (L == 4) {
-    __stcs(reinterpret_cast<float4*>(p), make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
-  } else {
-    __stcs(p, r.v[0]);
-  }
-}
-
 constexpr int kGroupRowsInFlight = 8;  // rows of a group loaded before the first store
 
 // One thread per (group p, L columns from j): the group's rows are taken
@@ -730,26 +682,6 @@ __global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __re
 // stored (each word stored whole), and the thread rows are combined in ty order per
 // column. The same masked values added in the same order: both kernels' bits.
 constexpr int kMaskRowsInFlight = 8;
-__device__ __forceinline__ float element_value(float x) { return x; }
-__device__ __forceinline__ float element_value(uint16_t x) { return bf16_bits_to_float(x); }
-// Column l of a word: the element itself, or BF16 l of a pair.
-template <typename T>
-__device__ __forceinline__ float lane_value(T w, int) {
-  return element_value(w);
-}
-__device__ __forceinline__ float lane_value(uint32_t w, int l) {
-  return bf16_bits_to_float(static_cast<uint16_t>(l ? w >> 16 : w));
-}
-// g where y > 0, else 0 (NaN → 0), per column of the word.
-template <typename T>
-__device__ __forceinline__ T relu_masked(T y, T g) {
-  return element_value(y) > 0.0f ? g : T{0};
-}
-__device__ __forceinline__ uint32_t relu_masked(uint32_t y, uint32_t g) {
-  const uint32_t lo = lane_value(y, 0) > 0.0f ? g & 0xffffu : 0u;
-  const uint32_t hi = lane_value(y, 1) > 0.0f ? g >> 16 : 0u;
-  return lo | (hi << 16);
-}
 template <typename W, int P>
 __global__ void __launch_bounds__(kColLanes* kColRows)
     mask_col_sums_kernel(const W* __restrict__ Y, W* __restrict__ dY, int64_t B, int C,
@@ -1286,13 +1218,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+}  // namespace
+
 // Launches the epilogue over B × out: eight columns per thread where the widths
 // and pointers allow, else one element per thread.
 // With mask (relu only), the output's ReLU bit mask: in passing where out % 256 == 0,
 // else from the stored output (relu_bits_kernel).
 void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, int S,
                           const float* bias, uint16_t* Y, int64_t B, int out, bool relu,
-                          const int32_t* ids = nullptr, uint32_t* mask = nullptr) {
+                          const int32_t* ids, uint32_t* mask) {
   if (!relu) mask = nullptr;
   const bool octets = out % 8 == 0 && aligned16(Z) && aligned16(Y) && (!Yg || aligned16(Yg));
   if (!octets) {
@@ -1313,6 +1247,8 @@ void launch_bias_act_bf16(cudaStream_t stream, const float* Z, const float* Yg, 
   }
   if (mask && !in_passing) launch_relu_bits(stream, static_cast<const uint16_t*>(Y), B, out, mask);
 }
+
+namespace {
 
 // gather_bias_act: group_bias_act_stream_kernel's expression on row ids[b] of P,
 // L columns per thread (vector loads of P's and Yg's rows, and of the bias where it is 16-byte
@@ -1695,10 +1631,6 @@ void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, con
 // dY[i] = Y[i] > 0 ? dY[i] : 0 on BF16 bits (NaN → 0, as the FP32 mask): full
 // stores, eight BF16s (16 bytes) at a time when both arrays are 16-byte aligned
 // (vec), the last n % 8 (or all, without vec) one at a time.
-__device__ __forceinline__ uint4 mask_bf16_octet(const uint4& y, const uint4& g) {
-  return make_uint4(relu_masked(y.x, g.x), relu_masked(y.y, g.y), relu_masked(y.z, g.z),
-                    relu_masked(y.w, g.w));
-}
 __global__ void relu_mask_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY,
                                       int64_t n, bool vec) {
   const int64_t octets = vec ? n / 8 : 0;
