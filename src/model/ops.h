@@ -1,8 +1,8 @@
 // Dense NeuMF math on row-major float arrays: GEMM, Linear(+ReLU), the GMF
 // product, column concat/split, the logit head and BCE-with-logits. Each op is a
 // free function (ctx, arrays…, dims…, flags) that checks its shapes and
-// dispatches once on ctx.device: the CPU code is in ops.cc, the CUDA twin (same
-// name and arguments) in ops.cu. Arrays live on ctx.device.
+// dispatches once on ctx.device: the CPU code is in ops_<family>.cc, the CUDA twin
+// (same name and arguments) in ops_<family>.cu. Arrays live on ctx.device.
 //
 // Letters: B rows of the batch, D embedding width (mf_dim + layers[0]/2),
 // in/out layer widths, F head input width (mf_dim + layers.back()).

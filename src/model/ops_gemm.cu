@@ -1,10 +1,10 @@
-// CUDA twins of the dense ops in ops.h (same names and arguments; the CPU
+// CUDA twins of the GEMM ops in ops_gemm.h (same names and arguments; the CPU
 // functions check the arguments and forward here when ctx.device is kCuda).
 // GEMMs go to cuBLAS (gemm, the backward products) and cuBLASLt (the forward
 // Linear with its bias and ReLU fused into the epilogue); in MathMode::kBf16 a
 // kernel first writes BF16 copies of both operands into the scratch arena and
 // the GEMM reads those (FP32 accumulation and output). Everything that sums
-// over the batch (bias gradients, the head, the loss) uses the fixed-order
+// over the batch (the bias gradients) uses the fixed-order
 // reductions of cuda_util.cuh, so every result is the same bits on every run.
 // Everything runs on ctx.stream.
 

@@ -27,7 +27,7 @@ enum class GradMode { kOverwrite, kAccumulate };
 //         arrays: parameters, gradients, optimizer state, embeddings, biases
 //         and the loss stay FP32 (FP32 master weights). NeuMF (with the
 //         streaming kernels) instead stores its tower in BF16 and calls the
-//         *_bf16 ops below ("BF16 storage"), which make no per-GEMM copies.
+//         *_bf16 ops (model/ops.h, "BF16 storage"), which make no per-GEMM copies.
 enum class MathMode { kTf32, kFp32, kBf16 };
 void set_math_mode(MathMode mode);
 MathMode math_mode();
