@@ -23,7 +23,7 @@ inline int64_t sum_chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 constexpr int64_t kColChunk = 256;
 inline int64_t col_chunks(int64_t B) { return (B + kColChunk - 1) / kColChunk; }
 
-// neumf_top_backward (model/ops.cu): groups per block partial, and the partial
+// neumf_top_backward (model/ops_top.cu): groups per block partial, and the partial
 // columns (dw's GMF and tower parts and the bias gradient, 32 lanes × ⌈width/32⌉
 // each, then dc and the loss).
 constexpr int64_t kNeumfTopGroups = 64;

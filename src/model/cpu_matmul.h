@@ -1,5 +1,5 @@
 // One matrix product on the calling thread, with its epilogue fused, for the
-// CPU ops (model/ops.cc). oneDNN's matmul does the arithmetic: its brgemm
+// CPU ops (model/ops_*.cc). oneDNN's matmul does the arithmetic: its brgemm
 // kernels reach ~95% of a core's FP32 peak at the tower's shapes where
 // OpenBLAS's transposed-weight products reach 30-45%
 // (bench/bench_tower_gemm.cc), it applies bias, ReLU and "add to C" as

@@ -1,6 +1,6 @@
 // The memory guard's estimate: see memory_estimate.h. The scratch bounds follow the
 // carves of the CUDA ops one by one (embedding/table_ops.cu, embedding_kernels.cu,
-// model/ops.cu, metrics.cu, topk.cu), array by array.
+// model/ops_*.cu, metrics.cu, topk.cu), array by array.
 #include "train/memory_estimate.h"
 
 #include <algorithm>
@@ -36,7 +36,7 @@ class Carve {
   int64_t used_ = 0;
 };
 
-// Bytes of the BF16 copy of a rows × cols matrix with stride ld (model/ops.cu).
+// Bytes of the BF16 copy of a rows × cols matrix with stride ld (model/ops_gemm.cu).
 int64_t bf16_copy_bytes(int64_t rows, int64_t cols, int64_t ld) {
   return rows > 0 && cols > 0 ? ((rows - 1) * ld + cols) * 2 : 0;
 }

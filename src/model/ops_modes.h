@@ -1,0 +1,103 @@
+// The process-wide modes and switches of the dense ops (model/ops.h): how a backward
+// op writes a parameter gradient, the tower GEMMs' arithmetic (MathMode), which kernels
+// run the step's element-wise and masked passes (StepKernels), and the switches that
+// keep a replaced GPU path selectable beside its replacement. The code is in
+// ops_modes.cc (no CUDA twins).
+#pragma once
+
+#include <string>
+
+namespace ncf {
+
+// How a backward op writes a parameter gradient: replace what is there, or add
+// to it (for parameters used more than once per step).
+enum class GradMode { kOverwrite, kAccumulate };
+
+// Arithmetic of the tower GEMMs (gemm, linear_forward, linear_backward: every
+// GEMM inside them), process-wide, read once per op:
+//   kTf32 (the default) lets cuBLAS round the inputs to TF32 on tensor cores
+//         (~1e-3 relative error per product, several times faster than FP32).
+//         GPU only: the CPU computes these GEMMs in plain FP32.
+//   kFp32 keeps full FP32 products on both devices, for parity tests.
+//   kBf16 rounds both input operands of each GEMM to BF16 (common/bf16.h,
+//         nearest-even; ~4e-3 relative error per factor) and accumulates in
+//         FP32, with FP32 outputs, on both devices: the CPU rounds copies and
+//         runs the same FP32 BLAS GEMM, so it is the GPU's reference up to
+//         summation order. The BF16 copies are made per GEMM from the FP32
+//         arrays: parameters, gradients, optimizer state, embeddings, biases
+//         and the loss stay FP32 (FP32 master weights). NeuMF (with the
+//         streaming kernels) instead stores its tower in BF16 and calls the
+//         *_bf16 ops (model/ops.h, "BF16 storage"), which make no per-GEMM copies.
+enum class MathMode { kTf32, kFp32, kBf16 };
+void set_math_mode(MathMode mode);
+MathMode math_mode();
+// "tf32" | "fp32" | "bf16" (the --precision values) → MathMode; anything else
+// throws ncf::Error naming the value.
+MathMode parse_math_mode(const std::string& name);
+// The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
+const char* math_mode_name(MathMode mode);
+
+// Which kernels run the element-wise and masked passes of the tower step,
+// process-wide, read once per op (and by NeuMF once per forward):
+//   kStreaming (the default): on the GPU, linear_backward's ReLU mask and bias
+//         gradient, group_sum_backward and group_bias_act load every row of a
+//         group (float4 where the rows allow) before they store anything, store
+//         whole rows, and sum in read-only passes, and kBf16's operand copies
+//         convert four elements per thread (float4 in, 8 bytes out, no 64-bit
+//         division); on both devices NeuMF runs its
+//         top (GMF, head, loss and the last layer's mask and bias gradient) as
+//         the two fused ops neumf_top_forward / neumf_top_backward;
+//   kLegacy: the kernels before them (one element per thread with runtime
+//         divisions; masks stored in place inside the sums' loops, a conditional
+//         store between dependent loads) and NeuMF's unfused top (repeat_rows,
+//         gmf_*, concat/split_cols, head_*, bce_*), kept selectable to be
+//         measured beside the streaming ones in one binary.
+// Both compute the same values: every element the same bits; the sums the same
+// bits on the CPU, and on the GPU the same bits except the fused top's (dw, dc,
+// the last bias gradient, the loss: another fixed order, within a double sum's
+// rounding). ncf_dist takes it from the environment variable NCF_STEP_KERNELS.
+enum class StepKernels { kStreaming, kLegacy };
+void set_step_kernels(StepKernels kernels);
+StepKernels step_kernels();
+// "streaming" | "legacy" → StepKernels; anything else throws ncf::Error naming
+// `what` (where the value came from) and the value.
+StepKernels parse_step_kernels(const std::string& name, const std::string& what);
+const char* step_kernels_name(StepKernels kernels);
+
+// GPU linear_forward_bf16 as one cuBLASLt matmul whose epilogue writes the BF16
+// activations (true, the default) or, with the environment variable
+// NCF_LT_BF16_OUT=0, as the FP32 product and the epilogue kernel (the path it
+// replaced, on the same BF16 bias), kept selectable to be measured beside it. Read at the
+// first call; the setter (tests) overrides it.
+bool lt_bf16_out_enabled();
+void set_lt_bf16_out(bool on);
+
+// Three GPU kernels that ran 2 blocks per SM on an H200, capped at 80 registers so that 3
+// blocks share an SM (true, the default), or, with the environment variable
+// NCF_3BLOCK_KERNELS=0, as they were (kept selectable to be measured beside them):
+// neumf_top_backward on BF16 storage with mf and the last layer in (32, 64] (4 rows in
+// flight per warp instead of 8), run_sums on FP32 rows four columns per thread (12 rows
+// instead of 16) and group_sum_backward_bf16 by the ReLU bit mask eight columns per
+// thread (the same code). The same loads and sums in the same order either way: the
+// same bits. The environment is read at the first call; the setter (tests) overrides it.
+bool three_block_kernels();
+void set_three_block_kernels(bool on);
+
+// run_sums and run_sums_bf16 on rows of a multiple of 128 columns with a warp's 32 threads
+// on one run, its indices loaded 32 at a time, a chunk ahead, and shuffled to the threads
+// (true, the default), or, with the environment variable NCF_RUN_SUMS_WARP=0, each thread
+// loading its indices before its rows, as before (kept selectable to be timed beside it).
+// The same rows added in the same order: the same bits. Read at the first call; the setter
+// (tests) overrides it.
+bool run_sums_by_warp();
+void set_run_sums_by_warp(bool on);
+
+// scatter_run_rows on rows of four-column quads with four samples per thread, their
+// indices and rows loaded together before their stores (true, the default), or, with the
+// environment variable NCF_SCATTER_BY_FOUR=0, one sample per thread as before (kept
+// selectable to be timed beside it). The same bits. Read at the first call; the setter
+// (tests) overrides it.
+bool scatter_rows_by_four();
+void set_scatter_rows_by_four(bool on);
+
+}  // namespace ncf
