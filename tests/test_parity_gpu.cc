@@ -1,4 +1,4 @@
-// Backend parity (shared/DESIGN.md): every CUDA op against its CPU twin on the
+// Backend parity (docs/design.md): every CUDA op against its CPU twin on the
 // same seeded random inputs, over a sweep of shapes (empty, one row, duplicate-
 // heavy ids, widths 1, 3, 5, 8, 64, 192, misaligned rows), then train_step itself
 // (lookup, forward, loss, backward, Adam on the dense net and the tables) for a

@@ -32,7 +32,8 @@ namespace {
 // The tiles are as wide as they are because every partial product packs its
 // slices of A and B again: 64-column blocks over the whole of K packed A once
 // per block, and oneDNN spent 13% more time on the ml-20m tower's weight
-// gradients in either precision (bench/results/gemm_tiles_2026-11-28).
+// gradients in either precision (bench/compare_commits.sh, the
+// gemm_tiles record).
 // T is float, or uint16_t for operands already stored as BF16 bits (their
 // products run on cpu_matmul_bf16, whatever the math mode); TC is float, or
 // uint16_t for a BF16 output (then beta is 0: each element is

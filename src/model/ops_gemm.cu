@@ -360,7 +360,7 @@ __global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __re
 // [x·kColChunk, …) and the words [32y, 32y+32) of each row, a word W being P adjacent
 // columns as stored (an FP32 or a BF16, or two BF16s in 32 bits: one 4-byte load where
 // the one-column kernel made two 2-byte loads, which on an H200 ran at 44% of HBM peak,
-// bench/results/gpu_2026-11-27_98d21d0/step_ncu_bf16.log). Thread (tx, ty) takes its
+// the GPU kit's step_ncu_bf16 stage, 2026-11-27). Thread (tx, ty) takes its
 // rows ty, ty+8, … in that order, kMaskRowsInFlight of them loaded before the first is
 // stored (each word stored whole), and the thread rows are combined in ty order per
 // column. The same masked values added in the same order: both kernels' bits.

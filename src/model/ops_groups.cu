@@ -56,7 +56,8 @@ struct GroupRowsOp {  // column sums of dYg
 // The legacy kernels above mask in place inside their sums' loops: a load, a
 // conditional store into the lines the warp is reading, the next load, with no
 // __restrict__, so each thread has one load in flight and a warp waits on a
-// chain of round trips (shared/GPU_STEP.md 2.1: 5-8% of HBM bandwidth). These
+// chain of round trips (such chains reach 5-8% of HBM
+// bandwidth). These
 // issue every load of a row group before any store, store the masked values in
 // full (the unmasked lanes rewrite what they read, bit for bit), and sum in the
 // same order in double: the same results as the legacy kernels, bit for bit.
@@ -508,7 +509,7 @@ __device__ __forceinline__ Bf16Lanes<L> mask_bf16_bits(uint32_t bits, const Bf16
 // kBits: the mask from the forward's ReLU bit mask instead of Y (one word per row
 // and thread, L bits of it). kMinBlocks: blocks per SM for __launch_bounds__ (0: none);
 // at L = 8 with the bits the kernel takes 93 registers, 2 blocks per SM (an H200 ran it at
-// 63% of HBM peak, bench/results/gpu_2026-11-27_8976e61/step_ncu_bf16.txt), and fits 80
+// 63% of HBM peak, the GPU kit's step_ncu_bf16 stage, 2026-11-27), and fits 80
 // without a spill for 3 (sm_90, ptxas -v; three_block_kernels).
 template <int L, bool kRelu, bool kBits = false, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)

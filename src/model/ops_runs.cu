@@ -200,7 +200,7 @@ __device__ __forceinline__ void add_loaded_rows(double (&acc)[L], const RawLanes
 // kRows: the rows in flight; kMinBlocks: blocks per SM for __launch_bounds__ (0: none).
 // With FP32 four columns, 16 rows take 96 registers and 2 blocks per SM: on an H200 the
 // kernel ran at 30% of HBM peak, its SMs busy 72% of its time
-// (bench/results/gpu_2026-11-27_8976e61/step_ncu_tf32.txt); 12 rows fit 80 registers
+// (the GPU kit's step_ncu_tf32 stage, 2026-11-27); 12 rows fit 80 registers
 // without a spill (sm_90, ptxas -v) and 3 blocks, 24 warps and 12% more bytes in flight
 // per SM (three_block_kernels). kRows does not change any sum's order: the same bits.
 template <typename T, int L, int kRows = kRunRowsInFlight, int kMinBlocks = 0>

@@ -167,7 +167,7 @@ __device__ __forceinline__ float store_value(uint16_t* p, float v) {
 // kTopPiece samples (the last one shorter), each a warp's: evaluation's groups (a user's
 // 1 + 999 candidates) would otherwise leave one warp per user, too few to fill the GPU
 // (an H200 ran it at 6% of HBM peak with 1,000 groups of 1,000,
-// bench/results/gpu_2026-11-27_8976e61/eval_ncu_bf16.log). Training's groups of 5 stay
+// the GPU kit's eval_ncu_bf16 stage, 2026-11-27). Training's groups of 5 stay
 // whole. Every logit is computed alone, so any split gives the same bits.
 constexpr int kTopPiece = 32;
 __host__ __device__ __forceinline__ int top_pieces(int S) {
@@ -180,7 +180,7 @@ __host__ __device__ __forceinline__ int top_pieces(int S) {
 // irow_ids), each round's ids loaded before its rows.
 // Four blocks per SM where that fits in 64 registers without a spill (sm_90, ptxas -v):
 // on an H200 the kernel ran with 3 blocks (76 registers) at 38% of HBM peak with about one
-// eligible warp per scheduler (bench/results/gpu_2026-11-27_98d21d0/step_ncu_top.log).
+// eligible warp per scheduler (the GPU kit's step_ncu_top stage, 2026-11-27).
 // Split groups (kPieces) keep 3 blocks: 4 would spill their piece bounds.
 template <int J, typename TA, bool kPieces>
 constexpr int top_forward_min_blocks() {
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
 // kMinBlocks: blocks per SM that __launch_bounds__ asks ptxas to fit (its register cap).
 // On an H200 the BF16 J = 2 kernel (110 registers, 8 rows) ran 2 blocks per SM at 25%
 // occupancy and 44% of HBM peak, 41% of its warps' cycles between instructions spent
-// waiting on L1TEX (bench/results/gpu_2026-11-27_8976e61/step_ncu_top.log); with 4 rows
+// waiting on L1TEX (the GPU kit's step_ncu_top stage, 2026-11-27); with 4 rows
 // it fits 78 registers without a spill (sm_90, ptxas -v) and 3 blocks
 // (three_block_kernels).
 // R changes only how many rows' loads are issued before their adds, not the order of
