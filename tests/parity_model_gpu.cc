@@ -190,23 +190,18 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         run_sums(cpu_, dZ.data(), order.data(), starts.data(), R, out, dP.data());
         run_sums_bf16(cpu_, dZ16.data(), order.data(), starts.data(), R, out, dP16.data());
         const std::string o = what + "out=" + std::to_string(out);
-        // Every kernel: by warp (out = 256), FP32 rows at 3 blocks per SM and 12 rows in
-        // flight or at 2 and 16, and BF16 rows.
-        const bool three = three_block_kernels(), by_warp = run_sums_by_warp();
-        for (bool wk : {true, false})
-          for (bool t : {true, false}) {
-            set_run_sums_by_warp(wk);
-            set_three_block_kernels(t);
-            const std::string k =
-                std::string(wk ? " by warp," : "") + (t ? " 3 blocks" : " 2 blocks");
-            gdP = up(Vec(size_t(R) * out, -1.0f));
-            run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
-            expect_same(down(gdP), dP, o + " run_sums," + k);
-            gdP16 = up(Vec(size_t(R) * out, -1.0f));
-            run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
-            expect_same(down(gdP16), dP16, o + " run_sums_bf16," + k);
-          }
-        set_three_block_kernels(three);
+        // Every kernel: by warp (out = 256) or not, FP32 and BF16 rows.
+        const bool by_warp = run_sums_by_warp();
+        for (bool wk : {true, false}) {
+          set_run_sums_by_warp(wk);
+          const std::string k = wk ? " by warp" : " by thread";
+          gdP = up(Vec(size_t(R) * out, -1.0f));
+          run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
+          expect_same(down(gdP), dP, o + " run_sums," + k);
+          gdP16 = up(Vec(size_t(R) * out, -1.0f));
+          run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
+          expect_same(down(gdP16), dP16, o + " run_sums_bf16," + k);
+        }
         set_run_sums_by_warp(by_warp);
       }
     }

@@ -480,18 +480,6 @@ TEST_F(Parity, Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes) {
       expect_same(down(gdy2), down(gdy1), what + " BF16 dZ by bits vs by Y");
       expect_same(down(gg2), down(gg1), what + " BF16 dYg by bits vs by Y");
       expect_same(down(gdb2), down(gdb1), what + " BF16 db by bits vs by Y");
-      {  // by bits with the kernel at 2 blocks per SM, as before 3 (three_block_kernels)
-        const bool three = three_block_kernels();
-        set_three_block_kernels(!three);
-        Buffer<uint16_t> gdy3 = up(dYb);
-        Buffer<float> gg3 = up(Vec(size_t(n) * out)), gdb3 = up(Vec(size_t(out)));
-        group_sum_backward_bf16(gpu_, nullptr, gdy3.data(), n, S, out, gg3.data(), out, gdb3.data(),
-                                true, gm.data());
-        set_three_block_kernels(three);
-        expect_same(down(gdy3), down(gdy2), what + " BF16 dZ by bits, 2 vs 3 blocks per SM");
-        expect_same(down(gg3), down(gg2), what + " BF16 dYg by bits, 2 vs 3 blocks per SM");
-        expect_same(down(gdb3), down(gdb2), what + " BF16 db by bits, 2 vs 3 blocks per SM");
-      }
       Bits dY = dYb;
       Vec g(size_t(n) * out), db(static_cast<size_t>(out));
       group_sum_backward_bf16(cpu_, nullptr, dY.data(), n, S, out, g.data(), out, db.data(), true,
@@ -637,18 +625,6 @@ TEST_F(Parity, TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu) {
                down(gdb), down(gdAf), down(gdA16), down(gloss)[0]};
   };
   const Out s = run(gpu_, true, true), f = run(gpu_, false, true), c = run(cpu_, true, false);
-  {  // BF16's backward kernel at 2 blocks per SM (8 rows in flight), as before 3 blocks
-    const bool three = three_block_kernels();
-    set_three_block_kernels(false);
-    const Out two = run(gpu_, true, true);
-    set_three_block_kernels(three);
-    expect_same(two.dA16, s.dA16, "dA, 2 blocks vs 3 blocks per SM");
-    expect_same(two.dU, s.dU, "user GMF gradients, 2 vs 3 blocks per SM");
-    expect_same(two.dI, s.dI, "item GMF gradients, 2 vs 3 blocks per SM");
-    expect_same(two.dwc, s.dwc, "dw, dc, 2 vs 3 blocks per SM");
-    expect_same(two.db, s.db, "db, 2 vs 3 blocks per SM");
-    EXPECT_EQ(std::memcmp(&two.loss, &s.loss, sizeof(double)), 0) << two.loss << " vs " << s.loss;
-  }
   expect_same(s.logits, f.logits, "logits, BF16 storage vs FP32 on the device");
   expect_same(s.dA16, bf16_bits_of(f.dAf), "dA = the FP32 top's dA rounded");
   expect_same(s.dU, f.dU, "user GMF gradients");

@@ -510,7 +510,7 @@ __device__ __forceinline__ Bf16Lanes<L> mask_bf16_bits(uint32_t bits, const Bf16
 // and thread, L bits of it). kMinBlocks: blocks per SM for __launch_bounds__ (0: none);
 // at L = 8 with the bits the kernel takes 93 registers, 2 blocks per SM (an H200 ran it at
 // 63% of HBM peak, the GPU kit's step_ncu_bf16 stage, 2026-11-27), and fits 80
-// without a spill for 3 (sm_90, ptxas -v; three_block_kernels).
+// without a spill for 3 (sm_90, ptxas -v), faster at 3 (the kit's step_*_2blocks stages).
 template <int L, bool kRelu, bool kBits = false, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,
@@ -565,8 +565,7 @@ void launch_group_sum_bf16(cudaStream_t stream, const uint16_t* Y, uint16_t* dY,
   const unsigned grid = grid_for(n * (out / L));
   if (relu && mask) {
     auto kernel = group_sum_bf16_kernel<L, true, true>;
-    if constexpr (L == 8)
-      if (three_block_kernels()) kernel = group_sum_bf16_kernel<L, true, true, 3>;
+    if constexpr (L == 8) kernel = group_sum_bf16_kernel<L, true, true, 3>;
     kernel<<<grid, kThreads, 0, stream>>>(nullptr, dY, n, S, out, dYg, lddyg, mask,
                                           relu_mask_words(out));
   } else if (relu) {

@@ -72,17 +72,6 @@ const char* step_kernels_name(StepKernels kernels);
 bool lt_bf16_out_enabled();
 void set_lt_bf16_out(bool on);
 
-// Three GPU kernels that ran 2 blocks per SM on an H200, capped at 80 registers so that 3
-// blocks share an SM (true, the default), or, with the environment variable
-// NCF_3BLOCK_KERNELS=0, as they were (kept selectable to be measured beside them):
-// neumf_top_backward on BF16 storage with mf and the last layer in (32, 64] (4 rows in
-// flight per warp instead of 8), run_sums on FP32 rows four columns per thread (12 rows
-// instead of 16) and group_sum_backward_bf16 by the ReLU bit mask eight columns per
-// thread (the same code). The same loads and sums in the same order either way: the
-// same bits. The environment is read at the first call; the setter (tests) overrides it.
-bool three_block_kernels();
-void set_three_block_kernels(bool on);
-
 // run_sums and run_sums_bf16 on rows of a multiple of 128 columns with a warp's 32 threads
 // on one run, its indices loaded 32 at a time, a chunk ahead, and shuffled to the threads
 // (true, the default), or, with the environment variable NCF_RUN_SUMS_WARP=0, each thread

@@ -202,7 +202,8 @@ __device__ __forceinline__ void add_loaded_rows(double (&acc)[L], const RawLanes
 // kernel ran at 30% of HBM peak, its SMs busy 72% of its time
 // (the GPU kit's step_ncu_tf32 stage, 2026-11-27); 12 rows fit 80 registers
 // without a spill (sm_90, ptxas -v) and 3 blocks, 24 warps and 12% more bytes in flight
-// per SM (three_block_kernels). kRows does not change any sum's order: the same bits.
+// per SM (at 16 rows and 2 blocks it ran slower: the kit's step_*_2blocks stages). kRows
+// does not change any sum's order: the same bits.
 template <typename T, int L, int kRows = kRunRowsInFlight, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     run_sums_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,
@@ -277,12 +278,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 template <typename T, int L>
 void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, const int32_t* starts,
                      int64_t R, int out, float* dP) {
-  // The warp kernel, where it applies, whatever three_block_kernels says: FP32 at 12 rows
-  // and 3 blocks per SM (78 registers on sm_90), BF16 at 16 rows (71, 3 blocks).
+  // FP32 four columns a thread at 12 rows and 3 blocks per SM; the warp kernel, where it
+  // applies: FP32 at 12 rows and 3 blocks per SM (78 registers on sm_90), BF16 at 16 rows
+  // (71, 3 blocks).
   constexpr bool fp32 = std::is_same<T, float>::value;
   auto kernel = run_sums_kernel<T, L>;
-  if constexpr (fp32 && L == 4)
-    if (three_block_kernels()) kernel = run_sums_kernel<T, L, 12, 3>;
+  if constexpr (fp32 && L == 4) kernel = run_sums_kernel<T, L, 12, 3>;
   if constexpr (L == 4)
     if ((out / L) % 32 == 0 && run_sums_by_warp())
       kernel = fp32 ? run_sums_warp_kernel<T, L, 12, 3> : run_sums_warp_kernel<T, L, 16, 0>;

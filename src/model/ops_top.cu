@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
 // occupancy and 44% of HBM peak, 41% of its warps' cycles between instructions spent
 // waiting on L1TEX (the GPU kit's step_ncu_top stage, 2026-11-27); with 4 rows
 // it fits 78 registers without a spill (sm_90, ptxas -v) and 3 blocks
-// (three_block_kernels).
+// (the kernel at 2 blocks per SM, 8 rows, lost to it: the kit's step_*_2blocks stages).
 // R changes only how many rows' loads are issued before their adds, not the order of
 // any sum: every R gives the same bits.
 template <int J, typename TA, int R = (J >= 4 ? 4 : 8), int kMinBlocks = 0>
@@ -575,8 +575,7 @@ void top_backward(const ExecContext& ctx, const float* urows, int64_t ldu, const
     } else if (J == 2) {
       // 3 blocks per SM on BF16 only: the FP32 kernel spills at 3 blocks' 80 registers.
       if constexpr (sizeof(TA) == 2)
-        launch(three_block_kernels() ? neumf_top_backward_kernel<2, TA, 4, 3>
-                                     : neumf_top_backward_kernel<2, TA>);
+        launch(neumf_top_backward_kernel<2, TA, 4, 3>);
       else
         launch(neumf_top_backward_kernel<2, TA>);
     } else {

@@ -200,9 +200,6 @@ int train_main(int& argc, char**& argv) {
   }
   // The kernel choices turned off from the environment (ops.h, negatives.h, step.h).
   const std::pair<bool, const char*> old_kernels[] = {
-      {three_block_kernels(),
-       "NCF_3BLOCK_KERNELS=0: the BF16 top's backward, the FP32 per-item sums and the BF16 "
-       "masked group sums run 2 blocks per SM"},
       {run_sums_by_warp(),
        "NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each row's index per thread"},
       {scatter_rows_by_four(),
