@@ -13,7 +13,6 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 
 #include "common/check.h"
@@ -244,7 +243,7 @@ FirstRows first_rows(BlockReader& reader, std::vector<char>* buf, size_t start, 
     }
     if (sc.status() == CsvScanner::Status::kTooLong)
       NCF_FAIL(file, ":", 1 + sc.lines(), ": a row longer than ", syntax.max_record_bytes,
-               " bytes: not an interaction file with these --separator and "
+               " bytes (--csv_max_row_bytes): not an interaction file with these --separator and "
                "quoting rules");
     // Fewer rows than wanted and more input: read on, also when the buffer
     // ended exactly at a record's end (the scanner then says kDone, not
@@ -355,18 +354,20 @@ std::string input_name(const std::string& file) {
 
 // ---------------------------------------------------------- the stages ---
 
-// A size from an environment variable (the tests shrink blocks and the row
-// limit to cover chunk and block boundaries with small files), else `fallback`.
-size_t env_size(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0' || x == 0) NCF_FAIL("environment ", name, "=", v, " is not a positive integer");
-  return static_cast<size_t>(x);
+// --csv_max_row_bytes and --csv_block_bytes as the parse's syntax; refuses a
+// size outside the flags' range, naming the flag.
+CsvSyntax syntax_of(const CsvOptions& csv) {
+  for (const auto& [flag, v] : {std::pair<const char*, size_t>{"max_row_bytes", csv.max_row_bytes},
+                                {"block_bytes", csv.block_bytes}})
+    if (v < 1 || v > kMaxCsvSizeFlag)
+      NCF_FAIL("flag --csv_", flag, " must be in [1, ", kMaxCsvSizeFlag, "], got ", v);
+  CsvSyntax syntax;
+  syntax.separator = csv.separator;
+  syntax.max_record_bytes = csv.max_row_bytes;
+  syntax.min_chunk_bytes =
+      std::max<size_t>(1, std::min<size_t>(size_t(1) << 20, csv.block_bytes / 4));
+  return syntax;
 }
-
-constexpr size_t kMaxRowBytes = size_t(1) << 20;
 
 // What the parse and intern stages take from the file: every row's user and
 // item key (and time), each distinct id string once, the bad rows.
@@ -466,7 +467,7 @@ CsvLog read_log(BlockReader& reader, const std::array<ColumnSpec, kRoles>& cols,
         });
     if (res.too_long)
       NCF_FAIL(file, ":", line + res.lines, ": a row longer than ", syntax.max_record_bytes,
-               " bytes: not an interaction file with these --separator and "
+               " bytes (--csv_max_row_bytes): not an interaction file with these --separator and "
                "quoting rules");
     log.parse_s += seconds_since(t0);
 
@@ -680,13 +681,9 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
   const std::array<ColumnSpec, kRoles> cols = parse_columns(csv.columns);
   if (csv.min_rating && !cols[kRating].given)
     NCF_FAIL("--min_rating needs a rating column in --columns (rating=C)");
-  CsvSyntax syntax;
-  syntax.separator = csv.separator;
-  syntax.max_record_bytes = env_size("NCF_CSV_MAX_ROW_BYTES", kMaxRowBytes);
-  const size_t block_bytes = env_size("NCF_CSV_BLOCK_BYTES", BlockReader::kDefaultBlockBytes);
-  syntax.min_chunk_bytes = std::max<size_t>(1, std::min<size_t>(size_t(1) << 20, block_bytes / 4));
+  const CsvSyntax syntax = syntax_of(csv);
 
-  BlockReader reader(file, block_bytes);
+  BlockReader reader(file, csv.block_bytes);
   CsvLog log = read_log(reader, cols, csv, syntax, threads, file);
   report_read(log, reader, file, opt, progress);
 

@@ -100,6 +100,8 @@ struct PrepFlags {
   std::string csv_columns, csv_separator = ",", csv_header = "auto";
   double min_rating = 0;
   bool skip_bad_rows = false;
+  size_t csv_max_row_bytes = ncf::CsvOptions().max_row_bytes;
+  size_t csv_block_bytes = ncf::CsvOptions().block_bytes;
   std::string tfmg_cycles = "all";
   std::string eval_sampling = "auto";
 
@@ -144,6 +146,17 @@ void add_input_flags(CLI::App& app, PrepFlags& f) {
   f.csv_opts.push_back(app.add_flag("--skip_bad_rows", f.skip_bad_rows,
                                     "csv: count and skip bad rows (reported, and counted in "
                                     "metadata.json) instead of stopping at the first"));
+  f.csv_opts.push_back(
+      add_ranged(app, "--csv_max_row_bytes", f.csv_max_row_bytes,
+                 "csv: the longest row, in bytes (quoted line breaks and all); a longer one "
+                 "stops the run, a quote still open there is a bad row",
+                 FlagRange::ints(1, ncf::kMaxCsvSizeFlag))
+          ->capture_default_str());
+  f.csv_opts.push_back(add_ranged(app, "--csv_block_bytes", f.csv_block_bytes,
+                                  "csv: the read block size, in bytes: the file is read (and "
+                                  "inflated) a block at a time, a few blocks in memory",
+                                  FlagRange::ints(1, ncf::kMaxCsvSizeFlag))
+                           ->capture_default_str());
   f.tfmg_cycles_opt =
       app.add_option(
              "--tfmg_cycles", f.tfmg_cycles,
@@ -357,6 +370,8 @@ ncf::DatasetMeta run_input(PrepFlags& f) {
     csv.header = ncf::parse_csv_header(f.csv_header);
     if (f.min_rating_opt->count() > 0) csv.min_rating = f.min_rating;
     csv.skip_bad_rows = f.skip_bad_rows;
+    csv.max_row_bytes = f.csv_max_row_bytes;
+    csv.block_bytes = f.csv_block_bytes;
     opt.eval_negatives = f.eval_negatives ? f.eval_negatives : 999;
     return ncf::prepare_csv(resolved, csv, f.output, opt);
   }
