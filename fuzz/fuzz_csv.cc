@@ -16,7 +16,6 @@
 // Property: a prepared dataset passes verify_dataset.
 #include <zlib.h>
 
-#include <cstdlib>
 #include <filesystem>
 
 #include "data/dataset.h"
@@ -55,13 +54,11 @@ std::vector<std::pair<std::string, std::string>> dataset_files(const std::string
 // "" when it prepared the dataset, else the refusal.
 std::string run(const std::string& file, const CsvOptions& csv, const std::string& out,
                 const PrepOptions& opt, size_t block_bytes, const std::string& in_dir) {
-  setenv("NCF_CSV_BLOCK_BYTES", std::to_string(block_bytes).c_str(), 1);
+  CsvOptions c = csv;
+  c.block_bytes = block_bytes;
   // Refusals name the file, or the flag whose (fuzzed) value is wrong.
-  const std::string error =
-      fuzz::refusal({in_dir, "--columns", "--min_rating", "--header", "--separator"},
-                    [&] { prepare_csv(file, csv, out, opt); });
-  unsetenv("NCF_CSV_BLOCK_BYTES");
-  return error;
+  return fuzz::refusal({in_dir, "--columns", "--min_rating", "--header", "--separator"},
+                       [&] { prepare_csv(file, c, out, opt); });
 }
 
 }  // namespace
@@ -83,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (mode & 0x10) csv.min_rating = 3.0;
   csv.skip_bad_rows = mode & 0x20;
   static const size_t kRowBytes[4] = {size_t(1) << 20, 64, 300, 17};
-  setenv("NCF_CSV_MAX_ROW_BYTES", std::to_string(kRowBytes[knobs >> 6]).c_str(), 1);
+  csv.max_row_bytes = kRowBytes[knobs >> 6];
 
   const std::string in_dir = fuzz::in_scratch("in");
   std::filesystem::create_directory(in_dir);
@@ -108,6 +105,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (one.empty() && dataset_files(out1) != dataset_files(out2))
       fuzz::property_failed("threads and block size change the dataset's bytes");
   }
-  unsetenv("NCF_CSV_MAX_ROW_BYTES");
   return 0;
 }

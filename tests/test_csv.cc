@@ -59,15 +59,6 @@ void expect_has(const std::string& msg, const std::vector<std::string>& parts) {
     EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
 }
 
-// Sets an environment variable for one scope (the reader's test knobs).
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
-    setenv(n.c_str(), v.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
-
 // Every file of a directory, by name.
 std::map<std::string, std::string> dir_files(const std::string& dir) {
   std::map<std::string, std::string> out;
@@ -360,15 +351,15 @@ TEST(Csv, ThreadsAndBlockSizesGiveTheSameBytes) {
   EXPECT_EQ(m0.generator["bad_rows"].get<uint64_t>(), 16u);
   struct Run {
     int threads;
-    std::string block;
+    size_t block;  // 0: the default
   };
-  for (const Run& r : {Run{2, ""}, Run{1, "4096"}, Run{2, "4096"}, Run{3, "4096"}, Run{2, "777"}}) {
-    std::unique_ptr<ScopedEnv> env;
-    if (!r.block.empty()) env = std::make_unique<ScopedEnv>("NCF_CSV_BLOCK_BYTES", r.block);
+  for (const Run& r : {Run{2, 0}, Run{1, 4096}, Run{2, 4096}, Run{3, 4096}, Run{2, 777}}) {
+    CsvOptions cr = c;
+    if (r.block) cr.block_bytes = r.block;
     TempDir out;
-    prepare_csv(in.file("log.csv"), c, out.path(), options(10, r.threads));
+    prepare_csv(in.file("log.csv"), cr, out.path(), options(10, r.threads));
     expect_same_dirs(base.path(), out.path(),
-                     "threads " + std::to_string(r.threads) + " block " + r.block);
+                     "threads " + std::to_string(r.threads) + " block " + std::to_string(r.block));
   }
 }
 
@@ -468,7 +459,6 @@ TEST(Csv, EveryBadRowIsNamedOrCounted) {
 
 TEST(Csv, AnUnterminatedQuoteEndsAtItsLineAndLongRowsStop) {
   TempDir in, out;
-  ScopedEnv env("NCF_CSV_MAX_ROW_BYTES", "200");
   // The quote opened on line 3 does not close within 200 bytes: the bad row
   // ends with line 3, and the rows after it are read.
   std::string text = "user,item,ts\nu0,a,1\nu0,\"b,2\n";
@@ -477,6 +467,7 @@ TEST(Csv, AnUnterminatedQuoteEndsAtItsLineAndLongRowsStop) {
   text += "u9,\"x\"\"y\",4\n";
   write_file(in.file("log.csv"), text);
   CsvOptions c = csv_options("user=user,item=item,timestamp=ts");
+  c.max_row_bytes = 200;
   expect_has(error_of([&] { prepare_csv(in.file("log.csv"), c, out.path(), options(1)); }),
              {in.file("log.csv") + ":3: column item (1): unterminated quote (no closing quote "
                                    "within 200 bytes"});
@@ -489,6 +480,44 @@ TEST(Csv, AnUnterminatedQuoteEndsAtItsLineAndLongRowsStop) {
   write_file(in.file("long.csv"), "user,item,ts\nu0,a,1\nu0," + std::string(300, 'x') + ",2\n");
   expect_has(error_of([&] { prepare_csv(in.file("long.csv"), c, out.path(), options(1)); }),
              {in.file("long.csv") + ":3: a row longer than 200 bytes"});
+  // A longer limit reads it (here with a second user, so that each has an
+  // item left to draw its eval negative from).
+  const std::string long_row = "u0," + std::string(300, 'x') + ",2\n";
+  write_file(in.file("long.csv"), "user,item,ts\nu0,a,1\n" + long_row + "u1,a,1\nu1,b,2\n");
+  c.max_row_bytes = 400;
+  EXPECT_EQ(prepare_csv(in.file("long.csv"), c, out.path(), options(1))
+                .generator["interactions"]
+                .get<uint64_t>(),
+            4u);
+  // The sizes' range, named by their flags, also where prepare_csv is called directly.
+  for (const auto& [flag, v] : {std::pair<std::string, size_t>{"max_row_bytes", 0},
+                                {"max_row_bytes", kMaxCsvSizeFlag + 1},
+                                {"block_bytes", 0},
+                                {"block_bytes", kMaxCsvSizeFlag + 1}}) {
+    CsvOptions bad = c;
+    (flag == "block_bytes" ? bad.block_bytes : bad.max_row_bytes) = v;
+    expect_has(error_of([&] { prepare_csv(in.file("log.csv"), bad, out.path(), options(1)); }),
+               {"flag --csv_" + flag + " must be in [1, 1073741824], got " + std::to_string(v)});
+  }
+  // The program's flags: --csv_max_row_bytes reaches the reader, both need
+  // --format csv.
+  const std::string prep = test::bin("ncf_prep") + " --input " + in.file("long.csv") +
+                           " --format csv --columns user=user,item=item,timestamp=ts " +
+                           "--eval_negatives 1 --progress off --output " + out.file("cli");
+  auto r = test::run(prep + " --csv_max_row_bytes 200");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(":3: a row longer than 200 bytes"), std::string::npos) << r.output;
+  r = test::run(prep + " --csv_max_row_bytes 400 --csv_block_bytes 7");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = test::run(prep + " --csv_block_bytes 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("flag --csv_block_bytes must be > 0, got 0"), std::string::npos)
+      << r.output;
+  r = test::run(test::bin("ncf_prep") + " --synthetic small --csv_max_row_bytes 400 --output " +
+                out.file("syn"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--csv_max_row_bytes applies to --format csv only"), std::string::npos)
+      << r.output;
 }
 
 // ------------------------------------------------------------ header ---
@@ -540,7 +569,7 @@ TEST(Csv, HeaderRuleAndColumnErrors) {
 
 // Fuzzing found (fuzz/regressions/csv/): the header rule reads the first two
 // rows, and when a block of the file ended exactly where the first row did it
-// stopped at one row, so where the blocks fell (NCF_CSV_BLOCK_BYTES here, 32
+// stopped at one row, so where the blocks fell (--csv_block_bytes here, 32
 // MiB of blank lines first in a real file) decided between a header, a
 // request for --header and a too-long row. The rows are read on past a block
 // boundary: the outcome is the same whatever the block size.
@@ -555,11 +584,12 @@ TEST(Csv, TheHeaderRuleSeesTwoRowsWhereverABlockEnds) {
   // Every block size, the first row ("user,item\n", 10 bytes) ending a block
   // at 10 and 5, and the second row ending one at 7 and 14.
   for (size_t block = 1; block <= text.size() + 1; ++block) {
-    ScopedEnv env("NCF_CSV_BLOCK_BYTES", std::to_string(block));
+    CsvOptions c = csv_options("user=0,item=1");
+    c.block_bytes = block;
     TempDir out;
     std::string e;
     try {
-      prepare_csv(file, csv_options("user=0,item=1"), out.path(), options(1));
+      prepare_csv(file, c, out.path(), options(1));
     } catch (const Error& err) {
       e = err.what();
     }

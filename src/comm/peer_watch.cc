@@ -492,6 +492,89 @@ bool read_frame(int fd, Clock::time_point until, char* type, std::string* payloa
   }
 }
 
+// A socket listening on every interface, on a port the kernel picks (in
+// me->port), or -1 or no port with *failure.
+int listen_any(Published* me, std::string* failure) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (lfd < 0) {
+    *failure = "socket: " + errno_text(errno);
+  } else {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof sa;
+    if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(lfd, 8) != 0 ||
+        getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+      *failure = "cannot listen: " + errno_text(errno);
+    else
+      me->port = ntohs(sa.sin_port);
+  }
+  return lfd;
+}
+
+// Rank r's connection to rank `next`, which published `p`: on the loopback
+// first when both are on one node, then on each published address; greeted
+// with the job's cookie and r. On failure, *failure says why (the socket
+// stays open when only the greeting failed).
+int connect_to_next(const Watch& w, const RankInfo& info, const Published& p, int next,
+                    uint64_t cookie, std::string* failure) {
+  const int r = w.rank;
+  int fd = -1;
+  std::vector<uint32_t> tries;
+  const bool same_node = info.nodes.node_of.empty() ||
+                         info.nodes.node_of[size_t(r)] == info.nodes.node_of[size_t(next)];
+  if (same_node) tries.push_back(htonl(INADDR_LOOPBACK));
+  tries.insert(tries.end(), p.addr, p.addr + p.naddr);
+  std::string why = "no address published";
+  for (uint32_t ip : tries) {
+    fd = connect_within(ip, p.port, kConnectSeconds / double(tries.size()), &why);
+    if (fd >= 0) break;
+  }
+  if (fd < 0) {
+    *failure = "cannot reach " + where(w, next) + " (" + why + ")";
+  } else {
+    std::string hello;
+    for (int k = 0; k < 8; ++k) hello.push_back(char((cookie >> (8 * k)) & 0xff));
+    put_i32(hello, r);
+    const std::string f = frame(kHello, hello);
+    if (::send(fd, f.data(), f.size(), MSG_NOSIGNAL) != ssize_t(f.size()))
+      *failure = "cannot greet " + where(w, next) + ": " + errno_text(errno);
+  }
+  return fd;
+}
+
+// The connection from rank `prev` on the listening socket: the first one
+// that greets with the job's cookie and prev's rank within 1.5 x
+// kConnectSeconds (others are closed), or -1 with *failure.
+int accept_from_prev(const Watch& w, int lfd, int prev, uint64_t cookie, std::string* failure) {
+  int from = -1;
+  const Clock::time_point until =
+      Clock::now() + std::chrono::milliseconds(int64_t(kConnectSeconds * 1500));
+  while (from < 0 && Clock::now() < until) {
+    pollfd p{lfd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    char type = 0;
+    std::string hello;
+    const bool ok =
+        read_frame(fd, std::min(until, Clock::now() + std::chrono::seconds(5)), &type, &hello) &&
+        type == kHello && hello.size() == 12 && get_u64(hello, 0) == cookie &&
+        get_i32(hello, 8) == prev;
+    if (!ok) {
+      ::close(fd);  // not our neighbour: a stranger, or a stale connection
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    from = fd;
+  }
+  if (from < 0)
+    *failure = where(w, prev) + " did not connect within " +
+               std::to_string(int(kConnectSeconds * 1.5)) + " s";
+  return from;
+}
+
 }  // namespace
 
 PeerWatchStart start_peer_watch(const RankInfo& info, const PeerWatchOptions& options) {
@@ -509,23 +592,9 @@ PeerWatchStart start_peer_watch(const RankInfo& info, const PeerWatchOptions& op
   w->program = options.program;
 
   std::string failure;  // this rank's reason, if its part failed
-  // Listen on every interface, on a port the kernel picks.
-  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   Published me{};
   gethostname(me.host, sizeof me.host - 1);
-  if (lfd < 0) {
-    failure = "socket: " + errno_text(errno);
-  } else {
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof sa;
-    if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(lfd, 8) != 0 ||
-        getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-      failure = "cannot listen: " + errno_text(errno);
-    else
-      me.port = ntohs(sa.sin_port);
-  }
+  const int lfd = listen_any(&me, &failure);
   const std::vector<uint32_t> ips = local_ipv4();
   me.naddr = uint8_t(std::min<size_t>(ips.size(), 8));
   std::copy(ips.begin(), ips.begin() + me.naddr, me.addr);
@@ -549,55 +618,9 @@ PeerWatchStart start_peer_watch(const RankInfo& info, const PeerWatchOptions& op
   Link to_next, from_prev;
   to_next.peer = next;
   from_prev.peer = prev;
-  if (failure.empty() && connects) {
-    const Published& p = all[size_t(next)];
-    std::vector<uint32_t> tries;
-    const bool same_node = info.nodes.node_of.empty() ||
-                           info.nodes.node_of[size_t(r)] == info.nodes.node_of[size_t(next)];
-    if (same_node) tries.push_back(htonl(INADDR_LOOPBACK));
-    tries.insert(tries.end(), p.addr, p.addr + p.naddr);
-    std::string why = "no address published";
-    for (uint32_t ip : tries) {
-      to_next.fd = connect_within(ip, p.port, kConnectSeconds / double(tries.size()), &why);
-      if (to_next.fd >= 0) break;
-    }
-    if (to_next.fd < 0) {
-      failure = "cannot reach " + where(*w, next) + " (" + why + ")";
-    } else {
-      std::string hello;
-      for (int k = 0; k < 8; ++k) hello.push_back(char((cookie >> (8 * k)) & 0xff));
-      put_i32(hello, r);
-      const std::string f = frame(kHello, hello);
-      if (::send(to_next.fd, f.data(), f.size(), MSG_NOSIGNAL) != ssize_t(f.size()))
-        failure = "cannot greet " + where(*w, next) + ": " + errno_text(errno);
-    }
-  }
-  if (failure.empty() && accepts) {
-    const Clock::time_point until =
-        Clock::now() + std::chrono::milliseconds(int64_t(kConnectSeconds * 1500));
-    while (from_prev.fd < 0 && Clock::now() < until) {
-      pollfd p{lfd, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      char type = 0;
-      std::string hello;
-      const bool ok =
-          read_frame(fd, std::min(until, Clock::now() + std::chrono::seconds(5)), &type, &hello) &&
-          type == kHello && hello.size() == 12 && get_u64(hello, 0) == cookie &&
-          get_i32(hello, 8) == prev;
-      if (!ok) {
-        ::close(fd);  // not our neighbour: a stranger, or a stale connection
-        continue;
-      }
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      from_prev.fd = fd;
-    }
-    if (from_prev.fd < 0)
-      failure = where(*w, prev) + " did not connect within " +
-                std::to_string(int(kConnectSeconds * 1.5)) + " s";
-  }
+  if (failure.empty() && connects)
+    to_next.fd = connect_to_next(*w, info, all[size_t(next)], next, cookie, &failure);
+  if (failure.empty() && accepts) from_prev.fd = accept_from_prev(*w, lfd, prev, cookie, &failure);
   if (lfd >= 0) ::close(lfd);
   int ok = failure.empty() ? 1 : 0;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));

@@ -27,6 +27,47 @@ void for_key_ranges(int parts, uint64_t keys, const std::function<void(uint64_t,
   });
 }
 
+// Rows per user key (at off[u + 1]) and the item and time of each user's
+// latest row: in file order, with >=, so the later row wins a tie. Each
+// item's latest time.
+struct Latest {
+  std::vector<uint64_t> off;
+  std::vector<uint32_t> latest_key;
+  std::vector<int64_t> latest_t, item_t;
+};
+
+Latest latest_rows(const Interactions& in, int parts) {
+  const uint64_t n = in.user.size(), UK = in.num_user_keys, IK = in.num_item_keys;
+  Latest l;
+  std::vector<uint64_t>& off = l.off;
+  std::vector<uint32_t>& latest_key = l.latest_key;
+  std::vector<int64_t>&latest_t = l.latest_t, &item_t = l.item_t;
+  off.assign(UK + 1, 0);
+  latest_key.assign(UK, 0);
+  latest_t.assign(UK, std::numeric_limits<int64_t>::min());
+  item_t.assign(IK, std::numeric_limits<int64_t>::min());
+  for_key_ranges(parts, UK, [&](uint64_t lo, uint64_t hi) {
+    for (uint64_t k = 0; k < n; ++k) {
+      const uint32_t u = in.user[k];
+      if (u < lo || u >= hi) continue;
+      ++off[u + 1];
+      const int64_t t = in.time.empty() ? int64_t(k) : in.time[k];
+      if (t >= latest_t[u]) {
+        latest_t[u] = t;
+        latest_key[u] = in.item[k];
+      }
+    }
+  });
+  for_key_ranges(parts, IK, [&](uint64_t lo, uint64_t hi) {
+    for (uint64_t k = 0; k < n; ++k) {
+      const uint32_t i = in.item[k];
+      if (i >= lo && i < hi)
+        item_t[i] = std::max(item_t[i], in.time.empty() ? int64_t(k) : in.time[k]);
+    }
+  });
+  return l;
+}
+
 }  // namespace
 
 HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int threads,
@@ -39,33 +80,10 @@ HeldOutUsers hold_out_latest(Interactions in, uint32_t min_interactions, int thr
   const uint64_t UK = in.num_user_keys, IK = in.num_item_keys;
   const int parts = std::max(1, threads);
 
-  // Rows per user key and the item of each user's latest row: in file order,
-  // with >=, so the later row wins a tie.
-  std::vector<uint64_t> off(UK + 1, 0);
-  std::vector<uint32_t> latest_key(UK, 0);
-  std::vector<int64_t> latest_t(UK, std::numeric_limits<int64_t>::min());
-  std::vector<int64_t> item_t(IK, std::numeric_limits<int64_t>::min());
-  {
-    for_key_ranges(parts, UK, [&](uint64_t lo, uint64_t hi) {
-      for (uint64_t k = 0; k < n; ++k) {
-        const uint32_t u = in.user[k];
-        if (u < lo || u >= hi) continue;
-        ++off[u + 1];
-        const int64_t t = in.time.empty() ? int64_t(k) : in.time[k];
-        if (t >= latest_t[u]) {
-          latest_t[u] = t;
-          latest_key[u] = in.item[k];
-        }
-      }
-    });
-    for_key_ranges(parts, IK, [&](uint64_t lo, uint64_t hi) {
-      for (uint64_t k = 0; k < n; ++k) {
-        const uint32_t i = in.item[k];
-        if (i >= lo && i < hi)
-          item_t[i] = std::max(item_t[i], in.time.empty() ? int64_t(k) : in.time[k]);
-      }
-    });
-  }
+  Latest l = latest_rows(in, parts);
+  std::vector<uint64_t>& off = l.off;
+  const std::vector<uint32_t>& latest_key = l.latest_key;
+  const std::vector<int64_t>&latest_t = l.latest_t, &item_t = l.item_t;
   release(in.time);
   uint64_t present = 0;
   for (uint64_t u = 0; u < UK; ++u) {

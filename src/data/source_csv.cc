@@ -1,4 +1,6 @@
-// CSV interaction logs → dataset: see source_csv.h.
+// CSV interaction logs → dataset: see source_csv.h. The columns' and fields'
+// syntax is csv_fields.cc, the id tables csv_intern.cc; here the rows are
+// parsed and the pipeline runs.
 //
 // Memory at 10^8 rows (~10^7 users, ~10^6 items): the file goes through a few
 // 32 MiB blocks (block_reader.h), never mapped whole; each row is kept as two
@@ -9,17 +11,15 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #include "common/check.h"
 #include "common/parallel.h"
 #include "data/block_reader.h"
+#include "data/csv_fields.h"
+#include "data/csv_intern.h"
 #include "data/csv_reader.h"
 #include "data/extend.h"
 #include "data/interactions.h"
@@ -30,435 +30,15 @@
 namespace ncf {
 namespace {
 
+// The columns and fields (csv_fields.h) and the id tables (csv_intern.h).
+using namespace csv;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// A size from an environment variable (the tests shrink blocks and the row
-// limit to cover chunk and block boundaries with small files), else `fallback`.
-size_t env_size(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0' || x == 0) NCF_FAIL("environment ", name, "=", v, " is not a positive integer");
-  return static_cast<size_t>(x);
-}
-
-constexpr size_t kMaxRowBytes = size_t(1) << 20;
 constexpr size_t kKeptBadRows = 10;  // bad rows reported by line with --skip_bad_rows
-
-// ---------------------------------------------------------------- columns ---
-
-enum Role { kUser, kItem, kTime, kRating, kRoles };
-constexpr const char* kRoleName[kRoles] = {"user", "item", "timestamp", "rating"};
-
-struct ColumnSpec {
-  bool given = false;
-  std::string name;    // header name, or empty when given by position
-  int64_t index = -1;  // 0-based position (resolved)
-};
-
-std::array<ColumnSpec, kRoles> parse_columns(const std::string& text) {
-  std::array<ColumnSpec, kRoles> cols;
-  if (text.empty())
-    NCF_FAIL(
-        "--format csv needs --columns user=C,item=C[,timestamp=C][,rating=C] (each C a "
-        "header name or a 0-based position)");
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t comma = text.find(',', at);
-    if (comma == std::string::npos) comma = text.size();
-    const std::string part = text.substr(at, comma - at);
-    const size_t eq = part.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == part.size())
-      NCF_FAIL("--columns '", text, "': '", part, "' is not KEY=COLUMN");
-    const std::string key = part.substr(0, eq), value = part.substr(eq + 1);
-    int role = -1;
-    for (int r = 0; r < kRoles; ++r)
-      if (key == kRoleName[r]) role = r;
-    if (role < 0)
-      NCF_FAIL("--columns '", text, "': unknown key '", key,
-               "' (the keys are user, item, timestamp, rating)");
-    ColumnSpec& c = cols[size_t(role)];
-    if (c.given) NCF_FAIL("--columns '", text, "': '", key, "' given twice");
-    c.given = true;
-    const bool digits =
-        std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    if (digits) {
-      if (value.size() > 9) NCF_FAIL("--columns '", text, "': position ", value, " is too large");
-      c.index = std::stoll(value);
-    } else {
-      c.name = value;
-    }
-    at = comma + 1;
-  }
-  if (!cols[kUser].given || !cols[kItem].given)
-    NCF_FAIL("--columns '", text, "': user and item are required");
-  return cols;
-}
-
-// -------------------------------------------------------------- fields ---
-
-std::string_view trim_spaces(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-bool all_digits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-bool parse_rating(std::string_view text, double* v, std::string* why) {
-  const std::string_view s = trim_spaces(text);
-  if (s.empty()) {
-    *why = "empty rating";
-    return false;
-  }
-  const auto [q, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
-  if (ec != std::errc() || q != s.data() + s.size() || !std::isfinite(*v)) {
-    *why = "not a decimal number";
-    return false;
-  }
-  return true;
-}
-
-// Days from 1970-01-01 to year-month-day of the proleptic Gregorian calendar.
-int64_t days_since_epoch(int64_t y, int m, int d) {
-  auto floor_div = [](int64_t a, int64_t b) {
-    return a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
-  };
-  // Leap days in the years before y, counted from year 0.
-  auto leap_days_before = [&](int64_t year) {
-    const int64_t p = year - 1;
-    return floor_div(p, 4) - floor_div(p, 100) + floor_div(p, 400);
-  };
-  static constexpr int kBeforeMonth[12] = {0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334};
-  const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-  const int64_t days_to_year = 365 * (y - 1970) + leap_days_before(y) - leap_days_before(1970);
-  return days_to_year + kBeforeMonth[m - 1] + (leap && m > 2 ? 1 : 0) + (d - 1);
-}
-
-// `n` digits at s[at..) as a number; false when they are not all digits.
-bool digits_at(std::string_view s, size_t at, size_t n, int* v) {
-  if (at + n > s.size()) return false;
-  int x = 0;
-  for (size_t k = at; k < at + n; ++k) {
-    if (s[k] < '0' || s[k] > '9') return false;
-    x = x * 10 + (s[k] - '0');
-  }
-  *v = x;
-  return true;
-}
-
-}  // namespace
-
-bool parse_csv_timestamp(std::string_view text, int64_t* micros, std::string* why) {
-  const std::string_view s = trim_spaces(text);
-  if (s.empty()) {
-    *why = "empty timestamp";
-    return false;
-  }
-  const bool is_integer =
-      all_digits(s) || ((s[0] == '-' || s[0] == '+') && all_digits(s.substr(1)));
-  if (is_integer) {
-    int64_t v = 0;
-    const char* b = s.data() + (s[0] == '+' ? 1 : 0);
-    const auto [q, ec] = std::from_chars(b, s.data() + s.size(), v);
-    constexpr int64_t kMaxSeconds = INT64_MAX / 1000000 - 1;
-    if (ec != std::errc() || q != s.data() + s.size() || v > kMaxSeconds || v < -kMaxSeconds) {
-      *why = "integer timestamp out of range";
-      return false;
-    }
-    *micros = v * 1000000;
-    return true;
-  }
-  const char* kExpected =
-      "not a timestamp (integer seconds since the epoch, or ISO 8601 such as 2019-03-04 or "
-      "2019-03-04T05:06:07Z)";
-  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
-  if (!digits_at(s, 0, 4, &year) || s.size() < 10 || s[4] != '-' || !digits_at(s, 5, 2, &month) ||
-      s[7] != '-' || !digits_at(s, 8, 2, &day)) {
-    *why = kExpected;
-    return false;
-  }
-  size_t at = 10;
-  int64_t frac_micros = 0;
-  if (at < s.size() && (s[at] == 'T' || s[at] == 't' || s[at] == ' ')) {
-    if (!digits_at(s, at + 1, 2, &hour) || at + 3 >= s.size() || s[at + 3] != ':' ||
-        !digits_at(s, at + 4, 2, &minute)) {
-      *why = kExpected;
-      return false;
-    }
-    at += 6;
-    if (at < s.size() && s[at] == ':') {
-      if (!digits_at(s, at + 1, 2, &second)) {
-        *why = kExpected;
-        return false;
-      }
-      at += 3;
-      if (at < s.size() && (s[at] == '.' || s[at] == ',')) {
-        size_t k = at + 1;
-        int64_t scale = 100000;
-        while (k < s.size() && s[k] >= '0' && s[k] <= '9') {
-          frac_micros += (s[k] - '0') * scale;
-          scale /= 10;
-          ++k;
-        }
-        if (k == at + 1) {
-          *why = kExpected;
-          return false;
-        }
-        at = k;
-      }
-    }
-  }
-  int64_t offset_seconds = 0;
-  if (at < s.size()) {
-    if (s[at] == 'Z' || s[at] == 'z') {
-      ++at;
-    } else if (s[at] == '+' || s[at] == '-') {
-      const int sign = s[at] == '-' ? -1 : 1;
-      int oh = 0, om = 0;
-      if (!digits_at(s, at + 1, 2, &oh)) {
-        *why = kExpected;
-        return false;
-      }
-      at += 3;
-      if (at < s.size() && s[at] == ':') {
-        if (!digits_at(s, at + 1, 2, &om)) {
-          *why = kExpected;
-          return false;
-        }
-        at += 3;
-      } else if (digits_at(s, at, 2, &om)) {
-        at += 2;
-      }
-      if (oh > 23 || om > 59) {
-        *why = "timestamp offset out of range";
-        return false;
-      }
-      offset_seconds = sign * (oh * 3600 + om * 60);
-    }
-  }
-  if (at != s.size()) {
-    *why = kExpected;
-    return false;
-  }
-  static constexpr int kDays[12] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-  if (month < 1 || month > 12 || day < 1 || day > kDays[month - 1] ||
-      (month == 2 && day == 29 && !leap) || hour > 23 || minute > 59 || second > 60) {
-    *why = "timestamp out of range (month, day, hour, minute or second)";
-    return false;
-  }
-  const int64_t secs = days_since_epoch(year, month, day) * 86400 + hour * 3600 + minute * 60 +
-                       second - offset_seconds;
-  *micros = secs * 1000000 + frac_micros;
-  return true;
-}
-
-char parse_csv_separator(const std::string& text) {
-  if (text == "\\t" || text == "tab" || text == "TAB") return '\t';
-  if (text.size() != 1)
-    NCF_FAIL("--separator '", text, "': give one character (or \\t or tab for TAB)");
-  const char c = text[0];
-  if (c == '"' || c == '\n' || c == '\r')
-    NCF_FAIL("--separator '", excerpt(text.data(), text.data() + text.size()),
-             "': a quote or a line break cannot separate fields");
-  return c;
-}
-
-CsvHeader parse_csv_header(const std::string& text) {
-  if (text == "auto") return CsvHeader::kAuto;
-  if (text == "yes") return CsvHeader::kYes;
-  if (text == "no") return CsvHeader::kNo;
-  NCF_FAIL("--header '", text, "': expected yes, no or auto");
-}
-
-namespace {
-
-// ------------------------------------------------------------------ ids ---
-
-// A 64-bit hash of an id's bytes: its top 6 bits pick the intern shard, its
-// low 32 bits the slot.
-uint64_t hash_id(const char* p, size_t n) {
-  constexpr uint64_t kA = 0x9E3779B97F4A7C15ull, kB = 0xD6E8FEB86659FD93ull;
-  uint64_t h = (uint64_t(n) + 1) * kB;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h ^= w * kA;
-    h = ((h << 27) | (h >> 37)) * kB;
-    p += 8;
-    n -= 8;
-  }
-  if (n > 0) {
-    uint64_t w = 0;
-    std::memcpy(&w, p, n);
-    h ^= w * kA;
-    h = ((h << 27) | (h >> 37)) * kB;
-  }
-  h ^= h >> 31;
-  h *= kA;
-  h ^= h >> 29;
-  return h;
-}
-
-constexpr int kShardBits = 6;
-constexpr uint32_t kShards = 1u << kShardBits;
-// An intern key is (shard-local index << kShardBits) | shard.
-constexpr uint64_t kMaxPerShard = uint64_t(1) << (32 - kShardBits);
-
-// One shard of distinct id strings: an open-addressing table of (low 32 bits
-// of the hash, local index + 1), the strings in arrival order.
-struct InternShard {
-  std::vector<uint64_t> slots;
-  StringList strings;
-
-  uint32_t intern(std::string_view s, uint64_t h) {
-    if ((strings.size() + 1) * 2 > slots.size()) grow();
-    const uint32_t tag = static_cast<uint32_t>(h);
-    const size_t mask = slots.size() - 1;
-    for (size_t i = tag & mask;; i = (i + 1) & mask) {
-      const uint64_t e = slots[i];
-      if (e == 0) {
-        const size_t id = strings.size();
-        strings.push_back(s);
-        slots[i] = (uint64_t(tag) << 32) | (id + 1);
-        return static_cast<uint32_t>(id);
-      }
-      if (uint32_t(e >> 32) == tag && strings[uint32_t(e) - 1] == s) return uint32_t(e) - 1;
-    }
-  }
-  // The local index + 1 in the first slot probed, when its tag matches, else 0:
-  // a prefetch hint only.
-  uint32_t candidate(uint64_t h) const {
-    if (slots.empty()) return 0;
-    const uint64_t e = slots[uint32_t(h) & (slots.size() - 1)];
-    return e != 0 && uint32_t(e >> 32) == uint32_t(h) ? uint32_t(e) : 0;
-  }
-  void grow() {
-    std::vector<uint64_t> old(std::max<size_t>(1024, slots.size() * 2), 0);
-    old.swap(slots);
-    const size_t mask = slots.size() - 1;
-    for (uint64_t e : old) {
-      if (e == 0) continue;
-      size_t i = uint32_t(e >> 32) & mask;
-      while (slots[i] != 0) i = (i + 1) & mask;
-      slots[i] = e;
-    }
-  }
-};
-
-struct InternTable {
-  std::array<InternShard, kShards> shards;
-  std::string_view string_of(uint32_t key) const {
-    return shards[key & (kShards - 1)].strings[key >> kShardBits];
-  }
-  uint64_t size() const {
-    uint64_t n = 0;
-    for (const auto& s : shards) n += s.strings.size();
-    return n;
-  }
-};
-
-// Lookups gathered a few at a time: the table slot, then the string's offset,
-// then its bytes are fetched for all of them before any is compared, so their
-// cache misses overlap instead of following one another (most of the time of
-// interning 10^7 distinct ids is waiting for memory). The hints only warm the
-// cache; each lookup is then an ordinary intern(), in order.
-class InternBatch {
- public:
-  void add(InternTable* t, uint32_t shard, std::string_view s, uint64_t h, uint32_t* out) {
-    q_[n_++] = {&t->shards[shard], shard, s, h, out};
-    if (n_ == kSize) flush();
-  }
-  void flush() {
-    for (int k = 0; k < n_; ++k) {
-      const InternShard& sh = *q_[k].shard;
-      if (!sh.slots.empty()) __builtin_prefetch(&sh.slots[q_[k].h & uint32_t(sh.slots.size() - 1)]);
-    }
-    for (int k = 0; k < n_; ++k) q_[k].id = q_[k].shard->candidate(q_[k].h);
-    for (int k = 0; k < n_; ++k)
-      if (q_[k].id) __builtin_prefetch(&q_[k].shard->strings.offsets[q_[k].id - 1]);
-    for (int k = 0; k < n_; ++k)
-      if (q_[k].id) {
-        const StringList& l = q_[k].shard->strings;
-        __builtin_prefetch(l.bytes.data() + l.offsets[q_[k].id - 1]);
-      }
-    for (int k = 0; k < n_; ++k)
-      *q_[k].out = (q_[k].shard->intern(q_[k].s, q_[k].h) << kShardBits) | q_[k].shard_index;
-    n_ = 0;
-  }
-
- private:
-  static constexpr int kSize = 16;
-  struct Lookup {
-    InternShard* shard;
-    uint32_t shard_index;
-    std::string_view s;
-    uint64_t h;
-    uint32_t* out;
-    uint32_t id = 0;  // the first probe's local index + 1, when its tag matches
-  };
-  Lookup q_[kSize];
-  int n_ = 0;
-};
-
-// Keys in ascending order of their strings: order[rank] = key, and rank_of[key].
-struct RankedIds {
-  std::vector<uint32_t> order;
-  std::vector<uint32_t> rank_of;
-};
-
-RankedIds rank_ids(const InternTable& t, int threads) {
-  struct Entry {
-    uint64_t prefix;  // the first 8 bytes, big-endian, zero-padded
-    uint32_t key;
-  };
-  std::vector<Entry> e;
-  e.reserve(t.size());
-  uint64_t widest = 0;
-  for (uint32_t s = 0; s < kShards; ++s) {
-    const StringList& l = t.shards[s].strings;
-    widest = std::max<uint64_t>(widest, l.size());
-    for (size_t k = 0; k < l.size(); ++k) {
-      const std::string_view v = l[k];
-      uint64_t p = 0;
-      for (size_t b = 0; b < 8; ++b)
-        p = (p << 8) | (b < v.size() ? static_cast<unsigned char>(v[b]) : 0u);
-      e.push_back({p, static_cast<uint32_t>((k << kShardBits) | s)});
-    }
-  }
-  auto less = [&t](const Entry& a, const Entry& b) {
-    if (a.prefix != b.prefix) return a.prefix < b.prefix;
-    return t.string_of(a.key) < t.string_of(b.key);
-  };
-  // Sorted in `parts` pieces on the pool, then merged.
-  const int parts = std::max(1, std::min<int>(threads, static_cast<int>(e.size() / 65536) + 1));
-  std::vector<size_t> cut(static_cast<size_t>(parts) + 1);
-  for (int p = 0; p <= parts; ++p) cut[size_t(p)] = e.size() * size_t(p) / size_t(parts);
-  parallel_for(parts, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      std::sort(e.begin() + ptrdiff_t(cut[size_t(p)]), e.begin() + ptrdiff_t(cut[size_t(p) + 1]),
-                less);
-  });
-  for (int p = 1; p < parts; ++p)
-    std::inplace_merge(e.begin(), e.begin() + ptrdiff_t(cut[size_t(p)]),
-                       e.begin() + ptrdiff_t(cut[size_t(p) + 1]), less);
-  RankedIds r;
-  r.order.resize(e.size());
-  r.rank_of.assign(size_t(widest) << kShardBits, 0);
-  for (size_t k = 0; k < e.size(); ++k) {
-    r.order[k] = e[k].key;
-    r.rank_of[e[k].key] = static_cast<uint32_t>(k);
-  }
-  return r;
-}
 
 // ------------------------------------------------------------- bad rows ---
 
@@ -663,7 +243,8 @@ FirstRows first_rows(BlockReader& reader, std::vector<char>* buf, size_t start, 
     }
     if (sc.status() == CsvScanner::Status::kTooLong)
       NCF_FAIL(file, ":", 1 + sc.lines(), ": a row longer than ", syntax.max_record_bytes,
-               " bytes: not an interaction file with these --separator and quoting rules");
+               " bytes (--csv_max_row_bytes): not an interaction file with these --separator and "
+               "quoting rules");
     // Fewer rows than wanted and more input: read on, also when the buffer
     // ended exactly at a record's end (the scanner then says kDone, not
     // kNeedMore), or where the blocks happen to end would decide the header.
@@ -771,49 +352,110 @@ std::string input_name(const std::string& file) {
   return name;
 }
 
-}  // namespace
+// ---------------------------------------------------------- the stages ---
 
-DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const std::string& out_dir,
-                        const PrepOptions& opt) {
-  const PrepProgress progress{opt.progress, "prep", Clock::now()};
-  const int threads = resolve_threads(opt.threads);
-  if (opt.min_interactions < 1)
-    NCF_FAIL("min_interactions must be >= 1, got ", opt.min_interactions);
-  const std::array<ColumnSpec, kRoles> cols = parse_columns(csv.columns);
-  if (csv.min_rating && !cols[kRating].given)
-    NCF_FAIL("--min_rating needs a rating column in --columns (rating=C)");
-
+// --csv_max_row_bytes and --csv_block_bytes as the parse's syntax; refuses a
+// size outside the flags' range, naming the flag.
+CsvSyntax syntax_of(const CsvOptions& csv) {
+  for (const auto& [flag, v] : {std::pair<const char*, size_t>{"max_row_bytes", csv.max_row_bytes},
+                                {"block_bytes", csv.block_bytes}})
+    if (v < 1 || v > kMaxCsvSizeFlag)
+      NCF_FAIL("flag --csv_", flag, " must be in [1, ", kMaxCsvSizeFlag, "], got ", v);
   CsvSyntax syntax;
   syntax.separator = csv.separator;
-  syntax.max_record_bytes = env_size("NCF_CSV_MAX_ROW_BYTES", kMaxRowBytes);
-  const size_t block_bytes = env_size("NCF_CSV_BLOCK_BYTES", BlockReader::kDefaultBlockBytes);
-  syntax.min_chunk_bytes = std::max<size_t>(1, std::min<size_t>(size_t(1) << 20, block_bytes / 4));
+  syntax.max_record_bytes = csv.max_row_bytes;
+  syntax.min_chunk_bytes =
+      std::max<size_t>(1, std::min<size_t>(size_t(1) << 20, csv.block_bytes / 4));
+  return syntax;
+}
 
-  // ---- parse + intern, block by block ----
-  BlockReader reader(file, block_bytes);
+// What the parse and intern stages take from the file: every row's user and
+// item key (and time), each distinct id string once, the bad rows.
+struct CsvLog {
+  Layout layout;
+  bool has_header = false;
+  InternTable users, items;
+  Interactions in;
+  std::array<uint64_t, kBadKinds> bad_counts{};
+  std::vector<std::pair<uint64_t, std::string>> bad_rows;  // the first kKeptBadRows
+  uint64_t records = 0, below_min_rating = 0;
+  double parse_s = 0, intern_s = 0;
+
+  bool timed() const { return layout.col[kTime] >= 0; }
+  uint64_t bad_total() const {
+    uint64_t s = 0;
+    for (uint64_t c : bad_counts) s += c;
+    return s;
+  }
+  // Takes a parsed chunk, in file order: its lines made absolute, its bad
+  // rows counted (or the first one refused), its rows kept for interning.
+  void commit(Chunk& c, uint64_t first_line, const CsvOptions& csv, const std::string& file,
+              std::vector<Chunk>* committed) {
+    for (BadRow& b : c.bad) b.line += first_line;
+    if (!csv.skip_bad_rows && !c.bad.empty())
+      NCF_FAIL(file, ":", c.bad[0].line, ": ", c.bad[0].message);
+    for (int k = 0; k < kBadKinds; ++k) bad_counts[size_t(k)] += c.bad_counts[size_t(k)];
+    for (BadRow& b : c.bad)
+      if (bad_rows.size() < kKeptBadRows) bad_rows.emplace_back(b.line, std::move(b.message));
+    records += c.records;
+    below_min_rating += c.below_min_rating;
+    committed->push_back(std::move(c));
+    c = Chunk();
+  }
+};
+
+// Interns the ids of the committed chunks' rows (each thread owns the shards
+// s with s % threads == its index) into log->in's entries from `base` on.
+void intern_rows(const std::vector<Chunk>& committed, uint64_t base, int threads,
+                 const std::string& file, CsvLog* log) {
+  const bool timed = log->timed();
+  Interactions& in = log->in;
+  parallel_for(threads, threads, 1, [&](int64_t t0_, int64_t t1_) {
+    for (int64_t t = t0_; t < t1_; ++t) {
+      InternBatch batch;
+      uint64_t k = base;
+      for (const Chunk& c : committed)
+        for (const Row& r : c.rows) {
+          const uint32_t su = uint32_t(r.user_hash >> (64 - kShardBits));
+          if (su % uint32_t(threads) == uint32_t(t))
+            batch.add(&log->users, su, {r.user, r.user_size}, r.user_hash, &in.user[k]);
+          const uint32_t si = uint32_t(r.item_hash >> (64 - kShardBits));
+          if (si % uint32_t(threads) == uint32_t(t))
+            batch.add(&log->items, si, {r.item, r.item_size}, r.item_hash, &in.item[k]);
+          if (timed && t == 0) in.time[k] = r.time;
+          ++k;
+        }
+      batch.flush();
+    }
+  });
+  for (uint32_t s = 0; s < kShards; ++s)
+    if (log->users.shards[s].strings.size() >= kMaxPerShard ||
+        log->items.shards[s].strings.size() >= kMaxPerShard)
+      NCF_FAIL(file, ": more distinct ids than this reader handles (about 2^32)");
+}
+
+// Parses the file block by block (chunks of each block on the pool, committed
+// in file order) and interns each block's rows before reading on.
+CsvLog read_log(BlockReader& reader, const std::array<ColumnSpec, kRoles>& cols,
+                const CsvOptions& csv, const CsvSyntax& syntax, int threads,
+                const std::string& file) {
+  CsvLog log;
   std::vector<char> buf;
   bool eof = reader.append_next(&buf) == 0;
   const size_t start =
       static_cast<size_t>(skip_bom(buf.data(), buf.data() + buf.size()) - buf.data());
   const FirstRows first = first_rows(reader, &buf, start, &eof, syntax, 2, file);
-  bool has_header = false;
-  const Layout layout = resolve_layout(cols, first, csv.header, file, &has_header);
-  const bool timed = layout.col[kTime] >= 0;
-  const RowParser parser(layout, csv, syntax.max_record_bytes);
+  log.layout = resolve_layout(cols, first, csv.header, file, &log.has_header);
+  const bool timed = log.timed();
+  const RowParser parser(log.layout, csv, syntax.max_record_bytes);
 
-  size_t pos = has_header ? first.after_first : start;
-  uint64_t line = has_header ? first.after_first_line : 1;
-  InternTable users, items;
-  Interactions in;
+  size_t pos = log.has_header ? first.after_first : start;
+  uint64_t line = log.has_header ? first.after_first_line : 1;
+  Interactions& in = log.in;
   std::vector<Chunk> slots(static_cast<size_t>(threads));
   std::vector<Chunk> committed;
-  std::array<uint64_t, kBadKinds> bad_counts{};
-  std::vector<std::pair<uint64_t, std::string>> bad_rows;  // the first kKeptBadRows
-  uint64_t records = 0, below_min_rating = 0;
-  double parse_s = 0, intern_s = 0;
   bool reserved = false;
   for (;;) {
-    // Parse: chunks of the buffer on the pool, committed in file order.
     auto t0 = Clock::now();
     const size_t round_start = pos;
     committed.clear();
@@ -821,24 +463,14 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
         buf.data(), pos, buf.size(), eof, line, syntax, threads,
         [&](int slot, CsvScanner& sc) { parser.scan(sc, &slots[size_t(slot)]); },
         [&](int slot, uint64_t first_line) {
-          Chunk& c = slots[size_t(slot)];
-          for (BadRow& b : c.bad) b.line += first_line;
-          if (!csv.skip_bad_rows && !c.bad.empty())
-            NCF_FAIL(file, ":", c.bad[0].line, ": ", c.bad[0].message);
-          for (int k = 0; k < kBadKinds; ++k) bad_counts[size_t(k)] += c.bad_counts[size_t(k)];
-          for (BadRow& b : c.bad)
-            if (bad_rows.size() < kKeptBadRows) bad_rows.emplace_back(b.line, std::move(b.message));
-          records += c.records;
-          below_min_rating += c.below_min_rating;
-          committed.push_back(std::move(c));
-          c = Chunk();
+          log.commit(slots[size_t(slot)], first_line, csv, file, &committed);
         });
     if (res.too_long)
       NCF_FAIL(file, ":", line + res.lines, ": a row longer than ", syntax.max_record_bytes,
-               " bytes: not an interaction file with these --separator and quoting rules");
-    parse_s += seconds_since(t0);
+               " bytes (--csv_max_row_bytes): not an interaction file with these --separator and "
+               "quoting rules");
+    log.parse_s += seconds_since(t0);
 
-    // Intern: each thread owns the shards s with s % threads == its index.
     t0 = Clock::now();
     uint64_t n = 0;
     for (const Chunk& c : committed) n += c.rows.size();
@@ -856,29 +488,8 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
     in.user.resize(base + n);
     in.item.resize(base + n);
     if (timed) in.time.resize(base + n);
-    parallel_for(threads, threads, 1, [&](int64_t t0_, int64_t t1_) {
-      for (int64_t t = t0_; t < t1_; ++t) {
-        InternBatch batch;
-        uint64_t k = base;
-        for (const Chunk& c : committed)
-          for (const Row& r : c.rows) {
-            const uint32_t su = uint32_t(r.user_hash >> (64 - kShardBits));
-            if (su % uint32_t(threads) == uint32_t(t))
-              batch.add(&users, su, {r.user, r.user_size}, r.user_hash, &in.user[k]);
-            const uint32_t si = uint32_t(r.item_hash >> (64 - kShardBits));
-            if (si % uint32_t(threads) == uint32_t(t))
-              batch.add(&items, si, {r.item, r.item_size}, r.item_hash, &in.item[k]);
-            if (timed && t == 0) in.time[k] = r.time;
-            ++k;
-          }
-        batch.flush();
-      }
-    });
-    for (uint32_t s = 0; s < kShards; ++s)
-      if (users.shards[s].strings.size() >= kMaxPerShard ||
-          items.shards[s].strings.size() >= kMaxPerShard)
-        NCF_FAIL(file, ": more distinct ids than this reader handles (about 2^32)");
-    intern_s += seconds_since(t0);
+    intern_rows(committed, base, threads, file, &log);
+    log.intern_s += seconds_since(t0);
 
     line += res.lines;
     buf.erase(buf.begin(), buf.begin() + ptrdiff_t(res.consumed));
@@ -886,106 +497,146 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
     if (eof) break;
     if (reader.append_next(&buf) == 0) eof = true;
   }
-  committed.clear();
-  slots.clear();
-  const uint64_t num_rows = in.user.size();
-  const uint64_t bad_total = [&] {
-    uint64_t s = 0;
-    for (uint64_t c : bad_counts) s += c;
-    return s;
-  }();
+  return log;
+}
+
+// The progress line of the read and the report of skipped bad rows; refuses a
+// log without interactions.
+void report_read(const CsvLog& log, const BlockReader& reader, const std::string& file,
+                 const PrepOptions& opt, const PrepProgress& progress) {
+  const uint64_t bad_total = log.bad_total();
   if (opt.progress) {
     std::fprintf(stderr,
                  "prep: read %llu rows (%.1f MB%s) from %s in %.1f s: parse %.1f s, intern %.1f "
                  "s; %llu user ids, %llu item ids\n",
-                 static_cast<unsigned long long>(records), double(reader.content_bytes()) / 1e6,
-                 reader.gzip() ? " inflated" : "", file.c_str(), progress.seconds(), parse_s,
-                 intern_s, static_cast<unsigned long long>(users.size()),
-                 static_cast<unsigned long long>(items.size()));
+                 static_cast<unsigned long long>(log.records), double(reader.content_bytes()) / 1e6,
+                 reader.gzip() ? " inflated" : "", file.c_str(), progress.seconds(), log.parse_s,
+                 log.intern_s, static_cast<unsigned long long>(log.users.size()),
+                 static_cast<unsigned long long>(log.items.size()));
   }
   if (bad_total > 0) {
     std::string by_kind, lines;
     for (int k = 0; k < kBadKinds; ++k)
-      if (bad_counts[size_t(k)])
+      if (log.bad_counts[size_t(k)])
         by_kind +=
-            detail::concat(by_kind.empty() ? "" : ", ", kBadKey[k], " ", bad_counts[size_t(k)]);
-    for (const auto& b : bad_rows) lines += detail::concat(lines.empty() ? "" : ", ", b.first);
+            detail::concat(by_kind.empty() ? "" : ", ", kBadKey[k], " ", log.bad_counts[size_t(k)]);
+    for (const auto& b : log.bad_rows) lines += detail::concat(lines.empty() ? "" : ", ", b.first);
     std::fprintf(stderr, "ncf_prep: skipped %llu bad rows of %s (%s); first at lines %s%s\n",
                  static_cast<unsigned long long>(bad_total), file.c_str(), by_kind.c_str(),
-                 lines.c_str(), bad_total > bad_rows.size() ? ", ..." : "");
-    for (size_t k = 0; k < std::min<size_t>(3, bad_rows.size()); ++k)
+                 lines.c_str(), bad_total > log.bad_rows.size() ? ", ..." : "");
+    for (size_t k = 0; k < std::min<size_t>(3, log.bad_rows.size()); ++k)
       std::fprintf(stderr, "ncf_prep:   %s:%llu: %s\n", file.c_str(),
-                   static_cast<unsigned long long>(bad_rows[k].first), bad_rows[k].second.c_str());
+                   static_cast<unsigned long long>(log.bad_rows[k].first),
+                   log.bad_rows[k].second.c_str());
   }
-  if (num_rows == 0)
-    NCF_FAIL(file, ": no interactions: ", records, " rows, ", bad_total, " bad, ", below_min_rating,
-             " rated below --min_rating");
+  if (log.in.user.empty())
+    NCF_FAIL(file, ": no interactions: ", log.records, " rows, ", bad_total, " bad, ",
+             log.below_min_rating, " rated below --min_rating");
+}
 
-  // ---- rank: keys in ascending byte order of the id strings ----
-  auto t0 = Clock::now();
-  RankedIds user_rank = rank_ids(users, threads);
-  RankedIds item_rank = rank_ids(items, threads);
-  in.num_user_keys = user_rank.order.size();
-  in.num_item_keys = item_rank.order.size();
-  parallel_ranges(threads, num_rows, [&](uint64_t b, uint64_t e) {
+// Renumbers the rows' keys in ascending byte order of the id strings; the
+// ranks' `order` stays (key of each rank), `rank_of` is freed.
+void rank_keys(int threads, CsvLog* log, RankedIds* user_rank, RankedIds* item_rank) {
+  Interactions& in = log->in;
+  *user_rank = rank_ids(log->users, threads);
+  *item_rank = rank_ids(log->items, threads);
+  in.num_user_keys = user_rank->order.size();
+  in.num_item_keys = item_rank->order.size();
+  parallel_ranges(threads, in.user.size(), [&](uint64_t b, uint64_t e) {
     for (uint64_t k = b; k < e; ++k) {
-      in.user[k] = user_rank.rank_of[in.user[k]];
-      in.item[k] = item_rank.rank_of[in.item[k]];
+      in.user[k] = user_rank->rank_of[in.user[k]];
+      in.item[k] = item_rank->rank_of[in.item[k]];
     }
   });
-  std::vector<uint32_t>().swap(user_rank.rank_of);
-  std::vector<uint32_t>().swap(item_rank.rank_of);
-  const double rank_s = seconds_since(t0);
+  std::vector<uint32_t>().swap(user_rank->rank_of);
+  std::vector<uint32_t>().swap(item_rank->rank_of);
+}
 
+// metadata.json's generator: no path and nothing about compression, so the
+// same rows give the same dataset from a .gz file and from its plain twin.
+nlohmann::json generator_of(const CsvLog& log, const BlockReader& reader, const CsvOptions& csv,
+                            const PrepOptions& opt, const std::string& file) {
   nlohmann::json columns = nlohmann::json::object();
   for (int r = 0; r < kRoles; ++r)
-    if (layout.col[size_t(r)] >= 0) columns[kRoleName[r]] = layout.col[size_t(r)];
-  // No path and nothing about compression: the same rows give the same dataset
-  // from a .gz file and from its plain twin.
-  const nlohmann::json generator = {{"format", "csv"},
-                                    {"input", input_name(file)},
-                                    {"input_bytes", reader.content_bytes()},
-                                    {"input_crc32c", reader.content_crc32c()},
-                                    {"columns", columns},
-                                    {"separator", std::string(1, csv.separator)},
-                                    {"header", has_header},
-                                    {"time", timed ? "timestamp column" : "file order"},
-                                    {"rows", records},
-                                    {"interactions", num_rows},
-                                    {"min_interactions", opt.min_interactions}};
-  if (!opt.extend.prev.empty()) {
-    // ---- extend a dataset (extend.h) ----
-    KeyedLog log;
-    log.strings = true;
-    for (uint64_t k = 0; k < in.num_user_keys; ++k)
-      log.user_strings.push_back(users.string_of(user_rank.order[k]));
-    for (uint64_t k = 0; k < in.num_item_keys; ++k)
-      log.item_strings.push_back(items.string_of(item_rank.order[k]));
-    users = InternTable();
-    items = InternTable();
-    log.in = std::move(in);
-    DatasetPlan plan = plan_of_options("csv:" + input_name(file), opt);
-    plan.generator = generator;
-    plan.generator["max_users"] = opt.extend.max_users;
-    plan.generator["max_items"] = opt.extend.max_items;
-    if (csv.min_rating) plan.generator["min_rating"] = *csv.min_rating;
-    if (csv.skip_bad_rows) plan.generator["bad_rows"] = bad_total;
-    return extend_dataset(std::move(log), plan, opt, out_dir, file);
-  }
+    if (log.layout.col[size_t(r)] >= 0) columns[kRoleName[r]] = log.layout.col[size_t(r)];
+  return {{"format", "csv"},
+          {"input", input_name(file)},
+          {"input_bytes", reader.content_bytes()},
+          {"input_crc32c", reader.content_crc32c()},
+          {"columns", columns},
+          {"separator", std::string(1, csv.separator)},
+          {"header", log.has_header},
+          {"time", log.timed() ? "timestamp column" : "file order"},
+          {"rows", log.records},
+          {"interactions", log.in.user.size()},
+          {"min_interactions", opt.min_interactions}};
+}
 
-  // ---- remap + split (shared with MovieLens) ----
-  t0 = Clock::now();
-  const HeldOutUsers d = hold_out_latest(std::move(in), opt.min_interactions, threads, file);
+// --extend: the log, its ids as strings by rank, goes to extend.h.
+DatasetMeta extend_with_log(CsvLog log, const RankedIds& user_rank, const RankedIds& item_rank,
+                            const nlohmann::json& generator, const CsvOptions& csv,
+                            const PrepOptions& opt, const std::string& out_dir,
+                            const std::string& file) {
+  const uint64_t bad_total = log.bad_total();
+  KeyedLog keyed;
+  keyed.strings = true;
+  for (uint64_t k = 0; k < log.in.num_user_keys; ++k)
+    keyed.user_strings.push_back(log.users.string_of(user_rank.order[k]));
+  for (uint64_t k = 0; k < log.in.num_item_keys; ++k)
+    keyed.item_strings.push_back(log.items.string_of(item_rank.order[k]));
+  log.users = InternTable();
+  log.items = InternTable();
+  keyed.in = std::move(log.in);
+  DatasetPlan plan = plan_of_options("csv:" + input_name(file), opt);
+  plan.generator = generator;
+  plan.generator["max_users"] = opt.extend.max_users;
+  plan.generator["max_items"] = opt.extend.max_items;
+  if (csv.min_rating) plan.generator["min_rating"] = *csv.min_rating;
+  if (csv.skip_bad_rows) plan.generator["bad_rows"] = bad_total;
+  return extend_dataset(std::move(keyed), plan, opt, out_dir, file);
+}
+
+// The counts of the grouping, the --min_rating rows and the bad rows, added
+// to the generator of a dataset from scratch.
+void add_scratch_counts(const HeldOutUsers& d, const CsvLog& log, const CsvOptions& csv,
+                        nlohmann::json* generator) {
+  nlohmann::json& g = *generator;
+  g["duplicates_removed"] = d.duplicates;
+  g["raw_users"] = d.raw_users;
+  if (csv.min_rating) {
+    g["min_rating"] = *csv.min_rating;
+    g["below_min_rating"] = log.below_min_rating;
+  }
+  if (csv.skip_bad_rows) {
+    nlohmann::json counts = nlohmann::json::object();
+    for (int k = 0; k < kBadKinds; ++k) counts[kBadKey[k]] = log.bad_counts[size_t(k)];
+    nlohmann::json lines = nlohmann::json::array();
+    for (const auto& b : log.bad_rows) lines.push_back(b.first);
+    g["bad_rows"] = log.bad_total();
+    g["bad_rows_by_reason"] = counts;
+    g["first_bad_lines"] = lines;
+  }
+}
+
+// A dataset from scratch: interactions.h's remap and split (shared with
+// MovieLens), then prep_stages.h's eval negatives and writer.
+DatasetMeta write_from_scratch(CsvLog log, const RankedIds& user_rank, const RankedIds& item_rank,
+                               double rank_s, const nlohmann::json& generator,
+                               const CsvOptions& csv, const PrepOptions& opt,
+                               const std::string& out_dir, const std::string& file, int threads,
+                               const PrepProgress& progress) {
+  const auto t0 = Clock::now();
+  const HeldOutUsers d = hold_out_latest(std::move(log.in), opt.min_interactions, threads, file);
   const uint64_t U = d.num_users(), I = d.num_items();
   StringList user_ids, item_ids;
   user_ids.offsets.reserve(U + 1);
   item_ids.offsets.reserve(I + 1);
   for (uint64_t u = 0; u < U; ++u)
-    user_ids.push_back(users.string_of(user_rank.order[d.user_key[u]]));
+    user_ids.push_back(log.users.string_of(user_rank.order[d.user_key[u]]));
   for (uint64_t i = 0; i < I; ++i)
-    item_ids.push_back(items.string_of(item_rank.order[d.item_key[i]]));
-  users = InternTable();
-  items = InternTable();
+    item_ids.push_back(log.items.string_of(item_rank.order[d.item_key[i]]));
+  log.users = InternTable();
+  log.items = InternTable();
   const double group_s = seconds_since(t0);
   if (opt.progress)
     std::fprintf(stderr,
@@ -1010,27 +661,43 @@ DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const st
   plan.user_strings = &user_ids;
   plan.item_strings = &item_ids;
   plan.generator = generator;
-  plan.generator["duplicates_removed"] = d.duplicates;
-  plan.generator["raw_users"] = d.raw_users;
-  if (csv.min_rating) {
-    plan.generator["min_rating"] = *csv.min_rating;
-    plan.generator["below_min_rating"] = below_min_rating;
-  }
-  if (csv.skip_bad_rows) {
-    nlohmann::json counts = nlohmann::json::object();
-    for (int k = 0; k < kBadKinds; ++k) counts[kBadKey[k]] = bad_counts[size_t(k)];
-    nlohmann::json lines = nlohmann::json::array();
-    for (const auto& b : bad_rows) lines.push_back(b.first);
-    plan.generator["bad_rows"] = bad_total;
-    plan.generator["bad_rows_by_reason"] = counts;
-    plan.generator["first_bad_lines"] = lines;
-  }
+  add_scratch_counts(d, log, csv, &plan.generator);
   EvalNegatives negatives{I, opt.eval_negatives, opt.seed, nullptr, [&](uint64_t u) {
                             const std::string_view id = user_ids[u];
                             return detail::concat(file, ": user \"",
                                                   excerpt(id.data(), id.data() + id.size()), "\"");
                           }};
   return assemble_dataset(out_dir, plan, leave_one_out(d), negatives, threads, progress);
+}
+
+}  // namespace
+
+DatasetMeta prepare_csv(const std::string& file, const CsvOptions& csv, const std::string& out_dir,
+                        const PrepOptions& opt) {
+  const PrepProgress progress{opt.progress, "prep", Clock::now()};
+  const int threads = resolve_threads(opt.threads);
+  if (opt.min_interactions < 1)
+    NCF_FAIL("min_interactions must be >= 1, got ", opt.min_interactions);
+  const std::array<ColumnSpec, kRoles> cols = parse_columns(csv.columns);
+  if (csv.min_rating && !cols[kRating].given)
+    NCF_FAIL("--min_rating needs a rating column in --columns (rating=C)");
+  const CsvSyntax syntax = syntax_of(csv);
+
+  BlockReader reader(file, csv.block_bytes);
+  CsvLog log = read_log(reader, cols, csv, syntax, threads, file);
+  report_read(log, reader, file, opt, progress);
+
+  const auto t0 = Clock::now();
+  RankedIds user_rank, item_rank;
+  rank_keys(threads, &log, &user_rank, &item_rank);
+  const double rank_s = seconds_since(t0);
+
+  const nlohmann::json generator = generator_of(log, reader, csv, opt, file);
+  if (!opt.extend.prev.empty())
+    return extend_with_log(std::move(log), user_rank, item_rank, generator, csv, opt, out_dir,
+                           file);
+  return write_from_scratch(std::move(log), user_rank, item_rank, rank_s, generator, csv, opt,
+                            out_dir, file, threads, progress);
 }
 
 }  // namespace ncf

@@ -14,11 +14,13 @@
 // item_ids.str (dataset.h). Nothing depends on the thread count.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "data/block_reader.h"
 #include "data/dataset.h"
 #include "data/sources.h"
 
@@ -33,7 +35,16 @@ struct CsvOptions {
   CsvHeader header = CsvHeader::kAuto;
   std::optional<double> min_rating;  // rows rated below it are skipped (a rating column needed)
   bool skip_bad_rows = false;        // count and skip bad rows instead of stopping
+  // --csv_max_row_bytes: a row (a record, quoted line breaks and all) must end
+  // within this many bytes; a longer one stops the parse, a quote still open
+  // there is an unterminated quote.
+  size_t max_row_bytes = size_t(1) << 20;
+  // --csv_block_bytes: the file is read (and inflated) in blocks of this size.
+  size_t block_bytes = BlockReader::kDefaultBlockBytes;
 };
+
+// The largest --csv_max_row_bytes and --csv_block_bytes; the smallest is 1.
+constexpr size_t kMaxCsvSizeFlag = size_t(1) << 30;
 
 // --separator: one character, or "\t" / "tab" for TAB. Not '"', CR or LF.
 char parse_csv_separator(const std::string& text);

@@ -653,6 +653,51 @@ void read_eval(const std::string& dir, const std::vector<std::string>& files, co
                ", and TF-MG writes one list for every user)");
 }
 
+// Per user: the true item among its training positives? its negatives in
+// them? Refuses a user without training positives; warns of negatives that
+// are positives.
+struct TrainOverlap {
+  std::vector<uint8_t> test_in_train;
+  uint64_t num_test_in_train = 0, num_neg_in_train = 0, num_positives = 0;
+};
+
+TrainOverlap overlap_with_train(const std::string& dir, const std::string& cycle0,
+                                const Layout& lay, const TfmgMeta& m, const Positives& pos,
+                                const EvalLists& ev, int threads) {
+  const uint64_t U = m.num_users, I = m.num_items, E = m.list_len - 1;
+  TrainOverlap o;
+  std::vector<uint8_t>& test_in_train = o.test_in_train;
+  test_in_train.assign(U, 0);
+  std::vector<uint64_t> neg_in_train_of(U, 0);
+  parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
+    std::vector<uint64_t> bits((I + 63) / 64, 0);
+    for (uint64_t u = b; u < e; ++u) {
+      if (pos.count(u) == 0)
+        NCF_FAIL(cycle0, ": user ", u, " has no training positive (its eval list is in ",
+                 seen_at(lay.eval, ev.seen[u].load(std::memory_order_relaxed)),
+                 "); TF Model Garden's data has none, so this is refused rather than dropped");
+      for (const int32_t* i = pos.begin(u); i != pos.end(u); ++i)
+        bits[uint32_t(*i) >> 6] |= 1ull << (*i & 63);
+      auto in = [&](int32_t i) { return (bits[uint32_t(i) >> 6] >> (i & 63)) & 1; };
+      test_in_train[u] = in(ev.true_item[u]);
+      const int32_t* negs = ev.negatives.data() + u * E;
+      for (uint64_t j = 0; j < E; ++j) neg_in_train_of[u] += in(negs[j]);
+      for (const int32_t* i = pos.begin(u); i != pos.end(u); ++i) bits[uint32_t(*i) >> 6] = 0;
+    }
+  });
+  for (uint64_t u = 0; u < U; ++u) {
+    o.num_test_in_train += test_in_train[u];
+    o.num_neg_in_train += neg_in_train_of[u];
+    o.num_positives += pos.count(u) + (test_in_train[u] ? 0 : 1);
+  }
+  if (o.num_neg_in_train > 0)
+    std::fprintf(stderr,
+                 "ncf_prep: warning: %s: %llu eval negatives are training positives of their "
+                 "user (TF-MG draws them from the other items); kept as they are\n",
+                 dir.c_str(), static_cast<unsigned long long>(o.num_neg_in_train));
+  return o;
+}
+
 }  // namespace
 
 TfmgCycles parse_tfmg_cycles(const std::string& name) {
@@ -696,36 +741,8 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
   say(detail::concat("eval_data: ", U, " users x ", L, " candidates, ", ev.padding_users,
                      " padding users"));
 
-  // Per user: the true item among its training positives? its negatives in them?
-  std::vector<uint8_t> test_in_train(U, 0);
-  std::vector<uint64_t> neg_in_train_of(U, 0);
-  parallel_ranges(threads, U, [&](uint64_t b, uint64_t e) {
-    std::vector<uint64_t> bits((I + 63) / 64, 0);
-    for (uint64_t u = b; u < e; ++u) {
-      if (pos.count(u) == 0)
-        NCF_FAIL(cycle0, ": user ", u, " has no training positive (its eval list is in ",
-                 seen_at(lay.eval, ev.seen[u].load(std::memory_order_relaxed)),
-                 "); TF Model Garden's data has none, so this is refused rather than dropped");
-      for (const int32_t* i = pos.begin(u); i != pos.end(u); ++i)
-        bits[uint32_t(*i) >> 6] |= 1ull << (*i & 63);
-      auto in = [&](int32_t i) { return (bits[uint32_t(i) >> 6] >> (i & 63)) & 1; };
-      test_in_train[u] = in(ev.true_item[u]);
-      const int32_t* negs = ev.negatives.data() + u * E;
-      for (uint64_t j = 0; j < E; ++j) neg_in_train_of[u] += in(negs[j]);
-      for (const int32_t* i = pos.begin(u); i != pos.end(u); ++i) bits[uint32_t(*i) >> 6] = 0;
-    }
-  });
-  uint64_t num_test_in_train = 0, num_neg_in_train = 0, num_positives = 0;
-  for (uint64_t u = 0; u < U; ++u) {
-    num_test_in_train += test_in_train[u];
-    num_neg_in_train += neg_in_train_of[u];
-    num_positives += pos.count(u) + (test_in_train[u] ? 0 : 1);
-  }
-  if (num_neg_in_train > 0)
-    std::fprintf(stderr,
-                 "ncf_prep: warning: %s: %llu eval negatives are training positives of their "
-                 "user (TF-MG draws them from the other items); kept as they are\n",
-                 dir.c_str(), static_cast<unsigned long long>(num_neg_in_train));
+  const TrainOverlap overlap = overlap_with_train(dir, cycle0, lay, m, pos, ev, threads);
+  const std::vector<uint8_t>& test_in_train = overlap.test_in_train;
 
   if (cycles == TfmgCycles::kAll && m.num_train_epochs > 1) {
     check_other_cycles(dir, lay, pos, m, threads);
@@ -740,7 +757,7 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
   plan.num_users = U;
   plan.num_items = I;
   plan.num_train = pos.items.size();
-  plan.num_positives = num_positives;
+  plan.num_positives = overlap.num_positives;
   plan.eval_negatives = static_cast<uint32_t>(E);
   plan.eval_masks_given = true;
   plan.eval_sampling = EvalSampling::kGiven;
@@ -760,9 +777,9 @@ DatasetMeta prepare_tfmg(const std::string& dir_in, const std::string& out_dir,
                     {"shard_files_per_cycle", lay.cycles[0].size()},
                     {"eval_shard_files", lay.eval.size()},
                     {"padding_eval_users", ev.padding_users},
-                    {"test_items_in_train", num_test_in_train},
+                    {"test_items_in_train", overlap.num_test_in_train},
                     {"negatives_equal_to_test", ev.negatives_equal_to_test},
-                    {"negatives_in_train", num_neg_in_train},
+                    {"negatives_in_train", overlap.num_neg_in_train},
                     {"masked_negatives", ev.masked}};
 
   SplitUsers split;

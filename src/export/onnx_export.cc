@@ -82,11 +82,9 @@ void vector_value(onnx::ValueInfoProto* v, const std::string& name, int elem) {
   t->mutable_shape()->add_dim()->set_dim_param("N");
 }
 
-}  // namespace
-
-void export_onnx(const TrainedModel& m, const std::string& path, ExternalData external,
-                 int64_t inline_limit) {
-  NCF_CHECK(inline_limit >= 0, path, ": the inline limit must be >= 0, not ", inline_limit);
+// The initializers: the four table parts (streamed from the checkpoint),
+// then the tower's and the head's tensors.
+std::vector<Tensor> model_tensors(const TrainedModel& m) {
   const int mf = m.config.mf_dim, h = m.config.mlp_half();
   std::vector<Tensor> tensors;
   tensors.push_back(columns("user_gmf", m, TrainedModel::kUsers, 0, mf));
@@ -111,10 +109,14 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
                      std::vector<float>(m.params.begin() + m.head_w_offset,
                                         m.params.begin() + m.head_w_offset + F)});
   tensors.push_back({"head_bias", {1}, {m.params[size_t(m.head_c_offset)]}});
+  return tensors;
+}
 
-  // Which tensors go to external data: all four table parts (kAlways), none
-  // (kNever), or the largest ones until the rest fits inline (kAuto). The
-  // tower stays inside: it is small and runtimes read it at load either way.
+// Which tensors go to external data: all four table parts (kAlways), none
+// (kNever), or the largest ones until the rest fits inline (kAuto). The
+// tower stays inside: it is small and runtimes read it at load either way.
+std::vector<bool> place_tensors(const std::vector<Tensor>& tensors, ExternalData external,
+                                int64_t inline_limit, const std::string& path) {
   std::vector<bool> outside(tensors.size(), false);
   if (external == ExternalData::kAlways) std::fill_n(outside.begin(), 4, true);
   int64_t inline_bytes = 0;
@@ -135,23 +137,15 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
              inline_limit,
              external == ExternalData::kNever ? " (--external_data never)"
                                               : " (the tower alone; tables are already outside)");
+  return outside;
+}
 
-  onnx::ModelProto model;
-  model.set_ir_version(kIrVersion);
-  model.set_producer_name("ncf_dist");
-  model.set_doc_string("NeuMF (GMF + MLP) from checkpoint " + m.path + " (step " +
-                       std::to_string(m.manifest.step) + ", dataset " + m.manifest.dataset_id +
-                       "); inputs are dense user and item ids");
-  onnx::OperatorSetIdProto* opset = model.add_opset_import();
-  opset->set_domain("");
-  opset->set_version(kOpset);
-  onnx::GraphProto* g = model.mutable_graph();
-  g->set_name("neumf");
-  vector_value(g->add_input(), "user", onnx::TensorProto::INT64);
-  vector_value(g->add_input(), "item", onnx::TensorProto::INT64);
-  vector_value(g->add_output(), "score", onnx::TensorProto::FLOAT);
-  vector_value(g->add_output(), "logit", onnx::TensorProto::FLOAT);
-
+// Each tensor as an initializer of `g`: its bytes inline, or in PATH.data
+// (page-aligned) when `outside` says so; an earlier export's .data goes when
+// none is.
+void add_initializers(onnx::GraphProto* g, const TrainedModel& m,
+                      const std::vector<Tensor>& tensors, const std::vector<bool>& outside,
+                      const std::string& path) {
   const std::string data_name = std::filesystem::path(path).filename().string() + ".data";
   const std::string data_path = path + ".data";
   std::ofstream data_file;
@@ -203,7 +197,11 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
     std::error_code ec;
     std::filesystem::remove(data_path, ec);
   }
+}
 
+// NeuMF: GMF (the product of the embeddings' first columns), the MLP tower
+// over the rest, the head over both.
+void add_nodes(onnx::GraphProto* g, const TrainedModel& m) {
   node(g, "Gather", {"user_gmf", "user"}, "user_gmf_rows");
   node(g, "Gather", {"item_gmf", "item"}, "item_gmf_rows");
   node(g, "Mul", {"user_gmf_rows", "item_gmf_rows"}, "gmf");
@@ -221,6 +219,34 @@ void export_onnx(const TrainedModel& m, const std::string& path, ExternalData ex
   node(g, "MatMul", {"head_in", "head_weight"}, "head_dot");
   node(g, "Add", {"head_dot", "head_bias"}, "logit");
   node(g, "Sigmoid", {"logit"}, "score");
+}
+
+}  // namespace
+
+void export_onnx(const TrainedModel& m, const std::string& path, ExternalData external,
+                 int64_t inline_limit) {
+  NCF_CHECK(inline_limit >= 0, path, ": the inline limit must be >= 0, not ", inline_limit);
+  const std::vector<Tensor> tensors = model_tensors(m);
+  const std::vector<bool> outside = place_tensors(tensors, external, inline_limit, path);
+
+  onnx::ModelProto model;
+  model.set_ir_version(kIrVersion);
+  model.set_producer_name("ncf_dist");
+  model.set_doc_string("NeuMF (GMF + MLP) from checkpoint " + m.path + " (step " +
+                       std::to_string(m.manifest.step) + ", dataset " + m.manifest.dataset_id +
+                       "); inputs are dense user and item ids");
+  onnx::OperatorSetIdProto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOpset);
+  onnx::GraphProto* g = model.mutable_graph();
+  g->set_name("neumf");
+  vector_value(g->add_input(), "user", onnx::TensorProto::INT64);
+  vector_value(g->add_input(), "item", onnx::TensorProto::INT64);
+  vector_value(g->add_output(), "score", onnx::TensorProto::FLOAT);
+  vector_value(g->add_output(), "logit", onnx::TensorProto::FLOAT);
+
+  add_initializers(g, m, tensors, outside, path);
+  add_nodes(g, m);
 
   std::string bytes;
   if (!model.SerializeToString(&bytes)) NCF_FAIL(path, ": the model does not serialize");
