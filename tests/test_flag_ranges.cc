@@ -611,8 +611,8 @@ TEST(EmbeddingLr, TheFlagBeatsEachOptimizersDefaultForEachPreset) {
     double adam_lr, sgd, adagrad, rowwise;
   };
   for (const Expected& e :
-       {Expected{"ncf-paper", 0.001, 30, 10, 0.1}, Expected{"ml-20m-mlperf", 0.0045, 30, 10, 0.3},
-        Expected{"", 0.001, 30, 10, 0.1}}) {
+       {Expected{"ncf-paper", 0.001, 30, 10, 0.1},
+        Expected{"ml-20m-mlperf", 0.0045, 1000, 100, 0.3}, Expected{"", 0.001, 30, 10, 0.1}}) {
     const std::string preset = e.preset;
     const std::vector<std::string> base =
         preset.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--preset", preset};
