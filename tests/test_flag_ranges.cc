@@ -24,6 +24,7 @@
 #include "data/crc32c.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/config.h"
 
 namespace ncf {
 namespace {
@@ -590,6 +591,86 @@ TEST_F(DataRanges, ManifestFlagsOutOfRangeAreRefusedNamingTheManifest) {
   const auto r = run("timeout 120 " + bin("ncf_recommend") + " --device cpu --checkpoint " + ck() +
                      " --data_dir " + data() + " --users 0 --threads 1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// --embedding_lr: given, it wins (negative: --learning_rate); not given, the Adam
+// family takes --learning_rate and sgd, adagrad and rowwise_adagrad their own rate
+// for the preset (docs/training.md's table), and the start-up line's words say which.
+TEST(EmbeddingLr, TheFlagBeatsEachOptimizersDefaultForEachPreset) {
+  auto parsed = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {"ncf_dist", "--data_dir", "/nonexistent"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    TrainConfig c;
+    int code = -1;
+    EXPECT_TRUE(parse_train_flags(int(argv.size()), argv.data(), &c, &code));
+    return c;
+  };
+  struct Expected {
+    const char* preset;
+    double adam_lr, sgd, adagrad, rowwise;
+  };
+  for (const Expected& e :
+       {Expected{"ncf-paper", 0.001, 30, 10, 0.1},
+        Expected{"ml-20m-mlperf", 0.0045, 1000, 100, 0.3}, Expected{"", 0.001, 30, 10, 0.1}}) {
+    const std::string preset = e.preset;
+    const std::vector<std::string> base =
+        preset.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--preset", preset};
+    const std::string for_preset = preset.empty() ? "" : " for " + preset;
+    for (const auto& [opt, rate] :
+         {std::pair{"dense_adam", -1.0}, std::pair{"lazy_adam", -1.0}, std::pair{"sgd", e.sgd},
+          std::pair{"adagrad", e.adagrad}, std::pair{"rowwise_adagrad", e.rowwise}}) {
+      std::vector<std::string> args = base;
+      args.insert(args.end(), {"--embedding_optimizer", opt});
+      TrainConfig c = parsed(args);
+      EXPECT_EQ(c.embedding_lr, rate) << opt << for_preset;
+      EXPECT_EQ(default_embedding_lr(opt, preset), rate) << opt << for_preset;
+      EXPECT_FALSE(c.embedding_lr_given);
+      std::ostringstream expected;
+      if (rate < 0) {
+        expected << "embedding lr " << e.adam_lr << " (--learning_rate)";
+        EXPECT_EQ(effective_embedding_lr(c), e.adam_lr) << opt << for_preset;
+      } else {
+        expected << "embedding lr " << rate << " (" << opt << "'s default" << for_preset << ")";
+        EXPECT_EQ(effective_embedding_lr(c), rate) << opt << for_preset;
+      }
+      EXPECT_EQ(embedding_lr_description(c), expected.str());
+      // The flag beats the default, and a negative one means --learning_rate.
+      args.insert(args.end(), {"--embedding_lr", "0.05"});
+      c = parsed(args);
+      EXPECT_EQ(c.embedding_lr, 0.05) << opt << for_preset;
+      EXPECT_TRUE(c.embedding_lr_given);
+      EXPECT_EQ(embedding_lr_description(c), "embedding lr 0.05 (--embedding_lr)");
+      args.back() = "-1";
+      c = parsed(args);
+      EXPECT_EQ(effective_embedding_lr(c), e.adam_lr) << opt << for_preset;
+      std::ostringstream inherited;
+      inherited << "embedding lr " << e.adam_lr << " (--learning_rate, as --embedding_lr < 0 asks)";
+      EXPECT_EQ(embedding_lr_description(c), inherited.str());
+      // --learning_rate moves the Adam family's embedding rate, not the others'.
+      args.pop_back();
+      args.pop_back();
+      args.insert(args.end(), {"--learning_rate", "0.002"});
+      c = parsed(args);
+      EXPECT_EQ(effective_embedding_lr(c), rate < 0 ? 0.002 : rate) << opt << for_preset;
+    }
+  }
+}
+
+// The start-up line states the embedding optimizer's rate and where it came from.
+TEST_F(DataRanges, TheStartUpLineStatesTheEmbeddingRateAndWhereItCameFrom) {
+  for (const auto& [flags, words] :
+       {std::pair{"--preset ncf-paper --embedding_optimizer rowwise_adagrad",
+                  "embedding optimizer rowwise_adagrad, embedding lr 0.1 (rowwise_adagrad's "
+                  "default for ncf-paper)"},
+        std::pair{"--embedding_optimizer sgd --embedding_lr 0.5",
+                  "embedding optimizer sgd, embedding lr 0.5 (--embedding_lr)"},
+        std::pair{"--learning_rate 0.002",
+                  "embedding optimizer dense_adam, embedding lr 0.002 (--learning_rate)"}}) {
+    const auto r = run(train(1, std::string(flags) + " --max_steps 1 --train_epochs 1 --no_eval"));
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(words), std::string::npos) << flags << "\n" << r.output;
+  }
 }
 
 }  // namespace

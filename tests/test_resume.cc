@@ -203,7 +203,8 @@ TEST_F(Resume, AnotherWorldSizeOrPlacementFollowsTheTrajectory) {
 
 TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
   for (const std::string opt :
-       {"lazy_adam", "sgd --embedding_lr 0.5", "adagrad", "rowwise_adagrad --embedding_lr 0.05"}) {
+       {"lazy_adam", "sgd --embedding_lr 0.5", "adagrad --embedding_lr 0.01",
+        "rowwise_adagrad --embedding_lr 0.05"}) {
     TempDir d;
     const std::string f = "--shard_plan row --embedding_optimizer " + opt;
     const Run whole = train(2, f + " --checkpoint_every_steps 30 --checkpoint_dir " + d.file("ck"));
@@ -230,6 +231,56 @@ TEST_F(Resume, OptimizerStateOfEveryOptimizerIsRestored) {
                train(1, f + " --shard_plan row --checkpoint_dir " + d.file("y") + " --resume " +
                             ckpt(d, 30)),
                "rowwise_adagrad: W=1 from W=2 at step 30");
+}
+
+// sgd, adagrad and rowwise_adagrad have their own default rate now; before, they
+// took --learning_rate's, and their checkpoints record --embedding_lr -1 (as one
+// written with --embedding_lr -1 does today). Resumed without --embedding_lr, such
+// a checkpoint keeps the rate it was written with, says so, and the run continues
+// the identical trajectory and records -1 again; a checkpoint of the default rate
+// records it and resumes without a word; a different rate given is refused unless
+// allowed.
+TEST_F(Resume, ACheckpointKeepsItsEmbeddingRateWhenTheFlagIsNotGiven) {
+  auto recorded_lr = [](const std::string& ck) {
+    return nlohmann::json::parse(test::read_file(ck + "/manifest.json"))["config"]["embedding_lr"];
+  };
+  const std::string f = "--embedding_optimizer rowwise_adagrad";
+  {
+    TempDir d;
+    const Run whole = train(1, f +
+                                   " --embedding_lr -1 --checkpoint_every_steps 30 "
+                                   "--keep_checkpoints 9 --checkpoint_dir " +
+                                   d.file("ck"));
+    EXPECT_EQ(recorded_lr(ckpt(d, 30)), -1);
+    const Run resumed =
+        train(1, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 30));
+    expect_identical(whole, resumed, "rowwise_adagrad at --learning_rate's rate, resumed");
+    EXPECT_NE(
+        resumed.output.find("embedding lr 0.01 (--learning_rate, as checkpoint " + ckpt(d, 30) +
+                            " records): kept, as no --embedding_lr was given (instead of "
+                            "embedding lr 0.1 (rowwise_adagrad's default))"),
+        std::string::npos)
+        << resumed.output;
+    for (const auto& e : std::filesystem::directory_iterator(d.file("x")))
+      if (e.path().filename().string().rfind("step-", 0) == 0)
+        EXPECT_EQ(recorded_lr(e.path().string()), -1) << e.path();
+    const Run r = train(
+        1, f + " --embedding_lr 0.1 --checkpoint_dir " + d.file("y") + " --resume " + ckpt(d, 30),
+        1);
+    EXPECT_NE(r.output.find("was written with --embedding_lr -1.0, this run has --embedding_lr 0.1 "
+                            "(pass --allow_changed_flags embedding_lr to change it)"),
+              std::string::npos)
+        << r.output;
+  }
+  TempDir d;
+  const Run whole = train(1, f +
+                                 " --checkpoint_every_steps 30 --keep_checkpoints 9 "
+                                 "--checkpoint_dir " +
+                                 d.file("ck"));
+  EXPECT_EQ(recorded_lr(ckpt(d, 30)), 0.1);
+  const Run resumed = train(1, f + " --checkpoint_dir " + d.file("x") + " --resume " + ckpt(d, 30));
+  expect_identical(whole, resumed, "rowwise_adagrad at its default rate, resumed");
+  EXPECT_EQ(resumed.output.find("kept, as no --embedding_lr"), std::string::npos) << resumed.output;
 }
 
 // BF16 rows: a resumed run continues the identical trajectory (the rows are

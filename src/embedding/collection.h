@@ -70,6 +70,9 @@ class EmbeddingCollection {
                       const EmbeddingOptimizerConfig& opt, bool dedup);
 
   const EmbeddingPlan& plan() const { return plan_; }
+  // The optimizer's rate from the next update on (a resumed run keeping the rate its
+  // checkpoint was written with, Trainer::load_checkpoint).
+  void set_learning_rate(float lr) { opt_.adam.lr = opt_.adagrad.lr = opt_.sgd.lr = lr; }
   int num_tables() const { return int(plan_.tables.size()); }
   // Node-level de-duplication on or off (needs dedup and the communicator's
   // two-hop exchange when on); every rank the same, before the first lookup.

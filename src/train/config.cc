@@ -29,6 +29,32 @@ const Preset kPresets[] = {
     {"ncf-paper", 256, 0.001, 0.9, 0.999, 1e-8, 8, {64, 32, 16, 8}, 4, -1},
 };
 
+// The embedding optimizers' rates when --embedding_lr is not given. The Adam
+// family keeps --learning_rate (negative here). The others' are the best of a
+// measured sweep on the synthetic ml-1m shape (docs/training.md, "Embedding
+// optimizers"; bench/compressed_quality.sh): the loss is a mean over the batch,
+// so plain SGD's rate grows with the batch, and Adagrad's, whose accumulator
+// starts at 0.1, nearly as much; row-wise Adagrad's accumulator starts at 0, so
+// its steps are the rate's size at any batch. Without a preset the model and
+// Adam settings are ncf-paper's, and so are the rates. ml-20m-mlperf's are
+// measured at batch 65,536 (16 times smaller); sgd's and adagrad's are their
+// sweeps' largest (sgd's the flag's range's end), so a larger batch may want more.
+struct EmbeddingLrDefault {
+  const char* preset;
+  double sgd, adagrad, rowwise_adagrad;
+};
+const EmbeddingLrDefault kEmbeddingLrDefaults[] = {
+    {"", 30, 10, 0.1},
+    {"ncf-paper", 30, 10, 0.1},
+    {"ml-20m-mlperf", 1000, 100, 0.3},
+};
+
+std::string format_rate(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 // Every numeric flag of ncf_dist with its range, in one place: the parser
 // attaches them (so --help states them and the command line is checked as it
 // is read), validate_config checks them again once the presets are applied,
@@ -176,9 +202,22 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "element)")
       ->check(CLI::IsMember({"dense_adam", "lazy_adam", "sgd", "adagrad", "rowwise_adagrad"}))
       ->capture_default_str();
-  app.add_option("--embedding_lr", c.embedding_lr,
-                 "learning rate of the embedding optimizer (negative: --learning_rate)")
-      ->capture_default_str();
+  app.add_option(
+      "--embedding_lr", c.embedding_lr,
+      "learning rate of the embedding optimizer (negative: --learning_rate); when "
+      "not given: --learning_rate for dense_adam and lazy_adam, and for sgd, "
+      "adagrad, rowwise_adagrad " +
+          [] {
+            std::string t;
+            for (const EmbeddingLrDefault& d : kEmbeddingLrDefaults) {
+              if (!*d.preset) continue;
+              t += (t.empty() ? "" : "; ") + std::string(d.preset) + " " + format_rate(d.sgd) +
+                   ", " + format_rate(d.adagrad) + ", " + format_rate(d.rowwise_adagrad);
+            }
+            return t +
+                   " (ncf-paper's without a preset); a resumed run without "
+                   "it keeps its checkpoint's";
+          }());
   app.add_option("--l2_embedding", c.l2_embedding, "L2 coefficient on embedding rows (g += l2 p)")
       ->capture_default_str();
   app.add_option("--l2_dense", c.l2_dense, "L2 coefficient on tower and head weights")
@@ -379,8 +418,41 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
       if (unset("--hr_threshold")) c.hr_threshold = p.hr_threshold;
     }
   }
+  c.embedding_lr_given = app.count("--embedding_lr") > 0;
+  if (c.embedding_lr_given) {
+    c.embedding_lr_from =
+        c.embedding_lr < 0 ? "--learning_rate, as --embedding_lr < 0 asks" : "--embedding_lr";
+  } else {
+    c.embedding_lr = default_embedding_lr(c.embedding_optimizer, c.preset);
+    c.embedding_lr_from = c.embedding_lr < 0 ? "--learning_rate"
+                                             : c.embedding_optimizer + "'s default" +
+                                                   (c.preset.empty() ? "" : " for " + c.preset);
+  }
   validate_config(c);
   return true;
+}
+
+double default_embedding_lr(const std::string& optimizer, const std::string& preset) {
+  for (const EmbeddingLrDefault& d : kEmbeddingLrDefaults) {
+    if (preset != d.preset) continue;
+    if (optimizer == "sgd") return d.sgd;
+    if (optimizer == "adagrad") return d.adagrad;
+    if (optimizer == "rowwise_adagrad") return d.rowwise_adagrad;
+    return -1;  // dense_adam, lazy_adam: --learning_rate
+  }
+  NCF_FAIL("flag --preset: no embedding learning rates for preset '", preset, "'");
+}
+
+double effective_embedding_lr(const TrainConfig& c) {
+  return c.embedding_lr > 0 ? c.embedding_lr : c.learning_rate;
+}
+
+std::string embedding_lr_description(const TrainConfig& c) {
+  return "embedding lr " + format_rate(effective_embedding_lr(c)) + " (" +
+         (c.embedding_lr_from.empty()
+              ? std::string(c.embedding_lr < 0 ? "--learning_rate" : "--embedding_lr")
+              : c.embedding_lr_from) +
+         ")";
 }
 
 void validate_config(const TrainConfig& c) {

@@ -39,7 +39,12 @@ struct TrainConfig {
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
   std::string cuda_graph = "off";  // off | on: each training step as one CUDA graph (step_graph.h)
   std::string embedding_optimizer = "dense_adam";
-  double embedding_lr = -1;  // < 0: same as learning_rate
+  // The embedding optimizer's rate: --embedding_lr when given (< 0: --learning_rate), else
+  // default_embedding_lr's for the optimizer and preset; a resumed run without the flag
+  // takes its checkpoint's (Trainer::load_checkpoint).
+  double embedding_lr = -1;
+  bool embedding_lr_given = false;
+  std::string embedding_lr_from;  // where the rate came from, for the start-up line
   double l2_embedding = 0, l2_dense = 0;
   double adagrad_init = -1;   // negative: 0.1 for adagrad (Keras), 0 for rowwise_adagrad (FBGEMM)
   std::string comm = "auto";  // auto | mpi | nccl | single
@@ -108,6 +113,17 @@ const std::vector<std::string>& changeable_flags();
 // (--help), with *exit_code set. Throws ncf::Error on bad values: every
 // numeric flag has a range, which --help states.
 bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code);
+
+// The rate an embedding optimizer trains with when --embedding_lr is not given, for a
+// preset ("" for none): negative for dense_adam and lazy_adam (the preset's
+// --learning_rate), a measured one for sgd, adagrad and rowwise_adagrad
+// (docs/training.md).
+double default_embedding_lr(const std::string& optimizer, const std::string& preset);
+// "embedding lr 0.1 (rowwise_adagrad's default for ncf-paper)", "embedding lr 0.001
+// (--learning_rate)", "embedding lr 0.05 (--embedding_lr)": the rate and where it came from.
+std::string embedding_lr_description(const TrainConfig& c);
+// The rate the embedding optimizer steps with: embedding_lr, or learning_rate when negative.
+double effective_embedding_lr(const TrainConfig& c);
 
 // Checks that need no data: every numeric flag's range, layer widths,
 // combinations. (The ones that need the dataset, --topk and --eval_users

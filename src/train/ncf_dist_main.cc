@@ -276,8 +276,8 @@ int train_main(int& argc, char**& argv) {
         cfg.num_factors);
     for (size_t k = 0; k < cfg.layers.size(); ++k)
       std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
-    std::printf(", embedding optimizer %s%s%s%s\n", cfg.embedding_optimizer.c_str(),
-                trainer.plan().dedup ? ", dedup" : "",
+    std::printf(", embedding optimizer %s, %s%s%s%s\n", cfg.embedding_optimizer.c_str(),
+                embedding_lr_description(cfg).c_str(), trainer.plan().dedup ? ", dedup" : "",
                 cfg.exchange_dtype == "bf16" ? ", bf16 exchange payloads" : "",
                 cfg.table_dtype == "bf16" ? ", bf16 table rows" : "");
     if (!rt.device_note.empty())

@@ -92,7 +92,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
 
   EmbeddingOptimizerConfig eopt;
   eopt.kind = parse_embedding_optimizer(cfg.embedding_optimizer);
-  const float elr = float(cfg.embedding_lr > 0 ? cfg.embedding_lr : cfg.learning_rate);
+  const float elr = float(effective_embedding_lr(cfg));
   eopt.adam = {elr, float(cfg.beta1), float(cfg.beta2), float(cfg.epsilon),
                float(cfg.l2_embedding)};
   // Adagrad's accumulators start at Keras's 0.1, row-wise Adagrad's at FBGEMM's 0
@@ -1009,9 +1009,34 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   if (m.dataset_id != meta_.dataset_id)
     NCF_FAIL("checkpoint ", path, " belongs to dataset ", m.dataset_id, ", but --data_dir ",
              cfg_.data_dir, " holds dataset ", meta_.dataset_id);
+  const nlohmann::json recorded = with_later_flags(m.config);
+  // A run without --embedding_lr keeps the rate its checkpoint was written with:
+  // the defaults may have changed since (one of sgd, adagrad or rowwise_adagrad
+  // from before they had their own records -1, --learning_rate's).
+  const bool lr_allowed = std::find(cfg_.allow_changed.begin(), cfg_.allow_changed.end(),
+                                    "embedding_lr") != cfg_.allow_changed.end();
+  if (!cfg_.embedding_lr_given && !lr_allowed && !cfg_.eval_only && recorded.is_object() &&
+      recorded.contains("embedding_lr") &&
+      recorded.at("embedding_lr") != nlohmann::json(cfg_.embedding_lr)) {
+    const nlohmann::json& j = recorded.at("embedding_lr");
+    if (!j.is_number() ||
+        !(j.get<double>() < 0 || (j.get<double>() > 0 && j.get<double>() <= 1000)))
+      NCF_FAIL("checkpoint ", path, " records --embedding_lr ", j.dump(),
+               ", not negative or in (0, 1000]");
+    const std::string instead = embedding_lr_description(cfg_);
+    cfg_.embedding_lr = j.get<double>();
+    cfg_.embedding_lr_from =
+        (cfg_.embedding_lr < 0 ? "--learning_rate, as checkpoint " + path + " records"
+                               : "checkpoint " + path + "'s");
+    tables_->set_learning_rate(float(effective_embedding_lr(cfg_)));
+    if (r == 0) {
+      std::printf("ncf_dist: %s: kept, as no --embedding_lr was given (instead of %s)\n",
+                  embedding_lr_description(cfg_).c_str(), instead.c_str());
+      std::fflush(stdout);
+    }
+  }
   // Every flag the trajectory depends on must match, unless allowed to change.
   const nlohmann::json now = trajectory_flags(cfg_);
-  const nlohmann::json recorded = with_later_flags(m.config);
   for (auto it = now.begin(); it != now.end(); ++it) {
     // Evaluating needs only what fixes the shapes and the state arrays.
     const bool shape =
