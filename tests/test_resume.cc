@@ -261,9 +261,11 @@ TEST_F(Resume, ACheckpointKeepsItsEmbeddingRateWhenTheFlagIsNotGiven) {
                             "embedding lr 0.1 (rowwise_adagrad's default))"),
         std::string::npos)
         << resumed.output;
-    for (const auto& e : std::filesystem::directory_iterator(d.file("x")))
-      if (e.path().filename().string().rfind("step-", 0) == 0)
+    for (const auto& e : std::filesystem::directory_iterator(d.file("x"))) {
+      if (e.path().filename().string().rfind("step-", 0) == 0) {
         EXPECT_EQ(recorded_lr(e.path().string()), -1) << e.path();
+      }
+    }
     const Run r = train(
         1, f + " --embedding_lr 0.1 --checkpoint_dir " + d.file("y") + " --resume " + ckpt(d, 30),
         1);
