@@ -22,6 +22,8 @@ namespace {
 using trainer_detail::Clock;
 using trainer_detail::seconds_since;
 
+}  // namespace
+
 // NCF_EVAL_PHASES=1: where one evaluation's time goes, for benchmarks. Each phase
 // ends with a wait for the device, so its work is counted in it (and the waits slow
 // the evaluation down); rank 0 prints the seconds per phase.
@@ -64,16 +66,11 @@ class EvalPhases {
   double seconds_[kCount] = {};
 };
 
-}  // namespace
-
 EvalResult Trainer::evaluate() {
-  EvalResult res;
   auto t0 = Clock::now();
   EvalPhases phases(ctx_.device, comm_.rank() == 0);
   const int W = comm_.world();
   const int64_t L = meta_.eval_negatives + 1;
-  const int D = model_->config().embedding_width();
-  const Device dev = ctx_.device;
   const int64_t per_batch = std::max<int64_t>(1, cfg_.eval_batch_size / L);
   // Every rank runs the same number of batches (the exchanges are collective).
   const int64_t most = int64_t((meta_.num_eval_users + W - 1) / W);
@@ -88,10 +85,6 @@ EvalResult Trainer::evaluate() {
   if (!cached) eval_reader_->start();
   const int64_t I = int64_t(meta_.num_items);
   const int64_t group = std::max<int64_t>(1, cfg_.eval_batch_size / I);  // users scored at once
-  std::vector<float> host_scores;
-  std::vector<int32_t> test_items;
-  std::vector<int64_t> excl_offsets;
-  std::vector<int32_t> excluded;
   if (full) tile_item_table(group, &full_item_tile_);
   const bool by_items = eval_by_items();
   if (by_items) prepare_eval_items();
@@ -100,137 +93,173 @@ EvalResult Trainer::evaluate() {
   // threads), copied to a pinned slot and sent on the copy stream while the device
   // scores batch k, and the metrics add up on the device (hit_ndcg_accumulate), so
   // nothing waits for the device inside the pass except full ranking's scores.
-  auto read = [&](EvalBatch* b) {
-    if (!eval_reader_->next(b)) *b = EvalBatch{};
-    if (eval_selected_.empty()) return;
-    // Keep the selected users of the batch (their lists move up in place).
-    int64_t kept = 0;
-    for (int64_t u = 0; u < b->num_users; ++u) {
-      if (!eval_selected_[size_t(b->first_record + u)]) continue;
-      b->users[size_t(kept)] = b->users[size_t(u)];
-      std::copy_n(&b->items[u * L], L, &b->items[kept * L]);
-      std::copy_n(&b->mask[u * L], L, &b->mask[kept * L]);
-      ++kept;
-    }
-    b->num_users = kept;
-  };
-  auto stage = [&](const EvalBatch& b) {
-    const size_t n = size_t(b.num_users), nl = n * size_t(L);
-    eval_stager_->stage({{b.users.data(), n * 4}, {b.items.data(), nl * 4}, {b.mask.data(), nl}});
-  };
   eval_stager_->reset();  // an evaluation that threw may have left batches staged
   eval_sums_.reserve(2);
   eval_sums_.zero();
   EvalBatch batch[2];
   if (batches > 0 && !cached) {
-    read(&batch[0]);
+    read_eval_batch(&batch[0]);
     phases.end(EvalPhases::kRead);
-    stage(batch[0]);
+    stage_eval_batch(batch[0]);
     phases.end(EvalPhases::kUpload);
   }
   double sums[4] = {0, 0, 0, 0};
   for (int64_t k = 0; k < batches; ++k) {
     const EvalBatch& b = batch[k % 2];
-    const int32_t* users = nullptr;
-    const int32_t* items = nullptr;
-    const uint8_t* mask = nullptr;
-    int64_t n = 0;
-    if (cached) {
-      n = eval_cache_.n[size_t(k)];
-      users = eval_cache_.users[size_t(k)].data();
-      items = eval_cache_.items[size_t(k)].data();
-      mask = eval_cache_.mask[size_t(k)].data();
-    } else {
-      n = b.num_users;
-      const std::vector<const void*>& staged = eval_stager_->acquire();
-      users = static_cast<const int32_t*>(staged[0]);
-      items = static_cast<const int32_t*>(staged[1]);
-      mask = static_cast<const uint8_t*>(staged[2]);
-      if (keep) {  // this batch's lists, kept for the later evaluations
-        const size_t nl = size_t(n * L);
-        eval_cache_.n.push_back(n);
-        eval_cache_.users.emplace_back(dev, size_t(n));
-        eval_cache_.items.emplace_back(dev, nl);
-        eval_cache_.mask.emplace_back(dev, nl);
-        device_copy_async(ctx_, dev, eval_cache_.users.back().data(), dev, users, size_t(n) * 4);
-        device_copy_async(ctx_, dev, eval_cache_.items.back().data(), dev, items, nl * 4);
-        device_copy_async(ctx_, dev, eval_cache_.mask.back().data(), dev, mask, nl);
-      }
-    }
-    scores_.reserve(n * L);
-    if (by_items) {
-      // The users' rows only; the candidates' GMF columns and layer-0 products are
-      // read by id from the item table's copy here and the model's per-item table
-      // (the ids were checked as the lists were read).
-      tables_->lookup({{users, n}, {items, 0}});
-      if (n > 0) {
-        phases.end(EvalPhases::kLookup);
-        model_->score_items(ctx_, tables_->rows(0), eval_gmf_, eval_gmf_ld_, items, n, int(L),
-                            scores_.data());
-      }
-    } else {
-      // One user row per user, shared by its L candidates; both tables in one
-      // exchange, as in the training step.
-      tables_->lookup({{users, n}, {items, n * L}});
-      if (n > 0) {
-        phases.end(EvalPhases::kLookup);
-        model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
-      }
-    }
-    if (n > 0) {
-      phases.end(EvalPhases::kScore);
-      hit_ndcg_accumulate(ctx_, scores_.data(), mask, n, int(L), cfg_.topk, eval_sums_.data());
-      phases.end(EvalPhases::kMetrics);
-    }
+    const EvalLists x = cached ? cached_eval_lists(k) : staged_eval_lists(b.num_users, keep);
+    score_eval_lists(x, by_items, &phases);
     if (!cached) eval_stager_->release();
-    if (full && n > 0) {
-      // The users' rows (still in tables_->rows(0)) against every item, a group
-      // of users at a time; the ranks are counted on the host.
-      for (int64_t a = 0; a < n; a += group) {
-        const int64_t m = std::min(group, n - a);
-        full_scores_.reserve(m * I);
-        model_->score(ctx_, tables_->rows(0) + a * D, full_item_tile_.data(), m, int(I),
-                      full_scores_.data());
-        host_scores.resize(m * I);
-        device_copy(Device::kCpu, host_scores.data(), dev, full_scores_.data(), size_t(m * I) * 4);
-        test_items.resize(m);
-        for (int64_t x = 0; x < m; ++x)
-          test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
-        seen_items(b.users.data() + a, m, &excl_offsets, &excluded);
-        double fh = 0, fn = 0;
-        full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
-                              excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
-        sums[2] += fh;
-        sums[3] += fn;
-      }
+    if (full && x.n > 0) {
+      rank_full_catalogue(b, group, sums + 2);
       phases.end(EvalPhases::kFullRanking);
     }
     // The next batch is read and sent while the device works on this one. Its host
     // arrays replace batch k - 1's: staged (copied, on a GPU) before this batch was.
     if (k + 1 < batches && !cached) {
-      read(&batch[(k + 1) % 2]);
+      read_eval_batch(&batch[(k + 1) % 2]);
       phases.end(EvalPhases::kRead);
-      stage(batch[(k + 1) % 2]);
+      stage_eval_batch(batch[(k + 1) % 2]);
       phases.end(EvalPhases::kUpload);
     }
   }
   if (keep && !cached) {
     eval_cache_.complete = true;
-    if (comm_.rank() == 0) {
-      int64_t bytes = 0;
-      for (int64_t n : eval_cache_.n) bytes += n * (4 + 5 * L);
-      std::fprintf(stderr,
-                   "ncf_dist: evaluation: the lists stay on the device after the first "
-                   "(rank 0: %.1f MiB); later evaluations read no list\n",
-                   double(bytes) / (1 << 20));
-    }
+    report_eval_cache();
   }
   // A kernel's bad-input record (hit_ndcg raised it per batch) surfaces here, once.
   check_device_errors(ctx_);
-  device_copy(Device::kCpu, sums, dev, eval_sums_.data(), 2 * sizeof(double));
+  device_copy(Device::kCpu, sums, ctx_.device, eval_sums_.data(), 2 * sizeof(double));
   phases.end(EvalPhases::kFullRanking);  // the batches' ends: no work, nothing to wait for
   all_reduce_sum_on(comm_, Device::kCpu, sums, 4, DType::kFloat64);
   phases.report();
+  EvalResult res = eval_result(sums, full);
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+void Trainer::read_eval_batch(EvalBatch* b) {
+  const int64_t L = meta_.eval_negatives + 1;
+  if (!eval_reader_->next(b)) *b = EvalBatch{};
+  if (eval_selected_.empty()) return;
+  // Keep the selected users of the batch (their lists move up in place).
+  int64_t kept = 0;
+  for (int64_t u = 0; u < b->num_users; ++u) {
+    if (!eval_selected_[size_t(b->first_record + u)]) continue;
+    b->users[size_t(kept)] = b->users[size_t(u)];
+    std::copy_n(&b->items[u * L], L, &b->items[kept * L]);
+    std::copy_n(&b->mask[u * L], L, &b->mask[kept * L]);
+    ++kept;
+  }
+  b->num_users = kept;
+}
+
+void Trainer::stage_eval_batch(const EvalBatch& b) {
+  const size_t n = size_t(b.num_users), nl = n * size_t(meta_.eval_negatives + 1);
+  eval_stager_->stage({{b.users.data(), n * 4}, {b.items.data(), nl * 4}, {b.mask.data(), nl}});
+}
+
+Trainer::EvalLists Trainer::cached_eval_lists(int64_t k) const {
+  EvalLists x;
+  x.n = eval_cache_.n[size_t(k)];
+  x.users = eval_cache_.users[size_t(k)].data();
+  x.items = eval_cache_.items[size_t(k)].data();
+  x.mask = eval_cache_.mask[size_t(k)].data();
+  return x;
+}
+
+Trainer::EvalLists Trainer::staged_eval_lists(int64_t n, bool keep) {
+  EvalLists x;
+  x.n = n;
+  const std::vector<const void*>& staged = eval_stager_->acquire();
+  x.users = static_cast<const int32_t*>(staged[0]);
+  x.items = static_cast<const int32_t*>(staged[1]);
+  x.mask = static_cast<const uint8_t*>(staged[2]);
+  if (keep) {  // this batch's lists, kept for the later evaluations
+    const Device dev = ctx_.device;
+    const size_t nl = size_t(n * (meta_.eval_negatives + 1));
+    eval_cache_.n.push_back(n);
+    eval_cache_.users.emplace_back(dev, size_t(n));
+    eval_cache_.items.emplace_back(dev, nl);
+    eval_cache_.mask.emplace_back(dev, nl);
+    device_copy_async(ctx_, dev, eval_cache_.users.back().data(), dev, x.users, size_t(n) * 4);
+    device_copy_async(ctx_, dev, eval_cache_.items.back().data(), dev, x.items, nl * 4);
+    device_copy_async(ctx_, dev, eval_cache_.mask.back().data(), dev, x.mask, nl);
+  }
+  return x;
+}
+
+void Trainer::score_eval_lists(const EvalLists& x, bool by_items, EvalPhases* phases) {
+  const int64_t L = meta_.eval_negatives + 1, n = x.n;
+  scores_.reserve(n * L);
+  if (by_items) {
+    // The users' rows only; the candidates' GMF columns and layer-0 products are
+    // read by id from the item table's copy here and the model's per-item table
+    // (the ids were checked as the lists were read).
+    tables_->lookup({{x.users, n}, {x.items, 0}});
+    if (n > 0) {
+      phases->end(EvalPhases::kLookup);
+      model_->score_items(ctx_, tables_->rows(0), eval_gmf_, eval_gmf_ld_, x.items, n, int(L),
+                          scores_.data());
+    }
+  } else {
+    // One user row per user, shared by its L candidates; both tables in one
+    // exchange, as in the training step.
+    tables_->lookup({{x.users, n}, {x.items, n * L}});
+    if (n > 0) {
+      phases->end(EvalPhases::kLookup);
+      model_->score(ctx_, tables_->rows(0), tables_->rows(1), n, int(L), scores_.data());
+    }
+  }
+  if (n > 0) {
+    phases->end(EvalPhases::kScore);
+    hit_ndcg_accumulate(ctx_, scores_.data(), x.mask, n, int(L), cfg_.topk, eval_sums_.data());
+    phases->end(EvalPhases::kMetrics);
+  }
+}
+
+void Trainer::rank_full_catalogue(const EvalBatch& b, int64_t group, double* full) {
+  const int64_t L = meta_.eval_negatives + 1, n = b.num_users;
+  const int64_t I = int64_t(meta_.num_items);
+  const int D = model_->config().embedding_width();
+  std::vector<float> host_scores;
+  std::vector<int32_t> test_items;
+  std::vector<int64_t> excl_offsets;
+  std::vector<int32_t> excluded;
+  // The users' rows (still in tables_->rows(0)) against every item, a group
+  // of users at a time; the ranks are counted on the host.
+  for (int64_t a = 0; a < n; a += group) {
+    const int64_t m = std::min(group, n - a);
+    full_scores_.reserve(m * I);
+    model_->score(ctx_, tables_->rows(0) + a * D, full_item_tile_.data(), m, int(I),
+                  full_scores_.data());
+    host_scores.resize(m * I);
+    device_copy(Device::kCpu, host_scores.data(), ctx_.device, full_scores_.data(),
+                size_t(m * I) * 4);
+    test_items.resize(m);
+    for (int64_t x = 0; x < m; ++x)
+      test_items[x] = b.items[(a + x) * L];  // the list's first entry is the test item
+    seen_items(b.users.data() + a, m, &excl_offsets, &excluded);
+    double fh = 0, fn = 0;
+    full_ranking_hit_ndcg(ctx_.threads, host_scores.data(), m, I, test_items.data(),
+                          excl_offsets.data(), excluded.data(), cfg_.topk, &fh, &fn);
+    full[0] += fh;
+    full[1] += fn;
+  }
+}
+
+void Trainer::report_eval_cache() const {
+  if (comm_.rank() != 0) return;
+  const int64_t L = meta_.eval_negatives + 1;
+  int64_t bytes = 0;
+  for (int64_t n : eval_cache_.n) bytes += n * (4 + 5 * L);
+  std::fprintf(stderr,
+               "ncf_dist: evaluation: the lists stay on the device after the first "
+               "(rank 0: %.1f MiB); later evaluations read no list\n",
+               double(bytes) / (1 << 20));
+}
+
+EvalResult Trainer::eval_result(const double* sums, bool full) const {
+  EvalResult res;
   res.users = eval_selected_.empty() ? int64_t(meta_.num_eval_users)
                                      : std::min<int64_t>(cfg_.eval_users, meta_.num_eval_users);
   res.hr = sums[0] / double(res.users);
@@ -238,7 +267,6 @@ EvalResult Trainer::evaluate() {
   res.full = full;
   res.full_hr = sums[2] / double(res.users);
   res.full_ndcg = sums[3] / double(res.users);
-  res.seconds = seconds_since(t0);
   return res;
 }
 
