@@ -65,6 +65,78 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
   return plan_tables(req);
 }
 
+namespace {
+
+// Memory (train/memory_estimate.h): tables and state, their exchange buffers,
+// the tower's step buffers and the eval buffers, and on a GPU the scratch arena at
+// its largest and the context's workspaces. On a GPU rank the limit is what
+// cudaMemGetInfo reports free, shared among the local ranks on that physical GPU.
+// Returns the rank's estimate; fails, naming where the memory goes, when a table
+// alone or the whole does not fit.
+int64_t check_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
+                          const EmbeddingPlan& plan, Communicator& comm, const ExecContext& ctx,
+                          const NeuMFConfig& mc, bool rows_only, EmbeddingOptimizer trained_with) {
+  const int r = comm.rank();
+  const int D = mc.embedding_width();
+  const MemoryEstimate est = estimate_rank_memory(cfg, meta, plan, r, ctx.device);
+  const std::vector<int64_t>& tables = est.tables;
+  const int64_t total = est.total();
+  const MemoryInfo mem = device_memory(ctx, comm.local_world());
+  const bool on_gpu = ctx.device == Device::kCuda;
+  const int64_t limit = cfg.memory_limit_gb > 0
+                            ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
+                            : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
+  const std::string gpu_name =
+      "GPU " + std::to_string(mem.gpu) + (mem.gpu_id.empty() ? "" : " (PCI " + mem.gpu_id + ")");
+  const std::string where =
+      cfg.memory_limit_gb > 0 ? std::string("--memory_limit_gb says it may use")
+      : on_gpu ? gpu_name + " has " + gib(double(mem.free)) + " free of " + gib(double(mem.total)) +
+                     " for " + std::to_string(mem.sharing) + " rank(s), so it may use"
+               : "the host has " + gib(double(mem.free)) + " available for " +
+                     std::to_string(comm.local_world()) + " local rank(s), so it may use";
+  const std::string advice =
+      ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
+      "--eval_batch_size, or raise --memory_limit_gb";
+  for (size_t k = 0; k < tables.size(); ++k)
+    if (tables[k] > limit) {
+      const TableSpec& spec = plan.tables[k];
+      NCF_FAIL("rank ", r, " needs about ", gib(double(tables[k])), " for table ", spec.name,
+               " alone (", spec.num_rows, " rows x ", D, ", ", placement_name(spec.placement),
+               rows_only ? std::string(", rows only")
+                         : std::string(", with ") + optimizer_name(trained_with) + " state",
+               ") on its ", device_name(ctx.device), ", but ", where, " ", gib(double(limit)),
+               advice);
+    }
+  if (total > limit)
+    NCF_FAIL("rank ", r, " needs about ", gib(double(total)), " on its ", device_name(ctx.device),
+             " (user table ", gib(double(tables[0])), ", item table ", gib(double(tables[1])),
+             ", exchange buffers ", gib(double(est.exchange)), ", step and eval buffers ",
+             gib(double(est.step)), " for ", est.samples, " samples",
+             on_gpu ? ", scratch and workspaces " + gib(double(est.scratch + est.workspaces))
+                    : std::string(),
+             "), but ", where, " ", gib(double(limit)), advice);
+  return total;
+}
+
+// --eval_users: 1 for each user evaluated, in user id order.
+std::vector<uint8_t> select_eval_users(const TrainConfig& cfg, const DatasetMeta& meta) {
+  // A fixed subset of exactly eval_users users (selection sampling over the
+  // user ids in order, keyed by the seed): the same on every rank and any W.
+  const uint64_t U = meta.num_eval_users;
+  const uint64_t want = std::min<uint64_t>(uint64_t(cfg.eval_users), U);
+  const CounterRng rng{cfg.seed, kStreamEvalUsers, 0};
+  std::vector<uint8_t> selected(U, 0);
+  uint64_t chosen = 0;
+  for (uint64_t u = 0; u < U && chosen < want; ++u)
+    if (rng.uniform_double(u) * double(U - u) < double(want - chosen)) {
+      selected[u] = 1;
+      ++chosen;
+    }
+  return selected;
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx)
     : cfg_(cfg), comm_(comm), ctx_(ctx) {
   meta_ = DatasetMeta::load(cfg.data_dir);
@@ -113,50 +185,9 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   mc.layers = cfg.layers;
   mc.validate();
 
-  // Memory (train/memory_estimate.h): tables and state, their exchange buffers,
-  // the tower's step buffers and the eval buffers, and on a GPU the scratch arena at
-  // its largest and the context's workspaces. On a GPU rank the limit is what
-  // cudaMemGetInfo reports free, shared among the local ranks on that physical GPU.
-  const int D = mc.embedding_width();
+  memory_bytes_ = check_rank_memory(cfg, meta_, plan_, comm, ctx, mc, rows_only, trained_with);
   const int64_t L = meta_.eval_negatives + 1;
   const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
-  const MemoryEstimate est = estimate_rank_memory(cfg, meta_, plan_, r, ctx.device);
-  const std::vector<int64_t>& tables = est.tables;
-  memory_bytes_ = est.total();
-  const MemoryInfo mem = device_memory(ctx, comm.local_world());
-  const bool on_gpu = ctx.device == Device::kCuda;
-  const int64_t limit = cfg.memory_limit_gb > 0
-                            ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
-                            : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
-  const std::string gpu_name =
-      "GPU " + std::to_string(mem.gpu) + (mem.gpu_id.empty() ? "" : " (PCI " + mem.gpu_id + ")");
-  const std::string where =
-      cfg.memory_limit_gb > 0 ? std::string("--memory_limit_gb says it may use")
-      : on_gpu ? gpu_name + " has " + gib(double(mem.free)) + " free of " + gib(double(mem.total)) +
-                     " for " + std::to_string(mem.sharing) + " rank(s), so it may use"
-               : "the host has " + gib(double(mem.free)) + " available for " +
-                     std::to_string(comm.local_world()) + " local rank(s), so it may use";
-  const std::string advice =
-      ": use more ranks, a row-wise --shard_plan, a smaller --batch_size or "
-      "--eval_batch_size, or raise --memory_limit_gb";
-  for (size_t k = 0; k < tables.size(); ++k)
-    if (tables[k] > limit) {
-      const TableSpec& spec = plan_.tables[k];
-      NCF_FAIL("rank ", r, " needs about ", gib(double(tables[k])), " for table ", spec.name,
-               " alone (", spec.num_rows, " rows x ", D, ", ", placement_name(spec.placement),
-               rows_only ? std::string(", rows only")
-                         : std::string(", with ") + optimizer_name(trained_with) + " state",
-               ") on its ", device_name(ctx.device), ", but ", where, " ", gib(double(limit)),
-               advice);
-    }
-  if (memory_bytes_ > limit)
-    NCF_FAIL("rank ", r, " needs about ", gib(double(memory_bytes_)), " on its ",
-             device_name(ctx.device), " (user table ", gib(double(tables[0])), ", item table ",
-             gib(double(tables[1])), ", exchange buffers ", gib(double(est.exchange)),
-             ", step and eval buffers ", gib(double(est.step)), " for ", est.samples, " samples",
-             on_gpu ? ", scratch and workspaces " + gib(double(est.scratch + est.workspaces))
-                    : std::string(),
-             "), but ", where, " ", gib(double(limit)), advice);
 
   if (!rows_only)
     train_reader_ =
@@ -191,20 +222,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   scores_ = Buffer<float>(ctx.device, 0);
   for (Buffer<float>* b : {&full_item_tile_, &full_scores_, &eval_item_gmf_})
     *b = Buffer<float>(ctx.device, 0);
-  if (cfg.eval_users > 0) {
-    // A fixed subset of exactly eval_users users (selection sampling over the
-    // user ids in order, keyed by the seed): the same on every rank and any W.
-    const uint64_t U = meta_.num_eval_users;
-    const uint64_t want = std::min<uint64_t>(uint64_t(cfg.eval_users), U);
-    const CounterRng rng{cfg.seed, kStreamEvalUsers, 0};
-    eval_selected_.assign(U, 0);
-    uint64_t chosen = 0;
-    for (uint64_t u = 0; u < U && chosen < want; ++u)
-      if (rng.uniform_double(u) * double(U - u) < double(want - chosen)) {
-        eval_selected_[u] = 1;
-        ++chosen;
-      }
-  }
+  if (cfg.eval_users > 0) eval_selected_ = select_eval_users(cfg, meta_);
   step_loss_ = Buffer<double>(ctx.device, 0);
   stager_ = std::make_unique<InputStager>(ctx);
   timer_ = std::make_unique<StepTimer>(ctx);
