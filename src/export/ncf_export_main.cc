@@ -151,6 +151,47 @@ int verify_main(const std::string& path, const std::string& data_dir) {
   return 0;
 }
 
+// --apply: the newer checkpoint's NumPy export from a delta and --base.
+int apply_main(const std::string& apply, const std::string& base, const std::string& output) {
+  const ApplySummary s = apply_npy_delta(apply, base, output);
+  std::printf(
+      "ncf_export: %s (step %lld -> %lld) applied to %s -> %s: the NumPy export of %s; users "
+      "%lld rows from the delta, %lld from the base; items %lld from the delta, %lld from the "
+      "base\n",
+      apply.c_str(), (long long)s.base_step, (long long)s.step, base.c_str(), output.c_str(),
+      s.checkpoint.c_str(), (long long)(s.users.changed + s.users.added),
+      (long long)(s.users.rows - s.users.changed - s.users.added),
+      (long long)(s.items.changed + s.items.added),
+      (long long)(s.items.rows - s.items.changed - s.items.added));
+  return 0;
+}
+
+// --since: the delta between the NumPy exports of --checkpoint (m) and the older one.
+int delta_main(const TrainedModel& m, const std::string& since, const std::string& data_dir,
+               const std::string& output) {
+  const TrainedModel older = load_trained_model(since);
+  for (const std::string& w : older.warnings)
+    std::fprintf(stderr, "ncf_export: warning: %s\n", w.c_str());
+  const DeltaSummary s = export_npy_delta(m, older, data_dir, output);
+  auto rows = [](const char* name, const TableDeltaCounts& c) {
+    return std::string(name) + " " + std::to_string(c.changed) + " changed + " +
+           std::to_string(c.added) + " new of " + std::to_string(c.rows) + " (" +
+           std::to_string(c.dropped) + " dropped)";
+  };
+  const int64_t full_rows = s.users.rows + s.items.rows;
+  const int64_t delta_rows = s.users.changed + s.users.added + s.items.changed + s.items.added;
+  std::printf(
+      "ncf_export: delta %s (step %lld) since %s (step %lld) -> %s: %s, %s; %lld of %lld rows "
+      "(%.2f%%), %lld of the full export's %lld bytes (%.2f%%)\n",
+      m.path.c_str(), (long long)m.manifest.step, older.path.c_str(),
+      (long long)older.manifest.step, output.c_str(), rows("users", s.users).c_str(),
+      rows("items", s.items).c_str(), (long long)delta_rows, (long long)full_rows,
+      full_rows > 0 ? 100.0 * double(delta_rows) / double(full_rows) : 0.0,
+      (long long)s.delta_bytes, (long long)s.full_bytes,
+      s.full_bytes > 0 ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
+  return 0;
+}
+
 int export_main(int& argc, char**& argv) {
   std::string checkpoint, format, output, data_dir, since, apply, base, external = "auto";
   CLI::App app{
@@ -258,17 +299,7 @@ int export_main(int& argc, char**& argv) {
                  " holds what the new export needs)");
     if (format == "onnx") NCF_FAIL("flag --apply writes a NumPy export, not --format onnx");
     if (base_opt->count() == 0) NCF_FAIL("flag --apply needs --base (the older NumPy export)");
-    const ApplySummary s = apply_npy_delta(apply, base, output);
-    std::printf(
-        "ncf_export: %s (step %lld -> %lld) applied to %s -> %s: the NumPy export of %s; users "
-        "%lld rows from the delta, %lld from the base; items %lld from the delta, %lld from the "
-        "base\n",
-        apply.c_str(), (long long)s.base_step, (long long)s.step, base.c_str(), output.c_str(),
-        s.checkpoint.c_str(), (long long)(s.users.changed + s.users.added),
-        (long long)(s.users.rows - s.users.changed - s.users.added),
-        (long long)(s.items.changed + s.items.added),
-        (long long)(s.items.rows - s.items.changed - s.items.added));
-    return 0;
+    return apply_main(apply, base, output);
   }
   if (base_opt->count() > 0) NCF_FAIL("flag --base goes with --apply only");
   // The manifest's flags are held to ncf_dist's ranges inside, before the
@@ -287,27 +318,7 @@ int export_main(int& argc, char**& argv) {
                 inline_limit);
 #endif
   } else if (since_opt->count() > 0) {
-    const TrainedModel older = load_trained_model(since);
-    for (const std::string& w : older.warnings)
-      std::fprintf(stderr, "ncf_export: warning: %s\n", w.c_str());
-    const DeltaSummary s = export_npy_delta(m, older, data_dir, output);
-    auto rows = [](const char* name, const TableDeltaCounts& c) {
-      return std::string(name) + " " + std::to_string(c.changed) + " changed + " +
-             std::to_string(c.added) + " new of " + std::to_string(c.rows) + " (" +
-             std::to_string(c.dropped) + " dropped)";
-    };
-    const int64_t full_rows = s.users.rows + s.items.rows;
-    const int64_t delta_rows = s.users.changed + s.users.added + s.items.changed + s.items.added;
-    std::printf(
-        "ncf_export: delta %s (step %lld) since %s (step %lld) -> %s: %s, %s; %lld of %lld rows "
-        "(%.2f%%), %lld of the full export's %lld bytes (%.2f%%)\n",
-        m.path.c_str(), (long long)m.manifest.step, older.path.c_str(),
-        (long long)older.manifest.step, output.c_str(), rows("users", s.users).c_str(),
-        rows("items", s.items).c_str(), (long long)delta_rows, (long long)full_rows,
-        full_rows > 0 ? 100.0 * double(delta_rows) / double(full_rows) : 0.0,
-        (long long)s.delta_bytes, (long long)s.full_bytes,
-        s.full_bytes > 0 ? 100.0 * double(s.delta_bytes) / double(s.full_bytes) : 0.0);
-    return 0;
+    return delta_main(m, since, data_dir, output);
   } else {
     export_npy(m, output, data_dir);
   }

@@ -157,6 +157,80 @@ void write_in_rank_order(Communicator& comm, const std::string& mine, std::FILE*
     }
 }
 
+// --pairs: this rank's block of the pairs, scored, as lines of --format (rank 0's
+// with the CSV header); *total counts the pairs of all ranks.
+std::string pair_scores_text(const RecommendFlags& f, const IdMaps& maps, const RankInfo& info,
+                             bool csv, Trainer& trainer, int64_t* total) {
+  std::string text;
+  char buf[160];
+  const bool lead = info.rank == 0;
+  std::vector<int32_t> users, items;
+  read_pairs(f.pairs, f.data_dir, maps, &users, &items);
+  *total = int64_t(users.size());
+  int64_t first = 0, count = 0;
+  block_range(*total, info.world, info.rank, &first, &count);
+  const std::vector<int32_t> my_users(users.begin() + first, users.begin() + first + count),
+      my_items(items.begin() + first, items.begin() + first + count);
+  const std::vector<float> logits = trainer.score_pairs(my_users, my_items);
+  if (lead && csv) text = "user,item,score\n";
+  for (int64_t k = 0; k < count; ++k) {
+    const std::string u = id_out(maps.user, my_users[size_t(k)], csv);
+    const std::string i = id_out(maps.item, my_items[size_t(k)], csv);
+    std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[size_t(k)])));
+    text += csv ? u + "," + i + "," + buf + "\n"
+                : "{\"user\":" + u + ",\"item\":" + i + ",\"score\":" + buf + "}\n";
+  }
+  return text;
+}
+
+// --users: this rank's block of the users, each with its top --topk items, as lines
+// of --format (rank 0's with the CSV header); *total counts the users of all ranks.
+std::string top_k_text(const RecommendFlags& f, const IdMaps& maps, const RankInfo& info, bool csv,
+                       Trainer& trainer, int64_t* total) {
+  std::string text;
+  char buf[160];
+  const bool lead = info.rank == 0;
+  const std::vector<int32_t> users = read_users(f.users, f.data_dir, maps.user);
+  *total = int64_t(users.size());
+  int64_t first = 0, count = 0;
+  block_range(*total, info.world, info.rank, &first, &count);
+  const std::vector<int32_t> mine(users.begin() + first, users.begin() + first + count);
+  std::vector<int32_t> items;
+  std::vector<float> logits;
+  trainer.recommend(mine, f.topk, f.include_seen, &items, &logits);
+  if (lead && csv) text = "user,rank,item,score\n";
+  for (int64_t k = 0; k < count; ++k)
+    for (int r = 0; r < f.topk; ++r) {
+      const size_t x = size_t(k * f.topk + r);
+      if (items[x] < 0) break;  // fewer items left than K
+      const std::string u = id_out(maps.user, mine[size_t(k)], csv);
+      const std::string i = id_out(maps.item, items[x], csv);
+      std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[x])));
+      const std::string rank = std::to_string(r + 1);
+      text += csv ? u + "," + rank + "," + i + "," + buf + "\n"
+                  : "{\"user\":" + u + ",\"rank\":" + rank + ",\"item\":" + i +
+                        ",\"score\":" + buf + "}\n";
+    }
+  return text;
+}
+
+// Rank 0 writes the output: a temporary file renamed into place, or stdout.
+void write_output(Communicator& comm, const RecommendFlags& f, const std::string& text, bool lead) {
+  const bool to_stdout = f.output == "-";
+  const std::string tmp = f.output + ".tmp";
+  std::FILE* out = nullptr;
+  if (lead) {
+    out = to_stdout ? stdout : std::fopen(tmp.c_str(), "w");
+    if (!out) NCF_FAIL("--output ", f.output, ": cannot open ", tmp, " for writing");
+  }
+  write_in_rank_order(comm, text, out, f.output);
+  if (lead && !to_stdout) {
+    if (std::fflush(out) != 0 || fsync(fileno(out)) != 0 || std::fclose(out) != 0)
+      NCF_FAIL("--output ", f.output, ": write failed");
+    fs::rename(tmp, f.output);
+  }
+}
+
 int recommend_main(int& argc, char**& argv) {
   RecommendFlags f;
   int code = 0;
@@ -215,68 +289,15 @@ int recommend_main(int& argc, char**& argv) {
     f.topk = int(meta.num_items);
   }
 
-  std::string text;
-  char buf[160];
   const bool csv = f.format == "csv";
   int64_t total = 0;
   const auto t1 = std::chrono::steady_clock::now();
-  if (!f.pairs.empty()) {
-    std::vector<int32_t> users, items;
-    read_pairs(f.pairs, f.data_dir, maps, &users, &items);
-    total = int64_t(users.size());
-    int64_t first = 0, count = 0;
-    block_range(total, info.world, info.rank, &first, &count);
-    const std::vector<int32_t> my_users(users.begin() + first, users.begin() + first + count),
-        my_items(items.begin() + first, items.begin() + first + count);
-    const std::vector<float> logits = trainer.score_pairs(my_users, my_items);
-    if (lead && csv) text = "user,item,score\n";
-    for (int64_t k = 0; k < count; ++k) {
-      const std::string u = id_out(maps.user, my_users[size_t(k)], csv);
-      const std::string i = id_out(maps.item, my_items[size_t(k)], csv);
-      std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[size_t(k)])));
-      text += csv ? u + "," + i + "," + buf + "\n"
-                  : "{\"user\":" + u + ",\"item\":" + i + ",\"score\":" + buf + "}\n";
-    }
-  } else {
-    const std::vector<int32_t> users = read_users(f.users, f.data_dir, maps.user);
-    total = int64_t(users.size());
-    int64_t first = 0, count = 0;
-    block_range(total, info.world, info.rank, &first, &count);
-    const std::vector<int32_t> mine(users.begin() + first, users.begin() + first + count);
-    std::vector<int32_t> items;
-    std::vector<float> logits;
-    trainer.recommend(mine, f.topk, f.include_seen, &items, &logits);
-    if (lead && csv) text = "user,rank,item,score\n";
-    for (int64_t k = 0; k < count; ++k)
-      for (int r = 0; r < f.topk; ++r) {
-        const size_t x = size_t(k * f.topk + r);
-        if (items[x] < 0) break;  // fewer items left than K
-        const std::string u = id_out(maps.user, mine[size_t(k)], csv);
-        const std::string i = id_out(maps.item, items[x], csv);
-        std::snprintf(buf, sizeof buf, "%.9g", double(sigmoid(logits[x])));
-        const std::string rank = std::to_string(r + 1);
-        text += csv ? u + "," + rank + "," + i + "," + buf + "\n"
-                    : "{\"user\":" + u + ",\"rank\":" + rank + ",\"item\":" + i +
-                          ",\"score\":" + buf + "}\n";
-      }
-  }
+  const std::string text = !f.pairs.empty() ? pair_scores_text(f, maps, info, csv, trainer, &total)
+                                            : top_k_text(f, maps, info, csv, trainer, &total);
   const double score_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 
-  // Rank 0 writes the output: a temporary file renamed into place, or stdout.
-  const bool to_stdout = f.output == "-";
-  const std::string tmp = f.output + ".tmp";
-  std::FILE* out = nullptr;
-  if (lead) {
-    out = to_stdout ? stdout : std::fopen(tmp.c_str(), "w");
-    if (!out) NCF_FAIL("--output ", f.output, ": cannot open ", tmp, " for writing");
-  }
-  write_in_rank_order(*comm, text, out, f.output);
-  if (lead && !to_stdout) {
-    if (std::fflush(out) != 0 || fsync(fileno(out)) != 0 || std::fclose(out) != 0)
-      NCF_FAIL("--output ", f.output, ": write failed");
-    fs::rename(tmp, f.output);
-  }
+  write_output(*comm, f, text, lead);
   if (lead) {
     std::fflush(stdout);
     const double all_s =

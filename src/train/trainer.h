@@ -33,6 +33,7 @@
 namespace ncf {
 
 class TensorBoardWriter;  // train/tensorboard.h
+class EvalPhases;         // train/trainer_eval.cc (NCF_EVAL_PHASES)
 
 struct EpochResult {
   int64_t epoch = 0;
@@ -186,6 +187,32 @@ class Trainer {
   // user x's items are (*items)[(*offsets)[x] .. (*offsets)[x+1]).
   void seen_items(const int32_t* users, int64_t m, std::vector<int64_t>* offsets,
                   std::vector<int32_t>* items) const;
+  // evaluate()'s stages (trainer_eval.cc). One batch's lists where the device reads
+  // them: users [n], candidates and masks [n × L].
+  struct EvalLists {
+    const int32_t* users = nullptr;
+    const int32_t* items = nullptr;
+    const uint8_t* mask = nullptr;
+    int64_t n = 0;
+  };
+  // The next batch from eval_reader_ (empty past the end), keeping --eval_users' users.
+  void read_eval_batch(EvalBatch* b);
+  // Sends a read batch to the device through eval_stager_.
+  void stage_eval_batch(const EvalBatch& b);
+  // Batch k of eval_cache_.
+  EvalLists cached_eval_lists(int64_t k) const;
+  // The batch of n users eval_stager_ holds next; with `keep`, copied into eval_cache_.
+  EvalLists staged_eval_lists(int64_t n, bool keep);
+  // The lookup (collective: every rank, even with no user), the scores and the
+  // batch's HR / NDCG sums added to eval_sums_ on the device.
+  void score_eval_lists(const EvalLists& x, bool by_items, EvalPhases* phases);
+  // --eval_full_ranking: the batch's users (their rows still in the lookup's) against
+  // every item, `group` users at a time; their HR and NDCG added to full[0], full[1].
+  void rank_full_catalogue(const EvalBatch& b, int64_t group, double* full);
+  // Rank 0 tells that the lists stay on the device (the first evaluation's end).
+  void report_eval_cache() const;
+  // The evaluation's figures from the sums over all ranks (HR, NDCG, full HR, full NDCG).
+  EvalResult eval_result(const double* sums, bool full) const;
 
   TrainConfig cfg_;
   Communicator& comm_;
