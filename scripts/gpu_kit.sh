@@ -36,7 +36,11 @@
 # itself on the stages that matter most to it), NCF_KIT_ARCHIVE (a folder: the results go to
 # $build/kit-results, and the folder gets summary.md, summary.tsv, info.txt and results.tgz,
 # all of them, refreshed after every stage).
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+#
+# The parts: scripts/gpu_kit/*.sh, sourced below (common.sh: paths, the stage runner, the
+# summary, `run`; pack.sh; build, tests, profile, bench, pytorch, step, nccl, eval: the
+# stages and their figures; rehearse.sh), and scripts/gpu_kit/*.py, the figures that
+# read JSON (stdlib only), pack's dependency closure and the PyTorch NeuMF of `run bench`.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prog=gpu_kit
@@ -71,6 +75,7 @@ main() {
     *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|all] | rehearse [same]" ;;
   esac
 }
-# main and exit on one line: bash has read all of it before main runs, so editing this file
-# while a run is under way cannot feed the running bash new lines.
+# main and exit on one line: bash has read all of it, and each stage file whole (source reads
+# a file before running it), before main runs, so editing the kit's files while a run is
+# under way cannot feed the running bash new lines.
 main "$@"; exit

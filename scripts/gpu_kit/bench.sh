@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: `run bench`: throughput, time to quality, the kernels, MPI and NCCL training.
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: `run bench`: throughput, time to quality, the kernels, MPI
+# and NCCL training.
 
 # ---- bench ---------------------------------------------------------------------------------------------
 m20=""
@@ -20,13 +24,7 @@ fig_ttq() { jsonl_fig "$out/$(basename "$1" .log).jsonl" ttq; }
 do_kernels() { ours "$build/bench/bench_kernels" --device cuda --json "$out/kernels.json"; }
 fig_kernels() {
   [ -s "$out/kernels.json" ] || return 0
-  python3 - "$out/kernels.json" <<'EOF'
-import json, sys
-j = json.load(open(sys.argv[1]))
-cases = j["cases"]
-bad = [c["name"] for c in cases if str(c.get("check", "ok")).startswith("FAIL")]
-print(f"{len(cases)} kernels at batch {j.get('batch')}; " + (f"check not ok: {', '.join(bad)}" if bad else "all checks ok"))
-EOF
+  python3 "$root/scripts/gpu_kit/fig_kernels.py" "$out/kernels.json"
 }
 mpirun_args=(--oversubscribe --bind-to none --mca btl '^openib,ofi' --mca pml ob1
   --mca btl_vader_single_copy_mechanism none)

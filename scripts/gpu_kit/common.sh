@@ -1,8 +1,12 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: what every part uses: the kit's paths, messages, the environment of our programs and
-# the machine's, the stage runner (stage, limited, record, archive), the figures shared by
-# several stages, info.txt and summary.md, and `run` itself (cmd_run).
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154,SC2034
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run; some set here are read by the other stage files)
+#
+# Sourced by scripts/gpu_kit.sh: what every part uses: the kit's paths, messages, the
+# environment of our programs and the machine's, the stage runner (stage, limited, record,
+# archive), the figures shared by several stages, info.txt and summary.md, and `run` itself
+# (cmd_run).
 
 kit="$root/.gpu-kit"
 # where `run` unpacks the kit; rehearse puts it outside .gpu-kit, which stays as pack left it
@@ -190,24 +194,7 @@ fig_sanitizer() { grep -hE 'ERROR SUMMARY|not counted|^# exit' "$1" | tr '\n' ' 
 # jsonl_fig FILE MODE: samples/s of the last epoch (throughput) or time to quality (ttq).
 jsonl_fig() {
   [ -s "$1" ] || { echo "no metrics"; return 0; }
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-r = rows[-1]
-if sys.argv[2] == "throughput":
-    print(f"{r['samples_per_second']:,.0f} samples/s (epoch {r['epoch']}, W {r.get('world', 1)}, "
-          f"loss {r['loss']:.5f})")
-else:
-    spent = 0.0
-    for r in rows:
-        spent += r["train_seconds"] + r["eval_seconds"]
-        if r["hr"] >= 0.635:
-            print(f"HR@10 {r['hr']:.4f} >= 0.635 at epoch {r['epoch']}, {spent:.1f} s train+eval")
-            break
-    else:
-        print(f"0.635 not reached in {len(rows)} epochs; best HR@10 "
-              f"{max(x['hr'] for x in rows):.4f}, {spent:.1f} s")
-EOF
+  python3 "$root/scripts/gpu_kit/fig_jsonl.py" "$1" "$2"
 }
 
 # ---- info and summary ------------------------------------------------------------------------------------

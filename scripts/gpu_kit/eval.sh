@@ -1,6 +1,9 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: the evaluation's speed (`run step`).
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: the evaluation's speed (`run step`).
 
 # Evaluation speed: one ml-20m evaluation (138,493 users x 1 + 999) after 2 steps, at
 # the default --eval_batch_size (100 users a batch, blocking copies around each) and at
@@ -28,29 +31,9 @@ fig_eval_speed() {
   local p
   p=$(basename "$1" .log)
   p=${p#eval_speed_}
-  { python3 - "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
-    "$out/eval_${p}_b1000000_per_sample.jsonl" "$out/eval_${p}_b1000000_fused.jsonl" <<'EOF'
-import json, sys
-def secs(path, line):
-    try:
-        return json.loads(open(path).read().splitlines()[line])["eval_seconds"]
-    except Exception:
-        return None
-fmt = lambda x: f"{x:.3f} s" if x is not None else "no metrics"
-def both(path):  # the first evaluation (lists read), then the second (lists kept)
-    return f"{fmt(secs(path, 0))} / kept {fmt(secs(path, 1))}"
-print(f"one evaluation by items: {both(sys.argv[1])} at --eval_batch_size 100000, "
-      f"{both(sys.argv[2])} at 1000000; per sample at 1000000: {both(sys.argv[3])}")
-def hr(path):
-    try:
-        return [json.loads(l)["hr"] for l in open(path).read().splitlines()]
-    except Exception:
-        return None
-fused = hr(sys.argv[4])
-if fused is not None:  # bf16 only: the one kernel against the ops one by one
-    print(f"in one kernel (NCF_EVAL_FUSED=1) at 1000000: {both(sys.argv[4])}; "
-          f"HR@10 {fused} against the ops' {hr(sys.argv[2])}")
-EOF
+  { python3 "$root/scripts/gpu_kit/fig_eval_speed.py" \
+    "$out/eval_${p}_b100000.jsonl" "$out/eval_${p}_b1000000.jsonl" \
+    "$out/eval_${p}_b1000000_per_sample.jsonl" "$out/eval_${p}_b1000000_fused.jsonl"
   grep 'eval phases' "$1" | tail -1 | sed 's/.*after each)://; s/^/kept lists, phases at 1000000:/' ||
     true; } |
     paste -s -d '|' | sed 's/|/; /g'

@@ -1,7 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: NCCL on one GPU: the checkpoint resume, several ranks sharing the GPU, the stalled peer,
-# the two-hop exchange (`run step`).
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: NCCL on one GPU: the checkpoint resume, several ranks
+# sharing the GPU, the stalled peer, the two-hop exchange (`run step`).
 
 do_nccl_resume() {  # a checkpoint of 4 NCCL ranks on the GPU resumed by 1 GPU rank and 2 CPU ranks
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \

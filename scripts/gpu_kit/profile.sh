@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: Nsight Compute and Nsight Systems: the profile stages of `run tests` and `run step`.
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: Nsight Compute and Nsight Systems: the profile stages of
+# `run tests` and `run step`.
 
 # One profile of ml-20m-mlperf steps: --step_log splits each step into its phases
 # (exchanges, tower, allreduce, update) with the bytes moved; then Nsight Compute, when

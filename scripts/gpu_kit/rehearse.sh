@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: `rehearse`: `run` inside a clean Debian 12 root, no network, no GPU.
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: `rehearse`: `run` inside a clean Debian 12 root, no
+# network, no GPU.
 
 # ======================================================================================
 # rehearse

@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: `run step`: the GPU step's kernels, old against new, and the stage order of `run step`.
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: `run step`: the GPU step's kernels, old against new, and
+# the stage order of `run step`.
 
 # ---- step ------------------------------------------------------------------------------------------------
 # The GPU step's kernels, old against new, in one call of about 6 minutes after the build:
@@ -35,13 +39,7 @@ do_step_kernels() {
 }
 fig_step_kernels() {
   [ -s "$out/step_kernels.json" ] || return 0
-  python3 - "$out/step_kernels.json" <<'EOF'
-import json, sys
-cases = json.load(open(sys.argv[1]))["cases"]
-bad = [c["name"] for c in cases if str(c.get("check", "ok")).startswith("FAIL")]
-parts = [f"{c['name']} {c['median_ms']:.2f} ms" for c in cases]
-print(("FAIL: " + ", ".join(bad) + "; " if bad else "") + "; ".join(parts))
-EOF
+  python3 "$root/scripts/gpu_kit/fig_step_kernels.py" "$out/step_kernels.json"
 }
 do_step_train() {  # PRECISION KERNELS [FLAGS...]: 40 ml-20m-mlperf steps, each one's phases on its line
   ours env NCF_STEP_KERNELS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
@@ -57,18 +55,7 @@ do_step_train_env() {  # "VAR=VALUE ..." PRECISION KERNELS: do_step_train with t
 fig_step_train() {  # the median over steps 10-40 of exchange + compute + allreduce, vs the floor
   local precision gpu med
   precision=$(basename "$1" .log | cut -d_ -f2)
-  med=$(python3 - "$1" <<'EOF'
-import re, statistics, sys
-ms, samples = [], 0
-for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"\s*step (\d+): (\d+) samples, exchange ([\d.]+) ms, compute ([\d.]+) ms, allreduce ([\d.]+) ms", line)
-    if m and 10 <= int(m.group(1)) <= 40:
-        ms.append(float(m.group(3)) + float(m.group(4)) + float(m.group(5)))
-        samples = int(m.group(2))
-if ms:
-    print(f"{statistics.median(ms):.3f} {samples} {len(ms)}")
-EOF
-)
+  med=$(python3 "$root/scripts/gpu_kit/fig_step_train.py" "$1")
   [ -n "$med" ] || { echo "no step lines"; return 0; }
   read -r ms samples steps <<<"$med"
   gpu=$(theirs nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -80,16 +67,7 @@ do_step_hr_ours() {
   train_m20 step_hr_ours "$build/src/ncf_dist" --precision tf32 --train_epochs 3
 }
 fig_step_hr() {
-  python3 - "$out/step_hr_ours.jsonl" <<'EOF'
-import json, sys
-try:
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-except OSError:
-    rows = []
-r = rows[-1] if rows else None
-print(f"ncf_dist HR@10 {r['hr']:.4f} after epoch {r['epoch']}, "
-      f"{r['samples_per_second']:,.0f} samples/s" if r else "ncf_dist: no metrics")
-EOF
+  python3 "$root/scripts/gpu_kit/fig_step_hr.py" "$out/step_hr_ours.jsonl"
 }
 run_step() {
   built || { record step FAIL "no build in $build" 0; return 0; }

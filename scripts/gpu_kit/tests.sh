@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# scripts/gpu_kit.sh, sourced: `run tests`: parity, the compute sanitizers, determinism, ctest.
-# shellcheck disable=SC2317  # most functions run indirectly, through stage and limited
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: `run tests`: parity, the compute sanitizers, determinism,
+# ctest.
 
 # ---- tests ------------------------------------------------------------------------------------------
 do_ctest() { ours env NCF_REQUIRE_GPU="$2" ctest --test-dir "$build" -L "$1" --output-on-failure --no-tests=error -j "$3"; }
