@@ -6,8 +6,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/build.sh"
 # The PyTorch checks of bench/pytorch_variants.py (tests/CMakeLists.txt) need Debian's torch
-# in /usr/bin/python3: a test-only package, so not in the build's list (nor the image's).
-bash "$root/scripts/setup.sh" python3-torch
+# in /usr/bin/python3, the GPU kit's shell check ShellCheck: test-only packages, so not in
+# the build's list (nor the image's).
+bash "$root/scripts/setup.sh" python3-torch shellcheck
 build="${NCF_BUILD_DIR:-$root/build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
