@@ -97,7 +97,6 @@ run_step() {
   stage step_bf16_no_lt_out 1 90 fig_step_train -- \
     do_step_train_env NCF_LT_BF16_OUT=0 bf16 streaming
   # Kernels kept selectable, each step_PRECISION_NAME with its variables, in this order:
-  #   2blocks      the kernels capped for 3 blocks per SM as they were, at 2
   #   neg_one      negatives searched one draw at a time, as before the lock-step rounds
   #   sums_thread  layer 0's per-item sums with each thread loading its rows' indices, as
   #                before a warp's indices came 32 at a time, a chunk ahead
@@ -109,7 +108,7 @@ run_step() {
   #                the update their gradient by item
   #   by_sample    layer 0's items' half once per sample, the path layer 0 by item replaced
   local v
-  for v in "2blocks:NCF_3BLOCK_KERNELS=0" "neg_one:NCF_NEGATIVES_AHEAD=0" \
+  for v in "neg_one:NCF_NEGATIVES_AHEAD=0" \
     "sums_thread:NCF_RUN_SUMS_WARP=0" \
     "scatter_one:NCF_NARROW_ITEM_LOOKUP=0 NCF_SCATTER_BY_FOUR=0" \
     "whole_rows:NCF_NARROW_ITEM_LOOKUP=0" "by_sample:NCF_L0_BY_ITEM=0"; do

@@ -510,7 +510,8 @@ __device__ __forceinline__ Bf16Lanes<L> mask_bf16_bits(uint32_t bits, const Bf16
 // and thread, L bits of it). kMinBlocks: blocks per SM for __launch_bounds__ (0: none);
 // at L = 8 with the bits the kernel takes 93 registers, 2 blocks per SM (an H200 ran it at
 // 63% of HBM peak, the GPU kit's step_ncu_bf16 stage, 2026-11-27), and fits 80
-// without a spill for 3 (sm_90, ptxas -v), faster at 3 (the kit's step_*_2blocks stages).
+// without a spill for 3 (sm_90, ptxas -v), faster at 3 (the GPU kit's step_*_2blocks stages at
+// ddeff27).
 template <int L, bool kRelu, bool kBits = false, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     group_sum_bf16_kernel(const uint16_t* __restrict__ Y, uint16_t* __restrict__ dY, int64_t n,

@@ -202,8 +202,8 @@ __device__ __forceinline__ void add_loaded_rows(double (&acc)[L], const RawLanes
 // kernel ran at 30% of HBM peak, its SMs busy 72% of its time
 // (the GPU kit's step_ncu_tf32 stage, 2026-11-27); 12 rows fit 80 registers
 // without a spill (sm_90, ptxas -v) and 3 blocks, 24 warps and 12% more bytes in flight
-// per SM (at 16 rows and 2 blocks it ran slower: the kit's step_*_2blocks stages). kRows
-// does not change any sum's order: the same bits.
+// per SM (at 16 rows and 2 blocks it ran slower: the GPU kit's step_*_2blocks stages at ddeff27).
+// kRows does not change any sum's order: the same bits.
 template <typename T, int L, int kRows = kRunRowsInFlight, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     run_sums_kernel(const T* __restrict__ dZ, const int32_t* __restrict__ order,

@@ -277,9 +277,9 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
 // occupancy and 44% of HBM peak, 41% of its warps' cycles between instructions spent
 // waiting on L1TEX (the GPU kit's step_ncu_top stage, 2026-11-27); with 4 rows
 // it fits 78 registers without a spill (sm_90, ptxas -v) and 3 blocks
-// (the kernel at 2 blocks per SM, 8 rows, lost to it: the kit's step_*_2blocks stages).
-// R changes only how many rows' loads are issued before their adds, not the order of
-// any sum: every R gives the same bits.
+// (the kernel at 2 blocks per SM, 8 rows, lost to it: the GPU kit's step_*_2blocks stages at
+// ddeff27). R changes only how many rows' loads are issued before their adds, not the order of any
+// sum: every R gives the same bits.
 template <int J, typename TA, int R = (J >= 4 ? 4 : 8), int kMinBlocks = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     neumf_top_backward_kernel(const float* __restrict__ urows, int64_t ldu,
