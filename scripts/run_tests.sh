@@ -4,18 +4,28 @@
 # the Slurm preemption test and the tests across simulated hosts.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Each phase's wall time, on one line, so that a slow CI run says where its time went.
+phase_start=$SECONDS
+phase_done() {
+  echo "run_tests: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"
+  phase_start=$SECONDS
+}
 bash "$root/scripts/build.sh"
+phase_done build
 # The PyTorch checks of bench/pytorch_variants.py (tests/CMakeLists.txt) need Debian's torch
 # in /usr/bin/python3, the GPU kit's shell check ShellCheck: test-only packages, so not in
 # the build's list (nor the image's).
 bash "$root/scripts/setup.sh" python3-torch shellcheck
+phase_done "test packages"
 build="${NCF_BUILD_DIR:-$root/build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
+phase_done ctest
 # Every reader of outside bytes under libFuzzer with ASan and UBSan (fuzz/):
 # each seed and each finding's reproducer replayed, then a few seconds of
 # fuzzing per target. Builds build-fuzz/ with clang (installed when missing).
 bash "$root/scripts/fuzz_replay.sh"
+phase_done fuzz
 # Preemption under a real one-node Slurm cluster (tests/slurm/): needs root to
 # run slurmd; installs Debian's Slurm and munge on first use.
 if [ "$(id -u)" -eq 0 ]; then
@@ -23,7 +33,9 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "run_tests: skipped tests/slurm/test_preempt.sh (slurmd needs root)"
 fi
+phase_done "slurm preemption"
 # Ranks on several hosts of this machine (tests/cluster/: network namespaces joined
 # by a bridge, mpirun and a multi-node Slurm across them, a host lost mid-run, the
 # two-hop exchange). Needs root; each test says why when it is skipped.
 bash "$root/tests/cluster/run_all.sh" "$build"
+phase_done "simulated hosts"
