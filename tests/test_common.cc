@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #ifdef NCF_WITH_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #endif
 
 #include <chrono>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -181,6 +184,28 @@ TEST(Check, LibraryChecksCarryTheLibrarysErrorText) {
                 at(cublas_line));
   EXPECT_EQ(nccl.rfind("[rank 1] NCCL error 'invalid argument", 0), 0u) << nccl;
   EXPECT_NE(nccl.find("ncclInvalidArgument " + at(nccl_line)), std::string::npos) << nccl;
+}
+
+// cuBLAS and cuBLASLt are loaded by their first call (common/cublas_loader.cc), not when
+// a program starts: until then this process has neither mapped; the first call of each
+// reaches the real library (its version, its wording). ctest runs each test in a process
+// of its own, so no earlier test has called them.
+TEST(CublasLoader, EachLibraryIsLoadedByItsFirstCall) {
+  auto mapped = [](const std::string& soname) {
+    std::ifstream maps("/proc/self/maps");
+    const std::string text((std::istreambuf_iterator<char>(maps)),
+                           std::istreambuf_iterator<char>());
+    return text.find("/" + soname) != std::string::npos;
+  };
+  const std::string major = std::to_string(CUBLAS_VER_MAJOR);
+  ASSERT_FALSE(mapped("libcublasLt.so." + major));
+  ASSERT_FALSE(mapped("libcublas.so." + major));
+  EXPECT_EQ(cublasLtGetVersion() / 10000, size_t(CUBLAS_VER_MAJOR));
+  EXPECT_TRUE(mapped("libcublasLt.so." + major));
+  EXPECT_FALSE(mapped("libcublas.so." + major));
+  EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED),
+               "the requested functionality is not supported");
+  EXPECT_TRUE(mapped("libcublas.so." + major));
 }
 #endif
 
