@@ -128,15 +128,8 @@ void check_recorded_combinations(const TrainConfig& c, const std::string& where)
              " holds no positive: it must be at least 1 + num_neg = ", c.num_neg + 1);
 }
 
-}  // namespace
-
-bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) {
-  TrainConfig& c = *cfg;
-  CLI::App app{
-      "ncf_dist: NeuMF (GMF + MLP) training with embedding tables sharded over MPI ranks.\n"
-      "  ncf_dist --data_dir data/small --preset ncf-paper\n"
-      "  mpirun -np 8 ncf_dist --data_dir data/ml-20m --preset ml-20m-mlperf --device cuda"};
-  app.get_formatter()->column_width(34);
+// The data, the model and its schedule: what the references set.
+void add_training_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--data_dir", c.data_dir, "dataset directory written by ncf_prep")->required();
   app.add_option("--preset", c.preset,
                  "reference settings; explicit flags override them:\n"
@@ -172,6 +165,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   app.add_option("--topk", c.topk,
                  "K of HR@K and NDCG@K; at most the eval list's length, 1 + E of the dataset")
       ->capture_default_str();
+}
+
+// Where and in what precision the step runs.
+void add_device_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--device", c.device,
                  "auto (a GPU per rank when this build has CUDA and every rank sees a GPU, "
                  "else the CPU; the start-up line says which and why), cpu or cuda")
@@ -195,6 +192,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "CPU kernel threads per rank (0: the cores its affinity mask allows, each shared "
                  "among the node's ranks that may run on it)")
       ->capture_default_str();
+}
+
+// The embedding optimizer and its regularisation.
+void add_embedding_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--embedding_optimizer", c.embedding_optimizer,
                  "dense_adam (every row's moments decay each step, as the references), "
                  "lazy_adam (touched rows only), sgd, adagrad, rowwise_adagrad (one "
@@ -226,6 +227,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "initial accumulator of adagrad and rowwise_adagrad (negative: 0.1 for "
                  "adagrad as Keras, 0 for rowwise_adagrad as FBGEMM)")
       ->capture_default_str();
+}
+
+// The tables over the ranks: collectives, placement, exchange, dtypes, lost peers, memory.
+void add_distribution_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--comm", c.comm,
                  "collectives: auto (single for one rank, mpi on cpu, nccl on cuda), mpi, nccl, "
                  "single")
@@ -286,6 +291,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "memory a rank may use for tables and state (0: the machine's available "
                  "memory divided among the node's ranks)")
       ->capture_default_str();
+}
+
+// What a run does and reports: steps, evaluation, logs, TensorBoard.
+void add_run_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--max_steps", c.max_steps,
                  "stop each epoch after this many global steps (negative: whole epochs)")
       ->capture_default_str();
@@ -320,6 +329,10 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "with --tensorboard_dir: the loss, samples/s and step time split of the last N "
                  "global steps, every N steps (0: per epoch only)")
       ->capture_default_str();
+}
+
+// Checkpoints: writing, keeping, resuming, warm starts.
+void add_checkpoint_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--checkpoint_dir", c.checkpoint_dir,
                  "write checkpoints here (a file system every rank shares)");
   app.add_option("--checkpoint_every_steps", c.checkpoint_every_steps,
@@ -364,6 +377,77 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
                  "learning_rate, embedding_lr, train_epochs, exchange_dtype, table_dtype: "
                  "the tables are then converted)")
       ->delimiter(',');
+}
+
+// Flags given that this combination never reads. A note, not a refusal: a job
+// script's common flags stay valid across its variants.
+void note_unused_flags(const CLI::App& app, TrainConfig& c) {
+  auto unused = [&](const char* flag, bool never_read, const std::string& why) {
+    if (never_read && app.count(flag) > 0) c.unused_flags.push_back(flag + (": " + why));
+  };
+  const bool no_eval = !c.eval_each_epoch && !c.eval_only;
+  for (const char* f : {"--topk", "--hr_threshold", "--eval_users", "--eval_full_ranking"})
+    unused(f, no_eval, "no evaluation (--no_eval)");
+  unused("--hr_threshold", c.eval_only, "--eval_only trains nothing to stop");
+  unused("--tensorboard_every_steps", c.tensorboard_dir.empty(), "no --tensorboard_dir");
+  const bool no_checkpoints = c.checkpoint_dir.empty() && c.resume == "never";
+  unused("--checkpoint_chunk_kib", no_checkpoints, "no --checkpoint_dir and no --resume");
+  unused("--keep_checkpoints", c.checkpoint_dir.empty(), "no --checkpoint_dir");
+  unused("--checkpoint_lock_stale_seconds", c.checkpoint_dir.empty() || c.eval_only,
+         c.checkpoint_dir.empty() ? "no --checkpoint_dir"
+                                  : "--eval_only writes nothing there and takes no lock");
+  unused("--allow_changed_flags", c.resume == "never", "no --resume");
+  unused("--init_optimizer_state", c.init_from.empty(), "no --init_from");
+  unused("--cuda_graph", c.eval_only, "--eval_only trains no step");
+}
+
+// The preset's values of the flags not given.
+void apply_preset(const CLI::App& app, TrainConfig& c) {
+  if (c.preset.empty()) return;
+  for (const Preset& p : kPresets) {
+    if (c.preset != p.name) continue;
+    auto unset = [&](const char* flag) { return app.count(flag) == 0; };
+    if (unset("--batch_size")) c.batch_size = p.batch_size;
+    if (unset("--learning_rate")) c.learning_rate = p.lr;
+    if (unset("--beta1")) c.beta1 = p.beta1;
+    if (unset("--beta2")) c.beta2 = p.beta2;
+    if (unset("--epsilon")) c.epsilon = p.eps;
+    if (unset("--num_factors")) c.num_factors = p.factors;
+    if (unset("--layers")) c.layers = p.layers;
+    if (unset("--num_neg")) c.num_neg = p.num_neg;
+    if (unset("--hr_threshold")) c.hr_threshold = p.hr_threshold;
+  }
+}
+
+// --embedding_lr given, or the embedding optimizer's default, and where it came from.
+void resolve_embedding_lr(const CLI::App& app, TrainConfig& c) {
+  c.embedding_lr_given = app.count("--embedding_lr") > 0;
+  if (c.embedding_lr_given) {
+    c.embedding_lr_from =
+        c.embedding_lr < 0 ? "--learning_rate, as --embedding_lr < 0 asks" : "--embedding_lr";
+  } else {
+    c.embedding_lr = default_embedding_lr(c.embedding_optimizer, c.preset);
+    c.embedding_lr_from = c.embedding_lr < 0 ? "--learning_rate"
+                                             : c.embedding_optimizer + "'s default" +
+                                                   (c.preset.empty() ? "" : " for " + c.preset);
+  }
+}
+
+}  // namespace
+
+bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) {
+  TrainConfig& c = *cfg;
+  CLI::App app{
+      "ncf_dist: NeuMF (GMF + MLP) training with embedding tables sharded over MPI ranks.\n"
+      "  ncf_dist --data_dir data/small --preset ncf-paper\n"
+      "  mpirun -np 8 ncf_dist --data_dir data/ml-20m --preset ml-20m-mlperf --device cuda"};
+  app.get_formatter()->column_width(34);
+  add_training_flags(app, c);
+  add_device_flags(app, c);
+  add_embedding_flags(app, c);
+  add_distribution_flags(app, c);
+  add_run_flags(app, c);
+  add_checkpoint_flags(app, c);
   for_each_numeric_flag(c, [&](const char* name, auto& field, const FlagRange& range) {
     const std::string flag = std::string("--") + name;
     app.get_option(flag)->transform(range_check<std::decay_t<decltype(field)>>(flag, range));
@@ -382,52 +466,9 @@ bool parse_train_flags(int argc, char** argv, TrainConfig* cfg, int* exit_code) 
   c.topk_given = app.count("--topk") > 0;
   c.eval_batch_size_given = app.count("--eval_batch_size") > 0;
   c.peer_lost_after_given = app.count("--peer_lost_after") > 0;
-  {
-    // Flags given that this combination never reads. A note, not a refusal: a
-    // job script's common flags stay valid across its variants.
-    auto unused = [&](const char* flag, bool never_read, const std::string& why) {
-      if (never_read && app.count(flag) > 0) c.unused_flags.push_back(flag + (": " + why));
-    };
-    const bool no_eval = !c.eval_each_epoch && !c.eval_only;
-    for (const char* f : {"--topk", "--hr_threshold", "--eval_users", "--eval_full_ranking"})
-      unused(f, no_eval, "no evaluation (--no_eval)");
-    unused("--hr_threshold", c.eval_only, "--eval_only trains nothing to stop");
-    unused("--tensorboard_every_steps", c.tensorboard_dir.empty(), "no --tensorboard_dir");
-    const bool no_checkpoints = c.checkpoint_dir.empty() && c.resume == "never";
-    unused("--checkpoint_chunk_kib", no_checkpoints, "no --checkpoint_dir and no --resume");
-    unused("--keep_checkpoints", c.checkpoint_dir.empty(), "no --checkpoint_dir");
-    unused("--checkpoint_lock_stale_seconds", c.checkpoint_dir.empty() || c.eval_only,
-           c.checkpoint_dir.empty() ? "no --checkpoint_dir"
-                                    : "--eval_only writes nothing there and takes no lock");
-    unused("--allow_changed_flags", c.resume == "never", "no --resume");
-    unused("--init_optimizer_state", c.init_from.empty(), "no --init_from");
-    unused("--cuda_graph", c.eval_only, "--eval_only trains no step");
-  }
-  if (!c.preset.empty()) {
-    for (const Preset& p : kPresets) {
-      if (c.preset != p.name) continue;
-      auto unset = [&](const char* flag) { return app.count(flag) == 0; };
-      if (unset("--batch_size")) c.batch_size = p.batch_size;
-      if (unset("--learning_rate")) c.learning_rate = p.lr;
-      if (unset("--beta1")) c.beta1 = p.beta1;
-      if (unset("--beta2")) c.beta2 = p.beta2;
-      if (unset("--epsilon")) c.epsilon = p.eps;
-      if (unset("--num_factors")) c.num_factors = p.factors;
-      if (unset("--layers")) c.layers = p.layers;
-      if (unset("--num_neg")) c.num_neg = p.num_neg;
-      if (unset("--hr_threshold")) c.hr_threshold = p.hr_threshold;
-    }
-  }
-  c.embedding_lr_given = app.count("--embedding_lr") > 0;
-  if (c.embedding_lr_given) {
-    c.embedding_lr_from =
-        c.embedding_lr < 0 ? "--learning_rate, as --embedding_lr < 0 asks" : "--embedding_lr";
-  } else {
-    c.embedding_lr = default_embedding_lr(c.embedding_optimizer, c.preset);
-    c.embedding_lr_from = c.embedding_lr < 0 ? "--learning_rate"
-                                             : c.embedding_optimizer + "'s default" +
-                                                   (c.preset.empty() ? "" : " for " + c.preset);
-  }
+  note_unused_flags(app, c);
+  apply_preset(app, c);
+  resolve_embedding_lr(app, c);
   validate_config(c);
   return true;
 }
