@@ -149,47 +149,24 @@ void check_flags_against_data(const TrainConfig& cfg, const DatasetMeta& meta, b
              " eval users of ", cfg.data_dir, " (0 evaluates them all)");
 }
 
-int train_main(int& argc, char**& argv) {
-  TrainConfig cfg;
-  int code = 0;
-  // Flags are checked before MPI starts, so --help and bad flags need no launcher.
-  if (!parse_train_flags(argc, argv, &cfg, &code)) return code;
+// Notes on rank 0 for flags this run never reads.
+void note_flags_without_effect(const TrainConfig& cfg, const RankInfo& info, bool lead) {
+  if (!lead) return;
+  for (const std::string& u : cfg.unused_flags)
+    std::fprintf(stderr, "ncf_dist: note: flag %s; it has no effect\n", u.c_str());
+  if (info.world == 1 && cfg.peer_timeout > 0)
+    std::fprintf(stderr,
+                 "ncf_dist: note: flag --peer_timeout: one rank has no peers to wait "
+                 "for; it has no effect\n");
+  if (info.world == 1 && cfg.peer_lost_after_given)
+    std::fprintf(stderr,
+                 "ncf_dist: note: flag --peer_lost_after: one rank has no peers to lose; "
+                 "it has no effect\n");
+}
 
-  // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
-  // Declared before the trainer so that the context and communicator outlive it.
-  // --topology's declared nodes, read before MPI starts (a bad value is refused
-  // here, on every rank alike); the links are the trainer's.
-  const int ranks_per_node = parse_topology(cfg.topology, false).ranks_per_node;
-  RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads, ranks_per_node);
-  const Device device = rt.ctx.device;
-  cfg.device = device_name(device);
-  use_device_defaults(&cfg, device == Device::kCuda);
-  if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
-  // Collective: every rank's heartbeat connections to its ring neighbours.
-  if (cfg.peer_lost_after > 0) {
-    const PeerWatchStart w = start_peer_watch(rt.info, {cfg.peer_lost_after, "ncf_dist"});
-    if (!w.warning.empty()) std::fprintf(stderr, "ncf_dist: warning: %s\n", w.warning.c_str());
-  }
-  const RankInfo& info = rt.info;
-  ExecContext& ctx = rt.ctx;
-  std::unique_ptr<Communicator>& comm = rt.comm;
-  const bool lead = info.rank == 0;
-  if (lead) {
-    for (const std::string& u : cfg.unused_flags)
-      std::fprintf(stderr, "ncf_dist: note: flag %s; it has no effect\n", u.c_str());
-    if (info.world == 1 && cfg.peer_timeout > 0)
-      std::fprintf(stderr,
-                   "ncf_dist: note: flag --peer_timeout: one rank has no peers to wait "
-                   "for; it has no effect\n");
-    if (info.world == 1 && cfg.peer_lost_after_given)
-      std::fprintf(stderr,
-                   "ncf_dist: note: flag --peer_lost_after: one rank has no peers to lose; "
-                   "it has no effect\n");
-  }
-  // Collective: every rank's mask and thread count, for the startup line below.
-  const CpuReport cpu = cpu_report(rt, "ncf_dist");
-  for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
-  set_math_mode(parse_math_mode(cfg.precision));
+// The kernel choices the environment makes (ops.h, negatives.h, step.h, vector_isa.h),
+// each with a note on rank 0.
+void apply_kernel_switches(bool lead) {
   if (const char* k = std::getenv("NCF_STEP_KERNELS"); k && *k) {
     set_step_kernels(parse_step_kernels(k, "environment variable NCF_STEP_KERNELS"));
     if (lead)
@@ -239,89 +216,168 @@ int train_main(int& argc, char**& argv) {
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_EVAL_FUSED=1: evaluation by items on BF16 storage scores "
                  "each batch on a GPU in one kernel\n");
-  check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
-  // One job per checkpoint directory (train/checkpoint_lock.h): taken before
-  // any rank writes anything, refused on every rank alike, released when this
-  // function is left, by a return or an exception. --eval_only only reads.
-  std::unique_ptr<CheckpointLock> lock;
-  if (!cfg.checkpoint_dir.empty() && !cfg.eval_only) {
-    CheckpointLockOptions lock_options;
-    lock_options.stale_seconds = double(cfg.checkpoint_lock_stale_seconds);
-    std::vector<std::string> notes;
-    lock = CheckpointLock::acquire(*comm, cfg.checkpoint_dir, lock_options, &notes);
-    for (const std::string& n : notes) std::fprintf(stderr, "ncf_dist: note: %s\n", n.c_str());
-  }
-  // Before the trainer loads anything, so that a refused directory costs nothing
-  // (collective; none with --eval_only).
-  std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, *comm);
+}
 
-  MlLog mllog(cfg.mlperf_log && lead);
-  mllog.event("init_start", nullptr, {}, "INTERVAL_START");
-  Trainer trainer(cfg, *comm, ctx);
-  trainer.set_checkpoint_lock(lock.get());
+// The start-up lines on rank 0: the dataset, the job, the device, the plan.
+void print_start_up(const TrainConfig& cfg, const RankRuntime& rt, const CpuReport& cpu,
+                    const Trainer& trainer) {
+  const Device device = rt.ctx.device;
   const DatasetMeta& meta = trainer.meta();
   const int S = cfg.num_neg + 1;
-  if (lead) {
-    std::printf(
-        "ncf_dist: %s: %llu users, %llu items, %llu train positives, %llu eval users x "
-        "(1 + %u)\n",
-        cfg.data_dir.c_str(), (unsigned long long)meta.num_users,
-        (unsigned long long)meta.num_items, (unsigned long long)meta.num_train,
-        (unsigned long long)meta.num_eval_users, meta.eval_negatives);
-    std::printf(
-        "ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %s; batch %lld samples "
-        "(%lld positives x %d), factors %d, layers",
-        info.world, device_name(device), blas_core_name(), comm->name(), cpu.summary.c_str(),
-        (long long)(trainer.positives_per_step() * S), (long long)trainer.positives_per_step(), S,
-        cfg.num_factors);
-    for (size_t k = 0; k < cfg.layers.size(); ++k)
-      std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
-    std::printf(", embedding optimizer %s, %s%s%s%s\n", cfg.embedding_optimizer.c_str(),
-                embedding_lr_description(cfg).c_str(), trainer.plan().dedup ? ", dedup" : "",
-                cfg.exchange_dtype == "bf16" ? ", bf16 exchange payloads" : "",
-                cfg.table_dtype == "bf16" ? ", bf16 table rows" : "");
-    if (!rt.device_note.empty())
-      std::printf("ncf_dist: device %s (%s)\n", device_name(device), rt.device_note.c_str());
-    if (!rt.nodes_note.empty()) std::printf("ncf_dist: nodes: %s\n", rt.nodes_note.c_str());
-    if (device == Device::kCpu) {
-      std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
-      // The element-wise loops beside the products (common/vector_isa.h).
-      if (vector_isa() == best_vector_isa())
-        std::printf("ncf_dist: CPU loops: %s\n", vector_isa_name(vector_isa()));
-      else
-        std::printf("ncf_dist: CPU loops: %s (NCF_VECTOR_ISA; this CPU's widest: %s)\n",
-                    vector_isa_name(vector_isa()), vector_isa_name(best_vector_isa()));
+  std::printf(
+      "ncf_dist: %s: %llu users, %llu items, %llu train positives, %llu eval users x "
+      "(1 + %u)\n",
+      cfg.data_dir.c_str(), (unsigned long long)meta.num_users, (unsigned long long)meta.num_items,
+      (unsigned long long)meta.num_train, (unsigned long long)meta.num_eval_users,
+      meta.eval_negatives);
+  std::printf(
+      "ncf_dist: %d rank(s), %s backend (BLAS kernels %s), %s comm, %s; batch %lld samples "
+      "(%lld positives x %d), factors %d, layers",
+      rt.info.world, device_name(device), blas_core_name(), rt.comm->name(), cpu.summary.c_str(),
+      (long long)(trainer.positives_per_step() * S), (long long)trainer.positives_per_step(), S,
+      cfg.num_factors);
+  for (size_t k = 0; k < cfg.layers.size(); ++k) std::printf("%s%d", k ? "," : " ", cfg.layers[k]);
+  std::printf(", embedding optimizer %s, %s%s%s%s\n", cfg.embedding_optimizer.c_str(),
+              embedding_lr_description(cfg).c_str(), trainer.plan().dedup ? ", dedup" : "",
+              cfg.exchange_dtype == "bf16" ? ", bf16 exchange payloads" : "",
+              cfg.table_dtype == "bf16" ? ", bf16 table rows" : "");
+  if (!rt.device_note.empty())
+    std::printf("ncf_dist: device %s (%s)\n", device_name(device), rt.device_note.c_str());
+  if (!rt.nodes_note.empty()) std::printf("ncf_dist: nodes: %s\n", rt.nodes_note.c_str());
+  if (device == Device::kCpu) {
+    std::printf("ncf_dist: tower products: %s\n", cpu_matmul_description().c_str());
+    // The element-wise loops beside the products (common/vector_isa.h).
+    if (vector_isa() == best_vector_isa())
+      std::printf("ncf_dist: CPU loops: %s\n", vector_isa_name(vector_isa()));
+    else
+      std::printf("ncf_dist: CPU loops: %s (NCF_VECTOR_ISA; this CPU's widest: %s)\n",
+                  vector_isa_name(vector_isa()), vector_isa_name(best_vector_isa()));
+  }
+  std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
+  std::printf("ncf_dist: evaluation: %s\n",
+              trainer.eval_by_items()
+                  ? "candidates scored from the item table (layer 0's items' half once per item)"
+                  : "candidates' rows looked up per sample");
+  if (!trainer.exchange_reason().empty())
+    std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());
+  if (!trainer.cuda_graph_reason().empty())
+    std::printf("ncf_dist: cuda graph: %s\n", trainer.cuda_graph_reason().c_str());
+}
+
+// Every rank's table bytes and memory estimate, gathered (collective) and printed by
+// rank 0.
+void print_rank_tables(const Trainer& trainer, Communicator& comm, const RankInfo& info) {
+  const bool lead = info.rank == 0;
+  const int W = info.world;
+  const int T = int(trainer.plan().tables.size());
+  std::vector<int64_t> mine = trainer.table_bytes();
+  mine.push_back(trainer.memory_estimate_bytes());
+  // Host arrays: each rank fills its T + 1 entries and a sum assembles them
+  // (all_reduce_sum_on stages host data for a device communicator like NCCL).
+  std::vector<int64_t> all(size_t(T + 1) * W, 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + size_t(T + 1) * info.rank);
+  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
+  if (lead)
+    for (int r = 0; r < W; ++r) {
+      const auto first = all.begin() + size_t(T + 1) * r;
+      std::printf(
+          "ncf_dist:   rank %d: %s, estimated memory %.3f MiB\n", r,
+          describe_rank_tables(trainer.plan(), std::vector<int64_t>(first, first + T)).c_str(),
+          first[T] / 1048576.0);
     }
-    std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
-    std::printf("ncf_dist: evaluation: %s\n",
-                trainer.eval_by_items()
-                    ? "candidates scored from the item table (layer 0's items' half once per item)"
-                    : "candidates' rows looked up per sample");
-    if (!trainer.exchange_reason().empty())
-      std::printf("ncf_dist: exchange: %s\n", trainer.exchange_reason().c_str());
-    if (!trainer.cuda_graph_reason().empty())
-      std::printf("ncf_dist: cuda graph: %s\n", trainer.cuda_graph_reason().c_str());
+}
+
+// --eval_only: rank 0's line and --metrics_json record of the loaded checkpoint's
+// evaluation.
+void report_eval_only(const TrainConfig& cfg, const DatasetMeta& meta,
+                      const Trainer::Position& start, const EvalResult& ev,
+                      std::ofstream& metrics) {
+  std::printf(
+      "ncf_dist: eval of the checkpoint (epoch %lld, %lld steps into it), %lld users: "
+      "sampled HR@%d %.4f NDCG@%d %.4f (1 + %u candidates)",
+      (long long)start.epoch + 1, (long long)start.epoch_step, (long long)ev.users, cfg.topk, ev.hr,
+      cfg.topk, ev.ndcg, meta.eval_negatives);
+  if (ev.full)
+    std::printf("; full ranking HR@%d %.4f NDCG@%d %.4f (%llu items)", cfg.topk, ev.full_hr,
+                cfg.topk, ev.full_ndcg, (unsigned long long)meta.num_items);
+  std::printf(" in %.2f s\n", ev.seconds);
+  if (metrics.is_open()) {
+    nlohmann::json j = {{"eval_only", true}, {"hr", ev.hr},       {"ndcg", ev.ndcg},
+                        {"k", cfg.topk},     {"users", ev.users}, {"eval_seconds", ev.seconds}};
+    if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
+    metrics << j.dump() << "\n";
   }
-  // Every rank's table bytes and memory estimate, gathered for the plan print.
-  {
-    const int W = info.world;
-    const int T = int(trainer.plan().tables.size());
-    std::vector<int64_t> mine = trainer.table_bytes();
-    mine.push_back(trainer.memory_estimate_bytes());
-    // Host arrays: each rank fills its T + 1 entries and a sum assembles them
-    // (all_reduce_sum_on stages host data for a device communicator like NCCL).
-    std::vector<int64_t> all(size_t(T + 1) * W, 0);
-    std::copy(mine.begin(), mine.end(), all.begin() + size_t(T + 1) * info.rank);
-    all_reduce_sum_on(*comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
-    if (lead)
-      for (int r = 0; r < W; ++r) {
-        const auto first = all.begin() + size_t(T + 1) * r;
-        std::printf(
-            "ncf_dist:   rank %d: %s, estimated memory %.3f MiB\n", r,
-            describe_rank_tables(trainer.plan(), std::vector<int64_t>(first, first + T)).c_str(),
-            first[T] / 1048576.0);
-      }
+}
+
+// One epoch's line on rank 0, and its --metrics_json record and TensorBoard scalars.
+void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInfo& info,
+                  const Trainer& trainer, int e, const EpochResult& r, const EvalResult& ev,
+                  double sps, std::ofstream& metrics, TensorBoardWriter* tb) {
+  std::printf("%6d %9.5f %8.4f %8.4f %9.2f %12.0f %8.2f\n", e + 1, r.loss, ev.hr, ev.ndcg,
+              r.train_seconds, sps, ev.seconds);
+  if (ev.full)
+    std::printf("       full ranking: HR@%d %.4f NDCG@%d %.4f (%lld users x %llu items)\n",
+                cfg.topk, ev.full_hr, cfg.topk, ev.full_ndcg, (long long)ev.users,
+                (unsigned long long)meta.num_items);
+  if (cfg.step_log)
+    std::printf(
+        "  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
+        "%.1f KiB sent per step; exchanges per step: intra-node %.1f msgs %.1f KiB, "
+        "inter-node %.1f msgs %.1f KiB\n",
+        r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
+        r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0,
+        r.steps ? double(r.intra_msgs) / r.steps : 0.0,
+        r.steps ? double(r.intra_bytes) / r.steps / 1024 : 0.0,
+        r.steps ? double(r.inter_msgs) / r.steps : 0.0,
+        r.steps ? double(r.inter_bytes) / r.steps / 1024 : 0.0);
+  std::fflush(stdout);
+  if (metrics.is_open()) {
+    nlohmann::json j = {{"epoch", e + 1},
+                        {"loss", r.loss},
+                        {"hr", ev.hr},
+                        {"ndcg", ev.ndcg},
+                        {"k", cfg.topk},
+                        {"train_seconds", r.train_seconds},
+                        {"samples_per_second", sps},
+                        {"eval_seconds", ev.seconds},
+                        {"steps", r.steps},
+                        {"samples", r.samples},
+                        {"exchange_seconds", r.exchange_seconds},
+                        {"compute_seconds", r.compute_seconds},
+                        {"allreduce_seconds", r.allreduce_seconds},
+                        {"bytes_sent_per_step", r.steps ? r.bytes_sent / r.steps : 0},
+                        {"intra_node_msgs", r.intra_msgs},
+                        {"intra_node_bytes", r.intra_bytes},
+                        {"inter_node_msgs", r.inter_msgs},
+                        {"inter_node_bytes", r.inter_bytes},
+                        {"world", info.world}};
+    if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
+    metrics << j.dump() << "\n";
+    metrics.flush();
   }
+  if (tb)
+    write_epoch_scalars(*tb, trainer.global_step(), e + 1, r, sps, cfg.eval_each_epoch, ev,
+                        cfg.topk);
+}
+
+// One job per checkpoint directory (train/checkpoint_lock.h): taken before
+// any rank writes anything, refused on every rank alike, released when this
+// function is left, by a return or an exception. --eval_only only reads.
+std::unique_ptr<CheckpointLock> take_checkpoint_lock(const TrainConfig& cfg, Communicator& comm) {
+  if (cfg.checkpoint_dir.empty() || cfg.eval_only) return nullptr;
+  CheckpointLockOptions lock_options;
+  lock_options.stale_seconds = double(cfg.checkpoint_lock_stale_seconds);
+  std::vector<std::string> notes;
+  std::unique_ptr<CheckpointLock> lock =
+      CheckpointLock::acquire(comm, cfg.checkpoint_dir, lock_options, &notes);
+  for (const std::string& n : notes) std::fprintf(stderr, "ncf_dist: note: %s\n", n.c_str());
+  return lock;
+}
+
+// The MLPerf log's run settings, ending its init interval.
+void log_mlperf_settings(MlLog& mllog, const TrainConfig& cfg, const Trainer& trainer) {
+  const DatasetMeta& meta = trainer.meta();
+  const int S = cfg.num_neg + 1;
   mllog.event("global_batch_size", trainer.positives_per_step() * S);
   mllog.event("opt_base_learning_rate", cfg.learning_rate);
   mllog.event("opt_adam_beta_1", cfg.beta1);
@@ -330,17 +386,11 @@ int train_main(int& argc, char**& argv) {
   mllog.event("train_samples", meta.num_train);
   mllog.event("eval_samples", meta.num_eval_users * (meta.eval_negatives + 1));
   mllog.event("init_stop", nullptr, {}, "INTERVAL_END");
-  mllog.event("run_start", nullptr, {}, "INTERVAL_START");
+}
 
-  std::ofstream metrics;
-  if (lead && !cfg.metrics_json.empty()) {
-    metrics.open(cfg.metrics_json, std::ios::app);
-    if (!metrics) NCF_FAIL("flag --metrics_json: cannot open ", cfg.metrics_json, " for writing");
-  }
-  if (trainer.checkpointing()) {
-    trainer.set_stop_flag(&g_stop_signal);
-    install_stop_handlers();
-  }
+// Where training starts: the checkpoint --resume finds, else the --init_from warm start;
+// then the epoch lines' header on rank 0. --eval_only with nothing to evaluate stops here.
+Trainer::Position start_position(const TrainConfig& cfg, Trainer& trainer, bool lead) {
   const Trainer::Position start = trainer.resume();
   // A warm start, unless a checkpoint of this run was found (a requeued job
   // continues where it stopped, with the same command line).
@@ -361,28 +411,72 @@ int train_main(int& argc, char**& argv) {
   if (cfg.eval_only && !trainer.resumed() && cfg.init_from.empty())
     NCF_FAIL("flag --eval_only: --resume ", cfg.resume, " found no checkpoint to evaluate in ",
              cfg.checkpoint_dir);
+  return start;
+}
+
+int train_main(int& argc, char**& argv) {
+  TrainConfig cfg;
+  int code = 0;
+  // Flags are checked before MPI starts, so --help and bad flags need no launcher.
+  if (!parse_train_flags(argc, argv, &cfg, &code)) return code;
+
+  // MPI only under a launcher (or --comm mpi): a plain run is one rank without MPI.
+  // Declared before the trainer so that the context and communicator outlive it.
+  // --topology's declared nodes, read before MPI starts (a bad value is refused
+  // here, on every rank alike); the links are the trainer's.
+  const int ranks_per_node = parse_topology(cfg.topology, false).ranks_per_node;
+  RankRuntime rt(&argc, &argv, cfg.device, cfg.comm, cfg.threads, ranks_per_node);
+  const Device device = rt.ctx.device;
+  cfg.device = device_name(device);
+  use_device_defaults(&cfg, device == Device::kCuda);
+  if (rt.info.world > 1) set_collective_timeout(cfg.peer_timeout);
+  // Collective: every rank's heartbeat connections to its ring neighbours.
+  if (cfg.peer_lost_after > 0) {
+    const PeerWatchStart w = start_peer_watch(rt.info, {cfg.peer_lost_after, "ncf_dist"});
+    if (!w.warning.empty()) std::fprintf(stderr, "ncf_dist: warning: %s\n", w.warning.c_str());
+  }
+  const RankInfo& info = rt.info;
+  ExecContext& ctx = rt.ctx;
+  std::unique_ptr<Communicator>& comm = rt.comm;
+  const bool lead = info.rank == 0;
+  note_flags_without_effect(cfg, info, lead);
+  // Collective: every rank's mask and thread count, for the startup line below.
+  const CpuReport cpu = cpu_report(rt, "ncf_dist");
+  for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
+  set_math_mode(parse_math_mode(cfg.precision));
+  apply_kernel_switches(lead);
+  check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
+  // Taken before any rank writes anything, released when this function is left.
+  const std::unique_ptr<CheckpointLock> lock = take_checkpoint_lock(cfg, *comm);
+  // Before the trainer loads anything, so that a refused directory costs nothing
+  // (collective; none with --eval_only).
+  std::unique_ptr<TensorBoardWriter> tb = open_tensorboard(cfg, *comm);
+
+  MlLog mllog(cfg.mlperf_log && lead);
+  mllog.event("init_start", nullptr, {}, "INTERVAL_START");
+  Trainer trainer(cfg, *comm, ctx);
+  trainer.set_checkpoint_lock(lock.get());
+  const DatasetMeta& meta = trainer.meta();
+  if (lead) print_start_up(cfg, rt, cpu, trainer);
+  print_rank_tables(trainer, *comm, info);
+  log_mlperf_settings(mllog, cfg, trainer);
+  mllog.event("run_start", nullptr, {}, "INTERVAL_START");
+
+  std::ofstream metrics;
+  if (lead && !cfg.metrics_json.empty()) {
+    metrics.open(cfg.metrics_json, std::ios::app);
+    if (!metrics) NCF_FAIL("flag --metrics_json: cannot open ", cfg.metrics_json, " for writing");
+  }
+  if (trainer.checkpointing()) {
+    trainer.set_stop_flag(&g_stop_signal);
+    install_stop_handlers();
+  }
+  const Trainer::Position start = start_position(cfg, trainer, lead);
   trainer.set_tensorboard(tb.get());
   if (tb) tb->session_start(trainer.global_step() + 1);
   if (cfg.eval_only) {
-    // Evaluate the loaded checkpoint and stop.
     const EvalResult ev = trainer.evaluate();
-    if (lead) {
-      std::printf(
-          "ncf_dist: eval of the checkpoint (epoch %lld, %lld steps into it), %lld users: "
-          "sampled HR@%d %.4f NDCG@%d %.4f (1 + %u candidates)",
-          (long long)start.epoch + 1, (long long)start.epoch_step, (long long)ev.users, cfg.topk,
-          ev.hr, cfg.topk, ev.ndcg, meta.eval_negatives);
-      if (ev.full)
-        std::printf("; full ranking HR@%d %.4f NDCG@%d %.4f (%llu items)", cfg.topk, ev.full_hr,
-                    cfg.topk, ev.full_ndcg, (unsigned long long)meta.num_items);
-      std::printf(" in %.2f s\n", ev.seconds);
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"eval_only", true}, {"hr", ev.hr},       {"ndcg", ev.ndcg},
-                            {"k", cfg.topk},     {"users", ev.users}, {"eval_seconds", ev.seconds}};
-        if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
-        metrics << j.dump() << "\n";
-      }
-    }
+    if (lead) report_eval_only(cfg, meta, start, ev, metrics);
     save_params(cfg, lead, &trainer);
     comm->barrier();
     return 0;
@@ -412,53 +506,7 @@ int train_main(int& argc, char**& argv) {
       reached = cfg.hr_threshold >= 0 && ev.hr >= cfg.hr_threshold;
     }
     const double sps = r.train_seconds > 0 ? double(r.samples) / r.train_seconds : 0;
-    if (lead) {
-      std::printf("%6d %9.5f %8.4f %8.4f %9.2f %12.0f %8.2f\n", e + 1, r.loss, ev.hr, ev.ndcg,
-                  r.train_seconds, sps, ev.seconds);
-      if (ev.full)
-        std::printf("       full ranking: HR@%d %.4f NDCG@%d %.4f (%lld users x %llu items)\n",
-                    cfg.topk, ev.full_hr, cfg.topk, ev.full_ndcg, (long long)ev.users,
-                    (unsigned long long)meta.num_items);
-      if (cfg.step_log)
-        std::printf(
-            "  time split (rank 0): exchange %.2f s, compute %.2f s, allreduce %.2f s; "
-            "%.1f KiB sent per step; exchanges per step: intra-node %.1f msgs %.1f KiB, "
-            "inter-node %.1f msgs %.1f KiB\n",
-            r.exchange_seconds, r.compute_seconds, r.allreduce_seconds,
-            r.steps ? double(r.bytes_sent) / r.steps / 1024 : 0.0,
-            r.steps ? double(r.intra_msgs) / r.steps : 0.0,
-            r.steps ? double(r.intra_bytes) / r.steps / 1024 : 0.0,
-            r.steps ? double(r.inter_msgs) / r.steps : 0.0,
-            r.steps ? double(r.inter_bytes) / r.steps / 1024 : 0.0);
-      std::fflush(stdout);
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"epoch", e + 1},
-                            {"loss", r.loss},
-                            {"hr", ev.hr},
-                            {"ndcg", ev.ndcg},
-                            {"k", cfg.topk},
-                            {"train_seconds", r.train_seconds},
-                            {"samples_per_second", sps},
-                            {"eval_seconds", ev.seconds},
-                            {"steps", r.steps},
-                            {"samples", r.samples},
-                            {"exchange_seconds", r.exchange_seconds},
-                            {"compute_seconds", r.compute_seconds},
-                            {"allreduce_seconds", r.allreduce_seconds},
-                            {"bytes_sent_per_step", r.steps ? r.bytes_sent / r.steps : 0},
-                            {"intra_node_msgs", r.intra_msgs},
-                            {"intra_node_bytes", r.intra_bytes},
-                            {"inter_node_msgs", r.inter_msgs},
-                            {"inter_node_bytes", r.inter_bytes},
-                            {"world", info.world}};
-        if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
-        metrics << j.dump() << "\n";
-        metrics.flush();
-      }
-      if (tb)
-        write_epoch_scalars(*tb, trainer.global_step(), e + 1, r, sps, cfg.eval_each_epoch, ev,
-                            cfg.topk);
-    }
+    if (lead) report_epoch(cfg, meta, info, trainer, e, r, ev, sps, metrics, tb.get());
   }
   mllog.event("run_stop", nullptr,
               {{"status", reached || cfg.hr_threshold < 0 ? "success" : "aborted"}},
