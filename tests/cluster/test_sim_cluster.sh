@@ -46,7 +46,8 @@ clean_or_fail() {  # what, prefix
 }
 
 # --- 3 hosts: separation, sharing, mpirun across them ---------------------------------
-"$sim" --dir "$dir" --hosts 3 --share "$tmpshare" start >/dev/null
+# The repository too (lib.sh's mpirun below runs its launch/ scripts), as cluster_start does.
+"$sim" --dir "$dir" --hosts 3 --share "$tmpshare" --share "$cluster_root" start >/dev/null
 p=$(prefix_of)
 # The check of what stop leaves must see a running cluster.
 [ "$(leftovers "$p" | grep -c '^namespace ')" -eq 3 ] || fail "3 hosts are not 3 namespaces: $(leftovers "$p")"
