@@ -28,7 +28,7 @@
 #include "train/config.h"
 #include "train/flag_range.h"
 #include "train/recommend_lists.h"
-#include "train/trainer.h"
+#include "train/scoring_model.h"
 
 namespace ncf {
 namespace {
@@ -160,7 +160,7 @@ void write_in_rank_order(Communicator& comm, const std::string& mine, std::FILE*
 // --pairs: this rank's block of the pairs, scored, as lines of --format (rank 0's
 // with the CSV header); *total counts the pairs of all ranks.
 std::string pair_scores_text(const RecommendFlags& f, const IdMaps& maps, const RankInfo& info,
-                             bool csv, Trainer& trainer, int64_t* total) {
+                             bool csv, ScoringModel& model, int64_t* total) {
   std::string text;
   char buf[160];
   const bool lead = info.rank == 0;
@@ -171,7 +171,7 @@ std::string pair_scores_text(const RecommendFlags& f, const IdMaps& maps, const 
   block_range(*total, info.world, info.rank, &first, &count);
   const std::vector<int32_t> my_users(users.begin() + first, users.begin() + first + count),
       my_items(items.begin() + first, items.begin() + first + count);
-  const std::vector<float> logits = trainer.score_pairs(my_users, my_items);
+  const std::vector<float> logits = model.score_pairs(my_users, my_items);
   if (lead && csv) text = "user,item,score\n";
   for (int64_t k = 0; k < count; ++k) {
     const std::string u = id_out(maps.user, my_users[size_t(k)], csv);
@@ -186,7 +186,7 @@ std::string pair_scores_text(const RecommendFlags& f, const IdMaps& maps, const 
 // --users: this rank's block of the users, each with its top --topk items, as lines
 // of --format (rank 0's with the CSV header); *total counts the users of all ranks.
 std::string top_k_text(const RecommendFlags& f, const IdMaps& maps, const RankInfo& info, bool csv,
-                       Trainer& trainer, int64_t* total) {
+                       ScoringModel& model, int64_t* total) {
   std::string text;
   char buf[160];
   const bool lead = info.rank == 0;
@@ -197,7 +197,7 @@ std::string top_k_text(const RecommendFlags& f, const IdMaps& maps, const RankIn
   const std::vector<int32_t> mine(users.begin() + first, users.begin() + first + count);
   std::vector<int32_t> items;
   std::vector<float> logits;
-  trainer.recommend(mine, f.topk, f.include_seen, &items, &logits);
+  model.recommend(mine, f.topk, f.include_seen, &items, &logits);
   if (lead && csv) text = "user,rank,item,score\n";
   for (int64_t k = 0; k < count; ++k)
     for (int r = 0; r < f.topk; ++r) {
@@ -257,11 +257,9 @@ int recommend_main(int& argc, char**& argv) {
   cfg.threads = ctx.threads;
   cfg.shard_plan = f.shard_plan;
   cfg.eval_batch_size = f.batch_size;
-  cfg.eval_only = true;
   set_math_mode(parse_math_mode(cfg.precision));
-  Trainer trainer(cfg, *comm, ctx);
-  trainer.load_checkpoint(ck);
-  const DatasetMeta& meta = trainer.meta();
+  const std::unique_ptr<ScoringModel> model = load_scoring_model(cfg, *comm, ctx, ck);
+  const DatasetMeta& meta = model->meta();
   const IdMaps maps = load_id_maps(f.data_dir, meta);
   if (lead) {
     for (std::string line : log) {
@@ -292,8 +290,8 @@ int recommend_main(int& argc, char**& argv) {
   const bool csv = f.format == "csv";
   int64_t total = 0;
   const auto t1 = std::chrono::steady_clock::now();
-  const std::string text = !f.pairs.empty() ? pair_scores_text(f, maps, info, csv, trainer, &total)
-                                            : top_k_text(f, maps, info, csv, trainer, &total);
+  const std::string text = !f.pairs.empty() ? pair_scores_text(f, maps, info, csv, *model, &total)
+                                            : top_k_text(f, maps, info, csv, *model, &total);
   const double score_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 

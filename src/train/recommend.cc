@@ -2,6 +2,7 @@
 // scoring given pairs, or every item for a group of users followed by the
 // top-K selection (model/topk.h), in rounds every rank takes part in.
 #include <algorithm>
+#include <memory>
 
 #include "common/check.h"
 #include "model/topk.h"
@@ -93,6 +94,15 @@ void Trainer::recommend(const std::vector<int32_t>& users, int K, bool include_s
     device_copy(Device::kCpu, items->data() + a * K, dev, top_items.data(), size_t(m * K) * 4);
     device_copy(Device::kCpu, logits->data() + a * K, dev, top_scores.data(), size_t(m * K) * 4);
   }
+}
+
+std::unique_ptr<ScoringModel> load_scoring_model(TrainConfig cfg, Communicator& comm,
+                                                 const ExecContext& ctx,
+                                                 const CheckpointReader& ck) {
+  cfg.eval_only = true;
+  auto trainer = std::make_unique<Trainer>(cfg, comm, ctx);
+  trainer->load_checkpoint(ck);
+  return trainer;
 }
 
 }  // namespace ncf

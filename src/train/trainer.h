@@ -27,6 +27,7 @@
 #include "train/checkpoint.h"  // DamagedCheckpoint
 #include "train/config.h"
 #include "train/input_stager.h"
+#include "train/scoring_model.h"
 #include "train/step.h"
 #include "train/step_graph.h"
 
@@ -67,12 +68,12 @@ struct EvalResult {
 // built from the flags and the dataset, then embedding/plan.h's planner.
 EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int W);
 
-class Trainer {
+class Trainer : public ScoringModel {
  public:
   // With cfg.eval_only (ncf_dist --eval_only, ncf_recommend) it holds the
   // tables' rows only, without optimizer state, and cannot train.
   Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& ctx);
-  ~Trainer();
+  ~Trainer() override;
 
   // Trains epoch `epoch` from its step `first_step` (0, or where a resumed
   // checkpoint left it). Writes the checkpoints --checkpoint_every_* ask for,
@@ -129,7 +130,7 @@ class Trainer {
   // Loads a found checkpoint (resume(), ncf_recommend): its dataset must be
   // this one, and its flags this run's (with --eval_only: its shape flags).
   void load_checkpoint(const class CheckpointReader& ck);
-  const DatasetMeta& meta() const { return meta_; }
+  const DatasetMeta& meta() const override { return meta_; }
   const EmbeddingPlan& plan() const { return plan_; }
   // How the exchanges cross nodes and why (the startup line); "" at W = 1.
   const std::string& exchange_reason() const { return exchange_reason_; }
@@ -146,20 +147,11 @@ class Trainer {
   std::vector<float> gather_parameters();
   int64_t memory_estimate_bytes() const { return memory_bytes_; }
 
-  // Serving (ncf_recommend; recommend.cc), on the loaded state. Both are
-  // collective: every rank passes its own share (of any size, 0 included) and
-  // the ranks run the same number of rounds of at most --eval_batch_size scores.
-  // The logits of pairs (users[k], items[k]) of dense ids.
+  // Serving (scoring_model.h; recommend.cc), on the loaded state.
   std::vector<float> score_pairs(const std::vector<int32_t>& users,
-                                 const std::vector<int32_t>& items);
-  // For each user, its K best items by logit and those logits ([n×K], in
-  // model/topk.h's order: ties by item id; item -1 past the items left). Unless
-  // include_seen, the user's interactions in positives.bin (training items and
-  // the held-out test item) are left out. Scored against the whole item table,
-  // a group of users at a time, through the training tower; selected on the
-  // ranks' device.
+                                 const std::vector<int32_t>& items) override;
   void recommend(const std::vector<int32_t>& users, int K, bool include_seen,
-                 std::vector<int32_t>* items, std::vector<float>* logits);
+                 std::vector<int32_t>* items, std::vector<float>* logits) override;
 
  private:
   // One global step on the batch acquired from stager_ (train_step); its loss
