@@ -47,7 +47,7 @@ fail() {
   exit 1
 }
 
-epochs=6
+epochs=4  # node2 is lost after epoch 2: the resumed job has epochs left to run
 args=(--device cpu --preset ncf-paper --batch_size 2560 --train_epochs "$epochs" --seed 3 --threads 1 --progress off)
 # Seconds from the loss until every rank (and mpirun) has exited: a safety net. The ranks
 # end within a second of a kill and --peer_lost_after of a cut-off; mpirun gives a cut-off

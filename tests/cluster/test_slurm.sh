@@ -35,7 +35,7 @@ fail() {
 cluster_start 2 --slurm
 sh_="$CLUSTER_SHARED"
 cluster_small_data "$build" "$sh_/data"
-epochs=12
+epochs=4  # the signal comes after epoch 2: the requeued job has epochs left to run
 common="--batch_size 2560 --train_epochs $epochs --seed 3"   # also EXTRA_ARGS, split on spaces
 read -r -a common_args <<<"$common"
 
