@@ -195,9 +195,6 @@ class Parity : public ::testing::Test {
     set_math_mode(MathMode::kTf32);
     set_step_kernels(StepKernels::kStreaming);
     set_layer0_by_item(Layer0ByItem::kAuto);
-    set_negatives_ahead(true);
-    set_run_sums_by_warp(true);
-    set_scatter_rows_by_four(true);
     set_narrow_item_lookups(true);
     set_score_items_fused(false);
     set_lt_bf16_out(true);

@@ -190,11 +190,9 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
         run_sums(cpu_, dZ.data(), order.data(), starts.data(), R, out, dP.data());
         run_sums_bf16(cpu_, dZ16.data(), order.data(), starts.data(), R, out, dP16.data());
         const std::string o = what + "out=" + std::to_string(out);
-        // Every kernel: by warp (out = 256) or not, FP32 and BF16 rows.
-        const bool by_warp = run_sums_by_warp();
-        for (bool wk : {true, false}) {
-          set_run_sums_by_warp(wk);
-          const std::string k = wk ? " by warp" : " by thread";
+        // Every kernel: by warp (out = 128, 256) or by thread, FP32 and BF16 rows.
+        {
+          const std::string k = out % 128 == 0 ? " by warp" : " by thread";
           gdP = up(Vec(size_t(R) * out, -1.0f));
           run_sums(gpu_, gdZ.data(), gorder.data(), gstarts.data(), R, out, gdP.data());
           expect_same(down(gdP), dP, o + " run_sums," + k);
@@ -202,14 +200,11 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
           run_sums_bf16(gpu_, gdZ16.data(), gorder.data(), gstarts.data(), R, out, gdP16.data());
           expect_same(down(gdP16), dP16, o + " run_sums_bf16," + k);
         }
-        set_run_sums_by_warp(by_warp);
       }
     }
   // scatter_run_rows: each run's parts (2) on its first sample, the row stride of d_item_rows,
-  // four samples per thread (B not a multiple of four) and one.
-  const bool by_four = scatter_rows_by_four();
-  for (bool four : {true, false}) {
-    set_scatter_rows_by_four(four);
+  // four samples per thread (B not a multiple of four).
+  {
     const int64_t B = 20011, bound = 3001, R = bound, ld = 192;
     const int w = 128;
     const IVec ids = random_ids(size_t(B), 0, int32_t(bound), gen_);
@@ -225,11 +220,9 @@ TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
       Buffer<int32_t> ginv = up(inv), gfirst = up(first);
       scatter_run_rows(gpu_, gYr.data(), R, 2, w, ginv.data(), gfirst.data(), B, gY.data() + offset,
                        ld);
-      expect_same(down(gY), Y,
-                  "scatter_run_rows, offset " + std::to_string(offset) + (four ? ", by four" : ""));
+      expect_same(down(gY), Y, "scatter_run_rows, offset " + std::to_string(offset));
     }
   }
-  set_scatter_rows_by_four(by_four);
   // split_bf16's and split_tf32's two parts.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
     {

@@ -272,50 +272,6 @@ TEST(Bf16Storage, Layer0BitMaskIsTheStoredOutputsSignAndMasksAsYDoes) {
       Error);
 }
 
-// linear_backward with dx_mask: dX is the layer below's masked gradient, the bits of
-// masking dX by that layer's output afterwards (the mask from group_linear_forward).
-TEST(Bf16Storage, LinearBackwardMasksDxByTheLayerBelowsBits) {
-  uint32_t seed = 90;
-  const int64_t n = 29;
-  const int S = 4, in0 = 16;
-  for (int below : {7, 128, 130})
-    for (int threads : {1, 2}) {
-      const std::string what =
-          "below " + std::to_string(below) + ", threads " + std::to_string(threads);
-      const ExecContext ctx = cpu(threads);
-      const int64_t B = n * S;
-      const int out = 24;
-      // The layer below: its output X and bit mask.
-      const Vec X0 = random_vec(size_t(B) * in0, ++seed),
-                W0 = random_vec(size_t(below) * in0, ++seed),
-                Yg = random_vec(size_t(n) * below, ++seed);
-      Vec X(size_t(B) * below);
-      std::vector<uint32_t> mask(size_t(B * relu_mask_words(below)));
-      group_linear_forward(ctx, X0.data(), in0, W0.data(), in0, Yg.data(), nullptr, X.data(), n, S,
-                           in0, below, true, mask.data());
-      const Vec W = random_vec(size_t(out) * below, ++seed),
-                Y0 = random_vec(size_t(B) * out, ++seed), dY0 = random_vec(size_t(B) * out, ++seed);
-      Vec dY1 = dY0, dY2 = dY0, dX1(size_t(B) * below), dX2(size_t(B) * below);
-      Vec dW1(size_t(out) * below), dW2(size_t(out) * below), db1(static_cast<size_t>(out)),
-          db2(static_cast<size_t>(out));
-      linear_backward(ctx, X.data(), W.data(), Y0.data(), dY1.data(), dX1.data(), dW1.data(),
-                      db1.data(), B, below, out, true, GradMode::kOverwrite);
-      for (size_t i = 0; i < X.size(); ++i)
-        if (!(X[i] > 0.0f)) dX1[i] = 0.0f;  // masked after, by the output itself
-      linear_backward(ctx, X.data(), W.data(), Y0.data(), dY2.data(), dX2.data(), dW2.data(),
-                      db2.data(), B, below, out, true, GradMode::kOverwrite, mask.data());
-      expect_same(dX2, dX1, what + " dX");
-      expect_same(dY2, dY1, what + " dZ");
-      expect_same(dW2, dW1, what + " dW");
-      expect_same(db2, db1, what + " db");
-    }
-  Vec X(4), W(4), dY(4), dW(4);
-  uint32_t mask[4] = {};
-  EXPECT_THROW(linear_backward(cpu(1), X.data(), W.data(), nullptr, dY.data(), nullptr, dW.data(),
-                               nullptr, 2, 2, 2, false, GradMode::kOverwrite, mask),
-               Error);
-}
-
 TEST(Bf16Storage, TopIsTheFp32TopOfTheSameValuesWithDaRounded) {
   Modes modes(MathMode::kFp32, true);
   ExecContext ctx = cpu(2);

@@ -362,17 +362,6 @@ TEST_F(TrainTest, EveryCpuVectorPathTrainsTheSameParameters) {
       << bad.output;
 }
 
-// NCF_LT_DRELU=1 moves layer 0's ReLU mask from its group sums into layer 1's dX
-// product (model/neumf.cc); on CPU ranks the same values: the same parameters, byte
-// for byte, as the default, in FP32 and under BF16 storage (which keeps the group sums'
-// mask either way).
-TEST_F(TrainTest, LayerZerosMaskInLayerOnesProductTrainsTheSameParametersOnTheCpu) {
-  for (const char* precision : {"fp32", "bf16"})
-    expect_switch_noted_and_cpu_alone(
-        "NCF_LT_DRELU=1", "NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient",
-        precision);
-}
-
 // NCF_LT_BF16_OUT=0 selects the GPU's older path for the BF16 layers above layer 0
 // (FP32 product, then the epilogue kernel); it says so, and CPU ranks train the same
 // parameters, byte for byte, with it and without.

@@ -90,28 +90,17 @@ run_step() {
   for p in tf32 bf16; do
     stage "step_${p}_graph" 1 90 fig_step_train -- do_step_train "$p" streaming --cuda_graph on
   done
-  # layer 0's mask in layer 1's dX epilogue (NCF_LT_DRELU=1) instead of its group sums
-  stage step_tf32_drelu 1 90 fig_step_train -- do_step_train_env NCF_LT_DRELU=1 tf32 streaming
   # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
   # path their cuBLASLt BF16 epilogue replaced
   stage step_bf16_no_lt_out 1 90 fig_step_train -- \
     do_step_train_env NCF_LT_BF16_OUT=0 bf16 streaming
   # Kernels kept selectable, each step_PRECISION_NAME with its variables, in this order:
-  #   neg_one      negatives searched one draw at a time, as before the lock-step rounds
-  #   sums_thread  layer 0's per-item sums with each thread loading its rows' indices, as
-  #                before a warp's indices came 32 at a time, a chunk ahead
-  #   scatter_one  the items' MLP gradients put back on the samples one sample per thread,
-  #                as before four per thread; the narrow item lookup, which skips that pass,
-  #                off: against whole_rows
   #   whole_rows   the samples' item rows looked up and their gradients reduced whole, as
   #                before layer 0 read its runs' MLP columns from the item table and handed
   #                the update their gradient by item
   #   by_sample    layer 0's items' half once per sample, the path layer 0 by item replaced
   local v
-  for v in "neg_one:NCF_NEGATIVES_AHEAD=0" \
-    "sums_thread:NCF_RUN_SUMS_WARP=0" \
-    "scatter_one:NCF_NARROW_ITEM_LOOKUP=0 NCF_SCATTER_BY_FOUR=0" \
-    "whole_rows:NCF_NARROW_ITEM_LOOKUP=0" "by_sample:NCF_L0_BY_ITEM=0"; do
+  for v in "whole_rows:NCF_NARROW_ITEM_LOOKUP=0" "by_sample:NCF_L0_BY_ITEM=0"; do
     for p in tf32 bf16; do
       stage "step_${p}_${v%%:*}" 1 90 fig_step_train -- do_step_train_env "${v#*:}" "$p" streaming
     done

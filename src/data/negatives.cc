@@ -69,12 +69,7 @@ void check_csr(const int64_t* offsets, uint64_t num_users, const char* what) {
               offsets[u], " then ", offsets[u + 1]);
 }
 
-std::atomic<int> g_negatives_ahead{-1};  // -1: not read from the environment yet
-
 }  // namespace
-
-bool negatives_ahead() { return env_switch(g_negatives_ahead, "NCF_NEGATIVES_AHEAD"); }
-void set_negatives_ahead(bool on) { g_negatives_ahead.store(on ? 1 : 0); }
 
 void sample_negatives(const ExecContext& ctx, const PositiveLists& positives, uint64_t num_items,
                       const int32_t* users, const int32_t* items, int64_t slice_begin, int64_t n,

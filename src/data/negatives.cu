@@ -8,9 +8,9 @@
 namespace ncf::cuda {
 namespace {
 
-// K: draws searched together per round (draw_negatives_ahead<K>), 0: one at a time
-// (draw_negatives). Four lanes hold ml-20m-mlperf's four negatives in one round; eight
-// serve more negatives in fewer rounds, at more registers.
+// K: draws searched together per round (draw_negatives_ahead<K>). Four lanes hold
+// ml-20m-mlperf's four negatives in one round; eight serve more negatives in fewer rounds,
+// at more registers.
 template <int K>
 __global__ void sample_negatives_kernel(const int64_t* offsets, const int32_t* pos_items,
                                         uint64_t num_users, uint64_t num_items,
@@ -44,11 +44,8 @@ __global__ void sample_negatives_kernel(const int64_t* offsets, const int32_t* p
     }
     const CounterRng rng =
         negatives_detail::positive_rng(seed, epoch, static_cast<uint64_t>(slice_begin + k));
-    if constexpr (K > 0)
-      negatives_detail::draw_negatives_ahead<K>(rng, pos_items + begin, count, num_items, num_neg,
-                                                oi + 1);
-    else
-      negatives_detail::draw_negatives(rng, pos_items + begin, count, num_items, num_neg, oi + 1);
+    negatives_detail::draw_negatives_ahead<K>(rng, pos_items + begin, count, num_items, num_neg,
+                                              oi + 1);
   }
 }
 
@@ -64,9 +61,7 @@ void sample_negatives(const ExecContext& ctx, const DevicePositiveLists& positiv
   // Each thread's rejection loop runs for a while: smaller blocks spread the
   // positives over more SMs.
   constexpr int kSampleThreads = 128;
-  auto kernel = sample_negatives_kernel<0>;
-  if (negatives_ahead())
-    kernel = num_neg <= 4 ? sample_negatives_kernel<4> : sample_negatives_kernel<8>;
+  auto kernel = num_neg <= 4 ? sample_negatives_kernel<4> : sample_negatives_kernel<8>;
   kernel<<<grid_for(n, kSampleThreads), kSampleThreads, 0, stream_of(ctx)>>>(
       positives.offsets.data(), positives.items.data(), positives.num_users, num_items, users,
       items, slice_begin, n, num_neg, seed, epoch, out_users, out_items, out_labels, r.error_dev);

@@ -143,13 +143,8 @@ void sample_negatives(const ExecContext& ctx, const DevicePositiveLists& positiv
                       int64_t slice_begin, int64_t n, int num_neg, uint64_t seed, int64_t epoch,
                       int32_t* out_users, int32_t* out_items, float* out_labels);
 
-// The CUDA kernel draws its positive's negatives through draw_negatives_ahead (true, the
-// default) or, with the environment variable NCF_NEGATIVES_AHEAD=0, through draw_negatives,
-// one search after another as before (kept selectable to be timed beside it): the same
-// items either way. The environment is read at the first call; the setter (tests)
-// overrides it. The CPU loop always searches one draw at a time.
-bool negatives_ahead();
-void set_negatives_ahead(bool on);
+// The CUDA kernel draws its positive's negatives through draw_negatives_ahead, the CPU
+// loop one draw at a time (draw_negatives): the same items.
 
 #ifdef NCF_WITH_CUDA
 // The CUDA twin (negatives.cu); called through the dispatch in negatives.cc only.

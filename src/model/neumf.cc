@@ -253,13 +253,10 @@ void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool 
 
 namespace {
 std::atomic<int> g_score_fused{-1};  // -1: the environment not read yet
-std::atomic<int> g_lt_drelu{-1};     // likewise
 }  // namespace
 
 bool score_items_fused_enabled() { return env_opt_in(g_score_fused, "NCF_EVAL_FUSED"); }
 void set_score_items_fused(bool on) { g_score_fused.store(on ? 1 : 0); }
-
-bool lt_drelu_enabled() { return env_opt_in(g_lt_drelu, "NCF_LT_DRELU"); }
 
 uint32_t* NeuMF::layer0_mask(int64_t B) {
   m0_ptr_ = nullptr;
@@ -579,25 +576,21 @@ void NeuMF::backward_from(const ExecContext& ctx, const float* dlogits, const fl
     split_cols(ctx, dh_.data(), mf, last, dg_.data(), mf, dtop, last, B);
   }
   if (tower) {
-    // With layer 0's bit mask and NCF_LT_DRELU=1, layer 1's backward hands layer 0 its
-    // masked gradient (the mask in layer 1's dX product: its cuBLASLt epilogue on a GPU),
-    // so layer 0's group sums read no mask at all.
-    const uint32_t* mask0_in_dx = m0_ptr_ != nullptr && lt_drelu_enabled() ? m0_ptr_ : nullptr;
     for (size_t l = tower_.size(); l-- > 1;) {
       const DenseLayerView& v = tower_[l];
       const bool top = top_masked && l + 1 == tower_.size();
       linear_backward(ctx, acts_[l - 1].data(), p + v.w_offset, acts_[l].data(), dacts_[l].data(),
                       dacts_[l - 1].data(), gp + v.w_offset, top ? nullptr : gp + v.b_offset, B,
-                      v.in, v.out, !top, GradMode::kOverwrite, l == 1 ? mask0_in_dx : nullptr);
+                      v.in, v.out, !top, GradMode::kOverwrite);
     }
-    // Layer 0: dZ0 (masked in place, unless layer 1 masked it), its sum over each
+    // Layer 0: dZ0 (masked in place), its sum over each
     // user's samples dU0, the bias gradient, then both halves of dW0 and of the input
     // gradient.
     const DenseLayerView& v = tower_[0];
     const float* w0 = p + v.w_offset;
     float* dz = dacts_[0].data();
     const bool top = top_masked && tower_.size() == 1;
-    const bool masked = top || mask0_in_dx != nullptr;
+    const bool masked = top;
     group_sum_backward(ctx, masked ? nullptr : acts_[0].data(), dz, n, S, v.out, du0_.data(), v.out,
                        gp + v.b_offset, !masked, masked ? nullptr : m0_ptr_);
     gemm(ctx, true, false, v.out, h, static_cast<int>(n), 1.0f, du0_.data(), v.out, user_rows_ + mf,

@@ -42,13 +42,6 @@ struct DenseLayerView {
   int64_t b_offset = 0;  // b [out]
 };
 
-// NCF_LT_DRELU=1: layer 1's dX product masks layer 0's gradient (cuBLASLt's DRELU
-// epilogue reading layer 0's bit mask) and layer 0's group sums mask nothing. Off by
-// default: on an H200 cuBLASLt reads the mask as laid out here
-// (Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu passed) but the step is
-// slower, so the group sums mask. Read once.
-bool lt_drelu_enabled();
-
 // NCF_EVAL_FUSED=1: NeuMF::score_items on BF16 storage on a GPU runs as the one kernel
 // neumf_score_items_bf16 (model/ops.h) where the widths fit (score_items_fusable), instead of
 // gather_bias_act_bf16, a cuBLASLt matmul per layer above and the fused top. Off by default

@@ -249,8 +249,7 @@ void finish_block_sums(const std::vector<double>& partial, int64_t blocks, int o
 template <typename T>
 void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, const T* Y, T* dY,
                          T* dX, float* dweight, float* db, int64_t B, int in, int out, bool relu,
-                         GradMode mode, const uint32_t* dx_mask = nullptr) {
-  const int64_t mask_words = relu_mask_words(in);
+                         GradMode mode) {
   const int64_t blocks = (B + kReduceBlock - 1) / kReduceBlock;
   std::vector<double> partial(db ? static_cast<size_t>(blocks) * out : 0, 0.0);
   const MatmulPrecision prec = matmul_precision();
@@ -276,9 +275,6 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
         } else {
           cpu_matmul_bf16(sh, dz, weight, nullptr, dX + r0 * in, MatmulEpilogue{});
         }
-        if (dx_mask)
-          for (int64_t r = r0; r < r1; ++r)
-            apply_relu_mask(dx_mask + r * mask_words, dX + r * in, in);
       }
     }
   });
@@ -292,12 +288,11 @@ void linear_backward_cpu(const ExecContext& ctx, const T* X, const T* weight, co
 
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode, const uint32_t* dx_mask) {
+                     bool relu, GradMode mode) {
   check_linear_backward("linear_backward", X, weight, Y, dY, dweight, B, in, out, relu);
-  NCF_CHECK(!dx_mask || dX, "linear_backward: a mask for dX without dX");
   NCF_DISPATCH_CUDA(ctx, linear_backward, ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu,
-                    mode, dx_mask);
-  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu, mode, dx_mask);
+                    mode);
+  linear_backward_cpu(ctx, X, weight, Y, dY, dX, dweight, db, B, in, out, relu, mode);
 }
 
 void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,

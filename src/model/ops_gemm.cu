@@ -288,53 +288,6 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   return true;
 }
 
-// dX[B×in] = dZ[B×out]·weight[out×in] with cuBLASLt's DRELU epilogue: each element
-// kept where its bit of `mask` (relu_mask_words(in) words per row: the aux layout, a
-// column of D per row of dX) is 1, else 0. dZ and weight both of `in_type`; dX FP32.
-// False when cuBLASLt offers no algorithm (the caller then masks after the GEMM).
-bool lt_drelu_dx(const ExecContext& ctx, CudaResources& r, MathMode mode, const void* dZ,
-                 const void* weight, cudaDataType_t in_type, float* dX, const uint32_t* mask,
-                 int64_t B, int in, int out) {
-  if (!aligned16(mask)) return false;
-  const cublasComputeType_t compute = compute_type(mode);
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DRELU;
-  LtDescriptors m;
-  // Column-major view: D[in×B] = A·B with A = weight stored [in×out] (ld in), B = dZ
-  // stored [out×B] (ld out), D = dX stored [in×B] (ld in); the aux bits of D's column
-  // b are row b of the mask.
-  lt_describe(m, compute, CUBLAS_OP_N, CUBLAS_OP_N, epilogue);
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                              &mask, sizeof(mask)));
-  const int64_t aux_ld = relu_mask_words(in) * 32;  // in bits
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(m.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                              sizeof(aux_ld)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.a, in_type, uint64_t(in), uint64_t(out), in));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.b, in_type, uint64_t(out), uint64_t(B), out));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&m.d, CUDA_R_32F, uint64_t(in), uint64_t(B), in));
-
-  const uint32_t al_w = alignment_of(weight), al_z = alignment_of(dZ), al_x = alignment_of(dX);
-  const uint32_t al_m = alignment_of(mask);
-  const LtKey key{
-      r.device_id,    B, in, out, al_w, al_z, al_x, al_m, int(epilogue), int(compute), int(in_type),
-      int(CUDA_R_32F)};
-  const LtChoice choice = lt_choose(r, m, key, al_w, al_z, al_x);
-  if (!choice.ok) return false;
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(r.lt, m.desc, &alpha, weight, m.a, dZ, m.b, &beta, dX, m.d, dX, m.d,
-                              &choice.algo, r.lt_workspace, r.lt_workspace_bytes, stream_of(ctx)));
-  return true;
-}
-
-// X[b, j] = 0 where bit j of row b of `mask` is 0 (relu_mask_words(w) words per row).
-__global__ void mask_by_bits_kernel(float* __restrict__ X, int64_t B, int w,
-                                    const uint32_t* __restrict__ mask, int64_t words) {
-  for (int64_t i = thread_first(); i < B * w; i += thread_stride()) {
-    const int64_t b = i / w;
-    const int j = static_cast<int>(i - b * w);
-    if (!((mask[b * words + j / 32] >> (j % 32)) & 1u)) X[i] = 0.0f;
-  }
-}
-
 // dY[i] = Y[i] > 0 ? dY[i] : 0 for i < n (NaN → 0, as relu_mask_kernel): full
 // stores, four floats at a time when both arrays are 16-byte aligned (vec), the
 // last n % 4 (or all, without vec) one at a time.
@@ -491,7 +444,7 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
 
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode, const uint32_t* dx_mask) {
+                     bool relu, GradMode mode) {
   const char* op = "linear_backward";
   cudaStream_t stream = stream_of(ctx);
   const bool add = mode == GradMode::kAccumulate;
@@ -537,20 +490,10 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
     if (dX) w = to_bf16(stream, weight, in, out, in, w16, op);
     x = to_bf16(stream, X, in, B, in, x16, op);
   }
-  // 2. dX[B×in] = dZ[B×out]·weight[out×in], masked by dx_mask when given (in the
-  // product's epilogue where cuBLASLt offers it).
-  if (dX && B > 0 &&
-      !(dx_mask && dz.type == w.type &&
-        lt_drelu_dx(ctx, cuda_resources(ctx, op), math, dz.data, w.data, dz.type, dX, dx_mask, B,
-                    in, out))) {
+  // 2. dX[B×in] = dZ[B×out]·weight[out×in].
+  if (dX && B > 0)
     gemm_typed(ctx, math, false, false, static_cast<int>(B), in, out, 1.0f, dz, out, w, in, 0.0f,
                dX, in, op);
-    if (dx_mask) {
-      mask_by_bits_kernel<<<grid_for(B * in), kThreads, 0, stream>>>(dX, B, in, dx_mask,
-                                                                     relu_mask_words(in));
-      check_launch(op);
-    }
-  }
   // 3. dweight[out×in] = dZ^T·X (B == 0: K == 0, so dweight = beta·dweight).
   gemm_typed(ctx, math, true, false, out, in, static_cast<int>(B), 1.0f, dz, out, x, in,
              add ? 1.0f : 0.0f, dweight, in, op);

@@ -26,15 +26,12 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
 //   Y   [B×out] the forward output (post-activation); read only when relu, for the
 //       mask Y > 0 (the gradient at Z = 0 is taken as 0), may be null otherwise.
 //   dY  [B×out] in: dL/dY; out: dL/dZ (the masked gradient) when relu, else unchanged.
-//   dX  [B×in]  dL/dX, always overwritten; null skips it. With dx_mask (the ReLU bit
-//       mask of the layer below's output X, relu_mask_words(in) words per row), dX is
-//       that layer's masked gradient dL/dZ instead: zero where the bit is 0 (on the
-//       GPU in the product's cuBLASLt epilogue where cuBLASLt offers one).
+//   dX  [B×in]  dL/dX, always overwritten; null skips it.
 //   dweight  [out×in], db [out] (db null when the layer has no bias): written as `mode` says.
 // dweight = dZ^T·X (GEMM), db = column sums of dZ (block_sums: fixed row blocks).
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode, const uint32_t* dx_mask = nullptr);
+                     bool relu, GradMode mode);
 
 // C[M×N] = op(A)·op(B) in FP32 (overwritten), A and B BF16; as gemm otherwise.
 void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
@@ -65,7 +62,7 @@ void linear_forward(const ExecContext& ctx, const float* X, const float* weight,
                     float* Y, int64_t B, int in, int out, bool relu);
 void linear_backward(const ExecContext& ctx, const float* X, const float* weight, const float* Y,
                      float* dY, float* dX, float* dweight, float* db, int64_t B, int in, int out,
-                     bool relu, GradMode mode, const uint32_t* dx_mask);
+                     bool relu, GradMode mode);
 void gemm_bf16(const ExecContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                const uint16_t* A, int lda, const uint16_t* B, int ldb, float* C, int ldc);
 void linear_forward_bf16(const ExecContext& ctx, const uint16_t* X, const uint16_t* weight,

@@ -30,16 +30,10 @@ const char* step_kernels_name(StepKernels kernels) {
 
 namespace {
 std::atomic<int> g_lt_bf16_out{-1};    // -1: not read from the environment yet
-std::atomic<int> g_run_sums_warp{-1};  // likewise
-std::atomic<int> g_scatter_four{-1};   // likewise
 }  // namespace
 
 bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
 void set_lt_bf16_out(bool on) { g_lt_bf16_out.store(on ? 1 : 0); }
-bool run_sums_by_warp() { return env_switch(g_run_sums_warp, "NCF_RUN_SUMS_WARP"); }
-void set_run_sums_by_warp(bool on) { g_run_sums_warp.store(on ? 1 : 0); }
-bool scatter_rows_by_four() { return env_switch(g_scatter_four, "NCF_SCATTER_BY_FOUR"); }
-void set_scatter_rows_by_four(bool on) { g_scatter_four.store(on ? 1 : 0); }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

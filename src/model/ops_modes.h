@@ -72,21 +72,4 @@ const char* step_kernels_name(StepKernels kernels);
 bool lt_bf16_out_enabled();
 void set_lt_bf16_out(bool on);
 
-// run_sums and run_sums_bf16 on rows of a multiple of 128 columns with a warp's 32 threads
-// on one run, its indices loaded 32 at a time, a chunk ahead, and shuffled to the threads
-// (true, the default), or, with the environment variable NCF_RUN_SUMS_WARP=0, each thread
-// loading its indices before its rows, as before (kept selectable to be timed beside it).
-// The same rows added in the same order: the same bits. Read at the first call; the setter
-// (tests) overrides it.
-bool run_sums_by_warp();
-void set_run_sums_by_warp(bool on);
-
-// scatter_run_rows on rows of four-column quads with four samples per thread, their
-// indices and rows loaded together before their stores (true, the default), or, with the
-// environment variable NCF_SCATTER_BY_FOUR=0, one sample per thread as before (kept
-// selectable to be timed beside it). The same bits. Read at the first call; the setter
-// (tests) overrides it.
-bool scatter_rows_by_four();
-void set_scatter_rows_by_four(bool on);
-
 }  // namespace ncf

@@ -285,7 +285,7 @@ void launch_run_sums(cudaStream_t stream, const T* dZ, const int32_t* order, con
   auto kernel = run_sums_kernel<T, L>;
   if constexpr (fp32 && L == 4) kernel = run_sums_kernel<T, L, 12, 3>;
   if constexpr (L == 4)
-    if ((out / L) % 32 == 0 && run_sums_by_warp())
+    if ((out / L) % 32 == 0)
       kernel = fp32 ? run_sums_warp_kernel<T, L, 12, 3> : run_sums_warp_kernel<T, L, 16, 0>;
   kernel<<<grid_for(R * (out / L)), kThreads, 0, stream>>>(dZ, order, starts, R, out, dP);
 }
@@ -339,13 +339,9 @@ void scatter_run_rows(const ExecContext& ctx, const float* Yr, int64_t R, int pa
   if (B == 0) return;
   if (w % 4 == 0 && ldy % 4 == 0 && aligned16(Yr) && aligned16(Y)) {
     constexpr int kSamples = 4;
-    if (scatter_rows_by_four())
-      scatter_run_rows_many_kernel<4, kSamples>
-          <<<grid_for((B + kSamples - 1) / kSamples * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
-              Yr, R, parts, w, inv, first, B, Y, ldy);
-    else
-      scatter_run_rows_kernel<4><<<grid_for(B * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
-          Yr, R, parts, w, inv, first, B, Y, ldy);
+    scatter_run_rows_many_kernel<4, kSamples>
+        <<<grid_for((B + kSamples - 1) / kSamples * (w / 4)), kThreads, 0, stream_of(ctx)>>>(
+            Yr, R, parts, w, inv, first, B, Y, ldy);
   } else {
     scatter_run_rows_kernel<1>
         <<<grid_for(B * w), kThreads, 0, stream_of(ctx)>>>(Yr, R, parts, w, inv, first, B, Y, ldy);

@@ -177,16 +177,9 @@ void apply_kernel_switches(bool lead) {
   }
   // The kernel choices turned off from the environment (ops.h, negatives.h, step.h).
   const std::pair<bool, const char*> old_kernels[] = {
-      {run_sums_by_warp(),
-       "NCF_RUN_SUMS_WARP=0: layer 0's per-item sums load each row's index per thread"},
-      {scatter_rows_by_four(),
-       "NCF_SCATTER_BY_FOUR=0: the items' MLP gradients go back onto the samples one sample "
-       "per thread"},
       {narrow_item_lookups(),
        "NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the gradients of, the "
        "samples' whole item rows"},
-      {negatives_ahead(),
-       "NCF_NEGATIVES_AHEAD=0: a GPU rank searches its negatives one draw at a time"},
       {lt_bf16_out_enabled(),
        "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product and an epilogue "
        "kernel"},
@@ -208,10 +201,6 @@ void apply_kernel_switches(bool lead) {
   if (vector_isa_from_environment() && lead)
     std::fprintf(stderr, "ncf_dist: note: NCF_VECTOR_ISA=%s: CPU loops on the %s path\n",
                  std::getenv("NCF_VECTOR_ISA"), vector_isa_name(vector_isa()));
-  if (lead && lt_drelu_enabled())
-    std::fprintf(stderr,
-                 "ncf_dist: note: NCF_LT_DRELU=1: layer 1's dX product masks layer 0's "
-                 "gradient\n");
   if (lead && score_items_fused_enabled())
     std::fprintf(stderr,
                  "ncf_dist: note: NCF_EVAL_FUSED=1: evaluation by items on BF16 storage scores "
