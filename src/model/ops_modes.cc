@@ -29,7 +29,7 @@ const char* step_kernels_name(StepKernels kernels) {
 }
 
 namespace {
-std::atomic<int> g_lt_bf16_out{-1};    // -1: not read from the environment yet
+std::atomic<int> g_lt_bf16_out{-1};  // -1: not read from the environment yet
 }  // namespace
 
 bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
