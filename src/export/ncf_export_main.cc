@@ -192,6 +192,45 @@ int delta_main(const TrainedModel& m, const std::string& since, const std::strin
   return 0;
 }
 
+// Refuses the first of `opts` given, as "flag NAME" + rest. (CLI11 names a hidden
+// option "", so the names are written out.)
+void refuse_given(const std::vector<std::pair<const CLI::Option*, const char*>>& opts,
+                  const std::string& rest) {
+  for (const auto& [o, name] : opts)
+    if (o->count() > 0) NCF_FAIL("flag ", name, rest);
+}
+
+// --checkpoint as --format (npy: the delta since checkpoint `since` when `delta`).
+int export_checkpoint(const std::string& checkpoint, const std::string& format,
+                      const std::string& output, const std::string& data_dir, bool delta,
+                      const std::string& since, const std::string& external, int64_t inline_limit) {
+  // The manifest's flags are held to ncf_dist's ranges inside, before the
+  // model's shape is built from them.
+  const TrainedModel m = load_trained_model(checkpoint);
+  for (const std::string& w : m.warnings)
+    std::fprintf(stderr, "ncf_export: warning: %s\n", w.c_str());
+  if (format == "onnx") {
+#ifndef NCF_WITH_ONNX
+    (void)external, (void)inline_limit;
+    NCF_FAIL("--format onnx: this build has no ONNX support (install libonnx-dev and rebuild)");
+#else
+    export_onnx(m, output,
+                external == "always"  ? ExternalData::kAlways
+                : external == "never" ? ExternalData::kNever
+                                      : ExternalData::kAuto,
+                inline_limit);
+#endif
+  } else if (delta) {
+    return delta_main(m, since, data_dir, output);
+  } else {
+    export_npy(m, output, data_dir);
+  }
+  std::printf("ncf_export: %s (step %lld: %lld users, %lld items, D %d) -> %s (%s)\n",
+              m.path.c_str(), (long long)m.manifest.step, (long long)m.U, (long long)m.I, m.D,
+              output.c_str(), format.c_str());
+  return 0;
+}
+
 int export_main(int& argc, char**& argv) {
   std::string checkpoint, format, output, data_dir, since, apply, base, external = "auto";
   CLI::App app{
@@ -259,18 +298,15 @@ int export_main(int& argc, char**& argv) {
     return app.exit(e);
   }
   if (verify_opt->count() > 0) {
-    for (const auto& [o, name] :
-         {std::pair<const CLI::Option*, const char*>{checkpoint_opt, "--checkpoint"},
-          {format_opt, "--format"},
-          {output_opt, "--output"},
-          {since_opt, "--since"},
-          {apply_opt, "--apply"},
-          {base_opt, "--base"},
-          {external_opt, "--external_data"},
-          {external_bytes_opt, "--external_data_bytes"}})
-      if (o->count() > 0)
-        NCF_FAIL("flag ", name, " does not go with --verify (which checks ", verify,
-                 " and writes nothing)");
+    refuse_given({{checkpoint_opt, "--checkpoint"},
+                  {format_opt, "--format"},
+                  {output_opt, "--output"},
+                  {since_opt, "--since"},
+                  {apply_opt, "--apply"},
+                  {base_opt, "--base"},
+                  {external_opt, "--external_data"},
+                  {external_bytes_opt, "--external_data_bytes"}},
+                 " does not go with --verify (which checks " + verify + " and writes nothing)");
     return verify_main(verify, data_dir);
   }
   if (output_opt->count() == 0) NCF_FAIL("flag --output is required");
@@ -290,42 +326,16 @@ int export_main(int& argc, char**& argv) {
   if (format == "onnx" && since_opt->count() > 0)
     NCF_FAIL("flag --since applies to --format npy only (there are no ONNX deltas)");
   if (apply_opt->count() > 0) {
-    for (const auto& [o, name] :
-         {std::pair<const CLI::Option*, const char*>{checkpoint_opt, "--checkpoint"},
-          {since_opt, "--since"},
-          {data_dir_opt, "--data_dir"}})
-      if (o->count() > 0)
-        NCF_FAIL("flag ", name, " does not go with --apply (the delta ", apply,
-                 " holds what the new export needs)");
+    refuse_given(
+        {{checkpoint_opt, "--checkpoint"}, {since_opt, "--since"}, {data_dir_opt, "--data_dir"}},
+        " does not go with --apply (the delta " + apply + " holds what the new export needs)");
     if (format == "onnx") NCF_FAIL("flag --apply writes a NumPy export, not --format onnx");
     if (base_opt->count() == 0) NCF_FAIL("flag --apply needs --base (the older NumPy export)");
     return apply_main(apply, base, output);
   }
   if (base_opt->count() > 0) NCF_FAIL("flag --base goes with --apply only");
-  // The manifest's flags are held to ncf_dist's ranges inside, before the
-  // model's shape is built from them.
-  const TrainedModel m = load_trained_model(checkpoint);
-  for (const std::string& w : m.warnings)
-    std::fprintf(stderr, "ncf_export: warning: %s\n", w.c_str());
-  if (format == "onnx") {
-#ifndef NCF_WITH_ONNX
-    NCF_FAIL("--format onnx: this build has no ONNX support (install libonnx-dev and rebuild)");
-#else
-    export_onnx(m, output,
-                external == "always"  ? ExternalData::kAlways
-                : external == "never" ? ExternalData::kNever
-                                      : ExternalData::kAuto,
-                inline_limit);
-#endif
-  } else if (since_opt->count() > 0) {
-    return delta_main(m, since, data_dir, output);
-  } else {
-    export_npy(m, output, data_dir);
-  }
-  std::printf("ncf_export: %s (step %lld: %lld users, %lld items, D %d) -> %s (%s)\n",
-              m.path.c_str(), (long long)m.manifest.step, (long long)m.U, (long long)m.I, m.D,
-              output.c_str(), format.c_str());
-  return 0;
+  return export_checkpoint(checkpoint, format, output, data_dir, since_opt->count() > 0, since,
+                           external, inline_limit);
 }
 
 }  // namespace
