@@ -20,6 +20,46 @@ namespace ncf {
 
 namespace {
 
+// cpu_gemm_t's split of K into kGemmDepth slices (tiles of kGemmTileCols columns), each
+// slice's partial product into its own buffer, summed per element in slice order in
+// double; `product`, `store` and `old` are cpu_gemm_t's.
+template <typename T, typename TC, typename Product, typename Store, typename Old>
+void gemm_k_slices(int threads, bool trans_a, bool trans_b, int M, int N, int K, const T* A,
+                   int lda, const T* B, int ldb, float beta, TC* C, int ldc, Product&& product,
+                   Store&& store, Old&& old) {
+  const int64_t slices = (K + kGemmDepth - 1) / kGemmDepth;
+  const int64_t col_blocks = (N + kGemmTileCols - 1) / kGemmTileCols;
+  const int64_t mn = static_cast<int64_t>(M) * N;
+  thread_local std::vector<float> partial;
+  if (partial.size() < static_cast<size_t>(slices * mn))
+    partial.resize(static_cast<size_t>(slices * mn));
+  float* p = partial.data();
+  parallel_for(threads, slices * col_blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t s = t / col_blocks, n0 = (t % col_blocks) * kGemmTileCols;
+      const int64_t k0 = s * kGemmDepth;
+      const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
+      const int n = static_cast<int>(std::min<int64_t>(kGemmTileCols, N - n0));
+      // Columns k0.. of op(A); rows k0.. and columns n0.. of op(B).
+      const T* a = trans_a ? A + k0 * lda : A + k0;
+      const T* bb = trans_b ? B + n0 * ldb + k0 : B + k0 * ldb + n0;
+      // The bias and the ReLU apply to the sum of the slices, below.
+      product(M, n, k, a, bb, p + s * mn + n0, static_cast<int>(N), nullptr, 0.0f, false);
+    }
+  });
+  // Each element sums its slices in slice order, whichever thread has its row.
+  parallel_for(threads, M, row_grain(N * slices), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int j = 0; j < N; ++j) {
+        double acc = 0.0;
+        for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + i * N + j];
+        TC& c = C[i * ldc + j];
+        store(c, j,
+              static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * old(c)));
+      }
+  });
+}
+
 // The tower's products: cpu_matmul (model/cpu_matmul.h, oneDNN) on fixed
 // blocks, with BF16 operands when the math mode is kBf16 (kTf32 and kFp32 are
 // plain FP32 here), and the epilogue (bias, ReLU) fused into each block's
@@ -114,37 +154,8 @@ void cpu_gemm_t(int threads, bool trans_a, bool trans_b, int M, int N, int K, fl
       }
     });
   } else if (K >= 2 * kGemmDepth) {
-    const int64_t slices = (K + kGemmDepth - 1) / kGemmDepth;
-    const int64_t col_blocks = (N + kGemmTileCols - 1) / kGemmTileCols;
-    const int64_t mn = static_cast<int64_t>(M) * N;
-    thread_local std::vector<float> partial;
-    if (partial.size() < static_cast<size_t>(slices * mn))
-      partial.resize(static_cast<size_t>(slices * mn));
-    float* p = partial.data();
-    parallel_for(threads, slices * col_blocks, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t s = t / col_blocks, n0 = (t % col_blocks) * kGemmTileCols;
-        const int64_t k0 = s * kGemmDepth;
-        const int k = static_cast<int>(std::min<int64_t>(kGemmDepth, K - k0));
-        const int n = static_cast<int>(std::min<int64_t>(kGemmTileCols, N - n0));
-        // Columns k0.. of op(A); rows k0.. and columns n0.. of op(B).
-        const T* a = trans_a ? A + k0 * lda : A + k0;
-        const T* bb = trans_b ? B + n0 * ldb + k0 : B + k0 * ldb + n0;
-        // The bias and the ReLU apply to the sum of the slices, below.
-        product(M, n, k, a, bb, p + s * mn + n0, static_cast<int>(N), nullptr, 0.0f, false);
-      }
-    });
-    // Each element sums its slices in slice order, whichever thread has its row.
-    parallel_for(threads, M, row_grain(N * slices), [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i)
-        for (int j = 0; j < N; ++j) {
-          double acc = 0.0;
-          for (int64_t s = 0; s < slices; ++s) acc += p[s * mn + i * N + j];
-          TC& c = C[i * ldc + j];
-          store(c, j,
-                static_cast<float>(beta == 0.0f ? acc : acc + static_cast<double>(beta) * old(c)));
-        }
-    });
+    gemm_k_slices(threads, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, product, store,
+                  old);
   } else if (N >= 2 * kGemmCols) {
     const int64_t blocks = (N + kGemmCols - 1) / kGemmCols;
     parallel_for(threads, blocks, 1, [&](int64_t b0, int64_t b1) {
