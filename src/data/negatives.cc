@@ -4,7 +4,6 @@
 
 #include "common/check.h"
 #include "common/dispatch.h"
-#include "common/env_switch.h"
 #include "common/parallel.h"
 
 namespace ncf {

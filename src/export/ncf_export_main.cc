@@ -315,12 +315,9 @@ int export_main(int& argc, char**& argv) {
       NCF_FAIL("flag --checkpoint is required (or --apply DELTA_DIR --base EXPORT_DIR)");
     if (format_opt->count() == 0) NCF_FAIL("flag --format is required (onnx or npy)");
   }
-  // (CLI11 names a hidden option "", so the names are written out.)
-  for (const auto& [o, name] :
-       {std::pair<const CLI::Option*, const char*>{external_opt, "--external_data"},
-        {external_bytes_opt, "--external_data_bytes"}})
-    if (format != "onnx" && o->count() > 0)
-      NCF_FAIL("flag ", name, " applies to --format onnx only");
+  if (format != "onnx")
+    refuse_given({{external_opt, "--external_data"}, {external_bytes_opt, "--external_data_bytes"}},
+                 " applies to --format onnx only");
   if (format == "onnx" && data_dir_opt->count() > 0)
     NCF_FAIL("flag --data_dir applies to --format npy only");
   if (format == "onnx" && since_opt->count() > 0)

@@ -22,7 +22,6 @@
 #include "common/cuda_context.h"
 #include "common/vector_isa.h"
 #include "data/dataset.h"
-#include "data/negatives.h"
 #include "embedding/exchange_model.h"
 #include "model/cpu_matmul.h"
 #include "model/neumf.h"
@@ -164,7 +163,7 @@ void note_flags_without_effect(const TrainConfig& cfg, const RankInfo& info, boo
                  "it has no effect\n");
 }
 
-// The kernel choices the environment makes (ops.h, negatives.h, step.h, vector_isa.h),
+// The kernel choices the environment makes (ops.h, step.h, neumf.h, vector_isa.h),
 // each with a note on rank 0.
 void apply_kernel_switches(bool lead) {
   if (const char* k = std::getenv("NCF_STEP_KERNELS"); k && *k) {
@@ -175,7 +174,7 @@ void apply_kernel_switches(bool lead) {
                    "kernels\n",
                    k, step_kernels_name(step_kernels()));
   }
-  // The kernel choices turned off from the environment (ops.h, negatives.h, step.h).
+  // The kernel choices turned off from the environment (step.h, ops.h).
   const std::pair<bool, const char*> old_kernels[] = {
       {narrow_item_lookups(),
        "NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the gradients of, the "
