@@ -997,7 +997,7 @@ void negatives_case(Bench& bench, const ExecContext& ctx, const Options& o, cons
 // on a GPU. The bytes are the fused op's logical ones for both (per candidate: its id,
 // layer 0's FP32 product row, the item's GMF row, the logit), so their GB/s compare like
 // their times; the FLOPs are the products above layer 0. The one kernel's check: at least
-// half of the logits the bits of the ops with its epilogue expressions (NCF_LT_BF16_OUT=0),
+// half of the logits the bits of the ops with its epilogue expressions (set_lt_bf16_out(false)),
 // the rest within the BF16 storage bound (Parity.FusedScoreItemsTracksTheOpsItFuses).
 void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
   const Device dev = ctx.device;
@@ -1044,7 +1044,7 @@ void score_items_cases(Bench& bench, const ExecContext& ctx, const Options& o) {
           if (!model.last_score_fused()) return "the widths did not fit one kernel";
           const std::vector<float> z = to_host(logits, B);
           // The ops with the one kernel's epilogue expressions: the FP32 product and the
-          // epilogue kernel (NCF_LT_BF16_OUT=0).
+          // epilogue kernel (set_lt_bf16_out(false)).
           const bool lt = lt_bf16_out_enabled();
           set_lt_bf16_out(false);
           score(false);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One binary with and without an environment switch, side by side in one run: ncf_dist
+# One binary with and without a switch (an environment variable or flags), side by side in one run: ncf_dist
 # on CPU ranks at the ml-20m-mlperf preset, for each precision and batch, alternating
 # the two settings (default first) so that a drift of the machine hits both alike.
-#   bash bench/env_switch_speed.sh                       # NCF_L0_BY_ITEM=0 (layer 0 per sample)
-#   SWITCH_ENV=NCF_LT_BF16_OUT=0 bash bench/env_switch_speed.sh
+#   bash bench/env_switch_speed.sh                       # --layer0_by_item on (layer 0 by item)
+#   SWITCH_ENV=NCF_VECTOR_ISA=baseline bash bench/env_switch_speed.sh
 # Per (precision, batch, setting) one run of SWITCH_SAMPLES training samples (as
 # --max_steps = samples / batch) and an evaluation of SWITCH_EVAL_USERS users; the figure is
 # its epoch line's samples/s, and its HR@10 shows the quality alike.
@@ -13,7 +13,9 @@
 #   NCF_BUILD_DIR        the build whose src/ncf_dist and src/ncf_prep run (default build)
 #   NCF_BENCH_DATA       where the synthetic ml-20m lives (default /tmp: bench-ml-20m, made
 #                        when missing, shared with bench/tower_speed.sh)
-#   SWITCH_ENV           NAME=VALUE (default NCF_L0_BY_ITEM=0)
+#   SWITCH_ENV           NAME=VALUE: the switch is this environment variable, or
+#   SWITCH_FLAGS         the switch is these ncf_dist flags (default "--layer0_by_item on"
+#                        where SWITCH_ENV is not given)
 #   SWITCH_PRECISIONS    default "fp32 bf16"
 #   SWITCH_BATCHES       default "65536 1048576"
 #   SWITCH_SAMPLES       training samples per run (default 4194304)
@@ -29,7 +31,11 @@ build="${NCF_BUILD_DIR:-$root/build}"
 bench_programs "$build"
 bin="$(cd "$build/src" && pwd)"
 data="${NCF_BENCH_DATA:-/tmp}/bench-ml-20m"
-switch="${SWITCH_ENV:-NCF_L0_BY_ITEM=0}"
+switch_env="${SWITCH_ENV:-}"
+switch_flags="${SWITCH_FLAGS:-}"
+[ -z "$switch_env" ] || [ -z "$switch_flags" ] || die "SWITCH_ENV and SWITCH_FLAGS both given: one switch a run"
+[ -n "$switch_env" ] || [ -n "$switch_flags" ] || switch_flags="--layer0_by_item on"
+switch="${switch_env:-$switch_flags}"
 precisions="${SWITCH_PRECISIONS:-fp32 bf16}"
 batches="${SWITCH_BATCHES:-65536 1048576}"
 samples="${SWITCH_SAMPLES:-4194304}"
@@ -37,9 +43,16 @@ eval_users="${SWITCH_EVAL_USERS:-20000}"
 repeats="${SWITCH_REPEATS:-1}"
 threads="${SWITCH_THREADS:-$(nproc)}"
 bench_positive_ints samples repeats threads
-[[ "$switch" =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] || die "SWITCH_ENV='$switch' is not NAME=VALUE"
+[ -z "$switch_env" ] || [[ "$switch_env" =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]]*$ ]] ||
+  die "SWITCH_ENV='$switch_env' is not NAME=VALUE"
+[ -z "$switch_flags" ] || [[ "$switch_flags" =~ ^--[a-z] ]] ||
+  die "SWITCH_FLAGS='$switch_flags' does not start with a flag (--name)"
 tag="$(bench_commit "$root")"
-name="$(echo "${switch%%=*}" | tr '[:upper:]' '[:lower:]')"
+if [ -n "$switch_env" ]; then
+  name="$(echo "${switch_env%%=*}" | tr '[:upper:]' '[:lower:]')"
+else
+  name="$(echo "$switch_flags" | sed 's/^--//; s/[^A-Za-z0-9]\{1,\}/_/g; s/_$//')"
+fi
 out="$root/bench/results/env_switch_${name}_$(date -u +%F)_$tag"
 mkdir -p "$out/runs"
 if [ ! -s "$data/metadata.json" ]; then
@@ -67,7 +80,11 @@ for p in $precisions; do
           --precision "$p" --hr_threshold -1 --progress off --metrics_json "$json")
         if [ "$eval_users" -gt 0 ]; then cmd+=(--eval_users "$eval_users"); else cmd+=(--no_eval); fi
         envs=()
-        [ "$setting" = switch ] && envs=("$switch")
+        if [ "$setting" = switch ]; then
+          [ -n "$switch_env" ] && envs=("$switch_env")
+          # shellcheck disable=SC2206  # the flags as words
+          [ -n "$switch_flags" ] && cmd+=($switch_flags)
+        fi
         echo "  ${envs[*]:+${envs[*]} }${cmd[*]}" >>"$out/info.txt"
         {
           echo "\$ ${envs[*]:+${envs[*]} }${cmd[*]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evaluation speed, side by side in one run: ncf_dist's evaluation by items (each item's
 # half of layer 0 once per evaluation, read by id per candidate) against the per-sample
-# path (NCF_EVAL_ITEMS=0: every candidate's item rows looked up and multiplied), under
+# path (--eval_scoring per_sample: every candidate's item rows looked up and multiplied), under
 # each precision, on the same prepared data, users, cores and binary, alternating so that
 # a drift of the machine falls on both. One training step first (the evaluation scores
 # the same parameters either way), then one evaluation of --eval_users users.
@@ -50,11 +50,11 @@ printf 'precision\tpath\trep\teval_s\thr\tndcg\n' >"$out/runs.tsv"
 for rep in $(seq 1 "$reps"); do
   for p in fp32 bf16; do
     for path in per_sample by_items; do
-      flag=1
-      [ "$path" = by_items ] || flag=0
+      scoring=auto
+      [ "$path" = by_items ] || scoring=per_sample
       m="$out/m.jsonl"
       rm -f "$m"
-      cmd=(env "NCF_EVAL_ITEMS=$flag" "$dist" --data_dir "$data" --preset ml-20m-mlperf
+      cmd=("$dist" --eval_scoring "$scoring" --data_dir "$data" --preset ml-20m-mlperf
         --device "$device" --threads "$threads" --precision "$p" --max_steps 1 --train_epochs 1
         --eval_users "$users" --eval_batch_size "$batch" --hr_threshold -1 --progress off
         --metrics_json "$m")

@@ -181,14 +181,17 @@ section_compare() {
     compare_ml20m "$m20" "$u20" "$i20"
     # For reference: both sides on the OpenBLAS kernels OpenBLAS picks by itself here.
     echo "# reference runs without the OPENBLAS_CORETYPE upgrade"
-    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper \
+    # OpenBLAS's own pick, given back to it: ncf_dist upgrades only where the variable is unset.
+    own_core=$($py -c 'import ctypes; l = ctypes.CDLL("libopenblas.so.0")
+l.openblas_get_corename.restype = ctypes.c_char_p; print(l.openblas_get_corename().decode())')
+    run env OPENBLAS_CORETYPE="$own_core" "$build/src/ncf_dist" --device cpu --data_dir "$m1" --preset ncf-paper \
       --train_epochs 1 --max_steps 6000 --no_eval --threads 1 --progress off
     run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
       --threads 1 --warmup 200 --steps 3000 --no_blas_upgrade
     echo "# reference run with libgomp's default spin-waiting"
     run $py "$root/bench/pytorch_neumf.py" --users "$u1" --items "$i1" --preset ncf-paper \
       --threads 2 --warmup 50 --steps 300 --omp_spin
-    run env NCF_NO_BLAS_UPGRADE=1 "$build/src/ncf_dist" --device cpu --data_dir "$m20" --preset ml-20m-mlperf \
+    run env OPENBLAS_CORETYPE="$own_core" "$build/src/ncf_dist" --device cpu --data_dir "$m20" --preset ml-20m-mlperf \
       --train_epochs 1 --max_steps 4 --no_eval --threads 2 --progress off --step_log
     run $py "$root/bench/pytorch_neumf.py" --users "$u20" --items "$i20" --preset ml-20m-mlperf \
       --threads 2 --warmup 1 --steps 3 --no_blas_upgrade

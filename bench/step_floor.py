@@ -17,7 +17,7 @@ FLOPs come from the shapes:
   masks 1 bit per activation; ids int32.
 
 Layer 0 (--layer0):
-  by_item    what ncf_dist runs on a GPU (NCF_L0_BY_ITEM=auto): layer 0's user half once
+  by_item    what ncf_dist runs on a GPU (--layer0_by_item auto): layer 0's user half once
              per group (U0), its item half once per item id (P = X_items W0i^T on R rows
              read from the item table), each sample's pre-activation from P[item] + U0[group]
              + b0 (gather_bias_act); backward: dZ0 summed per item (run_sums_warp), split
@@ -27,7 +27,7 @@ Layer 0 (--layer0):
              first sample of a [B x h] array instead: scatter_run_rows_many). The samples'
              item rows hold only their GMF columns (the narrow item lookup), and the
              update takes the items' MLP gradient columns from the buffer (GivenColumns).
-  by_sample  the path it replaced (NCF_L0_BY_ITEM=0): whole item rows per sample, layer 0's
+  by_sample  the path it replaced (--layer0_by_item off): whole item rows per sample, layer 0's
              item half as a [B x h] x [h x o0] GEMM, its two backward GEMMs per sample.
   both       (the default) prints the by-item floor and the per-sample one beside it.
 

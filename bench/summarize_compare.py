@@ -35,7 +35,10 @@ def parse(path):
                 side="ncf_dist", data="ml-20m" if "ml-20m" in cmd else "ml-1m",
                 threads=int(re.search(r"--threads (\d+)", cmd)[1]),
                 opt="lazy_adam" if "lazy_adam" in cmd else "dense_adam",
-                blas="default" if "NCF_NO_BLAS_UPGRADE" in cmd else "upgraded",
+                # OpenBLAS's own kernels: OPENBLAS_CORETYPE given (records before
+                # 2026-12 say NCF_NO_BLAS_UPGRADE, the switch it replaced).
+                blas="default" if re.search(r"OPENBLAS_CORETYPE=|NCF_NO_BLAS_UPGRADE", cmd)
+                else "upgraded",
                 omp="-", sps=float(m[2]), steady=steady, load=load))
         elif line.startswith('{"bench": "pytorch_neumf"'):
             j = json.loads(line)

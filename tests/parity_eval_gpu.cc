@@ -68,7 +68,7 @@ double same_share(const Vec& a, const Vec& b) {
 
 // The fused op's logits against the same ops run one by one on the device and against the
 // CPU twin. ops: the layers above layer 0 as the FP32 product and the epilogue kernel
-// (NCF_LT_BF16_OUT=0), the fused kernel's expressions: a product's FP32 sum in the tensor
+// (set_lt_bf16_out(false)), the fused kernel's expressions: a product's FP32 sum in the tensor
 // cores' order moves a BF16 activation by one step only where that sum lies within its
 // rounding error of a step's midpoint, a small share of them, so at least half of the logits
 // must keep every bit (a misread tile, weight or row keeps almost none), the rest within the

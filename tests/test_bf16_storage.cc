@@ -1,6 +1,6 @@
 // --precision bf16 with BF16 storage (model/ops.h "BF16 storage", NeuMF under
 // MathMode::kBf16) on the CPU:
-//   - on the emulated path (NCF_CPU_BF16=emulate: BF16 operands widened, FP32
+//   - on the emulated path (set_cpu_bf16_emulated: BF16 operands widened, FP32
 //     products), every BF16-storage op is the FP32 op run on the same values,
 //     its BF16 outputs that op's outputs rounded by float_to_bf16_bits: bit for
 //     bit, at every block shape of cpu_gemm (rows, columns, K slices);

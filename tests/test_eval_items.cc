@@ -367,9 +367,9 @@ TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
       for (int by_items : {0, 1}) {
         const std::string json = d.file("m" + std::to_string(by_items) + ".jsonl");
         std::remove(json.c_str());  // --metrics_json appends
-        auto r = run("NCF_EVAL_ITEMS=" + std::to_string(by_items) + " " +
-                     (W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
-                     " --data_dir " + d.file("data") +
+        auto r = run((W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
+                     " --eval_scoring " + (by_items ? "auto" : "per_sample") + " --data_dir " +
+                     d.file("data") +
                      " --batch_size 1005 --train_epochs 2 --threads 1 --progress off "
                      "--eval_batch_size 1000 --precision " +
                      precision + " --metrics_json " + json);
@@ -393,7 +393,7 @@ TEST(EvalByItems, EndsWithThePerSampleEvaluationsMetrics) {
     }
 }
 
-// NCF_EVAL_PHASES=1 prints where one evaluation's time went, once per evaluation on
+// --eval_phases prints where one evaluation's time went, once per evaluation on
 // rank 0, and changes no metric: the same lines as the run without it.
 TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
   TempDir d;
@@ -401,8 +401,8 @@ TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
   std::vector<nlohmann::json> m[2];
   for (int phases : {0, 1}) {
     const std::string json = d.file("p" + std::to_string(phases) + ".jsonl");
-    auto r = run("NCF_EVAL_PHASES=" + std::to_string(phases) + " " + test::mpirun(2) + " " +
-                 bin("ncf_dist") + " --data_dir " + d.file("data") +
+    auto r = run(test::mpirun(2) + " " + bin("ncf_dist") + (phases ? " --eval_phases" : "") +
+                 " --data_dir " + d.file("data") +
                  " --batch_size 1005 --train_epochs 2 --threads 1 --progress off "
                  "--eval_batch_size 1000 --metrics_json " +
                  json);
@@ -425,7 +425,7 @@ TEST(EvalByItems, PhasesAreReportedAndChangeNothing) {
     for (const char* k : {"loss", "hr", "ndcg"}) EXPECT_EQ(m[0][e][k], m[1][e][k]) << k;
 }
 
-// NCF_EVAL_CACHE=1 keeps the lists (on the CPU here, as a GPU rank does on its device) after
+// --eval_lists_cache on keeps the lists (on the CPU here, as a GPU rank does on its device) after
 // the first evaluation, which ncf_dist says once: every metric is the run's without it, per
 // rank count, evaluation by items or per sample, and with an --eval_users subset.
 TEST(EvalListsCache, KeptListsChangeNoMetric) {
@@ -439,10 +439,9 @@ TEST(EvalListsCache, KeptListsChangeNoMetric) {
         for (int cache : {0, 1}) {
           const std::string json = d.file("c" + std::to_string(cache) + ".jsonl");
           std::remove(json.c_str());  // --metrics_json appends
-          auto r = run("NCF_EVAL_CACHE=" + std::to_string(cache) +
-                       " NCF_EVAL_ITEMS=" + std::to_string(by_items) + " " +
-                       (W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
-                       " --data_dir " + d.file("data") +
+          auto r = run((W > 1 ? test::mpirun(W) + " " : std::string()) + bin("ncf_dist") +
+                       " --eval_lists_cache " + (cache ? "on" : "off") + " --eval_scoring " +
+                       (by_items ? "auto" : "per_sample") + " --data_dir " + d.file("data") +
                        " --batch_size 1005 --train_epochs 3 --threads 1 --progress off "
                        "--eval_batch_size 1000 --metrics_json " +
                        json + extra);

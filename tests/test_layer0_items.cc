@@ -10,7 +10,7 @@
 //   - NeuMF's forward and backward by item give the per-sample path's logits, loss and
 //     gradients (the items' rows' gradients as each item's sum; FP32: within the FP32 rounding of
 //     the products' other order; BF16 storage: within the bound test_bf16_storage.cc derives), and
-//     run by item only where the mode (NCF_L0_BY_ITEM's values, parsed) allows and the batch
+//     run by item only where the mode (--layer0_by_item's values, parsed) allows and the batch
 //     repeats its items.
 #include <gtest/gtest.h>
 
@@ -450,13 +450,13 @@ TEST(Layer0ByItem, GivesThePerSampleStepsValues) {
 
 TEST(Layer0ByItem, ModeValuesAreParsedAndOthersRefused) {
   EXPECT_EQ(parse_layer0_by_item("auto", "v"), Layer0ByItem::kAuto);
-  EXPECT_EQ(parse_layer0_by_item("1", "v"), Layer0ByItem::kOn);
-  EXPECT_EQ(parse_layer0_by_item("0", "v"), Layer0ByItem::kOff);
+  EXPECT_EQ(parse_layer0_by_item("on", "v"), Layer0ByItem::kOn);
+  EXPECT_EQ(parse_layer0_by_item("off", "v"), Layer0ByItem::kOff);
   try {
-    parse_layer0_by_item("yes", "environment variable NCF_L0_BY_ITEM");
+    parse_layer0_by_item("yes", "--layer0_by_item");
     ADD_FAILURE() << "yes accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("NCF_L0_BY_ITEM=yes: expected auto, 1 or 0"),
+    EXPECT_NE(std::string(e.what()).find("--layer0_by_item yes: expected auto, on or off"),
               std::string::npos)
         << e.what();
   }

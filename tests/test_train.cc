@@ -253,44 +253,6 @@ TEST_F(TrainTest, TheDefaultDeviceIsAutoAndTheStartUpLineSaysWhichAndWhy) {
       << r.output;
 }
 
-// NCF_STEP_KERNELS picks the step's kernels (ops.h StepKernels): a value that is
-// neither streaming nor legacy is refused on every rank, naming the variable and
-// the value; legacy (NeuMF's unfused top on the CPU) trains the same parameters
-// bit for bit on the CPU, and says so at start-up (on a GPU the same elements,
-// the fused top's sums in another order: Parity.FusedTop..., Parity.Streaming...).
-// Both with layer 0 per sample (NCF_L0_BY_ITEM=0): only the fused top takes it by item.
-TEST_F(TrainTest, TheStepKernelsVariableIsReadAndABadValueRefused) {
-  const std::string args = " --device cpu --data_dir " + data() +
-                           " --batch_size 2000 --train_epochs 1 --threads 1 --no_eval";
-  auto bad = run("NCF_STEP_KERNELS=fast timeout -k 5 120 " + test::mpirun(2) + " " +
-                 bin("ncf_dist") + args);
-  EXPECT_NE(bad.exit_code, 0) << bad.output;
-  EXPECT_NE(bad.output.find("ncf_dist: error: [rank 0] environment variable "
-                            "NCF_STEP_KERNELS=fast: expected streaming or legacy"),
-            std::string::npos)
-      << bad.output;
-  auto legacy = run("NCF_L0_BY_ITEM=0 NCF_STEP_KERNELS=legacy timeout -k 5 120 " + bin("ncf_dist") +
-                    args + " --save_params " + dir_->file("legacy.bin"));
-  auto streaming = run("NCF_L0_BY_ITEM=0 NCF_STEP_KERNELS=streaming timeout -k 5 120 " +
-                       bin("ncf_dist") + args + " --save_params " + dir_->file("streaming.bin"));
-  ASSERT_EQ(legacy.exit_code, 0) << legacy.output;
-  ASSERT_EQ(streaming.exit_code, 0) << streaming.output;
-  EXPECT_NE(legacy.output.find("NCF_STEP_KERNELS=legacy: the tower step runs the legacy kernels"),
-            std::string::npos)
-      << legacy.output;
-  EXPECT_EQ(test::read_file(dir_->file("legacy.bin")), test::read_file(dir_->file("streaming.bin")))
-      << "the fused top changed the CPU's parameters";
-  auto losses = [](const std::string& out) {  // the epoch lines' loss
-    std::string got;
-    std::istringstream in(out);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("     1 ", 0) == 0) got += line.substr(0, 20) + "\n";
-    return got;
-  };
-  EXPECT_FALSE(losses(legacy.output).empty()) << legacy.output;
-  EXPECT_EQ(losses(legacy.output), losses(streaming.output));
-}
-
 // --cuda_graph on where a step cannot be captured (CPU ranks): the start-up line says why,
 // and the steps run as they are, the same parameters byte for byte as without the flag. A
 // value other than on or off is refused, named.
@@ -362,28 +324,30 @@ TEST_F(TrainTest, EveryCpuVectorPathTrainsTheSameParameters) {
       << bad.output;
 }
 
-// NCF_LT_BF16_OUT=0 selects the GPU's older path for the BF16 layers above layer 0
-// (FP32 product, then the epilogue kernel); it says so, and CPU ranks train the same
+// NCF_NARROW_ITEM_LOOKUP=0 selects the GPU step's whole item rows where layer 0 runs by
+// item (step.h); it says so, and CPU ranks (layer 0 per sample by default) train the same
 // parameters, byte for byte, with it and without.
-TEST_F(TrainTest, TheBf16EpilogueSwitchIsNotedAndLeavesCpuTrainingAlone) {
+TEST_F(TrainTest, TheNarrowLookupSwitchIsNotedAndLeavesCpuTrainingAlone) {
   expect_switch_noted_and_cpu_alone(
-      "NCF_LT_BF16_OUT=0", "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product",
+      "NCF_NARROW_ITEM_LOOKUP=0",
+      "NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the gradients of, the samples' "
+      "whole item rows",
       "bf16");
 }
 
-// Layer 0 by item on CPU ranks (NCF_L0_BY_ITEM=1, noted; 200 items against batches of
+// Layer 0 by item on CPU ranks (--layer0_by_item on, noted; 200 items against batches of
 // 2,000 samples) and per sample (their default): other bits, since dW0's items' half sums
 // in another order, and the same training to FP32 rounding: each epoch's loss within 1e-4
 // relative (measured: 2e-9 fp32, 6e-6 bf16) and HR@10 within 0.01, under fp32 and bf16.
-// A value other than auto, 1 or 0 is refused, named.
+// A value other than auto, on or off is refused, named.
 TEST_F(TrainTest, Layer0ByItemTrainsAsThePerSampleLayer0) {
   for (const char* precision : {"fp32", "bf16"}) {
     TempDir t;
     const std::string args = " --device cpu --data_dir " + data() +
                              " --batch_size 2000 --train_epochs 2 --threads 2 --precision " +
                              precision;
-    const std::string note = "NCF_L0_BY_ITEM=1: layer 0 takes its items' half once per distinct";
-    auto item = run("NCF_L0_BY_ITEM=1 timeout -k 5 120 " + bin("ncf_dist") + args +
+    const std::string note = "--layer0_by_item on: layer 0 takes its items' half once per distinct";
+    auto item = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --layer0_by_item on" +
                     " --metrics_json " + t.file("i.jsonl") + " --save_params " + t.file("i.bin"));
     auto sample = run("timeout -k 5 120 " + bin("ncf_dist") + args + " --metrics_json " +
                       t.file("s.jsonl") + " --save_params " + t.file("s.bin"));
@@ -403,12 +367,11 @@ TEST_F(TrainTest, Layer0ByItemTrainsAsThePerSampleLayer0) {
           << precision << ", epoch " << e;
     }
   }
-  auto bad = run("NCF_L0_BY_ITEM=yes timeout -k 5 120 " + bin("ncf_dist") + " --device cpu " +
-                 "--data_dir " + data() + " --batch_size 2000 --train_epochs 1 --no_eval");
+  auto bad = run("timeout -k 5 120 " + bin("ncf_dist") + " --device cpu --data_dir " + data() +
+                 " --batch_size 2000 --train_epochs 1 --no_eval --layer0_by_item yes");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
-  EXPECT_NE(bad.output.find("environment variable NCF_L0_BY_ITEM=yes: expected auto, 1 or 0"),
-            std::string::npos)
-      << bad.output;
+  EXPECT_NE(bad.output.find("--layer0_by_item"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("yes"), std::string::npos) << bad.output;
 }
 
 // A plain `ncf_dist` with no launcher starts no MPI, so it trains where Open MPI's

@@ -16,7 +16,7 @@ do_eval_speed() {  # by items at two batch sizes, then the per-sample path at th
     train_m20 "eval_${p}_b$bs" "$build/src/ncf_dist" --precision "$p" --train_epochs 2 \
       --max_steps 2 --eval_batch_size "$bs" || return
   done
-  NCF_EVAL_ITEMS=0 train_m20 "eval_${p}_b1000000_per_sample" "$build/src/ncf_dist" \
+  train_m20 "eval_${p}_b1000000_per_sample" "$build/src/ncf_dist" --eval_scoring per_sample \
     --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000 || return
   # BF16 storage: each batch scored in one kernel (NCF_EVAL_FUSED=1) against the ops above
   if [ "$p" = bf16 ]; then
@@ -24,7 +24,7 @@ do_eval_speed() {  # by items at two batch sizes, then the per-sample path at th
       --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000 || return
   fi
   # where the time goes: each phase ends with a device wait (slower, but split)
-  NCF_EVAL_PHASES=1 train_m20 "eval_${p}_b1000000_phases" "$build/src/ncf_dist" \
+  train_m20 "eval_${p}_b1000000_phases" "$build/src/ncf_dist" --eval_phases \
     --precision "$p" --train_epochs 2 --max_steps 2 --eval_batch_size 1000000
 }
 fig_eval_speed() {

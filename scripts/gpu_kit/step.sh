@@ -12,7 +12,7 @@
 # against the legacy ones bit for bit, NeuMF's fused top against the unfused ops, the
 # BF16-storage ops and NeuMF on them against the CPU, two identical runs), then the speed (the changed ops
 # in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
-# bf16, legacy and streaming, each against bench/step_floor.py's floor; an epoch's
+# bf16, each against bench/step_floor.py's floor, and the variants still selectable; an epoch's
 # samples/s; the top kernels per step), then ncf_dist's HR@10 after 3 epochs and PyTorch's
 # variants (bench/pytorch_variants.py) on the same GPU, data, batch and epochs.
 step_parity_filter="${NCF_KIT_STEP_PARITY_FILTER:-Parity.StreamingStepKernelsAreTheLegacyKernelsBitForBit:Parity.StreamingBf16CopiesAreTheLegacyOnesBitForBit:Parity.Bf16StorageOpsTrackTheCpuTwins:Parity.TopOnBf16StorageIsTheFp32TopOfTheSameValuesOnTheGpu:Parity.NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself:Parity.GemmBf16*:Parity.FusedTopIsTheUnfusedOpsOnTheGpu:Parity.HeadForwardBackward:Parity.GroupOpsForwardAndBackward:Parity.LinearBackward*:Parity.ColumnSumsAtLargeBatches:Parity.TrainStep*:Parity.GatherBiasActIsTheCpuTwinBitForBit:Parity.GatherRowsExactWithDuplicates:Parity.DenseAdamOverSteps:Parity.ReduceUpdateRowsEveryOptimizer:Parity.Bf16MaskAndGroupSumAtEveryWidthAreTheCpuTwinsBitForBit:Parity.Layer0BitMaskIsTheGpuOutputsSignAndMasksAsYDoes:Parity.LinearBackwardMasksDxByTheLayerBelowsBitsOnTheGpu:Parity.ScoreItemsTracksTheCpuTwinAndForward:Parity.FusedScoreItemsTracksTheOpsItFuses:Parity.NeuMFScoresItemsInOneKernelWhereAsked:Parity.HitNdcgAccumulateAddsEachBatchsSumsOnTheDevice:Parity.TopForwardReadsItemRowsByIdAsGatheredOnTheGpu:Parity.Layer0ByItemOpsAreTheCpuTwinsBitForBit:Parity.NeuMFLayer0ByItemTracksTheCpuAndRepeatsItself:Parity.NegativesBitIdenticalToCpu:Parity.NarrowItemLookupStepIsTheWholeRowStepBitForBit:Parity.DenseAdamGivenColumnsAreTheirFirstRowSums:Parity.BadRowLeavesTablesAloneWithEveryOptimizer}"
@@ -41,12 +41,12 @@ fig_step_kernels() {
   [ -s "$out/step_kernels.json" ] || return 0
   python3 "$root/scripts/gpu_kit/fig_step_kernels.py" "$out/step_kernels.json"
 }
-do_step_train() {  # PRECISION KERNELS [FLAGS...]: 40 ml-20m-mlperf steps, each one's phases on its line
-  ours env NCF_STEP_KERNELS="$2" "$build/src/ncf_dist" --data_dir "$m20" \
+do_step_train() {  # PRECISION [FLAGS...]: 40 ml-20m-mlperf steps, each one's phases on its line
+  ours "$build/src/ncf_dist" --data_dir "$m20" \
     --preset ml-20m-mlperf --device cuda --precision "$1" --train_epochs 1 --max_steps 40 \
-    --no_eval --step_log --progress off "${@:3}"
+    --no_eval --step_log --progress off "${@:2}"
 }
-do_step_train_env() {  # "VAR=VALUE ..." PRECISION KERNELS: do_step_train with those variables
+do_step_train_env() {  # "VAR=VALUE ..." PRECISION [FLAGS...]: do_step_train with those variables
   local vars=$1
   shift
   # shellcheck disable=SC2086,SC2163  # one word per variable, each exported
@@ -80,30 +80,29 @@ run_step() {
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
   stage data_ml20m 0 240 fig_tail -- do_m20_data
-  local p k
+  local p
+  # step_PRECISION_streaming: the step as it runs (the name kept from when the legacy
+  # kernels ran beside it)
   for p in tf32 bf16; do
-    for k in legacy streaming; do
-      stage "step_${p}_${k}" 1 90 fig_step_train -- do_step_train "$p" "$k"
-    done
+    stage "step_${p}_streaming" 1 90 fig_step_train -- do_step_train "$p"
   done
   # each step after the first as one CUDA graph (--cuda_graph on), against streaming above
   for p in tf32 bf16; do
-    stage "step_${p}_graph" 1 90 fig_step_train -- do_step_train "$p" streaming --cuda_graph on
+    stage "step_${p}_graph" 1 90 fig_step_train -- do_step_train "$p" --cuda_graph on
   done
-  # the BF16 layers above layer 0 as GEMM + epilogue kernel (NCF_LT_BF16_OUT=0), the
-  # path their cuBLASLt BF16 epilogue replaced
-  stage step_bf16_no_lt_out 1 90 fig_step_train -- \
-    do_step_train_env NCF_LT_BF16_OUT=0 bf16 streaming
-  # Kernels kept selectable, each step_PRECISION_NAME with its variables, in this order:
-  #   whole_rows   the samples' item rows looked up and their gradients reduced whole, as
+  # The step's other variants, each as step_PRECISION_NAME:
+  #   whole_rows   (NCF_NARROW_ITEM_LOOKUP=0, not yet measured against the default) the
+  #                samples' item rows looked up and their gradients reduced whole, as
   #                before layer 0 read its runs' MLP columns from the item table and handed
   #                the update their gradient by item
-  #   by_sample    layer 0's items' half once per sample, the path layer 0 by item replaced
-  local v
-  for v in "whole_rows:NCF_NARROW_ITEM_LOOKUP=0" "by_sample:NCF_L0_BY_ITEM=0"; do
-    for p in tf32 bf16; do
-      stage "step_${p}_${v%%:*}" 1 90 fig_step_train -- do_step_train_env "${v#*:}" "$p" streaming
-    done
+  #   by_sample    (--layer0_by_item off, what CPU ranks run) layer 0's items' half once
+  #                per sample, the path layer 0 by item replaced on GPU ranks
+  for p in tf32 bf16; do
+    stage "step_${p}_whole_rows" 1 90 fig_step_train -- \
+      do_step_train_env NCF_NARROW_ITEM_LOOKUP=0 "$p"
+  done
+  for p in tf32 bf16; do
+    stage "step_${p}_by_sample" 1 90 fig_step_train -- do_step_train "$p" --layer0_by_item off
   done
   for p in tf32 bf16; do
     stage "train_${p}_throughput" 1 120 fig_thr -- train_m20 "train_${p}_throughput" \

@@ -14,7 +14,7 @@ namespace ncf {
 const char* blas_core_name() { return openblas_get_corename(); }
 
 void upgrade_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("NCF_NO_BLAS_UPGRADE")) return;
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
   const char* have = openblas_get_corename();
   const char* want = nullptr;
   __builtin_cpu_init();

@@ -230,11 +230,7 @@ std::atomic<bool> g_force_emulated{false};
 }  // namespace
 
 bool cpu_bf16_native() {
-  static const bool native = [] {
-    const char* env = std::getenv("NCF_CPU_BF16");
-    if (env && std::strcmp(env, "emulate") == 0) return false;
-    return bf16_isa();
-  }();
+  static const bool native = bf16_isa();
   return native && !g_force_emulated.load();
 }
 

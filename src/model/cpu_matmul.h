@@ -53,8 +53,7 @@ void cpu_matmul_bf16(const MatmulShape& shape, const uint16_t* A, const uint16_t
                      uint16_t* C_bf16, const MatmulEpilogue& epilogue);
 
 // Whether --precision bf16 products run on BF16 instructions on this CPU:
-// oneDNN's ISA includes AVX512-BF16 (or AMX). NCF_CPU_BF16=emulate in the
-// environment (read once) forces the emulated path, for tests and comparisons.
+// oneDNN's ISA includes AVX512-BF16 (or AMX), unless set_cpu_bf16_emulated(true).
 bool cpu_bf16_native();
 // Forces the emulated path (true) or goes back to what was detected (false),
 // process-wide; for tests that compare the two paths on one machine.

@@ -213,9 +213,9 @@ Layer0ByItem layer0_by_item_mode() { return g_layer0_by_item.load(); }
 
 Layer0ByItem parse_layer0_by_item(const std::string& value, const std::string& what) {
   if (value == "auto") return Layer0ByItem::kAuto;
-  if (value == "1") return Layer0ByItem::kOn;
-  if (value == "0") return Layer0ByItem::kOff;
-  NCF_FAIL(what, "=", value, ": expected auto, 1 or 0");
+  if (value == "on") return Layer0ByItem::kOn;
+  if (value == "off") return Layer0ByItem::kOff;
+  NCF_FAIL(what, " ", value, ": expected auto, on or off");
 }
 
 void NeuMF::layer0_items(const ExecContext& ctx, ItemKeys keys, int64_t B, bool bf16) {

@@ -61,12 +61,12 @@ void set_score_items_fused(bool on);
 // 1 GB per step (on CPU ranks the products are cheap against the passes it adds: 0.92×
 // for bf16 on an AMX core at batch 65,536); kOn on every device; kOff nowhere. The same
 // values up to the order of the sums of dW0[:, h:] (and a GEMM row's bits in either
-// shape). ncf_dist reads the mode from the environment variable NCF_L0_BY_ITEM.
+// shape). ncf_dist takes the mode from its flag --layer0_by_item.
 enum class Layer0ByItem { kAuto, kOn, kOff };
 void set_layer0_by_item(Layer0ByItem mode);
 Layer0ByItem layer0_by_item_mode();
-// "auto" | "1" | "0" → Layer0ByItem; anything else throws ncf::Error naming `what` and
-// the value.
+// "auto" | "on" | "off" (--layer0_by_item's values) → Layer0ByItem; anything else throws ncf::Error
+// naming `what` and the value.
 Layer0ByItem parse_layer0_by_item(const std::string& value, const std::string& what);
 
 // The samples' item ids for layer 0 by item: ids [n·S] (on the parameters' device), each in

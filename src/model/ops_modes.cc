@@ -1,12 +1,10 @@
-// ops_modes.h's modes and switches: process-wide atomics; the switches read the
-// environment at their first call.
+// ops_modes.h's modes and switches: process-wide atomics, set by the programs and tests.
 #include "model/ops_modes.h"
 
 #include <atomic>
 #include <string>
 
 #include "common/check.h"
-#include "common/env_switch.h"
 
 namespace ncf {
 
@@ -18,22 +16,16 @@ std::atomic<StepKernels> g_step_kernels{StepKernels::kStreaming};
 void set_step_kernels(StepKernels kernels) { g_step_kernels.store(kernels); }
 StepKernels step_kernels() { return g_step_kernels.load(); }
 
-StepKernels parse_step_kernels(const std::string& name, const std::string& what) {
-  if (name == "streaming") return StepKernels::kStreaming;
-  if (name == "legacy") return StepKernels::kLegacy;
-  NCF_FAIL(what, "=", name, ": expected streaming or legacy");
-}
-
 const char* step_kernels_name(StepKernels kernels) {
   return kernels == StepKernels::kLegacy ? "legacy" : "streaming";
 }
 
 namespace {
-std::atomic<int> g_lt_bf16_out{-1};  // -1: not read from the environment yet
+std::atomic<bool> g_lt_bf16_out{true};
 }  // namespace
 
-bool lt_bf16_out_enabled() { return env_switch(g_lt_bf16_out, "NCF_LT_BF16_OUT"); }
-void set_lt_bf16_out(bool on) { g_lt_bf16_out.store(on ? 1 : 0); }
+bool lt_bf16_out_enabled() { return g_lt_bf16_out.load(); }
+void set_lt_bf16_out(bool on) { g_lt_bf16_out.store(on); }
 
 void set_math_mode(MathMode mode) { g_math_mode.store(mode); }
 MathMode math_mode() { return g_math_mode.load(); }

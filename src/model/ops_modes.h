@@ -1,7 +1,7 @@
 // The process-wide modes and switches of the dense ops (model/ops.h): how a backward
 // op writes a parameter gradient, the tower GEMMs' arithmetic (MathMode), which kernels
-// run the step's element-wise and masked passes (StepKernels), and the switches that
-// keep a replaced GPU path selectable beside its replacement. The code is in
+// run the step's element-wise and masked passes (StepKernels), and the switch that
+// selects a replaced GPU path for the tests that hold its replacement against it. The code is in
 // ops_modes.cc (no CUDA twins).
 #pragma once
 
@@ -50,25 +50,22 @@ const char* math_mode_name(MathMode mode);
 //   kLegacy: the kernels before them (one element per thread with runtime
 //         divisions; masks stored in place inside the sums' loops, a conditional
 //         store between dependent loads) and NeuMF's unfused top (repeat_rows,
-//         gmf_*, concat/split_cols, head_*, bce_*), kept selectable to be
-//         measured beside the streaming ones in one binary.
+//         gmf_*, concat/split_cols, head_*, bce_*). They lost on a GPU (the step's
+//         time); no program selects them: they are what the parity tests hold the
+//         streaming kernels and the fused top against, and bench_kernels times both.
 // Both compute the same values: every element the same bits; the sums the same
 // bits on the CPU, and on the GPU the same bits except the fused top's (dw, dc,
 // the last bias gradient, the loss: another fixed order, within a double sum's
-// rounding). ncf_dist takes it from the environment variable NCF_STEP_KERNELS.
+// rounding).
 enum class StepKernels { kStreaming, kLegacy };
 void set_step_kernels(StepKernels kernels);
 StepKernels step_kernels();
-// "streaming" | "legacy" → StepKernels; anything else throws ncf::Error naming
-// `what` (where the value came from) and the value.
-StepKernels parse_step_kernels(const std::string& name, const std::string& what);
 const char* step_kernels_name(StepKernels kernels);
 
 // GPU linear_forward_bf16 as one cuBLASLt matmul whose epilogue writes the BF16
-// activations (true, the default) or, with the environment variable
-// NCF_LT_BF16_OUT=0, as the FP32 product and the epilogue kernel (the path it
-// replaced, on the same BF16 bias), kept selectable to be measured beside it. Read at the
-// first call; the setter (tests) overrides it.
+// activations (true, the default) or, after set_lt_bf16_out(false), as the FP32 product
+// and the epilogue kernel (the path it replaced, on the same BF16 bias; it lost on a
+// GPU): the parity tests' second computation of the same values, timed by bench_kernels.
 bool lt_bf16_out_enabled();
 void set_lt_bf16_out(bool on);
 

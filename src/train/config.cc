@@ -188,6 +188,13 @@ void add_device_flags(CLI::App& app, TrainConfig& c) {
                  "start-up line says why the step runs as it is")
       ->check(CLI::IsMember({"off", "on"}))
       ->capture_default_str();
+  app.add_option("--layer0_by_item", c.layer0_by_item,
+                 "layer 0's item half: once per distinct item of a batch that repeats its "
+                 "items, or once per sample (the same training up to float rounding): auto "
+                 "(by item on GPU ranks, per sample on CPU ranks, where it measured slower), on "
+                 "(by item on CPU ranks too), off (per sample everywhere)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--threads", c.threads,
                  "CPU kernel threads per rank (0: the cores its affinity mask allows, each shared "
                  "among the node's ranks that may run on it)")
@@ -310,6 +317,25 @@ void add_run_flags(CLI::App& app, TrainConfig& c) {
                  "evaluate a fixed subset of this many users, drawn with --seed (0: all; at "
                  "most the dataset's eval users)")
       ->capture_default_str();
+  app.add_option("--eval_scoring", c.eval_scoring,
+                 "auto: where the model and memory allow, each batch's items are scored once "
+                 "through their half of the tower and each user's candidates read from them "
+                 "(by items); per_sample: every (user, candidate) pair through the whole "
+                 "tower, as --exchange_dtype bf16 always does (the reference the by-items "
+                 "path is tested against; the same metrics up to float rounding)")
+      ->check(CLI::IsMember({"auto", "per_sample"}))
+      ->capture_default_str();
+  app.add_option("--eval_lists_cache", c.eval_lists_cache,
+                 "keep each rank's evaluation lists (users and candidates) in device memory "
+                 "between evaluations: auto (on GPU ranks where they fit, not with "
+                 "--eval_only), on (on any device: CPU ranks keep them in host memory), off "
+                 "(read them from the files at every evaluation)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_flag("--eval_phases", c.eval_phases,
+               "rank 0 prints where each evaluation's time went (prepare, read, upload, "
+               "lookup, score, metrics, full ranking); each phase waits for the device, "
+               "which slows the evaluation down");
   app.add_option("--metrics_json", c.metrics_json, "append one JSON line per epoch to this file");
   app.add_flag("--mlperf_log", c.mlperf_log, "print MLPerf-style :::MLLOG lines");
   app.add_option("--progress", c.progress,
@@ -386,7 +412,8 @@ void note_unused_flags(const CLI::App& app, TrainConfig& c) {
     if (never_read && app.count(flag) > 0) c.unused_flags.push_back(flag + (": " + why));
   };
   const bool no_eval = !c.eval_each_epoch && !c.eval_only;
-  for (const char* f : {"--topk", "--hr_threshold", "--eval_users", "--eval_full_ranking"})
+  for (const char* f : {"--topk", "--hr_threshold", "--eval_users", "--eval_full_ranking",
+                        "--eval_scoring", "--eval_lists_cache", "--eval_phases"})
     unused(f, no_eval, "no evaluation (--no_eval)");
   unused("--hr_threshold", c.eval_only, "--eval_only trains nothing to stop");
   unused("--tensorboard_every_steps", c.tensorboard_dir.empty(), "no --tensorboard_dir");
@@ -399,6 +426,7 @@ void note_unused_flags(const CLI::App& app, TrainConfig& c) {
   unused("--allow_changed_flags", c.resume == "never", "no --resume");
   unused("--init_optimizer_state", c.init_from.empty(), "no --init_from");
   unused("--cuda_graph", c.eval_only, "--eval_only trains no step");
+  unused("--layer0_by_item", c.eval_only, "--eval_only trains no step");
 }
 
 // The preset's values of the flags not given.

@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string precision = "tf32";  // tower GEMMs: tf32 (GPU only) | fp32 | bf16 (model/ops.h)
   int threads = 0;                 // CPU kernel threads per rank (0: cores / local ranks)
   std::string cuda_graph = "off";  // off | on: each training step as one CUDA graph (step_graph.h)
+  std::string layer0_by_item = "auto";  // auto | on | off (model/neumf.h Layer0ByItem)
   std::string embedding_optimizer = "dense_adam";
   // The embedding optimizer's rate: --embedding_lr when given (< 0: --learning_rate), else
   // default_embedding_lr's for the optimizer and preset; a resumed run without the flag
@@ -60,9 +61,12 @@ struct TrainConfig {
   int64_t max_steps = -1;       // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
-  bool eval_full_ranking = false;  // also rank each eval user's test item against all items
-  bool eval_only = false;          // evaluate the --resume checkpoint and stop
-  int64_t eval_users = 0;          // > 0: evaluate a fixed seeded subset of this many users
+  bool eval_full_ranking = false;         // also rank each eval user's test item against all items
+  bool eval_only = false;                 // evaluate the --resume checkpoint and stop
+  int64_t eval_users = 0;                 // > 0: evaluate a fixed seeded subset of this many users
+  std::string eval_scoring = "auto";      // auto | per_sample (Trainer::eval_by_items)
+  std::string eval_lists_cache = "auto";  // auto | on | off (Trainer::eval_lists_cached)
+  bool eval_phases = false;               // rank 0 prints where each evaluation's time went
   std::string metrics_json;
   bool mlperf_log = false;
   std::string progress = "auto";  // auto | on | off

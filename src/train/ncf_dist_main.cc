@@ -163,39 +163,22 @@ void note_flags_without_effect(const TrainConfig& cfg, const RankInfo& info, boo
                  "it has no effect\n");
 }
 
-// The kernel choices the environment makes (ops.h, step.h, neumf.h, vector_isa.h),
-// each with a note on rank 0.
-void apply_kernel_switches(bool lead) {
-  if (const char* k = std::getenv("NCF_STEP_KERNELS"); k && *k) {
-    set_step_kernels(parse_step_kernels(k, "environment variable NCF_STEP_KERNELS"));
-    if (lead)
-      std::fprintf(stderr,
-                   "ncf_dist: note: NCF_STEP_KERNELS=%s: the tower step runs the %s "
-                   "kernels\n",
-                   k, step_kernels_name(step_kernels()));
-  }
-  // The kernel choices turned off from the environment (step.h, ops.h).
-  const std::pair<bool, const char*> old_kernels[] = {
-      {narrow_item_lookups(),
-       "NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the gradients of, the "
-       "samples' whole item rows"},
-      {lt_bf16_out_enabled(),
-       "NCF_LT_BF16_OUT=0: BF16 layers above layer 0 run as the FP32 product and an epilogue "
-       "kernel"},
-  };
-  for (const auto& [on, what] : old_kernels)
-    if (lead && !on) std::fprintf(stderr, "ncf_dist: note: %s\n", what);
-  if (const char* v = std::getenv("NCF_L0_BY_ITEM"); v && *v) {
-    set_layer0_by_item(parse_layer0_by_item(v, "environment variable NCF_L0_BY_ITEM"));
-    if (lead && layer0_by_item_mode() == Layer0ByItem::kOff)
-      std::fprintf(stderr,
-                   "ncf_dist: note: NCF_L0_BY_ITEM=0: layer 0 takes its items' half once per "
-                   "sample\n");
-    if (lead && layer0_by_item_mode() == Layer0ByItem::kOn)
-      std::fprintf(stderr,
-                   "ncf_dist: note: NCF_L0_BY_ITEM=1: layer 0 takes its items' half once per "
-                   "distinct item of a batch, on CPU ranks too\n");
-  }
+// The kernel choices of the flags and of the environment (neumf.h, step.h,
+// vector_isa.h), each other than the default with a note on rank 0.
+void apply_kernel_switches(const TrainConfig& cfg, bool lead) {
+  set_layer0_by_item(parse_layer0_by_item(cfg.layer0_by_item, "--layer0_by_item"));
+  if (lead && layer0_by_item_mode() == Layer0ByItem::kOff)
+    std::fprintf(stderr,
+                 "ncf_dist: note: --layer0_by_item off: layer 0 takes its items' half once per "
+                 "sample\n");
+  if (lead && layer0_by_item_mode() == Layer0ByItem::kOn)
+    std::fprintf(stderr,
+                 "ncf_dist: note: --layer0_by_item on: layer 0 takes its items' half once per "
+                 "distinct item of a batch, on CPU ranks too\n");
+  if (lead && !narrow_item_lookups())
+    std::fprintf(stderr,
+                 "ncf_dist: note: NCF_NARROW_ITEM_LOOKUP=0: the step looks up, and reduces the "
+                 "gradients of, the samples' whole item rows\n");
   // Every rank refuses a bad value alike, before any collective.
   if (vector_isa_from_environment() && lead)
     std::fprintf(stderr, "ncf_dist: note: NCF_VECTOR_ISA=%s: CPU loops on the %s path\n",
@@ -432,7 +415,7 @@ int train_main(int& argc, char**& argv) {
   const CpuReport cpu = cpu_report(rt, "ncf_dist");
   for (const std::string& w : cpu.warnings) std::fprintf(stderr, "%s\n", w.c_str());
   set_math_mode(parse_math_mode(cfg.precision));
-  apply_kernel_switches(lead);
+  apply_kernel_switches(cfg, lead);
   check_flags_against_data(cfg, DatasetMeta::load(cfg.data_dir), lead);
   // Taken before any rank writes anything, released when this function is left.
   const std::unique_ptr<CheckpointLock> lock = take_checkpoint_lock(cfg, *comm);

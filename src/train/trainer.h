@@ -34,7 +34,7 @@
 namespace ncf {
 
 class TensorBoardWriter;  // train/tensorboard.h
-class EvalPhases;         // train/trainer_eval.cc (NCF_EVAL_PHASES)
+class EvalPhases;         // train/trainer_eval.cc (--eval_phases)
 
 struct EpochResult {
   int64_t epoch = 0;
@@ -119,13 +119,13 @@ class Trainer : public ScoringModel {
   EvalResult evaluate();
   // Whether evaluate() scores against the item table (NeuMF::score_items): a
   // hidden layer and the fused top, FP32 rows on the wire (the rows the lookups
-  // would bring), and eval_items_fit (memory_estimate.h); NCF_EVAL_ITEMS=0 turns
-  // it off.
+  // would bring), and eval_items_fit (memory_estimate.h); --eval_scoring per_sample
+  // turns it off.
   bool eval_by_items() const;
   // Whether evaluate() keeps the lists on the device after the first evaluation and reads
   // them from there: GPU ranks whose lists fit eval_lists_cache_bytes (memory_estimate.h),
-  // not with full ranking (it reads the host lists) or --eval_only. NCF_EVAL_CACHE=0 turns
-  // it off, NCF_EVAL_CACHE=1 on, on any device.
+  // not with full ranking (it reads the host lists) or --eval_only. --eval_lists_cache off
+  // turns it off, on turns it on, on any device.
   bool eval_lists_cached() const;
   // Loads a found checkpoint (resume(), ncf_recommend): its dataset must be
   // this one, and its flags this run's (with --eval_only: its shape flags).

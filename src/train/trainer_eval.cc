@@ -24,15 +24,13 @@ using trainer_detail::seconds_since;
 
 }  // namespace
 
-// NCF_EVAL_PHASES=1: where one evaluation's time goes, for benchmarks. Each phase
+// --eval_phases: where one evaluation's time goes, for benchmarks. Each phase
 // ends with a wait for the device, so its work is counted in it (and the waits slow
 // the evaluation down); rank 0 prints the seconds per phase.
 class EvalPhases {
  public:
   enum Phase { kPrepare, kRead, kUpload, kLookup, kScore, kMetrics, kFullRanking, kCount };
-  EvalPhases(Device dev, bool lead) : dev_(dev), lead_(lead) {
-    const char* e = std::getenv("NCF_EVAL_PHASES");
-    on_ = e != nullptr && std::string(e) == "1";
+  EvalPhases(Device dev, bool lead, bool on) : dev_(dev), lead_(lead), on_(on) {
     last_ = Clock::now();
   }
   // The time since the previous end (or the start) was spent in `p`.
@@ -68,7 +66,7 @@ class EvalPhases {
 
 EvalResult Trainer::evaluate() {
   auto t0 = Clock::now();
-  EvalPhases phases(ctx_.device, comm_.rank() == 0);
+  EvalPhases phases(ctx_.device, comm_.rank() == 0, cfg_.eval_phases);
   const int W = comm_.world();
   const int64_t L = meta_.eval_negatives + 1;
   const int64_t per_batch = std::max<int64_t>(1, cfg_.eval_batch_size / L);
@@ -271,9 +269,8 @@ EvalResult Trainer::eval_result(const double* sums, bool full) const {
 }
 
 bool Trainer::eval_lists_cached() const {
-  const char* env = std::getenv("NCF_EVAL_CACHE");
-  if (env != nullptr && std::string(env) == "0") return false;
-  if (env != nullptr && std::string(env) == "1") return true;  // any device (tests)
+  if (cfg_.eval_lists_cache == "off") return false;
+  if (cfg_.eval_lists_cache == "on") return true;  // any device
   if (ctx_.device != Device::kCuda || cfg_.eval_only) return false;
   const int W = comm_.world();
   return eval_lists_cache_bytes(int64_t((meta_.num_eval_users + W - 1) / W),
@@ -281,8 +278,7 @@ bool Trainer::eval_lists_cached() const {
 }
 
 bool Trainer::eval_by_items() const {
-  const char* env = std::getenv("NCF_EVAL_ITEMS");
-  if (env != nullptr && std::string(env) == "0") return false;
+  if (cfg_.eval_scoring == "per_sample") return false;
   if (!model_->can_score_items()) return false;
   if (parse_wire_dtype(cfg_.exchange_dtype) != WireDType::kFloat32) return false;
   const NeuMFConfig& mc = model_->config();
