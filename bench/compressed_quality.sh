@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quality of the compressed-embedding options against FP32 + dense Adam, and the sweep
-# behind the embedding optimizers' default rates: HR@10 and NDCG@10 on the synthetic ml-1m
-# shape (6,040 users, 3,706 items, 99 eval negatives) under two protocols:
+# behind the embedding optimizers' default rates: HR@10 and NDCG@10 on a synthetic shape
+# (--shape: ml-1m, 6,040 users, 3,706 items, about 1M ratings, the default; or ml-100k,
+# 943 users, 1,682 items, 100,000 ratings), 99 eval negatives, under two protocols:
 #   paper   --preset ncf-paper (batch 256, lr 0.001, factors 8, layers 64,32,16,8, 4
 #           negatives), --epochs epochs (20: the preset's whole schedule)
 #   large   the same model at batch 65,536 with lr 0.004 (few, large steps: ml-20m-like,
@@ -20,7 +21,7 @@
 #   bash bench/compressed_quality.sh [--compare paper] [--sweep paper,large]
 #        [--epochs 20] [--large_epochs 10] [--seeds 1,2,3] [--ranks 2] [--jobs 2]
 #        [--sgd_lrs 10,30,100] [--adagrad_lrs 3,10,30] [--rowwise_lrs 0.03,0.1,0.3]
-#        [--out DIR] [--data DIR]
+#        [--shape ml-1m|ml-100k] [--out DIR] [--data DIR]
 #
 # Writes OUT/runs/<protocol>-<option>[-s<seed>].{jsonl,log}, OUT/runs.tsv and
 # OUT/quality.md. Not a test: the figures are a model's quality on synthetic data.
@@ -43,7 +44,8 @@ rowwise_lrs=0.03,0.1,0.3
 source "$root/bench/lib.sh"
 commit=$(bench_commit "$root")
 out="$root/bench/results/compressed_quality_$(date -u +%F)_$commit"
-data=/var/tmp/ncf-bench/ml1m-shape-99
+shape=ml-1m
+data=
 while [ $# -gt 0 ]; do
   case "$1" in
     --compare) compare="$2"; shift 2 ;;
@@ -58,6 +60,7 @@ while [ $# -gt 0 ]; do
     --rowwise_lrs) rowwise_lrs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --data) data="$2"; shift 2 ;;
+    --shape) shape="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -70,6 +73,12 @@ done
 for v in compare sweep; do
   [[ "${!v}" =~ ^((paper|large)(,(paper|large))*)?$ ]] || die "--$v '${!v}' (paper, large or both)"
 done
+case "$shape" in
+  ml-1m) shape_flags=(--synthetic ml-1m) ;;
+  ml-100k) shape_flags=(--synthetic custom --users 943 --items 1682 --interactions 100000) ;;
+  *) die "--shape '$shape' (ml-1m or ml-100k)" ;;
+esac
+data="${data:-/var/tmp/ncf-bench/${shape/-/}-shape-99}"
 IFS=, read -r -a COMPARE <<<"$compare"
 IFS=, read -r -a SWEEP <<<"$sweep"
 IFS=, read -r -a SEEDS <<<"$seeds"
@@ -79,14 +88,14 @@ bench_programs "$build"  # sets dist, prep
 mkdir -p "$out/runs"
 if [ ! -f "$data/metadata.json" ]; then
   mkdir -p "$(dirname "$data")"
-  "$prep" --synthetic ml-1m --eval_negatives 99 --output "$data" --progress off >"$out/prep.log" 2>&1 ||
+  "$prep" "${shape_flags[@]}" --eval_negatives 99 --output "$data" --progress off >"$out/prep.log" 2>&1 ||
     { cat "$out/prep.log" >&2; die "ncf_prep failed"; }
 fi
 {
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $commit (ncf_dist: $build)"
   echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-  echo "data: $data (synthetic ml-1m shape, $(tr -d '\n ' <"$data/metadata.json" | grep -o '"num_users":[0-9]*' | head -1))"
+  echo "data: $data (synthetic $shape shape: $(tr -d '\n ' <"$data/metadata.json" | grep -o '"num_\(users\|items\|train\)":[0-9]*' | head -3 | tr '\n' ' '))"
   echo "settings: epochs $epochs (paper) / $large_epochs (large); compare: ${compare:-none}, seeds $seeds"
   echo "  at $ranks rank(s); sweep: ${sweep:-none}, one rank, seed ${SEEDS[0]},"
   echo "  sgd $sgd_lrs, adagrad $adagrad_lrs, rowwise_adagrad $rowwise_lrs"
