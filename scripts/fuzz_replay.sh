@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# CI's fuzzing step (scripts/run_tests.sh runs it after ctest): builds the fuzz
+# CI's fuzzing step (scripts/run_tests.sh runs it beside the tests): builds the fuzz
 # targets (scripts/fuzz_build.sh: clang, libFuzzer, ASan + UBSan), replays
 # every seed (fuzz/corpus/<t>) and every finding's reproducer
 # (fuzz/regressions/<t>) once under the sanitizers, then fuzzes each target
 # for a few seconds from them (NCF_FUZZ_SECONDS, default 5), nproc targets at
 # a time. What the short runs learn is thrown away; what they find is kept in
 # build-fuzz/ci/findings/<t>/ and fails the step, with the log's end printed.
+# NCF_FUZZ_INPUT_TIMEOUT (default 10) is the seconds of wall time after which one input is
+# a hang: run_tests.sh raises it, running this at the lowest CPU priority beside the tests.
 #   bash scripts/fuzz_replay.sh [target ...]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +27,10 @@ echo "fuzz_replay: built the fuzz targets in $((SECONDS - t0)) s" >&2
 ci="$build/ci"
 rm -rf "$ci"
 mkdir -p "$ci"
-flags=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048)
+input_timeout="${NCF_FUZZ_INPUT_TIMEOUT:-10}"
+[[ "$input_timeout" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "fuzz_replay: NCF_FUZZ_INPUT_TIMEOUT '$input_timeout' is not a positive number of seconds" >&2; exit 2; }
+flags=(-timeout="$input_timeout" -rss_limit_mb=2048 -malloc_limit_mb=2048)
 # Stack traces for undefined behaviour too (ASan prints its own).
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 

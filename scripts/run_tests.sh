@@ -10,24 +10,34 @@ phase_done() {
   echo "run_tests: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"
   phase_start=$SECONDS
 }
+# Every package first, in one apt run: the build's, ShellCheck (the GPU kit's shell check;
+# test-only, so not in the build's list nor the image's) and the fuzz build's (clang, its
+# libFuzzer and sanitizer runtimes, lld, llvm). Nothing below then runs apt beside another
+# apt. The PyTorch checks of bench/pytorch_variants.py run where Debian's python3-torch is
+# installed and are listed as skipped elsewhere: it brings about 200 packages (OpenCV, Qt,
+# GTK), minutes of a fresh machine's test run; they run before every GPU window
+# (docs/gpu_machines.md).
+bash "$root/scripts/setup.sh" shellcheck clang libclang-rt-14-dev lld llvm
+phase_done packages
+build="${NCF_BUILD_DIR:-$root/build}"
+# Every reader of outside bytes under libFuzzer with ASan and UBSan (fuzz/, build-fuzz/
+# with clang): each seed and each finding's reproducer replayed, then a few seconds of
+# fuzzing per target. It runs beside the phases below at the lowest CPU priority, in a
+# session of its own, on the CPU they leave idle (waits for launches, heartbeats and lost
+# hosts: about a fifth of the run's CPU); an input is a hang after 300 s of wall time
+# there instead of 10, as the others may hold the CPU. Its log is printed at the end, and
+# its failure fails the run; it is stopped if the run ends first.
+fuzz_log="$build.fuzz.log"
+mkdir -p "$(dirname "$fuzz_log")"
+NCF_FUZZ_INPUT_TIMEOUT=300 setsid nice -n 19 bash "$root/scripts/fuzz_replay.sh" \
+  >"$fuzz_log" 2>&1 </dev/null &
+fuzz_pid=$!
+trap 'kill -TERM -- "-$fuzz_pid" 2>/dev/null || true' EXIT
 bash "$root/scripts/build.sh"
 phase_done build
-# The GPU kit's shell check needs ShellCheck: a test-only package, so not in the build's
-# list (nor the image's). The PyTorch checks of bench/pytorch_variants.py run where
-# Debian's python3-torch is installed and are listed as skipped elsewhere: it brings about
-# 200 packages (OpenCV, Qt, GTK), minutes of a fresh machine's test run; they run before
-# every GPU window (docs/gpu_machines.md).
-bash "$root/scripts/setup.sh" shellcheck
-phase_done "test packages"
-build="${NCF_BUILD_DIR:-$root/build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
 phase_done ctest
-# Every reader of outside bytes under libFuzzer with ASan and UBSan (fuzz/):
-# each seed and each finding's reproducer replayed, then a few seconds of
-# fuzzing per target. Builds build-fuzz/ with clang (installed when missing).
-bash "$root/scripts/fuzz_replay.sh"
-phase_done fuzz
 # Preemption under a real one-node Slurm cluster (tests/slurm/): needs root to
 # run slurmd; installs Debian's Slurm and munge on first use.
 if [ "$(id -u)" -eq 0 ]; then
@@ -41,3 +51,13 @@ phase_done "slurm preemption"
 # two-hop exchange). Needs root; each test says why when it is skipped.
 bash "$root/tests/cluster/run_all.sh" "$build"
 phase_done "simulated hosts"
+fuzz_rc=0
+wait "$fuzz_pid" || fuzz_rc=$?
+trap - EXIT
+grep '^fuzz_replay' "$fuzz_log" || true
+phase_done "fuzz (beside the phases above; the wait for its end)"
+if [ "$fuzz_rc" -ne 0 ]; then
+  echo "run_tests: scripts/fuzz_replay.sh failed (exit $fuzz_rc); its log, $fuzz_log:" >&2
+  tail -n 80 "$fuzz_log" >&2
+  exit "$fuzz_rc"
+fi
