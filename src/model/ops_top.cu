@@ -267,6 +267,48 @@ __global__ void __launch_bounds__(kThreads, top_forward_min_blocks<J, TA, kPiece
   }
 }
 
+// The end of neumf_top_backward_kernel<J>: each warp's lane sums into shared memory, then
+// thread c adds column c's over the warps in warp order (dc and the loss also over lanes, in
+// lane order) into partial[blockIdx.x, c] (neumf_top_partial_cols columns).
+template <int J>
+__device__ __forceinline__ void top_backward_block_sums(double (&sh)[kTopWarps][kTopSlots][32],
+                                                        const double (&dwg)[J],
+                                                        const double (&dwa)[J],
+                                                        const double (&dbs)[J], double dcl,
+                                                        double lossl, int mf, int last,
+                                                        double* __restrict__ partial) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {  // the combine below reads slots j < J only
+    sh[warp][j][lane] = dwg[j];
+    sh[warp][kTopMaxJ + j][lane] = dwa[j];
+    sh[warp][2 * kTopMaxJ + j][lane] = dbs[j];
+  }
+  sh[warp][3 * kTopMaxJ][lane] = dcl;
+  sh[warp][3 * kTopMaxJ + 1][lane] = lossl;
+  __syncthreads();
+  const int jg = (mf + 31) / 32, ja = (last + 31) / 32;
+  const int C = 32 * (jg + 2 * ja) + 2;
+  for (int col = threadIdx.x; col < C; col += kThreads) {
+    double total = 0.0;
+    if (col >= C - 2) {  // dc or the loss: every lane of every warp
+      const int slot = 3 * kTopMaxJ + (col - (C - 2));
+      for (int v = 0; v < kTopWarps; ++v)
+        for (int l = 0; l < 32; ++l) total += sh[v][slot][l];
+    } else {
+      int slot;
+      if (col < 32 * jg)
+        slot = col / 32;
+      else if (col < 32 * (jg + ja))
+        slot = kTopMaxJ + (col - 32 * jg) / 32;
+      else
+        slot = 2 * kTopMaxJ + (col - 32 * (jg + ja)) / 32;
+      for (int v = 0; v < kTopWarps; ++v) total += sh[v][slot][col % 32];
+    }
+    partial[static_cast<int64_t>(blockIdx.x) * C + col] = total;
+  }
+}
+
 // Block x takes groups [x·kNeumfTopGroups, …), warp v of them v, v + 8, …; each
 // lane sums its columns' terms over its warp's rows (in double, row order), then
 // the block adds its warps' sums in warp order (dc and the loss also over lanes,
@@ -377,35 +419,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
   }
 
-#pragma unroll
-  for (int j = 0; j < J; ++j) {  // the combine below reads slots j < J only
-    sh[warp][j][lane] = dwg[j];
-    sh[warp][kTopMaxJ + j][lane] = dwa[j];
-    sh[warp][2 * kTopMaxJ + j][lane] = dbs[j];
-  }
-  sh[warp][3 * kTopMaxJ][lane] = dcl;
-  sh[warp][3 * kTopMaxJ + 1][lane] = lossl;
-  __syncthreads();
-  const int jg = (mf + 31) / 32, ja = (last + 31) / 32;
-  const int C = 32 * (jg + 2 * ja) + 2;
-  for (int col = threadIdx.x; col < C; col += kThreads) {
-    double total = 0.0;
-    if (col >= C - 2) {  // dc or the loss: every lane of every warp
-      const int slot = 3 * kTopMaxJ + (col - (C - 2));
-      for (int v = 0; v < kTopWarps; ++v)
-        for (int l = 0; l < 32; ++l) total += sh[v][slot][l];
-    } else {
-      int slot;
-      if (col < 32 * jg)
-        slot = col / 32;
-      else if (col < 32 * (jg + ja))
-        slot = kTopMaxJ + (col - 32 * jg) / 32;
-      else
-        slot = 2 * kTopMaxJ + (col - 32 * (jg + ja)) / 32;
-      for (int v = 0; v < kTopWarps; ++v) total += sh[v][slot][col % 32];
-    }
-    partial[static_cast<int64_t>(blockIdx.x) * C + col] = total;
-  }
+  top_backward_block_sums<J>(sh, dwg, dwa, dbs, dcl, lossl, mf, last, partial);
 }
 
 // Where each partial column's total goes (neumf_top_partial_cols' layout).

@@ -155,18 +155,12 @@ __device__ __forceinline__ void score_layer_any(const uint16_t* X, int ldx, cons
     score_layer<1, 1, kWarps>(X, ldx, W, ldw, bias, Y, ldy, in, out, scratch, warp, lane, rows);
 }
 
-// kRows candidates per tile, kRows / 8 warps (each warp's share of the top is 8 rows);
-// J columns per lane of F = mf + last, as neumf_top_forward_kernel<J>.
-template <int kRows, int J>
-__global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreArgs a) {
-  constexpr int kWarps = kRows / 8;
-  constexpr int kThr = 32 * kWarps;
-  constexpr int kTopRows = J >= 8 ? 2 : (J >= 4 ? 4 : 8);  // rows in flight, as the top's
-  extern __shared__ __align__(kScoreAlign) unsigned char smem[];
+// Once per block: the weights of the layers above layer 0 into shared memory (16-byte rows
+// where aligned), their biases widened, and layer 0's bias.
+template <int kThr>
+__device__ __forceinline__ void score_stage_weights(const ScoreArgs& a, unsigned char* smem,
+                                                    int tid) {
   const ScoreLayout& s = a.s;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // Once per block: the weights (16-byte rows where aligned), the biases widened.
   for (int l = 0; l < a.L; ++l) {
     const int in = a.in[l], out = a.out[l], ld = in + kScorePad;
     uint16_t* ws = reinterpret_cast<uint16_t*>(smem + s.w[l]);
@@ -189,6 +183,125 @@ __global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreAr
   }
   float* b0s = reinterpret_cast<float*>(smem + s.b0);
   for (int j = tid; j < a.w0; j += kThr) b0s[j] = a.b0 ? a.b0[j] : 0.0f;
+}
+
+// Layer 0 of a tile of m rows (of kRows): bf16(relu((P[id] + b0) + U0[user])) into buf0,
+// eight columns per thread and four octets' loads issued before their adds; rows past the
+// batch are zeros.
+template <int kRows, int kThr>
+__device__ __forceinline__ void score_layer0(const ScoreArgs& a, const int32_t* sid,
+                                             const int32_t* suser, const float* b0s, uint16_t* buf0,
+                                             int m, int tid) {
+  const int oct = a.w0 / 8, total = kRows * oct, ld0 = a.w0 + kScorePad;
+  constexpr int kU = 4;
+  for (int q0 = tid; q0 < total; q0 += kU * kThr) {
+    float4 z[kU][2], g[kU][2];
+    int rr[kU], jj[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int q = q0 + u * kThr;
+      rr[u] = q / oct;
+      jj[u] = (q - rr[u] * oct) * 8;
+      z[u][0] = z[u][1] = g[u][0] = g[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (q < total && rr[u] < m) {
+        const float4* zp =
+            reinterpret_cast<const float4*>(a.P + int64_t{sid[rr[u]]} * a.w0 + jj[u]);
+        const float4* gp =
+            reinterpret_cast<const float4*>(a.U0 + int64_t{suser[rr[u]]} * a.w0 + jj[u]);
+        z[u][0] = __ldg(zp);
+        z[u][1] = __ldg(zp + 1);
+        g[u][0] = __ldg(gp);
+        g[u][1] = __ldg(gp + 1);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int q = q0 + u * kThr;
+      if (q >= total) continue;
+      uint4 st = make_uint4(0u, 0u, 0u, 0u);
+      if (rr[u] < m) {
+        const float zv[8] = {z[u][0].x, z[u][0].y, z[u][0].z, z[u][0].w,
+                             z[u][1].x, z[u][1].y, z[u][1].z, z[u][1].w};
+        const float gv[8] = {g[u][0].x, g[u][0].y, g[u][0].z, g[u][0].w,
+                             g[u][1].x, g[u][1].y, g[u][1].z, g[u][1].w};
+        const float4 bl0 = *reinterpret_cast<const float4*>(b0s + jj[u]);
+        const float4 bl1 = *reinterpret_cast<const float4*>(b0s + jj[u] + 4);
+        const float bv[8] = {bl0.x, bl0.y, bl0.z, bl0.w, bl1.x, bl1.y, bl1.z, bl1.w};
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = relu_of(__fadd_rn(__fadd_rn(zv[e], bv[e]), gv[e]));
+        st = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
+                        bf16_pair(v[6], v[7]));
+      }
+      *reinterpret_cast<uint4*>(buf0 + rr[u] * ld0 + jj[u]) = st;
+    }
+  }
+}
+
+// The top of a tile of m rows (of kRows) starting at row0, from the last layer's output A
+// (row stride lda; columns [mf, F) of the top): warp v takes rows v, v + kWarps, …,
+// kTopRows at a time, every load of a round issued before its sums; each logit as
+// neumf_top_forward_kernel<J> sums it.
+template <int kRows, int kWarps, int kTopRows, int J>
+__device__ __forceinline__ void score_top(const ScoreArgs& a, const uint16_t* A, int lda, int mf,
+                                          int F, const int32_t* sid, const int32_t* suser,
+                                          const float (&wk)[J], float c0, int row0, int m, int warp,
+                                          int lane) {
+  for (int t0 = 0; t0 < kRows / kWarps; t0 += kTopRows) {
+    float u[kTopRows][J], hi[kTopRows][J];
+    uint16_t ha[kTopRows][J];
+#pragma unroll
+    for (int r = 0; r < kTopRows; ++r) {
+      const int row = warp + kWarps * (t0 + r);
+      const int64_t p = suser[row], id = sid[row];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int k = lane + 32 * j;
+        u[r][j] = hi[r][j] = 0.0f;
+        ha[r][j] = 0;
+        if (row < m) {
+          if (k < mf) {
+            u[r][j] = a.urows[p * a.ldu + k];
+            hi[r][j] = a.irows[id * a.ldi + k];
+          } else if (k < F) {
+            ha[r][j] = A[row * lda + (k - mf)];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kTopRows; ++r) {
+      const int row = warp + kWarps * (t0 + r);
+      if (row < m) {  // uniform across the warp
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int k = lane + 32 * j;
+          if (k < F) {
+            const float hv = k < mf ? __fmul_rn(u[r][j], hi[r][j]) : bf16_bits_to_float(ha[r][j]);
+            acc += hv * wk[j];
+          }
+        }
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) a.logits[row0 + row] = acc + c0;
+      }
+    }
+  }
+}
+
+// kRows candidates per tile, kRows / 8 warps (each warp's share of the top is 8 rows);
+// J columns per lane of F = mf + last, as neumf_top_forward_kernel<J>.
+template <int kRows, int J>
+__global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreArgs a) {
+  constexpr int kWarps = kRows / 8;
+  constexpr int kThr = 32 * kWarps;
+  constexpr int kTopRows = J >= 8 ? 2 : (J >= 4 ? 4 : 8);  // rows in flight, as the top's
+  extern __shared__ __align__(kScoreAlign) unsigned char smem[];
+  const ScoreLayout& s = a.s;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  score_stage_weights<kThr>(a, smem, tid);
+  const float* b0s = reinterpret_cast<const float*>(smem + s.b0);
   float* scratch = reinterpret_cast<float*>(smem + s.scratch) + warp * 256;
   int32_t* sid = reinterpret_cast<int32_t*>(smem + s.meta);
   int32_t* suser = sid + kRows;
@@ -218,55 +331,7 @@ __global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreAr
              : 0;
     }
     __syncthreads();
-
-    // Layer 0: bf16(relu((P[id] + b0) + U0[user])), eight columns per thread and
-    // four octets' loads issued before their adds; rows past the batch are zeros.
-    {
-      const int oct = a.w0 / 8, total = kRows * oct, ld0 = a.w0 + kScorePad;
-      constexpr int kU = 4;
-      for (int q0 = tid; q0 < total; q0 += kU * kThr) {
-        float4 z[kU][2], g[kU][2];
-        int rr[kU], jj[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int q = q0 + u * kThr;
-          rr[u] = q / oct;
-          jj[u] = (q - rr[u] * oct) * 8;
-          z[u][0] = z[u][1] = g[u][0] = g[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (q < total && rr[u] < m) {
-            const float4* zp =
-                reinterpret_cast<const float4*>(a.P + int64_t{sid[rr[u]]} * a.w0 + jj[u]);
-            const float4* gp =
-                reinterpret_cast<const float4*>(a.U0 + int64_t{suser[rr[u]]} * a.w0 + jj[u]);
-            z[u][0] = __ldg(zp);
-            z[u][1] = __ldg(zp + 1);
-            g[u][0] = __ldg(gp);
-            g[u][1] = __ldg(gp + 1);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int q = q0 + u * kThr;
-          if (q >= total) continue;
-          uint4 st = make_uint4(0u, 0u, 0u, 0u);
-          if (rr[u] < m) {
-            const float zv[8] = {z[u][0].x, z[u][0].y, z[u][0].z, z[u][0].w,
-                                 z[u][1].x, z[u][1].y, z[u][1].z, z[u][1].w};
-            const float gv[8] = {g[u][0].x, g[u][0].y, g[u][0].z, g[u][0].w,
-                                 g[u][1].x, g[u][1].y, g[u][1].z, g[u][1].w};
-            const float4 bl0 = *reinterpret_cast<const float4*>(b0s + jj[u]);
-            const float4 bl1 = *reinterpret_cast<const float4*>(b0s + jj[u] + 4);
-            const float bv[8] = {bl0.x, bl0.y, bl0.z, bl0.w, bl1.x, bl1.y, bl1.z, bl1.w};
-            float v[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = relu_of(__fadd_rn(__fadd_rn(zv[e], bv[e]), gv[e]));
-            st = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
-                            bf16_pair(v[6], v[7]));
-          }
-          *reinterpret_cast<uint4*>(buf0 + rr[u] * ld0 + jj[u]) = st;
-        }
-      }
-    }
+    score_layer0<kRows, kThr>(a, sid, suser, b0s, buf0, m, tid);
     __syncthreads();
 
     // The layers above: layer l + 1's output from buf[l % 2] into buf[(l + 1) % 2].
@@ -279,53 +344,8 @@ __global__ void __launch_bounds__(kRows * 4, 1) score_items_kernel(const ScoreAr
       __syncthreads();
     }
 
-    // The top: warp v takes rows v, v + kWarps, …, kTopRows at a time, every load of a
-    // round issued before its sums; each logit as neumf_top_forward_kernel<J> sums it.
-    {
-      const uint16_t* A = buf(a.L);
-      const int lda = last + kScorePad;
-      for (int t0 = 0; t0 < kRows / kWarps; t0 += kTopRows) {
-        float u[kTopRows][J], hi[kTopRows][J];
-        uint16_t ha[kTopRows][J];
-#pragma unroll
-        for (int r = 0; r < kTopRows; ++r) {
-          const int row = warp + kWarps * (t0 + r);
-          const int64_t p = suser[row], id = sid[row];
-#pragma unroll
-          for (int j = 0; j < J; ++j) {
-            const int k = lane + 32 * j;
-            u[r][j] = hi[r][j] = 0.0f;
-            ha[r][j] = 0;
-            if (row < m) {
-              if (k < mf) {
-                u[r][j] = a.urows[p * a.ldu + k];
-                hi[r][j] = a.irows[id * a.ldi + k];
-              } else if (k < F) {
-                ha[r][j] = A[row * lda + (k - mf)];
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < kTopRows; ++r) {
-          const int row = warp + kWarps * (t0 + r);
-          if (row < m) {  // uniform across the warp
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-              const int k = lane + 32 * j;
-              if (k < F) {
-                const float hv =
-                    k < mf ? __fmul_rn(u[r][j], hi[r][j]) : bf16_bits_to_float(ha[r][j]);
-                acc += hv * wk[j];
-              }
-            }
-            for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-            if (lane == 0) a.logits[row0 + row] = acc + c0;
-          }
-        }
-      }
-    }
+    score_top<kRows, kWarps, kTopRows, J>(a, buf(a.L), last + kScorePad, mf, F, sid, suser, wk, c0,
+                                          row0, m, warp, lane);
     __syncthreads();  // the tile's buffers and ids are read before the next tile's land
   }
 }
