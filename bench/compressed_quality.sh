@@ -10,7 +10,9 @@
 # Stages, each on the protocols it names (--compare, --sweep; "" for none):
 #   compare  for each seed of --seeds at --ranks W ranks (mpirun --oversubscribe when
 #            W > 1): FP32 + dense Adam; --exchange_dtype bf16; --table_dtype bf16; both;
-#            --embedding_optimizer rowwise_adagrad at its default rate (no --embedding_lr).
+#            --embedding_optimizer rowwise_adagrad at its default rate (no --embedding_lr);
+#            and the control, fp32_reordered (--dedup on: the same model, float sums in
+#            another order), whose difference is the noise of any change.
 #            The table gives each option's mean over the seeds, the spread (min..max) and
 #            its difference from dense Adam of the same seed.
 #   sweep    one rank, the first seed: sgd, adagrad and rowwise_adagrad at each rate of
@@ -95,7 +97,7 @@ fi
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $commit (ncf_dist: $build)"
   echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
-  echo "data: $data (synthetic $shape shape: $(tr -d '\n ' <"$data/metadata.json" | grep -o '"num_\(users\|items\|train\)":[0-9]*' | head -3 | tr '\n' ' '))"
+  echo "data: $data (synthetic $shape shape: $(tr -d '\n ' <"$data/metadata.json" | grep -o '"num_\(users\|items\|train\)":[0-9]*' | sort -u | tr '\n' ' '))"
   echo "settings: epochs $epochs (paper) / $large_epochs (large); compare: ${compare:-none}, seeds $seeds"
   echo "  at $ranks rank(s); sweep: ${sweep:-none}, one rank, seed ${SEEDS[0]},"
   echo "  sgd $sgd_lrs, adagrad $adagrad_lrs, rowwise_adagrad $rowwise_lrs"
@@ -136,6 +138,10 @@ for st in compare sweep; do
       done
       for s in "${SEEDS[@]}"; do
         queue "$p" "$p-fp32_dense_adam-s$s" "$ranks" "$s"
+        # The control: FP32 with each step's gradients of a repeated row summed before they
+        # are sent, the same model up to the order of float sums; what it moves is the
+        # spread of a change that costs nothing.
+        queue "$p" "$p-fp32_reordered-s$s" "$ranks" "$s" --dedup on
         queue "$p" "$p-bf16_exchange-s$s" "$ranks" "$s" --exchange_dtype bf16
         queue "$p" "$p-rowwise_adagrad_default-s$s" "$ranks" "$s" --embedding_optimizer rowwise_adagrad
       done
@@ -183,8 +189,8 @@ if compare:
            "| protocol | option | flags | W | epochs | seeds | HR@10 | HR@10 - dense Adam | "
            "per seed | NDCG@10 - dense Adam |",
            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
-    order = ["fp32_dense_adam", "bf16_exchange", "bf16_rows", "bf16_exchange_rows",
-             "rowwise_adagrad_default"]
+    order = ["fp32_dense_adam", "fp32_reordered", "bf16_exchange", "bf16_rows",
+             "bf16_exchange_rows", "rowwise_adagrad_default"]
     for (p, o), e in sorted(compare.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
         base = compare[(p, "fp32_dense_adam")]["runs"]
         seeds = sorted(e["runs"], key=int)
