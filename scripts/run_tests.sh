@@ -31,12 +31,21 @@ build="${NCF_BUILD_DIR:-$root/build}"
 # ranks processes only inside their group and a session's group takes an equal share of
 # the CPU: the new session's group gets the lowest priority too, or the fuzz build
 # would take half of the CPU from the build beside it (790 s instead of 571 when it did).
+# The group is the child's own only once it leads its session: set earlier, the nice
+# lands on this script's group.
 fuzz_log="$build.fuzz.log"
 mkdir -p "$(dirname "$fuzz_log")"
 NCF_FUZZ_INPUT_TIMEOUT=300 setsid nice -n 19 bash "$root/scripts/fuzz_replay.sh" \
   >"$fuzz_log" 2>&1 </dev/null &
 fuzz_pid=$!
-if [ -w "/proc/$fuzz_pid/autogroup" ]; then echo 19 >"/proc/$fuzz_pid/autogroup" || true; fi
+# Once the child leads its own session (before that, its group is this script's).
+for _ in $(seq 100); do
+  [ "$(ps -o sid= -p "$fuzz_pid" | tr -d ' ')" = "$fuzz_pid" ] && break
+  sleep 0.05
+done
+if [ "$(ps -o sid= -p "$fuzz_pid" | tr -d ' ')" = "$fuzz_pid" ] && [ -w "/proc/$fuzz_pid/autogroup" ]; then
+  echo 19 >"/proc/$fuzz_pid/autogroup" || true
+fi
 trap 'kill -TERM -- "-$fuzz_pid" 2>/dev/null || true' EXIT
 bash "$root/scripts/build.sh"
 phase_done build
