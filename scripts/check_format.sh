@@ -14,7 +14,8 @@ if ! command -v clang-format >/dev/null; then
 fi
 # Tracked and new files (not ignored ones), as they are in the working tree.
 mapfile -t files < <(git ls-files --cached --others --exclude-standard 'src/*.h' 'src/*.cc' \
-  'src/*.cu' 'src/*.cuh' 'tests/*.h' 'tests/*.cc' 'bench/*.h' 'bench/*.cc' 'fuzz/*.h' 'fuzz/*.cc' |
+  'src/*.cu' 'src/*.cuh' 'tests/*.h' 'tests/*.cc' 'bench/*.h' 'bench/*.cc' 'bench/*.cu' \
+  'bench/*.cuh' 'fuzz/*.h' 'fuzz/*.cc' |
   while read -r f; do [ -f "$f" ] && echo "$f"; done)
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"

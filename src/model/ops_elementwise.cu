@@ -52,12 +52,12 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 // dst (rows × cols, stride ldd) = BF16 bits of src (stride lds), four elements per
-// thread where the widths, strides and alignment allow and `quads` (legacy
-// kernels: never), else one.
+// thread where the widths, strides and alignment allow, else one. (One per thread for
+// every shape lost on a GPU: bench/kernels/to_bf16.cu times it beside the quads.)
 void launch_to_bf16(cudaStream_t stream, const float* src, int64_t lds, int64_t rows, int64_t cols,
-                    uint16_t* dst, int64_t ldd, bool quads) {
-  quads = quads && cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && aligned16(src) &&
-          (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+                    uint16_t* dst, int64_t ldd) {
+  const bool quads = cols % 4 == 0 && lds % 4 == 0 && ldd % 4 == 0 && aligned16(src) &&
+                     (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
   if (!quads) {
     to_bf16_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(
         src, lds, rows, static_cast<int>(cols), dst, ldd);
@@ -117,7 +117,7 @@ void fill(const ExecContext& ctx, float* x, int64_t n, float value) {
 void to_bf16_rows(const ExecContext& ctx, const float* X, int64_t ldx, int w, uint16_t* Y,
                   int64_t ldy, int64_t B) {
   if (B == 0) return;
-  launch_to_bf16(stream_of(ctx), X, ldx, B, w, Y, ldy, true);
+  launch_to_bf16(stream_of(ctx), X, ldx, B, w, Y, ldy);
   check_launch("to_bf16_rows");
 }
 

@@ -49,29 +49,6 @@ __global__ void bias_act_kernel(float* Y, const float* bias, int64_t B, int out,
   }
 }
 
-// dY[i] = 0 where Y[i] <= 0 (or NaN): the ReLU mask when no bias gradient is wanted.
-__global__ void relu_mask_kernel(float* dY, const float* Y, int64_t n) {
-  for (int64_t i = thread_first(); i < n; i += thread_stride())
-    if (!(Y[i] > 0.0f)) dY[i] = 0.0f;
-}
-
-// Bias gradient of a Linear: column sums of dZ, masking dY in place when relu.
-struct LinearBiasOp {
-  float* dY;
-  const float* Y;
-  int out;
-  bool relu;
-  __device__ double operator()(int64_t b, int c) const {
-    const int64_t i = b * out + c;
-    float g = dY[i];
-    if (relu && !(Y[i] > 0.0f)) {
-      g = 0.0f;
-      dY[i] = 0.0f;
-    }
-    return g;
-  }
-};
-
 // ---- GEMM -------------------------------------------------------------------------
 
 // TF32 tensor cores for kTf32; otherwise plain FP32 accumulation (for kBf16
@@ -89,8 +66,7 @@ size_t bf16_copy_elems(int64_t rows, int64_t cols, int64_t ld) {
 GemmInput to_bf16(cudaStream_t stream, const float* src, int64_t ld, int64_t rows, int64_t cols,
                   __nv_bfloat16* dst, const char* op) {
   if (rows <= 0 || cols <= 0) return {dst, CUDA_R_16BF};
-  launch_to_bf16(stream, src, ld, rows, cols, reinterpret_cast<uint16_t*>(dst), ld,
-                 step_kernels() == StepKernels::kStreaming);
+  launch_to_bf16(stream, src, ld, rows, cols, reinterpret_cast<uint16_t*>(dst), ld);
   check_launch(op);
   return {dst, CUDA_R_16BF};
 }
@@ -288,9 +264,10 @@ bool lt_linear_forward(const ExecContext& ctx, CudaResources& r, MathMode mode, 
   return true;
 }
 
-// dY[i] = Y[i] > 0 ? dY[i] : 0 for i < n (NaN → 0, as relu_mask_kernel): full
-// stores, four floats at a time when both arrays are 16-byte aligned (vec), the
-// last n % 4 (or all, without vec) one at a time.
+// dY[i] = Y[i] > 0 ? dY[i] : 0 for i < n (NaN → 0, as the CPU twin): full stores,
+// four floats at a time when both arrays are 16-byte aligned (vec), the last n % 4
+// (or all, without vec) one at a time. (The kernel it replaced stored only the zeros,
+// one element per thread: bench/kernels/linear_bias_mask.cu.)
 __global__ void relu_mask_stream_kernel(const float* __restrict__ Y, float* __restrict__ dY,
                                         int64_t n, bool vec) {
   const int64_t quads = vec ? n / 4 : 0;
@@ -466,22 +443,14 @@ void linear_backward(const ExecContext& ctx, const float* X, const float* weight
     });
   }
   // 1. dZ: dY masked in place, and the bias column sums of it when there is a bias.
-  if (step_kernels() == StepKernels::kStreaming) {
-    if (relu && db) {  // the mask and its column sums in one pass
-      masked_col_sums(stream, Y, dY, B, out, partial, GradStore{db, add}, op);
-    } else if (relu && B > 0) {
-      relu_mask_stream_kernel<<<grid_for(B * out / 4 + 1), kThreads, 0, stream>>>(
-          Y, dY, B * out, aligned16(Y) && aligned16(dY));
-      check_launch(op);
-    } else if (db) {
-      deterministic_col_sums(stream, B, out, ColumnsOp{dY, out}, partial, GradStore{db, add}, op);
-    }
-  } else if (db) {  // legacy: the mask fused into the sums' loop
-    deterministic_col_sums(stream, B, out, LinearBiasOp{dY, Y, out, relu}, partial,
-                           GradStore{db, add}, op);
+  if (relu && db) {  // the mask and its column sums in one pass
+    masked_col_sums(stream, Y, dY, B, out, partial, GradStore{db, add}, op);
   } else if (relu && B > 0) {
-    relu_mask_kernel<<<grid_for(B * out), kThreads, 0, stream>>>(dY, Y, B * out);
+    relu_mask_stream_kernel<<<grid_for(B * out / 4 + 1), kThreads, 0, stream>>>(
+        Y, dY, B * out, aligned16(Y) && aligned16(dY));
     check_launch(op);
+  } else if (db) {
+    deterministic_col_sums(stream, B, out, ColumnsOp{dY, out}, partial, GradStore{db, add}, op);
   }
   // The GEMM inputs: FP32 as they are, or BF16 copies of the masked dZ, weight and X.
   GemmInput dz{dY, CUDA_R_32F}, w{weight, CUDA_R_32F}, x{X, CUDA_R_32F};

@@ -1,7 +1,7 @@
 // CUDA twins of layer 0's group ops in ops_groups.h (same names and arguments; the CPU
-// functions check the arguments and forward here when ctx.device is kCuda): the legacy
-// and streaming group kernels, the BF16 epilogue (launch_bias_act_bf16, which
-// linear_forward_bf16 shares) and gather_bias_act. Everything runs on ctx.stream.
+// functions check the arguments and forward here when ctx.device is kCuda): the streaming
+// group kernels, the BF16 epilogue (launch_bias_act_bf16, which linear_forward_bf16
+// shares) and gather_bias_act. Everything runs on ctx.stream.
 
 #include "common/bf16.h"
 #include "common/cuda_util.cuh"
@@ -20,54 +20,28 @@ __global__ void repeat_rows_kernel(const float* X, int64_t ldx, int w, float* Y,
   }
 }
 
-__global__ void group_bias_act_kernel(float* Y, const float* Yg, const float* bias, int64_t n,
-                                      int S, int out, bool relu) {
-  for (int64_t i = thread_first(); i < n * S * out; i += thread_stride()) {
-    const int64_t b = i / out;
-    const int j = static_cast<int>(i % out);
-    const float z = __fadd_rn(__fadd_rn(Y[i], Yg[(b / S) * out + j]), bias ? bias[j] : 0.0f);
-    Y[i] = relu ? (z > 0.0f ? z : 0.0f) : z;
-  }
-}
-
-// One thread per (group, column): the mask, then the group's sum in s order.
-__global__ void group_sum_kernel(const float* Y, float* dY, int64_t n, int S, int out, float* dYg,
-                                 int64_t lddyg, bool relu) {
-  for (int64_t x = thread_first(); x < n * out; x += thread_stride()) {
-    const int64_t p = x / out;
-    const int j = static_cast<int>(x % out);
-    double acc = 0.0;
-    for (int s = 0; s < S; ++s) {
-      const int64_t i = (p * S + s) * out + j;
-      if (relu && !(Y[i] > 0.0f)) dY[i] = 0.0f;
-      acc += dY[i];
-    }
-    dYg[p * lddyg + j] = static_cast<float>(acc);
-  }
-}
-
 struct GroupRowsOp {  // column sums of dYg
   const float* dYg;
   int64_t lddyg;
   __device__ double operator()(int64_t p, int c) const { return dYg[p * lddyg + c]; }
 };
 
-// ---- streaming kernels (StepKernels::kStreaming) --------------------------------------
-// The legacy kernels above mask in place inside their sums' loops: a load, a
-// conditional store into the lines the warp is reading, the next load, with no
-// __restrict__, so each thread has one load in flight and a warp waits on a
-// chain of round trips (such chains reach 5-8% of HBM
-// bandwidth). These
-// issue every load of a row group before any store, store the masked values in
-// full (the unmasked lanes rewrite what they read, bit for bit), and sum in the
-// same order in double: the same results as the legacy kernels, bit for bit.
+// ---- streaming kernels ------------------------------------------------------------------
+// The group sum these replaced (bench/kernels/group_sum.cu, which times it beside
+// them) masked in place inside its sums' loop: a load, a conditional store into the
+// lines the warp is reading, the next load, with no __restrict__, so each thread had
+// one load in flight and a warp waited on a chain of round trips (such chains reach
+// 5-8% of HBM bandwidth). These issue every load of a row group before any store,
+// store the masked values in full (the unmasked lanes rewrite what they read, bit for
+// bit), and sum in the same order in double: the same results as the replaced
+// kernels, bit for bit.
 
 constexpr int kGroupRowsInFlight = 8;  // rows of a group loaded before the first store
 
 // One thread per (group p, L columns from j): the group's rows are taken
 // kGroupRowsInFlight at a time, all their loads first; the masked rows are
-// stored whole (kRelu), and each column's sum runs in s order in double, as
-// group_sum_kernel's. A warp covers 32·L consecutive columns of one row.
+// stored whole (kRelu), and each column's sum runs in s order in double, as the
+// CPU twin's. A warp covers 32·L consecutive columns of one row.
 // vec_out: dYg's rows may take float4 stores (16-byte aligned, lddyg % 4 == 0).
 // kBits: the mask from the forward's ReLU bit mask (relu_mask_words' layout) instead of
 // Y: one word per row and thread, L bits of it.
@@ -132,9 +106,9 @@ __global__ void __launch_bounds__(kThreads)
 // group_bias_act as a streaming kernel: one thread per (group p, L columns from j)
 // loads the group's row of Yg and the bias once, then its S rows of Y
 // kGroupRowsInFlight at a time (all loads first), and stores each row whole:
-// Y = act((Y + Yg) + bias) with group_bias_act_kernel's two round-to-nearest adds
-// (the bias 0 when there is none), so the same bits. One division per thread and
-// S·L elements, where the legacy kernel did two per element.
+// Y = act((Y + Yg) + bias) with the CPU twin's two round-to-nearest adds (the bias 0
+// when there is none), so the same bits. One division per thread and S·L elements,
+// where the kernel it replaced (bench/kernels/group_bias_act.cu) did two per element.
 // With mask (kRelu, L = 4, out % 128 == 0: a warp's 32 threads cover 128 columns of
 // one row, and every thread of a warp is in the loop), each row's ReLU bit mask as
 // well: a nibble per thread, gathered into words over groups of 8 lanes.
@@ -596,17 +570,12 @@ void group_bias_act_masked(const ExecContext& ctx, float* Y, const float* Yg, co
   if (n == 0) return;
   cudaStream_t stream = stream_of(ctx);
   bool mask_done = false;
-  if (step_kernels() == StepKernels::kStreaming) {
-    if (out % 4 == 0 && aligned16(Y) && aligned16(Yg)) {
-      mask_done = out % 128 == 0;
-      launch_group_bias_act_stream<4>(stream, Y, Yg, bias, n, S, out, relu,
-                                      mask_done ? mask : nullptr);
-    } else {
-      launch_group_bias_act_stream<1>(stream, Y, Yg, bias, n, S, out, relu);
-    }
+  if (out % 4 == 0 && aligned16(Y) && aligned16(Yg)) {
+    mask_done = out % 128 == 0;
+    launch_group_bias_act_stream<4>(stream, Y, Yg, bias, n, S, out, relu,
+                                    mask_done ? mask : nullptr);
   } else {
-    group_bias_act_kernel<<<grid_for(n * S * out), kThreads, 0, stream>>>(Y, Yg, bias, n, S, out,
-                                                                          relu);
+    launch_group_bias_act_stream<1>(stream, Y, Yg, bias, n, S, out, relu);
   }
   if (mask && relu && !mask_done)
     launch_relu_bits(stream, static_cast<const float*>(Y), n * S, out, mask);
@@ -651,8 +620,7 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
   const char* op = "group_sum_backward";
   cudaStream_t stream = stream_of(ctx);
   if (!relu) mask = nullptr;
-  // A bit mask takes the streaming kernels (the legacy one reads Y).
-  if (n > 0 && (mask || step_kernels() == StepKernels::kStreaming)) {
+  if (n > 0) {
     const bool vec = out % 4 == 0 && aligned16(dY) && (!relu || mask || aligned16(Y));
     if (vec) {
       launch_group_sum_stream<4>(stream, Y, dY, n, S, out, dYg, lddyg, relu,
@@ -660,10 +628,6 @@ void group_sum_backward(const ExecContext& ctx, const float* Y, float* dY, int64
     } else {
       launch_group_sum_stream<1>(stream, Y, dY, n, S, out, dYg, lddyg, relu, false, mask);
     }
-    check_launch(op);
-  } else if (n > 0) {
-    group_sum_kernel<<<grid_for(n * out), kThreads, 0, stream>>>(Y, dY, n, S, out, dYg, lddyg,
-                                                                 relu);
     check_launch(op);
   }
   if (db) group_bias_grad(ctx, stream, dYg, lddyg, n, out, db, op);

@@ -22,7 +22,7 @@ struct GemmInput {
 // Defined in the ops' .cu files and called from more than one of them (their comments
 // are at the definitions).
 void launch_to_bf16(cudaStream_t stream, const float* src, int64_t lds, int64_t rows, int64_t cols,
-                    uint16_t* dst, int64_t ldd, bool quads);
+                    uint16_t* dst, int64_t ldd);
 void gemm_typed(const ExecContext& ctx, MathMode mode, bool trans_a, bool trans_b, int M, int N,
                 int K, float alpha, GemmInput A, int lda, GemmInput B, int ldb, float beta, void* C,
                 int ldc, const char* op, cudaDataType_t c_type = CUDA_R_32F);
