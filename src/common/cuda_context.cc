@@ -113,6 +113,10 @@ const char* device_error_text(DeviceErrorCode code) {
       return "permute_rows: idx[index] outside [0, n_src)";
     case DeviceErrorCode::kTopKExcludedOutOfRange:
       return "top_k: excluded[index] outside the items [0, I)";
+    case DeviceErrorCode::kRowNotCached:
+      return "map_rows: rows[index] is not in the device cache";
+    case DeviceErrorCode::kCopyRowOutOfRange:
+      return "copy_rows or store_rows_bf16_at: rows[index] outside [0, bound)";
     case DeviceErrorCode::kSortIdOutOfRange:
       return "unique_ids, sort_reduce_rows or item_runs: ids[index] outside [0, bound)";
     case DeviceErrorCode::kNotAPermutation:

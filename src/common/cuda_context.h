@@ -111,8 +111,11 @@ enum class DeviceErrorCode : int {
   kKeyNotRouted = 11,       // bucketize_by_owner: keys[index] = value outside the
                             // routed tables' keys [0, bound) or of a replicated table
   kTopKExcludedOutOfRange = 12,  // top_k: excluded[index] = value outside [0, bound)
-  kSortIdOutOfRange = 13,  // unique_ids / sort_reduce_rows / item_runs: ids[index] = value outside
-                           // [0, bound)
+  kSortIdOutOfRange = 13,   // unique_ids / sort_reduce_rows / item_runs: ids[index] = value outside
+                            // [0, bound)
+  kRowNotCached = 14,       // map_rows: rows[index] = value has no slot in the device cache
+  kCopyRowOutOfRange = 15,  // copy_rows / store_rows_bf16_at: rows[index] = value outside
+                            // [0, bound)
 };
 const char* device_error_text(DeviceErrorCode code);
 

@@ -172,6 +172,29 @@ void pinned_release(void* p) noexcept {
   std::free(p);
 }
 
+void host_register(void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+#ifdef NCF_WITH_CUDA
+  if (pinned_by_cuda()) {
+    CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* dev = nullptr;
+    CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
+    NCF_CHECK(dev == p, "host memory registered with the GPU has another address there (", dev,
+              " for ", p, "): this GPU and driver lack unified addressing");
+  }
+#endif
+}
+
+void host_unregister(void* p) noexcept {
+  if (!p) return;
+#ifdef NCF_WITH_CUDA
+  if (pinned_by_cuda()) {
+    wait_device_nothrow();
+    cudaHostUnregister(p);  // errors ignored: called from destructors
+  }
+#endif
+}
+
 void device_zero(Device d, void* p, size_t bytes) {
   if (bytes == 0) return;
   if (d == Device::kCpu) {

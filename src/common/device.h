@@ -54,6 +54,13 @@ void* pinned_alloc(size_t bytes);
 void pinned_free(void* p);
 void pinned_release(void* p) noexcept;
 
+// Host memory [p, p + bytes) made readable and writable by the GPU's kernels at the same
+// address (cudaHostRegister, mapped; under unified addressing the device pointer is the host
+// pointer): the host tier's home arrays, which the tier's copy kernels read and write
+// directly. Does nothing without a GPU. Undone by host_unregister (after the device drained).
+void host_register(void* p, size_t bytes);
+void host_unregister(void* p) noexcept;
+
 // A grow-only array of page-locked host memory (see pinned_alloc). Move-only.
 // Growing and move assignment free through pinned_free, so they may throw a wait
 // poller's error; the buffer is then unchanged.

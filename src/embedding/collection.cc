@@ -25,7 +25,8 @@ int wire_dtype_bytes(WireDType d) { return d == WireDType::kBFloat16 ? 2 : 4; }
 
 EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm,
                                          const ExecContext& ctx,
-                                         const EmbeddingOptimizerConfig& opt, bool dedup)
+                                         const EmbeddingOptimizerConfig& opt, bool dedup,
+                                         int64_t cache_slots)
     : plan_(plan), comm_(comm), ctx_(ctx), opt_(opt), dedup_(dedup) {
   W_ = comm.world();
   rank_ = comm.rank();
@@ -44,30 +45,37 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
     }
   NCF_CHECK(R_ <= INT32_MAX, "rank ", rank_, " would hold ", R_, " rows; row ids are int32");
 
+  NCF_CHECK(cache_slots >= 0, "embedding cache of ", cache_slots, " rows");
+  NCF_REQUIRE(cache_slots == 0 || opt.kind != EmbeddingOptimizer::kDenseAdam,
+              "--device_table_budget: the host tier keeps only the rows a step touches on the "
+              "device, and dense Adam updates every row every step; use --embedding_optimizer "
+              "sgd, adagrad, rowwise_adagrad or lazy_adam with it");
   const Device dev = ctx.device;
+  home_ = cache_slots > 0 ? Device::kCpu : dev;
   const size_t n = size_t(R_) * plan.D;
   const int state = optimizer_state_arrays(opt.kind);
   const size_t m_floats = size_t(R_) * state_width(1);
   bf16_rows_ = plan.table_elem_bytes == 2;
   try {
-    params_ = Buffer<float>(dev, bf16_rows_ ? 0 : n);
-    rows16_ = Buffer<uint16_t>(dev, bf16_rows_ ? n : 0);
-    m_ = Buffer<float>(dev, state >= 1 ? m_floats : 0);
-    v_ = Buffer<float>(dev, state >= 2 ? n : 0);
+    params_ = Buffer<float>(home_, bf16_rows_ ? 0 : n);
+    rows16_ = Buffer<uint16_t>(home_, bf16_rows_ ? n : 0);
+    m_ = Buffer<float>(home_, state >= 1 ? m_floats : 0);
+    v_ = Buffer<float>(home_, state >= 2 ? n : 0);
   } catch (const Error& e) {
     std::string names;
     for (const TableSpec& s : plan.tables)
       names += (names.empty() ? "" : ", ") + s.name + " " + placement_name(s.placement);
     NCF_RETHROW(e, "embedding tables (", names, "): ", R_, " rows x ", plan.D, " with ",
                 optimizer_name(opt.kind), " state (", bytes_on_rank(),
-                " bytes) do not fit on this ", device_name(dev));
+                " bytes) do not fit on this ", device_name(home_),
+                cache_slots > 0 ? "'s memory (the host tier's home)" : "");
   }
   m_.zero();
   v_.zero();
   if ((opt.kind == EmbeddingOptimizer::kAdagrad ||
        opt.kind == EmbeddingOptimizer::kRowwiseAdagrad) &&
       m_floats)
-    fill(ctx_, m_.data(), int64_t(m_floats), opt.adagrad.initial_accumulator);
+    fill(home_ctx(), m_.data(), int64_t(m_floats), opt.adagrad.initial_accumulator);
   for (Buffer<int32_t>* b : {&keys_, &unique_, &send_rows_, &recv_rows_, &reduced_rows_})
     *b = Buffer<int32_t>(dev, 0);
   for (Buffer<int64_t>* b : {&inverse_, &perm_}) *b = Buffer<int64_t>(dev, 0);
@@ -81,6 +89,7 @@ EmbeddingCollection::EmbeddingCollection(const EmbeddingPlan& plan, Communicator
     v->assign(W_, 0);
   n_.assign(T, 0);
   off_.assign(T, 0);
+  if (cache_slots > 0) allocate_cache(cache_slots);
 }
 
 int64_t EmbeddingCollection::routed_rows_on(int rank) const {
@@ -176,6 +185,7 @@ void EmbeddingCollection::init_rows(uint64_t seed, int64_t k0, int64_t k1, float
 void EmbeddingCollection::init(uint64_t seed) {
   const int D = plan_.D;
   seed_ = seed;
+  if (cache_) drop_cache();  // the home rows are replaced
   if (R_ == 0) return;
   // Rows are independent (keyed by table and global row), so the host threads
   // split them.
@@ -184,7 +194,7 @@ void EmbeddingCollection::init(uint64_t seed) {
     parallel_for(ctx_.threads, k1 - k0, grain,
                  [&](int64_t a, int64_t b) { init_rows(seed, k0 + a, k0 + b, dst + a * D); });
   };
-  if (ctx_.device == Device::kCpu && !bf16_rows_) {
+  if (home_ == Device::kCpu && !bf16_rows_) {
     fill(0, R_, params_.data());
     return;
   }
@@ -193,7 +203,7 @@ void EmbeddingCollection::init(uint64_t seed) {
   // bounded by two chunks whatever the tables' size. BF16 rows are the draws
   // rounded to nearest-even, on either device (on a CPU rank through chunks of
   // 4 MiB, which nothing overlaps).
-  const int64_t chunk_bytes = ctx_.device == Device::kCpu ? int64_t{4} << 20 : int64_t{64} << 20;
+  const int64_t chunk_bytes = home_ == Device::kCpu ? int64_t{4} << 20 : int64_t{64} << 20;
   const int64_t chunk = std::max<int64_t>(1, chunk_bytes / (int64_t(D) * 4));
   const size_t most = size_t(std::min(chunk, R_)) * D;
   PinnedBuffer<float> stage[2];
@@ -216,21 +226,21 @@ void EmbeddingCollection::init(uint64_t seed) {
       src = stage16[c % 2].data();
     }
     const size_t bytes = size_t(k1 - k0) * D * size_t(plan_.table_elem_bytes);
-    if (ctx_.device == Device::kCpu) {
+    if (home_ == Device::kCpu) {
       std::memcpy(dst, src, bytes);
       continue;
     }
     check_device_errors(ctx_);  // waits for copy c - 1 (no kernel ran to record errors)
     device_copy_async(ctx_, ctx_.device, dst, Device::kCpu, src, bytes);
   }
-  if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the stage buffers go away
+  if (home_ != Device::kCpu) check_device_errors(ctx_);  // the stage buffers go away
 }
 
 const float* EmbeddingCollection::rows(int t) const { return rows_.data() + off_[t] * plan_.D; }
 float* EmbeddingCollection::row_grads(int t) { return grads_.data() + off_[t] * plan_.D; }
 
 bool EmbeddingCollection::narrow_lookups() const {
-  return local_ && !bf16_rows_ && wire_ == WireDType::kFloat32;
+  return local_ && !bf16_rows_ && wire_ == WireDType::kFloat32 && !cache_;
 }
 
 const float* EmbeddingCollection::local_rows(int t) const {
@@ -248,6 +258,7 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   const int T = num_tables();
   const int D = plan_.D;
   NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T, " tables");
+  if (cache_) begin_lookup(ids);  // this step's rows in the cache
   // Batch order: layout order (routed tables first).
   std::vector<int> table_of_layout(T);
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
@@ -477,6 +488,10 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
 
 void EmbeddingCollection::gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n,
                                      float* out) {
+  if (cache_) {
+    tier_gather(ids, first, R, n, out);
+    return;
+  }
   const int D = plan_.D;
   if (bf16_rows_)
     gather_rows_bf16(ctx_, rows16_.data() + first * D, ids, out, R, n, D);
@@ -497,6 +512,10 @@ RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
 
 void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int64_t n,
                                       int64_t first, int64_t count, bool unique, int64_t t) {
+  if (cache_) {
+    tier_update(rows, grads, n, first, count, unique, t);
+    return;
+  }
   if (!bf16_rows_) {
     if (unique)
       apply_table_optimizer(ctx_, all_rows(first, count), rows, grads, n, opt_, t);
@@ -769,12 +788,13 @@ std::vector<float> EmbeddingCollection::gather_table(int t) {
   const int u = lt_[t];
   const int64_t R = layout_.rows_on(u, rank_), b = layout_.begin_on(u, rank_);
   std::vector<float> mine(size_t(R) * D);
+  flush_cache();
   if (bf16_rows_) {
     std::vector<uint16_t> bits(mine.size());
-    device_copy(Device::kCpu, bits.data(), ctx_.device, rows16_.data() + b * D, bits.size() * 2);
+    device_copy(Device::kCpu, bits.data(), home_, rows16_.data() + b * D, bits.size() * 2);
     for (size_t k = 0; k < bits.size(); ++k) mine[k] = bf16_bits_to_float(bits[k]);
   } else {
-    device_copy(Device::kCpu, mine.data(), ctx_.device, params_.data() + b * D, mine.size() * 4);
+    device_copy(Device::kCpu, mine.data(), home_, params_.data() + b * D, mine.size() * 4);
   }
   if (s.placement == Placement::kReplicated || local_) return mine;
   // Each rank writes its rows into a zeroed full table; a sum assembles it.

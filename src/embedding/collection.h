@@ -35,9 +35,15 @@
 // table, global row, column) (table_ops.h RowRounding), so the result does not
 // depend on W, threads or device; checkpoints hold them widened to FP32.
 // Initial values depend on the table and global row only, so every W starts alike.
+// The host tier (cache_slots > 0, --device_table_budget): the rank's rows and optimizer
+// state live in host memory (the home arrays), and the device holds at most cache_slots
+// of them in a cache whose contents row_cache.h decides from the steps' rows, announced
+// ahead (announce). Every op that reads or updates rows goes through the cache's slots;
+// the values, and so every bit of the run, are those of the all-on-device collection.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +51,7 @@
 #include "common/device.h"
 #include "embedding/embedding_kernels.h"
 #include "embedding/plan.h"
+#include "embedding/row_cache.h"
 #include "embedding/table_ops.h"
 
 namespace ncf {
@@ -66,8 +73,11 @@ int wire_dtype_bytes(WireDType d);  // 4 | 2
 
 class EmbeddingCollection {
  public:
+  // cache_slots > 0: the host tier with a device cache of that many rows (dense Adam,
+  // which updates every row every step, is refused).
   EmbeddingCollection(const EmbeddingPlan& plan, Communicator& comm, const ExecContext& ctx,
-                      const EmbeddingOptimizerConfig& opt, bool dedup);
+                      const EmbeddingOptimizerConfig& opt, bool dedup, int64_t cache_slots = 0);
+  ~EmbeddingCollection();
 
   const EmbeddingPlan& plan() const { return plan_; }
   // The optimizer's rate from the next update on (a resumed run keeping the rate its
@@ -129,6 +139,27 @@ class EmbeddingCollection {
   // Table t in global row order, gathered on every rank into host memory.
   std::vector<float> gather_table(int t);
 
+  // ---- the host tier ----
+  bool host_tier() const { return cache_ != nullptr; }
+  int64_t cache_slots() const { return cache_ ? cache_->slots() : 0; }
+  // Device bytes per cached row: the row and its optimizer state.
+  int64_t cached_row_bytes() const;
+  // The ids of a later step, in the form lookup takes but in host memory: each call
+  // announces the next step (the first lookup not yet announced), whose rows the owners
+  // start loading now. Collective (one exchange of ids). Without the tier, nothing.
+  // A lookup that was not announced announces itself (a wait: evaluation, tests).
+  void announce(const std::vector<TableIds>& host_ids);
+  // Steps announced and not yet looked up.
+  int64_t announced_ahead() const { return announced_ - looked_; }
+  // Forgets the announced steps that will not run (a stopped epoch).
+  void forget_announced();
+  // Writes every cached row home (checkpoints and gather_table do it themselves).
+  void flush_cache();
+  // What the cache did so far (null without the tier).
+  const RowCache::Counters* cache_counters() const {
+    return cache_ ? &cache_->counters() : nullptr;
+  }
+
   // Checkpoint I/O (collection_io.cc). A table's state is num_state_arrays()
   // [N×state_width(a)] arrays: 0 the rows, then the optimizer's (1: Adam's
   // first moment or an Adagrad accumulator, 2: Adam's second moment). Rank r's block of a table
@@ -162,7 +193,20 @@ class EmbeddingCollection {
     int64_t dst, src, rows;
   };
   bool is_routed(int t) const;
-  float* state_array(int array);  // params_, m_ or v_ on the context's device
+  float* state_array(int array);  // params_, m_ or v_ on home_
+  // The host tier's parts (collection_tier.cc).
+  void allocate_cache(int64_t slots);
+  std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
+  void retire_looked();
+  void begin_lookup(const std::vector<TableIds>& ids);
+  void apply_moves(const RowCache::Moves& m);
+  // Copies rows between the home arrays and the cache's slots (to_home: cache -> home).
+  void move_rows(const int32_t* slots, const int32_t* rows, int64_t n, bool to_home);
+  void tier_gather(const RowId* ids, int64_t first, int64_t R, int64_t n, float* out);
+  void tier_update(const RowId* rows, const float* grads, int64_t n, int64_t first, int64_t count,
+                   bool unique, int64_t t);
+  void drop_cache();
+  ExecContext home_ctx() const;  // where the home arrays are worked on by the host
   // Rows ids[n] of this rank's flat rows from `first` on (R of them) into out[n×D], FP32.
   void gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n, float* out);
   // The optimizer on flat rows [first, first + count): gradient rows grads[n×D]
@@ -219,8 +263,9 @@ class EmbeddingCollection {
   int64_t rep_floats_ = 0;
   std::vector<int64_t> rep_offset_;  // plan table t -> its floats in replicated_grads
 
-  // On ctx_.device: [R × D] parameters and optimizer state (m_ is also
-  // Adagrad's accumulator; row-wise Adagrad's is [R]).
+  // On home_ (ctx_.device, or host memory with the tier): [R × D] parameters and
+  // optimizer state (m_ is also Adagrad's accumulator; row-wise Adagrad's is [R]).
+  Device home_ = Device::kCpu;
   Buffer<float> params_, m_, v_;
   bool bf16_rows_ = false;
   Buffer<uint16_t> rows16_;  // [R × D] the rows as BF16 (params_ is then empty)
@@ -275,6 +320,19 @@ class EmbeddingCollection {
   std::vector<float> io_mine_, io_send_, io_recv_, io_block_;
   const float* io_rows_ = nullptr;  // the exported array's rows on the host
   int64_t chunk_bytes_ = int64_t{64} << 20;
+
+  // The host tier: the residency plan, the cache's [C × ...] arrays on ctx_.device, the
+  // map flat row -> slot (-1: not cached) on ctx_.device, the slots of one op's rows,
+  // the moves' index lists on the device, and the home arrays registered with the GPU.
+  std::unique_ptr<RowCache> cache_;
+  Buffer<float> cparams_, cm_, cv_;
+  Buffer<uint16_t> crows16_;
+  Buffer<int32_t> slot_map_, tslot_, moves_dev_;
+  PinnedBuffer<int32_t> moves_host_;
+  std::vector<void*> registered_;
+  int64_t announced_ = 0, looked_ = 0;  // steps announced, lookups begun
+  bool retire_due_ = false;             // the last lookup's step has not retired yet
+  bool cache_dirty_ = false;            // rows updated since the last flush
 };
 
 }  // namespace ncf

@@ -105,13 +105,14 @@ const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int6
   const int D = state_width(array);  // floats per row of this array
   const TableSpec& spec = plan_.tables[t];
   const int u = lt_[t];
-  if (c == 0) {  // this rank's rows of the array on the host, for all its chunks
+  if (c == 0) flush_cache();  // the cached rows home first
+  if (c == 0) {               // this rank's rows of the array on the host, for all its chunks
     const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
     if (array == 0 && bf16_rows_) {  // BF16 rows, widened (exact)
       io16_.resize(size_t(R) * D);
       float* host = at_least(io_mine_, R * D);
       if (R > 0)
-        device_copy(Device::kCpu, io16_.data(), ctx_.device, rows16_.data() + base * D,
+        device_copy(Device::kCpu, io16_.data(), home_, rows16_.data() + base * D,
                     size_t(R) * D * 2);
       for (size_t k = 0; k < io16_.size(); ++k) host[k] = bf16_bits_to_float(io16_[k]);
       io_rows_ = host;
@@ -120,9 +121,9 @@ const float* EmbeddingCollection::export_chunk(int t, int array, int64_t c, int6
   if (c == 0 && !(array == 0 && bf16_rows_)) {
     const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
     const float* src = state_array(array) + base * D;
-    if (ctx_.device != Device::kCpu) {
+    if (home_ != Device::kCpu) {
       float* host = at_least(io_mine_, R * D);
-      if (R > 0) device_copy(Device::kCpu, host, ctx_.device, src, size_t(R) * D * 4);
+      if (R > 0) device_copy(Device::kCpu, host, home_, src, size_t(R) * D * 4);
       src = host;
     }
     io_rows_ = src;
@@ -166,11 +167,13 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
   const TableSpec& spec = plan_.tables[t];
   const int u = lt_[t];
   const int64_t R = layout_.rows_on(u, rank_), base = layout_.begin_on(u, rank_);
+  // The cached rows are about to be replaced at home: the cache forgets them.
+  if (cache_) drop_cache();
   // The rank's rows are written in place on a CPU rank, staged on a GPU rank
   // and copied to the device after the last chunk.
   const bool bf16 = array == 0 && bf16_rows_;  // staged, then rounded to nearest-even
-  float* mine = ctx_.device == Device::kCpu && !bf16 ? state_array(array) + base * D
-                                                     : at_least(io_mine_, R * D);
+  float* mine =
+      home_ == Device::kCpu && !bf16 ? state_array(array) + base * D : at_least(io_mine_, R * D);
   int64_t lo = 0, n = 0;
   chunk_range(t, rank_, c, &lo, &n);
   const Placement pl = local_ ? Placement::kReplicated : spec.placement;
@@ -210,10 +213,9 @@ void EmbeddingCollection::import_chunk(int t, int array, int64_t c, const float*
   if (bf16 && R > 0 && c == num_chunks(t) - 1) {
     io16_.resize(size_t(R) * D);
     for (size_t k = 0; k < io16_.size(); ++k) io16_[k] = float_to_bf16_bits(mine[k]);
-    device_copy(ctx_.device, rows16_.data() + base * D, Device::kCpu, io16_.data(),
-                size_t(R) * D * 2);
-  } else if (ctx_.device != Device::kCpu && R > 0 && c == num_chunks(t) - 1) {
-    device_copy(ctx_.device, state_array(array) + base * D, Device::kCpu, mine, size_t(R) * D * 4);
+    device_copy(home_, rows16_.data() + base * D, Device::kCpu, io16_.data(), size_t(R) * D * 2);
+  } else if (home_ != Device::kCpu && R > 0 && c == num_chunks(t) - 1) {
+    device_copy(home_, state_array(array) + base * D, Device::kCpu, mine, size_t(R) * D * 4);
   }
 }
 

@@ -1,0 +1,320 @@
+// The collection's host tier (collection.h, --device_table_budget): the home arrays in
+// host memory, the device cache of C rows, the ids of later steps announced to the rows'
+// owners, and the gather and update of cached rows. The residency itself is row_cache.h's.
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/cuda_context.h"
+#include "embedding/collection.h"
+#include "embedding/tier_ops.h"
+
+namespace ncf {
+
+EmbeddingCollection::~EmbeddingCollection() {
+  for (void* p : registered_) host_unregister(p);
+}
+
+ExecContext EmbeddingCollection::home_ctx() const {
+  if (home_ == ctx_.device) return ctx_;
+  ExecContext host;
+  host.threads = ctx_.threads;
+  return host;
+}
+
+int64_t EmbeddingCollection::cached_row_bytes() const {
+  return int64_t(plan_.table_elem_bytes) * plan_.D +
+         4 * optimizer_state_floats_per_row(opt_.kind, plan_.D) + 4;  // + its slot map entry
+}
+
+void EmbeddingCollection::allocate_cache(int64_t slots) {
+  const int D = plan_.D;
+  const int64_t C = std::min(slots, std::max<int64_t>(R_, 1));
+  const Device dev = ctx_.device;
+  try {
+    cparams_ = Buffer<float>(dev, bf16_rows_ ? 0 : size_t(C) * D);
+    crows16_ = Buffer<uint16_t>(dev, bf16_rows_ ? size_t(C) * D : 0);
+    cm_ = Buffer<float>(dev, m_.size() ? size_t(C) * state_width(1) : 0);
+    cv_ = Buffer<float>(dev, v_.size() ? size_t(C) * D : 0);
+    slot_map_ = Buffer<int32_t>(dev, size_t(std::max<int64_t>(R_, 1)));
+  } catch (const Error& e) {
+    NCF_RETHROW(e, "the device table cache (", C, " rows x ", cached_row_bytes(),
+                " bytes) does not fit on this ", device_name(dev));
+  }
+  tslot_ = Buffer<int32_t>(dev, 0);
+  moves_dev_ = Buffer<int32_t>(dev, 0);
+  cache_ = std::make_unique<RowCache>(R_, C);
+  const std::vector<int32_t> none(slot_map_.size(), -1);
+  device_copy(dev, slot_map_.data(), Device::kCpu, none.data(), none.size() * 4);
+  // A GPU's kernels copy rows to and from the home arrays directly.
+  if (dev != Device::kCpu)
+    for (auto [p, bytes] : {std::pair<void*, size_t>{params_.data(), params_.bytes()},
+                            {rows16_.data(), rows16_.bytes()},
+                            {m_.data(), m_.bytes()},
+                            {v_.data(), v_.bytes()}})
+      if (p && bytes) {
+        host_register(p, bytes);
+        registered_.push_back(p);
+      }
+}
+
+void EmbeddingCollection::drop_cache() {
+  NCF_CHECK(announced_ == looked_, "embedding cache dropped with ", announced_ - looked_,
+            " steps announced");
+  retire_looked();
+  flush_cache();  // the rows of other tables than the one replaced stay current at home
+  if (cache_->num_resident() == 0) return;
+  if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // no kernel reads the map now
+  cache_->drop_all();
+  const std::vector<int32_t> none(slot_map_.size(), -1);
+  device_copy(ctx_.device, slot_map_.data(), Device::kCpu, none.data(), none.size() * 4);
+}
+
+// ---- the rows of a step at their owners -------------------------------------------
+
+std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>& host_ids) {
+  const int T = num_tables();
+  NCF_CHECK(int(host_ids.size()) == T, "embedding announce: ", host_ids.size(), " id lists for ", T,
+            " tables");
+  ExecContext host;
+  host.threads = ctx_.threads;
+  std::vector<int32_t> mine, routed;
+  for (int t = 0; t < T; ++t) {
+    const int64_t n = host_ids[t].n;
+    std::vector<int32_t> keys(size_t(std::max<int64_t>(n, 0)));
+    const bool flat = local_ || is_routed(t);
+    try {
+      ids_to_keys(host, host_ids[t].ids, n, flat ? layout_.key_begin[lt_[t]] : 0,
+                  plan_.tables[t].num_rows, keys.data());
+    } catch (const Error& e) {
+      NCF_RETHROW(e, "table ", plan_.tables[t].name);
+    }
+    if (local_) {  // the keys are the flat rows
+      mine.insert(mine.end(), keys.begin(), keys.end());
+    } else if (!is_routed(t)) {  // this rank's own copy
+      const int64_t b = layout_.begin_on(lt_[t], rank_);
+      for (int32_t r : keys) mine.push_back(int32_t(b + r));
+    } else {
+      routed.insert(routed.end(), keys.begin(), keys.end());
+    }
+  }
+  if (any_routed()) {
+    // Each distinct routed key once to its owner, which learns the flat rows asked of it.
+    std::sort(routed.begin(), routed.end());
+    routed.erase(std::unique(routed.begin(), routed.end()), routed.end());
+    const int64_t nu = int64_t(routed.size());
+    const size_t W = static_cast<size_t>(W_);
+    std::vector<int64_t> perm(static_cast<size_t>(nu)), sc(W), sd(W), rc(W), rd(W);
+    std::vector<int32_t> send(static_cast<size_t>(nu));
+    bucketize_by_owner(host, routed.data(), nu, layout_, perm.data(), send.data(), sc.data());
+    comm_.exchange_counts(sc.data(), rc.data());
+    int64_t nr = 0;
+    for (int p = 0; p < W_; ++p) {
+      sd[size_t(p)] = p ? sd[size_t(p) - 1] + sc[size_t(p) - 1] : 0;
+      rd[size_t(p)] = nr;
+      nr += rc[size_t(p)];
+    }
+    std::vector<int32_t> recv(static_cast<size_t>(nr));
+    all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
+                    rd.data(), DType::kInt32);
+    mine.insert(mine.end(), recv.begin(), recv.end());
+  }
+  std::sort(mine.begin(), mine.end());
+  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  return mine;
+}
+
+void EmbeddingCollection::retire_looked() {
+  if (!retire_due_) return;
+  cache_->retire(looked_ - 1);
+  retire_due_ = false;
+}
+
+void EmbeddingCollection::announce(const std::vector<TableIds>& host_ids) {
+  if (!cache_) return;
+  retire_looked();  // the last step's work is queued before anything announced now
+  std::vector<int32_t> rows = owner_rows(host_ids);
+  RowCache::Moves m;
+  cache_->announce(announced_, std::move(rows), &m);
+  ++announced_;
+  apply_moves(m);
+}
+
+void EmbeddingCollection::forget_announced() {
+  if (!cache_) return;
+  retire_looked();
+  cache_->forget_window();
+  announced_ = looked_;
+}
+
+void EmbeddingCollection::begin_lookup(const std::vector<TableIds>& ids) {
+  retire_looked();
+  if (announced_ == looked_) {
+    // Not announced: announced now from a host copy of its ids.
+    std::vector<std::vector<int32_t>> copies(ids.size());
+    std::vector<TableIds> host_ids(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      NCF_CHECK(ids[t].n >= 0, "embedding lookup: table ", plan_.tables[t].name, " n=", ids[t].n);
+      copies[t].resize(size_t(ids[t].n));
+      if (ids[t].n > 0)
+        device_copy(Device::kCpu, copies[t].data(), ctx_.device, ids[t].ids, size_t(ids[t].n) * 4);
+      host_ids[t] = {copies[t].data(), ids[t].n};
+    }
+    announce(host_ids);
+  }
+  RowCache::Moves m;
+  cache_->begin(looked_, &m);
+  ++looked_;
+  retire_due_ = true;
+  cache_dirty_ = true;
+  apply_moves(m);
+}
+
+// ---- moving rows between home and the cache ----------------------------------------
+
+void EmbeddingCollection::move_rows(const int32_t* slots, const int32_t* rows, int64_t n,
+                                    bool to_home) {
+  if (n == 0) return;
+  const int D = plan_.D;
+  const int64_t C = cache_->slots();
+  struct Array {
+    void* home;
+    void* cache;
+    int width, bytes;
+  };
+  const Array arrays[] = {
+      {params_.data(), cparams_.data(), D, 4},
+      {rows16_.data(), crows16_.data(), D, 2},
+      {m_.data(), cm_.data(), state_width(1), 4},
+      {v_.data(), cv_.data(), D, 4},
+  };
+  for (const Array& a : arrays) {
+    if (!a.home || !a.cache) continue;
+    if (to_home)
+      copy_rows(ctx_, a.cache, slots, C, a.home, rows, R_, n, a.width, a.bytes);
+    else
+      copy_rows(ctx_, a.home, rows, R_, a.cache, slots, C, n, a.width, a.bytes);
+  }
+}
+
+void EmbeddingCollection::apply_moves(const RowCache::Moves& m) {
+  if (m.empty()) return;
+  const int64_t ne = int64_t(m.evict_slots.size()), nl = int64_t(m.load_rows.size());
+  const int32_t* lists[4] = {m.evict_slots.data(), m.evict_rows.data(), m.load_rows.data(),
+                             m.load_slots.data()};
+  if (ctx_.device != Device::kCpu) {
+    // The lists go up through pinned memory on the stream; the previous lists' copy and
+    // kernels are waited for before the pinned buffer is rewritten.
+    check_device_errors(ctx_);
+    const size_t total = size_t(2 * ne + 2 * nl);
+    moves_host_.reserve(total);
+    moves_dev_.reserve(total);
+    int32_t* h = moves_host_.data();
+    std::copy(m.evict_slots.begin(), m.evict_slots.end(), h);
+    std::copy(m.evict_rows.begin(), m.evict_rows.end(), h + ne);
+    std::copy(m.load_rows.begin(), m.load_rows.end(), h + 2 * ne);
+    std::copy(m.load_slots.begin(), m.load_slots.end(), h + 2 * ne + nl);
+    device_copy_async(ctx_, ctx_.device, moves_dev_.data(), Device::kCpu, h, total * 4);
+    const int32_t* d = moves_dev_.data();
+    lists[0] = d;
+    lists[1] = d + ne;
+    lists[2] = d + 2 * ne;
+    lists[3] = d + 2 * ne + nl;
+  }
+  // Write-backs first: a slot's old row goes home before its new row arrives.
+  move_rows(lists[0], lists[1], ne, true);
+  assign_map(ctx_, slot_map_.data(), lists[1], nullptr, -1, ne, R_);
+  move_rows(lists[3], lists[2], nl, false);
+  assign_map(ctx_, slot_map_.data(), lists[2], lists[3], 0, nl, R_);
+}
+
+void EmbeddingCollection::flush_cache() {
+  if (!cache_ || !cache_dirty_) return;
+  std::vector<int32_t> rows, slots;
+  cache_->resident(&rows, &slots);
+  const int64_t n = int64_t(rows.size());
+  const int32_t* r = rows.data();
+  const int32_t* s = slots.data();
+  if (ctx_.device != Device::kCpu && n > 0) {
+    check_device_errors(ctx_);
+    moves_host_.reserve(size_t(2 * n));
+    moves_dev_.reserve(size_t(2 * n));
+    std::copy(rows.begin(), rows.end(), moves_host_.data());
+    std::copy(slots.begin(), slots.end(), moves_host_.data() + n);
+    device_copy_async(ctx_, ctx_.device, moves_dev_.data(), Device::kCpu, moves_host_.data(),
+                      size_t(2 * n) * 4);
+    r = moves_dev_.data();
+    s = moves_dev_.data() + n;
+  }
+  move_rows(s, r, n, true);
+  if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the host reads home next
+  cache_dirty_ = false;
+}
+
+// ---- the rows of an op through the cache --------------------------------------------
+
+void EmbeddingCollection::tier_gather(const RowId* ids, int64_t first, int64_t R, int64_t n,
+                                      float* out) {
+  if (n == 0) return;
+  const int D = plan_.D;
+  const int64_t C = cache_->slots();
+  tslot_.reserve(size_t(n));
+  map_rows(ctx_, slot_map_.data() + first, ids, R, n, tslot_.data());
+  if (bf16_rows_)
+    gather_rows_bf16(ctx_, crows16_.data(), tslot_.data(), out, C, n, D);
+  else
+    gather_rows(ctx_, cparams_.data(), tslot_.data(), out, C, n, D);
+}
+
+// The update of cached rows: the gradient rows summed per row (sort_reduce_rows), the
+// touched rows and their state gathered from their slots into a compact table, the
+// optimizer on it, and everything put back into the same slots (BF16 rows rounded with
+// the key of their flat row, as store_rows_bf16 rounds them at home).
+void EmbeddingCollection::tier_update(const RowId* rows, const float* grads, int64_t n,
+                                      int64_t first, int64_t count, bool unique, int64_t t) {
+  const int D = plan_.D;
+  const int64_t C = cache_->slots();
+  const RowId* ur = rows;
+  const float* ug = grads;
+  int64_t nu = n;
+  if (!unique && n > 0) {
+    bur_.reserve(size_t(n));
+    bug_.reserve(size_t(n) * D);
+    sort_reduce_rows(ctx_, rows, grads, n, D, bur_.data(), bug_.data(), &nu, count);
+    ur = bur_.data();
+    ug = bug_.data();
+  }
+  if (nu == 0) return;
+  const int sw = state_width(1);
+  tslot_.reserve(size_t(nu));
+  map_rows(ctx_, slot_map_.data() + first, ur, count, nu, tslot_.data());
+  const int32_t* slots = tslot_.data();
+  bw_.reserve(size_t(nu) * D);
+  brow_.reserve(size_t(nu));
+  if (bf16_rows_)
+    gather_rows_bf16(ctx_, crows16_.data(), slots, bw_.data(), C, nu, D);
+  else
+    gather_rows(ctx_, cparams_.data(), slots, bw_.data(), C, nu, D);
+  offset_rows(ctx_, nullptr, nu, 0, brow_.data());
+  float* m = nullptr;
+  float* v = nullptr;
+  if (cm_.size()) {
+    bm_.reserve(size_t(nu) * sw);
+    gather_rows(ctx_, cm_.data(), slots, bm_.data(), C, nu, sw);
+    m = bm_.data();
+  }
+  if (cv_.size()) {
+    bv_.reserve(size_t(nu) * D);
+    gather_rows(ctx_, cv_.data(), slots, bv_.data(), C, nu, D);
+    v = bv_.data();
+  }
+  apply_table_optimizer(ctx_, TableRows{bw_.data(), m, v, nu, D}, brow_.data(), ug, nu, opt_, t);
+  if (m) copy_rows(ctx_, m, nullptr, nu, cm_.data(), slots, C, nu, sw, 4);
+  if (v) copy_rows(ctx_, v, nullptr, nu, cv_.data(), slots, C, nu, D, 4);
+  if (bf16_rows_)
+    store_rows_bf16_at(ctx_, bw_.data(), ur, slots, crows16_.data(), C, nu, D, rounding(first, t));
+  else
+    copy_rows(ctx_, bw_.data(), nullptr, nu, cparams_.data(), slots, C, nu, D, 4);
+}
+
+}  // namespace ncf

@@ -1,0 +1,232 @@
+// The host tier's residency plan: see row_cache.h.
+#include "embedding/row_cache.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/check.h"
+
+namespace ncf {
+
+void RowCache::Moves::clear() {
+  evict_slots.clear();
+  evict_rows.clear();
+  load_rows.clear();
+  load_slots.clear();
+}
+
+RowCache::RowCache(int64_t rows, int64_t slots) {
+  NCF_CHECK(rows >= 0 && rows <= INT32_MAX, "row cache: ", rows, " rows");
+  NCF_CHECK(slots >= 1 && slots <= INT32_MAX, "row cache: ", slots, " slots");
+  slots = std::min(slots, std::max<int64_t>(rows, 1));
+  slot_of_.assign(size_t(rows), -1);
+  refs_.assign(size_t(rows), 0);
+  last_use_.assign(size_t(rows), -1);
+  stamp_.assign(size_t(rows), 0);
+  row_of_.assign(size_t(slots), -1);
+  free_.resize(size_t(slots));
+  for (int64_t k = 0; k < slots; ++k) free_[size_t(k)] = int32_t(slots - 1 - k);
+}
+
+bool RowCache::announced(int64_t s) const {
+  for (const Step& st : window_)
+    if (st.s == s) return true;
+  return false;
+}
+
+void RowCache::note_window_size() {
+  counters_.most_window_rows = std::max(counters_.most_window_rows, window_rows_);
+}
+
+void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
+  NCF_CHECK(next_s_ < 0 || s == next_s_, "row cache: step ", s, " announced, step ", next_s_,
+            " expected");
+  next_s_ = s + 1;
+  Step st;
+  st.s = s;
+  const int64_t R = int64_t(slot_of_.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int32_t r = rows[k];
+    NCF_CHECK(r >= 0 && r < R && (k == 0 || r > rows[k - 1]), "row cache: step ", s, " row[", k,
+              "]=", r, " not ascending in [0, ", R, ")");
+    if (refs_[size_t(r)]++ == 0) {
+      ++window_rows_;
+      ++stamp_[size_t(r)];  // its lru_ entry (if any) goes stale
+    }
+    if (slot_of_[size_t(r)] < 0) st.missing.push_back(r);
+  }
+  st.rows = std::move(rows);
+  window_.push_back(std::move(st));
+  note_window_size();
+  load_pending(m);
+}
+
+void RowCache::place(int32_t row, int32_t slot, Moves* m) {
+  slot_of_[size_t(row)] = slot;
+  row_of_[size_t(slot)] = row;
+  ++resident_;
+  m->load_rows.push_back(row);
+  m->load_slots.push_back(slot);
+  ++counters_.loads;
+}
+
+void RowCache::evict(int32_t slot, Moves* m) {
+  const int32_t row = row_of_[size_t(slot)];
+  m->evict_slots.push_back(slot);
+  m->evict_rows.push_back(row);
+  slot_of_[size_t(row)] = -1;
+  row_of_[size_t(slot)] = -1;
+  --resident_;
+  ++counters_.evictions;
+}
+
+int32_t RowCache::take_slot(Moves* m) {
+  if (!free_.empty()) {
+    const int32_t slot = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  while (!lru_.empty()) {
+    const auto [row, stamp] = lru_.front();
+    lru_.pop_front();
+    if (stamp != stamp_[size_t(row)] || refs_[size_t(row)] > 0 || slot_of_[size_t(row)] < 0)
+      continue;  // stale: back in the window, or already gone
+    const int32_t slot = slot_of_[size_t(row)];
+    evict(slot, m);
+    return slot;
+  }
+  return -1;
+}
+
+void RowCache::load_pending(Moves* m) {
+  for (Step& st : window_) {
+    size_t k = 0;
+    for (; k < st.missing.size(); ++k) {
+      const int32_t r = st.missing[k];
+      if (slot_of_[size_t(r)] >= 0) continue;  // loaded for an earlier step meanwhile
+      const int32_t slot = take_slot(m);
+      if (slot < 0) break;
+      place(r, slot, m);
+    }
+    st.missing.erase(st.missing.begin(), st.missing.begin() + std::ptrdiff_t(k));
+    if (!st.missing.empty()) return;  // the steps load in order
+  }
+}
+
+int32_t RowCache::forced_victim(const Step& cur) const {
+  // The next use of each resident row of the later steps (not in cur): its first step.
+  std::vector<std::pair<int32_t, int64_t>> next;  // (row, first later step)
+  for (const Step& st : window_) {
+    if (st.s <= cur.s) continue;
+    for (int32_t r : st.rows)
+      if (slot_of_[size_t(r)] >= 0 && !std::binary_search(cur.rows.begin(), cur.rows.end(), r))
+        next.emplace_back(r, st.s);
+  }
+  std::sort(next.begin(), next.end());  // by row, then step: the first entry is the next use
+  int32_t best = -1;
+  std::tuple<int64_t, int64_t, int32_t> best_key{};
+  for (size_t k = 0; k < next.size(); ++k) {
+    if (k > 0 && next[k].first == next[k - 1].first) continue;
+    const int32_t r = next[k].first;
+    // Farthest next use first, then least recently used, then the lowest row.
+    const std::tuple<int64_t, int64_t, int32_t> key{-next[k].second, last_use_[size_t(r)], r};
+    if (best < 0 || key < best_key) {
+      best = r;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+void RowCache::begin(int64_t s, Moves* m) {
+  NCF_CHECK(!window_.empty() && window_.front().s == s && !window_.front().begun,
+            "row cache: step ", s, " begun out of order");
+  ++counters_.steps;
+  const int64_t loads_before = counters_.loads;
+  load_pending(m);
+  Step& cur = window_.front();
+  NCF_CHECK(int64_t(cur.rows.size()) <= slots(), "the device table budget holds ", slots(),
+            " rows of this rank's tables, but step ", s, " alone touches ", cur.rows.size(),
+            ": raise --device_table_budget or lower --batch_size");
+  std::vector<int32_t> still;
+  for (int32_t r : cur.missing)
+    if (slot_of_[size_t(r)] < 0) still.push_back(r);
+  cur.missing.clear();
+  for (int32_t r : still) {
+    if (slot_of_[size_t(r)] >= 0) continue;  // listed twice
+    int32_t slot = take_slot(m);
+    if (slot < 0) {
+      const int32_t victim = forced_victim(cur);
+      NCF_CHECK(victim >= 0, "row cache: no slot for row ", r, " of step ", s);
+      slot = slot_of_[size_t(victim)];
+      evict(slot, m);
+      ++counters_.evicted_in_window;
+      for (Step& st : window_) {  // the later steps that need it load it again
+        if (st.s <= s || !std::binary_search(st.rows.begin(), st.rows.end(), victim)) continue;
+        const auto at = std::lower_bound(st.missing.begin(), st.missing.end(), victim);
+        if (at == st.missing.end() || *at != victim) st.missing.insert(at, victim);
+      }
+    }
+    place(r, slot, m);
+  }
+  cur.begun = true;
+  if (counters_.loads > loads_before) {
+    ++counters_.waits;
+    counters_.waited_loads += counters_.loads - loads_before;
+  }
+}
+
+void RowCache::retire(int64_t s) {
+  NCF_CHECK(!window_.empty() && window_.front().s == s && window_.front().begun, "row cache: step ",
+            s, " retired before it ran");
+  for (int32_t r : window_.front().rows) {
+    last_use_[size_t(r)] = s;
+    if (--refs_[size_t(r)] == 0) {
+      --window_rows_;
+      lru_.emplace_back(r, ++stamp_[size_t(r)]);
+    }
+  }
+  window_.pop_front();
+}
+
+void RowCache::forget_window() {
+  if (window_.empty()) return;
+  for (const Step& st : window_)
+    for (int32_t r : st.rows)
+      if (--refs_[size_t(r)] == 0) --window_rows_;
+  window_.clear();
+  next_s_ = -1;
+  // Rebuild the evictable order over every resident row outside the window.
+  std::vector<std::tuple<int64_t, int32_t>> order;
+  for (size_t slot = 0; slot < row_of_.size(); ++slot) {
+    const int32_t r = row_of_[slot];
+    if (r >= 0 && refs_[size_t(r)] == 0) order.emplace_back(last_use_[size_t(r)], r);
+  }
+  std::sort(order.begin(), order.end());
+  lru_.clear();
+  for (const auto& [last, r] : order) lru_.emplace_back(r, ++stamp_[size_t(r)]);
+}
+
+void RowCache::drop_all() {
+  NCF_CHECK(window_.empty(), "row cache: dropped with ", window_.size(), " steps announced");
+  std::fill(slot_of_.begin(), slot_of_.end(), -1);
+  std::fill(row_of_.begin(), row_of_.end(), -1);
+  const int64_t C = slots();
+  free_.resize(size_t(C));
+  for (int64_t k = 0; k < C; ++k) free_[size_t(k)] = int32_t(C - 1 - k);
+  lru_.clear();
+  resident_ = 0;
+  next_s_ = -1;
+}
+
+void RowCache::resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const {
+  rows->clear();
+  slots->clear();
+  for (size_t r = 0; r < slot_of_.size(); ++r)
+    if (slot_of_[r] >= 0) {
+      rows->push_back(int32_t(r));
+      slots->push_back(slot_of_[r]);
+    }
+}
+
+}  // namespace ncf

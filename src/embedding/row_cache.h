@@ -1,0 +1,112 @@
+// The host tier's residency plan (--device_table_budget, docs/distributed.md): which of a
+// rank's flat rows sit in which of C cache slots on the device, decided from the rows
+// every step will touch, which the trainer announces k steps ahead (exact lookahead).
+// Pure host bookkeeping, no device and no clock: the cache's contents after any sequence
+// of calls are a function of the announced rows and C only.
+//
+// The rules:
+// - A row is "in the window" while some announced step that has not retired touches it;
+//   its reference count is the number of such steps.
+// - announce(s) loads the rows of step s that are not resident, in ascending row order,
+//   into free slots (lowest first), then into the slots of evictable rows: resident rows
+//   outside the window, least recently used first (the step that last touched them), then
+//   the lowest row. Where step s's rows do not all fit now, what is left waits, and no
+//   later step loads anything before it (the steps load in order).
+// - begin(s), before step s runs, loads what is still missing of step s's rows, first as
+//   announce does and then, only where the budget does not hold the window, by evicting
+//   rows of later steps: the row whose next use is farthest, then the least recently
+//   used, then the lowest row. Those later steps load them again. A step that had to
+//   load anything in begin() counts as a wait; each such eviction counts as one
+//   evicted inside its window (0 whenever the budget holds every window's rows).
+// - retire(s) after step s ran: its rows leave the window where no later announced step
+//   needs them; they stay resident until evicted.
+// The loads and evictions of a call come back as Moves for the caller to carry out, the
+// write-backs first (a slot's old row goes home before the new one arrives).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <utility>
+#include <vector>
+
+namespace ncf {
+
+class RowCache {
+ public:
+  // rows: the rank's flat rows (ids in [0, rows)); slots: the cache's capacity.
+  RowCache(int64_t rows, int64_t slots);
+
+  struct Moves {
+    std::vector<int32_t> evict_slots, evict_rows;  // write slot -> home row, first
+    std::vector<int32_t> load_rows, load_slots;    // then home row -> slot
+    bool empty() const { return evict_slots.empty() && load_rows.empty(); }
+    void clear();
+  };
+  struct Counters {
+    int64_t steps = 0;              // steps begun
+    int64_t waits = 0;              // steps that had to load rows in begin()
+    int64_t loads = 0;              // rows loaded (announce and begin)
+    int64_t waited_loads = 0;       // of them, loaded in begin()
+    int64_t evictions = 0;          // rows written back to make room
+    int64_t evicted_in_window = 0;  // of them, rows a later announced step needed
+    int64_t most_window_rows = 0;   // the largest number of distinct rows in the window
+  };
+
+  // Step s touches `rows` (ascending, unique, each in [0, rows)); s is one past the last
+  // announced step (the first call may start anywhere). Appends what it loads to *m.
+  void announce(int64_t s, std::vector<int32_t> rows, Moves* m);
+  // Step s, the oldest announced and not retired, is about to run: every one of its rows
+  // becomes resident (appended to *m). Fails, naming the sizes, where step s's own rows
+  // outnumber the slots.
+  void begin(int64_t s, Moves* m);
+  // Step s (begun, the oldest not retired) has run.
+  void retire(int64_t s);
+  // Forgets every announced step that has not run (a stopped epoch); rows stay resident.
+  void forget_window();
+  // Nothing resident any more (after the home rows were replaced, e.g. by a checkpoint).
+  void drop_all();
+
+  int32_t slot_of(int32_t row) const { return slot_of_[size_t(row)]; }
+  // Every resident row and its slot, ascending by row (a flush writes them home).
+  void resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const;
+  int64_t num_resident() const { return resident_; }
+  int64_t slots() const { return int64_t(row_of_.size()); }
+  int64_t window_steps() const { return int64_t(window_.size()); }
+  bool announced(int64_t s) const;
+  const Counters& counters() const { return counters_; }
+
+ private:
+  struct Step {
+    int64_t s = 0;
+    std::vector<int32_t> rows;     // ascending
+    std::vector<int32_t> missing;  // ascending: not yet loaded (may hold rows since loaded)
+    bool begun = false;
+  };
+  // Loads the missing rows of the window's steps in order into free or evictable slots;
+  // stops at the first step that cannot be completed.
+  void load_pending(Moves* m);
+  // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
+  int32_t take_slot(Moves* m);
+  void place(int32_t row, int32_t slot, Moves* m);
+  void evict(int32_t slot, Moves* m);
+  // begin()'s last resort: a resident row outside step `cur` whose next use is farthest.
+  int32_t forced_victim(const Step& cur) const;
+  void note_window_size();
+
+  std::vector<int32_t> slot_of_;   // [rows] slot or -1
+  std::vector<int32_t> row_of_;    // [slots] row or -1
+  std::vector<int32_t> refs_;      // [rows] announced, unretired steps touching the row
+  std::vector<int64_t> last_use_;  // [rows] the last step that retired with the row, or -1
+  std::vector<uint32_t> stamp_;    // [rows] bumped whenever the row's lru_ entry goes stale
+  std::vector<int32_t> free_;      // free slots, the lowest at the back
+  // Evictable rows (refs 0, resident) in (last use, row) order; stale entries skipped.
+  std::deque<std::pair<int32_t, uint32_t>> lru_;
+  std::deque<Step> window_;
+  int64_t next_s_ = -1;  // the next step announce() accepts (-1: any)
+  int64_t resident_ = 0;
+  int64_t window_rows_ = 0;  // distinct rows with refs > 0
+  Counters counters_;
+};
+
+}  // namespace ncf

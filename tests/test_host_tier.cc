@@ -1,0 +1,426 @@
+// The host tier (--device_table_budget) in one process: the residency plan of
+// row_cache.h against a written-out simulation of its rules, its promises (no row of the
+// window evicted, no wait, once the budget holds a window), and the collection with a
+// cache of every size giving the bits of the all-on-device collection over many steps,
+// for every optimizer that updates touched rows only, FP32 and BF16 rows, announced
+// ahead or not. The multi-rank runs (real mpirun, ncf_dist) are in test_host_tier_runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "comm/single_communicator.h"
+#include "common/check.h"
+#include "embedding/collection.h"
+#include "embedding/row_cache.h"
+#include "embedding/tier_ops.h"
+
+namespace ncf {
+namespace {
+
+std::vector<int32_t> step_rows(std::mt19937& g, int64_t R, int n) {
+  std::set<int32_t> s;
+  for (int k = 0; k < n; ++k)
+    s.insert(int32_t(g() % 4 == 0 ? g() % 8 : g() % uint32_t(R)));  // hot rows 0..7
+  return {s.begin(), s.end()};
+}
+
+// row_cache.h's rules written out with whole scans: free slots lowest first, then the
+// evictable row (outside the window) used least recently, then the lowest; the steps
+// load in order; begin() evicts rows of later steps by farthest next use only when
+// nothing else is left.
+struct NaiveCache {
+  int64_t C;
+  std::map<int32_t, int32_t> slot;                               // resident row -> slot
+  std::map<int32_t, int64_t> last;                               // row -> last step retired with it
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> window;  // announced, not retired
+  std::vector<std::vector<int32_t>> missing;                     // per window step
+  int64_t evicted_in_window = 0;
+
+  bool in_window(int32_t r, size_t from = 0) const {
+    for (size_t k = from; k < window.size(); ++k)
+      if (std::binary_search(window[k].second.begin(), window[k].second.end(), r)) return true;
+    return false;
+  }
+  int32_t free_slot() const {
+    std::set<int32_t> used;
+    for (auto& [r, s] : slot) used.insert(s);
+    for (int32_t s = 0; s < C; ++s)
+      if (!used.count(s)) return s;
+    return -1;
+  }
+  int32_t take() {
+    const int32_t f = free_slot();
+    if (f >= 0) return f;
+    int32_t best = -1;
+    std::pair<int64_t, int32_t> key{};
+    for (auto& [r, s] : slot) {
+      if (in_window(r)) continue;
+      const std::pair<int64_t, int32_t> k{last.count(r) ? last.at(r) : -1, r};
+      if (best < 0 || k < key) {
+        best = r;
+        key = k;
+      }
+    }
+    if (best < 0) return -1;
+    const int32_t s = slot.at(best);
+    slot.erase(best);
+    return s;
+  }
+  void load_pending() {
+    for (size_t k = 0; k < window.size(); ++k) {
+      std::vector<int32_t> left;
+      bool full = false;
+      for (int32_t r : missing[k]) {
+        if (slot.count(r)) continue;
+        const int32_t s = full ? -1 : take();
+        if (s < 0) {
+          full = true;
+          left.push_back(r);
+          continue;
+        }
+        slot[r] = s;
+      }
+      missing[k] = left;
+      if (!left.empty()) return;
+    }
+  }
+  void announce(int64_t s, const std::vector<int32_t>& rows) {
+    window.emplace_back(s, rows);
+    missing.push_back({});
+    for (int32_t r : rows)
+      if (!slot.count(r)) missing.back().push_back(r);
+    load_pending();
+  }
+  void begin() {
+    load_pending();
+    const auto& cur = window.front().second;
+    for (int32_t r : cur) {
+      if (slot.count(r)) continue;
+      int32_t s = take();
+      if (s < 0) {
+        int32_t best = -1;
+        std::tuple<int64_t, int64_t, int32_t> key{};
+        for (auto& [x, sx] : slot) {
+          if (std::binary_search(cur.begin(), cur.end(), x)) continue;
+          int64_t next = -1;
+          for (size_t k = 1; k < window.size() && next < 0; ++k)
+            if (std::binary_search(window[k].second.begin(), window[k].second.end(), x))
+              next = window[k].first;
+          const std::tuple<int64_t, int64_t, int32_t> kx{-next, last.count(x) ? last.at(x) : -1, x};
+          if (best < 0 || kx < key) {
+            best = x;
+            key = kx;
+          }
+        }
+        s = slot.at(best);
+        slot.erase(best);
+        ++evicted_in_window;
+        for (size_t k = 1; k < window.size(); ++k)
+          if (std::binary_search(window[k].second.begin(), window[k].second.end(), best)) {
+            auto& m = missing[k];
+            m.insert(std::lower_bound(m.begin(), m.end(), best), best);
+          }
+      }
+      slot[r] = s;
+    }
+    missing.front().clear();
+  }
+  void retire() {
+    for (int32_t r : window.front().second) last[r] = window.front().first;
+    window.erase(window.begin());
+    missing.erase(missing.begin());
+  }
+};
+
+void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
+                          const std::string& when, int64_t s) {
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t want = n.slot.count(r) ? n.slot.at(r) : -1;
+    ASSERT_EQ(c.slot_of(r), want) << when << " step " << s << " row " << r;
+  }
+}
+
+TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
+  const int64_t R = 300;
+  for (int64_t C : {300, 120, 60, 31}) {
+    for (int k : {0, 1, 3}) {
+      std::mt19937 g(uint32_t(C * 7 + k));
+      RowCache cache(R, C);
+      NaiveCache naive{C, {}, {}, {}, {}, 0};
+      std::vector<std::vector<int32_t>> steps;
+      for (int s = 0; s < 40; ++s) steps.push_back(step_rows(g, R, 30));
+      RowCache::Moves m;
+      int64_t next = 0;
+      const std::string at = "C " + std::to_string(C) + " k " + std::to_string(k) + ": ";
+      for (int64_t s = 0; s < 40; ++s) {
+        for (; next <= std::min<int64_t>(39, s + k); ++next) {
+          cache.announce(next, steps[size_t(next)], &m);
+          naive.announce(next, steps[size_t(next)]);
+          expect_same_contents(cache, naive, R, at + "announce", next);
+        }
+        cache.begin(s, &m);
+        naive.begin();
+        expect_same_contents(cache, naive, R, at + "begin", s);
+        for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
+        cache.retire(s);
+        naive.retire();
+      }
+      EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << C << " " << k;
+      EXPECT_EQ(cache.counters().steps, 40);
+    }
+  }
+}
+
+// The moves say exactly what changed: replaying them on a slot table gives the contents.
+TEST(RowCache, MovesReplayToTheContents) {
+  const int64_t R = 200, C = 50;
+  std::mt19937 g(3);
+  RowCache cache(R, C);
+  std::vector<int32_t> at(size_t(C), -1);  // slot -> row, from the moves alone
+  auto replay = [&](const RowCache::Moves& m) {
+    for (size_t k = 0; k < m.evict_slots.size(); ++k) {
+      ASSERT_EQ(at[size_t(m.evict_slots[k])], m.evict_rows[k]) << "evicts the row it holds";
+      at[size_t(m.evict_slots[k])] = -1;
+    }
+    for (size_t k = 0; k < m.load_rows.size(); ++k) {
+      ASSERT_EQ(at[size_t(m.load_slots[k])], -1) << "loads into a free slot";
+      at[size_t(m.load_slots[k])] = m.load_rows[k];
+    }
+  };
+  for (int64_t s = 0; s < 30; ++s) {
+    RowCache::Moves m;
+    cache.announce(s, step_rows(g, R, 20), &m);
+    replay(m);
+    m.clear();
+    cache.begin(s, &m);
+    replay(m);
+    cache.retire(s);
+  }
+  for (int32_t slot = 0; slot < C; ++slot)
+    if (at[size_t(slot)] >= 0) EXPECT_EQ(cache.slot_of(at[size_t(slot)]), slot);
+}
+
+// Once the budget holds every window's rows, no row of a window is evicted and, the
+// window primed, no step waits: every load was done ahead.
+TEST(RowCache, ABudgetThatHoldsTheWindowNeverEvictsInsideItNorWaits) {
+  const int64_t R = 1000;
+  const int k = 2;
+  std::mt19937 g(5);
+  std::vector<std::vector<int32_t>> steps;
+  for (int s = 0; s < 60; ++s) steps.push_back(step_rows(g, R, 40));
+  size_t most = 0;  // the largest window: k + 2 consecutive steps (the last one not retired)
+  for (size_t s = 0; s + 1 < steps.size(); ++s) {
+    std::set<int32_t> u;
+    for (size_t j = s; j < std::min(steps.size(), s + k + 2); ++j)
+      u.insert(steps[j].begin(), steps[j].end());
+    most = std::max(most, u.size());
+  }
+  RowCache cache(R, int64_t(most));
+  RowCache::Moves m;
+  for (int64_t s = 0; s < k; ++s) cache.announce(s, steps[size_t(s)], &m);
+  for (int64_t s = 0; s < 60; ++s) {
+    if (s + k < 60) cache.announce(s + k, steps[size_t(s + k)], &m);
+    cache.begin(s, &m);
+    cache.retire(s);
+  }
+  EXPECT_EQ(cache.counters().evicted_in_window, 0);
+  EXPECT_EQ(cache.counters().waits, 0);
+  EXPECT_GT(cache.counters().evictions, 0) << "the budget is below the table: rows left";
+}
+
+TEST(RowCache, AStepLargerThanTheBudgetIsRefusedNamingTheFlag) {
+  RowCache cache(100, 5);
+  RowCache::Moves m;
+  cache.announce(0, {1, 2, 3, 4, 5, 6, 7}, &m);
+  try {
+    cache.begin(0, &m);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device_table_budget"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("touches 7"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the ops, against loops ------------------------------------------------------------
+
+TEST(TierOps, CopyMapAndAssignAgainstLoops) {
+  ExecContext ctx;
+  ctx.threads = 2;
+  std::vector<float> src(40 * 3), dst(10 * 3, -1.0f);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+  const std::vector<int32_t> from = {39, 0, 17, 5}, to = {9, 2, 0, 4};
+  copy_rows(ctx, src.data(), from.data(), 40, dst.data(), to.data(), 10, 4, 3, 4);
+  for (size_t k = 0; k < from.size(); ++k)
+    for (int d = 0; d < 3; ++d) EXPECT_EQ(dst[size_t(to[k]) * 3 + d], src[size_t(from[k]) * 3 + d]);
+  EXPECT_EQ(dst[3], -1.0f) << "rows not named stay";
+  std::vector<uint16_t> s16 = {1, 2, 3, 4, 5, 6}, d16(6, 0);  // three rows of 2, odd words
+  const std::vector<int32_t> f16 = {2, 0}, t16 = {0, 1};
+  copy_rows(ctx, s16.data(), f16.data(), 3, d16.data(), t16.data(), 3, 2, 2, 2);
+  EXPECT_EQ(d16, (std::vector<uint16_t>{5, 6, 1, 2, 0, 0}));
+  std::vector<int32_t> map(8, -1);
+  const std::vector<int32_t> rows = {6, 1}, slots = {0, 3};
+  assign_map(ctx, map.data(), rows.data(), slots.data(), 0, 2, 8);
+  std::vector<int32_t> out(2);
+  map_rows(ctx, map.data(), rows.data(), 8, 2, out.data());
+  EXPECT_EQ(out, slots);
+  const std::vector<int32_t> absent = {2};
+  EXPECT_THROW(map_rows(ctx, map.data(), absent.data(), 8, 1, out.data()), Error);
+  EXPECT_THROW(copy_rows(ctx, src.data(), from.data(), 39, dst.data(), to.data(), 10, 4, 3, 4),
+               Error)
+      << "row 39 outside a source of 39 rows";
+}
+
+// ---- the collection: every bit of the all-on-device one ------------------------------
+
+constexpr int64_t kUsers = 150, kItems = 90;
+constexpr int kD = 6;
+
+EmbeddingPlan plan_of(bool bf16) {
+  EmbeddingPlan plan;
+  plan.D = kD;
+  plan.W = 1;
+  plan.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
+                 {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
+  plan.table_elem_bytes = bf16 ? 2 : 4;
+  return plan;
+}
+
+EmbeddingOptimizerConfig optimizer(EmbeddingOptimizer kind) {
+  EmbeddingOptimizerConfig o;
+  o.kind = kind;
+  o.sgd = {0.3f, 0.0f};
+  o.adagrad.lr = 0.2f;
+  o.adam.lr = 0.05f;
+  return o;
+}
+
+struct Trace {
+  std::vector<std::vector<float>> rows;  // each step's looked-up rows, both tables
+  std::vector<float> tables[2];
+  std::vector<std::vector<float>> state;  // every chunk of every state array at the end
+};
+
+// 12 steps of lookups and updates with fixed ids and gradients; cache 0 = all on device;
+// ahead = steps announced ahead (-1: none, each lookup announces itself).
+Trace run_steps(EmbeddingOptimizer kind, bool bf16, int64_t cache, int ahead,
+                const RowCache::Counters** counters = nullptr) {
+  static SingleCommunicator comm;
+  ExecContext ctx;
+  ctx.threads = 2;
+  static std::unique_ptr<EmbeddingCollection> keep;
+  keep = std::make_unique<EmbeddingCollection>(plan_of(bf16), comm, ctx, optimizer(kind), false,
+                                               cache);
+  EmbeddingCollection& e = *keep;
+  e.init(13);
+  const int steps = 12;
+  std::vector<std::vector<int32_t>> users, items;
+  std::mt19937 g(77);
+  for (int s = 0; s < steps; ++s) {
+    users.emplace_back(40);
+    items.emplace_back(70);
+    for (auto& x : users.back()) x = int32_t(g() % 3 == 0 ? g() % 4 : g() % kUsers);
+    for (auto& x : items.back()) x = int32_t(g() % 3 == 0 ? g() % 4 : g() % kItems);
+  }
+  auto ids = [&](int s) {
+    return std::vector<TableIds>{{users[size_t(s)].data(), 40}, {items[size_t(s)].data(), 70}};
+  };
+  Trace tr;
+  int announced = 0;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int s = 0; s < steps; ++s) {
+    for (; ahead >= 0 && announced <= std::min(steps - 1, s + ahead); ++announced)
+      e.announce(ids(announced));
+    e.lookup(ids(s));
+    tr.rows.emplace_back(e.rows(0), e.rows(0) + 40 * kD);
+    tr.rows.back().insert(tr.rows.back().end(), e.rows(1), e.rows(1) + 70 * kD);
+    for (int t = 0; t < 2; ++t)
+      for (int64_t i = 0; i < (t ? 70 : 40) * kD; ++i) e.row_grads(t)[i] = u(g);
+    e.gradients_start(nullptr);
+    e.gradients_finish(s + 1);
+  }
+  tr.tables[0] = e.gather_table(0);
+  tr.tables[1] = e.gather_table(1);
+  for (int t = 0; t < 2; ++t)
+    for (int a = 0; a < e.num_state_arrays(); ++a)
+      for (int64_t c = 0; c < e.num_chunks(t); ++c) {
+        int64_t n = 0;
+        const float* p = e.export_chunk(t, a, c, &n);
+        tr.state.emplace_back(p, p + n * e.state_width(a));
+      }
+  if (counters) *counters = e.cache_counters();
+  return tr;
+}
+
+void expect_same_bits(const Trace& a, const Trace& b, const std::string& what) {
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (size_t s = 0; s < a.rows.size(); ++s)
+    ASSERT_EQ(0, std::memcmp(a.rows[s].data(), b.rows[s].data(), a.rows[s].size() * 4))
+        << what << ": the rows looked up at step " << s;
+  for (int t = 0; t < 2; ++t)
+    ASSERT_EQ(0, std::memcmp(a.tables[t].data(), b.tables[t].data(), a.tables[t].size() * 4))
+        << what << ": table " << t;
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t k = 0; k < a.state.size(); ++k)
+    ASSERT_EQ(a.state[k], b.state[k]) << what << ": state chunk " << k;
+}
+
+TEST(HostTierCollection, EveryBudgetGivesTheBitsOfTheAllOnDeviceRun) {
+  const int64_t R = kUsers + kItems;
+  for (EmbeddingOptimizer kind :
+       {EmbeddingOptimizer::kSgd, EmbeddingOptimizer::kAdagrad, EmbeddingOptimizer::kRowwiseAdagrad,
+        EmbeddingOptimizer::kLazyAdam}) {
+    for (bool bf16 : {false, true}) {
+      const Trace ref = run_steps(kind, bf16, 0, -1);
+      // 100%, 30%, 10% of the rows, and 110: one step's rows and little more.
+      for (int64_t C : {R, R * 3 / 10, R / 10 + 100, int64_t(110)}) {
+        for (int ahead : {-1, 0, 2}) {
+          const RowCache::Counters* c = nullptr;
+          const Trace got = run_steps(kind, bf16, C, ahead, &c);
+          const std::string what = std::string(optimizer_name(kind)) + (bf16 ? " bf16" : " fp32") +
+                                   " cache " + std::to_string(C) + " ahead " +
+                                   std::to_string(ahead);
+          expect_same_bits(ref, got, what);
+          ASSERT_NE(c, nullptr);
+          EXPECT_EQ(c->steps, 12) << what;
+          if (C < R) EXPECT_GT(c->evictions, 0) << what << ": the cache was too small to hold all";
+        }
+      }
+    }
+  }
+}
+
+TEST(HostTierCollection, DenseAdamIsRefusedNamingTheOptimizersThatWork) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  try {
+    EmbeddingCollection e(plan_of(false), comm, ctx, optimizer(EmbeddingOptimizer::kDenseAdam),
+                          false, 100);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--device_table_budget"), std::string::npos) << m;
+    EXPECT_NE(m.find("rowwise_adagrad"), std::string::npos) << m;
+  }
+}
+
+// A checkpoint's rows imported into a collection whose cache holds rows replace them: the
+// next lookup reads the imported values, not the cached ones.
+TEST(HostTierCollection, ImportedRowsReplaceCachedOnes) {
+  SingleCommunicator comm;
+  ExecContext ctx;
+  EmbeddingCollection e(plan_of(false), comm, ctx, optimizer(EmbeddingOptimizer::kSgd), false, 50);
+  e.init(3);
+  const std::vector<int32_t> u = {0, 1, 2}, it = {5};
+  e.lookup({{u.data(), 3}, {it.data(), 1}});  // rows 0..2 and 5 now cached
+  std::vector<float> rows(size_t(e.chunk_rows()) * kD, 0.25f);
+  for (int64_t c = 0; c < e.num_chunks(0); ++c) e.import_chunk(0, 0, c, rows.data());
+  e.lookup({{u.data(), 3}, {it.data(), 1}});
+  for (int k = 0; k < 3 * kD; ++k) ASSERT_EQ(e.rows(0)[k], 0.25f) << k;
+}
+
+}  // namespace
+}  // namespace ncf
