@@ -10,11 +10,11 @@
 // minimum. GB/s counts the logical bytes of the op: every input element read once
 // and every output written once (what a perfect kernel would move), so a gather
 // from a table that fits in the GPU's L2 may exceed the DRAM peak; %peak is
-// against the DRAM bandwidth reported by the device. On the GPU the tower's
-// element-wise and masked passes (layer 0's join and group sum, layers 1 and 2's
-// backward, the grouped tower) run twice, with the legacy and the streaming
-// kernels (ops.h StepKernels), the streaming rows checked against the legacy
-// rows' bits.
+// against the DRAM bandwidth reported by the device. The tower's element-wise and
+// masked passes on the GPU (layer 0's join and group sum, layers 1 and 2's backward)
+// are checked against their CPU twins, NeuMF's fused top (the grouped tower, the top
+// alone) against the unfused ops it replaced (set_fused_top(false), untimed); the
+// kernel versions that lost are timed in bench/kernels/.
 //
 // Inputs are seeded: users drawn in proportion to the synthetic ml-20m activity
 // counts (data/synthetic.h), positive items from a Zipf(1) popularity over a
@@ -671,222 +671,250 @@ void tower_cases(Bench& bench, const ExecContext& ctx, const Options& o, const H
   set_math_mode(MathMode::kTf32);
 }
 
-// The tower step's element-wise and masked passes (ops.h StepKernels) with the
-// legacy and the streaming kernels in the same binary, at the step's shapes: layer
-// 0's forward join (group_bias_act) and group sum (n = B / S
-// users, S = 1 + kNumNeg, out 256, the ReLU mask and the bias gradient), the
-// backward of layers 1 and 2 (mask, bias gradient, dX and dweights GEMMs), and the
-// whole tower forward + backward as ncf_dist runs it (n users of S samples). The
-// streaming kernels' check: the same bits as the legacy ones. The byte counts are
-// the logical bytes of the op (each array read or written once), the same for both
-// variants, so their GB/s compare like their times.
-void step_kernel_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb,
-                       int D) {
+// Outputs got against want: output k within rtols[k] relative (0 or absent: the same
+// bits), or, with rms > 0, each output within that relative RMS. "" or what differs from
+// `ref`.
+std::string compare_outputs(const std::vector<std::vector<float>>& got,
+                            const std::vector<std::vector<float>>& want,
+                            const std::vector<double>& rtols, double rms, const std::string& ref) {
+  if (got.size() != want.size()) return "not the outputs of " + ref;
+  for (size_t k = 0; rms > 0 && k < got.size(); ++k) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got[k].size(); ++i) {
+      const double d = double(got[k][i]) - want[k][i];
+      num += d * d;
+      den += double(want[k][i]) * want[k][i];
+    }
+    const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (!(e <= rms))
+      return "output " + std::to_string(k) + " at relative RMS " + std::to_string(e) + " from " +
+             ref + " (bound " + std::to_string(rms) + ")";
+  }
+  if (rms > 0) return "";
+  int64_t bad = 0;
+  for (size_t k = 0; k < got.size(); ++k) {
+    if (got[k].size() != want[k].size()) return "output " + std::to_string(k) + " of another size";
+    if (k < rtols.size() && rtols[k] > 0) {
+      bad += mismatches(got[k], want[k], 1e-12, rtols[k]);
+      continue;
+    }
+    for (size_t i = 0; i < got[k].size(); ++i)
+      bad += std::memcmp(&got[k][i], &want[k][i], sizeof(float)) != 0;
+  }
+  return bad ? std::to_string(bad) + " values differ from " + ref : "";
+}
+
+// Post-ReLU activations (about half zeros).
+std::vector<float> post_relu(int threads, uint64_t seed, uint64_t stream, int64_t count) {
+  std::vector<float> v = host_uniform(threads, seed, stream, count, -1.0f, 1.0f);
+  for (float& x : v) x = std::max(x, 0.0f);
+  return v;
+}
+
+// The tower step's element-wise and masked passes on the GPU, at the step's shapes: layer
+// 0's forward join (group_bias_act) and group sum (n = B / S users, S = 1 + kNumNeg, out
+// 256, the ReLU mask and the bias gradient), and the backward of layers 1 and 2 (mask,
+// bias gradient, dX and dweights GEMMs). The checks: the CPU twins on the same inputs
+// (linear_backward's dZ and db: a host loop, as its twin would multiply the GEMMs too),
+// every element the same bits, the bias gradients within a double sum's rounding. The
+// kernels these replaced are timed beside them in bench/kernels/. The byte counts are
+// the logical bytes of the op (each array read or written once).
+void step_pass_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb) {
   const Device dev = ctx.device;
-  // The streaming kernels differ from the legacy ones on the GPU only; NeuMF's
-  // fused top (the last two cases) on both devices.
-  const bool gpu = dev == Device::kCuda;
+  if (dev != Device::kCuda) return;
   const int threads = std::max(1, ctx.threads);
+  ExecContext cpu;  // the CPU twins'
+  cpu.threads = threads;
   const int S = 1 + kNumNeg;
   const int64_t n = hb.B / S, B = n * S;
-  const StepKernels variants[] = {StepKernels::kLegacy, StepKernels::kStreaming};
-  // Post-ReLU activations (about half zeros) and their gradients.
-  auto post_relu = [&](uint64_t stream, int64_t count) {
-    std::vector<float> v = host_uniform(threads, o.seed, stream, count, -1.0f, 1.0f);
-    for (float& x : v) x = std::max(x, 0.0f);
-    return v;
-  };
-  // rtols[k] (0 where absent): output k may differ from the legacy kernels' by
-  // that relative amount (the fused top's sums); otherwise the same bits. rms > 0:
-  // each output within that relative RMS of the legacy kernels' instead (BF16
-  // storage against the per-GEMM copies: other roundings of what is stored).
-  auto run_both = [&](const std::string& base, const std::string& shape, double bytes, double flops,
-                      const std::function<void()>& op,
-                      const std::function<std::vector<std::vector<float>>()>& outputs,
-                      const std::function<void()>& reset, std::vector<double> rtols = {},
-                      double rms = 0.0) {
-    std::vector<std::vector<float>> legacy;
-    for (const StepKernels v : variants) {
-      const std::string name = base + " " + step_kernels_name(v);
-      if (!bench.selected(name)) continue;
-      set_step_kernels(v);
-      bench.run(name, shape, bytes, double(B), "samples", flops, op, [&]() -> std::string {
-        reset();
-        op();
-        check_device_errors(ctx);
-        std::vector<std::vector<float>> got = outputs();
-        if (v == StepKernels::kLegacy) {
-          legacy = std::move(got);
-          return "";  // the reference of the streaming row's check
-        }
-        if (legacy.empty()) return "";  // legacy filtered out: nothing to compare with
-        int64_t bad = 0;
-        for (size_t k = 0; rms > 0 && k < got.size(); ++k) {
-          double num = 0, den = 0;
-          for (size_t i = 0; i < got[k].size(); ++i) {
-            const double d = double(got[k][i]) - legacy[k][i];
-            num += d * d;
-            den += double(legacy[k][i]) * legacy[k][i];
-          }
-          const double e = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-          if (!(e <= rms))
-            return "output " + std::to_string(k) + " at relative RMS " + std::to_string(e) +
-                   " from the legacy kernels' (bound " + std::to_string(rms) + ")";
-        }
-        if (rms > 0) return "";
-        for (size_t k = 0; k < got.size(); ++k) {
-          if (k < rtols.size() && rtols[k] > 0) {
-            bad += mismatches(got[k], legacy[k], 1e-12, rtols[k]);
-            continue;
-          }
-          for (size_t i = 0; i < got[k].size(); ++i)
-            bad += std::memcmp(&got[k][i], &legacy[k][i], sizeof(float)) != 0;
-        }
-        return bad ? std::to_string(bad) + " values differ from the legacy kernels'" : "";
-      });
-    }
-    set_step_kernels(StepKernels::kStreaming);
-  };
-
-  if (gpu) {  // layer 0's forward join: Y = ReLU(Y + U0[b / S] + b0), after the items' GEMM
+  const double dsum_rtol = 1e-6;           // two orders of double sums, each rounded to float once
+  if (bench.selected("group_bias_act")) {  // Y = ReLU(Y + U0[b / S] + b0), after the items' GEMM
     const int out = kLayers[1];
     const std::vector<float> hY = host_uniform(threads, o.seed, 58, B * out, -1.0f, 1.0f);
-    Buffer<float> Y = to_device(dev, hY);
-    Buffer<float> U0 = to_device(dev, host_uniform(threads, o.seed, 59, n * out, -1.0f, 1.0f));
-    Buffer<float> b0 = to_device(dev, host_uniform(threads, o.seed, 60, out, -0.1f, 0.1f));
-    run_both(
-        "group_bias_act", shape_str("n=%lld S=%d out=%d, + bias, ReLU", (long long)n, S, out),
-        4.0 * (2.0 * B * out + n * out), 0,
-        [&] { group_bias_act(ctx, Y.data(), U0.data(), b0.data(), n, S, out, true); },
-        [&] { return std::vector<std::vector<float>>{to_host(Y, B * out)}; },
-        [&] { device_copy(dev, Y.data(), Device::kCpu, hY.data(), hY.size() * sizeof(float)); });
+    const std::vector<float> hU0 = host_uniform(threads, o.seed, 59, n * out, -1.0f, 1.0f);
+    const std::vector<float> hb0 = host_uniform(threads, o.seed, 60, out, -0.1f, 0.1f);
+    Buffer<float> Y = to_device(dev, hY), U0 = to_device(dev, hU0), b0 = to_device(dev, hb0);
+    auto op = [&] { group_bias_act(ctx, Y.data(), U0.data(), b0.data(), n, S, out, true); };
+    bench.run("group_bias_act", shape_str("n=%lld S=%d out=%d, + bias, ReLU", (long long)n, S, out),
+              4.0 * (2.0 * B * out + n * out), double(B), "samples", 0, op, [&]() -> std::string {
+                device_copy(dev, Y.data(), Device::kCpu, hY.data(), hY.size() * sizeof(float));
+                op();
+                check_device_errors(ctx);
+                std::vector<float> want = hY;
+                group_bias_act(cpu, want.data(), hU0.data(), hb0.data(), n, S, out, true);
+                return compare_outputs({to_host(Y, B * out)}, {want}, {}, 0, "the CPU twin's");
+              });
   }
-  if (gpu) {  // layer 0's group sum
+  if (bench.selected("group_sum_backward")) {  // layer 0's group sum, mask and bias gradient
     const int out = kLayers[1];
-    const std::vector<float> hY = post_relu(61, B * out);
+    const std::vector<float> hY = post_relu(threads, o.seed, 61, B * out);
     const std::vector<float> hdY = host_uniform(threads, o.seed, 62, B * out, -1e-3f, 1e-3f);
     Buffer<float> Y = to_device(dev, hY), dY = to_device(dev, hdY);
     Buffer<float> dU(dev, n * out), db(dev, out);
-    run_both(
+    auto op = [&] {
+      group_sum_backward(ctx, Y.data(), dY.data(), n, S, out, dU.data(), out, db.data(), true);
+    };
+    bench.run(
         "group_sum_backward", shape_str("n=%lld S=%d out=%d, mask + db", (long long)n, S, out),
-        4.0 * (3.0 * B * out + 2.0 * n * out), 0,
-        [&] {
-          group_sum_backward(ctx, Y.data(), dY.data(), n, S, out, dU.data(), out, db.data(), true);
-        },
-        [&] {
-          return std::vector<std::vector<float>>{to_host(dY, B * out), to_host(dU, n * out),
-                                                 to_host(db, out)};
-        },
-        [&] { device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float)); });
+        4.0 * (3.0 * B * out + 2.0 * n * out), double(B), "samples", 0, op, [&]() -> std::string {
+          device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float));
+          op();
+          check_device_errors(ctx);
+          std::vector<float> wdY = hdY, wdU(size_t(n * out)), wdb(static_cast<size_t>(out));
+          group_sum_backward(cpu, hY.data(), wdY.data(), n, S, out, wdU.data(), out, wdb.data(),
+                             true);
+          return compare_outputs({to_host(dY, B * out), to_host(dU, n * out), to_host(db, out)},
+                                 {wdY, wdU, wdb}, {0, 0, dsum_rtol}, 0, "the CPU twin's");
+        });
   }
-  for (size_t l = 1; gpu && l + 1 < kLayers.size(); ++l) {  // layers 1 and 2
+  for (size_t l = 1; l + 1 < kLayers.size(); ++l) {  // layers 1 and 2
+    const std::string name = "linear_backward L" + std::to_string(l);
+    if (!bench.selected(name)) continue;
     const int in = kLayers[l], out = kLayers[l + 1];
-    const std::vector<float> hY = post_relu(63 + l, B * out);
+    const std::vector<float> hY = post_relu(threads, o.seed, 63 + l, B * out);
     const std::vector<float> hdY = host_uniform(threads, o.seed, 66 + l, B * out, -1e-3f, 1e-3f);
-    Buffer<float> X = to_device(dev, post_relu(69 + l, B * in));
+    Buffer<float> X = to_device(dev, post_relu(threads, o.seed, 69 + l, B * in));
     Buffer<float> W =
         to_device(dev, host_uniform(threads, o.seed, 72 + l, int64_t(out) * in, -0.1f, 0.1f));
     Buffer<float> Y = to_device(dev, hY), dY = to_device(dev, hdY);
     Buffer<float> dX(dev, B * in), dW(dev, int64_t(out) * in), db(dev, out);
-    run_both(
-        "linear_backward L" + std::to_string(l),
-        shape_str("B=%lld in=%d out=%d, mask + db + GEMMs", (long long)B, in, out),
-        4.0 * (5.0 * B * out + 2.0 * B * in), 2.0 * 2.0 * double(B) * in * out,
-        [&] {
-          linear_backward(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(),
-                          db.data(), B, in, out, true, GradMode::kOverwrite);
-        },
-        [&] {
-          return std::vector<std::vector<float>>{to_host(dY, B * out), to_host(db, out),
-                                                 to_host(dW, int64_t(out) * in),
-                                                 to_host(dX, B * in)};
-        },
-        [&] { device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float)); });
+    auto op = [&] {
+      linear_backward(ctx, X.data(), W.data(), Y.data(), dY.data(), dX.data(), dW.data(), db.data(),
+                      B, in, out, true, GradMode::kOverwrite);
+    };
+    bench.run(name, shape_str("B=%lld in=%d out=%d, mask + db + GEMMs", (long long)B, in, out),
+              4.0 * (5.0 * B * out + 2.0 * B * in), double(B), "samples",
+              2.0 * 2.0 * double(B) * in * out, op, [&]() -> std::string {
+                device_copy(dev, dY.data(), Device::kCpu, hdY.data(), hdY.size() * sizeof(float));
+                op();
+                check_device_errors(ctx);
+                std::vector<float> dz = hdY, wdb(static_cast<size_t>(out));
+                std::vector<double> sums(size_t(out), 0.0);
+                for (int64_t b = 0; b < B; ++b)
+                  for (int j = 0; j < out; ++j) {
+                    float& g = dz[size_t(b * out + j)];
+                    if (!(hY[size_t(b * out + j)] > 0.0f)) g = 0.0f;
+                    sums[size_t(j)] += g;
+                  }
+                for (int j = 0; j < out; ++j) wdb[size_t(j)] = float(sums[size_t(j)]);
+                return compare_outputs({to_host(dY, B * out), to_host(db, out)}, {dz, wdb},
+                                       {0, dsum_rtol}, 0, "the host's mask and sums");
+              });
   }
-  {  // the tower as ncf_dist runs it: n users of S samples
+}
+
+// NeuMF's fused top, on both devices: the whole tower as ncf_dist runs it (n users of S
+// samples, tf32 and bf16) and the top alone (GMF, head, BCE forward and backward, the last
+// layer's mask and db). The checks: the unfused ops the fused top replaced, which the
+// library keeps for wider models (set_fused_top(false)), run untimed on the same inputs:
+// every element the same bits, the fused top's sums (dw, dc, the last bias gradient, the
+// loss) in another fixed order, within 1e-6 relative; on BF16 storage (bf16) against the
+// unfused top's per-GEMM copies, each output within (L + 2)·2^-8 in relative RMS
+// (tests/test_bf16_storage.cc).
+void fused_top_cases(Bench& bench, const ExecContext& ctx, const Options& o, const HostBatch& hb,
+                     int D) {
+  const Device dev = ctx.device;
+  const int threads = std::max(1, ctx.threads);
+  const int S = 1 + kNumNeg;
+  const int64_t n = hb.B / S, B = n * S;
+  // run op (fused) and reference (the unfused ops: set_fused_top(false)), compare outputs.
+  auto against_unfused = [&](const std::function<void()>& op,
+                             const std::function<std::vector<std::vector<float>>()>& outputs,
+                             const std::vector<double>& rtols, double rms) -> std::string {
+    set_fused_top(false);
+    op();
+    check_device_errors(ctx);
+    const std::vector<std::vector<float>> unfused = outputs();
+    set_fused_top(true);
+    op();
+    check_device_errors(ctx);
+    return compare_outputs(outputs(), unfused, rtols, rms, "the unfused ops'");
+  };
+  // the tower as ncf_dist runs it: n users of S samples
+  if (bench.selected("neumf_fwd_bwd_grouped tf32") ||
+      bench.selected("neumf_fwd_bwd_grouped bf16")) {
     NeuMF model = make_tower(dev, o.seed);
     Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 81, n * D, -0.02f, 0.02f));
     Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 82, B * D, -0.02f, 0.02f));
     Buffer<float> dlogits =
         to_device(dev, host_uniform(threads, o.seed, 83, B, -1.0f / float(B), 1.0f / float(B)));
     Buffer<float> logits(dev, B), du(dev, n * D), di(dev, B * D);
+    auto op = [&] {
+      model.forward(ctx, urows.data(), irows.data(), n, S, logits.data());
+      model.backward(ctx, dlogits.data(), du.data(), di.data());
+    };
+    auto outputs = [&] {
+      return std::vector<std::vector<float>>{to_host(logits, B),
+                                             to_host(model.grads(), model.num_params()),
+                                             to_host(du, n * D), to_host(di, B * D)};
+    };
     for (const MathMode mode : {MathMode::kTf32, MathMode::kBf16}) {
       set_math_mode(mode);
-      run_both(
-          std::string("neumf_fwd_bwd_grouped ") + math_mode_name(mode),
-          shape_str("n=%lld S=%d D=%d layers 256,256,128,64", (long long)n, S, D), 0,
-          tower_flops_per_sample() * double(B),
-          [&] {
-            model.forward(ctx, urows.data(), irows.data(), n, S, logits.data());
-            model.backward(ctx, dlogits.data(), du.data(), di.data());
-          },
-          [&] {
-            return std::vector<std::vector<float>>{to_host(logits, B),
-                                                   to_host(model.grads(), model.num_params()),
-                                                   to_host(du, n * D), to_host(di, B * D)};
-          },
-          [] {},
-          // the fused top's dw, dc and last bias gradient: another order of double sums;
-          // bf16: BF16 storage, within (L + 2)·2^-8 (tests/test_bf16_storage.cc)
-          {0, 1e-6, 0, 0}, mode == MathMode::kBf16 ? (kLayers.size() - 1 + 2) / 256.0 : 0.0);
+      // the fused top's dw, dc and last bias gradient: another order of double sums;
+      // bf16: BF16 storage, within (L + 2)·2^-8 (tests/test_bf16_storage.cc)
+      const double rms = mode == MathMode::kBf16 ? (kLayers.size() - 1 + 2) / 256.0 : 0.0;
+      bench.run(std::string("neumf_fwd_bwd_grouped ") + math_mode_name(mode),
+                shape_str("n=%lld S=%d D=%d layers 256,256,128,64", (long long)n, S, D), 0,
+                double(B), "samples", tower_flops_per_sample() * double(B), op, [&] {
+                  return against_unfused(op, outputs, {0, 1e-6, 0, 0}, rms);
+                });
     }
     set_math_mode(MathMode::kTf32);
   }
-  {  // the top alone: GMF, head, BCE forward and backward, the last layer's mask and db
-    const int mf = kMf, last = kLayers.back(), F = mf + last;
-    Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 84, n * D, -0.02f, 0.02f));
-    Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 85, B * D, -0.02f, 0.02f));
-    Buffer<float> A = to_device(dev, post_relu(86, B * last));
-    Buffer<float> wc = to_device(dev, host_uniform(threads, o.seed, 87, F + 1, -0.1f, 0.1f));
-    std::vector<float> hy = host_uniform(threads, o.seed, 88, B, 0.0f, 1.0f);
-    for (float& y : hy) y = y < 0.2f ? 1.0f : 0.0f;
-    Buffer<float> labels = to_device(dev, hy);
-    Buffer<float> logits(dev, B), g(dev, B), ug(dev, B * mf), G(dev, B * mf), H(dev, B * F),
-        dH(dev, B * F), dG(dev, B * mf), dug(dev, B * mf), dA(dev, B * last), du(dev, n * D),
-        di(dev, B * D), dwc(dev, F + 1), db(dev, last);
-    Buffer<double> loss(dev, 1);
-    // Logical bytes of the fused pair: the users' and items' GMF columns and A read
-    // twice, the logits and labels, dA and both GMF gradients written.
-    const double bytes =
-        4.0 * (2.0 * (n * mf + B * mf + B * last) + 3.0 * B + B * last + B * mf + n * mf);
-    run_both(
-        "neumf_top",
-        shape_str("n=%lld S=%d mf=%d last=%d, fwd + loss + bwd", (long long)n, S, mf, last), bytes,
-        0,
-        [&] {
-          if (step_kernels() == StepKernels::kStreaming) {
-            neumf_top_forward(ctx, urows.data(), D, irows.data(), D, A.data(), wc.data(),
-                              wc.data() + F, logits.data(), n, S, mf, last);
-            neumf_top_backward(ctx, urows.data(), D, irows.data(), D, A.data(), wc.data(), nullptr,
-                               logits.data(), labels.data(), B, loss.data(), dA.data(), du.data(),
-                               D, di.data(), D, dwc.data(), dwc.data() + F, db.data(), n, S, mf,
-                               last, true);
-            return;
-          }
-          // The unfused ops NeuMF ran (the mask and db were linear_backward's: a
-          // mask pass and column sums, here group_sum_backward's with S = 1).
-          repeat_rows(ctx, urows.data(), D, mf, ug.data(), n, S);
-          gmf_forward(ctx, ug.data(), mf, irows.data(), D, G.data(), mf, B, mf);
-          concat_cols(ctx, G.data(), mf, mf, A.data(), last, last, H.data(), B);
-          head_forward(ctx, H.data(), wc.data(), wc.data() + F, logits.data(), B, F);
-          bce_with_logits_forward(ctx, logits.data(), labels.data(), nullptr, loss.data(), B, B, B);
-          bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, g.data(), B, B, B);
-          head_backward(ctx, H.data(), wc.data(), g.data(), dH.data(), dwc.data(), dwc.data() + F,
-                        B, F, GradMode::kOverwrite);
-          split_cols(ctx, dH.data(), mf, last, dG.data(), mf, dA.data(), last, B);
-          group_sum_backward(ctx, A.data(), dA.data(), B, 1, last, dug.data(), mf, db.data(), true);
-          gmf_backward(ctx, ug.data(), mf, irows.data(), D, dG.data(), mf, dug.data(), mf,
-                       di.data(), D, B, mf);
-          group_sum_backward(ctx, nullptr, dug.data(), n, S, mf, du.data(), D, nullptr, false);
-        },
-        [&] {
-          std::vector<double> l = to_host(loss, 1);
-          return std::vector<std::vector<float>>{
-              to_host(logits, B),  to_host(dA, B * last), to_host(du, n * D), to_host(di, B * D),
-              to_host(dwc, F + 1), to_host(db, last),     {float(l[0])}};
-        },
-        [] {}, {0, 0, 0, 0, 1e-6, 1e-6, 1e-6});
-  }
+  const std::string name = "neumf_top";
+  if (!bench.selected(name)) return;
+  const int mf = kMf, last = kLayers.back(), F = mf + last;
+  Buffer<float> urows = to_device(dev, host_uniform(threads, o.seed, 84, n * D, -0.02f, 0.02f));
+  Buffer<float> irows = to_device(dev, host_uniform(threads, o.seed, 85, B * D, -0.02f, 0.02f));
+  Buffer<float> A = to_device(dev, post_relu(threads, o.seed, 86, B * last));
+  Buffer<float> wc = to_device(dev, host_uniform(threads, o.seed, 87, F + 1, -0.1f, 0.1f));
+  std::vector<float> hy = host_uniform(threads, o.seed, 88, B, 0.0f, 1.0f);
+  for (float& y : hy) y = y < 0.2f ? 1.0f : 0.0f;
+  Buffer<float> labels = to_device(dev, hy);
+  Buffer<float> logits(dev, B), g(dev, B), ug(dev, B * mf), G(dev, B * mf), H(dev, B * F),
+      dH(dev, B * F), dG(dev, B * mf), dug(dev, B * mf), dA(dev, B * last), du(dev, n * D),
+      di(dev, B * D), dwc(dev, F + 1), db(dev, last);
+  Buffer<double> loss(dev, 1);
+  // Logical bytes of the fused pair: the users' and items' GMF columns and A read
+  // twice, the logits and labels, dA and both GMF gradients written.
+  const double bytes =
+      4.0 * (2.0 * (n * mf + B * mf + B * last) + 3.0 * B + B * last + B * mf + n * mf);
+  auto op = [&] {
+    if (fused_top_enabled()) {
+      neumf_top_forward(ctx, urows.data(), D, irows.data(), D, A.data(), wc.data(), wc.data() + F,
+                        logits.data(), n, S, mf, last);
+      neumf_top_backward(ctx, urows.data(), D, irows.data(), D, A.data(), wc.data(), nullptr,
+                         logits.data(), labels.data(), B, loss.data(), dA.data(), du.data(), D,
+                         di.data(), D, dwc.data(), dwc.data() + F, db.data(), n, S, mf, last, true);
+      return;
+    }
+    // The unfused ops NeuMF runs for wider models (the mask and db are linear_backward's:
+    // a mask pass and column sums, here group_sum_backward's with S = 1).
+    repeat_rows(ctx, urows.data(), D, mf, ug.data(), n, S);
+    gmf_forward(ctx, ug.data(), mf, irows.data(), D, G.data(), mf, B, mf);
+    concat_cols(ctx, G.data(), mf, mf, A.data(), last, last, H.data(), B);
+    head_forward(ctx, H.data(), wc.data(), wc.data() + F, logits.data(), B, F);
+    bce_with_logits_forward(ctx, logits.data(), labels.data(), nullptr, loss.data(), B, B, B);
+    bce_with_logits_backward(ctx, logits.data(), labels.data(), nullptr, g.data(), B, B, B);
+    head_backward(ctx, H.data(), wc.data(), g.data(), dH.data(), dwc.data(), dwc.data() + F, B, F,
+                  GradMode::kOverwrite);
+    split_cols(ctx, dH.data(), mf, last, dG.data(), mf, dA.data(), last, B);
+    group_sum_backward(ctx, A.data(), dA.data(), B, 1, last, dug.data(), mf, db.data(), true);
+    gmf_backward(ctx, ug.data(), mf, irows.data(), D, dG.data(), mf, dug.data(), mf, di.data(), D,
+                 B, mf);
+    group_sum_backward(ctx, nullptr, dug.data(), n, S, mf, du.data(), D, nullptr, false);
+  };
+  auto outputs = [&] {
+    std::vector<double> l = to_host(loss, 1);
+    return std::vector<std::vector<float>>{
+        to_host(logits, B),  to_host(dA, B * last), to_host(du, n * D), to_host(di, B * D),
+        to_host(dwc, F + 1), to_host(db, last),     {float(l[0])}};
+  };
+  bench.run(name,
+            shape_str("n=%lld S=%d mf=%d last=%d, fwd + loss + bwd", (long long)n, S, mf, last),
+            bytes, double(B), "samples", 0, op, [&] {
+              return against_unfused(op, outputs, {0, 0, 0, 0, 1e-6, 1e-6, 1e-6}, 0);
+            });
 }
 
 // The head's backward on its own: dH = dlogits·w^T and the F + 1 column sums
@@ -1175,7 +1203,8 @@ int bench_main(const Options& o) {
   table_cases(bench, ctx, o, {"user", kUsers, &hb.users}, hb.B, D);
   table_cases(bench, ctx, o, {"item", kItems, &hb.items}, hb.B, D);
   tower_cases(bench, ctx, o, hb, D);
-  step_kernel_cases(bench, ctx, o, hb, D);
+  step_pass_cases(bench, ctx, o, hb);
+  fused_top_cases(bench, ctx, o, hb, D);
   head_case(bench, ctx, o, hb);
   bce_cases(bench, ctx, o, hb);
   negatives_case(bench, ctx, o, hb);

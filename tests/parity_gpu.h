@@ -193,7 +193,7 @@ class Parity : public ::testing::Test {
   }
   void TearDown() override {
     set_math_mode(MathMode::kTf32);
-    set_step_kernels(StepKernels::kStreaming);
+    set_fused_top(true);
     set_layer0_by_item(Layer0ByItem::kAuto);
     set_narrow_item_lookups(true);
     set_score_items_fused(false);

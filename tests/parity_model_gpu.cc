@@ -11,8 +11,8 @@ namespace {
 // values by one ulp: at most 2^-8 relative per rounding of the top's input, its
 // gradient and each layer's dX (the BF16 biases above layer 0 are the same values on
 // both), so every tensor stays within (L + 2)·2^-8 in relative RMS.
-// The device repeats itself bit for bit, and its legacy kernels (per-GEMM copies)
-// give other values: BF16 storage ran there.
+// The device repeats itself bit for bit, and its per-GEMM copies (the unfused top's
+// path, set_fused_top(false)) give other values: BF16 storage ran there.
 TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   set_math_mode(MathMode::kBf16);
   NeuMFConfig cfg;
@@ -50,27 +50,27 @@ TEST_F(Parity, NeuMFOnBf16StorageTracksTheCpuAndRepeatsItself) {
   };
   const Out c = run(cpu_model, cpu_, false), g = run(dev_model, gpu_, true);
   const Out again = run(dev_model, gpu_, true);
-  set_step_kernels(StepKernels::kLegacy);
-  const Out legacy = run(dev_model, gpu_, true);
-  set_step_kernels(StepKernels::kStreaming);
+  set_fused_top(false);
+  const Out copies = run(dev_model, gpu_, true);
+  set_fused_top(true);
   const double bound = (double(cpu_model.tower().size()) + 2.0) / 256.0;
-  auto check = [&](const Vec& dev, const Vec& cpu, const Vec& leg, size_t off, size_t count,
+  auto check = [&](const Vec& dev, const Vec& cpu, const Vec& per_gemm, size_t off, size_t count,
                    const std::string& what) {
     const double e = test::relative_rms(dev.data() + off, cpu.data() + off, count);
     EXPECT_LE(e, bound) << what << ": device vs CPU, relative RMS " << e;
-    EXPECT_GT(test::relative_rms(leg.data() + off, dev.data() + off, count), 0.0)
-        << what << ": the legacy kernels gave BF16 storage's values";
+    EXPECT_GT(test::relative_rms(per_gemm.data() + off, dev.data() + off, count), 0.0)
+        << what << ": the per-GEMM copies gave BF16 storage's values";
   };
-  check(g.logits, c.logits, legacy.logits, 0, size_t(B), "logits");
+  check(g.logits, c.logits, copies.logits, 0, size_t(B), "logits");
   for (const DenseLayerView& v : cpu_model.tower()) {
     const std::string l = "layer " + std::to_string(v.in) + "->" + std::to_string(v.out);
-    check(g.grads, c.grads, legacy.grads, size_t(v.w_offset), size_t(v.in) * v.out, l + " dW");
-    check(g.grads, c.grads, legacy.grads, size_t(v.b_offset), size_t(v.out), l + " db");
+    check(g.grads, c.grads, copies.grads, size_t(v.w_offset), size_t(v.in) * v.out, l + " dW");
+    check(g.grads, c.grads, copies.grads, size_t(v.b_offset), size_t(v.out), l + " db");
   }
-  check(g.grads, c.grads, legacy.grads, size_t(cpu_model.head_w_offset()), size_t(cfg.head_width()),
+  check(g.grads, c.grads, copies.grads, size_t(cpu_model.head_w_offset()), size_t(cfg.head_width()),
         "head dw");
-  check(g.dU, c.dU, legacy.dU, 0, c.dU.size(), "d_user_rows");
-  check(g.dI, c.dI, legacy.dI, 0, c.dI.size(), "d_item_rows");
+  check(g.dU, c.dU, copies.dU, 0, c.dU.size(), "d_user_rows");
+  check(g.dI, c.dI, copies.dI, 0, c.dI.size(), "d_item_rows");
   EXPECT_NEAR(g.loss, c.loss, bound * c.loss);
   expect_same(again.logits, g.logits, "logits on a second run");
   expect_same(again.grads, g.grads, "dense gradients on a second run");

@@ -1,6 +1,6 @@
 // GPU parity of the dense ops (model/ops_*.h): fill, the FP32 and TF32 GEMMs and Linear
 // layers, GMF, the group ops, the column copies, the head, the column sums at large
-// batches and the streaming step kernels against the legacy ones.
+// batches and the streaming step kernels and BF16 operand copies against their CPU twins.
 #include "parity_gpu.h"
 
 namespace ncf {
@@ -297,17 +297,17 @@ TEST_F(Parity, ColumnSumsAtLargeBatches) {
   }
 }
 
-// The streaming kernels (StepKernels::kStreaming, the default: the masked
-// reductions and group_bias_act) against the legacy kernels they replace, both
-// on the GPU, on the same inputs: the same values computed in the same order, so
-// every output must be the same bits (the masked dZ, the group sums, db, the
-// GEMMs that read dZ, the joined layer-0 rows). Shapes take every path: float4
-// rows and scalar ones (a width not a multiple of 4, rows one float off 16-byte
-// alignment), dYg rows that take float4 stores or not, groups longer than the
-// rows loaded before the first store (S = 51), a bias slice off alignment, and
-// the ml-20m MLPerf step's shapes (on a GPU only); Y carries NaN (masked to 0),
-// dY -0 (kept where Y > 0), and Y + Yg is exactly 0 here and there. Both are also
-// held to the CPU twin: the masks, group sums and joins bit for bit.
+// The streaming kernels (the masked reductions and group_bias_act; the kernels they
+// replaced are timed beside them in bench/kernels/) against their CPU twins, on the
+// same inputs: every element they write (the masked dZ, the group sums, the joined
+// layer-0 rows) the same bits, the bias gradients within a double sum's rounding.
+// Shapes take every path: float4 rows and scalar ones (a width not a multiple of 4,
+// rows one float off 16-byte alignment), dYg rows that take float4 stores or not,
+// groups longer than the rows loaded before the first store (S = 51), a bias slice
+// off alignment, and the ml-20m MLPerf step's shapes (on a GPU only); Y carries NaN
+// (masked to 0), dY -0 (kept where Y > 0), and Y + Yg is exactly 0 here and there.
+// linear_backward's masked dZ and db are held to a host loop (its CPU twin would
+// multiply the GEMMs too; dX and dweights: the LinearBackward tests).
 // (No NaN in dY: a sum with a NaN gives the CPU's payload on the host and the
 // canonical NaN on the GPU, so the twins would differ in bits, not in meaning.)
 void set_specials(Vec& Y, Vec& dY) {
@@ -315,7 +315,7 @@ void set_specials(Vec& Y, Vec& dY) {
   for (size_t k = 5; k < dY.size(); k += 89) dY[k] = -0.0f;
 }
 
-TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
+TEST_F(Parity, StreamingStepKernelsAreTheCpuTwinsBitForBit) {
   struct GroupCase {
     int64_t n;
     int S, w;
@@ -343,26 +343,16 @@ TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
     set_specials(Y, dY);
     const size_t out_rows = size_t(c.n) * c.lddyg + size_t(c.out_offset);
     Vec dU(out_rows, 7.0f), db(size_t(c.w), 0.0f);
-    Buffer<float> gY = up(Y), gdY_s = up(dY), gdY_l = up(dY), gdU_s = up(dU), gdU_l = up(dU),
-                  gdb_s = up(db), gdb_l = up(db);
+    Buffer<float> gY = up(Y), gdY = up(dY), gdU = up(dU), gdb = up(db);
     const int64_t off = c.in_offset;
     float* dbp = c.relu ? db.data() : nullptr;
     group_sum_backward(cpu_, Y.data() + off, dY.data() + off, c.n, c.S, c.w,
                        dU.data() + c.out_offset, c.lddyg, dbp, c.relu);
-    set_step_kernels(StepKernels::kLegacy);
-    group_sum_backward(gpu_, gY.data() + off, gdY_l.data() + off, c.n, c.S, c.w,
-                       gdU_l.data() + c.out_offset, c.lddyg, c.relu ? gdb_l.data() : nullptr,
-                       c.relu);
-    set_step_kernels(StepKernels::kStreaming);
-    group_sum_backward(gpu_, gY.data() + off, gdY_s.data() + off, c.n, c.S, c.w,
-                       gdU_s.data() + c.out_offset, c.lddyg, c.relu ? gdb_s.data() : nullptr,
-                       c.relu);
-    const Vec stream_dy = down(gdY_s), stream_du = down(gdU_s);
-    expect_same(stream_dy, dY, what + "streaming masked dY vs the CPU twin");
-    expect_same(stream_du, dU, what + "streaming group sums vs the CPU twin (padding untouched)");
-    expect_same(stream_dy, down(gdY_l), what + "masked dY, streaming vs legacy");
-    expect_same(stream_du, down(gdU_l), what + "group sums, streaming vs legacy");
-    expect_same(down(gdb_s), down(gdb_l), what + "db, streaming vs legacy");
+    group_sum_backward(gpu_, gY.data() + off, gdY.data() + off, c.n, c.S, c.w,
+                       gdU.data() + c.out_offset, c.lddyg, c.relu ? gdb.data() : nullptr, c.relu);
+    expect_same(down(gdY), dY, what + "masked dY vs the CPU twin");
+    expect_same(down(gdU), dU, what + "group sums vs the CPU twin (padding untouched)");
+    expect_close(down(gdb), db, kDoubleSumAtol, kDoubleSumRtol, what + "db vs the CPU twin");
   }
 
   // group_bias_act: the forward join of layer 0 (rows of Y plus their group's row
@@ -385,19 +375,13 @@ TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
         const int64_t b = k / c.w, j = k % c.w;
         Y[size_t(off + k)] = -U[size_t(off + (b / c.S) * c.w + j)];
       }
-      Buffer<float> gY_s = up(Y), gY_l = up(Y), gU = up(U), gb = up(bias);
+      Buffer<float> gY = up(Y), gU = up(U), gb = up(bias);
       // bias + 1: a bias slice that starts off 16-byte alignment, as a layer's may.
       group_bias_act(cpu_, Y.data() + off, U.data() + off, with_bias ? bias.data() + 1 : nullptr,
                      c.n, c.S, c.w, c.relu);
-      set_step_kernels(StepKernels::kLegacy);
-      group_bias_act(gpu_, gY_l.data() + off, gU.data() + off, with_bias ? gb.data() + 1 : nullptr,
+      group_bias_act(gpu_, gY.data() + off, gU.data() + off, with_bias ? gb.data() + 1 : nullptr,
                      c.n, c.S, c.w, c.relu);
-      set_step_kernels(StepKernels::kStreaming);
-      group_bias_act(gpu_, gY_s.data() + off, gU.data() + off, with_bias ? gb.data() + 1 : nullptr,
-                     c.n, c.S, c.w, c.relu);
-      const Vec got = down(gY_s);
-      expect_same(got, Y, what + "group_bias_act, streaming vs the CPU twin");
-      expect_same(got, down(gY_l), what + "group_bias_act, streaming vs legacy");
+      expect_same(down(gY), Y, what + "group_bias_act vs the CPU twin");
     }
 
   struct LinearCase {
@@ -429,43 +413,44 @@ TEST_F(Parity, StreamingStepKernelsAreTheLegacyKernelsBitForBit) {
           for (float& y : Y) y = std::max(y, 0.0f);
           Vec dY = random_vec(Y.size(), gen_, -1.0f / 1024, 1.0f / 1024);
           set_specials(Y, dY);
-          Vec dX(size_t(c.B) * c.in, 9.0f), dW = random_vec(size_t(c.out) * c.in, gen_),
-                                            db = random_vec(size_t(c.out), gen_);
-          Buffer<float> gX = up(X), gW = up(W), gY = up(Y);
-          Buffer<float> gdY_s = up(dY), gdX_s = up(dX), gdW_s = up(dW), gdb_s = up(db);
-          Buffer<float> gdY_l = up(dY), gdX_l = up(dX), gdW_l = up(dW), gdb_l = up(db);
-          if (c.B * std::max(c.in, c.out) <=
-              (int64_t{1} << 23)) {  // the CPU twin: the mask bit for bit
-            linear_backward(cpu_, X.data(), W.data(), relu ? Y.data() + off : nullptr,
-                            dY.data() + off, dX.data(), dW.data(), with_db ? db.data() : nullptr,
-                            c.B, c.in, c.out, relu, mode);
+          const Vec db0 = random_vec(size_t(c.out), gen_);
+          Buffer<float> gX = up(X), gW = up(W), gY = up(Y), gdY = up(dY);
+          Buffer<float> gdX = up(Vec(size_t(c.B) * c.in, 9.0f)),
+                        gdW = up(random_vec(size_t(c.out) * c.in, gen_)), gdb = up(db0);
+          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
+                          gdY.data() + off, gdX.data(), gdW.data(), with_db ? gdb.data() : nullptr,
+                          c.B, c.in, c.out, relu, mode);
+          // The host's dZ (the CPU twin's mask) and its column sums in double.
+          Vec dz = dY;
+          std::vector<double> sums(size_t(c.out), 0.0);
+          for (int64_t b = 0; b < c.B; ++b)
+            for (int j = 0; j < c.out; ++j) {
+              float& g = dz[size_t(off + b * c.out + j)];
+              if (relu && !(Y[size_t(off + b * c.out + j)] > 0.0f)) g = 0.0f;
+              sums[size_t(j)] += g;
+            }
+          expect_same(down(gdY), dz, what + "dZ vs the host's mask");
+          if (!with_db) continue;
+          Vec want(size_t(c.out));
+          for (int j = 0; j < c.out; ++j) {
+            const float v = static_cast<float>(sums[size_t(j)]);
+            want[size_t(j)] = mode == GradMode::kAccumulate ? db0[size_t(j)] + v : v;
           }
-          set_step_kernels(StepKernels::kLegacy);
-          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
-                          gdY_l.data() + off, gdX_l.data(), gdW_l.data(),
-                          with_db ? gdb_l.data() : nullptr, c.B, c.in, c.out, relu, mode);
-          set_step_kernels(StepKernels::kStreaming);
-          linear_backward(gpu_, gX.data(), gW.data(), relu ? gY.data() + off : nullptr,
-                          gdY_s.data() + off, gdX_s.data(), gdW_s.data(),
-                          with_db ? gdb_s.data() : nullptr, c.B, c.in, c.out, relu, mode);
-          const Vec stream_dy = down(gdY_s);
-          if (c.B * std::max(c.in, c.out) <= (int64_t{1} << 23))
-            expect_same(stream_dy, dY, what + "streaming dZ vs the CPU twin");
-          expect_same(stream_dy, down(gdY_l), what + "dZ, streaming vs legacy");
-          expect_same(down(gdb_s), down(gdb_l), what + "db, streaming vs legacy");
-          expect_same(down(gdW_s), down(gdW_l), what + "dweights, streaming vs legacy");
-          expect_same(down(gdX_s), down(gdX_l), what + "dX, streaming vs legacy");
+          expect_close(down(gdb), want, kDoubleSumAtol, kDoubleSumRtol, what + "db vs the host's");
         }
 }
 
-// MathMode::kBf16's operand copies: the streaming conversion (four elements per
-// thread; contiguous arrays as one range, strided rows by a 32-bit division)
-// against the legacy one (an element per thread), both feeding the same cuBLAS
-// GEMM, so the products must be the same bits; shapes that take the flat path,
-// the strided one (a column slice of wider rows, as layer 0's item half), and
-// the fallbacks (a width not a multiple of 4, a pointer off 16-byte alignment).
-// Then a Linear forward and backward in kBf16, both variants.
-TEST_F(Parity, StreamingBf16CopiesAreTheLegacyOnesBitForBit) {
+// MathMode::kBf16's operand copies (launch_to_bf16, shared by to_bf16_rows and the
+// GEMMs' copies): four elements per thread, contiguous arrays as one range, strided
+// rows by a 32-bit division, and one element per thread where a width, stride or
+// pointer is off four floats (the one-per-thread kernel for every shape lost on a GPU:
+// bench/kernels/to_bf16.cu times it beside these). Against the CPU twin's rounding bit
+// for bit, the padding untouched; then the kBf16 GEMM, which copies its FP32 operands
+// so, against gemm_bf16 on copies rounded on the host: the same cuBLAS product of the
+// same BF16 operands (both in 256-byte aligned arrays), so the same bits. Shapes: the
+// flat path, a slice of wider rows (layer 0's item half), a width not a multiple of 4,
+// a pointer off 16-byte alignment, and layer 0's items at the step's batch (GPU only).
+TEST_F(Parity, Bf16CopiesAreTheCpuRoundingBitForBit) {
   set_math_mode(MathMode::kBf16);
   struct Case {
     int M, N, K, lda, a_off;
@@ -481,35 +466,22 @@ TEST_F(Parity, StreamingBf16CopiesAreTheLegacyOnesBitForBit) {
         shape({{"M", c.M}, {"N", c.N}, {"K", c.K}, {"lda", c.lda}, {"offset", c.a_off}});
     Vec A = random_vec(size_t(c.M) * c.lda + size_t(c.a_off), gen_);
     Vec B = random_vec(size_t(c.N) * c.K, gen_);
-    Buffer<float> gA = up(A), gB = up(B), gC_l = up(Vec(size_t(c.M) * c.N, 0.0f)),
-                  gC_s = up(Vec(size_t(c.M) * c.N, 0.0f));
-    for (StepKernels k : {StepKernels::kLegacy, StepKernels::kStreaming}) {
-      set_step_kernels(k);
-      gemm(gpu_, false, true, c.M, c.N, c.K, 1.0f, gA.data() + c.a_off, c.lda, gB.data(), c.K, 0.0f,
-           (k == StepKernels::kLegacy ? gC_l : gC_s).data(), c.N);
-    }
-    expect_same(down(gC_s), down(gC_l), what + "bf16 GEMM, streaming copies vs legacy");
+    Buffer<float> gA = up(A), gB = up(B);
+    // The copy of A as the GEMM makes it (rows of K at stride lda), from both devices.
+    Bits a16(size_t(c.M - 1) * c.lda + size_t(c.K), 7), b16(size_t(c.N) * c.K, 7);
+    Buffer<uint16_t> ga16 = up(a16);
+    to_bf16_rows(cpu_, A.data() + c.a_off, c.lda, c.K, a16.data(), c.lda, c.M);
+    to_bf16_rows(gpu_, gA.data() + c.a_off, c.lda, c.K, ga16.data(), c.lda, c.M);
+    expect_same(down(ga16), a16, what + "BF16 copy of A vs the CPU twin (padding untouched)");
+    to_bf16_rows(cpu_, B.data(), c.K, c.K, b16.data(), c.K, c.N);
+    Buffer<uint16_t> ha16 = up(a16), hb16 = up(b16);
+    Buffer<float> gC = up(Vec(size_t(c.M) * c.N, 0.0f)), gC16 = up(Vec(size_t(c.M) * c.N, 0.0f));
+    gemm(gpu_, false, true, c.M, c.N, c.K, 1.0f, gA.data() + c.a_off, c.lda, gB.data(), c.K, 0.0f,
+         gC.data(), c.N);
+    gemm_bf16(gpu_, false, true, c.M, c.N, c.K, ha16.data(), c.lda, hb16.data(), c.K, gC16.data(),
+              c.N);
+    expect_same(down(gC), down(gC16), what + "kBf16 GEMM vs gemm_bf16 on the host's copies");
   }
-  const int64_t B = on_gpu() ? 1048575 : 3000;
-  const int in = 128, out = 64;
-  Vec X = random_vec(size_t(B) * in, gen_), W = random_vec(size_t(out) * in, gen_),
-      bias = random_vec(size_t(out), gen_), dY = random_vec(size_t(B) * out, gen_);
-  Buffer<float> gX = up(X), gW = up(W), gb = up(bias);
-  std::vector<Vec> got[2];
-  for (StepKernels k : {StepKernels::kLegacy, StepKernels::kStreaming}) {
-    set_step_kernels(k);
-    Buffer<float> gY = up(Vec(size_t(B) * out, 0.0f)), gdY = up(dY),
-                  gdX = up(Vec(size_t(B) * in, 0.0f)), gdW = up(Vec(size_t(out) * in, 0.0f)),
-                  gdb = up(Vec(size_t(out), 0.0f));
-    linear_forward(gpu_, gX.data(), gW.data(), gb.data(), gY.data(), B, in, out, true);
-    linear_backward(gpu_, gX.data(), gW.data(), gY.data(), gdY.data(), gdX.data(), gdW.data(),
-                    gdb.data(), B, in, out, true, GradMode::kOverwrite);
-    got[k == StepKernels::kStreaming] = {down(gY), down(gdX), down(gdW), down(gdb)};
-  }
-  const char* names[] = {"Y", "dX", "dW", "db"};
-  for (int i = 0; i < 4; ++i)
-    expect_same(got[1][size_t(i)], got[0][size_t(i)],
-                std::string("bf16 Linear ") + names[i] + ", streaming vs legacy");
 }
 
 }  // namespace

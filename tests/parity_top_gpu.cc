@@ -6,7 +6,7 @@ namespace ncf {
 namespace {
 
 // The fused top of NeuMF (neumf_top_forward / neumf_top_backward, NeuMF's path
-// under StepKernels::kStreaming) against the unfused ops it replaces, run on the
+// where the widths allow) against the unfused ops it replaces, run on the
 // GPU on the same inputs (repeat_rows, gmf_forward, concat_cols, head_forward,
 // bce_with_logits_*, head_backward, split_cols, the last Linear's mask and bias
 // sums in linear_backward, gmf_backward, group_sum_backward), and against its CPU

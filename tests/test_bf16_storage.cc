@@ -6,9 +6,10 @@
 //     bit, at every block shape of cpu_gemm (rows, columns, K slices);
 //   - on the CPU's BF16 instructions, where it has them, each product stays
 //     within a bound derived from the roundings against a double loop;
-//   - NeuMF on BF16 storage against its legacy kernels (per-GEMM BF16 copies of
-//     FP32 activations) and the FP32 model, within bounds derived from BF16's
-//     unit roundoff, repeating itself bit for bit at any thread count.
+//   - NeuMF on BF16 storage against its per-GEMM BF16 copies of FP32 activations
+//     (the unfused top's path, set_fused_top(false)) and the FP32 model, within
+//     bounds derived from BF16's unit roundoff, repeating itself bit for bit at any
+//     thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,7 +51,7 @@ struct Modes {
   ~Modes() {
     set_math_mode(MathMode::kTf32);
     set_cpu_bf16_emulated(false);
-    set_step_kernels(StepKernels::kStreaming);
+    set_fused_top(true);
   }
 };
 
@@ -383,19 +384,20 @@ StepOut neumf_step(NeuMF& model, const ExecContext& ctx, const Vec& U, const Vec
 
 using test::relative_rms;
 
-// NeuMF on BF16 storage against its legacy kernels (FP32 activations and
-// gradients, rounded to BF16 per GEMM) and against the FP32 model, from the same
-// parameters, rows and labels. Both BF16 paths feed their products the same
-// kind of operands (BF16 roundings of the same quantities); BF16 storage adds
-// roundings where the legacy path keeps FP32 outside the products: the top's
+// NeuMF on BF16 storage against its per-GEMM copies (FP32 activations and
+// gradients, rounded to BF16 per GEMM: the path of the unfused top, which a model
+// wider than the fused top takes, forced by set_fused_top(false)) and against the
+// FP32 model, from the same parameters, rows and labels. Both BF16 paths feed their
+// products the same kind of operands (BF16 roundings of the same quantities); BF16
+// storage adds roundings where the per-GEMM path keeps FP32 outside the products: the top's
 // input A, its gradient dA, each tower layer's dX before its mask and sums, and
 // the bias of each layer above layer 0, added as BF16 (linear_forward_bf16).
 // Each adds at most u = 2^-8 relative error per element, so every tensor stays
-// within (2L + 1)·u in relative RMS of the legacy path's (L tower layers), and
-// its distance from FP32 within the legacy path's plus that. (The distance
+// within (2L + 1)·u in relative RMS of the per-GEMM path's (L tower layers), and
+// its distance from FP32 within the per-GEMM path's plus that. (The distance
 // from FP32 itself is no fixed multiple of u: the gradients are sums with
 // cancellation, which amplifies the operands' roundings in both BF16 paths.)
-TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadCount) {
+TEST(Bf16Storage, NeuMFTracksThePerGemmCopiesAndFp32AndRepeatsItselfAtAnyThreadCount) {
   NeuMFConfig cfg;
   cfg.mf_dim = 16;
   cfg.layers = {64, 64, 32, 16};
@@ -411,19 +413,20 @@ TEST(Bf16Storage, NeuMFTracksItsLegacyKernelsAndFp32AndRepeatsItselfAtAnyThreadC
   const StepOut fp = neumf_step(model, cpu(2), U, I, labels, n, S);
   set_math_mode(MathMode::kBf16);
   const StepOut bf = neumf_step(model, cpu(2), U, I, labels, n, S);
-  set_step_kernels(StepKernels::kLegacy);
-  const StepOut legacy = neumf_step(model, cpu(2), U, I, labels, n, S);
-  set_step_kernels(StepKernels::kStreaming);
+  set_fused_top(false);
+  const StepOut copies = neumf_step(model, cpu(2), U, I, labels, n, S);
+  set_fused_top(true);
   const double bound = (2.0 * double(model.tower().size()) + 1.0) * kU16;
   auto check = [&](size_t offset, size_t count, const Vec StepOut::*field,
                    const std::string& what) {
     const float* s = (bf.*field).data() + offset;
-    const float* l = (legacy.*field).data() + offset;
+    const float* l = (copies.*field).data() + offset;
     const float* f = (fp.*field).data() + offset;
     const double sl = relative_rms(s, l, count), sf = relative_rms(s, f, count),
                  lf = relative_rms(l, f, count);
-    EXPECT_LE(sl, bound) << what << ": storage vs legacy, relative RMS " << sl << " past " << bound;
-    EXPECT_LE(sf, lf + bound) << what << ": storage vs FP32 " << sf << ", legacy vs FP32 " << lf;
+    EXPECT_LE(sl, bound) << what << ": storage vs per-GEMM copies, relative RMS " << sl << " past "
+                         << bound;
+    EXPECT_LE(sf, lf + bound) << what << ": storage vs FP32 " << sf << ", copies vs FP32 " << lf;
     EXPECT_GT(sf, 0.0) << what << ": the BF16 run gave the FP32 values";
   };
   check(0, size_t(B), &StepOut::logits, "logits");

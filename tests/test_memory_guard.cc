@@ -97,10 +97,10 @@ TEST(MemoryGuard, CudaEstimateCountsScratchAndWorkspaces) {
 
 // --precision bf16 carves FP32 products into the arena: on BF16 storage the largest
 // is layer 0's product before its epilogue (which adds the users' rows), [1048580 ×
-// 256] FP32, 1073745920 bytes; more than the legacy kernels' largest carve, the BF16
-// copies of layer 0's item GEMM in the backward (dZ [1048580 × 256] and the items'
-// MLP halves [1048580 × 128, stride 192]: 536872960 + 402654592 bytes), which the
-// estimate also covers.
+// 256] FP32, 1073745920 bytes; more than the per-GEMM copies' largest carve (the
+// unfused top's path), the BF16 copies of layer 0's item GEMM in the backward (dZ
+// [1048580 × 256] and the items' MLP halves [1048580 × 128, stride 192]: 536872960 +
+// 402654592 bytes), which the estimate also covers.
 TEST(MemoryGuard, Bf16ProductsDominateTheArena) {
   TrainConfig cfg = mlperf();
   cfg.precision = "bf16";

@@ -675,11 +675,11 @@ TEST(NeuMF, ThreadCountDoesNotChangeAnyBit) {
   }
 }
 
-// The fused top (StepKernels kStreaming: neumf_top_forward/backward) against the
-// unfused ops it replaces (kLegacy: repeat_rows, gmf_*, concat/split_cols, head_*,
-// bce_*, the last layer's mask and bias sums) on the CPU: logits, the loss, every
-// parameter gradient and both row gradients the same bits, through
-// forward_backward (loss from labels) and through backward (dlogits given); for
+// The fused top (neumf_top_forward/backward) against the unfused ops it replaces
+// (set_fused_top(false), the path of models wider than the fused ops take: repeat_rows,
+// gmf_*, concat/split_cols, head_*, bce_*, the last layer's mask and bias sums) on the
+// CPU: logits, the loss, every parameter gradient and both row gradients the same bits,
+// through forward_backward (loss from labels) and through backward (dlogits given); for
 // no hidden layer, layer 0 only and three layers, S = 1 and 5, GMF and tower
 // widths below, at and past one 32-lane column, n = 0 and a batch past one
 // kReduceBlock. The loss is also held to a double loop over the logits.
@@ -723,8 +723,8 @@ TEST(NeuMF, FusedTopIsTheUnfusedOpsBitForBit) {
       double loss = -1.0;
     };
     ExecContext ctx = cpu(2);
-    auto run = [&](StepKernels kernels, bool from_labels) {
-      set_step_kernels(kernels);
+    auto run = [&](bool fused, bool from_labels) {
+      set_fused_top(fused);
       Out o;
       o.logits.assign(size_t(B), 0.0f);
       o.dU.assign(size_t(n) * D, 5.0f);
@@ -738,13 +738,13 @@ TEST(NeuMF, FusedTopIsTheUnfusedOpsBitForBit) {
         model.backward(ctx, R.data(), o.dU.data(), o.dI.data());
       }
       o.grads.assign(model.grads().data(), model.grads().data() + model.num_params());
-      set_step_kernels(StepKernels::kStreaming);
+      set_fused_top(true);
       return o;
     };
     for (bool from_labels : {true, false}) {
       const std::string w = what + (from_labels ? "from labels: " : "dlogits given: ");
-      const Out fused = run(StepKernels::kStreaming, from_labels);
-      const Out unfused = run(StepKernels::kLegacy, from_labels);
+      const Out fused = run(true, from_labels);
+      const Out unfused = run(false, from_labels);
       same(fused.logits.data(), unfused.logits.data(), fused.logits.size(), w + "logits");
       same(fused.grads.data(), unfused.grads.data(), fused.grads.size(), w + "dense grads");
       same(fused.dU.data(), unfused.dU.data(), fused.dU.size(), w + "d_user_rows");

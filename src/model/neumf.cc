@@ -494,7 +494,7 @@ void NeuMF::put_item_mlp_gradient(const ExecContext& ctx, int count, float* d_it
 }
 
 bool NeuMF::fused_top() const {
-  return step_kernels() == StepKernels::kStreaming && config_.mf_dim <= kNeumfTopMaxWidth &&
+  return fused_top_enabled() && config_.mf_dim <= kNeumfTopMaxWidth &&
          config_.layers.back() <= kNeumfTopMaxWidth;
 }
 

@@ -147,10 +147,10 @@ class NeuMF {
   // A training batch in one call: forward (logits [n·S]), this rank's share of the
   // mean BCE loss over global_batch samples (*loss, a double on the device:
   // bce_with_logits_forward with every row valid and unweighted) and backward of
-  // its gradient. The fused top (step_kernels() kStreaming) takes the logits'
+  // its gradient. The fused top (fused_top(), below) takes the logits'
   // gradient from the logits and labels without storing it; the unfused one
-  // writes it to dlogits [n·S] first. The same values either way (ops.h
-  // StepKernels). With n·S = 0: zero gradients, *loss left alone.
+  // writes it to dlogits [n·S] first. The same values either way (ops_modes.h
+  // set_fused_top). With n·S = 0: zero gradients, *loss left alone.
   void forward_backward(const ExecContext& ctx, const float* user_rows, const float* item_rows,
                         int64_t n, int S, const float* labels, int64_t global_batch, float* logits,
                         float* dlogits, double* loss, float* d_user_rows, float* d_item_rows,
@@ -182,8 +182,9 @@ class NeuMF {
   // U0 [n×layers[1]] (the users' half of layer 0); for the unfused top G [B×mf],
   // H [B×F] and, with S > 1, the users' GMF columns repeated [B×mf]; without a hidden layer X0
   // [B×layers[0]] (and the users' MLP columns repeated [B×h]); and their gradients. Whether the top
-  // (GMF, head, loss, the last layer's mask) runs as the fused ops neumf_top_*: StepKernels
-  // kStreaming and widths they take. Decided by forward, for its backward.
+  // (GMF, head, loss, the last layer's mask) runs as the fused ops neumf_top_*: unless a
+  // test turned them off (set_fused_top), at widths they take. Decided by forward, for its
+  // backward.
   bool fused_top() const;
   // backward with the logits' gradient given (dlogits) or, on the fused top only,
   // from logits and labels (then the loss share too).

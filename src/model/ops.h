@@ -22,7 +22,7 @@
 #include "model/ops_elementwise.h"  // fill, BF16 conversions, hi / lo splits
 #include "model/ops_gemm.h"         // gemm, Linear forward / backward (cuBLAS, cuBLASLt)
 #include "model/ops_groups.h"       // layer 0's groups, its ReLU bit mask, gather_bias_act
-#include "model/ops_modes.h"        // GradMode, MathMode, StepKernels, the switches
+#include "model/ops_modes.h"        // GradMode, MathMode, the test hooks
 #include "model/ops_runs.h"         // layer 0 by item: the batch's runs of equal items
 #include "model/ops_top.h"          // GMF, head, loss, the fused top, evaluation's scoring
 

@@ -10,15 +10,11 @@ namespace ncf {
 
 namespace {
 std::atomic<MathMode> g_math_mode{MathMode::kTf32};
-std::atomic<StepKernels> g_step_kernels{StepKernels::kStreaming};
+std::atomic<bool> g_fused_top{true};
 }  // namespace
 
-void set_step_kernels(StepKernels kernels) { g_step_kernels.store(kernels); }
-StepKernels step_kernels() { return g_step_kernels.load(); }
-
-const char* step_kernels_name(StepKernels kernels) {
-  return kernels == StepKernels::kLegacy ? "legacy" : "streaming";
-}
+void set_fused_top(bool on) { g_fused_top.store(on); }
+bool fused_top_enabled() { return g_fused_top.load(); }
 
 namespace {
 std::atomic<bool> g_lt_bf16_out{true};

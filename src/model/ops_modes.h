@@ -1,8 +1,8 @@
 // The process-wide modes and switches of the dense ops (model/ops.h): how a backward
-// op writes a parameter gradient, the tower GEMMs' arithmetic (MathMode), which kernels
-// run the step's element-wise and masked passes (StepKernels), and the switch that
-// selects a replaced GPU path for the tests that hold its replacement against it. The code is in
-// ops_modes.cc (no CUDA twins).
+// op writes a parameter gradient, the tower GEMMs' arithmetic (MathMode), and two test
+// hooks that force a path the library keeps for shapes its faster path does not take
+// (NeuMF's unfused top, linear_forward_bf16's FP32 product and epilogue), for the tests
+// that hold the faster path against it. The code is in ops_modes.cc (no CUDA twins).
 #pragma once
 
 #include <string>
@@ -25,9 +25,9 @@ enum class GradMode { kOverwrite, kAccumulate };
 //         runs the same FP32 BLAS GEMM, so it is the GPU's reference up to
 //         summation order. The BF16 copies are made per GEMM from the FP32
 //         arrays: parameters, gradients, optimizer state, embeddings, biases
-//         and the loss stay FP32 (FP32 master weights). NeuMF (with the
-//         streaming kernels) instead stores its tower in BF16 and calls the
-//         *_bf16 ops (model/ops.h, "BF16 storage"), which make no per-GEMM copies.
+//         and the loss stay FP32 (FP32 master weights). NeuMF (with its fused
+//         top, below) instead stores its tower in BF16 and calls the *_bf16 ops
+//         (model/ops.h, "BF16 storage"), which make no per-GEMM copies.
 enum class MathMode { kTf32, kFp32, kBf16 };
 void set_math_mode(MathMode mode);
 MathMode math_mode();
@@ -37,35 +37,26 @@ MathMode parse_math_mode(const std::string& name);
 // The --precision spelling of `mode`: "tf32", "fp32" or "bf16".
 const char* math_mode_name(MathMode mode);
 
-// Which kernels run the element-wise and masked passes of the tower step,
-// process-wide, read once per op (and by NeuMF once per forward):
-//   kStreaming (the default): on the GPU, linear_backward's ReLU mask and bias
-//         gradient, group_sum_backward and group_bias_act load every row of a
-//         group (float4 where the rows allow) before they store anything, store
-//         whole rows, and sum in read-only passes, and kBf16's operand copies
-//         convert four elements per thread (float4 in, 8 bytes out, no 64-bit
-//         division); on both devices NeuMF runs its
-//         top (GMF, head, loss and the last layer's mask and bias gradient) as
-//         the two fused ops neumf_top_forward / neumf_top_backward;
-//   kLegacy: the kernels before them (one element per thread with runtime
-//         divisions; masks stored in place inside the sums' loops, a conditional
-//         store between dependent loads) and NeuMF's unfused top (repeat_rows,
-//         gmf_*, concat/split_cols, head_*, bce_*). They lost on a GPU (the step's
-//         time); no program selects them: they are what the parity tests hold the
-//         streaming kernels and the fused top against, and bench_kernels times both.
-// Both compute the same values: every element the same bits; the sums the same
-// bits on the CPU, and on the GPU the same bits except the fused top's (dw, dc,
-// the last bias gradient, the loss: another fixed order, within a double sum's
-// rounding).
-enum class StepKernels { kStreaming, kLegacy };
-void set_step_kernels(StepKernels kernels);
-StepKernels step_kernels();
-const char* step_kernels_name(StepKernels kernels);
+// Whether NeuMF runs its top (GMF, head, loss and the last layer's mask and bias
+// gradient) as the two fused ops neumf_top_forward / neumf_top_backward (true, the
+// default) where their widths allow (mf_dim and the last layer at most
+// kNeumfTopMaxWidth), process-wide, read by NeuMF once per forward. false forces the
+// unfused ops (repeat_rows, gmf_*, concat/split_cols, head_*, bce_*, linear_backward's
+// mask and bias sums), the path a wider model takes anyway, and with them, under
+// MathMode::kBf16, the per-GEMM BF16 copies instead of BF16 storage. A test hook: the
+// second computation the tests (and bench_kernels) hold the fused top against; no
+// program sets it. In FP32 both compute the same values: every element the same bits;
+// the sums the same bits on the CPU, and on the GPU the fused top's (dw, dc, the last
+// bias gradient, the loss) in another fixed order, within a double sum's rounding.
+void set_fused_top(bool on);
+bool fused_top_enabled();
 
 // GPU linear_forward_bf16 as one cuBLASLt matmul whose epilogue writes the BF16
-// activations (true, the default) or, after set_lt_bf16_out(false), as the FP32 product
-// and the epilogue kernel (the path it replaced, on the same BF16 bias; it lost on a
-// GPU): the parity tests' second computation of the same values, timed by bench_kernels.
+// activations (true, the default) or, after set_lt_bf16_out(false), forced onto its
+// fallback: the FP32 product and the epilogue kernel on the same BF16 bias, the path it
+// takes anyway where lt_linear_forward declines a shape (no cuBLASLt algorithm, a bias
+// off 16-byte alignment). A test hook: the parity tests' and bench_kernels' second
+// computation of the same values; no program sets it.
 bool lt_bf16_out_enabled();
 void set_lt_bf16_out(bool on);
 
