@@ -200,8 +200,9 @@ TEST(RowCache, MovesReplayToTheContents) {
     replay(m);
     cache.retire(s);
   }
-  for (int32_t slot = 0; slot < C; ++slot)
+  for (int32_t slot = 0; slot < C; ++slot) {
     if (at[size_t(slot)] >= 0) EXPECT_EQ(cache.slot_of(at[size_t(slot)]), slot);
+  }
 }
 
 // Once the budget holds every window's rows, no row of a window is evicted and, the
@@ -385,8 +386,11 @@ TEST(HostTierCollection, EveryBudgetGivesTheBitsOfTheAllOnDeviceRun) {
                                    std::to_string(ahead);
           expect_same_bits(ref, got, what);
           ASSERT_NE(c, nullptr);
-          EXPECT_EQ(c->steps, 12) << what;
-          if (C < R) EXPECT_GT(c->evictions, 0) << what << ": the cache was too small to hold all";
+          // Lookups not announced work on the home arrays: the cache sees none of them.
+          EXPECT_EQ(c->steps, ahead < 0 ? 0 : 12) << what;
+          if (C < R && ahead >= 0) {
+            EXPECT_GT(c->evictions, 0) << what << ": the cache was too small to hold all";
+          }
         }
       }
     }

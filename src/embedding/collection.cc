@@ -258,7 +258,7 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   const int T = num_tables();
   const int D = plan_.D;
   NCF_CHECK(int(ids.size()) == T, "embedding lookup: ", ids.size(), " id lists for ", T, " tables");
-  if (cache_) begin_lookup(ids);  // this step's rows in the cache
+  if (cache_) begin_lookup();  // this step's rows in the cache
   // Batch order: layout order (routed tables first).
   std::vector<int> table_of_layout(T);
   for (int t = 0; t < T; ++t) table_of_layout[lt_[t]] = t;
@@ -488,7 +488,7 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
 
 void EmbeddingCollection::gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n,
                                      float* out) {
-  if (cache_) {
+  if (cache_ && !home_mode_) {
     tier_gather(ids, first, R, n, out);
     return;
   }
@@ -512,7 +512,7 @@ RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
 
 void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int64_t n,
                                       int64_t first, int64_t count, bool unique, int64_t t) {
-  if (cache_) {
+  if (cache_ && !home_mode_) {
     tier_update(rows, grads, n, first, count, unique, t);
     return;
   }

@@ -142,12 +142,16 @@ class EmbeddingCollection {
   // ---- the host tier ----
   bool host_tier() const { return cache_ != nullptr; }
   int64_t cache_slots() const { return cache_ ? cache_->slots() : 0; }
-  // Device bytes per cached row: the row and its optimizer state.
-  int64_t cached_row_bytes() const;
+  // Device bytes per cached row: the row, its optimizer state and its slot map entry.
+  int64_t cached_row_bytes() const {
+    return cache_row_bytes(plan_.D, plan_.table_elem_bytes, opt_.kind);
+  }
+  static int64_t cache_row_bytes(int D, int elem_bytes, EmbeddingOptimizer o);
   // The ids of a later step, in the form lookup takes but in host memory: each call
   // announces the next step (the first lookup not yet announced), whose rows the owners
   // start loading now. Collective (one exchange of ids). Without the tier, nothing.
-  // A lookup that was not announced announces itself (a wait: evaluation, tests).
+  // A lookup that was not announced (evaluation, tests) and its update work on the home
+  // arrays directly, the cache written home and emptied first.
   void announce(const std::vector<TableIds>& host_ids);
   // Steps announced and not yet looked up.
   int64_t announced_ahead() const { return announced_ - looked_; }
@@ -198,7 +202,7 @@ class EmbeddingCollection {
   void allocate_cache(int64_t slots);
   std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
   void retire_looked();
-  void begin_lookup(const std::vector<TableIds>& ids);
+  void begin_lookup();
   void apply_moves(const RowCache::Moves& m);
   // Copies rows between the home arrays and the cache's slots (to_home: cache -> home).
   void move_rows(const int32_t* slots, const int32_t* rows, int64_t n, bool to_home);
@@ -333,6 +337,7 @@ class EmbeddingCollection {
   int64_t announced_ = 0, looked_ = 0;  // steps announced, lookups begun
   bool retire_due_ = false;             // the last lookup's step has not retired yet
   bool cache_dirty_ = false;            // rows updated since the last flush
+  bool home_mode_ = false;  // the last lookup was not announced: it works on the home arrays
 };
 
 }  // namespace ncf

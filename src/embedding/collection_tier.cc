@@ -22,9 +22,8 @@ ExecContext EmbeddingCollection::home_ctx() const {
   return host;
 }
 
-int64_t EmbeddingCollection::cached_row_bytes() const {
-  return int64_t(plan_.table_elem_bytes) * plan_.D +
-         4 * optimizer_state_floats_per_row(opt_.kind, plan_.D) + 4;  // + its slot map entry
+int64_t EmbeddingCollection::cache_row_bytes(int D, int elem_bytes, EmbeddingOptimizer o) {
+  return int64_t(elem_bytes) * D + 4 * optimizer_state_floats_per_row(o, D) + 4;
 }
 
 void EmbeddingCollection::allocate_cache(int64_t slots) {
@@ -147,20 +146,15 @@ void EmbeddingCollection::forget_announced() {
   announced_ = looked_;
 }
 
-void EmbeddingCollection::begin_lookup(const std::vector<TableIds>& ids) {
+void EmbeddingCollection::begin_lookup() {
   retire_looked();
-  if (announced_ == looked_) {
-    // Not announced: announced now from a host copy of its ids.
-    std::vector<std::vector<int32_t>> copies(ids.size());
-    std::vector<TableIds> host_ids(ids.size());
-    for (size_t t = 0; t < ids.size(); ++t) {
-      NCF_CHECK(ids[t].n >= 0, "embedding lookup: table ", plan_.tables[t].name, " n=", ids[t].n);
-      copies[t].resize(size_t(ids[t].n));
-      if (ids[t].n > 0)
-        device_copy(Device::kCpu, copies[t].data(), ctx_.device, ids[t].ids, size_t(ids[t].n) * 4);
-      host_ids[t] = {copies[t].data(), ids[t].n};
-    }
-    announce(host_ids);
+  home_mode_ = announced_ == looked_;
+  if (home_mode_) {
+    // Not announced (an evaluation, a test): the cache goes home, and this lookup and its
+    // update read and write the home arrays themselves (on a GPU host memory, over the
+    // bus), whatever the batch's size.
+    drop_cache();
+    return;
   }
   RowCache::Moves m;
   cache_->begin(looked_, &m);

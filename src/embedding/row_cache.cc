@@ -145,9 +145,10 @@ void RowCache::begin(int64_t s, Moves* m) {
   const int64_t loads_before = counters_.loads;
   load_pending(m);
   Step& cur = window_.front();
-  NCF_CHECK(int64_t(cur.rows.size()) <= slots(), "the device table budget holds ", slots(),
-            " rows of this rank's tables, but step ", s, " alone touches ", cur.rows.size(),
-            ": raise --device_table_budget or lower --batch_size");
+  counters_.most_step_rows = std::max(counters_.most_step_rows, int64_t(cur.rows.size()));
+  NCF_REQUIRE(int64_t(cur.rows.size()) <= slots(), "flag --device_table_budget: the cache holds ",
+              slots(), " rows of this rank's tables, but step ", s, " alone touches ",
+              cur.rows.size(), ": raise the budget or lower --batch_size");
   std::vector<int32_t> still;
   for (int32_t r : cur.missing)
     if (slot_of_[size_t(r)] < 0) still.push_back(r);

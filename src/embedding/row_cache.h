@@ -51,6 +51,7 @@ class RowCache {
     int64_t evictions = 0;          // rows written back to make room
     int64_t evicted_in_window = 0;  // of them, rows a later announced step needed
     int64_t most_window_rows = 0;   // the largest number of distinct rows in the window
+    int64_t most_step_rows = 0;     // the most rows one step touched: the smallest budget
   };
 
   // Step s touches `rows` (ascending, unique, each in [0, rows)); s is one past the last

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <sstream>
 #include <type_traits>
@@ -87,6 +88,7 @@ void for_each_numeric_flag(Config& c, Visit&& visit) {
   visit("peer_timeout", c.peer_timeout, FlagRange::reals(0, 7 * 86400));
   visit("peer_lost_after", c.peer_lost_after, FlagRange::reals(0, 86400));
   visit("memory_limit_gb", c.memory_limit_gb, FlagRange::reals(0, 1 << 20));
+  visit("lookahead_steps", c.lookahead_steps, FlagRange::ints(0, 1024));
   visit("max_steps", c.max_steps, FlagRange::ints(1, kMaxSteps).or_negative("whole epochs"));
   visit("eval_users", c.eval_users, FlagRange::ints(0, uint64_t{1} << 31));
   visit("tensorboard_every_steps", c.tensorboard_every_steps, FlagRange::ints(0, kMaxSteps));
@@ -275,6 +277,27 @@ void add_distribution_flags(CLI::App& app, TrainConfig& c) {
                  "fp32, updated in fp32 and written back with stochastic rounding keyed by seed, "
                  "step, table, row and column; optimizer state stays fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--device_table_budget", c.device_table_budget,
+                 "device memory per rank for its embedding rows and their optimizer state: "
+                 "auto (all on the device where they fit, else a host tier with what the "
+                 "memory estimate leaves free; CPU ranks: all), bytes (64M, 1.5G: the rows "
+                 "live in host memory and the device caches this much of them, loaded ahead "
+                 "from the steps' known ids; the same results to the bit), or a percentage of "
+                 "the rank's tables (30%); needs an optimizer that updates touched rows only "
+                 "(sgd, adagrad, rowwise_adagrad, lazy_adam)")
+      ->check([](const std::string& v) {
+        try {
+          parse_table_budget(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      })
+      ->capture_default_str();
+  app.add_option("--lookahead_steps", c.lookahead_steps,
+                 "with a host tier: how many steps ahead each step's ids are announced to the "
+                 "rows' owners, which load the missing rows then (0: at the step itself)")
       ->capture_default_str();
   app.add_option("--peer_timeout", c.peer_timeout,
                  "seconds a rank may wait in one collective before it ends itself, naming its "
@@ -657,6 +680,48 @@ const std::vector<std::string>& changeable_flags() {
   static const std::vector<std::string> flags = {"learning_rate", "embedding_lr", "train_epochs",
                                                  "exchange_dtype", "table_dtype"};
   return flags;
+}
+
+TableBudget parse_table_budget(const std::string& s) {
+  TableBudget b;
+  if (s == "auto") return b;
+  const auto bad = [&](const char* why) {
+    NCF_FAIL("flag --device_table_budget '", s, "': ", why,
+             " (auto, bytes such as 64M or 1.5G, or a percentage such as 30%)");
+  };
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    bad("not a number");
+  }
+  std::string unit = s.substr(used);
+  if (!(v > 0) || !std::isfinite(v)) bad("must be above 0");
+  if (unit == "%") {
+    if (v > 100) bad("a percentage above 100");
+    b.kind = TableBudget::kPercent;
+    b.value = v;
+    return b;
+  }
+  if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "iB") unit.resize(unit.size() - 2);
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  double scale = 1;
+  if (unit == "K" || unit == "k") {
+    scale = 1024.0;
+  } else if (unit == "M") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else if (!unit.empty()) {
+    bad("unknown unit");
+  }
+  if (v * scale < 1 || v * scale > 9.0e18) bad("outside 1 byte .. 8 EiB");
+  b.kind = TableBudget::kBytes;
+  b.value = v * scale;
+  return b;
 }
 
 }  // namespace ncf

@@ -58,6 +58,9 @@ struct TrainConfig {
   double peer_timeout = 0;              // s a rank may wait in one collective (0: no limit)
   double peer_lost_after = 30;  // s of a neighbour's silence that make it lost (0: no watch)
   double memory_limit_gb = 0;   // per rank, 0: this machine's free memory
+  // The host tier (embedding/collection.h): auto | BYTES[K|M|G|T] | P% of this rank's tables.
+  std::string device_table_budget = "auto";
+  int64_t lookahead_steps = 2;  // steps whose rows the host tier is told of ahead
   int64_t max_steps = -1;       // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
@@ -137,5 +140,15 @@ void validate_config(const TrainConfig& cfg);
 // The defaults that depend on where the ranks run, once --device is resolved (the
 // same on every rank): on GPU ranks --eval_batch_size is kGpuEvalBatchSize unless given.
 void use_device_defaults(TrainConfig* cfg, bool gpu);
+
+// --device_table_budget: "auto" (kAuto), a byte count with an optional K, M, G or T
+// (powers of 1024, an optional "iB" or "B" after it: "64M", "1.5GiB"), or a percentage
+// of this rank's tables with their optimizer state ("30%"). Anything else fails,
+// naming the flag and the value.
+struct TableBudget {
+  enum Kind { kAuto, kBytes, kPercent } kind = kAuto;
+  double value = 0;  // bytes, or percent in (0, 100]
+};
+TableBudget parse_table_budget(const std::string& s);
 
 }  // namespace ncf

@@ -225,6 +225,7 @@ void print_start_up(const TrainConfig& cfg, const RankRuntime& rt, const CpuRepo
                   vector_isa_name(vector_isa()), vector_isa_name(best_vector_isa()));
   }
   std::printf("ncf_dist: shard plan: %s\n", trainer.plan().reason.c_str());
+  std::printf("ncf_dist: embedding rows: %s\n", trainer.table_tier_reason().c_str());
   std::printf("ncf_dist: evaluation: %s\n",
               trainer.eval_by_items()
                   ? "candidates scored from the item table (layer 0's items' half once per item)"
@@ -301,6 +302,15 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
         r.steps ? double(r.intra_bytes) / r.steps / 1024 : 0.0,
         r.steps ? double(r.inter_msgs) / r.steps : 0.0,
         r.steps ? double(r.inter_bytes) / r.steps / 1024 : 0.0);
+  const RowCache::Counters* tier = r.host_tier ? &r.tier : nullptr;
+  if (tier)
+    std::printf(
+        "       host tier (so far, the most of any rank): %lld rows loaded, %lld of them at "
+        "step time in %lld of %lld steps; %lld written back, %lld of them inside their "
+        "window; largest window %lld rows, largest step %lld rows\n",
+        (long long)tier->loads, (long long)tier->waited_loads, (long long)tier->waits,
+        (long long)tier->steps, (long long)tier->evictions, (long long)tier->evicted_in_window,
+        (long long)tier->most_window_rows, (long long)tier->most_step_rows);
   std::fflush(stdout);
   if (metrics.is_open()) {
     nlohmann::json j = {{"epoch", e + 1},
@@ -323,6 +333,17 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
                         {"inter_node_bytes", r.inter_bytes},
                         {"world", info.world}};
     if (ev.full) j["full_hr"] = ev.full_hr, j["full_ndcg"] = ev.full_ndcg;
+    if (tier)
+      j["host_tier"] = {{"steps", tier->steps},
+                        {"waits", tier->waits},
+                        {"loads", tier->loads},
+                        {"waited_loads", tier->waited_loads},
+                        {"evictions", tier->evictions},
+                        {"evicted_in_window", tier->evicted_in_window},
+                        {"most_window_rows", tier->most_window_rows},
+                        {"most_step_rows", tier->most_step_rows},
+                        {"cache_rows", trainer.cache_slots()},
+                        {"cache_row_bytes", trainer.cache_row_bytes()}};
     metrics << j.dump() << "\n";
     metrics.flush();
   }

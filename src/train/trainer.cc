@@ -73,19 +73,89 @@ namespace {
 // cudaMemGetInfo reports free, shared among the local ranks on that physical GPU.
 // Returns the rank's estimate; fails, naming where the memory goes, when a table
 // alone or the whole does not fit.
+// The host tier's decision (--device_table_budget) for this rank: its cache in rows (0:
+// every row on the device) and the start-up line saying why. auto keeps the rows on the
+// device where the whole estimate fits the limit, and on a GPU otherwise gives the cache
+// what the rest of the estimate leaves of the limit.
+int64_t decide_cache_slots(const TrainConfig& cfg, const EmbeddingPlan& plan, int rank,
+                           EmbeddingOptimizer kind, const MemoryEstimate& est, int64_t limit,
+                           bool on_gpu, std::string* reason) {
+  int64_t rows = 0, table_bytes = 0;
+  for (const TableSpec& t : plan.tables) rows += table_rank_rows(t, rank, plan.W);
+  for (int64_t b : est.tables) table_bytes += b;
+  const int64_t row_bytes =
+      EmbeddingCollection::cache_row_bytes(plan.D, plan.table_elem_bytes, kind);
+  const TableBudget budget = parse_table_budget(cfg.device_table_budget);
+  int64_t slots = 0;
+  if (budget.kind == TableBudget::kAuto) {
+    if (!on_gpu || est.total() <= limit) {
+      *reason = "all rows on the " + std::string(on_gpu ? "GPU" : "host") + " (" +
+                gib(double(table_bytes)) + " of tables per rank)";
+      return 0;
+    }
+    const int64_t left = limit - (est.total() - table_bytes);
+    NCF_REQUIRE(kind != EmbeddingOptimizer::kDenseAdam && left > row_bytes, "rank ", rank,
+                " needs about ", gib(double(est.total())), " on its GPU with ",
+                gib(double(table_bytes)), " of tables, more than the ", gib(double(limit)),
+                " it may use; ",
+                kind == EmbeddingOptimizer::kDenseAdam
+                    ? "a host tier (--device_table_budget) would hold them in host memory, but "
+                      "dense Adam updates every row every step: use --embedding_optimizer "
+                      "rowwise_adagrad, adagrad, sgd or lazy_adam, or more ranks"
+                    : "even without the tables the rest does not fit: use more ranks or a "
+                      "smaller --batch_size");
+    slots = left * 9 / 10 / row_bytes;  // a tenth kept for what the estimate misses
+  } else if (budget.kind == TableBudget::kPercent) {
+    slots = std::max<int64_t>(1, int64_t(std::ceil(double(rows) * budget.value / 100.0)));
+  } else {
+    slots = int64_t(budget.value) / row_bytes;
+    NCF_REQUIRE(slots >= 1, "flag --device_table_budget ", cfg.device_table_budget,
+                " holds no row: one row with its ", optimizer_name(kind), " state takes ",
+                row_bytes, " bytes");
+  }
+  NCF_REQUIRE(kind != EmbeddingOptimizer::kDenseAdam, "flag --device_table_budget ",
+              cfg.device_table_budget,
+              ": the host tier keeps only the rows a step touches on the device, and dense "
+              "Adam updates every row every step; use --embedding_optimizer sgd, adagrad, "
+              "rowwise_adagrad or lazy_adam with it");
+  slots = std::max<int64_t>(1, std::min(slots, std::max<int64_t>(rows, 1)));
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "host tier: %lld of rank 0's %lld rows (%.1f%%, %.1f MiB) cached on the %s, the "
+                "rest in host memory; ids announced %lld steps ahead",
+                (long long)slots, (long long)rows, rows ? 100.0 * double(slots) / double(rows) : 0,
+                double(slots * row_bytes) / double(1 << 20), on_gpu ? "GPU" : "host (an arena)",
+                (long long)cfg.lookahead_steps);
+  *reason = std::string(line) +
+            (budget.kind == TableBudget::kAuto
+                 ? " (--device_table_budget auto: " + gib(double(table_bytes)) +
+                       " of tables do not fit the " + gib(double(limit)) + " this rank may use)"
+                 : "");
+  return slots;
+}
+
 int64_t check_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
                           const EmbeddingPlan& plan, Communicator& comm, const ExecContext& ctx,
-                          const NeuMFConfig& mc, bool rows_only, EmbeddingOptimizer trained_with) {
+                          const NeuMFConfig& mc, bool rows_only, EmbeddingOptimizer trained_with,
+                          EmbeddingOptimizer kind, int64_t* cache_slots, std::string* tier) {
   const int r = comm.rank();
   const int D = mc.embedding_width();
-  const MemoryEstimate est = estimate_rank_memory(cfg, meta, plan, r, ctx.device);
-  const std::vector<int64_t>& tables = est.tables;
-  const int64_t total = est.total();
+  MemoryEstimate est = estimate_rank_memory(cfg, meta, plan, r, ctx.device);
   const MemoryInfo mem = device_memory(ctx, comm.local_world());
   const bool on_gpu = ctx.device == Device::kCuda;
   const int64_t limit = cfg.memory_limit_gb > 0
                             ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
                             : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
+  *cache_slots = decide_cache_slots(cfg, plan, r, kind, est, limit, on_gpu, tier);
+  if (*cache_slots > 0 && on_gpu) {
+    // The device holds the cache instead of the tables (the home arrays are host memory).
+    int64_t rows = 0;
+    for (const TableSpec& t : plan.tables) rows += table_rank_rows(t, r, plan.W);
+    const double share = rows ? std::min(1.0, double(*cache_slots) / double(rows)) : 1.0;
+    for (int64_t& b : est.tables) b = int64_t(double(b) * share);
+  }
+  const std::vector<int64_t>& tables = est.tables;
+  const int64_t total = est.total();
   const std::string gpu_name =
       "GPU " + std::to_string(mem.gpu) + (mem.gpu_id.empty() ? "" : " (PCI " + mem.gpu_id + ")");
   const std::string where =
@@ -185,7 +255,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   mc.layers = cfg.layers;
   mc.validate();
 
-  memory_bytes_ = check_rank_memory(cfg, meta_, plan_, comm, ctx, mc, rows_only, trained_with);
+  memory_bytes_ = check_rank_memory(cfg, meta_, plan_, comm, ctx, mc, rows_only, trained_with,
+                                    eopt.kind, &cache_slots_, &tier_reason_);
   const int64_t L = meta_.eval_negatives + 1;
   const int64_t eval_users = std::max<int64_t>(1, cfg.eval_batch_size / L);
 
@@ -202,7 +273,8 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   if (ctx.device != Device::kCpu)
     device_positives_ = std::make_unique<DevicePositiveLists>(*positives_, ctx.device);
 
-  tables_ = std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup);
+  tables_ =
+      std::make_unique<EmbeddingCollection>(plan_, comm, ctx, eopt, plan_.dedup, cache_slots_);
   tables_->set_exchange_dtype(parse_wire_dtype(cfg.exchange_dtype));
   choose_exchange_across_nodes();
   tables_->init(cfg.seed);
@@ -435,6 +507,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   tb_window_.since = t0;
   train_reader_->start_epoch(epoch);
   stager_->reset();  // nothing survives an epoch that ended in an error
+  tables_->forget_announced();
   timer_->reset();
   pending_logs_.clear();
   step_loss_.reserve(size_t(std::max<int64_t>(steps, 1)));
@@ -457,17 +530,32 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
                 " steps");
   }
   // Step s + 1 is read and staged (its copy to the device issued) before step s
-  // is enqueued.
-  TrainBatch batches[2];
-  auto fetch = [&](int64_t s) {
-    NCF_CHECK(train_reader_->next(&batches[s % 2]), "train reader ended after ", s, " of ", steps,
-              " steps");
-    stager_->stage(batches[s % 2]);
+  // is enqueued. With a host tier, step s + k (k = --lookahead_steps) is read too and its
+  // ids announced to the rows' owners, which start loading its rows.
+  const int64_t ahead = tables_->host_tier() ? cfg_.lookahead_steps : 0;
+  const int64_t depth = ahead + 2;
+  std::vector<TrainBatch> batches(static_cast<size_t>(depth));
+  int64_t read = first_step, announced = first_step;
+  auto read_upto = [&](int64_t last) {
+    for (; read <= std::min(last, steps - 1); ++read)
+      NCF_CHECK(train_reader_->next(&batches[size_t(read % depth)]), "train reader ended after ",
+                read, " of ", steps, " steps");
   };
-  if (first_step < steps) fetch(first_step);
+  auto announce_upto = [&](int64_t last) {
+    if (!tables_->host_tier()) return;
+    read_upto(last);
+    for (; announced <= std::min(last, steps - 1); ++announced)
+      announce_step(batches[size_t(announced % depth)]);
+  };
+  read_upto(first_step);
+  if (first_step < steps) stager_->stage(batches[size_t(first_step % depth)]);
   for (int64_t s = first_step; s < steps; ++s) {
-    if (s + 1 < steps) fetch(s + 1);
-    step(batches[s % 2], s, &r);
+    if (s + 1 < steps) {
+      read_upto(s + 1);
+      stager_->stage(batches[size_t((s + 1) % depth)]);
+    }
+    announce_upto(s + ahead);
+    step(batches[size_t(s % depth)], s, &r);
     ++r.steps;
     position_ = {epoch, s + 1};
     if (tb_windows() && state_.t % cfg_.tensorboard_every_steps == 0) log_train_window(s, &r);
@@ -478,6 +566,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
           (cfg_.checkpoint_every_steps > 0 && state_.t % cfg_.checkpoint_every_steps == 0);
       if (stop || due) save_checkpoint(epoch, s + 1);
       if (stop) {
+        tables_->forget_announced();  // the steps read ahead will not run
         account_step_times(true, &r);
         r.stopped = true;
         r.train_seconds = seconds_since(t0);
@@ -509,12 +598,47 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);
   r.loss = steps ? sums[0] / double(steps) : 0;
+  if (tables_->host_tier()) {
+    // Each counter's largest value over the ranks: every rank's in its own slot, summed.
+    const RowCache::Counters& c = *tables_->cache_counters();
+    const int64_t mine[] = {c.steps,
+                            c.waits,
+                            c.loads,
+                            c.waited_loads,
+                            c.evictions,
+                            c.evicted_in_window,
+                            c.most_window_rows,
+                            c.most_step_rows};
+    constexpr size_t K = sizeof mine / sizeof mine[0];
+    std::vector<double> all(K * size_t(comm_.world()), 0.0);
+    for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = double(mine[k]);
+    all_reduce_sum_on(comm_, Device::kCpu, all.data(), all.size(), DType::kFloat64);
+    int64_t most[K] = {};
+    for (size_t p = 0; p < size_t(comm_.world()); ++p)
+      for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], int64_t(all[p * K + k]));
+    r.host_tier = true;
+    r.tier = {most[0], most[1], most[2], most[3], most[4], most[5], most[6], most[7]};
+  }
   if (tb_windows()) {
     // The training scalars' window goes on in the next epoch: this one's part of it.
     for (int64_t k = tb_window_.begin; k < steps; ++k) tb_window_.loss += shares[size_t(k)];
     tb_window_.seconds += seconds_since(tb_window_.since);
   }
   return r;
+}
+
+void Trainer::announce_step(const TrainBatch& b) {
+  const int64_t n = int64_t(b.users.size());
+  const int64_t B = n * (cfg_.num_neg + 1);
+  std::vector<int32_t> users(static_cast<size_t>(B)), items(static_cast<size_t>(B));
+  std::vector<float> labels(static_cast<size_t>(B));
+  ExecContext host;
+  host.threads = ctx_.threads;
+  // The draw train_step makes on this rank's device: keyed by (seed, epoch, sample).
+  sample_negatives(host, *positives_, meta_.num_items, b.users.data(), b.items.data(),
+                   b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, users.data(), items.data(),
+                   labels.data());
+  tables_->announce({{b.users.data(), n}, {items.data(), B}});
 }
 
 void Trainer::log_train_window(int64_t last, EpochResult* r) {

@@ -52,6 +52,9 @@ struct EpochResult {
   // inside its node and across nodes.
   int64_t intra_msgs = 0, intra_bytes = 0, inter_msgs = 0, inter_bytes = 0;
   bool stopped = false;  // a stop request ended the epoch early (checkpoint written)
+  // With a host tier: its counters so far (row_cache.h), each the largest over the ranks.
+  bool host_tier = false;
+  RowCache::Counters tier;
 };
 
 struct EvalResult {
@@ -146,6 +149,12 @@ class Trainer : public ScoringModel {
   // Dense parameters, then the full user and item tables (collective).
   std::vector<float> gather_parameters();
   int64_t memory_estimate_bytes() const { return memory_bytes_; }
+  // --device_table_budget: where this rank's rows live and why (the start-up line), and
+  // what its host tier did so far (null without one).
+  const std::string& table_tier_reason() const { return tier_reason_; }
+  const RowCache::Counters* table_cache_counters() const { return tables_->cache_counters(); }
+  int64_t cache_slots() const { return cache_slots_; }
+  int64_t cache_row_bytes() const { return tables_->cached_row_bytes(); }
 
   // Serving (scoring_model.h; recommend.cc), on the loaded state.
   std::vector<float> score_pairs(const std::vector<int32_t>& users,
@@ -214,6 +223,11 @@ class Trainer : public ScoringModel {
   EmbeddingOptimizer table_optimizer_ = EmbeddingOptimizer::kDenseAdam;
   int64_t P_ = 0;  // positives per global step
   int64_t memory_bytes_ = 0;
+  int64_t cache_slots_ = 0;  // the host tier's device cache, in rows (0: no host tier)
+  std::string tier_reason_;
+  // The host tier's lookahead: the ids of a step read ahead (its positives and the
+  // negatives drawn for them on the host, as the step draws them) announced to the owners.
+  void announce_step(const TrainBatch& b);
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The host tier (--device_table_budget) on CPU ranks, where the cache is an arena of host
+# memory and every move is a copy: first, at each world size, one run without a budget and
+# one at each budget, their final parameters compared byte for byte and their losses, HR and
+# NDCG compared as printed ("min" is the largest step's rows, read from the 100% run); then
+# the cost of the mechanism itself, the tier at 100% (every row cached, ids still announced
+# and every gather and update through the slot map) against no tier, alternated, the median
+# training seconds of each.
+#
+#   bash bench/host_tier.sh [--users 200000] [--items 20000] [--interactions 4200000]
+#        [--batch 16384] [--steps 100] [--worlds 1,2,4] [--budgets 100%,30%,10%,min]
+#        [--repeats 5] [--optimizer rowwise_adagrad] [--out DIR] [--data DIR]
+#
+# Writes OUT/runs/*.log, OUT/identity.md, OUT/overhead.md and OUT/host_tier.md. Not a test.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+prog=host_tier.sh
+die() { echo "$prog: $*" >&2; exit 1; }
+
+users=200000
+items=20000
+interactions=4200000
+batch=16384
+steps=100
+worlds=1,2,4
+budgets=100%,30%,10%,min
+repeats=5
+optimizer=rowwise_adagrad
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+commit=$(bench_commit "$root")
+out="$root/bench/results/host_tier_$(date -u +%F)_$commit"
+data=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --users) users="$2"; shift 2 ;;
+    --items) items="$2"; shift 2 ;;
+    --interactions) interactions="$2"; shift 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --worlds) worlds="$2"; shift 2 ;;
+    --budgets) budgets="$2"; shift 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --optimizer) optimizer="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --data) data="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+bench_positive_ints users items interactions batch steps repeats
+[[ "$worlds" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--worlds '$worlds' is not a list of rank counts"
+[[ "$budgets" =~ ^(min|[0-9.]+%|[0-9.]+[KMGT]?)(,(min|[0-9.]+%|[0-9.]+[KMGT]?))*$ ]] ||
+  die "--budgets '$budgets' is not a list of budgets (30%, 64M, min)"
+IFS=, read -r -a WORLDS <<<"$worlds"
+IFS=, read -r -a BUDGETS <<<"$budgets"
+data="${data:-/var/tmp/ncf-bench/u${users}-i${items}-n${interactions}}"
+
+build="${NCF_BUILD_DIR:-$root/build}"
+bench_programs "$build"  # sets dist, prep
+mkdir -p "$out/runs"
+if [ ! -f "$data/metadata.json" ]; then
+  echo "$prog: writing the synthetic dataset to $data"
+  "$prep" --synthetic custom --users "$users" --items "$items" --interactions "$interactions" \
+    --eval_negatives 99 --seed 3 --output "$data" >"$out/runs/prep.log" 2>&1 ||
+    die "ncf_prep failed: $(tail -3 "$out/runs/prep.log")"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# run NAME W FLAGS...: one epoch of $steps steps; its log, metrics and parameters in runs/.
+run() {
+  local name="$1" W="$2"
+  shift 2
+  local launch=()
+  [ "$W" -gt 1 ] && launch=(mpirun -np "$W" --oversubscribe --bind-to none)
+  "${launch[@]}" "$dist" --device cpu --data_dir "$data" --batch_size "$batch" --train_epochs 1 \
+    --max_steps "$steps" --threads 1 --embedding_optimizer "$optimizer" \
+    --metrics_json "$out/runs/$name.jsonl" --save_params "$out/runs/$name.bin" "$@" \
+    >"$out/runs/$name.log" 2>&1 || die "$name failed: $(tail -3 "$out/runs/$name.log")"
+}
+field() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])$2)" "$1"; }
+
+{
+  echo "| W | budget | cache rows (rank 0) | loss, HR, NDCG | parameters | waits | written back | evicted inside their window |"
+  echo "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: |"
+} >"$out/identity.md"
+for W in "${WORLDS[@]}"; do
+  run "w${W}_ref" "$W"
+  run "w${W}_100" "$W" --device_table_budget 100%
+  min_rows=$(field "$out/runs/w${W}_100.jsonl" "['host_tier']['most_step_rows']")
+  row_bytes=$(field "$out/runs/w${W}_100.jsonl" "['host_tier']['cache_row_bytes']")
+  ref_line=$(field "$out/runs/w${W}_ref.jsonl" "['loss'], ['hr'], ['ndcg']")
+  for b in "${BUDGETS[@]}"; do
+    name="w${W}_${b%\%}"
+    flag="$b"
+    [ "$b" = min ] && flag=$((min_rows * row_bytes))
+    [ "$b" = 100% ] || run "$name" "$W" --device_table_budget "$flag"
+    line=$(field "$out/runs/$name.jsonl" "['loss'], ['hr'], ['ndcg']")
+    same_metrics=differ
+    [ "$line" = "$ref_line" ] && same_metrics=identical
+    same_params=differ
+    cmp -s "$out/runs/w${W}_ref.bin" "$out/runs/$name.bin" && same_params="identical ($(stat -c %s "$out/runs/$name.bin") bytes)"
+    t() { field "$out/runs/$name.jsonl" "['host_tier']['$1']"; }
+    echo "| $W | $b ($flag) | $(t cache_rows) | $same_metrics | $same_params | $(t waits) of $(t steps) | $(t evictions) | $(t evicted_in_window) |" >>"$out/identity.md"
+  done
+done
+
+# The mechanism's cost at 100%: no tier and the tier alternated, W = 1.
+: >"$out/runs/overhead.txt"
+for r in $(seq 1 "$repeats"); do
+  for mode in off on; do
+    flags=()
+    [ "$mode" = on ] && flags=(--device_table_budget 100%)
+    run "overhead_${mode}_$r" 1 --no_eval "${flags[@]}"
+    echo "$mode $(field "$out/runs/overhead_${mode}_$r.jsonl" "['train_seconds']")" >>"$out/runs/overhead.txt"
+  done
+done
+python3 - "$out/runs/overhead.txt" "$steps" >"$out/overhead.md" <<'EOF'
+import statistics, sys
+times = {"off": [], "on": []}
+for line in open(sys.argv[1]):
+    mode, sec = line.split()
+    times[mode].append(float(sec))
+steps = int(sys.argv[2])
+off, on = statistics.median(times["off"]), statistics.median(times["on"])
+print("| run | median training seconds | ms per step | runs |")
+print("| --- | ---: | ---: | --- |")
+for name, key in (("no tier", "off"), ("tier at 100%", "on")):
+    t = statistics.median(times[key])
+    print(f"| {name} | {t:.3f} | {1000 * t / steps:.2f} | {', '.join(f'{x:.3f}' for x in times[key])} |")
+print(f"\nThe tier at 100% takes {on / off:.3f}x the time of no tier ({100 * (on / off - 1):+.1f}%).")
+EOF
+
+{
+  echo "# Host tier on CPU ranks ($commit, $(date -u +%F))"
+  echo
+  echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p')."
+  echo "Data: synthetic, $users users, $items items, $interactions interactions; batch $batch, $steps steps,"
+  echo "--embedding_optimizer $optimizer, --lookahead_steps 2 (the default), one thread per rank."
+  echo
+  echo "Command: bash bench/host_tier.sh --users $users --items $items --interactions $interactions --batch $batch --steps $steps --worlds $worlds --budgets $budgets --repeats $repeats --optimizer $optimizer"
+  echo
+  echo "## Every budget against no budget"
+  echo
+  cat "$out/identity.md"
+  echo
+  echo "## The cost of the mechanism at 100% (W = 1, no evaluation, alternated)"
+  echo
+  cat "$out/overhead.md"
+} >"$out/host_tier.md"
+rm -f "$out"/runs/*.bin
+cat "$out/host_tier.md"

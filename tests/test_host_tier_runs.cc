@@ -1,0 +1,157 @@
+// The host tier (--device_table_budget) in real ncf_dist jobs under mpirun: at W = 1, 2
+// and 4, a cache of every rank's rows, of 30%, of one window's rows and of the largest
+// step's rows gives every bit of the all-on-device run (each epoch's loss, HR and NDCG,
+// and the final parameters); with the window held, no row of a window is evicted and no
+// step waits; BF16 rows and lazy Adam too; a checkpoint written at one budget resumes at
+// another (and at another W) with the bits of the run that never had a budget; dense
+// Adam and a budget below one step's rows are refused with a message, every rank ending.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ncf {
+namespace {
+
+using test::bin;
+using test::run;
+using test::TempDir;
+
+class HostTierRuns : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto r = run(bin("ncf_prep") +
+                 " --synthetic custom --users 2000 --items 1000 --interactions 44000 "
+                 "--eval_negatives 50 --record_rows 300 --num_shards 3 --seed 5 --output " +
+                 data());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string data() { return dir_->file("data"); }
+  static TempDir* dir_;
+
+  struct Run {
+    std::vector<nlohmann::json> epochs;
+    std::string params;
+    std::string output;
+    int exit_code = 0;
+  };
+
+  // 2 epochs of 60 steps of 101 positives (505 samples) each.
+  Run train(int W, const std::string& flags, bool expect_ok = true, int epochs = 2) {
+    TempDir t;
+    const std::string cmd = test::mpirun(W) + " " + bin("ncf_dist") + " --device cpu --data_dir " +
+                            data() + " --batch_size 505 --train_epochs " + std::to_string(epochs) +
+                            " --max_steps 60 --threads 1 --learning_rate 0.01 " +
+                            (flags.find("--embedding_optimizer") == std::string::npos
+                                 ? "--embedding_optimizer rowwise_adagrad "
+                                 : "") +
+                            flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " +
+                            t.file("p.bin");
+    auto r = run("timeout 300 " + cmd);
+    Run out;
+    out.output = r.output;
+    out.exit_code = r.exit_code;
+    if (expect_ok) {
+      EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    }
+    std::ifstream f(t.file("m.jsonl"));
+    std::string line;
+    while (std::getline(f, line)) out.epochs.push_back(nlohmann::json::parse(line));
+    if (r.exit_code == 0) out.params = test::read_file(t.file("p.bin"));
+    return out;
+  }
+
+  // resumed: b resumed at the end of epoch 1, which it reports without its steps.
+  static void expect_same_bits(const Run& a, const Run& b, const std::string& what,
+                               bool resumed = false) {
+    ASSERT_EQ(a.epochs.size(), b.epochs.size()) << what << "\n" << b.output;
+    for (size_t e = resumed ? 1 : 0; e < a.epochs.size(); ++e)
+      for (const char* k : {"loss", "hr", "ndcg", "samples"})
+        EXPECT_EQ(a.epochs[e][k], b.epochs[e][k]) << what << ": epoch " << e + 1 << " " << k;
+    ASSERT_FALSE(a.params.empty()) << what;
+    EXPECT_TRUE(a.params == b.params) << what << ": the final parameters differ";
+  }
+  // The host tier's counters of the last epoch (the most of any rank).
+  static nlohmann::json tier(const Run& r) {
+    EXPECT_FALSE(r.epochs.empty()) << r.output;
+    return r.epochs.empty() ? nlohmann::json()
+                            : r.epochs.back().value("host_tier", nlohmann::json());
+  }
+  static std::string bytes_for_rows(const nlohmann::json& t, int64_t rows) {
+    return std::to_string(rows * t["cache_row_bytes"].get<int64_t>());
+  }
+};
+TempDir* HostTierRuns::dir_ = nullptr;
+
+TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
+  for (int W : {1, 2, 4}) {
+    const std::string w = "W=" + std::to_string(W);
+    const Run ref = train(W, "");
+    EXPECT_EQ(tier(ref), nlohmann::json()) << "no host tier on CPU ranks by default";
+    const Run all = train(W, "--device_table_budget 100%");
+    expect_same_bits(ref, all, w + " budget 100%");
+    const nlohmann::json t = tier(all);
+    ASSERT_TRUE(t.is_object()) << all.output;
+    EXPECT_EQ(t["waits"], 0) << w << ": every row fits, all loaded ahead";
+    EXPECT_EQ(t["evictions"], 0) << w;
+    const int64_t window = t["most_window_rows"], step = t["most_step_rows"];
+    ASSERT_GT(window, step) << w;
+    expect_same_bits(ref, train(W, "--device_table_budget 30%"), w + " budget 30%");
+    // A cache that holds every window: rows leave it, none inside its window, no wait.
+    const Run held = train(W, "--device_table_budget " + bytes_for_rows(t, window));
+    expect_same_bits(ref, held, w + " budget of one window");
+    EXPECT_GT(tier(held)["evictions"], 0) << w << ": the window is smaller than the tables";
+    EXPECT_EQ(tier(held)["evicted_in_window"], 0) << w;
+    EXPECT_EQ(tier(held)["waits"], 0) << w;
+    // The smallest budget: the largest step's rows; rows of later steps leave and return.
+    const Run least = train(W, "--device_table_budget " + bytes_for_rows(t, step));
+    expect_same_bits(ref, least, w + " budget of the largest step");
+    EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
+    EXPECT_GT(tier(least)["waits"], 0) << w;
+  }
+}
+
+TEST_F(HostTierRuns, Bf16RowsAndLazyAdamKeepTheirBits) {
+  const std::string f = "--table_dtype bf16 --embedding_optimizer lazy_adam --lookahead_steps 1";
+  const Run ref = train(2, f);
+  expect_same_bits(ref, train(2, f + " --device_table_budget 25%"), "bf16 rows, lazy Adam, 25%");
+  const std::string g = "--embedding_optimizer sgd --lookahead_steps 0";
+  expect_same_bits(train(2, g), train(2, g + " --device_table_budget 40%"), "sgd, lookahead 0");
+}
+
+TEST_F(HostTierRuns, ACheckpointResumesAtAnotherBudgetAndWorldSize) {
+  TempDir d;
+  const Run whole = train(2, "");
+  train(2, "--device_table_budget 30% --checkpoint_dir " + d.file("ck"), true, 1);
+  const std::string from = " --allow_changed_flags train_epochs --resume " +
+                           d.file("ck/step-000000000060") + " --checkpoint_dir ";
+  expect_same_bits(whole, train(2, "--device_table_budget 45%" + from + d.file("a")),
+                   "written at 30%, resumed at 45%", true);
+  // At another W the trajectory takes another float order: with and without a budget alike.
+  expect_same_bits(train(1, from + d.file("b")),
+                   train(1, "--device_table_budget 20%" + from + d.file("c")),
+                   "resumed by one rank, at 20% and all on the device", true);
+}
+
+TEST_F(HostTierRuns, DenseAdamAndABudgetBelowOneStepAreRefused) {
+  Run r = train(2, "--embedding_optimizer dense_adam --device_table_budget 30%", false);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dense Adam updates every row"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rowwise_adagrad"), std::string::npos) << r.output;
+  r = train(2, "--device_table_budget 2%", false);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("flag --device_table_budget: the cache holds"), std::string::npos)
+      << r.output;
+  r = train(1, "--device_table_budget 12X", false);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--device_table_budget"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("12X"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ncf
