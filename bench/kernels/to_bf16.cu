@@ -78,7 +78,8 @@ int bench(const Flags& f) {
     Buffer<float> gX = upload(X);
     Buffer<uint16_t> gY = upload(sentinel);
     Case c;
-    c.name = "to_bf16 rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+    c.name = std::string(ld == cols ? "to_bf16 flat" : "to_bf16 strided") +
+             " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
              " ld=" + std::to_string(ld);
     c.bytes = 6.0 * double(rows) * cols;  // 4 bytes read and 2 written per element
     c.versions = {

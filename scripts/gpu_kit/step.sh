@@ -9,9 +9,10 @@
 # ---- step ------------------------------------------------------------------------------------------------
 # The GPU step's kernels, old against new, in one call of about 6 minutes after the build:
 # first what shows a broken kernel (the parity of the changed ops, the streaming kernels
-# against the legacy ones bit for bit, NeuMF's fused top against the unfused ops, the
-# BF16-storage ops and NeuMF on them against the CPU, two identical runs), then the speed (the changed ops
-# in both variants at B = 1,048,575; ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
+# and the BF16 copies against their CPU twins bit for bit, NeuMF's fused top against the
+# unfused ops, the BF16-storage ops and NeuMF on them against the CPU, two identical runs),
+# then the speed (the changed ops at B = 1,048,575; the kernel versions that lost, each
+# beside the library's (bench/kernels/); ncf_dist ml-20m-mlperf steps 10-40 under tf32 and
 # bf16, each against bench/step_floor.py's floor, and the variants still selectable; an epoch's
 # samples/s; the top kernels per step), then ncf_dist's HR@10 after 3 epochs and PyTorch's
 # variants (bench/pytorch_variants.py) on the same GPU, data, batch and epochs.
@@ -40,6 +41,23 @@ do_step_kernels() {
 fig_step_kernels() {
   [ -s "$out/step_kernels.json" ] || return 0
   python3 "$root/scripts/gpu_kit/fig_step_kernels.py" "$out/step_kernels.json"
+}
+# The kernel versions that lost, each program of bench/kernels/ (its versions checked
+# against a CPU loop, then timed beside the library's) at a tenth of the step's shapes:
+# a few seconds in all. A program and its size flags per entry.
+kernel_versions=("group_sum --n 20971" "group_bias_act --n 20971"
+  "linear_bias_mask --rows 104857" "to_bf16 --rows 104857")
+do_kernel_versions() {
+  local rc=0 p
+  for p in "${kernel_versions[@]}"; do
+    # shellcheck disable=SC2086  # the program's name and flags, one word each
+    ours "$build/bench/kernels/"$p --warmup 2 --repeats 10 || rc=1
+  done
+  return "$rc"
+}
+fig_kernel_versions() {  # each case's median ms per version, from its "= CASE: v1 X ms, v2 Y ms"
+  grep -E '^= ' "$1" | sed -E 's/^= //; s/ [A-Za-z]+=[^:]*:/:/; s/ ms//g; s/,//g; s/: / /' |
+    paste -s -d ';' | sed 's/;/; /g; s/^/ms: /' | cut -c1-240
 }
 do_step_train() {  # PRECISION [FLAGS...]: 40 ml-20m-mlperf steps, each one's phases on its line
   ours "$build/src/ncf_dist" --data_dir "$m20" \
@@ -79,6 +97,7 @@ run_step() {
   stage data_small 0 120 fig_tail -- do_small_data
   stage determinism 1 120 fig_tail -- do_determinism
   stage step_kernels 1 150 fig_step_kernels -- do_step_kernels
+  stage kernel_versions 1 60 fig_kernel_versions -- do_kernel_versions
   stage data_ml20m 0 240 fig_tail -- do_m20_data
   local p
   # step_PRECISION_streaming: the step as it runs (the name kept from when the legacy
