@@ -260,14 +260,28 @@ void EmbeddingCollection::tier_gather(const RowId* ids, int64_t first, int64_t R
     gather_rows(ctx_, cparams_.data(), tslot_.data(), out, C, n, D);
 }
 
-// The update of cached rows: the gradient rows summed per row (sort_reduce_rows), the
-// touched rows and their state gathered from their slots into a compact table, the
-// optimizer on it, and everything put back into the same slots (BF16 rows rounded with
-// the key of their flat row, as store_rows_bf16 rounds them at home).
+// The update of cached rows. BF16 rows as the all-on-device update of BF16 rows does it:
+// the gradient rows summed per row (sort_reduce_rows), the touched rows widened and their
+// state gathered from their slots into a compact table, the optimizer on it, and
+// everything put back into the same slots, the rows rounded with the key of their flat
+// row (store_rows_bf16's).
 void EmbeddingCollection::tier_update(const RowId* rows, const float* grads, int64_t n,
                                       int64_t first, int64_t count, bool unique, int64_t t) {
   const int D = plan_.D;
   const int64_t C = cache_->slots();
+  if (!bf16_rows_) {
+    // FP32 rows: the fused update over the cache, its rows named by slot. It sums each
+    // row's gradients in input order whatever the row's number, and the optimizer's
+    // arithmetic does not depend on it: the all-on-device values (a unique row's sum is
+    // its one gradient row, exactly).
+    if (n == 0) return;
+    tslot_.reserve(size_t(n));
+    map_rows(ctx_, slot_map_.data() + first, rows, count, n, tslot_.data());
+    const TableRows cache{cparams_.data(), cm_.size() ? cm_.data() : nullptr,
+                          cv_.size() ? cv_.data() : nullptr, C, D};
+    reduce_update_rows(ctx_, tslot_.data(), grads, n, cache, opt_, t);
+    return;
+  }
   const RowId* ur = rows;
   const float* ug = grads;
   int64_t nu = n;
@@ -285,10 +299,7 @@ void EmbeddingCollection::tier_update(const RowId* rows, const float* grads, int
   const int32_t* slots = tslot_.data();
   bw_.reserve(size_t(nu) * D);
   brow_.reserve(size_t(nu));
-  if (bf16_rows_)
-    gather_rows_bf16(ctx_, crows16_.data(), slots, bw_.data(), C, nu, D);
-  else
-    gather_rows(ctx_, cparams_.data(), slots, bw_.data(), C, nu, D);
+  gather_rows_bf16(ctx_, crows16_.data(), slots, bw_.data(), C, nu, D);
   offset_rows(ctx_, nullptr, nu, 0, brow_.data());
   float* m = nullptr;
   float* v = nullptr;
@@ -305,10 +316,7 @@ void EmbeddingCollection::tier_update(const RowId* rows, const float* grads, int
   apply_table_optimizer(ctx_, TableRows{bw_.data(), m, v, nu, D}, brow_.data(), ug, nu, opt_, t);
   if (m) copy_rows(ctx_, m, nullptr, nu, cm_.data(), slots, C, nu, sw, 4);
   if (v) copy_rows(ctx_, v, nullptr, nu, cv_.data(), slots, C, nu, D, 4);
-  if (bf16_rows_)
-    store_rows_bf16_at(ctx_, bw_.data(), ur, slots, crows16_.data(), C, nu, D, rounding(first, t));
-  else
-    copy_rows(ctx_, bw_.data(), nullptr, nu, cparams_.data(), slots, C, nu, D, 4);
+  store_rows_bf16_at(ctx_, bw_.data(), ur, slots, crows16_.data(), C, nu, D, rounding(first, t));
 }
 
 }  // namespace ncf

@@ -188,6 +188,15 @@ void RowCache::retire(int64_t s) {
     }
   }
   window_.pop_front();
+  // Stale entries (rows back in the window, or gone) are dropped once they outnumber the
+  // slots, so the list stays within a few times the cache whatever the run's length.
+  if (lru_.size() > 2 * row_of_.size() + 4096) {
+    std::deque<std::pair<int32_t, uint32_t>> live;
+    for (const auto& [r, stamp] : lru_)
+      if (stamp == stamp_[size_t(r)] && refs_[size_t(r)] == 0 && slot_of_[size_t(r)] >= 0)
+        live.emplace_back(r, stamp);
+    lru_.swap(live);
+  }
 }
 
 void RowCache::forget_window() {

@@ -49,7 +49,11 @@ StepReport train_step(TrainState& s, const StepBatch& batch, Communicator& comm,
   s.users.reserve(size_t(B));
   s.items.reserve(size_t(B));
   s.labels.reserve(size_t(B));
-  if (ctx.device == Device::kCpu)
+  if (ctx.device == Device::kCpu && batch.drawn_items != nullptr) {
+    std::copy_n(batch.drawn_users, B, s.users.data());
+    std::copy_n(batch.drawn_items, B, s.items.data());
+    std::copy_n(batch.drawn_labels, B, s.labels.data());
+  } else if (ctx.device == Device::kCpu)
     sample_negatives(ctx, *s.positives, uint64_t(s.num_items), batch.users, batch.items,
                      batch.slice_begin, n, s.num_neg, s.seed, batch.epoch, s.users.data(),
                      s.items.data(), s.labels.data());

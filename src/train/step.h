@@ -72,6 +72,12 @@ struct StepBatch {
   int64_t slice_begin = 0;
   int64_t epoch = 0;
   int64_t global_positives = 0;
+  // CPU ranks with a host tier: the n·S samples (users, items, labels; host memory) the
+  // trainer drew for this step when it announced it, taken instead of drawing them again
+  // (the same draw). Null: the step draws them.
+  const int32_t* drawn_users = nullptr;
+  const int32_t* drawn_items = nullptr;
+  const float* drawn_labels = nullptr;
 };
 
 // Requests that ride in the step's dense allreduce, so that every rank learns

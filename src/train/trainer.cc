@@ -299,7 +299,11 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   stager_ = std::make_unique<InputStager>(ctx);
   timer_ = std::make_unique<StepTimer>(ctx);
   if (cfg.cuda_graph == "on" && !rows_only) {
-    const std::string why = step_graph_refusal(ctx.device, W, cfg.table_dtype == "bf16");
+    std::string why = step_graph_refusal(ctx.device, W, cfg.table_dtype == "bf16");
+    if (why.empty() && cache_slots_ > 0)
+      why =
+          "the host tier loads rows between steps on the host's orders, which a graph cannot "
+          "hold";
     if (why.empty()) {
       graph_ = std::make_unique<StepGraph>(ctx);
       graph_reason_ = "on (each step after the first of its size captured and launched whole)";
@@ -320,13 +324,18 @@ std::vector<int64_t> Trainer::table_bytes() const {
   return b;
 }
 
-void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r) {
+void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r, const Drawn* drawn) {
   timer_->begin(b.step);
   // The positives, staged on the device while the previous step ran.
   const InputStager::Staged in = stager_->acquire();
   const int64_t n = int64_t(b.users.size());
   NCF_CHECK(in.n == n, "staged batch has ", in.n, " positives, the step ", n);
-  const StepBatch batch{in.users, in.items, n, b.slice_begin, b.epoch, b.step_count};
+  StepBatch batch{in.users, in.items, n, b.slice_begin, b.epoch, b.step_count};
+  if (drawn && ctx_.device == Device::kCpu) {
+    batch.drawn_users = drawn->users.data();
+    batch.drawn_items = drawn->items.data();
+    batch.drawn_labels = drawn->labels.data();
+  }
   // The stager's slot is released once the negatives are sampled from it; the
   // step enqueues its work in order, so releasing after the call is as safe.
   // The requests of this step: a stop (signal), and rank 0's clock saying a
@@ -535,6 +544,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   const int64_t ahead = tables_->host_tier() ? cfg_.lookahead_steps : 0;
   const int64_t depth = ahead + 2;
   std::vector<TrainBatch> batches(static_cast<size_t>(depth));
+  drawn_.resize(static_cast<size_t>(depth));
   int64_t read = first_step, announced = first_step;
   auto read_upto = [&](int64_t last) {
     for (; read <= std::min(last, steps - 1); ++read)
@@ -545,7 +555,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
     if (!tables_->host_tier()) return;
     read_upto(last);
     for (; announced <= std::min(last, steps - 1); ++announced)
-      announce_step(batches[size_t(announced % depth)]);
+      announce_step(batches[size_t(announced % depth)], &drawn_[size_t(announced % depth)]);
   };
   read_upto(first_step);
   if (first_step < steps) stager_->stage(batches[size_t(first_step % depth)]);
@@ -555,7 +565,8 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
       stager_->stage(batches[size_t((s + 1) % depth)]);
     }
     announce_upto(s + ahead);
-    step(batches[size_t(s % depth)], s, &r);
+    step(batches[size_t(s % depth)], s, &r,
+         tables_->host_tier() ? &drawn_[size_t(s % depth)] : nullptr);
     ++r.steps;
     position_ = {epoch, s + 1};
     if (tb_windows() && state_.t % cfg_.tensorboard_every_steps == 0) log_train_window(s, &r);
@@ -627,18 +638,20 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   return r;
 }
 
-void Trainer::announce_step(const TrainBatch& b) {
+void Trainer::announce_step(const TrainBatch& b, Drawn* d) {
   const int64_t n = int64_t(b.users.size());
   const int64_t B = n * (cfg_.num_neg + 1);
-  std::vector<int32_t> users(static_cast<size_t>(B)), items(static_cast<size_t>(B));
-  std::vector<float> labels(static_cast<size_t>(B));
+  d->users.resize(static_cast<size_t>(B));
+  d->items.resize(static_cast<size_t>(B));
+  d->labels.resize(static_cast<size_t>(B));
   ExecContext host;
   host.threads = ctx_.threads;
-  // The draw train_step makes on this rank's device: keyed by (seed, epoch, sample).
+  // The draw train_step makes on this rank's device: keyed by (seed, epoch, sample). A CPU
+  // rank's step takes these samples instead of drawing them again.
   sample_negatives(host, *positives_, meta_.num_items, b.users.data(), b.items.data(),
-                   b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, users.data(), items.data(),
-                   labels.data());
-  tables_->announce({{b.users.data(), n}, {items.data(), B}});
+                   b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, d->users.data(),
+                   d->items.data(), d->labels.data());
+  tables_->announce({{b.users.data(), n}, {d->items.data(), B}});
 }
 
 void Trainer::log_train_window(int64_t last, EpochResult* r) {

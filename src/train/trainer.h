@@ -163,9 +163,13 @@ class Trainer : public ScoringModel {
                  std::vector<int32_t>* items, std::vector<float>* logits) override;
 
  private:
+  struct Drawn {  // the samples of a step drawn when it was announced (host tier)
+    std::vector<int32_t> users, items;
+    std::vector<float> labels;
+  };
   // One global step on the batch acquired from stager_ (train_step); its loss
   // share goes to step_loss_[index] on the device (read back once per epoch).
-  void step(const TrainBatch& batch, int64_t index, EpochResult* r);
+  void step(const TrainBatch& batch, int64_t index, EpochResult* r, const Drawn* drawn = nullptr);
   // Adds the phase times of the steps the timer has finished to *r (and prints
   // their --step_log lines); wait_all at the end of an epoch.
   void account_step_times(bool wait_all, EpochResult* r);
@@ -227,7 +231,8 @@ class Trainer : public ScoringModel {
   std::string tier_reason_;
   // The host tier's lookahead: the ids of a step read ahead (its positives and the
   // negatives drawn for them on the host, as the step draws them) announced to the owners.
-  void announce_step(const TrainBatch& b);
+  void announce_step(const TrainBatch& b, Drawn* d);
+  std::vector<Drawn> drawn_;  // by step % the lookahead's depth
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
