@@ -8,8 +8,9 @@
 # training seconds of each.
 #
 #   bash bench/host_tier.sh [--users 200000] [--items 20000] [--interactions 4200000]
-#        [--batch 16384] [--steps 100] [--worlds 1,2,4] [--budgets 100%,30%,10%,min]
-#        [--repeats 5] [--optimizer rowwise_adagrad] [--out DIR] [--data DIR]
+#        [--batch 16384] [--steps 100] [--overhead_steps 400] [--worlds 1,2,4]
+#        [--budgets 100%,30%,10%,min] [--repeats 5] [--optimizer rowwise_adagrad] [--out DIR]
+#        [--data DIR]
 #
 # Writes OUT/runs/*.log, OUT/identity.md, OUT/overhead.md and OUT/host_tier.md. Not a test.
 set -euo pipefail
@@ -22,6 +23,7 @@ items=20000
 interactions=4200000
 batch=16384
 steps=100
+overhead_steps=400
 worlds=1,2,4
 budgets=100%,30%,10%,min
 repeats=5
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --interactions) interactions="$2"; shift 2 ;;
     --batch) batch="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --overhead_steps) overhead_steps="$2"; shift 2 ;;
     --worlds) worlds="$2"; shift 2 ;;
     --budgets) budgets="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
@@ -48,7 +51,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
-bench_positive_ints users items interactions batch steps repeats
+bench_positive_ints users items interactions batch steps overhead_steps repeats
 [[ "$worlds" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--worlds '$worlds' is not a list of rank counts"
 [[ "$budgets" =~ ^(min|[0-9.]+%|[0-9.]+[KMGT]?)(,(min|[0-9.]+%|[0-9.]+[KMGT]?))*$ ]] ||
   die "--budgets '$budgets' is not a list of budgets (30%, 64M, min)"
@@ -67,14 +70,15 @@ if [ ! -f "$data/metadata.json" ]; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# run NAME W FLAGS...: one epoch of $steps steps; its log, metrics and parameters in runs/.
+# run NAME W FLAGS...: one epoch of $run_steps steps; its log, metrics and parameters in runs/.
+run_steps=$steps
 run() {
   local name="$1" W="$2"
   shift 2
   local launch=()
   [ "$W" -gt 1 ] && launch=(mpirun -np "$W" --oversubscribe --bind-to none)
   "${launch[@]}" "$dist" --device cpu --data_dir "$data" --batch_size "$batch" --train_epochs 1 \
-    --max_steps "$steps" --threads 1 --embedding_optimizer "$optimizer" \
+    --max_steps "$run_steps" --threads 1 --embedding_optimizer "$optimizer" \
     --metrics_json "$out/runs/$name.jsonl" --save_params "$out/runs/$name.bin" "$@" \
     >"$out/runs/$name.log" 2>&1 || die "$name failed: $(tail -3 "$out/runs/$name.log")"
 }
@@ -106,6 +110,7 @@ for W in "${WORLDS[@]}"; do
 done
 
 # The mechanism's cost at 100%: no tier and the tier alternated, W = 1.
+run_steps=$overhead_steps
 : >"$out/runs/overhead.txt"
 for r in $(seq 1 "$repeats"); do
   for mode in off on; do
@@ -115,7 +120,7 @@ for r in $(seq 1 "$repeats"); do
     echo "$mode $(field "$out/runs/overhead_${mode}_$r.jsonl" "['train_seconds']")" >>"$out/runs/overhead.txt"
   done
 done
-python3 - "$out/runs/overhead.txt" "$steps" >"$out/overhead.md" <<'EOF'
+python3 - "$out/runs/overhead.txt" "$overhead_steps" >"$out/overhead.md" <<'EOF'
 import statistics, sys
 times = {"off": [], "on": []}
 for line in open(sys.argv[1]):
@@ -138,13 +143,13 @@ EOF
   echo "Data: synthetic, $users users, $items items, $interactions interactions; batch $batch, $steps steps,"
   echo "--embedding_optimizer $optimizer, --lookahead_steps 2 (the default), one thread per rank."
   echo
-  echo "Command: bash bench/host_tier.sh --users $users --items $items --interactions $interactions --batch $batch --steps $steps --worlds $worlds --budgets $budgets --repeats $repeats --optimizer $optimizer"
+  echo "Command: bash bench/host_tier.sh --users $users --items $items --interactions $interactions --batch $batch --steps $steps --overhead_steps $overhead_steps --worlds $worlds --budgets $budgets --repeats $repeats --optimizer $optimizer"
   echo
   echo "## Every budget against no budget"
   echo
   cat "$out/identity.md"
   echo
-  echo "## The cost of the mechanism at 100% (W = 1, no evaluation, alternated)"
+  echo "## The cost of the mechanism at 100% (W = 1, $overhead_steps steps, no evaluation, alternated)"
   echo
   cat "$out/overhead.md"
 } >"$out/host_tier.md"
