@@ -5,7 +5,9 @@
 # NDCG compared as printed ("min" is the largest step's rows, read from the 100% run); then
 # the cost of the mechanism itself, the tier at 100% (every row cached, ids still announced
 # and every gather and update through the slot map) against no tier, alternated, the median
-# training seconds of each.
+# training seconds of each: at W = 2, and at W = 1 twice, as it runs (one rank's FP32 step
+# reads its item rows' MLP columns in place, which the tier turns off) and with that in-place
+# read turned off in both (NCF_NARROW_ITEM_LOOKUP=0).
 #
 #   bash bench/host_tier.sh [--users 200000] [--items 20000] [--interactions 4200000]
 #        [--batch 16384] [--steps 100] [--overhead_steps 400] [--worlds 1,2,4]
@@ -109,31 +111,39 @@ for W in "${WORLDS[@]}"; do
   done
 done
 
-# The mechanism's cost at 100%: no tier and the tier alternated, W = 1.
+# The mechanism's cost at 100%: no tier and the tier alternated.
 run_steps=$overhead_steps
 : >"$out/runs/overhead.txt"
 for r in $(seq 1 "$repeats"); do
-  for mode in off on; do
-    flags=()
-    [ "$mode" = on ] && flags=(--device_table_budget 100%)
-    run "overhead_${mode}_$r" 1 --no_eval "${flags[@]}"
-    echo "$mode $(field "$out/runs/overhead_${mode}_$r.jsonl" "['train_seconds']")" >>"$out/runs/overhead.txt"
+  for setting in "w2 2" "w1 1" "w1-whole-rows 1"; do
+    read -r tag W <<<"$setting"
+    for mode in off on; do
+      flags=()
+      [ "$mode" = on ] && flags=(--device_table_budget 100%)
+      name="overhead_${tag}_${mode}_$r"
+      if [ "$tag" = w1-whole-rows ]; then
+        NCF_NARROW_ITEM_LOOKUP=0 run "$name" "$W" --no_eval "${flags[@]}"
+      else
+        run "$name" "$W" --no_eval "${flags[@]}"
+      fi
+      echo "$tag $mode $(field "$out/runs/$name.jsonl" "['train_seconds']")" >>"$out/runs/overhead.txt"
+    done
   done
 done
 python3 - "$out/runs/overhead.txt" "$overhead_steps" >"$out/overhead.md" <<'EOF'
 import statistics, sys
-times = {"off": [], "on": []}
+times = {}
 for line in open(sys.argv[1]):
-    mode, sec = line.split()
-    times[mode].append(float(sec))
+    tag, mode, sec = line.split()
+    times.setdefault(tag, {"off": [], "on": []})[mode].append(float(sec))
 steps = int(sys.argv[2])
-off, on = statistics.median(times["off"]), statistics.median(times["on"])
-print("| run | median training seconds | ms per step | runs |")
-print("| --- | ---: | ---: | --- |")
-for name, key in (("no tier", "off"), ("tier at 100%", "on")):
-    t = statistics.median(times[key])
-    print(f"| {name} | {t:.3f} | {1000 * t / steps:.2f} | {', '.join(f'{x:.3f}' for x in times[key])} |")
-print(f"\nThe tier at 100% takes {on / off:.3f}x the time of no tier ({100 * (on / off - 1):+.1f}%).")
+names = {"w2": "W = 2", "w1": "W = 1, as it runs", "w1-whole-rows": "W = 1, whole item rows in both"}
+print("| setting | median s, no tier | median s, tier at 100% | ratio | runs (no tier; tier) |")
+print("| --- | ---: | ---: | ---: | --- |")
+for tag, t in times.items():
+    off, on = statistics.median(t["off"]), statistics.median(t["on"])
+    runs = ", ".join(f"{x:.2f}" for x in t["off"]) + "; " + ", ".join(f"{x:.2f}" for x in t["on"])
+    print(f"| {names[tag]} | {off:.3f} | {on:.3f} | {on / off:.3f} | {runs} |")
 EOF
 
 {

@@ -338,6 +338,14 @@ class EmbeddingCollection {
   bool retire_due_ = false;             // the last lookup's step has not retired yet
   bool cache_dirty_ = false;            // rows updated since the last flush
   bool home_mode_ = false;  // the last lookup was not announced: it works on the home arrays
+  // announce's host scratch (kept: fresh large vectors would fault their pages in each step)
+  // and sorted_unique's bit set over [0, its bound).
+  std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;
+  std::vector<int64_t> ann_perm_;
+  std::vector<uint64_t> ann_bits_;
+  // v sorted ascending without repeats, every value in [0, bound): a bit set scanned once
+  // where the bound is small beside v, else a sort.
+  void sorted_unique(std::vector<int32_t>* v, int64_t bound);
 };
 
 }  // namespace ncf

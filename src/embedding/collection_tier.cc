@@ -77,10 +77,13 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
             " tables");
   ExecContext host;
   host.threads = ctx_.threads;
-  std::vector<int32_t> mine, routed;
+  std::vector<int32_t> mine;
+  std::vector<int32_t>& routed = ann_routed_;
+  std::vector<int32_t>& keys = ann_keys_;
+  routed.clear();
   for (int t = 0; t < T; ++t) {
     const int64_t n = host_ids[t].n;
-    std::vector<int32_t> keys(size_t(std::max<int64_t>(n, 0)));
+    keys.resize(size_t(std::max<int64_t>(n, 0)));
     const bool flat = local_ || is_routed(t);
     try {
       ids_to_keys(host, host_ids[t].ids, n, flat ? layout_.key_begin[lt_[t]] : 0,
@@ -99,12 +102,14 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   }
   if (any_routed()) {
     // Each distinct routed key once to its owner, which learns the flat rows asked of it.
-    std::sort(routed.begin(), routed.end());
-    routed.erase(std::unique(routed.begin(), routed.end()), routed.end());
+    sorted_unique(&routed, layout_.num_keys());
     const int64_t nu = int64_t(routed.size());
     const size_t W = static_cast<size_t>(W_);
-    std::vector<int64_t> perm(static_cast<size_t>(nu)), sc(W), sd(W), rc(W), rd(W);
-    std::vector<int32_t> send(static_cast<size_t>(nu));
+    std::vector<int64_t> sc(W), sd(W), rc(W), rd(W);
+    std::vector<int64_t>& perm = ann_perm_;
+    std::vector<int32_t>& send = ann_send_;
+    perm.resize(static_cast<size_t>(nu));
+    send.resize(static_cast<size_t>(nu));
     bucketize_by_owner(host, routed.data(), nu, layout_, perm.data(), send.data(), sc.data());
     comm_.exchange_counts(sc.data(), rc.data());
     int64_t nr = 0;
@@ -113,14 +118,32 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
       rd[size_t(p)] = nr;
       nr += rc[size_t(p)];
     }
-    std::vector<int32_t> recv(static_cast<size_t>(nr));
+    std::vector<int32_t>& recv = ann_recv_;
+    recv.resize(static_cast<size_t>(nr));
     all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
                     rd.data(), DType::kInt32);
     mine.insert(mine.end(), recv.begin(), recv.end());
   }
-  std::sort(mine.begin(), mine.end());
-  mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+  sorted_unique(&mine, R_);
   return mine;
+}
+
+void EmbeddingCollection::sorted_unique(std::vector<int32_t>* v, int64_t bound) {
+  const int64_t words = (bound + 63) / 64;
+  if (words > 8 * int64_t(v->size())) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+    return;
+  }
+  if (int64_t(ann_bits_.size()) < words) ann_bits_.assign(size_t(words), 0);
+  for (int32_t x : *v) ann_bits_[size_t(x) >> 6] |= uint64_t{1} << (x & 63);
+  v->clear();
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t b = ann_bits_[size_t(w)];
+    if (b == 0) continue;
+    ann_bits_[size_t(w)] = 0;
+    for (; b != 0; b &= b - 1) v->push_back(int32_t(w * 64 + __builtin_ctzll(b)));
+  }
 }
 
 void EmbeddingCollection::retire_looked() {
