@@ -6,7 +6,7 @@
 #   bash scripts/gpu_kit.sh pack       here (Debian 12): the Debian packages the build and the
 #                                      runs need, minus what any machine with a compiler has,
 #                                      into .gpu-kit/ (git-ignored); bring .gpu-kit along
-#   bash scripts/gpu_kit.sh run [build|tests|bench|step|all]
+#   bash scripts/gpu_kit.sh run [build|tests|bench|step|tier|all]
 #                                      there, from the repository root: unpack .gpu-kit into a
 #                                      prefix under .gpu-kit/, configure and build build-gpu/
 #                                      for that GPU, run the stages, record the results
@@ -64,6 +64,8 @@ prog=gpu_kit
 . "$root/scripts/gpu_kit/nccl.sh"
 # shellcheck source=scripts/gpu_kit/eval.sh
 . "$root/scripts/gpu_kit/eval.sh"
+# shellcheck source=scripts/gpu_kit/tier.sh
+. "$root/scripts/gpu_kit/tier.sh"
 # shellcheck source=scripts/gpu_kit/rehearse.sh
 . "$root/scripts/gpu_kit/rehearse.sh"
 

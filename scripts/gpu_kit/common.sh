@@ -238,7 +238,7 @@ write_summary() {
 
 cmd_run() {
   local what=${1:-all}
-  case "$what" in build | tests | bench | step | all) ;; *) die "run: unknown '$what' (build, tests, bench, step, all)" ;; esac
+  case "$what" in build | tests | bench | step | tier | all) ;; *) die "run: unknown '$what' (build, tests, bench, step, tier, all)" ;; esac
   t_start=$(date +%s)
   budget="${NCF_KIT_BUDGET:-540}"
   build="${NCF_KIT_BUILD:-build-gpu}"
@@ -272,6 +272,7 @@ cmd_run() {
     tests) run_tests ;;
     bench) run_bench ;;
     step) run_step ;;
+    tier) run_tier ;;
     all) run_tests; run_bench ;;
   esac
   write_info

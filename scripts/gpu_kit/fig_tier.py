@@ -1,0 +1,24 @@
+"""gpu_kit figure: fig_tier.py METRICS.jsonl [REFERENCE.jsonl]: a host-tier run's samples/s, its
+cache's loads, step-time loads and in-window evictions (ncf_dist --metrics_json "host_tier"),
+and, beside the all-on-device run of the same flags, the step-time ratio and whether the losses
+agree to the bit."""
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+r = rows[-1]
+parts = [f"{r['samples_per_second']:,.0f} samples/s"]
+t = r.get("host_tier")
+if t:
+    steps = max(t["steps"], 1)
+    parts.append(f"cache {t['cache_rows']:,} rows, {t['loads'] / steps:,.0f} loaded/step, "
+                 f"waits {t['waits']}/{t['steps']}, in-window evictions {t['evicted_in_window']}")
+else:
+    parts.append("all rows on the device")
+if len(sys.argv) > 2:
+    ref = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+    if ref:
+        parts.append(f"{ref[-1]['samples_per_second'] / r['samples_per_second']:.3f}x the "
+                     "all-on-device step time")
+        same = [a["loss"] == b["loss"] for a, b in zip(ref, rows)]
+        parts.append("losses identical" if same and all(same) else "LOSSES DIFFER")
+print("; ".join(parts))

@@ -1,0 +1,69 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2317,SC2154
+# (shellcheck: functions run through stage and limited; globals are set in gpu_kit.sh,
+# common.sh and cmd_run)
+#
+# Sourced by scripts/gpu_kit.sh: `run tier`: the host tier (--device_table_budget) on the GPU.
+# Its parity tests (the copy, map and rounding kernels, a collection with a 30% cache against
+# the all-on-device one), then BF16 rows with row-wise Adagrad on the synthetic ml-20m set and
+# on a synthetic table of NCF_KIT_TIER_USERS users (30,000,000; 2 interactions each), each
+# without a budget and at 100%, 25% and 5% of the rows: samples/s, the cache's loads and
+# waits per step, and the losses against the all-on-device run's.
+
+tier_parity_filter="Parity.TierOpsExact:Parity.StoreRowsBf16AtExact:Parity.HostTierCollectionIsTheAllOnDeviceOneBitForBit"
+do_tier_parity() {
+  ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
+    --gtest_filter="$tier_parity_filter"
+}
+tier_flags=(--precision bf16 --table_dtype bf16 --embedding_optimizer rowwise_adagrad
+  --train_epochs 1 --no_eval --device cuda --progress off)
+# tier_train DATA NAME STEPS [FLAGS...]: one epoch of STEPS steps; metrics into $out/NAME.jsonl
+tier_train() {
+  local d=$1 name=$2 steps=$3
+  shift 3
+  rm -f "$out/$name.jsonl"
+  ours "$build/src/ncf_dist" --data_dir "$d" "${tier_flags[@]}" --max_steps "$steps" \
+    --metrics_json "$out/$name.jsonl" "$@"
+}
+fig_tier() {
+  local name ref
+  name=$(basename "$1" .log)
+  [ -s "$out/$name.jsonl" ] || { echo "no metrics"; return 0; }
+  ref="$out/${name%_*}_all.jsonl"
+  if [ "$out/$name.jsonl" != "$ref" ] && [ -s "$ref" ]; then
+    python3 "$root/scripts/gpu_kit/fig_tier.py" "$out/$name.jsonl" "$ref"
+  else
+    python3 "$root/scripts/gpu_kit/fig_tier.py" "$out/$name.jsonl"
+  fi
+}
+big=""
+do_big_data() {
+  [ -f "$big/metadata.json" ] && { echo "have $big"; return 0; }
+  local users=${NCF_KIT_TIER_USERS:-30000000}
+  ours "$build/src/ncf_prep" --synthetic custom --users "$users" --items 100000 \
+    --interactions $((users * 2 + users / 2)) --min_per_user 2 --output "$big"
+}
+
+run_tier() {
+  built || { record tier FAIL "no build in $build" 0; return 0; }
+  big="$data/syn-tier-${NCF_KIT_TIER_USERS:-30000000}"
+  stage tier_parity 1 120 fig_parity -- do_tier_parity
+  if [ "$have_gpu" = 1 ]; then
+    stage data_ml20m 0 240 fig_tail -- do_m20_data
+    stage data_tier_big 0 300 fig_tail -- do_big_data
+  else
+    record data_ml20m "no GPU" "only the GPU runs read it" 0
+    record data_tier_big "no GPU" "only the GPU runs read it" 0
+  fi
+  local b
+  stage tier_m20_all 1 120 fig_tier -- tier_train "$m20" tier_m20_all 300 --preset ml-20m-mlperf
+  for b in 100 25 5; do
+    stage "tier_m20_$b" 1 120 fig_tier -- tier_train "$m20" "tier_m20_$b" 300 \
+      --preset ml-20m-mlperf --device_table_budget "$b%"
+  done
+  stage tier_big_all 1 180 fig_tier -- tier_train "$big" tier_big_all 100 --batch_size 1048576
+  for b in 25 5; do
+    stage "tier_big_$b" 1 180 fig_tier -- tier_train "$big" "tier_big_$b" 100 \
+      --batch_size 1048576 --device_table_budget "$b%"
+  done
+}
