@@ -332,7 +332,7 @@ class EmbeddingCollection {
   Buffer<float> cparams_, cm_, cv_;
   Buffer<uint16_t> crows16_;
   Buffer<int32_t> slot_map_, tslot_, moves_dev_;
-  PinnedBuffer<int32_t> moves_host_;
+  PinnedBuffer<int32_t> moves_host_;  // flush_cache's lists on their way up
   std::vector<void*> registered_;
   int64_t announced_ = 0, looked_ = 0;  // steps announced, lookups begun
   bool retire_due_ = false;             // the last lookup's step has not retired yet

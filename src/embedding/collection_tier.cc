@@ -220,23 +220,22 @@ void EmbeddingCollection::apply_moves(const RowCache::Moves& m) {
   const int32_t* lists[4] = {m.evict_slots.data(), m.evict_rows.data(), m.load_rows.data(),
                              m.load_slots.data()};
   if (ctx_.device != Device::kCpu) {
-    // The lists go up through pinned memory on the stream; the previous lists' copy and
-    // kernels are waited for before the pinned buffer is rewritten.
-    check_device_errors(ctx_);
+    // The lists go up on the stream from pageable memory: cudaMemcpyAsync copies such a
+    // source into the driver's staging before it returns, without waiting for the stream,
+    // so the host goes on announcing while the device runs the steps before.
     const size_t total = size_t(2 * ne + 2 * nl);
-    moves_host_.reserve(total);
     moves_dev_.reserve(total);
-    int32_t* h = moves_host_.data();
-    std::copy(m.evict_slots.begin(), m.evict_slots.end(), h);
-    std::copy(m.evict_rows.begin(), m.evict_rows.end(), h + ne);
-    std::copy(m.load_rows.begin(), m.load_rows.end(), h + 2 * ne);
-    std::copy(m.load_slots.begin(), m.load_slots.end(), h + 2 * ne + nl);
-    device_copy_async(ctx_, ctx_.device, moves_dev_.data(), Device::kCpu, h, total * 4);
-    const int32_t* d = moves_dev_.data();
-    lists[0] = d;
-    lists[1] = d + ne;
-    lists[2] = d + 2 * ne;
-    lists[3] = d + 2 * ne + nl;
+    int32_t* d = moves_dev_.data();
+    const std::vector<int32_t>* parts[4] = {&m.evict_slots, &m.evict_rows, &m.load_rows,
+                                            &m.load_slots};
+    int64_t at = 0;
+    for (int k = 0; k < 4; ++k) {
+      lists[k] = d + at;
+      if (!parts[k]->empty())
+        device_copy_async(ctx_, ctx_.device, d + at, Device::kCpu, parts[k]->data(),
+                          parts[k]->size() * 4);
+      at += int64_t(parts[k]->size());
+    }
   }
   // Write-backs first: a slot's old row goes home before its new row arrives.
   move_rows(lists[0], lists[1], ne, true);
