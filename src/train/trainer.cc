@@ -609,33 +609,35 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   all_reduce_sum_on(comm_, Device::kCpu, sums, 1, DType::kFloat64);
   r.train_seconds = seconds_since(t0);
   r.loss = steps ? sums[0] / double(steps) : 0;
-  if (tables_->host_tier()) {
-    // Each counter's largest value over the ranks: every rank's in its own slot, summed.
-    const RowCache::Counters& c = *tables_->cache_counters();
-    const int64_t mine[] = {c.steps,
-                            c.waits,
-                            c.loads,
-                            c.waited_loads,
-                            c.evictions,
-                            c.evicted_in_window,
-                            c.most_window_rows,
-                            c.most_step_rows};
-    constexpr size_t K = sizeof mine / sizeof mine[0];
-    std::vector<double> all(K * size_t(comm_.world()), 0.0);
-    for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = double(mine[k]);
-    all_reduce_sum_on(comm_, Device::kCpu, all.data(), all.size(), DType::kFloat64);
-    int64_t most[K] = {};
-    for (size_t p = 0; p < size_t(comm_.world()); ++p)
-      for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], int64_t(all[p * K + k]));
-    r.host_tier = true;
-    r.tier = {most[0], most[1], most[2], most[3], most[4], most[5], most[6], most[7]};
-  }
+  if (tables_->host_tier()) tier_counters_over_ranks(&r);
   if (tb_windows()) {
     // The training scalars' window goes on in the next epoch: this one's part of it.
     for (int64_t k = tb_window_.begin; k < steps; ++k) tb_window_.loss += shares[size_t(k)];
     tb_window_.seconds += seconds_since(tb_window_.since);
   }
   return r;
+}
+
+void Trainer::tier_counters_over_ranks(EpochResult* r) {
+  // Each counter's largest value over the ranks: every rank's in its own slot, summed.
+  const RowCache::Counters& c = *tables_->cache_counters();
+  const int64_t mine[] = {c.steps,
+                          c.waits,
+                          c.loads,
+                          c.waited_loads,
+                          c.evictions,
+                          c.evicted_in_window,
+                          c.most_window_rows,
+                          c.most_step_rows};
+  constexpr size_t K = sizeof mine / sizeof mine[0];
+  std::vector<double> all(K * size_t(comm_.world()), 0.0);
+  for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = double(mine[k]);
+  all_reduce_sum_on(comm_, Device::kCpu, all.data(), all.size(), DType::kFloat64);
+  int64_t most[K] = {};
+  for (size_t p = 0; p < size_t(comm_.world()); ++p)
+    for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], int64_t(all[p * K + k]));
+  r->host_tier = true;
+  r->tier = {most[0], most[1], most[2], most[3], most[4], most[5], most[6], most[7]};
 }
 
 void Trainer::announce_step(const TrainBatch& b, Drawn* d) {

@@ -232,6 +232,8 @@ class Trainer : public ScoringModel {
   // The host tier's lookahead: the ids of a step read ahead (its positives and the
   // negatives drawn for them on the host, as the step draws them) announced to the owners.
   void announce_step(const TrainBatch& b, Drawn* d);
+  // The host tier's counters so far, each the largest over the ranks, into *r (collective).
+  void tier_counters_over_ranks(EpochResult* r);
   std::vector<Drawn> drawn_;  // by step % the lookahead's depth
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
