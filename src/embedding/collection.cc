@@ -9,6 +9,7 @@
 #include "common/cuda_context.h"
 #include "common/parallel.h"
 #include "common/philox.h"
+#include "embedding/tier_ops.h"
 #include "model/ops.h"  // fill
 
 namespace ncf {
@@ -512,12 +513,11 @@ RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
 
 void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int64_t n,
                                       int64_t first, int64_t count, bool unique, int64_t t) {
-  if (cache_ && !home_mode_) {
-    tier_update(rows, grads, n, first, count, unique, t);
-    return;
-  }
+  const bool cached = cache_ && !home_mode_;
   if (!bf16_rows_) {
-    if (unique)
+    if (cached)
+      tier_update_fp32(rows, grads, n, first, count, t);
+    else if (unique)
       apply_table_optimizer(ctx_, all_rows(first, count), rows, grads, n, opt_, t);
     else
       reduce_update_rows(ctx_, rows, grads, n, all_rows(first, count), opt_, t);
@@ -570,28 +570,48 @@ void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int
   }
   if (nu == 0) return;
   // Touched rows: an FP32 copy of them and their state, updated as a compact
-  // table, the state scattered back and the rows rounded back.
+  // table, the state put back and the rows rounded back, each with the key of its
+  // flat row. They are stored at `at` of the arrays: at home their flat rows
+  // (ascending), in the host tier's cache their slots.
+  const RowId* at = ur;
+  TableRows store = state;
+  int64_t R = count;
+  if (cached) {
+    R = cache_->slots();
+    tslot_.reserve(size_t(nu));
+    map_rows(ctx_, slot_map_.data() + first, ur, count, nu, tslot_.data());
+    at = tslot_.data();
+    store = TableRows{nullptr, cm_.size() ? cm_.data() : nullptr, cv_.size() ? cv_.data() : nullptr,
+                      R, D};
+    tab = crows16_.data();
+  }
   const int sw = state_width(1);
   bw_.reserve(size_t(nu) * D);
   brow_.reserve(size_t(nu));
-  gather_rows_bf16(ctx_, tab, ur, bw_.data(), count, nu, D);
+  gather_rows_bf16(ctx_, tab, at, bw_.data(), R, nu, D);
   offset_rows(ctx_, nullptr, nu, 0, brow_.data());
   float* m = nullptr;
   float* v = nullptr;
-  if (state.m) {
+  if (store.m) {
     bm_.reserve(size_t(nu) * sw);
-    gather_rows(ctx_, state.m, ur, bm_.data(), count, nu, sw);
+    gather_rows(ctx_, store.m, at, bm_.data(), R, nu, sw);
     m = bm_.data();
   }
-  if (state.v) {
+  if (store.v) {
     bv_.reserve(size_t(nu) * D);
-    gather_rows(ctx_, state.v, ur, bv_.data(), count, nu, D);
+    gather_rows(ctx_, store.v, at, bv_.data(), R, nu, D);
     v = bv_.data();
   }
   apply_table_optimizer(ctx_, TableRows{bw_.data(), m, v, nu, D}, brow_.data(), ug, nu, opt_, t);
-  if (m) scatter_rows(ctx_, m, ur, state.m, count, nu, sw);
-  if (v) scatter_rows(ctx_, v, ur, state.v, count, nu, D);
-  store_rows_bf16(ctx_, bw_.data(), ur, tab, count, nu, D, rounding(first, t));
+  if (!cached) {  // ascending rows, checked as such
+    if (m) scatter_rows(ctx_, m, ur, store.m, R, nu, sw);
+    if (v) scatter_rows(ctx_, v, ur, store.v, R, nu, D);
+    store_rows_bf16(ctx_, bw_.data(), ur, tab, R, nu, D, rounding(first, t));
+    return;
+  }
+  if (m) copy_rows(ctx_, m, nullptr, nu, store.m, at, R, nu, sw, 4);
+  if (v) copy_rows(ctx_, v, nullptr, nu, store.v, at, R, nu, D, 4);
+  store_rows_bf16_at(ctx_, bw_.data(), ur, at, tab, R, nu, D, rounding(first, t));
 }
 
 // ---- node-level de-duplication (set_node_dedup) ------------------------------

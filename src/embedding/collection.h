@@ -207,8 +207,8 @@ class EmbeddingCollection {
   // Copies rows between the home arrays and the cache's slots (to_home: cache -> home).
   void move_rows(const int32_t* slots, const int32_t* rows, int64_t n, bool to_home);
   void tier_gather(const RowId* ids, int64_t first, int64_t R, int64_t n, float* out);
-  void tier_update(const RowId* rows, const float* grads, int64_t n, int64_t first, int64_t count,
-                   bool unique, int64_t t);
+  void tier_update_fp32(const RowId* rows, const float* grads, int64_t n, int64_t first,
+                        int64_t count, int64_t t);
   void drop_cache();
   ExecContext home_ctx() const;  // where the home arrays are worked on by the host
   // Rows ids[n] of this rank's flat rows from `first` on (R of them) into out[n×D], FP32.

@@ -282,63 +282,19 @@ void EmbeddingCollection::tier_gather(const RowId* ids, int64_t first, int64_t R
     gather_rows(ctx_, cparams_.data(), tslot_.data(), out, C, n, D);
 }
 
-// The update of cached rows. BF16 rows as the all-on-device update of BF16 rows does it:
-// the gradient rows summed per row (sort_reduce_rows), the touched rows widened and their
-// state gathered from their slots into a compact table, the optimizer on it, and
-// everything put back into the same slots, the rows rounded with the key of their flat
-// row (store_rows_bf16's).
-void EmbeddingCollection::tier_update(const RowId* rows, const float* grads, int64_t n,
-                                      int64_t first, int64_t count, bool unique, int64_t t) {
-  const int D = plan_.D;
-  const int64_t C = cache_->slots();
-  if (!bf16_rows_) {
-    // FP32 rows: the fused update over the cache, its rows named by slot. It sums each
-    // row's gradients in input order whatever the row's number, and the optimizer's
-    // arithmetic does not depend on it: the all-on-device values (a unique row's sum is
-    // its one gradient row, exactly).
-    if (n == 0) return;
-    tslot_.reserve(size_t(n));
-    map_rows(ctx_, slot_map_.data() + first, rows, count, n, tslot_.data());
-    const TableRows cache{cparams_.data(), cm_.size() ? cm_.data() : nullptr,
-                          cv_.size() ? cv_.data() : nullptr, C, D};
-    reduce_update_rows(ctx_, tslot_.data(), grads, n, cache, opt_, t);
-    return;
-  }
-  const RowId* ur = rows;
-  const float* ug = grads;
-  int64_t nu = n;
-  if (!unique && n > 0) {
-    bur_.reserve(size_t(n));
-    bug_.reserve(size_t(n) * D);
-    sort_reduce_rows(ctx_, rows, grads, n, D, bur_.data(), bug_.data(), &nu, count);
-    ur = bur_.data();
-    ug = bug_.data();
-  }
-  if (nu == 0) return;
-  const int sw = state_width(1);
-  tslot_.reserve(size_t(nu));
-  map_rows(ctx_, slot_map_.data() + first, ur, count, nu, tslot_.data());
-  const int32_t* slots = tslot_.data();
-  bw_.reserve(size_t(nu) * D);
-  brow_.reserve(size_t(nu));
-  gather_rows_bf16(ctx_, crows16_.data(), slots, bw_.data(), C, nu, D);
-  offset_rows(ctx_, nullptr, nu, 0, brow_.data());
-  float* m = nullptr;
-  float* v = nullptr;
-  if (cm_.size()) {
-    bm_.reserve(size_t(nu) * sw);
-    gather_rows(ctx_, cm_.data(), slots, bm_.data(), C, nu, sw);
-    m = bm_.data();
-  }
-  if (cv_.size()) {
-    bv_.reserve(size_t(nu) * D);
-    gather_rows(ctx_, cv_.data(), slots, bv_.data(), C, nu, D);
-    v = bv_.data();
-  }
-  apply_table_optimizer(ctx_, TableRows{bw_.data(), m, v, nu, D}, brow_.data(), ug, nu, opt_, t);
-  if (m) copy_rows(ctx_, m, nullptr, nu, cm_.data(), slots, C, nu, sw, 4);
-  if (v) copy_rows(ctx_, v, nullptr, nu, cv_.data(), slots, C, nu, D, 4);
-  store_rows_bf16_at(ctx_, bw_.data(), ur, slots, crows16_.data(), C, nu, D, rounding(first, t));
+// The update of cached FP32 rows: the fused update over the cache, its rows named by slot.
+// It sums each row's gradients in input order whatever the row's number, and the
+// optimizer's arithmetic does not depend on it: the all-on-device values (a unique row's
+// sum is its one gradient row, exactly). BF16 rows take update_rows' compact path, at
+// their slots.
+void EmbeddingCollection::tier_update_fp32(const RowId* rows, const float* grads, int64_t n,
+                                           int64_t first, int64_t count, int64_t t) {
+  if (n == 0) return;
+  tslot_.reserve(size_t(n));
+  map_rows(ctx_, slot_map_.data() + first, rows, count, n, tslot_.data());
+  const TableRows cache{cparams_.data(), cm_.size() ? cm_.data() : nullptr,
+                        cv_.size() ? cv_.data() : nullptr, cache_->slots(), plan_.D};
+  reduce_update_rows(ctx_, tslot_.data(), grads, n, cache, opt_, t);
 }
 
 }  // namespace ncf
