@@ -98,6 +98,7 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     const nlohmann::json t = tier(all);
     ASSERT_TRUE(t.is_object()) << all.output;
     EXPECT_EQ(t["waits"], 0) << w << ": every row fits, all loaded ahead";
+    EXPECT_EQ(t["wait_seconds"], 0.0) << w << ": no step waited";
     EXPECT_EQ(t["evictions"], 0) << w;
     const int64_t window = t["most_window_rows"], step = t["most_step_rows"];
     ASSERT_GT(window, step) << w;
@@ -113,6 +114,7 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     expect_same_bits(ref, least, w + " budget of the largest step");
     EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
     EXPECT_GT(tier(least)["waits"], 0) << w;
+    EXPECT_GT(tier(least)["wait_seconds"], 0.0) << w << ": the waits' loads were timed";
   }
 }
 

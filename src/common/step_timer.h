@@ -22,12 +22,14 @@
 
 namespace ncf {
 
-enum class StepPhase { kCompute = 0, kExchange = 1, kAllreduce = 2 };
-constexpr int kStepPhases = 3;
+// kTierWait: with a host tier, the rows of the step that were not resident when it began,
+// loaded before it could run (embedding/row_cache.h).
+enum class StepPhase { kCompute = 0, kExchange = 1, kAllreduce = 2, kTierWait = 3 };
+constexpr int kStepPhases = 4;
 
 struct StepTimes {
   int64_t step = 0;
-  double seconds[kStepPhases] = {0, 0, 0};  // indexed by StepPhase
+  double seconds[kStepPhases] = {0, 0, 0, 0};  // indexed by StepPhase
 };
 
 class StepTimer {

@@ -155,6 +155,10 @@ class EmbeddingCollection {
   void announce(const std::vector<TableIds>& host_ids);
   // Steps announced and not yet looked up.
   int64_t announced_ahead() const { return announced_ - looked_; }
+  // The next announced step's rows made resident now, its step-time loads (a wait) queued
+  // here instead of inside its lookup, so the caller can time them apart. Without the tier
+  // or an announced step, nothing. True where it had rows to load: the step waits.
+  bool stage_step();
   // Forgets the announced steps that will not run (a stopped epoch).
   void forget_announced();
   // Writes every cached row home (checkpoints and gather_table do it themselves).
@@ -338,6 +342,7 @@ class EmbeddingCollection {
   bool retire_due_ = false;             // the last lookup's step has not retired yet
   bool cache_dirty_ = false;            // rows updated since the last flush
   bool home_mode_ = false;  // the last lookup was not announced: it works on the home arrays
+  bool staged_ = false;     // stage_step began step looked_; its lookup has not come
   // announce's host scratch (kept: fresh large vectors would fault their pages in each step)
   // and sorted_unique's bit set over [0, its bound).
   std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;

@@ -40,6 +40,12 @@ void EmbeddingCollection::allocate_cache(int64_t slots) {
     NCF_RETHROW(e, "the device table cache (", C, " rows x ", cached_row_bytes(),
                 " bytes) does not fit on this ", device_name(dev));
   }
+  // Zeroed once now: on CPU ranks that maps the arena's pages at start-up, as cudaMalloc
+  // maps device memory, instead of one page fault at a time under the first steps' loads.
+  cparams_.zero();
+  crows16_.zero();
+  cm_.zero();
+  cv_.zero();
   tslot_ = Buffer<int32_t>(dev, 0);
   moves_dev_ = Buffer<int32_t>(dev, 0);
   cache_ = std::make_unique<RowCache>(R_, C);
@@ -165,13 +171,25 @@ void EmbeddingCollection::announce(const std::vector<TableIds>& host_ids) {
 void EmbeddingCollection::forget_announced() {
   if (!cache_) return;
   retire_looked();
-  cache_->forget_window();
+  cache_->forget_window();  // a staged step's rows stay resident, outside any window
+  staged_ = false;
   announced_ = looked_;
 }
 
-void EmbeddingCollection::begin_lookup() {
+bool EmbeddingCollection::stage_step() {
+  if (!cache_ || staged_) return false;
   retire_looked();
-  home_mode_ = announced_ == looked_;
+  if (announced_ == looked_) return false;
+  RowCache::Moves m;
+  cache_->begin(looked_, &m);
+  staged_ = true;
+  apply_moves(m);
+  return !m.load_rows.empty();
+}
+
+void EmbeddingCollection::begin_lookup() {
+  stage_step();
+  home_mode_ = !staged_;
   if (home_mode_) {
     // Not announced (an evaluation, a test): the cache goes home, and this lookup and its
     // update read and write the home arrays themselves (on a GPU host memory, over the
@@ -179,12 +197,10 @@ void EmbeddingCollection::begin_lookup() {
     drop_cache();
     return;
   }
-  RowCache::Moves m;
-  cache_->begin(looked_, &m);
+  staged_ = false;
   ++looked_;
   retire_due_ = true;
   cache_dirty_ = true;
-  apply_moves(m);
 }
 
 // ---- moving rows between home and the cache ----------------------------------------

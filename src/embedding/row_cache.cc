@@ -8,6 +8,9 @@
 
 namespace ncf {
 
+// A step's rows are far apart in row_: each is fetched this many rows before its turn.
+constexpr size_t kAhead = 16;
+
 void RowCache::Moves::clear() {
   evict_slots.clear();
   evict_rows.clear();
@@ -19,10 +22,7 @@ RowCache::RowCache(int64_t rows, int64_t slots) {
   NCF_CHECK(rows >= 0 && rows <= INT32_MAX, "row cache: ", rows, " rows");
   NCF_CHECK(slots >= 1 && slots <= INT32_MAX, "row cache: ", slots, " slots");
   slots = std::min(slots, std::max<int64_t>(rows, 1));
-  slot_of_.assign(size_t(rows), -1);
-  refs_.assign(size_t(rows), 0);
-  last_use_.assign(size_t(rows), -1);
-  stamp_.assign(size_t(rows), 0);
+  row_.assign(size_t(rows), RowState{});
   row_of_.assign(size_t(slots), -1);
   free_.resize(size_t(slots));
   for (int64_t k = 0; k < slots; ++k) free_[size_t(k)] = int32_t(slots - 1 - k);
@@ -41,19 +41,23 @@ void RowCache::note_window_size() {
 void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   NCF_CHECK(next_s_ < 0 || s == next_s_, "row cache: step ", s, " announced, step ", next_s_,
             " expected");
+  NCF_CHECK(s >= 0 && s < INT32_MAX, "row cache: step ", s, " out of range");
   next_s_ = s + 1;
   Step st;
   st.s = s;
-  const int64_t R = int64_t(slot_of_.size());
+  const int64_t R = int64_t(row_.size());
   for (size_t k = 0; k < rows.size(); ++k) {
     const int32_t r = rows[k];
     NCF_CHECK(r >= 0 && r < R && (k == 0 || r > rows[k - 1]), "row cache: step ", s, " row[", k,
               "]=", r, " not ascending in [0, ", R, ")");
-    if (refs_[size_t(r)]++ == 0) {
+    if (k + kAhead < rows.size() && rows[k + kAhead] < R)
+      __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
+    RowState& x = row_[size_t(r)];
+    if (x.refs++ == 0) {
       ++window_rows_;
-      ++stamp_[size_t(r)];  // its lru_ entry (if any) goes stale
+      ++x.stamp;  // its lru_ entry (if any) goes stale
     }
-    if (slot_of_[size_t(r)] < 0) st.missing.push_back(r);
+    if (x.slot < 0) st.missing.push_back(r);
   }
   st.rows = std::move(rows);
   window_.push_back(std::move(st));
@@ -62,7 +66,7 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
 }
 
 void RowCache::place(int32_t row, int32_t slot, Moves* m) {
-  slot_of_[size_t(row)] = slot;
+  row_[size_t(row)].slot = slot;
   row_of_[size_t(slot)] = row;
   ++resident_;
   m->load_rows.push_back(row);
@@ -74,7 +78,7 @@ void RowCache::evict(int32_t slot, Moves* m) {
   const int32_t row = row_of_[size_t(slot)];
   m->evict_slots.push_back(slot);
   m->evict_rows.push_back(row);
-  slot_of_[size_t(row)] = -1;
+  row_[size_t(row)].slot = -1;
   row_of_[size_t(slot)] = -1;
   --resident_;
   ++counters_.evictions;
@@ -86,12 +90,14 @@ int32_t RowCache::take_slot(Moves* m) {
     free_.pop_back();
     return slot;
   }
+  if (!lru_live_) rebuild_lru();  // the first time the free slots ran out
   while (!lru_.empty()) {
     const auto [row, stamp] = lru_.front();
     lru_.pop_front();
-    if (stamp != stamp_[size_t(row)] || refs_[size_t(row)] > 0 || slot_of_[size_t(row)] < 0)
+    const RowState& x = row_[size_t(row)];
+    if (stamp != x.stamp || x.refs > 0 || x.slot < 0)
       continue;  // stale: back in the window, or already gone
-    const int32_t slot = slot_of_[size_t(row)];
+    const int32_t slot = x.slot;
     evict(slot, m);
     return slot;
   }
@@ -103,7 +109,7 @@ void RowCache::load_pending(Moves* m) {
     size_t k = 0;
     for (; k < st.missing.size(); ++k) {
       const int32_t r = st.missing[k];
-      if (slot_of_[size_t(r)] >= 0) continue;  // loaded for an earlier step meanwhile
+      if (row_[size_t(r)].slot >= 0) continue;  // loaded for an earlier step meanwhile
       const int32_t slot = take_slot(m);
       if (slot < 0) break;
       place(r, slot, m);
@@ -119,7 +125,7 @@ int32_t RowCache::forced_victim(const Step& cur) const {
   for (const Step& st : window_) {
     if (st.s <= cur.s) continue;
     for (int32_t r : st.rows)
-      if (slot_of_[size_t(r)] >= 0 && !std::binary_search(cur.rows.begin(), cur.rows.end(), r))
+      if (row_[size_t(r)].slot >= 0 && !std::binary_search(cur.rows.begin(), cur.rows.end(), r))
         next.emplace_back(r, st.s);
   }
   std::sort(next.begin(), next.end());  // by row, then step: the first entry is the next use
@@ -129,7 +135,7 @@ int32_t RowCache::forced_victim(const Step& cur) const {
     if (k > 0 && next[k].first == next[k - 1].first) continue;
     const int32_t r = next[k].first;
     // Farthest next use first, then least recently used, then the lowest row.
-    const std::tuple<int64_t, int64_t, int32_t> key{-next[k].second, last_use_[size_t(r)], r};
+    const std::tuple<int64_t, int64_t, int32_t> key{-next[k].second, row_[size_t(r)].last_use, r};
     if (best < 0 || key < best_key) {
       best = r;
       best_key = key;
@@ -151,15 +157,15 @@ void RowCache::begin(int64_t s, Moves* m) {
               cur.rows.size(), ": raise the budget or lower --batch_size");
   std::vector<int32_t> still;
   for (int32_t r : cur.missing)
-    if (slot_of_[size_t(r)] < 0) still.push_back(r);
+    if (row_[size_t(r)].slot < 0) still.push_back(r);
   cur.missing.clear();
   for (int32_t r : still) {
-    if (slot_of_[size_t(r)] >= 0) continue;  // listed twice
+    if (row_[size_t(r)].slot >= 0) continue;  // listed twice
     int32_t slot = take_slot(m);
     if (slot < 0) {
       const int32_t victim = forced_victim(cur);
       NCF_CHECK(victim >= 0, "row cache: no slot for row ", r, " of step ", s);
-      slot = slot_of_[size_t(victim)];
+      slot = row_[size_t(victim)].slot;
       evict(slot, m);
       ++counters_.evicted_in_window;
       for (Step& st : window_) {  // the later steps that need it load it again
@@ -180,11 +186,15 @@ void RowCache::begin(int64_t s, Moves* m) {
 void RowCache::retire(int64_t s) {
   NCF_CHECK(!window_.empty() && window_.front().s == s && window_.front().begun, "row cache: step ",
             s, " retired before it ran");
-  for (int32_t r : window_.front().rows) {
-    last_use_[size_t(r)] = s;
-    if (--refs_[size_t(r)] == 0) {
+  const std::vector<int32_t>& rows = window_.front().rows;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int32_t r = rows[k];
+    if (k + kAhead < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
+    RowState& x = row_[size_t(r)];
+    x.last_use = int32_t(s);
+    if (--x.refs == 0) {
       --window_rows_;
-      lru_.emplace_back(r, ++stamp_[size_t(r)]);
+      if (lru_live_) lru_.emplace_back(r, ++x.stamp);
     }
   }
   window_.pop_front();
@@ -193,7 +203,7 @@ void RowCache::retire(int64_t s) {
   if (lru_.size() > 2 * row_of_.size() + 4096) {
     std::deque<std::pair<int32_t, uint32_t>> live;
     for (const auto& [r, stamp] : lru_)
-      if (stamp == stamp_[size_t(r)] && refs_[size_t(r)] == 0 && slot_of_[size_t(r)] >= 0)
+      if (const RowState& x = row_[size_t(r)]; stamp == x.stamp && x.refs == 0 && x.slot >= 0)
         live.emplace_back(r, stamp);
     lru_.swap(live);
   }
@@ -203,28 +213,35 @@ void RowCache::forget_window() {
   if (window_.empty()) return;
   for (const Step& st : window_)
     for (int32_t r : st.rows)
-      if (--refs_[size_t(r)] == 0) --window_rows_;
+      if (--row_[size_t(r)].refs == 0) --window_rows_;
   window_.clear();
   next_s_ = -1;
-  // Rebuild the evictable order over every resident row outside the window.
+  lru_.clear();
+  lru_live_ = false;  // rebuilt when a slot is next needed and none is free
+}
+
+void RowCache::rebuild_lru() {
+  // Every resident row outside the window, by (last use, row): the order retire() keeps.
   std::vector<std::tuple<int64_t, int32_t>> order;
   for (size_t slot = 0; slot < row_of_.size(); ++slot) {
     const int32_t r = row_of_[slot];
-    if (r >= 0 && refs_[size_t(r)] == 0) order.emplace_back(last_use_[size_t(r)], r);
+    if (r >= 0 && row_[size_t(r)].refs == 0) order.emplace_back(row_[size_t(r)].last_use, r);
   }
   std::sort(order.begin(), order.end());
   lru_.clear();
-  for (const auto& [last, r] : order) lru_.emplace_back(r, ++stamp_[size_t(r)]);
+  for (const auto& [last, r] : order) lru_.emplace_back(r, ++row_[size_t(r)].stamp);
+  lru_live_ = true;
 }
 
 void RowCache::drop_all() {
   NCF_CHECK(window_.empty(), "row cache: dropped with ", window_.size(), " steps announced");
-  std::fill(slot_of_.begin(), slot_of_.end(), -1);
+  for (RowState& x : row_) x.slot = -1;
   std::fill(row_of_.begin(), row_of_.end(), -1);
   const int64_t C = slots();
   free_.resize(size_t(C));
   for (int64_t k = 0; k < C; ++k) free_[size_t(k)] = int32_t(C - 1 - k);
   lru_.clear();
+  lru_live_ = false;
   resident_ = 0;
   next_s_ = -1;
 }
@@ -232,10 +249,10 @@ void RowCache::drop_all() {
 void RowCache::resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const {
   rows->clear();
   slots->clear();
-  for (size_t r = 0; r < slot_of_.size(); ++r)
-    if (slot_of_[r] >= 0) {
+  for (size_t r = 0; r < row_.size(); ++r)
+    if (row_[r].slot >= 0) {
       rows->push_back(int32_t(r));
-      slots->push_back(slot_of_[r]);
+      slots->push_back(row_[r].slot);
     }
 }
 

@@ -68,7 +68,7 @@ class RowCache {
   // Nothing resident any more (after the home rows were replaced, e.g. by a checkpoint).
   void drop_all();
 
-  int32_t slot_of(int32_t row) const { return slot_of_[size_t(row)]; }
+  int32_t slot_of(int32_t row) const { return row_[size_t(row)].slot; }
   // Every resident row and its slot, ascending by row (a flush writes them home).
   void resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const;
   int64_t num_resident() const { return resident_; }
@@ -94,15 +94,25 @@ class RowCache {
   // begin()'s last resort: a resident row outside step `cur` whose next use is farthest.
   int32_t forced_victim(const Step& cur) const;
   void note_window_size();
+  // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
+  void rebuild_lru();
 
-  std::vector<int32_t> slot_of_;   // [rows] slot or -1
-  std::vector<int32_t> row_of_;    // [slots] row or -1
-  std::vector<int32_t> refs_;      // [rows] announced, unretired steps touching the row
-  std::vector<int64_t> last_use_;  // [rows] the last step that retired with the row, or -1
-  std::vector<uint32_t> stamp_;    // [rows] bumped whenever the row's lru_ entry goes stale
-  std::vector<int32_t> free_;      // free slots, the lowest at the back
+  // What the cache knows of one row, in one place: a step's rows are read and written
+  // together, at random rows.
+  struct RowState {
+    int32_t last_use = -1;  // the last step that retired with the row, or -1
+    int32_t slot = -1;      // its slot, or -1
+    int32_t refs = 0;       // announced, unretired steps touching the row
+    uint32_t stamp = 0;     // bumped whenever the row's lru_ entry goes stale
+  };
+  std::vector<RowState> row_;    // [rows]
+  std::vector<int32_t> row_of_;  // [slots] row or -1
+  std::vector<int32_t> free_;    // free slots, the lowest at the back
   // Evictable rows (refs 0, resident) in (last use, row) order; stale entries skipped.
+  // Kept only once a slot had to be taken from a row (lru_live_): while free slots last
+  // (a budget that holds every row touched so far), retire() only counts.
   std::deque<std::pair<int32_t, uint32_t>> lru_;
+  bool lru_live_ = false;
   std::deque<Step> window_;
   int64_t next_s_ = -1;  // the next step announce() accepts (-1: any)
   int64_t resident_ = 0;

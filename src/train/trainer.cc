@@ -326,6 +326,12 @@ std::vector<int64_t> Trainer::table_bytes() const {
 
 void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r, const Drawn* drawn) {
   timer_->begin(b.step);
+  if (tables_->host_tier()) {
+    // The rows the lookahead did not load in time, loaded now: the step's wait (without
+    // any, the bookkeeping's moment counts as compute).
+    const bool waited = tables_->stage_step();
+    timer_->mark(waited ? StepPhase::kTierWait : StepPhase::kCompute);
+  }
   // The positives, staged on the device while the previous step ran.
   const InputStager::Staged in = stager_->acquire();
   const int64_t n = int64_t(b.users.size());
@@ -419,6 +425,7 @@ void Trainer::account_step_times(bool wait_all, EpochResult* r) {
     r->exchange_seconds += x;
     r->compute_seconds += c;
     r->allreduce_seconds += a;
+    tier_wait_seconds_ += st.seconds[int(StepPhase::kTierWait)];
     for (int k = 0; k < kStepPhases; ++k) tb_window_.phase[k] += st.seconds[k];
     NCF_CHECK(!pending_logs_.empty() && pending_logs_.front().step == st.step,
               "step timer returned step ", st.step, " out of order");
@@ -621,23 +628,26 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
 void Trainer::tier_counters_over_ranks(EpochResult* r) {
   // Each counter's largest value over the ranks: every rank's in its own slot, summed.
   const RowCache::Counters& c = *tables_->cache_counters();
-  const int64_t mine[] = {c.steps,
-                          c.waits,
-                          c.loads,
-                          c.waited_loads,
-                          c.evictions,
-                          c.evicted_in_window,
-                          c.most_window_rows,
-                          c.most_step_rows};
+  const double mine[] = {double(c.steps),
+                         double(c.waits),
+                         double(c.loads),
+                         double(c.waited_loads),
+                         double(c.evictions),
+                         double(c.evicted_in_window),
+                         double(c.most_window_rows),
+                         double(c.most_step_rows),
+                         tier_wait_seconds_};
   constexpr size_t K = sizeof mine / sizeof mine[0];
   std::vector<double> all(K * size_t(comm_.world()), 0.0);
-  for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = double(mine[k]);
+  for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = mine[k];
   all_reduce_sum_on(comm_, Device::kCpu, all.data(), all.size(), DType::kFloat64);
-  int64_t most[K] = {};
+  double most[K] = {};
   for (size_t p = 0; p < size_t(comm_.world()); ++p)
-    for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], int64_t(all[p * K + k]));
+    for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], all[p * K + k]);
+  auto n = [&](int k) { return int64_t(most[k]); };
   r->host_tier = true;
-  r->tier = {most[0], most[1], most[2], most[3], most[4], most[5], most[6], most[7]};
+  r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7)};
+  r->tier_wait_seconds = most[8];
 }
 
 void Trainer::announce_step(const TrainBatch& b, Drawn* d) {

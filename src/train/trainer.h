@@ -52,9 +52,11 @@ struct EpochResult {
   // inside its node and across nodes.
   int64_t intra_msgs = 0, intra_bytes = 0, inter_msgs = 0, inter_bytes = 0;
   bool stopped = false;  // a stop request ended the epoch early (checkpoint written)
-  // With a host tier: its counters so far (row_cache.h), each the largest over the ranks.
+  // With a host tier: its counters so far (row_cache.h), each the largest over the ranks,
+  // and the time steps spent waiting for their rows so far (StepPhase::kTierWait).
   bool host_tier = false;
   RowCache::Counters tier;
+  double tier_wait_seconds = 0;
 };
 
 struct EvalResult {
@@ -234,7 +236,8 @@ class Trainer : public ScoringModel {
   void announce_step(const TrainBatch& b, Drawn* d);
   // The host tier's counters so far, each the largest over the ranks, into *r (collective).
   void tier_counters_over_ranks(EpochResult* r);
-  std::vector<Drawn> drawn_;  // by step % the lookahead's depth
+  std::vector<Drawn> drawn_;      // by step % the lookahead's depth
+  double tier_wait_seconds_ = 0;  // this rank's StepPhase::kTierWait so far
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
@@ -282,7 +285,7 @@ class Trainer : public ScoringModel {
     int64_t steps = 0, samples = 0;
     double loss = 0;     // this rank's loss shares of its steps in earlier epochs
     double seconds = 0;  // its training time in earlier epochs
-    double phase[kStepPhases] = {0, 0, 0};        // this rank's step times (StepPhase)
+    double phase[kStepPhases] = {0, 0, 0, 0};     // this rank's step times (StepPhase)
     std::chrono::steady_clock::time_point since;  // start of its time in this epoch
   };
   TbWindow tb_window_;
