@@ -101,56 +101,64 @@ TEST_F(Parity, StoreRowsBf16AtExact) {
   }
 }
 
-// A collection on the device with a cache of 30% of its rows against the same collection
-// with every row there, over steps announced two ahead: the same rows looked up, the same
-// tables after, for FP32 rows with row-wise Adagrad and BF16 rows with lazy Adam.
+// A collection on the device with a cache of 30% of its rows, and one of a step's rows
+// (smaller than the window: steps evict rows of later steps, which load again), against the
+// same collection with every row there, over steps announced two ahead: the same rows
+// looked up, the same tables after, for FP32 rows with row-wise Adagrad and BF16 rows with
+// lazy Adam. The announcements' copies run on the side stream, the steps' own on the
+// compute stream (tier_stream.h).
 TEST_F(Parity, HostTierCollectionIsTheAllOnDeviceOneBitForBit) {
   SingleCommunicator comm;
-  for (bool bf16 : {false, true}) {
-    EmbeddingPlan plan;
-    plan.D = 12;
-    plan.W = 1;
-    plan.tables = {{"user", 400, Placement::kRowWise, 0, 1, 0.01f},
-                   {"item", 250, Placement::kRowWise, 0, 2, 0.01f}};
-    plan.table_elem_bytes = bf16 ? 2 : 4;
-    EmbeddingOptimizerConfig o;
-    o.kind = bf16 ? EmbeddingOptimizer::kLazyAdam : EmbeddingOptimizer::kRowwiseAdagrad;
-    o.adagrad.lr = 0.2f;
-    o.adam.lr = 0.05f;
-    EmbeddingCollection all(plan, comm, gpu_, o, false);
-    EmbeddingCollection tier(plan, comm, gpu_, o, false, (400 + 250) * 3 / 10);
-    all.init(4);
-    tier.init(4);
-    const int steps = 8;
-    std::vector<IVec> users, items;
-    for (int s = 0; s < steps; ++s) {
-      users.push_back(random_ids(60, 0, 400, gen_));
-      items.push_back(random_ids(90, 0, 250, gen_));
-    }
-    int announced = 0;
-    for (int s = 0; s < steps; ++s) {
-      for (; announced <= std::min(steps - 1, s + 2); ++announced)
-        tier.announce(
-            {{users[size_t(announced)].data(), 60}, {items[size_t(announced)].data(), 90}});
-      Buffer<int32_t> gu = up(users[size_t(s)]), gi = up(items[size_t(s)]);
-      const Vec grads = random_vec(150 * plan.D, gen_);
-      for (EmbeddingCollection* e : {&all, &tier}) {
-        e->lookup({{gu.data(), 60}, {gi.data(), 90}});
-        device_copy(g_dev, e->row_grads(0), Device::kCpu, grads.data(), grads.size() * 4);
-        e->gradients_start(nullptr);
-        e->gradients_finish(s + 1);
+  for (const int64_t slots : {int64_t{(400 + 250) * 3 / 10}, int64_t{150}})
+    for (bool bf16 : {false, true}) {
+      EmbeddingPlan plan;
+      plan.D = 12;
+      plan.W = 1;
+      plan.tables = {{"user", 400, Placement::kRowWise, 0, 1, 0.01f},
+                     {"item", 250, Placement::kRowWise, 0, 2, 0.01f}};
+      plan.table_elem_bytes = bf16 ? 2 : 4;
+      EmbeddingOptimizerConfig o;
+      o.kind = bf16 ? EmbeddingOptimizer::kLazyAdam : EmbeddingOptimizer::kRowwiseAdagrad;
+      o.adagrad.lr = 0.2f;
+      o.adam.lr = 0.05f;
+      EmbeddingCollection all(plan, comm, gpu_, o, false);
+      EmbeddingCollection tier(plan, comm, gpu_, o, false, slots);
+      all.init(4);
+      tier.init(4);
+      const int steps = 16;
+      std::vector<IVec> users, items;
+      for (int s = 0; s < steps; ++s) {
+        users.push_back(random_ids(60, 0, 400, gen_));
+        items.push_back(random_ids(90, 0, 250, gen_));
       }
-      Vec a(size_t(150 * plan.D)), b(a.size());
-      device_copy(Device::kCpu, a.data(), g_dev, all.rows(0), a.size() * 4);
-      device_copy(Device::kCpu, b.data(), g_dev, tier.rows(0), b.size() * 4);
-      ASSERT_EQ(a, b) << (bf16 ? "bf16" : "fp32") << " step " << s << ": rows looked up";
+      int announced = 0;
+      for (int s = 0; s < steps; ++s) {
+        for (; announced <= std::min(steps - 1, s + 2); ++announced)
+          tier.announce(
+              {{users[size_t(announced)].data(), 60}, {items[size_t(announced)].data(), 90}});
+        Buffer<int32_t> gu = up(users[size_t(s)]), gi = up(items[size_t(s)]);
+        const Vec grads = random_vec(150 * plan.D, gen_);
+        for (EmbeddingCollection* e : {&all, &tier}) {
+          e->lookup({{gu.data(), 60}, {gi.data(), 90}});
+          device_copy(g_dev, e->row_grads(0), Device::kCpu, grads.data(), grads.size() * 4);
+          e->gradients_start(nullptr);
+          e->gradients_finish(s + 1);
+        }
+        Vec a(size_t(150 * plan.D)), b(a.size());
+        device_copy(Device::kCpu, a.data(), g_dev, all.rows(0), a.size() * 4);
+        device_copy(Device::kCpu, b.data(), g_dev, tier.rows(0), b.size() * 4);
+        ASSERT_EQ(a, b) << (bf16 ? "bf16" : "fp32") << ", " << slots << " slots, step " << s
+                        << ": rows looked up";
+      }
+      for (int t = 0; t < 2; ++t)
+        EXPECT_EQ(all.gather_table(t), tier.gather_table(t))
+            << (bf16 ? "bf16" : "fp32") << ", " << slots << " slots, table " << t;
+      ASSERT_NE(tier.cache_counters(), nullptr);
+      EXPECT_GT(tier.cache_counters()->evictions, 0) << slots << " slots: rows left the cache";
+      if (slots == 150) {
+        EXPECT_GT(tier.cache_counters()->evicted_in_window, 0) << "a step's rows: below the window";
+      }
     }
-    for (int t = 0; t < 2; ++t)
-      EXPECT_EQ(all.gather_table(t), tier.gather_table(t))
-          << (bf16 ? "bf16" : "fp32") << " table " << t;
-    ASSERT_NE(tier.cache_counters(), nullptr);
-    EXPECT_GT(tier.cache_counters()->evictions, 0) << "30% of the rows: rows left the cache";
-  }
 }
 
 }  // namespace

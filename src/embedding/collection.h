@@ -53,6 +53,7 @@
 #include "embedding/plan.h"
 #include "embedding/row_cache.h"
 #include "embedding/table_ops.h"
+#include "embedding/tier_stream.h"
 
 namespace ncf {
 
@@ -157,7 +158,8 @@ class EmbeddingCollection {
   int64_t announced_ahead() const { return announced_ - looked_; }
   // The next announced step's rows made resident now, its step-time loads (a wait) queued
   // here instead of inside its lookup, so the caller can time them apart. Without the tier
-  // or an announced step, nothing. True where it had rows to load: the step waits.
+  // or an announced step, nothing. True where it had rows to load, and always on a GPU,
+  // whose step stream waits there for the side stream's loads of the step's rows.
   bool stage_step();
   // Forgets the announced steps that will not run (a stopped epoch).
   void forget_announced();
@@ -207,9 +209,12 @@ class EmbeddingCollection {
   std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
   void retire_looked();
   void begin_lookup();
-  void apply_moves(const RowCache::Moves& m);
-  // Copies rows between the home arrays and the cache's slots (to_home: cache -> home).
-  void move_rows(const int32_t* slots, const int32_t* rows, int64_t n, bool to_home);
+  // The moves on the side stream (an announcement's) or on the compute stream (a step's own).
+  void apply_moves(const RowCache::Moves& m, bool side);
+  // Copies rows between the home arrays and the cache's slots (to_home: cache -> home), on
+  // c's stream.
+  void move_rows(const ExecContext& c, const int32_t* slots, const int32_t* rows, int64_t n,
+                 bool to_home);
   void tier_gather(const RowId* ids, int64_t first, int64_t R, int64_t n, float* out);
   void tier_update_fp32(const RowId* rows, const float* grads, int64_t n, int64_t first,
                         int64_t count, int64_t t);
@@ -333,9 +338,11 @@ class EmbeddingCollection {
   // map flat row -> slot (-1: not cached) on ctx_.device, the slots of one op's rows,
   // the moves' index lists on the device, and the home arrays registered with the GPU.
   std::unique_ptr<RowCache> cache_;
+  std::unique_ptr<TierStream> tier_stream_;  // where announcements' moves run
   Buffer<float> cparams_, cm_, cv_;
   Buffer<uint16_t> crows16_;
-  Buffer<int32_t> slot_map_, tslot_, moves_dev_;
+  // The moves' index lists: a step's own (compute stream), an announcement's (side stream).
+  Buffer<int32_t> slot_map_, tslot_, moves_dev_, side_moves_dev_;
   PinnedBuffer<int32_t> moves_host_;  // flush_cache's lists on their way up
   std::vector<void*> registered_;
   int64_t announced_ = 0, looked_ = 0;  // steps announced, lookups begun

@@ -2,6 +2,7 @@
 // host memory, the device cache of C rows, the ids of later steps announced to the rows'
 // owners, and the gather and update of cached rows. The residency itself is row_cache.h's.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/check.h"
@@ -48,7 +49,9 @@ void EmbeddingCollection::allocate_cache(int64_t slots) {
   cv_.zero();
   tslot_ = Buffer<int32_t>(dev, 0);
   moves_dev_ = Buffer<int32_t>(dev, 0);
+  side_moves_dev_ = Buffer<int32_t>(dev, 0);
   cache_ = std::make_unique<RowCache>(R_, C);
+  tier_stream_ = std::make_unique<TierStream>(ctx_);
   const std::vector<int32_t> none(slot_map_.size(), -1);
   device_copy(dev, slot_map_.data(), Device::kCpu, none.data(), none.size() * 4);
   // A GPU's kernels copy rows to and from the home arrays directly.
@@ -69,6 +72,7 @@ void EmbeddingCollection::drop_cache() {
   retire_looked();
   flush_cache();  // the rows of other tables than the one replaced stay current at home
   if (cache_->num_resident() == 0) return;
+  tier_stream_->join();  // flush_cache did; the map below is rewritten on the legacy stream
   if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // no kernel reads the map now
   cache_->drop_all();
   const std::vector<int32_t> none(slot_map_.size(), -1);
@@ -165,7 +169,8 @@ void EmbeddingCollection::announce(const std::vector<TableIds>& host_ids) {
   RowCache::Moves m;
   cache_->announce(announced_, std::move(rows), &m);
   ++announced_;
-  apply_moves(m);
+  apply_moves(m, true);
+  tier_stream_->copies_done(cache_->loaded_through());
 }
 
 void EmbeddingCollection::forget_announced() {
@@ -174,17 +179,25 @@ void EmbeddingCollection::forget_announced() {
   cache_->forget_window();  // a staged step's rows stay resident, outside any window
   staged_ = false;
   announced_ = looked_;
+  tier_stream_->limit(looked_ - 1);  // the step numbers from looked_ on are announced anew
 }
 
 bool EmbeddingCollection::stage_step() {
   if (!cache_ || staged_) return false;
   retire_looked();
   if (announced_ == looked_) return false;
+  // On a GPU the step's stream waits for the side stream's loads of its rows; where it
+  // loads or evicts rows itself, for every copy ordered so far (a row it evicts may be
+  // one the side stream is loading for a later step).
+  tier_stream_->compute_waits(looked_);
+  const int64_t forced = cache_->counters().evicted_in_window;
   RowCache::Moves m;
   cache_->begin(looked_, &m);
   staged_ = true;
-  apply_moves(m);
-  return !m.load_rows.empty();
+  if (!m.empty()) tier_stream_->compute_waits(INT64_MAX);
+  if (cache_->counters().evicted_in_window > forced) tier_stream_->limit(looked_);
+  apply_moves(m, false);
+  return !m.load_rows.empty() || ctx_.device != Device::kCpu;
 }
 
 void EmbeddingCollection::begin_lookup() {
@@ -205,8 +218,8 @@ void EmbeddingCollection::begin_lookup() {
 
 // ---- moving rows between home and the cache ----------------------------------------
 
-void EmbeddingCollection::move_rows(const int32_t* slots, const int32_t* rows, int64_t n,
-                                    bool to_home) {
+void EmbeddingCollection::move_rows(const ExecContext& c, const int32_t* slots, const int32_t* rows,
+                                    int64_t n, bool to_home) {
   if (n == 0) return;
   const int D = plan_.D;
   const int64_t C = cache_->slots();
@@ -224,44 +237,52 @@ void EmbeddingCollection::move_rows(const int32_t* slots, const int32_t* rows, i
   for (const Array& a : arrays) {
     if (!a.home || !a.cache) continue;
     if (to_home)
-      copy_rows(ctx_, a.cache, slots, C, a.home, rows, R_, n, a.width, a.bytes);
+      copy_rows(c, a.cache, slots, C, a.home, rows, R_, n, a.width, a.bytes);
     else
-      copy_rows(ctx_, a.home, rows, R_, a.cache, slots, C, n, a.width, a.bytes);
+      copy_rows(c, a.home, rows, R_, a.cache, slots, C, n, a.width, a.bytes);
   }
 }
 
-void EmbeddingCollection::apply_moves(const RowCache::Moves& m) {
+void EmbeddingCollection::apply_moves(const RowCache::Moves& m, bool side) {
   if (m.empty()) return;
+  // An announcement's moves wait for the steps enqueued before it: the rows it writes back
+  // left the window when the last of those steps retired.
+  if (side) tier_stream_->after_compute();
+  const ExecContext& c = side ? tier_stream_->ctx() : ctx_;
   const int64_t ne = int64_t(m.evict_slots.size()), nl = int64_t(m.load_rows.size());
   const int32_t* lists[4] = {m.evict_slots.data(), m.evict_rows.data(), m.load_rows.data(),
                              m.load_slots.data()};
   if (ctx_.device != Device::kCpu) {
     // The lists go up on the stream from pageable memory: cudaMemcpyAsync copies such a
     // source into the driver's staging before it returns, without waiting for the stream,
-    // so the host goes on announcing while the device runs the steps before.
+    // so the host goes on announcing while the device runs the steps before. Each stream
+    // has its own lists (growing one drains the device first: device.h).
     const size_t total = size_t(2 * ne + 2 * nl);
-    moves_dev_.reserve(total);
-    int32_t* d = moves_dev_.data();
+    Buffer<int32_t>& lists_dev = side ? side_moves_dev_ : moves_dev_;
+    lists_dev.reserve(total);
+    int32_t* d = lists_dev.data();
     const std::vector<int32_t>* parts[4] = {&m.evict_slots, &m.evict_rows, &m.load_rows,
                                             &m.load_slots};
     int64_t at = 0;
     for (int k = 0; k < 4; ++k) {
       lists[k] = d + at;
       if (!parts[k]->empty())
-        device_copy_async(ctx_, ctx_.device, d + at, Device::kCpu, parts[k]->data(),
+        device_copy_async(c, ctx_.device, d + at, Device::kCpu, parts[k]->data(),
                           parts[k]->size() * 4);
       at += int64_t(parts[k]->size());
     }
   }
   // Write-backs first: a slot's old row goes home before its new row arrives.
-  move_rows(lists[0], lists[1], ne, true);
-  assign_map(ctx_, slot_map_.data(), lists[1], nullptr, -1, ne, R_);
-  move_rows(lists[3], lists[2], nl, false);
-  assign_map(ctx_, slot_map_.data(), lists[2], lists[3], 0, nl, R_);
+  move_rows(c, lists[0], lists[1], ne, true);
+  assign_map(c, slot_map_.data(), lists[1], nullptr, -1, ne, R_);
+  move_rows(c, lists[3], lists[2], nl, false);
+  assign_map(c, slot_map_.data(), lists[2], lists[3], 0, nl, R_);
 }
 
 void EmbeddingCollection::flush_cache() {
-  if (!cache_ || !cache_dirty_) return;
+  if (!cache_) return;
+  tier_stream_->join();  // the side stream's copies are done before the host or a stream reads
+  if (!cache_dirty_) return;
   std::vector<int32_t> rows, slots;
   cache_->resident(&rows, &slots);
   const int64_t n = int64_t(rows.size());
@@ -278,7 +299,7 @@ void EmbeddingCollection::flush_cache() {
     r = moves_dev_.data();
     s = moves_dev_.data() + n;
   }
-  move_rows(s, r, n, true);
+  move_rows(ctx_, s, r, n, true);
   if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the host reads home next
   cache_dirty_ = false;
 }

@@ -34,6 +34,13 @@ bool RowCache::announced(int64_t s) const {
   return false;
 }
 
+int64_t RowCache::loaded_through() const {
+  for (const Step& st : window_)
+    for (int32_t r : st.missing)
+      if (row_[size_t(r)].slot < 0) return st.s - 1;
+  return next_s_ - 1;
+}
+
 void RowCache::note_window_size() {
   counters_.most_window_rows = std::max(counters_.most_window_rows, window_rows_);
 }

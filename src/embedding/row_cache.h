@@ -75,6 +75,9 @@ class RowCache {
   int64_t slots() const { return int64_t(row_of_.size()); }
   int64_t window_steps() const { return int64_t(window_.size()); }
   bool announced(int64_t s) const;
+  // The last step s such that every row of every announced step up to s is resident (the
+  // step before the oldest one still missing rows; the last announced one where none is).
+  int64_t loaded_through() const;
   const Counters& counters() const { return counters_; }
 
  private:

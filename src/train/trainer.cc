@@ -327,8 +327,9 @@ std::vector<int64_t> Trainer::table_bytes() const {
 void Trainer::step(const TrainBatch& b, int64_t index, EpochResult* r, const Drawn* drawn) {
   timer_->begin(b.step);
   if (tables_->host_tier()) {
-    // The rows the lookahead did not load in time, loaded now: the step's wait (without
-    // any, the bookkeeping's moment counts as compute).
+    // The rows the lookahead did not load in time, loaded now, and on a GPU the wait for
+    // the side stream's loads: the step's wait (on a CPU rank without loads, the
+    // bookkeeping's moment counts as compute).
     const bool waited = tables_->stage_step();
     timer_->mark(waited ? StepPhase::kTierWait : StepPhase::kCompute);
   }
