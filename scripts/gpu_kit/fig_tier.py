@@ -1,7 +1,9 @@
 """gpu_kit figure: fig_tier.py METRICS.jsonl [REFERENCE.jsonl]: a host-tier run's samples/s, its
-cache's loads, step-time loads and in-window evictions (ncf_dist --metrics_json "host_tier"),
-and, beside the all-on-device run of the same flags, the step-time ratio and whether the losses
-agree to the bit."""
+cache's loads, step-time loads and in-window evictions (ncf_dist --metrics_json "host_tier"), the
+time its steps waited for rows, the bytes moved between host and device (rows loaded and written
+back, each cache_row_bytes) and their rate over the training time, and, beside the
+all-on-device run of the same flags, the step-time ratio and whether the losses agree to the
+bit."""
 import json, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -12,6 +14,11 @@ if t:
     steps = max(t["steps"], 1)
     parts.append(f"cache {t['cache_rows']:,} rows, {t['loads'] / steps:,.0f} loaded/step, "
                  f"waits {t['waits']}/{t['steps']}, in-window evictions {t['evicted_in_window']}")
+    if "wait_seconds" in t and r.get("train_seconds"):
+        w = t["wait_seconds"]
+        gb = (t["loads"] + t["evictions"]) * t["cache_row_bytes"] / 1e9
+        parts.append(f"waited {w:.3f} s ({1e3 * w / steps:.2f} ms/step), moved {gb:.3f} GB "
+                     f"({gb / r['train_seconds']:.3f} GB/s of training)")
 else:
     parts.append("all rows on the device")
 if len(sys.argv) > 2:
