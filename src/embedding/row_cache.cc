@@ -2,6 +2,7 @@
 #include "embedding/row_cache.h"
 
 #include <algorithm>
+#include <iterator>
 #include <tuple>
 
 #include "common/check.h"
@@ -126,7 +127,7 @@ void RowCache::load_pending(Moves* m) {
   }
 }
 
-int32_t RowCache::forced_victim(const Step& cur) const {
+std::vector<int32_t> RowCache::forced_victims(const Step& cur) const {
   // The next use of each resident row of the later steps (not in cur): its first step.
   std::vector<std::pair<int32_t, int64_t>> next;  // (row, first later step)
   for (const Step& st : window_) {
@@ -136,19 +137,18 @@ int32_t RowCache::forced_victim(const Step& cur) const {
         next.emplace_back(r, st.s);
   }
   std::sort(next.begin(), next.end());  // by row, then step: the first entry is the next use
-  int32_t best = -1;
-  std::tuple<int64_t, int64_t, int32_t> best_key{};
+  // Farthest next use first, then least recently used, then the lowest row.
+  std::vector<std::tuple<int64_t, int64_t, int32_t>> keys;
   for (size_t k = 0; k < next.size(); ++k) {
     if (k > 0 && next[k].first == next[k - 1].first) continue;
     const int32_t r = next[k].first;
-    // Farthest next use first, then least recently used, then the lowest row.
-    const std::tuple<int64_t, int64_t, int32_t> key{-next[k].second, row_[size_t(r)].last_use, r};
-    if (best < 0 || key < best_key) {
-      best = r;
-      best_key = key;
-    }
+    keys.emplace_back(-next[k].second, row_[size_t(r)].last_use, r);
   }
-  return best;
+  std::sort(keys.begin(), keys.end());
+  std::vector<int32_t> order;
+  order.reserve(keys.size());
+  for (const auto& key : keys) order.push_back(std::get<2>(key));
+  return order;
 }
 
 void RowCache::begin(int64_t s, Moves* m) {
@@ -166,22 +166,43 @@ void RowCache::begin(int64_t s, Moves* m) {
   for (int32_t r : cur.missing)
     if (row_[size_t(r)].slot < 0) still.push_back(r);
   cur.missing.clear();
+  // The forced evictions' order, made once: evicting one changes no other's key, and the
+  // rows placed meanwhile are step s's own, never candidates.
+  std::vector<int32_t> victims;
+  size_t next_victim = 0;
+  bool ordered = false;
   for (int32_t r : still) {
     if (row_[size_t(r)].slot >= 0) continue;  // listed twice
     int32_t slot = take_slot(m);
     if (slot < 0) {
-      const int32_t victim = forced_victim(cur);
-      NCF_CHECK(victim >= 0, "row cache: no slot for row ", r, " of step ", s);
+      if (!ordered) {
+        victims = forced_victims(cur);
+        ordered = true;
+      }
+      NCF_CHECK(next_victim < victims.size(), "row cache: no slot for row ", r, " of step ", s);
+      const int32_t victim = victims[next_victim++];
       slot = row_[size_t(victim)].slot;
       evict(slot, m);
       ++counters_.evicted_in_window;
-      for (Step& st : window_) {  // the later steps that need it load it again
-        if (st.s <= s || !std::binary_search(st.rows.begin(), st.rows.end(), victim)) continue;
-        const auto at = std::lower_bound(st.missing.begin(), st.missing.end(), victim);
-        if (at == st.missing.end() || *at != victim) st.missing.insert(at, victim);
-      }
     }
     place(r, slot, m);
+  }
+  // The later steps that need an evicted row load it again: it joins their missing rows.
+  if (next_victim > 0) {
+    std::vector<int32_t> gone(victims.begin(), victims.begin() + std::ptrdiff_t(next_victim));
+    std::sort(gone.begin(), gone.end());
+    std::vector<int32_t> theirs, merged;
+    for (Step& st : window_) {
+      if (st.s <= s) continue;
+      theirs.clear();
+      for (int32_t v : gone)
+        if (std::binary_search(st.rows.begin(), st.rows.end(), v)) theirs.push_back(v);
+      if (theirs.empty()) continue;
+      merged.clear();
+      std::set_union(st.missing.begin(), st.missing.end(), theirs.begin(), theirs.end(),
+                     std::back_inserter(merged));
+      st.missing.swap(merged);
+    }
   }
   cur.begun = true;
   if (counters_.loads > loads_before) {

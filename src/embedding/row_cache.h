@@ -94,8 +94,9 @@ class RowCache {
   int32_t take_slot(Moves* m);
   void place(int32_t row, int32_t slot, Moves* m);
   void evict(int32_t slot, Moves* m);
-  // begin()'s last resort: a resident row outside step `cur` whose next use is farthest.
-  int32_t forced_victim(const Step& cur) const;
+  // begin()'s last resort: the resident rows of later steps outside step `cur`, the one
+  // whose next use is farthest first (then the least recently used, then the lowest row).
+  std::vector<int32_t> forced_victims(const Step& cur) const;
   void note_window_size();
   // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
   void rebuild_lru();
