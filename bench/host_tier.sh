@@ -4,15 +4,18 @@
 # one at each budget, their final parameters compared byte for byte and their losses, HR and
 # NDCG compared as printed ("min" is the largest step's rows, read from the 100% run); then
 # the cost of the mechanism itself, the tier at 100% (every row cached, ids still announced
-# and every gather and update through the slot map) against no tier, alternated, the median and the fastest
-# training seconds of each: at W = 2, and at W = 1 twice, as it runs (one rank's FP32 step
-# reads its item rows' MLP columns in place, which the tier turns off) and with that in-place
-# read turned off in both (NCF_NARROW_ITEM_LOOKUP=0).
+# and every gather and update through the slot map) against no tier, alternated, the median
+# and the fastest training seconds of each: at W = 2, and at W = 1 twice, as it runs (one
+# rank's FP32 step reads its item rows' MLP columns in place, which the tier turns off) and
+# with that in-place read turned off in both (NCF_NARROW_ITEM_LOOKUP=0).
 #
 #   bash bench/host_tier.sh [--users 200000] [--items 20000] [--interactions 4200000]
 #        [--batch 16384] [--steps 100] [--overhead_steps 400] [--worlds 1,2,4]
 #        [--budgets 100%,30%,10%,min] [--repeats 5] [--optimizer rowwise_adagrad] [--out DIR]
-#        [--data DIR]
+#        [--data DIR] [--lookahead 2]
+#
+# --lookahead: every run's --lookahead_steps (a number, or auto); a fixed 2 by default, so that
+# the smallest budget, below two steps' rows, evicts rows inside their window.
 #
 # Writes OUT/runs/*.log, OUT/identity.md, OUT/overhead.md and OUT/host_tier.md. Not a test.
 set -euo pipefail
@@ -30,6 +33,7 @@ worlds=1,2,4
 budgets=100%,30%,10%,min
 repeats=5
 optimizer=rowwise_adagrad
+lookahead=2
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
 commit=$(bench_commit "$root")
@@ -49,11 +53,15 @@ while [ $# -gt 0 ]; do
     --optimizer) optimizer="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --data) data="$2"; shift 2 ;;
+    --lookahead) lookahead="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
 bench_positive_ints users items interactions batch steps overhead_steps repeats
+[[ "$lookahead" =~ ^([0-9]+|auto)$ ]] || die "--lookahead '$lookahead' is not a step count or auto"
+la_flag="$lookahead"
+[ "$lookahead" = auto ] && la_flag=-1
 [[ "$worlds" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--worlds '$worlds' is not a list of rank counts"
 [[ "$budgets" =~ ^(min|[0-9.]+%|[0-9.]+[KMGT]?)(,(min|[0-9.]+%|[0-9.]+[KMGT]?))*$ ]] ||
   die "--budgets '$budgets' is not a list of budgets (30%, 64M, min)"
@@ -81,6 +89,7 @@ run() {
   [ "$W" -gt 1 ] && launch=(mpirun -np "$W" --oversubscribe --bind-to none)
   "${launch[@]}" "$dist" --device cpu --data_dir "$data" --batch_size "$batch" --train_epochs 1 \
     --max_steps "$run_steps" --threads 1 --embedding_optimizer "$optimizer" \
+    --lookahead_steps "$la_flag" \
     --metrics_json "$out/runs/$name.jsonl" --save_params "$out/runs/$name.bin" "$@" \
     >"$out/runs/$name.log" 2>&1 || die "$name failed: $(tail -3 "$out/runs/$name.log")"
 }
@@ -156,9 +165,9 @@ EOF
   echo
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p')."
   echo "Data: synthetic, $users users, $items items, $interactions interactions; batch $batch, $steps steps,"
-  echo "--embedding_optimizer $optimizer, --lookahead_steps 2 (the default), one thread per rank."
+  echo "--embedding_optimizer $optimizer, --lookahead_steps $lookahead, one thread per rank."
   echo
-  echo "Command: bash bench/host_tier.sh --users $users --items $items --interactions $interactions --batch $batch --steps $steps --overhead_steps $overhead_steps --worlds $worlds --budgets $budgets --repeats $repeats --optimizer $optimizer"
+  echo "Command: bash bench/host_tier.sh --users $users --items $items --interactions $interactions --batch $batch --steps $steps --overhead_steps $overhead_steps --worlds $worlds --budgets $budgets --repeats $repeats --optimizer $optimizer --lookahead $lookahead"
   echo
   echo "## Every budget against no budget"
   echo

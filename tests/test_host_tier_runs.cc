@@ -100,6 +100,12 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     EXPECT_EQ(t["waits"], 0) << w << ": every row fits, all loaded ahead";
     EXPECT_EQ(t["wait_seconds"], 0.0) << w << ": no step waited";
     EXPECT_EQ(t["evictions"], 0) << w;
+    // --lookahead_steps auto: with every row cached, k + 1 steps fit 90% of the cache for
+    // some k >= 1 (a step touches at most 101 users and 505 items of 3,000 rows).
+    EXPECT_GE(t["lookahead_steps"], 1) << w;
+    EXPECT_LE(t["lookahead_steps"], 4) << w;
+    EXPECT_GT(t["copy_in_gbps"], 0.0) << w;
+    EXPECT_GT(t["copy_out_gbps"], 0.0) << w;
     const int64_t window = t["most_window_rows"], step = t["most_step_rows"];
     ASSERT_GT(window, step) << w;
     expect_same_bits(ref, train(W, "--device_table_budget 30%"), w + " budget 30%");
@@ -109,9 +115,16 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     EXPECT_GT(tier(held)["evictions"], 0) << w << ": the window is smaller than the tables";
     EXPECT_EQ(tier(held)["evicted_in_window"], 0) << w;
     EXPECT_EQ(tier(held)["waits"], 0) << w;
-    // The smallest budget: the largest step's rows; rows of later steps leave and return.
-    const Run least = train(W, "--device_table_budget " + bytes_for_rows(t, step));
+    // The smallest budget: the largest step's rows. auto announces no step ahead there;
+    // announced 2 ahead, rows of later steps leave and return.
+    const Run least_auto = train(W, "--device_table_budget " + bytes_for_rows(t, step));
+    expect_same_bits(ref, least_auto, w + " budget of the largest step, lookahead auto");
+    EXPECT_EQ(tier(least_auto)["lookahead_steps"], 0) << w;
+    EXPECT_EQ(tier(least_auto)["evicted_in_window"], 0) << w;
+    const Run least =
+        train(W, "--lookahead_steps 2 --device_table_budget " + bytes_for_rows(t, step));
     expect_same_bits(ref, least, w + " budget of the largest step");
+    EXPECT_EQ(tier(least)["lookahead_steps"], 2) << w;
     EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
     EXPECT_GT(tier(least)["waits"], 0) << w;
     EXPECT_GT(tier(least)["wait_seconds"], 0.0) << w << ": the waits' loads were timed";

@@ -1,7 +1,8 @@
 """gpu_kit figure: fig_tier.py METRICS.jsonl [REFERENCE.jsonl]: a host-tier run's samples/s, its
 cache's loads, step-time loads and in-window evictions (ncf_dist --metrics_json "host_tier"), the
 time its steps waited for rows, the bytes moved between host and device (rows loaded and written
-back, each cache_row_bytes) and their rate over the training time, and, beside the
+back, each cache_row_bytes) and their rate over the training time, the lookahead k and the copy
+rates measured at start-up (the link's speed for the tier's copy kernels), and, beside the
 all-on-device run of the same flags, the step-time ratio and whether the losses agree to the
 bit."""
 import json, sys
@@ -19,6 +20,9 @@ if t:
         gb = (t["loads"] + t["evictions"]) * t["cache_row_bytes"] / 1e9
         parts.append(f"waited {w:.3f} s ({1e3 * w / steps:.2f} ms/step), moved {gb:.3f} GB "
                      f"({gb / r['train_seconds']:.3f} GB/s of training)")
+    if "lookahead_steps" in t:
+        parts.append(f"k {t['lookahead_steps']}, copies {t['copy_in_gbps']:.1f} GB/s in, "
+                     f"{t['copy_out_gbps']:.1f} GB/s out")
 else:
     parts.append("all rows on the device")
 if len(sys.argv) > 2:

@@ -165,6 +165,13 @@ class EmbeddingCollection {
   void forget_announced();
   // Writes every cached row home (checkpoints and gather_table do it themselves).
   void flush_cache();
+  // Distinct rows of this rank the announced, unfinished steps touch (0 without the tier).
+  int64_t window_rows() const { return cache_ ? cache_->window_rows() : 0; }
+  // The copy rate between the home arrays and the cache, in GB/s (1e9 bytes) of rows with
+  // their optimizer state, to the cache (*in) and home (*out): up to 2^20 rows (256 MiB)
+  // each way, the fastest of three. Only while nothing is cached or announced (start-up):
+  // the rows go to the cache's slots and back unchanged. Without the tier, nothing.
+  void probe_copies(double* in, double* out);
   // What the cache did so far (null without the tier).
   const RowCache::Counters* cache_counters() const {
     return cache_ ? &cache_->counters() : nullptr;

@@ -2,6 +2,7 @@
 // host memory, the device cache of C rows, the ids of later steps announced to the rows'
 // owners, and the gather and update of cached rows. The residency itself is row_cache.h's.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -302,6 +303,43 @@ void EmbeddingCollection::flush_cache() {
   move_rows(ctx_, s, r, n, true);
   if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the host reads home next
   cache_dirty_ = false;
+}
+
+void EmbeddingCollection::probe_copies(double* in, double* out) {
+  *in = *out = 0;
+  if (!cache_) return;
+  NCF_CHECK(cache_->num_resident() == 0 && announced_ == looked_,
+            "host tier: the copy probe needs an empty cache");
+  const int64_t row_bytes = cached_row_bytes() - 4;  // the map entry does not travel
+  const int64_t n = std::min({cache_->slots(), R_, int64_t{1} << 20,
+                              std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes)});
+  if (n <= 0) return;
+  std::vector<int32_t> idx(size_t(2 * n));
+  for (int64_t k = 0; k < n; ++k) idx[size_t(k)] = idx[size_t(n + k)] = int32_t(k);
+  const int32_t* rows = idx.data();
+  const int32_t* slots = idx.data() + n;
+  if (ctx_.device != Device::kCpu) {
+    moves_dev_.reserve(idx.size());
+    device_copy(ctx_.device, moves_dev_.data(), Device::kCpu, idx.data(), idx.size() * 4);
+    rows = moves_dev_.data();
+    slots = moves_dev_.data() + n;
+  }
+  auto timed = [&](bool to_home) {
+    if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // nothing else in the time
+    const auto t0 = std::chrono::steady_clock::now();
+    move_rows(ctx_, slots, rows, n, to_home);
+    if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // the copy done
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double best_in = 0, best_out = 0;
+  for (int k = 0; k < 3; ++k) {
+    const double a = timed(false), b = timed(true);  // home -> slots, then back unchanged
+    best_in = k ? std::min(best_in, a) : a;
+    best_out = k ? std::min(best_out, b) : b;
+  }
+  const double bytes = double(n) * double(row_bytes);
+  *in = best_in > 0 ? bytes / best_in / 1e9 : 0;
+  *out = best_out > 0 ? bytes / best_out / 1e9 : 0;
 }
 
 // ---- the rows of an op through the cache --------------------------------------------

@@ -74,6 +74,7 @@ class RowCache {
   int64_t num_resident() const { return resident_; }
   int64_t slots() const { return int64_t(row_of_.size()); }
   int64_t window_steps() const { return int64_t(window_.size()); }
+  int64_t window_rows() const { return window_rows_; }  // distinct rows the window touches
   bool announced(int64_t s) const;
   // The last step s such that every row of every announced step up to s is resident (the
   // step before the oldest one still missing rows; the last announced one where none is).

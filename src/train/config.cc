@@ -88,7 +88,7 @@ void for_each_numeric_flag(Config& c, Visit&& visit) {
   visit("peer_timeout", c.peer_timeout, FlagRange::reals(0, 7 * 86400));
   visit("peer_lost_after", c.peer_lost_after, FlagRange::reals(0, 86400));
   visit("memory_limit_gb", c.memory_limit_gb, FlagRange::reals(0, 1 << 20));
-  visit("lookahead_steps", c.lookahead_steps, FlagRange::ints(0, 1024));
+  visit("lookahead_steps", c.lookahead_steps, FlagRange::ints(0, 1024).or_negative("auto"));
   visit("max_steps", c.max_steps, FlagRange::ints(1, kMaxSteps).or_negative("whole epochs"));
   visit("eval_users", c.eval_users, FlagRange::ints(0, uint64_t{1} << 31));
   visit("tensorboard_every_steps", c.tensorboard_every_steps, FlagRange::ints(0, kMaxSteps));
@@ -297,7 +297,9 @@ void add_distribution_flags(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   app.add_option("--lookahead_steps", c.lookahead_steps,
                  "with a host tier: how many steps ahead each step's ids are announced to the "
-                 "rows' owners, which load the missing rows then (0: at the step itself)")
+                 "rows' owners, which load the missing rows then (0: at the step itself; "
+                 "negative, the default: as many, up to 4, as 90% of the smallest cache holds "
+                 "at the first step's rows)")
       ->capture_default_str();
   app.add_option("--peer_timeout", c.peer_timeout,
                  "seconds a rank may wait in one collective before it ends itself, naming its "

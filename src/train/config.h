@@ -60,8 +60,8 @@ struct TrainConfig {
   double memory_limit_gb = 0;   // per rank, 0: this machine's free memory
   // The host tier (embedding/collection.h): auto | BYTES[K|M|G|T] | P% of this rank's tables.
   std::string device_table_budget = "auto";
-  int64_t lookahead_steps = 2;  // steps whose rows the host tier is told of ahead
-  int64_t max_steps = -1;       // per epoch (tests, benchmarks); < 0: whole epoch
+  int64_t lookahead_steps = -1;  // steps whose rows the host tier is told of ahead (<0: auto)
+  int64_t max_steps = -1;        // per epoch (tests, benchmarks); < 0: whole epoch
   bool shuffle_records = true;
   bool eval_each_epoch = true;
   bool eval_full_ranking = false;         // also rank each eval user's test item against all items

@@ -344,6 +344,9 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
                         {"evicted_in_window", tier->evicted_in_window},
                         {"most_window_rows", tier->most_window_rows},
                         {"most_step_rows", tier->most_step_rows},
+                        {"lookahead_steps", trainer.lookahead()},
+                        {"copy_in_gbps", trainer.copy_in_gbps()},
+                        {"copy_out_gbps", trainer.copy_out_gbps()},
                         {"cache_rows", trainer.cache_slots()},
                         {"cache_row_bytes", trainer.cache_row_bytes()}};
     metrics << j.dump() << "\n";

@@ -122,10 +122,11 @@ int64_t decide_cache_slots(const TrainConfig& cfg, const EmbeddingPlan& plan, in
   char line[256];
   std::snprintf(line, sizeof line,
                 "host tier: %lld of rank 0's %lld rows (%.1f%%, %.1f MiB) cached on the %s, the "
-                "rest in host memory; ids announced %lld steps ahead",
+                "rest in host memory; ids announced %s steps ahead",
                 (long long)slots, (long long)rows, rows ? 100.0 * double(slots) / double(rows) : 0,
                 double(slots * row_bytes) / double(1 << 20), on_gpu ? "GPU" : "host (an arena)",
-                (long long)cfg.lookahead_steps);
+                cfg.lookahead_steps < 0 ? "auto (decided at the first step)"
+                                        : std::to_string(cfg.lookahead_steps).c_str());
   *reason = std::string(line) +
             (budget.kind == TableBudget::kAuto
                  ? " (--device_table_budget auto: " + gib(double(table_bytes)) +
@@ -279,6 +280,16 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const ExecContext& 
   choose_exchange_across_nodes();
   tables_->init(cfg.seed);
   tables_->set_chunk_bytes(cfg.checkpoint_chunk_kib * 1024);
+  if (tables_->host_tier()) {
+    lookahead_ = cfg.lookahead_steps;
+    tables_->probe_copies(&copy_in_gbps_, &copy_out_gbps_);
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "; rows with their state copy at %.2f GB/s to the cache and %.2f GB/s home "
+                  "(rank 0, measured at start-up)",
+                  copy_in_gbps_, copy_out_gbps_);
+    tier_reason_ += line;
+  }
   model_ = std::make_unique<NeuMF>(mc, ctx.device);
   model_->init(cfg.seed);
   state_.positives = positives_.get();
@@ -549,8 +560,10 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
   // Step s + 1 is read and staged (its copy to the device issued) before step s
   // is enqueued. With a host tier, step s + k (k = --lookahead_steps) is read too and its
   // ids announced to the rows' owners, which start loading its rows.
-  const int64_t ahead = tables_->host_tier() ? cfg_.lookahead_steps : 0;
-  const int64_t depth = ahead + 2;
+  int64_t ahead = tables_->host_tier() ? lookahead_ : 0;
+  const bool decide = ahead < 0;  // --lookahead_steps auto, at the first step
+  if (decide) ahead = 0;
+  const int64_t depth = (decide ? kMaxAutoLookahead : ahead) + 2;
   std::vector<TrainBatch> batches(static_cast<size_t>(depth));
   drawn_.resize(static_cast<size_t>(depth));
   int64_t read = first_step, announced = first_step;
@@ -571,6 +584,10 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
     if (s + 1 < steps) {
       read_upto(s + 1);
       stager_->stage(batches[size_t((s + 1) % depth)]);
+    }
+    if (decide && s == first_step) {
+      announce_upto(s);
+      ahead = choose_lookahead();
     }
     announce_upto(s + ahead);
     step(batches[size_t(s % depth)], s, &r,
@@ -649,6 +666,33 @@ void Trainer::tier_counters_over_ranks(EpochResult* r) {
   r->host_tier = true;
   r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7)};
   r->tier_wait_seconds = most[8];
+}
+
+int64_t Trainer::choose_lookahead() {
+  // Each rank's step rows and cache, in its own slots; the most rows and the least cache.
+  const size_t W = size_t(comm_.world()), me = size_t(comm_.rank());
+  std::vector<double> v(2 * W, 0.0);
+  v[2 * me] = double(tables_->window_rows());
+  v[2 * me + 1] = double(tables_->cache_slots());
+  all_reduce_sum_on(comm_, Device::kCpu, v.data(), v.size(), DType::kFloat64);
+  int64_t rows = 0, cache = INT64_MAX;
+  for (size_t p = 0; p < W; ++p) {
+    rows = std::max(rows, int64_t(v[2 * p]));
+    cache = std::min(cache, int64_t(v[2 * p + 1]));
+  }
+  int64_t k = 0;
+  while (k < kMaxAutoLookahead && (k + 2) * rows <= cache / 10 * 9) ++k;
+  lookahead_ = k;
+  if (comm_.rank() == 0) {
+    std::printf(
+        "ncf_dist: host tier: ids announced %lld steps ahead (--lookahead_steps auto: the "
+        "first step touched at most %lld rows of a rank, the smallest cache holds %lld; the "
+        "largest k up to %lld with (k + 1) x %lld <= 90%% of %lld, else 0)\n",
+        (long long)k, (long long)rows, (long long)cache, (long long)kMaxAutoLookahead,
+        (long long)rows, (long long)cache);
+    std::fflush(stdout);
+  }
+  return k;
 }
 
 void Trainer::announce_step(const TrainBatch& b, Drawn* d) {

@@ -156,6 +156,11 @@ class Trainer : public ScoringModel {
   const std::string& table_tier_reason() const { return tier_reason_; }
   const RowCache::Counters* table_cache_counters() const { return tables_->cache_counters(); }
   int64_t cache_slots() const { return cache_slots_; }
+  // The host tier's k (negative until --lookahead_steps auto decided it) and this rank's
+  // copy rates measured at start-up, GB/s to the cache and home.
+  int64_t lookahead() const { return lookahead_; }
+  double copy_in_gbps() const { return copy_in_gbps_; }
+  double copy_out_gbps() const { return copy_out_gbps_; }
   int64_t cache_row_bytes() const { return tables_->cached_row_bytes(); }
 
   // Serving (scoring_model.h; recommend.cc), on the loaded state.
@@ -236,8 +241,16 @@ class Trainer : public ScoringModel {
   void announce_step(const TrainBatch& b, Drawn* d);
   // The host tier's counters so far, each the largest over the ranks, into *r (collective).
   void tier_counters_over_ranks(EpochResult* r);
-  std::vector<Drawn> drawn_;      // by step % the lookahead's depth
-  double tier_wait_seconds_ = 0;  // this rank's StepPhase::kTierWait so far
+  // --lookahead_steps auto, with one step announced: the k every rank uses from now on,
+  // the largest up to kMaxAutoLookahead whose window of k + 1 steps, at the most rows that
+  // step touched on any rank, fits 90% of the smallest cache (collective): the farther
+  // ahead, the longer the copies have; the tenth left covers steps larger than the first.
+  int64_t choose_lookahead();
+  static constexpr int64_t kMaxAutoLookahead = 4;
+  std::vector<Drawn> drawn_;                     // by step % the lookahead's depth
+  double tier_wait_seconds_ = 0;                 // this rank's StepPhase::kTierWait so far
+  int64_t lookahead_ = -1;                       // the host tier's k (negative: not decided yet)
+  double copy_in_gbps_ = 0, copy_out_gbps_ = 0;  // probe_copies at start-up, this rank's
   std::unique_ptr<PositiveLists> positives_;
   std::unique_ptr<DevicePositiveLists> device_positives_;  // GPU ranks: the CSR on the device
   std::unique_ptr<TrainReader> train_reader_;
