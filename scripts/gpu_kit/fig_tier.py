@@ -8,6 +8,9 @@ bit."""
 import json, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if not rows:
+    print("no metrics")
+    sys.exit(0)
 r = rows[-1]
 parts = [f"{r['samples_per_second']:,.0f} samples/s"]
 t = r.get("host_tier")
