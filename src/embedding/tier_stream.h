@@ -46,8 +46,8 @@ class TierStream {
 
   ExecContext compute_, side_;
   bool cuda_ = false;
-  void* stream_ = nullptr;        // cudaStream_t
-  void* compute_mark_ = nullptr;  // cudaEvent_t on the compute stream
+  [[maybe_unused]] void* stream_ = nullptr;        // cudaStream_t (CUDA builds)
+  [[maybe_unused]] void* compute_mark_ = nullptr;  // cudaEvent_t on the compute stream
   // (the last step the copies up to it load, the event after them), oldest first
   std::deque<std::pair<int64_t, void*>> marks_;
   std::vector<void*> spare_;  // events no wait refers to any more
