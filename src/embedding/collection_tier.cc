@@ -71,9 +71,10 @@ void EmbeddingCollection::drop_cache() {
   NCF_CHECK(announced_ == looked_, "embedding cache dropped with ", announced_ - looked_,
             " steps announced");
   retire_looked();
-  flush_cache();  // the rows of other tables than the one replaced stay current at home
+  // The rows of other tables than the one replaced stay current at home; flush_cache also
+  // waits for the side stream, so nothing is copying when the map is rewritten below.
+  flush_cache();
   if (cache_->num_resident() == 0) return;
-  tier_stream_->join();  // flush_cache did; the map below is rewritten on the legacy stream
   if (ctx_.device != Device::kCpu) check_device_errors(ctx_);  // no kernel reads the map now
   cache_->drop_all();
   const std::vector<int32_t> none(slot_map_.size(), -1);

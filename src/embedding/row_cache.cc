@@ -102,10 +102,8 @@ int32_t RowCache::take_slot(Moves* m) {
   while (!lru_.empty()) {
     const auto [row, stamp] = lru_.front();
     lru_.pop_front();
-    const RowState& x = row_[size_t(row)];
-    if (stamp != x.stamp || x.refs > 0 || x.slot < 0)
-      continue;  // stale: back in the window, or already gone
-    const int32_t slot = x.slot;
+    if (!evictable(row, stamp)) continue;  // stale: back in the window, or already gone
+    const int32_t slot = row_[size_t(row)].slot;
     evict(slot, m);
     return slot;
   }
@@ -231,8 +229,7 @@ void RowCache::retire(int64_t s) {
   if (lru_.size() > 2 * row_of_.size() + 4096) {
     std::deque<std::pair<int32_t, uint32_t>> live;
     for (const auto& [r, stamp] : lru_)
-      if (const RowState& x = row_[size_t(r)]; stamp == x.stamp && x.refs == 0 && x.slot >= 0)
-        live.emplace_back(r, stamp);
+      if (evictable(r, stamp)) live.emplace_back(r, stamp);
     lru_.swap(live);
   }
 }

@@ -93,6 +93,12 @@ class RowCache {
   void load_pending(Moves* m);
   // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
   int32_t take_slot(Moves* m);
+  // Whether lru_'s entry (row, stamp) still stands for an evictable row: not stale, outside
+  // the window, resident.
+  bool evictable(int32_t row, uint32_t stamp) const {
+    const RowState& x = row_[size_t(row)];
+    return stamp == x.stamp && x.refs == 0 && x.slot >= 0;
+  }
   void place(int32_t row, int32_t slot, Moves* m);
   void evict(int32_t slot, Moves* m);
   // begin()'s last resort: the resident rows of later steps outside step `cur`, the one

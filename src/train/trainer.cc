@@ -67,6 +67,16 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
 
 namespace {
 
+// Every rank's K values (collective; host memory): rank p's at [p * K, (p + 1) * K), each
+// rank's in its own slots of one summed array.
+std::vector<double> values_of_every_rank(Communicator& comm, const std::vector<double>& mine) {
+  const size_t K = mine.size();
+  std::vector<double> all(K * size_t(comm.world()), 0.0);
+  std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(size_t(comm.rank()) * K));
+  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kFloat64);
+  return all;
+}
+
 // Memory (train/memory_estimate.h): tables and state, their exchange buffers,
 // the tower's step buffers and the eval buffers, and on a GPU the scratch arena at
 // its largest and the context's workspaces. On a GPU rank the limit is what
@@ -644,39 +654,28 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
 }
 
 void Trainer::tier_counters_over_ranks(EpochResult* r) {
-  // Each counter's largest value over the ranks: every rank's in its own slot, summed.
+  // Each counter's largest value over the ranks.
   const RowCache::Counters& c = *tables_->cache_counters();
-  const double mine[] = {double(c.steps),
-                         double(c.waits),
-                         double(c.loads),
-                         double(c.waited_loads),
-                         double(c.evictions),
-                         double(c.evicted_in_window),
-                         double(c.most_window_rows),
-                         double(c.most_step_rows),
-                         tier_wait_seconds_};
-  constexpr size_t K = sizeof mine / sizeof mine[0];
-  std::vector<double> all(K * size_t(comm_.world()), 0.0);
-  for (size_t k = 0; k < K; ++k) all[size_t(comm_.rank()) * K + k] = mine[k];
-  all_reduce_sum_on(comm_, Device::kCpu, all.data(), all.size(), DType::kFloat64);
-  double most[K] = {};
+  const std::vector<double> all = values_of_every_rank(
+      comm_, {double(c.steps), double(c.waits), double(c.loads), double(c.waited_loads),
+              double(c.evictions), double(c.evicted_in_window), double(c.most_window_rows),
+              double(c.most_step_rows), tier_wait_seconds_});
+  const size_t K = all.size() / size_t(comm_.world());
+  std::vector<double> most(K, 0.0);
   for (size_t p = 0; p < size_t(comm_.world()); ++p)
     for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], all[p * K + k]);
-  auto n = [&](int k) { return int64_t(most[k]); };
+  auto n = [&](int k) { return int64_t(most[size_t(k)]); };
   r->host_tier = true;
   r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7)};
   r->tier_wait_seconds = most[8];
 }
 
 int64_t Trainer::choose_lookahead() {
-  // Each rank's step rows and cache, in its own slots; the most rows and the least cache.
-  const size_t W = size_t(comm_.world()), me = size_t(comm_.rank());
-  std::vector<double> v(2 * W, 0.0);
-  v[2 * me] = double(tables_->window_rows());
-  v[2 * me + 1] = double(tables_->cache_slots());
-  all_reduce_sum_on(comm_, Device::kCpu, v.data(), v.size(), DType::kFloat64);
+  // The most step rows and the least cache of any rank.
+  const std::vector<double> v =
+      values_of_every_rank(comm_, {double(tables_->window_rows()), double(tables_->cache_slots())});
   int64_t rows = 0, cache = INT64_MAX;
-  for (size_t p = 0; p < W; ++p) {
+  for (size_t p = 0; p < size_t(comm_.world()); ++p) {
     rows = std::max(rows, int64_t(v[2 * p]));
     cache = std::min(cache, int64_t(v[2 * p + 1]));
   }
