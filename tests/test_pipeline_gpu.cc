@@ -28,6 +28,10 @@
 #include "test_util.h"
 #include "train/input_stager.h"
 
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace ncf {
 namespace {
 

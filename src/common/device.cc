@@ -7,6 +7,10 @@
 #include "common/check.h"
 #include "common/cuda_context.h"  // CUDA_CHECK and the interruptible waits in CUDA builds
 
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace ncf {
 
 Device parse_device(const std::string& name) {

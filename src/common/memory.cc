@@ -6,8 +6,12 @@
 #include <string>
 
 #include "common/check.h"
-#include "common/cuda_context.h"  // CUDA_CHECK and the runtime API in CUDA builds
+#include "common/cuda_context.h"  // CUDA_CHECK in CUDA builds
 #include "common/gpu_identity.h"
+
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace ncf {
 

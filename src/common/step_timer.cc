@@ -2,7 +2,11 @@
 #include "common/step_timer.h"
 
 #include "common/check.h"
-#include "common/cuda_context.h"  // CUDA_CHECK, wait_event and the runtime API in CUDA builds
+#include "common/cuda_context.h"  // CUDA_CHECK and wait_event in CUDA builds
+
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace ncf {
 

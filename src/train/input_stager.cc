@@ -6,6 +6,10 @@
 #include "common/check.h"
 #include "common/cuda_context.h"
 
+#ifdef NCF_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace ncf {
 
 #ifdef NCF_WITH_CUDA

@@ -4,7 +4,9 @@
 #include "common/check.h"
 
 #ifdef NCF_WITH_CUDA
-#include "common/cuda_context.h"  // CUDA_CHECK, wait_stream, the runtime API
+#include <cuda_runtime.h>
+
+#include "common/cuda_context.h"  // CUDA_CHECK, wait_stream
 #endif
 
 namespace ncf {
