@@ -17,6 +17,7 @@
 //    value) and then dispatch once to the implementation's do_* method.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -261,6 +262,17 @@ class Communicator {
 // is the *_async variant and *ticket names it (0 when staged: already complete).
 void all_reduce_sum_on(Communicator& comm, Device buf_device, void* buf, size_t n, DType t,
                        CommTicket* ticket = nullptr);
+// Every rank's values (the same count k on every rank), in rank order, on every rank:
+// rank p's at [p * k, (p + 1) * k). A collective in host memory: each rank's values in
+// its own slots of one array, summed over the ranks, so each arrives exactly.
+template <typename T>
+std::vector<T> gather_all(Communicator& comm, const std::vector<T>& mine) {
+  const size_t k = mine.size();
+  std::vector<T> all(k * size_t(comm.world()), T(0));
+  std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(k * size_t(comm.rank())));
+  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), dtype_of<T>());
+  return all;
+}
 void all_to_all_v_on(Communicator& comm, Device buf_device, const void* send,
                      const int64_t* send_counts, const int64_t* send_displs, void* recv,
                      const int64_t* recv_counts, const int64_t* recv_displs, DType t,

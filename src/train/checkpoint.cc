@@ -35,15 +35,6 @@ std::string hex32(uint32_t x) {
   return buf;
 }
 
-// Every rank's `k` int64 values, in rank order, on every rank.
-std::vector<int64_t> gather_all(Communicator& comm, const std::vector<int64_t>& mine) {
-  const size_t k = mine.size();
-  std::vector<int64_t> all(k * size_t(comm.world()), 0);
-  std::copy(mine.begin(), mine.end(), all.begin() + ptrdiff_t(k * size_t(comm.rank())));
-  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
-  return all;
-}
-
 // The step of a committed checkpoint's directory name, or -1.
 int64_t step_of(const std::string& name) {
   const std::string prefix = "step-";
@@ -425,7 +416,8 @@ void CheckpointWriter::end_part() {
   const std::string name = part_name_;
   part_name_.clear();
   part_flushed_ = 0;
-  const std::vector<int64_t> parts = gather_all(comm_, {part_offset_, part_n_, int64_t(part_crc_)});
+  const std::vector<int64_t> parts =
+      gather_all<int64_t>(comm_, {part_offset_, part_n_, int64_t(part_crc_)});
   // The parts must tile the file in rank order; their CRCs then combine.
   uint32_t file_crc = 0;
   int64_t at = 0;
@@ -570,7 +562,7 @@ std::string check_checkpoint(Communicator& comm, const std::string& path,
       why = e.what();
     }
   int64_t ranks_failing = 0;
-  for (int64_t x : gather_all(comm, {why.empty() ? 0 : 1})) ranks_failing += x;
+  for (int64_t x : gather_all<int64_t>(comm, {why.empty() ? 0 : 1})) ranks_failing += x;
   if (!why.empty()) return why;
   if (ranks_failing > 0) return "its manifest could not be read on every rank";
   // Each rank checksums its byte block of every file; the CRCs combine.

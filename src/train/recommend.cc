@@ -14,9 +14,7 @@ namespace {
 
 // Rounds of `per_round` items that cover the largest share of any rank.
 int64_t lockstep_rounds(Communicator& comm, int64_t n, int64_t per_round) {
-  std::vector<int64_t> all(size_t(comm.world()), 0);
-  all[size_t(comm.rank())] = n;
-  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kInt64);
+  const std::vector<int64_t> all = gather_all<int64_t>(comm, {n});
   const int64_t most = *std::max_element(all.begin(), all.end());
   return (most + per_round - 1) / per_round;
 }

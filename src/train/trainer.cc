@@ -67,16 +67,6 @@ EmbeddingPlan plan_for_job(const TrainConfig& cfg, const DatasetMeta& meta, int 
 
 namespace {
 
-// Every rank's K values (collective; host memory): rank p's at [p * K, (p + 1) * K), each
-// rank's in its own slots of one summed array.
-std::vector<double> values_of_every_rank(Communicator& comm, const std::vector<double>& mine) {
-  const size_t K = mine.size();
-  std::vector<double> all(K * size_t(comm.world()), 0.0);
-  std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(size_t(comm.rank()) * K));
-  all_reduce_sum_on(comm, Device::kCpu, all.data(), all.size(), DType::kFloat64);
-  return all;
-}
-
 // Memory (train/memory_estimate.h): tables and state, their exchange buffers,
 // the tower's step buffers and the eval buffers, and on a GPU the scratch arena at
 // its largest and the context's workspaces. On a GPU rank the limit is what
@@ -656,7 +646,7 @@ EpochResult Trainer::train_epoch(int64_t epoch, int64_t first_step) {
 void Trainer::tier_counters_over_ranks(EpochResult* r) {
   // Each counter's largest value over the ranks.
   const RowCache::Counters& c = *tables_->cache_counters();
-  const std::vector<double> all = values_of_every_rank(
+  const std::vector<double> all = gather_all<double>(
       comm_, {double(c.steps), double(c.waits), double(c.loads), double(c.waited_loads),
               double(c.evictions), double(c.evicted_in_window), double(c.most_window_rows),
               double(c.most_step_rows), tier_wait_seconds_});
@@ -672,12 +662,12 @@ void Trainer::tier_counters_over_ranks(EpochResult* r) {
 
 int64_t Trainer::choose_lookahead() {
   // The most step rows and the least cache of any rank.
-  const std::vector<double> v =
-      values_of_every_rank(comm_, {double(tables_->window_rows()), double(tables_->cache_slots())});
+  const std::vector<int64_t> v =
+      gather_all<int64_t>(comm_, {tables_->window_rows(), tables_->cache_slots()});
   int64_t rows = 0, cache = INT64_MAX;
   for (size_t p = 0; p < size_t(comm_.world()); ++p) {
-    rows = std::max(rows, int64_t(v[2 * p]));
-    cache = std::min(cache, int64_t(v[2 * p + 1]));
+    rows = std::max(rows, v[2 * p]);
+    cache = std::min(cache, v[2 * p + 1]);
   }
   int64_t k = 0;
   while (k < kMaxAutoLookahead && (k + 2) * rows <= cache / 10 * 9) ++k;
