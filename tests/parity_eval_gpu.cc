@@ -318,7 +318,7 @@ TEST_F(Parity, TopKEqualsTheCpuSelection) {
   for (const auto& [n, I, K] :
        {std::tuple{int64_t{0}, int64_t{5}, 3}, std::tuple{int64_t{1}, int64_t{1}, 1},
         std::tuple{int64_t{7}, int64_t{13}, 20}, std::tuple{int64_t{300}, int64_t{1000}, 10},
-        std::tuple{int64_t{3}, (int64_t{1} << 25) + 7, 5}}) {
+        std::tuple{int64_t{3}, gpu_scale((int64_t{1} << 25) + 7, (int64_t{1} << 20) + 7), 5}}) {
     Vec scores(size_t(n * I));
     std::uniform_int_distribution<int> pick(0, 6);
     std::uniform_real_distribution<float> real(-4.0f, 4.0f);

@@ -210,6 +210,13 @@ class Parity : public ::testing::Test {
     destroy_cuda_context(gpu_);
   }
   bool on_gpu() const { return gpu_.device == Device::kCuda; }
+  // A size that is there to fill a GPU (many blocks per op, more rows than one CUB call
+  // sorts): on a GPU on_gpu_size; on the CPU stand-in stand_in, which takes the same CPU
+  // paths (several threads' chunks) at a small part of the time and memory. At 2^20 rows
+  // the stand-in's runs cost CI minutes, half of it in page faults of GBs of inputs.
+  int64_t gpu_scale(int64_t on_gpu_size, int64_t stand_in) const {
+    return on_gpu() ? on_gpu_size : stand_in;
+  }
   // The CPU model's seeded init with non-zero tower biases (drawn from gen_), and the
   // same parameters in the device model.
   void same_parameters(NeuMF& cpu_model, NeuMF& dev_model) {

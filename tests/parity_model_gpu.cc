@@ -133,7 +133,7 @@ TEST_F(Parity, GatherBiasActIsTheCpuTwinBitForBit) {
 // on the vector paths (out % 4) and the scalar ones, with hot ids (long runs) and bounds
 // that leave runs empty. (gather_bias_act's masks: GatherBiasActIsTheCpuTwinBitForBit.)
 TEST_F(Parity, Layer0ByItemOpsAreTheCpuTwinsBitForBit) {
-  for (int64_t B : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}, int64_t{200003}})
+  for (int64_t B : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{3000}, gpu_scale(200003, 20011)})
     for (int64_t bound : {int64_t{1}, int64_t{50}, int64_t{30011}}) {
       IVec ids = random_ids(size_t(B), 0, int32_t(bound), gen_);
       for (size_t b = 0; b < ids.size(); b += 3) ids[b] = int32_t(b % 4) % int32_t(bound);

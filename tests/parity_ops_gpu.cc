@@ -256,7 +256,7 @@ TEST_F(Parity, HeadForwardBackward) {
 // ml-20m batch 2^20 (4096 chunks). Same tolerance as above, and the GPU result
 // must be the same bits on a second run (fixed order, no atomics).
 TEST_F(Parity, ColumnSumsAtLargeBatches) {
-  for (int64_t B : {int64_t{64 * 256 + 1}, int64_t{1} << 20}) {
+  for (int64_t B : {int64_t{64 * 256 + 1}, gpu_scale(int64_t{1} << 20, int64_t{1} << 16)}) {
     for (int F : {1, 128}) {  // head: dw [F] and dc
       const std::string what = shape({{"B", B}, {"F", F}});
       Vec H = random_vec(size_t(B) * F, gen_), wc = random_vec(size_t(F) + 1, gen_);

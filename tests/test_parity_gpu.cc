@@ -14,8 +14,9 @@
 // reference runs on two threads), so the comparisons check the test's own
 // plumbing and the CPU ops' thread-count invariance within the same
 // tolerances; the test ends as skipped, with the reason, since nothing ran on
-// a GPU. Tests of what only the GPU does (errors recorded by kernels and raised
-// by a later check) skip after their CPU half.
+// a GPU. Sizes that are there to fill a GPU (2^20 rows and more) are smaller
+// on the stand-in (Parity::gpu_scale). Tests of what only the GPU does (errors recorded by kernels
+// and raised by a later check) skip after their CPU half.
 #include "parity_gpu.h"
 
 namespace ncf {
