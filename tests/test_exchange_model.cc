@@ -443,7 +443,7 @@ TEST(ExchangeModel, CudaDefaultsOnTheMl20mShape) {
 TEST(ExchangeModel, PythonModelAgrees) {
   // launch/comm_model.py carries the same formulas for the page's tables; it
   // prints its costs for a shape as JSON, compared here with this model's.
-  if (test::run("python3 -c 'import json' 2>/dev/null").exit_code != 0)
+  if (test::run(test::python3() + " -c 'import json' 2>/dev/null").exit_code != 0)
     GTEST_SKIP() << "no python3";
   struct Case {
     ExchangeShape s;
@@ -459,7 +459,7 @@ TEST(ExchangeModel, PythonModelAgrees) {
     std::snprintf(arg, sizeof arg, "%d,%d,%d,%lld,%.17g,%.17g,%.17g,%.17g,%.17g,%d", c.s.nodes,
                   c.s.per_node, c.s.D, (long long)c.s.keys_per_rank, c.s.node_unique_share,
                   c.l.intra_bw, c.l.intra_lat, c.l.inter_bw, c.l.inter_lat, c.l.nics_per_node);
-    const test::RunResult r = test::run("python3 " + std::string(NCF_SOURCE_DIR) +
+    const test::RunResult r = test::run(test::python3() + " " + std::string(NCF_SOURCE_DIR) +
                                         "/launch/comm_model.py --exchange_case " + arg);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // One line per mode: "flat|two_hop|two_hop_node seconds intra_msgs inter_msgs intra_bytes

@@ -34,7 +34,7 @@ class Extend : public ::testing::Test {
       const RunResult r = run(cmd);
       if (r.exit_code != 0) throw std::runtime_error(cmd + "\n" + r.output);
     };
-    must("python3 " + std::string(NCF_SOURCE_DIR) +
+    must(test::python3() + " " + std::string(NCF_SOURCE_DIR) +
          "/scripts/make_log.py --users 400 --items 120 --rows 8000 --days 2 --out " + d + "/logs");
     must(bin("ncf_prep") + " --input " + d + "/logs/day-1.csv" + kCsv +
          " --eval_negatives 20 --output " + d + "/day1");

@@ -125,12 +125,20 @@ std::string signal_script() { return std::string(NCF_SOURCE_DIR) + "/tests/signa
 
 }  // namespace
 
+const std::string& python3() {
+  static const std::string p =
+      access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  return p;
+}
+
+namespace {}  // namespace
+
 std::string signal_after(const std::string& command, const std::string& log,
                          const std::string& after, const std::string& sig, int times, double delay,
                          int ranks, const std::string& send) {
   std::ostringstream d;
   d << delay;
-  std::string cmd = "python3 " + signal_script() + " --log " + quoted(log) + " --after " +
+  std::string cmd = python3() + " " + signal_script() + " --log " + quoted(log) + " --after " +
                     quoted(after) + " --signal " + sig + " --times " + std::to_string(times) +
                     " --delay " + d.str();
   if (ranks > 0) cmd += " --ranks " + std::to_string(ranks);
@@ -138,7 +146,7 @@ std::string signal_after(const std::string& command, const std::string& log,
   return cmd + " -- " + command;
 }
 
-std::string signal_rank() { return "python3 " + signal_script() + " rank "; }
+std::string signal_rank() { return python3() + " " + signal_script() + " rank "; }
 
 namespace {
 

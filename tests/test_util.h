@@ -47,6 +47,10 @@ std::string bin(const std::string& name);
 // few cores, where a spinning rank starves the one it waits for and a run that takes
 // seconds took minutes, past its safety-net timeout (as tests/cluster/ does).
 std::string mpirun(int np, const std::string& bind = "none");
+// The tests' Python: Debian's /usr/bin/python3 where there is one (a python3 earlier on
+// PATH may be a version manager's shim: 0.35 s to start here, against 0.03 s), else
+// python3 on PATH.
+const std::string& python3();
 
 // A command that runs `command` and sends it `sig` (USR1, TERM, KILL) once `times`
 // lines of its output have matched the regular expression `after`, so that the run can
@@ -60,7 +64,7 @@ std::string mpirun(int np, const std::string& bind = "none");
 std::string signal_after(const std::string& command, const std::string& log,
                          const std::string& after, const std::string& sig = "USR1", int times = 1,
                          double delay = 0, int ranks = 0, const std::string& send = "");
-// The prefix of a rank's program under such a launcher: "python3 …/signal_after.py rank ".
+// The prefix of a rank's program under such a launcher: "PYTHON3 …/signal_after.py rank ".
 std::string signal_rank();
 
 // Seconds since t0 on the steady clock.

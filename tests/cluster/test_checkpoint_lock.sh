@@ -42,7 +42,7 @@ lock="$ck/ncf_dist.lock"
 args=(--device cpu --data_dir "$CLUSTER_SHARED/data" --preset ncf-paper --batch_size 2560 --seed 3
       --threads 1 --progress off --checkpoint_dir "$ck" --checkpoint_lock_stale_seconds "$stale")
 lock_field() {  # FIELD: from the lock file
-  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$lock" "$1"
+  "$cluster_python3" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$lock" "$1"
 }
 
 # 1. A on node1, held by its output after its first checkpoint (a.out has what came
@@ -95,7 +95,7 @@ done
 # 4. C on node2: takes it over and resumes. It ends the epoch A was in.
 newest=$(find "$ck" -maxdepth 1 -name 'step-*' -type d | sort | tail -1)
 [ -n "$newest" ] || fail "no committed checkpoint of A"
-epochs=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["epoch"] + 1)' \
+epochs=$("$cluster_python3" -c 'import json, sys; print(json.load(open(sys.argv[1]))["epoch"] + 1)' \
   "$newest/manifest.json")
 cluster_mpirun_on node2:2 -- "$build/src/ncf_dist" "${args[@]}" --train_epochs "$epochs" \
   --allow_changed_flags train_epochs --resume auto >"$CLUSTER_SHARED/c.out" 2>&1 ||

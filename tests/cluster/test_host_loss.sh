@@ -100,7 +100,7 @@ check_resumed() {  # OUT JSONL CHECKPOINT
     fail "the resumed run did not start from $3, the newest checkpoint: $(grep -h '^ncf_dist: \(resuming\|no checkpoint\|skipping\)' "$1" | head -3)"
   local got
   got=$(cluster_final_metrics "$2")
-  python3 - "$ref" "$got" <<'EOF' || fail "resumed at W = 2: final epoch '$got', uninterrupted W = 4 '$ref'"
+  "$cluster_python3" - "$ref" "$got" <<'EOF' || fail "resumed at W = 2: final epoch '$got', uninterrupted W = 4 '$ref'"
 import sys
 want = [float(x) for x in sys.argv[1].split()]
 got = [float(x) for x in sys.argv[2].split()]

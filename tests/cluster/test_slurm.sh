@@ -49,7 +49,7 @@ want=$(cluster_final_metrics "$sh_/ref.jsonl")
 # Each rank says where it runs before it becomes ncf_dist (the scripts run $NCF_DIST),
 # through signal_after.py, which sends its output to a FIFO when $NCF_SIGNAL_DIR names
 # one (the first start of PS and PM).
-printf '#!/bin/sh\nexec %q python3 %q rank %q "$@"\n' "$(cluster_where)" \
+printf '#!/bin/sh\nexec %q %q %q rank %q "$@"\n' "$(cluster_where)" "$cluster_python3" \
   "$root/tests/signal_after.py" "$build/src/ncf_dist" >"$sh_/ncf_dist"
 chmod +x "$sh_/ncf_dist"
 # Every host is this machine's 2 cores: a rank that waits must yield them (srun gives
@@ -83,7 +83,7 @@ preempt() {  # preempt NAME LAUNCHER: a job preempted after epoch 2, requeued an
   j=$(NCF_SIGNAL_DIR="$sig" submit "$1" "$2" "$sh_/ckpt-$1" --step_log)
   # The first start's ranks print to $first (through the FIFO), the rest to $out.
   on1=$(printf '%q ' "$here/sim_cluster.sh" --dir "$CLUSTER_DIR" exec node1)
-  python3 "$root/tests/signal_after.py" --dir "$sig" --log "$first" --ranks 4 \
+  "$cluster_python3" "$root/tests/signal_after.py" --dir "$sig" --log "$first" --ranks 4 \
     --after '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' --signal USR1 \
     --send "$on1 scancel --signal=USR1 --batch $j" \
     --alive "$on1 scontrol show job $j | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '" ||

@@ -5,10 +5,10 @@
 #    every two-hop all_to_all_v and exchange_counts leaves the receive buffers byte for
 #    byte as flat does, and the embedding collection's steps give the same rows and
 #    tables, for row-wise, table-wise and mixed plans with dedup on and off;
-#  - two_hop against flat at the same W in ncf_dist, for the same plans at 2 hosts and
-#    row-wise at 3 (where the table-wise and mixed plans are the workers' above): the
-#    same parameters byte for byte (--save_params) and the same final metrics to the
-#    last digit;
+#  - two_hop against flat at the same W in ncf_dist, row-wise and mixed (user row-wise,
+#    item table-wise) at 2 hosts and row-wise at 3 (the other plans are the workers'
+#    above, and tests/test_two_hop.cc's over declared nodes): the same parameters byte
+#    for byte (--save_params) and the same final metrics to the last digit;
 #  - the step log's inter-node messages per step (rank 0), row-wise: hosts - 1 per
 #    exchange under two_hop, (hosts - 1) x 2 under flat, 4 exchanges a step
 #    (counts, ids, vectors, gradients). Bytes are printed, not compared: under
@@ -59,7 +59,7 @@ inter_bytes_total() {
 # 2,000 eval users: float rounding flips a few rankings; after 2 epochs flat at W = 4 and
 # one rank differed by 2 users here).
 close_to() {
-  python3 - "$CLUSTER_SHARED/$1.jsonl" "$CLUSTER_SHARED/$2.jsonl" <<'EOF'
+  "$cluster_python3" - "$CLUSTER_SHARED/$1.jsonl" "$CLUSTER_SHARED/$2.jsonl" <<'EOF'
 import json, sys
 a, b = ([json.loads(l) for l in open(p) if l.strip()][-1] for p in sys.argv[1:3])
 ok = abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"])
@@ -90,7 +90,7 @@ for hosts in 2 3; do
     fail "$hosts hosts: $maps of $W ranks compared the exchanges and $steps of $W the collection's steps"
   ! grep -q "FAILED" "$CLUSTER_SHARED/h${hosts}_workers.out" || fail "$hosts hosts: a worker check failed"
   summary+=("$hosts hosts x 2: every exchange's receive buffers and the collection's steps (row, table, mixed; dedup on, off; node dedup) as flat's, on $W ranks")
-  plans=(row table user=row,item=table)
+  plans=(row "user=row,item=table")
   [ "$hosts" -eq 2 ] || plans=(row)
   for plan in "${plans[@]}"; do
     for dedup in on off; do

@@ -36,7 +36,11 @@ export SLURM_CONF
   --output "$work/data" --progress off >/dev/null
 # Each rank as signal_after.py starts it: as it is, unless $NCF_SIGNAL_DIR names
 # a FIFO for its output (B's first start).
-printf '#!/bin/sh\nexec python3 %q rank %q "$@"\n' "$root/tests/signal_after.py" \
+# Debian's Python where there is one: a python3 earlier on PATH may be a version
+# manager's shim, 0.35 s to start here (each rank) against 0.03 s.
+py3=python3
+if [ -x /usr/bin/python3 ]; then py3=/usr/bin/python3; fi
+printf '#!/bin/sh\nexec %q %q rank %q "$@"\n' "$py3" "$root/tests/signal_after.py" \
   "$build/src/ncf_dist" >"$work/ncf_dist"
 chmod +x "$work/ncf_dist"
 export NCF_ROOT="$root" NCF_DIST="$work/ncf_dist" DATA_DIR="$work/data" PRESET=ncf-paper
@@ -97,7 +101,7 @@ mkfifo "$work/signal/out"
 # FIFO holds: the ranks cannot get past it to the end unsignalled.
 b=$(NCF_SIGNAL_DIR="$work/signal" submit B "$work/ckpt" --step_log)
 # B's first start's ranks print to B.ranks.out (through the FIFO), the rest to B.out.
-python3 "$root/tests/signal_after.py" --dir "$work/signal" --log "$work/B.ranks.out" \
+"$py3" "$root/tests/signal_after.py" --dir "$work/signal" --log "$work/B.ranks.out" \
   --ranks 2 --after '^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ ' --signal USR1 \
   --send "scancel --signal=USR1 --batch $b" \
   --alive "scontrol show job $b | grep -qE 'JobState=(PENDING|CONFIGURING|RUNNING) '" ||
