@@ -126,12 +126,9 @@ std::string signal_script() { return std::string(NCF_SOURCE_DIR) + "/tests/signa
 }  // namespace
 
 const std::string& python3() {
-  static const std::string p =
-      access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  static const std::string p = NCF_TEST_PYTHON3;  // chosen by tests/CMakeLists.txt
   return p;
 }
-
-namespace {}  // namespace
 
 std::string signal_after(const std::string& command, const std::string& log,
                          const std::string& after, const std::string& sig, int times, double delay,

@@ -47,9 +47,8 @@ std::string bin(const std::string& name);
 // few cores, where a spinning rank starves the one it waits for and a run that takes
 // seconds took minutes, past its safety-net timeout (as tests/cluster/ does).
 std::string mpirun(int np, const std::string& bind = "none");
-// The tests' Python: Debian's /usr/bin/python3 where there is one (a python3 earlier on
-// PATH may be a version manager's shim: 0.35 s to start here, against 0.03 s), else
-// python3 on PATH.
+// The tests' Python, as tests/CMakeLists.txt found it: Debian's /usr/bin/python3 where
+// there is one, else python3 on PATH.
 const std::string& python3();
 
 // A command that runs `command` and sends it `sig` (USR1, TERM, KILL) once `times`
