@@ -3,16 +3,23 @@
 # targets (scripts/fuzz_build.sh: clang, libFuzzer, ASan + UBSan), replays
 # every seed (fuzz/corpus/<t>) and every finding's reproducer
 # (fuzz/regressions/<t>) once under the sanitizers, then fuzzes each target
-# for a few seconds from them (NCF_FUZZ_SECONDS, default 5), nproc targets at
-# a time. What the short runs learn is thrown away; what they find is kept in
-# build-fuzz/ci/findings/<t>/ and fails the step, with the log's end printed.
+# from them for a fixed number of inputs with a fixed seed (NCF_FUZZ_RUNS, default
+# 2000; NCF_FUZZ_SEED, default 1), nproc targets at a time: the same inputs on every
+# machine, however fast or loaded, so the step's outcome never depends on timing
+# (bench/fuzz.sh fuzzes for long). What the short runs learn is thrown away; what they
+# find is kept in build-fuzz/ci/findings/<t>/ and fails the step, with the log's end printed.
 # NCF_FUZZ_INPUT_TIMEOUT (default 10) is the seconds of wall time after which one input is
 # a hang: run_tests.sh raises it, running this at the lowest CPU priority beside the tests.
 #   bash scripts/fuzz_replay.sh [target ...]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${NCF_FUZZ_BUILD_DIR:-$root/build-fuzz}"
-seconds="${NCF_FUZZ_SECONDS:-5}"
+runs="${NCF_FUZZ_RUNS:-2000}"
+seed="${NCF_FUZZ_SEED:-1}"
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "fuzz_replay: NCF_FUZZ_RUNS '$runs' is not a positive number of inputs" >&2; exit 2; }
+[[ "$seed" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "fuzz_replay: NCF_FUZZ_SEED '$seed' is not a positive integer" >&2; exit 2; }
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for f in "$root"/fuzz/fuzz_*.cc; do
@@ -42,7 +49,7 @@ one() {
   mkdir -p "$ci/corpus/$t" "$ci/findings/$t"
   {
     "$bin" "${flags[@]}" -runs=0 -artifact_prefix="$ci/findings/$t/" "${dirs[@]}" &&
-      "$bin" "${flags[@]}" -max_total_time="$seconds" -print_final_stats=1 \
+      "$bin" "${flags[@]}" -runs="$runs" -seed="$seed" -print_final_stats=1 \
         -artifact_prefix="$ci/findings/$t/" "$ci/corpus/$t" "${dirs[@]}"
   } >"$log" 2>&1
 }
@@ -70,8 +77,8 @@ for t in "${targets[@]}"; do
   n="$(sed -n 's/^stat::number_of_executed_units: *//p' "$ci/$t.log" | tail -1)"
   total=$((total + ${n:-0}))
 done
-echo "fuzz_replay: ${#targets[@]} targets: seeds and regressions replayed, then ${seconds} s of" \
-  "fuzzing each ($total inputs) in $((SECONDS - t1)) s; $((SECONDS - t0)) s in all" >&2
+echo "fuzz_replay: ${#targets[@]} targets: seeds and regressions replayed, then $runs inputs" \
+  "of each from seed $seed ($total inputs) in $((SECONDS - t1)) s; $((SECONDS - t0)) s in all" >&2
 if [ ${#failed[@]} -gt 0 ]; then
   for t in "${failed[@]}"; do
     echo "fuzz_replay: fuzz_$t FAILED; the end of $ci/$t.log:" >&2
