@@ -134,6 +134,15 @@ struct NaiveCache {
     window.erase(window.begin());
     missing.erase(missing.begin());
   }
+  int64_t window_rows() const {
+    std::set<int32_t> u;
+    for (auto& [s, rows] : window) u.insert(rows.begin(), rows.end());
+    return int64_t(u.size());
+  }
+  void forget() {  // the steps announced and not run: gone, their rows still resident
+    window.clear();
+    missing.clear();
+  }
 };
 
 void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
@@ -165,9 +174,17 @@ TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
         cache.begin(s, &m);
         naive.begin();
         expect_same_contents(cache, naive, R, at + "begin", s);
+        ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
         for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
         cache.retire(s);
         naive.retire();
+        // A stopped run forgets what it announced ahead; the same steps come again.
+        if (s % 13 == 12) {
+          cache.forget_window();
+          naive.forget();
+          EXPECT_EQ(cache.window_rows(), 0);
+          next = s + 1;
+        }
       }
       EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << C << " " << k;
       EXPECT_EQ(cache.counters().steps, 40);
@@ -269,8 +286,23 @@ TEST(TierOps, CopyMapAndAssignAgainstLoops) {
   std::vector<int32_t> out(2);
   map_rows(ctx, map.data(), rows.data(), 8, 2, out.data());
   EXPECT_EQ(out, slots);
-  const std::vector<int32_t> absent = {2};
-  EXPECT_THROW(map_rows(ctx, map.data(), absent.data(), 8, 1, out.data()), Error);
+  // A row not cached, or outside the table, is named: the first bad one, by its index.
+  auto refusal = [&](const std::vector<int32_t>& r, int64_t R) -> std::string {
+    std::vector<int32_t> o(r.size());
+    try {
+      map_rows(ctx, map.data(), r.data(), R, int64_t(r.size()), o.data());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(refusal({6, 2, 1}, 8).find("rows[1]=2 is not in the device cache"), std::string::npos)
+      << refusal({6, 2, 1}, 8);
+  EXPECT_NE(refusal({6, 1, 8, -1}, 8).find("rows[2]=8 outside [0, 8)"), std::string::npos)
+      << refusal({6, 1, 8, -1}, 8);
+  EXPECT_NE(refusal({6, -1}, 8).find("rows[1]=-1 outside"), std::string::npos)
+      << refusal({6, -1}, 8);
+  EXPECT_NE(refusal({0}, 0).find("rows[0]=0 outside [0, 0)"), std::string::npos) << refusal({0}, 0);
   EXPECT_THROW(copy_rows(ctx, src.data(), from.data(), 39, dst.data(), to.data(), 10, 4, 3, 4),
                Error)
       << "row 39 outside a source of 39 rows";

@@ -49,10 +49,17 @@ void RowCache::note_window_size() {
 void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   NCF_CHECK(next_s_ < 0 || s == next_s_, "row cache: step ", s, " announced, step ", next_s_,
             " expected");
-  NCF_CHECK(s >= 0 && s < INT32_MAX, "row cache: step ", s, " out of range");
+  NCF_CHECK(s > retired_ && s < INT32_MAX, "row cache: step ", s, " out of range (step ", retired_,
+            " retired)");
   next_s_ = s + 1;
+  // The window's steps are numbered lo, lo + 1, ...: window_[a - lo] is step a.
+  const int64_t lo = window_.empty() ? s : window_.front().s;
   Step st;
   st.s = s;
+  st.prev.resize(rows.size());
+  // How many of the rows each earlier step of the window stops being the last to touch.
+  std::vector<int64_t>& passed = passed_;
+  passed.assign(window_.size(), 0);
   const int64_t R = int64_t(row_.size());
   for (size_t k = 0; k < rows.size(); ++k) {
     const int32_t r = rows[k];
@@ -61,16 +68,33 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
     if (k + kAhead < rows.size() && rows[k + kAhead] < R)
       __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
     RowState& x = row_[size_t(r)];
-    if (x.refs++ == 0) {
-      ++window_rows_;
-      ++x.stamp;  // its lru_ entry (if any) goes stale
-    }
+    const int32_t a = x.last_ann;
+    st.prev[k] = a;
+    if (a >= lo)
+      ++passed[size_t(a - lo)];  // still in the window: its last step is s now
+    else
+      ++window_rows_;  // enters the window (any lru_ entry of it goes stale)
+    x.last_ann = int32_t(s);
     if (x.slot < 0) st.missing.push_back(r);
   }
+  for (size_t j = 0; j < passed.size(); ++j) window_[j].last_of -= passed[j];
+  st.last_of = int64_t(rows.size());
   st.rows = std::move(rows);
   window_.push_back(std::move(st));
   note_window_size();
   load_pending(m);
+}
+
+int64_t RowCache::last_use(int32_t row) const {
+  int64_t a = row_[size_t(row)].last_ann;
+  if (window_.empty()) return a;
+  const int64_t lo = window_.front().s;
+  while (a >= lo) {  // announced by a step of the window: the announcement before it
+    const Step& st = window_[size_t(a - lo)];
+    const auto at = std::lower_bound(st.rows.begin(), st.rows.end(), row);
+    a = st.prev[size_t(at - st.rows.begin())];
+  }
+  return a;
 }
 
 void RowCache::place(int32_t row, int32_t slot, Moves* m) {
@@ -100,9 +124,9 @@ int32_t RowCache::take_slot(Moves* m) {
   }
   if (!lru_live_) rebuild_lru();  // the first time the free slots ran out
   while (!lru_.empty()) {
-    const auto [row, stamp] = lru_.front();
+    const auto [row, step] = lru_.front();
     lru_.pop_front();
-    if (!evictable(row, stamp)) continue;  // stale: back in the window, or already gone
+    if (!evictable(row, step)) continue;  // stale: back in the window, or already gone
     const int32_t slot = row_[size_t(row)].slot;
     evict(slot, m);
     return slot;
@@ -140,7 +164,7 @@ std::vector<int32_t> RowCache::forced_victims(const Step& cur) const {
   for (size_t k = 0; k < next.size(); ++k) {
     if (k > 0 && next[k].first == next[k - 1].first) continue;
     const int32_t r = next[k].first;
-    keys.emplace_back(-next[k].second, row_[size_t(r)].last_use, r);
+    keys.emplace_back(-next[k].second, last_use(r), r);
   }
   std::sort(keys.begin(), keys.end());
   std::vector<int32_t> order;
@@ -212,34 +236,37 @@ void RowCache::begin(int64_t s, Moves* m) {
 void RowCache::retire(int64_t s) {
   NCF_CHECK(!window_.empty() && window_.front().s == s && window_.front().begun, "row cache: step ",
             s, " retired before it ran");
-  const std::vector<int32_t>& rows = window_.front().rows;
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const int32_t r = rows[k];
-    if (k + kAhead < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
-    RowState& x = row_[size_t(r)];
-    x.last_use = int32_t(s);
-    if (--x.refs == 0) {
-      --window_rows_;
-      if (lru_live_) lru_.emplace_back(r, ++x.stamp);
+  const Step& st = window_.front();
+  // The rows whose last announced step is s leave the window.
+  window_rows_ -= st.last_of;
+  if (lru_live_) {
+    const std::vector<int32_t>& rows = st.rows;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int32_t r = rows[k];
+      if (k + kAhead < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
+      if (row_[size_t(r)].last_ann == int32_t(s)) lru_.emplace_back(r, int32_t(s));
     }
   }
+  retired_ = s;
   window_.pop_front();
   // Stale entries (rows back in the window, or gone) are dropped once they outnumber the
   // slots, so the list stays within a few times the cache whatever the run's length.
   if (lru_.size() > 2 * row_of_.size() + 4096) {
-    std::deque<std::pair<int32_t, uint32_t>> live;
-    for (const auto& [r, stamp] : lru_)
-      if (evictable(r, stamp)) live.emplace_back(r, stamp);
+    std::deque<std::pair<int32_t, int32_t>> live;
+    for (const auto& [r, step] : lru_)
+      if (evictable(r, step)) live.emplace_back(r, step);
     lru_.swap(live);
   }
 }
 
 void RowCache::forget_window() {
   if (window_.empty()) return;
-  for (const Step& st : window_)
-    for (int32_t r : st.rows)
-      if (--row_[size_t(r)].refs == 0) --window_rows_;
+  // Each forgotten announcement undone, the newest first: every row's last announced step
+  // is again one that ran (or -1).
+  for (auto st = window_.rbegin(); st != window_.rend(); ++st)
+    for (size_t k = 0; k < st->rows.size(); ++k) row_[size_t(st->rows[k])].last_ann = st->prev[k];
   window_.clear();
+  window_rows_ = 0;
   next_s_ = -1;
   lru_.clear();
   lru_live_ = false;  // rebuilt when a slot is next needed and none is free
@@ -247,14 +274,16 @@ void RowCache::forget_window() {
 
 void RowCache::rebuild_lru() {
   // Every resident row outside the window, by (last use, row): the order retire() keeps.
-  std::vector<std::tuple<int64_t, int32_t>> order;
+  // Outside the window a row's last announced step is its last use.
+  const int64_t lo = window_.empty() ? INT64_MAX : window_.front().s;
+  std::vector<std::tuple<int32_t, int32_t>> order;
   for (size_t slot = 0; slot < row_of_.size(); ++slot) {
     const int32_t r = row_of_[slot];
-    if (r >= 0 && row_[size_t(r)].refs == 0) order.emplace_back(row_[size_t(r)].last_use, r);
+    if (r >= 0 && row_[size_t(r)].last_ann < lo) order.emplace_back(row_[size_t(r)].last_ann, r);
   }
   std::sort(order.begin(), order.end());
   lru_.clear();
-  for (const auto& [last, r] : order) lru_.emplace_back(r, ++row_[size_t(r)].stamp);
+  for (const auto& [last, r] : order) lru_.emplace_back(r, last);
   lru_live_ = true;
 }
 

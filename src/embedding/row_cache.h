@@ -5,8 +5,9 @@
 // of calls are a function of the announced rows and C only.
 //
 // The rules:
-// - A row is "in the window" while some announced step that has not retired touches it;
-//   its reference count is the number of such steps.
+// - A row is "in the window" while some announced step that has not retired touches it:
+//   while the last announced step that touched it has not retired. Each row keeps that
+//   step's number only, so a step retires in constant time while free slots last.
 // - announce(s) loads the rows of step s that are not resident, in ascending row order,
 //   into free slots (lowest first), then into the slots of evictable rows: resident rows
 //   outside the window, least recently used first (the step that last touched them), then
@@ -55,7 +56,8 @@ class RowCache {
   };
 
   // Step s touches `rows` (ascending, unique, each in [0, rows)); s is one past the last
-  // announced step (the first call may start anywhere). Appends what it loads to *m.
+  // announced step (the first call, and the first after forget_window or drop_all, may start
+  // at any step after the last retired one). Appends what it loads to *m.
   void announce(int64_t s, std::vector<int32_t> rows, Moves* m);
   // Step s, the oldest announced and not retired, is about to run: every one of its rows
   // becomes resident (appended to *m). Fails, naming the sizes, where step s's own rows
@@ -85,7 +87,9 @@ class RowCache {
   struct Step {
     int64_t s = 0;
     std::vector<int32_t> rows;     // ascending
+    std::vector<int32_t> prev;     // [rows]: each row's last announced step before s, or -1
     std::vector<int32_t> missing;  // ascending: not yet loaded (may hold rows since loaded)
+    int64_t last_of = 0;           // rows whose last announced step is s
     bool begun = false;
   };
   // Loads the missing rows of the window's steps in order into free or evictable slots;
@@ -93,12 +97,16 @@ class RowCache {
   void load_pending(Moves* m);
   // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
   int32_t take_slot(Moves* m);
-  // Whether lru_'s entry (row, stamp) still stands for an evictable row: not stale, outside
-  // the window, resident.
-  bool evictable(int32_t row, uint32_t stamp) const {
+  // Whether lru_'s entry (row, step) still stands for an evictable row: its last announced
+  // step is still `step`, which retired (so the row is outside the window), and it is
+  // resident.
+  bool evictable(int32_t row, int32_t step) const {
     const RowState& x = row_[size_t(row)];
-    return stamp == x.stamp && x.refs == 0 && x.slot >= 0;
+    return x.last_ann == step && x.slot >= 0;
   }
+  // The last step that retired with `row`, or -1: its last announced step, or, while that
+  // one is in the window, the announcements before it (each step keeps them).
+  int64_t last_use(int32_t row) const;
   void place(int32_t row, int32_t slot, Moves* m);
   void evict(int32_t slot, Moves* m);
   // begin()'s last resort: the resident rows of later steps outside step `cur`, the one
@@ -111,23 +119,24 @@ class RowCache {
   // What the cache knows of one row, in one place: a step's rows are read and written
   // together, at random rows.
   struct RowState {
-    int32_t last_use = -1;  // the last step that retired with the row, or -1
+    int32_t last_ann = -1;  // the last announced step touching the row (forgotten ones undone)
     int32_t slot = -1;      // its slot, or -1
-    int32_t refs = 0;       // announced, unretired steps touching the row
-    uint32_t stamp = 0;     // bumped whenever the row's lru_ entry goes stale
   };
   std::vector<RowState> row_;    // [rows]
   std::vector<int32_t> row_of_;  // [slots] row or -1
   std::vector<int32_t> free_;    // free slots, the lowest at the back
-  // Evictable rows (refs 0, resident) in (last use, row) order; stale entries skipped.
-  // Kept only once a slot had to be taken from a row (lru_live_): while free slots last
-  // (a budget that holds every row touched so far), retire() only counts.
-  std::deque<std::pair<int32_t, uint32_t>> lru_;
+  // Evictable rows (outside the window, resident) as (row, last use), in that order of
+  // (last use, row); stale entries skipped. Kept only once a slot had to be taken from a
+  // row (lru_live_): while free slots last (a budget that holds every row touched so far),
+  // retire() only counts.
+  std::deque<std::pair<int32_t, int32_t>> lru_;
   bool lru_live_ = false;
   std::deque<Step> window_;
-  int64_t next_s_ = -1;  // the next step announce() accepts (-1: any)
+  std::vector<int64_t> passed_;  // announce()'s scratch: [window steps]
+  int64_t next_s_ = -1;          // the next step announce() accepts (-1: any above retired_)
+  int64_t retired_ = -1;         // the last step retired: no step is numbered at or below it again
   int64_t resident_ = 0;
-  int64_t window_rows_ = 0;  // distinct rows with refs > 0
+  int64_t window_rows_ = 0;  // distinct rows in the window
   Counters counters_;
 };
 

@@ -57,11 +57,20 @@ void map_rows(const ExecContext& ctx, const int32_t* map, const RowId* rows, int
   if (n == 0) return;
   NCF_CHECK(map && rows && out, op, ": map, rows or out is null with n=", n);
   NCF_DISPATCH_CUDA(ctx, map_rows, ctx, map, rows, R, n, out);
-  check_rows(op, "of", rows, R, n);
+  if (R <= 0) check_rows(op, "of", rows, R, n);  // no row inside: refused, naming rows[0]
+  // One pass without branches; a bad row, if any, is found and named after it.
+  bool bad = false;
   for (int64_t k = 0; k < n; ++k) {
-    out[k] = map[rows[k]];
-    NCF_CHECK(out[k] >= 0, op, ": rows[", k, "]=", rows[k], " is not in the device cache");
+    const RowId r = rows[k];
+    const bool inside = uint64_t(r) < uint64_t(R);
+    const int32_t slot = map[inside ? r : 0];
+    out[k] = slot;
+    bad |= !inside || slot < 0;
   }
+  if (!bad) return;
+  check_rows(op, "of", rows, R, n);
+  for (int64_t k = 0; k < n; ++k)
+    NCF_CHECK(out[k] >= 0, op, ": rows[", k, "]=", rows[k], " is not in the device cache");
 }
 
 void assign_map(const ExecContext& ctx, int32_t* map, const RowId* rows, const int32_t* values,
