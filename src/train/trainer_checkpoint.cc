@@ -279,7 +279,9 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
   // The tables: each rank reads its block of every array, chunk by chunk; the
   // collection sends the rows to the ranks this run's plan gives them.
   const std::vector<std::string> arrays = state_array_names(table_optimizer_);
-  std::vector<float> chunk(static_cast<size_t>(tables_->chunk_rows() * plan_.D));
+  // As large as the largest chunk read, not --checkpoint_chunk_kib: a small table's resume
+  // does not allocate and clear 64 MiB.
+  std::vector<float> chunk(1);
   for (int t = 0; t < tables_->num_tables(); ++t) {
     const TableSpec& spec = plan_.tables[t];
     for (int a = 0; a < int(arrays.size()); ++a) {
@@ -291,6 +293,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ck) {
       for (int64_t c = 0; c < tables_->num_chunks(t); ++c) {
         int64_t lo = 0, rows = 0;
         tables_->chunk_range(t, r, c, &lo, &rows);
+        if (chunk.size() < size_t(rows * width)) chunk.resize(size_t(rows * width));
         ck.read(name, lo * width * 4, chunk.data(), size_t(rows * width) * 4);
         tables_->import_chunk(t, a, c, chunk.data());
       }
