@@ -176,7 +176,7 @@ cluster_mpirun_on() {
     "$cluster_root/launch/ncf_launch" --hosts "$list" -np "$np" --gpus-per-node 0 --bind none \
     --mca plm_rsh_agent "$cluster_here/rsh_agent.sh $CLUSTER_DIR" \
     --mca btl self,vader,tcp --mca btl_tcp_if_include "$CLUSTER_SUBNET" \
-    --mca oob_tcp_if_include "$CLUSTER_SUBNET" --mca mpi_yield_when_idle 1 \
+    --mca oob_tcp_if_include "$CLUSTER_SUBNET" --mca mpi_yield_when_idle 1 --mca pml ob1 \
     ${opts[@]+"${opts[@]}"} -- "$@"
 }
 
