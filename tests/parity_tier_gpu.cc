@@ -101,15 +101,15 @@ TEST_F(Parity, StoreRowsBf16AtExact) {
   }
 }
 
-// A collection on the device with a cache of 30% of its rows, and one of a step's rows
-// (smaller than the window: steps evict rows of later steps, which load again), against the
-// same collection with every row there, over steps announced two ahead: the same rows
-// looked up, the same tables after, for FP32 rows with row-wise Adagrad and BF16 rows with
-// lazy Adam. The announcements' copies run on the side stream, the steps' own on the
-// compute stream (tier_stream.h).
+// A collection on the device with a cache of every row (its slots mirror the rows: no slot
+// map), of 30% of its rows, and of a step's rows (smaller than the window: steps evict
+// rows of later steps, which load again), against the same collection with every row
+// there, over steps announced two ahead: the same rows looked up, the same tables after,
+// for FP32 rows with row-wise Adagrad and BF16 rows with lazy Adam. The announcements' copies run
+// on the side stream, the steps' own on the compute stream (tier_stream.h).
 TEST_F(Parity, HostTierCollectionIsTheAllOnDeviceOneBitForBit) {
   SingleCommunicator comm;
-  for (const int64_t slots : {int64_t{(400 + 250) * 3 / 10}, int64_t{150}})
+  for (const int64_t slots : {int64_t{400 + 250}, int64_t{(400 + 250) * 3 / 10}, int64_t{150}})
     for (bool bf16 : {false, true}) {
       EmbeddingPlan plan;
       plan.D = 12;
@@ -154,7 +154,9 @@ TEST_F(Parity, HostTierCollectionIsTheAllOnDeviceOneBitForBit) {
         EXPECT_EQ(all.gather_table(t), tier.gather_table(t))
             << (bf16 ? "bf16" : "fp32") << ", " << slots << " slots, table " << t;
       ASSERT_NE(tier.cache_counters(), nullptr);
-      EXPECT_GT(tier.cache_counters()->evictions, 0) << slots << " slots: rows left the cache";
+      if (slots < 650) {
+        EXPECT_GT(tier.cache_counters()->evictions, 0) << slots << " slots: rows left the cache";
+      }
       if (slots == 150) {
         EXPECT_GT(tier.cache_counters()->evicted_in_window, 0) << "a step's rows: below the window";
       }

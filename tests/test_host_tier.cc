@@ -28,8 +28,9 @@ std::vector<int32_t> step_rows(std::mt19937& g, int64_t R, int n) {
   return {s.begin(), s.end()};
 }
 
-// row_cache.h's rules written out with whole scans: free slots lowest first, then the
-// evictable row (outside the window) used least recently, then the lowest; the steps
+// row_cache.h's rules written out with whole scans: a free slot (the row's own, else the
+// lowest), then the evictable row's (outside the window) used least recently, then the
+// lowest row's; the steps
 // load in order; begin() evicts rows of later steps by farthest next use only when
 // nothing else is left.
 struct NaiveCache {
@@ -45,15 +46,17 @@ struct NaiveCache {
       if (std::binary_search(window[k].second.begin(), window[k].second.end(), r)) return true;
     return false;
   }
-  int32_t free_slot() const {
-    std::set<int32_t> used;
-    for (auto& [r, s] : slot) used.insert(s);
+  // Slots once used stay used (an evicted row's slot is taken at once).
+  std::set<int32_t> ever;
+  int32_t free_slot(int32_t row) const {
+    if (row < C && !ever.count(row)) return row;
     for (int32_t s = 0; s < C; ++s)
-      if (!used.count(s)) return s;
+      if (!ever.count(s)) return s;
     return -1;
   }
-  int32_t take() {
-    const int32_t f = free_slot();
+  int32_t take(int32_t row) {
+    const int32_t f = free_slot(row);
+    if (f >= 0) ever.insert(f);
     if (f >= 0) return f;
     int32_t best = -1;
     std::pair<int64_t, int32_t> key{};
@@ -76,7 +79,7 @@ struct NaiveCache {
       bool full = false;
       for (int32_t r : missing[k]) {
         if (slot.count(r)) continue;
-        const int32_t s = full ? -1 : take();
+        const int32_t s = full ? -1 : take(r);
         if (s < 0) {
           full = true;
           left.push_back(r);
@@ -100,7 +103,7 @@ struct NaiveCache {
     const auto& cur = window.front().second;
     for (int32_t r : cur) {
       if (slot.count(r)) continue;
-      int32_t s = take();
+      int32_t s = take(r);
       if (s < 0) {
         int32_t best = -1;
         std::tuple<int64_t, int64_t, int32_t> key{};
@@ -159,7 +162,7 @@ TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
     for (int k : {0, 1, 3}) {
       std::mt19937 g(uint32_t(C * 7 + k));
       RowCache cache(R, C);
-      NaiveCache naive{C, {}, {}, {}, {}, 0};
+      NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
       std::vector<std::vector<int32_t>> steps;
       for (int s = 0; s < 40; ++s) steps.push_back(step_rows(g, R, 30));
       RowCache::Moves m;
@@ -175,6 +178,7 @@ TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
         naive.begin();
         expect_same_contents(cache, naive, R, at + "begin", s);
         ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
+        ASSERT_EQ(cache.mirrors(), C >= R) << at << "step " << s;  // every row in its own slot
         for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
         cache.retire(s);
         naive.retire();

@@ -44,14 +44,15 @@ class HostTierRuns : public ::testing::Test {
   // 2 epochs of 60 steps of 101 positives (505 samples) each.
   Run train(int W, const std::string& flags, bool expect_ok = true, int epochs = 2) {
     TempDir t;
-    const std::string cmd = test::mpirun(W) + " " + bin("ncf_dist") + " --device cpu --data_dir " +
-                            data() + " --batch_size 505 --train_epochs " + std::to_string(epochs) +
-                            " --max_steps 60 --threads 1 --learning_rate 0.01 " +
-                            (flags.find("--embedding_optimizer") == std::string::npos
-                                 ? "--embedding_optimizer rowwise_adagrad "
-                                 : "") +
-                            flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " +
-                            t.file("p.bin");
+    const std::string cmd =
+        test::mpirun(W) + " " + bin("ncf_dist") + " --device cpu --data_dir " + data() +
+        (flags.find("--batch_size") == std::string::npos ? " --batch_size 505" : "") +
+        " --train_epochs " + std::to_string(epochs) +
+        " --max_steps 60 --threads 1 --learning_rate 0.01 " +
+        (flags.find("--embedding_optimizer") == std::string::npos
+             ? "--embedding_optimizer rowwise_adagrad "
+             : "") +
+        flags + " --metrics_json " + t.file("m.jsonl") + " --save_params " + t.file("p.bin");
     auto r = run("timeout 300 " + cmd);
     Run out;
     out.output = r.output;
@@ -129,6 +130,17 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     EXPECT_GT(tier(least)["waits"], 0) << w;
     EXPECT_GT(tier(least)["wait_seconds"], 0.0) << w << ": the waits' loads were timed";
   }
+}
+
+// One rank, FP32 rows, layer 0 by item: without a budget the step reads its item rows' MLP
+// columns in place; with a budget of every row the cache mirrors the rows and the step reads
+// them there; with a smaller one (60%) it looks them up whole. The same bits each way, with the
+// evaluations between the epochs, which read the whole item table.
+TEST_F(HostTierRuns, OneRankReadsItsItemRowsInPlaceInAMirroringCache) {
+  const std::string f = "--layer0_by_item on --batch_size 2020";
+  const Run ref = train(1, f);
+  expect_same_bits(ref, train(1, f + " --device_table_budget 100%"), "layer 0 by item, 100%");
+  expect_same_bits(ref, train(1, f + " --device_table_budget 60%"), "layer 0 by item, 60%");
 }
 
 TEST_F(HostTierRuns, Bf16RowsAndLazyAdamKeepTheirBits) {

@@ -142,6 +142,14 @@ TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
                    v_.size() ? v_.data() + at : nullptr, count, plan_.D};
 }
 
+TableRows EmbeddingCollection::step_rows(int64_t first, int64_t count) {
+  if (!mirrored()) return all_rows(first, count);
+  const int64_t at = first * plan_.D;
+  return TableRows{bf16_rows_ ? nullptr : cparams_.data() + at,
+                   cm_.size() ? cm_.data() + first * state_width(1) : nullptr,
+                   cv_.size() ? cv_.data() + at : nullptr, count, plan_.D};
+}
+
 int64_t EmbeddingCollection::bytes_on_rank() const {
   return R_ * (int64_t(plan_.table_elem_bytes) * plan_.D +
                4 * optimizer_state_floats_per_row(opt_.kind, plan_.D)) +
@@ -241,12 +249,13 @@ const float* EmbeddingCollection::rows(int t) const { return rows_.data() + off_
 float* EmbeddingCollection::row_grads(int t) { return grads_.data() + off_[t] * plan_.D; }
 
 bool EmbeddingCollection::narrow_lookups() const {
-  return local_ && !bf16_rows_ && wire_ == WireDType::kFloat32 && !cache_;
+  return local_ && !bf16_rows_ && wire_ == WireDType::kFloat32 &&
+         (!cache_ || (cache_->mirrors() && (staged_ || step_open_)));
 }
 
 const float* EmbeddingCollection::local_rows(int t) const {
   if (!narrow_lookups()) return nullptr;
-  return params_.data() + layout_.key_begin[lt_[t]] * plan_.D;
+  return (cache_ ? cparams_ : params_).data() + layout_.key_begin[lt_[t]] * plan_.D;
 }
 
 void EmbeddingCollection::lookup(const std::vector<TableIds>& ids) {
@@ -355,9 +364,10 @@ void EmbeddingCollection::lookup_finish() {
     if (std::all_of(width_.begin(), width_.end(), [](int w) { return w == 0; })) {
       gather_own(keys_.data(), 0, R_, n_total_, rows_.data());
     } else {  // narrow_lookups(): FP32 rows, nothing to round
+      const float* own = (mirrored() ? cparams_ : params_).data();
       for (int t = 0; t < num_tables(); ++t)
-        gather_rows(ctx_, params_.data(), keys_.data() + off_[t], rows_.data() + off_[t] * D, R_,
-                    n_[t], D, width_[t]);
+        gather_rows(ctx_, own, keys_.data() + off_[t], rows_.data() + off_[t] * D, R_, n_[t], D,
+                    width_[t]);
     }
     round_kept_rows(rows_.data());
     return;
@@ -460,6 +470,7 @@ void EmbeddingCollection::gradients_finish(int64_t t) {
                          nullptr, given);
     else
       update_rows(keys_.data(), grads_.data(), n_total_, 0, R_, false, t);
+    step_open_ = false;
     return;
   }
   if (!any_routed()) return;
@@ -489,15 +500,16 @@ void EmbeddingCollection::update_replicated(const float* replicated_grads, int64
 
 void EmbeddingCollection::gather_own(const RowId* ids, int64_t first, int64_t R, int64_t n,
                                      float* out) {
-  if (cache_ && !home_mode_) {
+  if (cache_ && !home_mode_ && !mirrored()) {
     tier_gather(ids, first, R, n, out);
     return;
   }
   const int D = plan_.D;
+  const bool c = mirrored();
   if (bf16_rows_)
-    gather_rows_bf16(ctx_, rows16_.data() + first * D, ids, out, R, n, D);
+    gather_rows_bf16(ctx_, (c ? crows16_ : rows16_).data() + first * D, ids, out, R, n, D);
   else
-    gather_rows(ctx_, params_.data() + first * D, ids, out, R, n, D);
+    gather_rows(ctx_, (c ? cparams_ : params_).data() + first * D, ids, out, R, n, D);
 }
 
 RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
@@ -513,14 +525,15 @@ RowRounding EmbeddingCollection::rounding(int64_t first, int64_t t) const {
 
 void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int64_t n,
                                       int64_t first, int64_t count, bool unique, int64_t t) {
-  const bool cached = cache_ && !home_mode_;
+  // Through the slot map (a cache of fewer slots than rows), or at the rows themselves.
+  const bool cached = cache_ && !home_mode_ && !mirrored();
   if (!bf16_rows_) {
     if (cached)
       tier_update_fp32(rows, grads, n, first, count, t);
     else if (unique)
-      apply_table_optimizer(ctx_, all_rows(first, count), rows, grads, n, opt_, t);
+      apply_table_optimizer(ctx_, step_rows(first, count), rows, grads, n, opt_, t);
     else
-      reduce_update_rows(ctx_, rows, grads, n, all_rows(first, count), opt_, t);
+      reduce_update_rows(ctx_, rows, grads, n, step_rows(first, count), opt_, t);
     return;
   }
   const int D = plan_.D;
@@ -535,8 +548,8 @@ void EmbeddingCollection::update_rows(const RowId* rows, const float* grads, int
     ur = bur_.data();
     ug = bug_.data();
   }
-  const TableRows state = all_rows(first, count);
-  uint16_t* tab = rows16_.data() + first * D;
+  const TableRows state = step_rows(first, count);
+  uint16_t* tab = (mirrored() ? crows16_ : rows16_).data() + first * D;
   if (opt_.kind == EmbeddingOptimizer::kDenseAdam) {
     // Every row moves: widened, updated and rounded back chunk by chunk, so
     // the FP32 copy stays small whatever the table's size. Where the rows are

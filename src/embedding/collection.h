@@ -110,10 +110,14 @@ class EmbeddingCollection {
   const float* rows(int t) const;
   float* row_grads(int t);
   // Whether a lookup may write fewer columns than D (TableIds::width): W = 1, FP32 rows and
-  // an FP32 wire, where the lookup is one gather from this rank's own rows.
+  // an FP32 wire, where the lookup is one gather from this rank's own rows. With a host
+  // tier, only from a step's stage_step to the end of its update, and only where the
+  // cache's slots mirror the rows (a budget of every row): then a step's rows are read
+  // where they are.
   bool narrow_lookups() const;
   // Table t's rows (global row order, row stride D) on the context's device where
-  // narrow_lookups(), else null.
+  // narrow_lookups(), else null: in the cache with a host tier, where only the rows of the
+  // step staged or running are sure to be.
   const float* local_rows(int t) const;
 
   // Floats of the replicated tables' dense gradient ([N×(D+1)] each: D columns
@@ -239,6 +243,12 @@ class EmbeddingCollection {
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
   TableRows all_rows(int64_t first, int64_t count);
+  // The step's rows are in a cache whose slots mirror the rows (RowCache::mirrors: a budget
+  // of every row): gathers and updates work on the cache's arrays as on the home arrays,
+  // at their rows, without the slot map.
+  bool mirrored() const { return cache_ && !home_mode_ && cache_->mirrors(); }
+  // all_rows, or its rows in the cache where mirrored().
+  TableRows step_rows(int64_t first, int64_t count);
   void init_rows(uint64_t seed, int64_t k0, int64_t k1, float* dst) const;
   // The node-level de-duplication path of the phases.
   void node_lookup_start();
@@ -357,6 +367,7 @@ class EmbeddingCollection {
   bool cache_dirty_ = false;            // rows updated since the last flush
   bool home_mode_ = false;  // the last lookup was not announced: it works on the home arrays
   bool staged_ = false;     // stage_step began step looked_; its lookup has not come
+  bool step_open_ = false;  // a step's announced lookup came; its update has not ended
   // announce's host scratch (kept: fresh large vectors would fault their pages in each step)
   // and sorted_unique's bit set over [0, its bound).
   std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;

@@ -71,6 +71,7 @@ void EmbeddingCollection::drop_cache() {
   NCF_CHECK(announced_ == looked_, "embedding cache dropped with ", announced_ - looked_,
             " steps announced");
   retire_looked();
+  step_open_ = false;
   // The rows of other tables than the one replaced stay current at home; flush_cache also
   // waits for the side stream, so nothing is copying when the map is rewritten below.
   flush_cache();
@@ -180,6 +181,7 @@ void EmbeddingCollection::forget_announced() {
   retire_looked();
   cache_->forget_window();  // a staged step's rows stay resident, outside any window
   staged_ = false;
+  step_open_ = false;
   announced_ = looked_;
   tier_stream_->limit(looked_ - 1);  // the step numbers from looked_ on are announced anew
 }
@@ -213,6 +215,7 @@ void EmbeddingCollection::begin_lookup() {
     return;
   }
   staged_ = false;
+  step_open_ = true;
   ++looked_;
   retire_due_ = true;
   cache_dirty_ = true;

@@ -98,6 +98,7 @@ int64_t RowCache::last_use(int32_t row) const {
 }
 
 void RowCache::place(int32_t row, int32_t slot, Moves* m) {
+  if (slot != row) ++misplaced_;
   row_[size_t(row)].slot = slot;
   row_of_[size_t(slot)] = row;
   ++resident_;
@@ -108,6 +109,7 @@ void RowCache::place(int32_t row, int32_t slot, Moves* m) {
 
 void RowCache::evict(int32_t slot, Moves* m) {
   const int32_t row = row_of_[size_t(slot)];
+  if (slot != row) --misplaced_;
   m->evict_slots.push_back(slot);
   m->evict_rows.push_back(row);
   row_[size_t(row)].slot = -1;
@@ -116,11 +118,15 @@ void RowCache::evict(int32_t slot, Moves* m) {
   ++counters_.evictions;
 }
 
-int32_t RowCache::take_slot(Moves* m) {
-  if (!free_.empty()) {
+int32_t RowCache::take_slot(int32_t row, Moves* m) {
+  // A slot is free until its first row (an evicted row's slot is taken at once): the
+  // row's own slot where it is free; else the lowest free one (free_ keeps the slots
+  // taken as own slots until they come up).
+  if (row < int32_t(row_of_.size()) && row_of_[size_t(row)] < 0) return row;
+  while (!free_.empty()) {
     const int32_t slot = free_.back();
     free_.pop_back();
-    return slot;
+    if (row_of_[size_t(slot)] < 0) return slot;
   }
   if (!lru_live_) rebuild_lru();  // the first time the free slots ran out
   while (!lru_.empty()) {
@@ -140,7 +146,7 @@ void RowCache::load_pending(Moves* m) {
     for (; k < st.missing.size(); ++k) {
       const int32_t r = st.missing[k];
       if (row_[size_t(r)].slot >= 0) continue;  // loaded for an earlier step meanwhile
-      const int32_t slot = take_slot(m);
+      const int32_t slot = take_slot(r, m);
       if (slot < 0) break;
       place(r, slot, m);
     }
@@ -195,7 +201,7 @@ void RowCache::begin(int64_t s, Moves* m) {
   bool ordered = false;
   for (int32_t r : still) {
     if (row_[size_t(r)].slot >= 0) continue;  // listed twice
-    int32_t slot = take_slot(m);
+    int32_t slot = take_slot(r, m);
     if (slot < 0) {
       if (!ordered) {
         victims = forced_victims(cur);
@@ -297,6 +303,7 @@ void RowCache::drop_all() {
   lru_.clear();
   lru_live_ = false;
   resident_ = 0;
+  misplaced_ = 0;
   next_s_ = -1;
 }
 

@@ -9,7 +9,8 @@
 //   while the last announced step that touched it has not retired. Each row keeps that
 //   step's number only, so a step retires in constant time while free slots last.
 // - announce(s) loads the rows of step s that are not resident, in ascending row order,
-//   into free slots (lowest first), then into the slots of evictable rows: resident rows
+//   into free slots (a row's own slot, the one of its number, where that is free; else the
+//   lowest free one), then into the slots of evictable rows: resident rows
 //   outside the window, least recently used first (the step that last touched them), then
 //   the lowest row. Where step s's rows do not all fit now, what is left waits, and no
 //   later step loads anything before it (the steps load in order).
@@ -74,6 +75,9 @@ class RowCache {
   // Every resident row and its slot, ascending by row (a flush writes them home).
   void resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const;
   int64_t num_resident() const { return resident_; }
+  // Whether the slots mirror the rows: as many slots as rows and every resident row in its
+  // own slot (always so then), so a row's slot is its number without looking it up.
+  bool mirrors() const { return misplaced_ == 0 && slots() >= int64_t(row_.size()); }
   int64_t slots() const { return int64_t(row_of_.size()); }
   int64_t window_steps() const { return int64_t(window_.size()); }
   int64_t window_rows() const { return window_rows_; }  // distinct rows the window touches
@@ -96,7 +100,7 @@ class RowCache {
   // stops at the first step that cannot be completed.
   void load_pending(Moves* m);
   // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
-  int32_t take_slot(Moves* m);
+  int32_t take_slot(int32_t row, Moves* m);
   // Whether lru_'s entry (row, step) still stands for an evictable row: its last announced
   // step is still `step`, which retired (so the row is outside the window), and it is
   // resident.
@@ -124,7 +128,7 @@ class RowCache {
   };
   std::vector<RowState> row_;    // [rows]
   std::vector<int32_t> row_of_;  // [slots] row or -1
-  std::vector<int32_t> free_;    // free slots, the lowest at the back
+  std::vector<int32_t> free_;    // free slots, the lowest at the back (taken ones skipped)
   // Evictable rows (outside the window, resident) as (row, last use), in that order of
   // (last use, row); stale entries skipped. Kept only once a slot had to be taken from a
   // row (lru_live_): while free slots last (a budget that holds every row touched so far),
@@ -136,6 +140,7 @@ class RowCache {
   int64_t next_s_ = -1;          // the next step announce() accepts (-1: any above retired_)
   int64_t retired_ = -1;         // the last step retired: no step is numbered at or below it again
   int64_t resident_ = 0;
+  int64_t misplaced_ = 0;    // resident rows outside their own slot
   int64_t window_rows_ = 0;  // distinct rows in the window
   Counters counters_;
 };
