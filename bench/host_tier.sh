@@ -3,11 +3,10 @@
 # memory and every move is a copy: first, at each world size, one run without a budget and
 # one at each budget, their final parameters compared byte for byte and their losses, HR and
 # NDCG compared as printed ("min" is the largest step's rows, read from the 100% run); then
-# the cost of the mechanism itself, the tier at 100% (every row cached, ids still announced
-# and every gather and update through the slot map) against no tier, alternated, the median
-# and the fastest training seconds of each: at W = 2, and at W = 1 twice, as it runs (one
-# rank's FP32 step reads its item rows' MLP columns in place, which the tier turns off) and
-# with that in-place read turned off in both (NCF_NARROW_ITEM_LOOKUP=0).
+# the cost of the mechanism itself, the tier at 100% (every row cached in its own slot, so
+# the gathers and updates need no slot map; the ids still announced ahead, the window kept
+# and every row copied in at its first use) against no tier, alternated, the median and the
+# fastest training seconds of each, at W = 1 and 2.
 #
 #   bash bench/host_tier.sh [--users 200000] [--items 20000] [--interactions 4200000]
 #        [--batch 16384] [--steps 100] [--overhead_steps 400] [--worlds 1,2,4]
@@ -124,17 +123,13 @@ done
 run_steps=$overhead_steps
 : >"$out/runs/overhead.txt"
 for r in $(seq 1 "$repeats"); do
-  for setting in "w2 2" "w1 1" "w1-whole-rows 1"; do
+  for setting in "w2 2" "w1 1"; do
     read -r tag W <<<"$setting"
     for mode in off on; do
       flags=()
       [ "$mode" = on ] && flags=(--device_table_budget 100%)
       name="overhead_${tag}_${mode}_$r"
-      if [ "$tag" = w1-whole-rows ]; then
-        NCF_NARROW_ITEM_LOOKUP=0 run "$name" "$W" --no_eval "${flags[@]}"
-      else
-        run "$name" "$W" --no_eval "${flags[@]}"
-      fi
+      run "$name" "$W" --no_eval "${flags[@]}"
       echo "$tag $mode $(field "$out/runs/$name.jsonl" "['train_seconds']")" >>"$out/runs/overhead.txt"
     done
   done
@@ -146,7 +141,7 @@ for line in open(sys.argv[1]):
     tag, mode, sec = line.split()
     times.setdefault(tag, {"off": [], "on": []})[mode].append(float(sec))
 steps = int(sys.argv[2])
-names = {"w2": "W = 2", "w1": "W = 1, as it runs", "w1-whole-rows": "W = 1, whole item rows in both"}
+names = {"w2": "W = 2", "w1": "W = 1"}
 # The median and the fastest run of each: on a shared machine another tenant's load only
 # ever slows a run, so the fastest is the least disturbed one.
 print("| setting | median s, no tier | median s, tier at 100% | ratio | fastest, no tier | "
@@ -173,7 +168,7 @@ EOF
   echo
   cat "$out/identity.md"
   echo
-  echo "## The cost of the mechanism at 100% (W = 1, $overhead_steps steps, no evaluation, alternated)"
+  echo "## The cost of the mechanism at 100% ($overhead_steps steps, no evaluation, alternated)"
   echo
   cat "$out/overhead.md"
 } >"$out/host_tier.md"
