@@ -339,7 +339,7 @@ TEST_F(Export, OnnxRuntimeScoresEqualANaiveLoop) {
 
   auto r = run(ncf_export("--format npy --output " + t.file("npy")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+  r = run(test::python3() + " " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("ref.csv"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
@@ -366,14 +366,14 @@ TEST_F(Export, NumpyFilesHoldTheArraysAndRecomputeTheScores) {
           dir_->file("data") + " --threads 1 --pairs " + t.file("pairs.csv") + " --output " +
           t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+  r = run(test::python3() + " " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("rec.csv"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // A changed file is caught: the NumPy recomputation is not vacuous.
   std::string bad = test::read_file(t.file("npy/head_bias.npy"));
   bad[bad.size() - 2] ^= 0x10;
   test::write_file(t.file("npy/head_bias.npy"), bad);
-  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+  r = run(test::python3() + " " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("rec.csv"));
   EXPECT_NE(r.exit_code, 0) << r.output;
 }
@@ -482,8 +482,8 @@ TEST(ExportIds, StringIdsAsNumpyArrays) {
   EXPECT_EQ(files, size_t(std::distance(std::filesystem::directory_iterator(t.file("npy_ck")),
                                         std::filesystem::directory_iterator())));
   // NumPy's view of the ids equals the dataset's maps, in row order.
-  r =
-      run("/usr/bin/python3 -c 'import numpy as np, sys; d = sys.argv[1]; "
+  r = run(test::python3() +
+          " -c 'import numpy as np, sys; d = sys.argv[1]; "
           "u = np.load(d + \"/user_ids.npy\"); assert u.dtype.kind == \"S\", u.dtype; "
           "o = np.load(d + \"/item_ids_offsets.npy\"); b = np.load(d + \"/item_ids_bytes.npy\"); "
           "items = [b[o[k]:o[k + 1]].tobytes() for k in range(len(o) - 1)]; "
@@ -505,7 +505,7 @@ TEST(ExportIds, StringIdsAsNumpyArrays) {
           t.file("data") + " --threads 1 --pairs " + t.file("pairs.csv") + " --output " +
           t.file("rec.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run("/usr/bin/python3 " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
+  r = run(test::python3() + " " + std::string(NCF_SOURCE_DIR) + "/tests/onnx/check_npy.py " +
           t.file("npy") + " " + t.file("rec.csv"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("check_npy: 200 pairs"), std::string::npos) << r.output;
@@ -551,8 +551,8 @@ TEST(ExportMemory, TablesAreStreamedFromTheCheckpointNotHeld) {
 #endif
   auto peak = [&](const std::string& ck, const std::string& flags) -> int64_t {
     const std::string report = t.file("maxrss");
-    auto e = run(allocator +
-                 "/usr/bin/python3 -c 'import resource, subprocess, sys; "
+    auto e = run(allocator + test::python3() +
+                 " -c 'import resource, subprocess, sys; "
                  "c = subprocess.run(sys.argv[2:]).returncode; "
                  "open(sys.argv[1], \"w\").write(str(resource.getrusage("
                  "resource.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(c)' " +

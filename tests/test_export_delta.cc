@@ -733,8 +733,8 @@ TEST_F(ExportDeltaIds, TheDocsNumpyRecipeRebuildsTheTables) {
       "    want = np.load(f\"{new}/{t}_embeddings.npy\")\n"
       "    assert rows.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), t\n"
       "    print(t, len(rows), \"rows equal\")\n");
-  const RunResult r = run("/usr/bin/python3 " + t.file("recipe.py") + " " + t.file("delta") + " " +
-                          t.file("old") + " " + t.file("new"));
+  const RunResult r = run(test::python3() + " " + t.file("recipe.py") + " " + t.file("delta") +
+                          " " + t.file("old") + " " + t.file("new"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("user 110 rows equal"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("item 65 rows equal"), std::string::npos) << r.output;
@@ -744,7 +744,7 @@ TEST_F(ExportDeltaIds, TheDocsNumpyRecipeRebuildsTheTables) {
   ASSERT_NE(recipe.find(assign), std::string::npos);
   recipe.replace(recipe.find(assign), assign.size(), "_ =");
   test::write_file(t.file("recipe.py"), recipe);
-  const RunResult bad = run("/usr/bin/python3 " + t.file("recipe.py") + " " + t.file("delta") +
+  const RunResult bad = run(test::python3() + " " + t.file("recipe.py") + " " + t.file("delta") +
                             " " + t.file("old") + " " + t.file("new"));
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   EXPECT_NE(bad.output.find("AssertionError: user"), std::string::npos) << bad.output;

@@ -37,9 +37,9 @@ using test::run;
 using test::TempDir;
 namespace fs = std::filesystem;
 
-// Debian's interpreter: the protobuf runtime, crcmod and numpy are its packages
-// (scripts/setup.sh), whatever python3 comes first on PATH.
-const std::string kPython = "/usr/bin/python3";
+// The tests' interpreter (Debian's where there is one): the protobuf runtime, crcmod and
+// numpy are its packages (scripts/setup.sh), whatever python3 comes first on PATH.
+const std::string kPython = test::python3();
 
 // Why the independent encoder cannot run here ("" when it can): its Python
 // modules are Debian packages that scripts/setup.sh installs, which a bare
