@@ -135,19 +135,20 @@ void EmbeddingCollection::copy_blocks(void* dst, const void* src,
   }
 }
 
-TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
+TableRows EmbeddingCollection::rows_of(Buffer<float>& p, Buffer<float>& m, Buffer<float>& v,
+                                       int64_t first, int64_t count) {
   const int64_t at = first * plan_.D;
-  return TableRows{bf16_rows_ ? nullptr : params_.data() + at,
-                   m_.size() ? m_.data() + first * state_width(1) : nullptr,
-                   v_.size() ? v_.data() + at : nullptr, count, plan_.D};
+  return TableRows{bf16_rows_ ? nullptr : p.data() + at,
+                   m.size() ? m.data() + first * state_width(1) : nullptr,
+                   v.size() ? v.data() + at : nullptr, count, plan_.D};
+}
+
+TableRows EmbeddingCollection::all_rows(int64_t first, int64_t count) {
+  return rows_of(params_, m_, v_, first, count);
 }
 
 TableRows EmbeddingCollection::step_rows(int64_t first, int64_t count) {
-  if (!mirrored()) return all_rows(first, count);
-  const int64_t at = first * plan_.D;
-  return TableRows{bf16_rows_ ? nullptr : cparams_.data() + at,
-                   cm_.size() ? cm_.data() + first * state_width(1) : nullptr,
-                   cv_.size() ? cv_.data() + at : nullptr, count, plan_.D};
+  return mirrored() ? rows_of(cparams_, cm_, cv_, first, count) : all_rows(first, count);
 }
 
 int64_t EmbeddingCollection::bytes_on_rank() const {

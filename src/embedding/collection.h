@@ -242,6 +242,10 @@ class EmbeddingCollection {
   // W > 1 and some table is row- or table-wise: the exchanges run (on every
   // rank, also one that holds none of those rows).
   bool any_routed() const { return !local_ && layout_.placement[0] != Placement::kReplicated; }
+  // Rows [first, first + count) of the parameter (FP32 rows only) and state arrays p, m, v:
+  // the home arrays (all_rows) or the cache's.
+  TableRows rows_of(Buffer<float>& p, Buffer<float>& m, Buffer<float>& v, int64_t first,
+                    int64_t count);
   TableRows all_rows(int64_t first, int64_t count);
   // The step's rows are in a cache whose slots mirror the rows (RowCache::mirrors: a budget
   // of every row): gathers and updates work on the cache's arrays as on the home arrays,
