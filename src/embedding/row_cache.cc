@@ -98,7 +98,6 @@ int64_t RowCache::last_use(int32_t row) const {
 }
 
 void RowCache::place(int32_t row, int32_t slot, Moves* m) {
-  if (slot != row) ++misplaced_;
   row_[size_t(row)].slot = slot;
   row_of_[size_t(slot)] = row;
   ++resident_;
@@ -109,7 +108,6 @@ void RowCache::place(int32_t row, int32_t slot, Moves* m) {
 
 void RowCache::evict(int32_t slot, Moves* m) {
   const int32_t row = row_of_[size_t(slot)];
-  if (slot != row) --misplaced_;
   m->evict_slots.push_back(slot);
   m->evict_rows.push_back(row);
   row_[size_t(row)].slot = -1;
@@ -303,7 +301,6 @@ void RowCache::drop_all() {
   lru_.clear();
   lru_live_ = false;
   resident_ = 0;
-  misplaced_ = 0;
   next_s_ = -1;
 }
 

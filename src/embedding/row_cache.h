@@ -75,9 +75,10 @@ class RowCache {
   // Every resident row and its slot, ascending by row (a flush writes them home).
   void resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots) const;
   int64_t num_resident() const { return resident_; }
-  // Whether the slots mirror the rows: as many slots as rows and every resident row in its
-  // own slot (always so then), so a row's slot is its number without looking it up.
-  bool mirrors() const { return misplaced_ == 0 && slots() >= int64_t(row_.size()); }
+  // Whether the slots mirror the rows: as many slots as rows, so every row's own slot is
+  // free when it first loads (no other row takes it) and a row's slot is its number,
+  // without looking it up.
+  bool mirrors() const { return slots() >= int64_t(row_.size()); }
   int64_t slots() const { return int64_t(row_of_.size()); }
   int64_t window_steps() const { return int64_t(window_.size()); }
   int64_t window_rows() const { return window_rows_; }  // distinct rows the window touches
@@ -140,7 +141,6 @@ class RowCache {
   int64_t next_s_ = -1;          // the next step announce() accepts (-1: any above retired_)
   int64_t retired_ = -1;         // the last step retired: no step is numbered at or below it again
   int64_t resident_ = 0;
-  int64_t misplaced_ = 0;    // resident rows outside their own slot
   int64_t window_rows_ = 0;  // distinct rows in the window
   Counters counters_;
 };
