@@ -71,12 +71,12 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return parsed < 0 ? 0 : parsed;
   }
-  int ok = 1, all_ok = 0;
 #ifndef NCF_WITH_CUDA
   if (rank == 0) std::printf("bench_nccl_share: built without CUDA and NCCL: nothing to check\n");
   MPI_Finalize();
   return 1;
 #else
+  int ok = 1, all_ok = 0;
   std::string line;
   auto fail = [&](const std::string& what) {
     if (line.empty()) line = what;
