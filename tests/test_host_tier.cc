@@ -21,29 +21,38 @@
 namespace ncf {
 namespace {
 
+// A step's rows as the trainer lists them: in no order, with repeats (hot rows 0..7).
 std::vector<int32_t> step_rows(std::mt19937& g, int64_t R, int n) {
-  std::set<int32_t> s;
-  for (int k = 0; k < n; ++k)
-    s.insert(int32_t(g() % 4 == 0 ? g() % 8 : g() % uint32_t(R)));  // hot rows 0..7
-  return {s.begin(), s.end()};
+  std::vector<int32_t> v;
+  for (int k = 0; k < n; ++k) v.push_back(int32_t(g() % 4 == 0 ? g() % 8 : g() % uint32_t(R)));
+  return v;
 }
 
-// row_cache.h's rules written out with whole scans: a free slot (the row's own, else the
-// lowest), then the evictable row's (outside the window) used least recently, then the
-// lowest row's; the steps
-// load in order; begin() evicts rows of later steps by farthest next use only when
-// nothing else is left.
+// Each row once, at its first listing.
+std::vector<int32_t> first_listings(const std::vector<int32_t>& rows) {
+  std::set<int32_t> seen;
+  std::vector<int32_t> v;
+  for (int32_t r : rows)
+    if (seen.insert(r).second) v.push_back(r);
+  return v;
+}
+
+// row_cache.h's rules written out with whole scans: a step's rows load in the order it
+// lists them, each at its first listing; a free slot (the row's own, else the lowest),
+// then the evictable row's (outside the window) used least recently, then the lowest
+// row's; the steps load in order; begin() evicts rows of later steps by farthest next use
+// only when nothing else is left, and those steps load them last, in the order evicted.
 struct NaiveCache {
   int64_t C;
-  std::map<int32_t, int32_t> slot;                               // resident row -> slot
-  std::map<int32_t, int64_t> last;                               // row -> last step retired with it
-  std::vector<std::pair<int64_t, std::vector<int32_t>>> window;  // announced, not retired
-  std::vector<std::vector<int32_t>> missing;                     // per window step
+  std::map<int32_t, int32_t> slot;                            // resident row -> slot
+  std::map<int32_t, int64_t> last;                            // row -> last step retired with it
+  std::vector<std::pair<int64_t, std::set<int32_t>>> window;  // announced, not retired
+  std::vector<std::vector<int32_t>> missing;                  // per window step
   int64_t evicted_in_window = 0;
 
   bool in_window(int32_t r, size_t from = 0) const {
     for (size_t k = from; k < window.size(); ++k)
-      if (std::binary_search(window[k].second.begin(), window[k].second.end(), r)) return true;
+      if (window[k].second.count(r)) return true;
     return false;
   }
   // Slots once used stay used (an evicted row's slot is taken at once).
@@ -92,27 +101,28 @@ struct NaiveCache {
     }
   }
   void announce(int64_t s, const std::vector<int32_t>& rows) {
-    window.emplace_back(s, rows);
+    const std::vector<int32_t> once = first_listings(rows);
+    window.emplace_back(s, std::set<int32_t>(once.begin(), once.end()));
     missing.push_back({});
-    for (int32_t r : rows)
+    for (int32_t r : once)
       if (!slot.count(r)) missing.back().push_back(r);
     load_pending();
   }
   void begin() {
     load_pending();
     const auto& cur = window.front().second;
-    for (int32_t r : cur) {
+    const std::vector<int32_t> still = missing.front();  // in the order they load
+    for (int32_t r : still) {
       if (slot.count(r)) continue;
       int32_t s = take(r);
       if (s < 0) {
         int32_t best = -1;
         std::tuple<int64_t, int64_t, int32_t> key{};
         for (auto& [x, sx] : slot) {
-          if (std::binary_search(cur.begin(), cur.end(), x)) continue;
+          if (cur.count(x)) continue;
           int64_t next = -1;
           for (size_t k = 1; k < window.size() && next < 0; ++k)
-            if (std::binary_search(window[k].second.begin(), window[k].second.end(), x))
-              next = window[k].first;
+            if (window[k].second.count(x)) next = window[k].first;
           const std::tuple<int64_t, int64_t, int32_t> kx{-next, last.count(x) ? last.at(x) : -1, x};
           if (best < 0 || kx < key) {
             best = x;
@@ -123,10 +133,7 @@ struct NaiveCache {
         slot.erase(best);
         ++evicted_in_window;
         for (size_t k = 1; k < window.size(); ++k)
-          if (std::binary_search(window[k].second.begin(), window[k].second.end(), best)) {
-            auto& m = missing[k];
-            m.insert(std::lower_bound(m.begin(), m.end(), best), best);
-          }
+          if (window[k].second.count(best)) missing[k].push_back(best);
       }
       slot[r] = s;
     }
@@ -272,6 +279,32 @@ TEST(RowCache, AStepLargerThanTheBudgetIsRefusedNamingTheFlag) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--device_table_budget"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("touches 7"), std::string::npos) << e.what();
+  }
+}
+
+// Both ways of each (a bit set where the bound is small beside the list, a sort where not)
+// against sets, the scratch left all zero for the next call.
+TEST(RowLists, UniqueInOrderAndSortDistinctAgainstSets) {
+  std::mt19937 g(11);
+  std::vector<uint64_t> bits;
+  for (int64_t bound : {int64_t{100}, int64_t{5000}, int64_t{1} << 30}) {
+    for (int n : {0, 1, 50, 3000}) {
+      std::vector<int32_t> v;
+      for (int k = 0; k < n; ++k)
+        v.push_back(int32_t(g() % 3 == 0 ? g() % 16 : g() % uint64_t(bound)));
+      std::vector<int32_t> u = v;
+      unique_in_order(&u, bound, &bits);
+      const std::vector<int32_t> once = first_listings(v);
+      std::vector<int32_t> ascending = once;
+      std::sort(ascending.begin(), ascending.end());
+      const bool bit_set = (bound + 63) / 64 <= 8 * int64_t(n);
+      EXPECT_EQ(u, bit_set ? once : ascending) << bound << " " << n;
+      std::vector<int32_t> sorted = once;
+      std::shuffle(sorted.begin(), sorted.end(), g);
+      sort_distinct(&sorted, bound, &bits);
+      EXPECT_EQ(sorted, ascending) << bound << " " << n;
+      for (uint64_t w : bits) ASSERT_EQ(w, 0u) << bound << " " << n;
+    }
   }
 }
 

@@ -217,6 +217,8 @@ class EmbeddingCollection {
   float* state_array(int array);  // params_, m_ or v_ on home_
   // The host tier's parts (collection_tier.cc).
   void allocate_cache(int64_t slots);
+  // This rank's flat rows that a step's ids touch, in a fixed order, with repeats (a row
+  // asked by several ranks or listed twice): the cache counts each once. Collective.
   std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
   void retire_looked();
   void begin_lookup();
@@ -373,13 +375,10 @@ class EmbeddingCollection {
   bool staged_ = false;     // stage_step began step looked_; its lookup has not come
   bool step_open_ = false;  // a step's announced lookup came; its update has not ended
   // announce's host scratch (kept: fresh large vectors would fault their pages in each step)
-  // and sorted_unique's bit set over [0, its bound).
+  // and unique_in_order's bit set over the keys.
   std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;
   std::vector<int64_t> ann_perm_;
   std::vector<uint64_t> ann_bits_;
-  // v sorted ascending without repeats, every value in [0, bound): a bit set scanned once
-  // where the bound is small beside v, else a sort.
-  void sorted_unique(std::vector<int32_t>* v, int64_t bound);
 };
 
 }  // namespace ncf

@@ -96,17 +96,19 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   routed.clear();
   for (int t = 0; t < T; ++t) {
     const int64_t n = host_ids[t].n;
+    const size_t n0 = mine.size();
+    // On one rank the keys are the flat rows: written in place.
+    if (local_) mine.resize(n0 + size_t(std::max<int64_t>(n, 0)));
     keys.resize(size_t(std::max<int64_t>(n, 0)));
     const bool flat = local_ || is_routed(t);
     try {
       ids_to_keys(host, host_ids[t].ids, n, flat ? layout_.key_begin[lt_[t]] : 0,
-                  plan_.tables[t].num_rows, keys.data());
+                  plan_.tables[t].num_rows, local_ ? mine.data() + n0 : keys.data());
     } catch (const Error& e) {
       NCF_RETHROW(e, "table ", plan_.tables[t].name);
     }
-    if (local_) {  // the keys are the flat rows
-      mine.insert(mine.end(), keys.begin(), keys.end());
-    } else if (!is_routed(t)) {  // this rank's own copy
+    if (local_) continue;
+    if (!is_routed(t)) {  // this rank's own copy
       const int64_t b = layout_.begin_on(lt_[t], rank_);
       for (int32_t r : keys) mine.push_back(int32_t(b + r));
     } else {
@@ -115,7 +117,7 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   }
   if (any_routed()) {
     // Each distinct routed key once to its owner, which learns the flat rows asked of it.
-    sorted_unique(&routed, layout_.num_keys());
+    unique_in_order(&routed, layout_.num_keys(), &ann_bits_);
     const int64_t nu = int64_t(routed.size());
     const size_t W = static_cast<size_t>(W_);
     std::vector<int64_t> sc(W), sd(W), rc(W), rd(W);
@@ -137,26 +139,7 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
                     rd.data(), DType::kInt32);
     mine.insert(mine.end(), recv.begin(), recv.end());
   }
-  sorted_unique(&mine, R_);
-  return mine;
-}
-
-void EmbeddingCollection::sorted_unique(std::vector<int32_t>* v, int64_t bound) {
-  const int64_t words = (bound + 63) / 64;
-  if (words > 8 * int64_t(v->size())) {
-    std::sort(v->begin(), v->end());
-    v->erase(std::unique(v->begin(), v->end()), v->end());
-    return;
-  }
-  if (int64_t(ann_bits_.size()) < words) ann_bits_.assign(size_t(words), 0);
-  for (int32_t x : *v) ann_bits_[size_t(x) >> 6] |= uint64_t{1} << (x & 63);
-  v->clear();
-  for (int64_t w = 0; w < words; ++w) {
-    uint64_t b = ann_bits_[size_t(w)];
-    if (b == 0) continue;
-    ann_bits_[size_t(w)] = 0;
-    for (; b != 0; b &= b - 1) v->push_back(int32_t(w * 64 + __builtin_ctzll(b)));
-  }
+  return mine;  // with repeats (a row asked by several ranks, or a local id listed twice)
 }
 
 void EmbeddingCollection::retire_looked() {

@@ -2,7 +2,6 @@
 #include "embedding/row_cache.h"
 
 #include <algorithm>
-#include <iterator>
 #include <tuple>
 
 #include "common/check.h"
@@ -54,35 +53,58 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   next_s_ = s + 1;
   // The window's steps are numbered lo, lo + 1, ...: window_[a - lo] is step a.
   const int64_t lo = window_.empty() ? s : window_.front().s;
+  const int32_t s32 = int32_t(s);
+  const size_t n = rows.size();
   Step st;
   st.s = s;
-  st.prev.resize(rows.size());
-  // How many of the rows each earlier step of the window stops being the last to touch.
-  std::vector<int64_t>& passed = passed_;
-  passed.assign(window_.size(), 0);
+  st.prev.resize(n);
+  st.missing.resize(n);
+  // One pass, without a branch on the data: each row's state says whether it enters the
+  // window (tally[0]), passes from an earlier step a of the window to s (tally[1 + a - lo]:
+  // a's count of rows it is the last to touch drops), or was listed before in this step
+  // (last announced step s: tally[1 + s - lo], a repeat, dropped from the list in place).
+  std::vector<int64_t>& tally = tally_;
+  tally.assign(window_.size() + 2, 0);
   const int64_t R = int64_t(row_.size());
-  for (size_t k = 0; k < rows.size(); ++k) {
+  size_t j = 0, miss = 0;
+  for (size_t k = 0; k < n; ++k) {
     const int32_t r = rows[k];
-    NCF_CHECK(r >= 0 && r < R && (k == 0 || r > rows[k - 1]), "row cache: step ", s, " row[", k,
-              "]=", r, " not ascending in [0, ", R, ")");
-    if (k + kAhead < rows.size() && rows[k + kAhead] < R)
+    NCF_CHECK(uint64_t(r) < uint64_t(R), "row cache: step ", s, " row[", k, "]=", r,
+              " outside [0, ", R, ")");
+    if (k + kAhead < n && uint64_t(rows[k + kAhead]) < uint64_t(R))
       __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
     RowState& x = row_[size_t(r)];
     const int32_t a = x.last_ann;
-    st.prev[k] = a;
-    if (a >= lo)
-      ++passed[size_t(a - lo)];  // still in the window: its last step is s now
-    else
-      ++window_rows_;  // enters the window (any lru_ entry of it goes stale)
-    x.last_ann = int32_t(s);
-    if (x.slot < 0) st.missing.push_back(r);
+    const size_t first = a != s32;  // 1 where r is not a repeat within the step
+    ++tally[a >= lo ? size_t(a - lo) + 1 : 0];
+    rows[j] = r;  // j <= k: a place already read
+    st.prev[j] = a;
+    j += first;
+    st.missing[miss] = r;
+    miss += first & size_t(x.slot < 0);
+    x.last_ann = s32;
   }
-  for (size_t j = 0; j < passed.size(); ++j) window_[j].last_of -= passed[j];
-  st.last_of = int64_t(rows.size());
+  rows.resize(j);
+  st.prev.resize(j);
+  st.missing.resize(miss);
+  window_rows_ += tally[0];
+  for (size_t w = 0; w < window_.size(); ++w) window_[w].last_of -= tally[w + 1];
+  st.last_of = int64_t(j);
   st.rows = std::move(rows);
   window_.push_back(std::move(st));
   note_window_size();
   load_pending(m);
+}
+
+int64_t RowCache::index_in(const Step& st, int32_t row) {
+  if (st.by_row.size() != st.rows.size()) {  // made at the first question
+    st.by_row.resize(st.rows.size());
+    for (size_t k = 0; k < st.rows.size(); ++k) st.by_row[k] = {st.rows[k], int32_t(k)};
+    std::sort(st.by_row.begin(), st.by_row.end());
+  }
+  const auto at = std::lower_bound(st.by_row.begin(), st.by_row.end(),
+                                   std::pair<int32_t, int32_t>{row, INT32_MIN});
+  return at != st.by_row.end() && at->first == row ? at->second : -1;
 }
 
 int64_t RowCache::last_use(int32_t row) const {
@@ -91,8 +113,7 @@ int64_t RowCache::last_use(int32_t row) const {
   const int64_t lo = window_.front().s;
   while (a >= lo) {  // announced by a step of the window: the announcement before it
     const Step& st = window_[size_t(a - lo)];
-    const auto at = std::lower_bound(st.rows.begin(), st.rows.end(), row);
-    a = st.prev[size_t(at - st.rows.begin())];
+    a = st.prev[size_t(index_in(st, row))];
   }
   return a;
 }
@@ -159,8 +180,7 @@ std::vector<int32_t> RowCache::forced_victims(const Step& cur) const {
   for (const Step& st : window_) {
     if (st.s <= cur.s) continue;
     for (int32_t r : st.rows)
-      if (row_[size_t(r)].slot >= 0 && !std::binary_search(cur.rows.begin(), cur.rows.end(), r))
-        next.emplace_back(r, st.s);
+      if (row_[size_t(r)].slot >= 0 && index_in(cur, r) < 0) next.emplace_back(r, st.s);
   }
   std::sort(next.begin(), next.end());  // by row, then step: the first entry is the next use
   // Farthest next use first, then least recently used, then the lowest row.
@@ -213,21 +233,13 @@ void RowCache::begin(int64_t s, Moves* m) {
     }
     place(r, slot, m);
   }
-  // The later steps that need an evicted row load it again: it joins their missing rows.
+  // The later steps that need an evicted row load it again, after their other missing rows,
+  // in the order of the evictions.
   if (next_victim > 0) {
-    std::vector<int32_t> gone(victims.begin(), victims.begin() + std::ptrdiff_t(next_victim));
-    std::sort(gone.begin(), gone.end());
-    std::vector<int32_t> theirs, merged;
     for (Step& st : window_) {
       if (st.s <= s) continue;
-      theirs.clear();
-      for (int32_t v : gone)
-        if (std::binary_search(st.rows.begin(), st.rows.end(), v)) theirs.push_back(v);
-      if (theirs.empty()) continue;
-      merged.clear();
-      std::set_union(st.missing.begin(), st.missing.end(), theirs.begin(), theirs.end(),
-                     std::back_inserter(merged));
-      st.missing.swap(merged);
+      for (size_t v = 0; v < next_victim; ++v)
+        if (index_in(st, victims[v]) >= 0) st.missing.push_back(victims[v]);
     }
   }
   cur.begun = true;
@@ -244,12 +256,20 @@ void RowCache::retire(int64_t s) {
   // The rows whose last announced step is s leave the window.
   window_rows_ -= st.last_of;
   if (lru_live_) {
+    // They join the least recently used end, the lowest row first.
     const std::vector<int32_t>& rows = st.rows;
+    std::vector<int32_t>& leaving = leaving_;
+    leaving.resize(rows.size());
+    size_t n = 0;
     for (size_t k = 0; k < rows.size(); ++k) {
       const int32_t r = rows[k];
       if (k + kAhead < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
-      if (row_[size_t(r)].last_ann == int32_t(s)) lru_.emplace_back(r, int32_t(s));
+      leaving[n] = r;
+      n += size_t(row_[size_t(r)].last_ann == int32_t(s));
     }
+    leaving.resize(n);
+    sort_distinct(&leaving, int64_t(row_.size()), &bits_);
+    for (int32_t r : leaving) lru_.emplace_back(r, int32_t(s));
   }
   retired_ = s;
   window_.pop_front();
@@ -312,6 +332,46 @@ void RowCache::resident(std::vector<int32_t>* rows, std::vector<int32_t>* slots)
       rows->push_back(int32_t(r));
       slots->push_back(row_[r].slot);
     }
+}
+
+void sort_distinct(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {
+  const int64_t words = (bound + 63) / 64;
+  if (words > 8 * int64_t(v->size())) {
+    std::sort(v->begin(), v->end());
+    return;
+  }
+  if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
+  uint64_t* b = bits->data();
+  for (int32_t x : *v) b[size_t(x) >> 6] |= uint64_t{1} << (x & 63);
+  int32_t* out = v->data();
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t word = b[w];
+    b[w] = 0;
+    for (; word != 0; word &= word - 1) *out++ = int32_t(w * 64 + __builtin_ctzll(word));
+  }
+}
+
+void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {
+  const int64_t words = (bound + 63) / 64;
+  if (words > 8 * int64_t(v->size())) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+    return;
+  }
+  if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
+  uint64_t* b = bits->data();
+  int32_t* x = v->data();
+  size_t j = 0;
+  for (size_t k = 0; k < v->size(); ++k) {
+    const int32_t r = x[k];
+    const uint64_t bit = uint64_t{1} << (r & 63);
+    uint64_t& word = b[size_t(r) >> 6];
+    x[j] = r;
+    j += (word & bit) == 0;
+    word |= bit;
+  }
+  v->resize(j);
+  for (int32_t r : *v) b[size_t(r) >> 6] = 0;  // the scratch all zero again
 }
 
 }  // namespace ncf

@@ -8,12 +8,12 @@
 // - A row is "in the window" while some announced step that has not retired touches it:
 //   while the last announced step that touched it has not retired. Each row keeps that
 //   step's number only, so a step retires in constant time while free slots last.
-// - announce(s) loads the rows of step s that are not resident, in ascending row order,
-//   into free slots (a row's own slot, the one of its number, where that is free; else the
-//   lowest free one), then into the slots of evictable rows: resident rows
-//   outside the window, least recently used first (the step that last touched them), then
-//   the lowest row. Where step s's rows do not all fit now, what is left waits, and no
-//   later step loads anything before it (the steps load in order).
+// - announce(s) loads the rows of step s that are not resident, in the order the step
+//   lists them (each row at its first listing), into free slots (a row's own slot, the one of its
+//   number, where that is free; else the lowest free one), then into the slots of evictable rows:
+//   resident rows outside the window, least recently used first (the step that last touched them),
+//   then the lowest row. Where step s's rows do not all fit now, what is left waits, and no later
+//   step loads anything before it (the steps load in order).
 // - begin(s), before step s runs, loads what is still missing of step s's rows, first as
 //   announce does and then, only where the budget does not hold the window, by evicting
 //   rows of later steps: the row whose next use is farthest, then the least recently
@@ -56,9 +56,10 @@ class RowCache {
     int64_t most_step_rows = 0;     // the most rows one step touched: the smallest budget
   };
 
-  // Step s touches `rows` (ascending, unique, each in [0, rows)); s is one past the last
-  // announced step (the first call, and the first after forget_window or drop_all, may start
-  // at any step after the last retired one). Appends what it loads to *m.
+  // Step s touches `rows` (each in [0, rows), in any order, repeats allowed: a row counts at
+  // its first listing); s is one past the last announced step (the first call, and the
+  // first after forget_window or drop_all, may start at any step after the last retired
+  // one). Appends what it loads to *m.
   void announce(int64_t s, std::vector<int32_t> rows, Moves* m);
   // Step s, the oldest announced and not retired, is about to run: every one of its rows
   // becomes resident (appended to *m). Fails, naming the sizes, where step s's own rows
@@ -91,12 +92,16 @@ class RowCache {
  private:
   struct Step {
     int64_t s = 0;
-    std::vector<int32_t> rows;     // ascending
+    std::vector<int32_t> rows;     // distinct, in the order listed
     std::vector<int32_t> prev;     // [rows]: each row's last announced step before s, or -1
-    std::vector<int32_t> missing;  // ascending: not yet loaded (may hold rows since loaded)
+    std::vector<int32_t> missing;  // to load, in order (may hold rows since loaded, repeats)
     int64_t last_of = 0;           // rows whose last announced step is s
     bool begun = false;
+    // (row, its index in rows), ascending: made only when asked (forced evictions).
+    mutable std::vector<std::pair<int32_t, int32_t>> by_row;
   };
+  // Where `row` is in st.rows, or -1.
+  static int64_t index_in(const Step& st, int32_t row);
   // Loads the missing rows of the window's steps in order into free or evictable slots;
   // stops at the first step that cannot be completed.
   void load_pending(Moves* m);
@@ -137,12 +142,24 @@ class RowCache {
   std::deque<std::pair<int32_t, int32_t>> lru_;
   bool lru_live_ = false;
   std::deque<Step> window_;
-  std::vector<int64_t> passed_;  // announce()'s scratch: [window steps]
-  int64_t next_s_ = -1;          // the next step announce() accepts (-1: any above retired_)
-  int64_t retired_ = -1;         // the last step retired: no step is numbered at or below it again
+  // Scratch: announce()'s tally [window steps + 2], retire()'s rows leaving the window, and
+  // a bit set over the rows (all zero between calls).
+  std::vector<int64_t> tally_;
+  std::vector<int32_t> leaving_;
+  std::vector<uint64_t> bits_;
+  int64_t next_s_ = -1;   // the next step announce() accepts (-1: any above retired_)
+  int64_t retired_ = -1;  // the last step retired: no step is numbered at or below it again
   int64_t resident_ = 0;
   int64_t window_rows_ = 0;  // distinct rows in the window
   Counters counters_;
 };
+
+// v (distinct values in [0, bound)) sorted ascending: a bit set scanned once where the
+// bound is small beside v, else a sort. bits: scratch, all zero before and after.
+void sort_distinct(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits);
+// v (values in [0, bound)) without repeats: each value at its first place, in order, by a
+// bit set where the bound is small beside v; else (a bit set would be mostly empty)
+// sorted ascending. Either way a function of v and bound only. bits: as above.
+void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits);
 
 }  // namespace ncf
