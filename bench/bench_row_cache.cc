@@ -1,0 +1,119 @@
+// The host tier's bookkeeping alone (embedding/row_cache.h), without rows to copy: each
+// step's announce (k steps ahead), begin and retire, on the ids a one-rank step of the
+// given shape lists (its positives' users, then its samples' items: positives with a
+// popular head, negatives uniform), repeats included, as the trainer hands them over.
+// Prints the mean microseconds per step of the second half of the steps (the first half
+// fills the cache) at each budget, the best of --repeats passes.
+// --sorted_input makes each list ascending and distinct inside the timed part first (a bit
+// set over the rows, scanned once), as the collection did before the cache took lists
+// with repeats: with this file copied into an older commit, the two side by side.
+//
+//   bench_row_cache [--users 200000] [--items 100000] [--positives 1638] [--negatives 4]
+//                   [--lookahead 2] [--steps 4000] [--budgets 100,30,10] [--repeats 3]
+//                   [--sorted_input]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "embedding/row_cache.h"
+
+namespace {
+
+struct Options {
+  long long users = 200000, items = 100000;
+  int positives = 1638, negatives = 4, lookahead = 2, steps = 4000, repeats = 3;
+  std::vector<int> budgets{100, 30, 10};
+  bool sorted_input = false;
+};
+
+// v ascending and distinct, values in [0, bound): a bit set scanned once.
+void sorted_unique(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {
+  const int64_t words = (bound + 63) / 64;
+  if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
+  for (int32_t x : *v) (*bits)[size_t(x) >> 6] |= uint64_t{1} << (x & 63);
+  v->clear();
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t b = (*bits)[size_t(w)];
+    (*bits)[size_t(w)] = 0;
+    for (; b != 0; b &= b - 1) v->push_back(int32_t(w * 64 + __builtin_ctzll(b)));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"The host tier's bookkeeping per step (see the file's header)"};
+  app.add_option("--users", o.users, "user rows")->check(CLI::Range(1LL, 1LL << 30));
+  app.add_option("--items", o.items, "item rows")->check(CLI::Range(1LL, 1LL << 30));
+  app.add_option("--positives", o.positives, "positives a step")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--negatives", o.negatives, "negatives per positive")->check(CLI::Range(0, 999));
+  app.add_option("--lookahead", o.lookahead, "steps announced ahead")->check(CLI::Range(0, 64));
+  app.add_option("--steps", o.steps, "steps (the second half timed)")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--budgets", o.budgets, "cache sizes in % of the rows")->check(CLI::Range(1, 100));
+  app.add_option("--repeats", o.repeats, "passes (the best is printed)")->check(CLI::Range(1, 100));
+  app.add_flag("--sorted_input", o.sorted_input, "each list made ascending and distinct first");
+  CLI11_PARSE(app, argc, argv);
+  if (o.users + o.items > INT32_MAX) {
+    std::fprintf(stderr, "bench_row_cache: --users + --items = %lld rows, over 2^31 - 1\n",
+                 o.users + o.items);
+    return 2;
+  }
+  const int64_t R = o.users + o.items;
+  const int64_t per_step = int64_t(o.positives) * (2 + o.negatives);
+  std::printf("rows %lld (users %lld, items %lld), ids a step %lld, lookahead %d, steps %d%s\n",
+              (long long)R, o.users, o.items, (long long)per_step, o.lookahead, o.steps,
+              o.sorted_input ? ", lists made ascending and distinct first" : "");
+  std::mt19937_64 g(1);
+  std::vector<std::vector<int32_t>> steps(size_t(o.steps));
+  for (auto& v : steps) {
+    v.reserve(size_t(per_step));
+    for (int j = 0; j < o.positives; ++j) v.push_back(int32_t(g() % uint64_t(o.users)));
+    const uint64_t head = std::max<uint64_t>(1, uint64_t(o.items) / 50);
+    for (int j = 0; j < o.positives; ++j)  // positives: 30% from the 2% most popular items
+      v.push_back(int32_t(o.users + int64_t(g() % 10 < 3 ? g() % head : g() % uint64_t(o.items))));
+    for (int64_t j = 0; j < int64_t(o.positives) * o.negatives; ++j)
+      v.push_back(int32_t(o.users + int64_t(g() % uint64_t(o.items))));
+  }
+  using Clock = std::chrono::steady_clock;
+  for (int pct : o.budgets) {
+    const int64_t slots = std::max<int64_t>(1, R * pct / 100);
+    double best = 0;
+    ncf::RowCache::Counters c;
+    for (int r = 0; r < o.repeats; ++r) {
+      ncf::RowCache cache(R, slots);
+      ncf::RowCache::Moves m;
+      std::vector<std::vector<int32_t>> lists = steps;  // announce takes each list over
+      std::vector<uint64_t> bits;
+      const int64_t S = o.steps, k = o.lookahead;
+      auto announce = [&](int64_t s) {
+        if (o.sorted_input) sorted_unique(&lists[size_t(s)], R, &bits);
+        cache.announce(s, std::move(lists[size_t(s)]), &m);
+      };
+      for (int64_t s = 0; s < std::min(k, S); ++s) announce(s);
+      double timed = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        const auto t0 = Clock::now();
+        if (s + k < S) announce(s + k);
+        m.clear();
+        cache.begin(s, &m);
+        m.clear();
+        cache.retire(s);
+        if (s >= S / 2) timed += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      const double us = timed / double(S - S / 2) * 1e6;
+      if (r == 0 || us < best) best = us;
+      c = cache.counters();
+    }
+    std::printf(
+        "budget %3d%% (%lld slots): %.1f us a step; loads %lld, write-backs %lld, "
+        "evicted inside their window %lld, waits %lld\n",
+        pct, (long long)slots, best, (long long)c.loads, (long long)c.evictions,
+        (long long)c.evicted_in_window, (long long)c.waits);
+  }
+  return 0;
+}
