@@ -9,17 +9,19 @@
 //   while the last announced step that touched it has not retired. Each row keeps that
 //   step's number only, so a step retires in constant time while free slots last.
 // - announce(s) loads the rows of step s that are not resident, in the order the step
-//   lists them (each row at its first listing), into free slots (a row's own slot, the one of its
-//   number, where that is free; else the lowest free one), then into the slots of evictable rows:
-//   resident rows outside the window, least recently used first (the step that last touched them),
-//   then the lowest row. Where step s's rows do not all fit now, what is left waits, and no later
-//   step loads anything before it (the steps load in order).
+//   lists them (each row at its first listing), into free slots (a row's own slot, the
+//   one of its number, where that is free; else the lowest free one), then into the slots
+//   of evictable rows: resident rows outside the window, least recently used first (the
+//   step that last touched them), then the lowest row. Where step s's rows do not all fit
+//   now, what is left waits, and no later step loads anything before it (the steps load
+//   in order).
 // - begin(s), before step s runs, loads what is still missing of step s's rows, first as
 //   announce does and then, only where the budget does not hold the window, by evicting
 //   rows of later steps: the row whose next use is farthest, then the least recently
-//   used, then the lowest row. Those later steps load them again. A step that had to
-//   load anything in begin() counts as a wait; each such eviction counts as one
-//   evicted inside its window (0 whenever the budget holds every window's rows).
+//   used, then the lowest row. Those later steps load them again, after their other
+//   missing rows. A step that had to load anything in begin() counts as a wait; each
+//   such eviction counts as one evicted inside its window (0 whenever the budget holds
+//   every window's rows).
 // - retire(s) after step s ran: its rows leave the window where no later announced step
 //   needs them; they stay resident until evicted.
 // The loads and evictions of a call come back as Moves for the caller to carry out, the
