@@ -62,21 +62,47 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   NCF_CHECK(n == 0 || (keys && out_perm && out_rows), op,
             ": an input or output array is null with n=", n);
   NCF_DISPATCH_CUDA(ctx, bucketize_by_owner, ctx, keys, n, layout, out_perm, out_rows, counts);
-  for (int64_t k = 0; k < n; ++k) {
-    NCF_CHECK(keys[k] >= 0 && keys[k] < layout.num_keys(), op, ": keys[", k, "]=", keys[k],
-              " outside [0, ", layout.num_keys(), ")");
-    NCF_CHECK(layout.placement[layout.table_of(keys[k])] != Placement::kReplicated, op, ": keys[",
-              k, "]=", keys[k], " belongs to a replicated table (never routed)");
-  }
-  // A stable counting sort by owner.
+  // Each key's owner and flat row there, as layout.route() gives them, in one pass that
+  // also marks a bad key (owner -1, reported below). Keys are int32, so a row-wise table's
+  // division by W is a 32-bit one. Where there are at least as many keys as (table, rank)
+  // pairs, each rank's first flat row of each table is worked out once instead of per key.
+  const int T = layout.T;
+  const int64_t K = layout.num_keys();
+  const bool by_table = n >= int64_t(T) * W;
+  std::vector<int64_t> first(by_table ? size_t(T) * size_t(W) : 0, 0);  // [t][p]
+  for (int t = 1; by_table && t < T; ++t)
+    for (int p = 0; p < W; ++p)
+      first[size_t(t) * W + p] = first[size_t(t - 1) * W + p] + layout.rows_on(t - 1, p);
   std::vector<int32_t> owner(static_cast<size_t>(n)), row(static_cast<size_t>(n));
+  const uint32_t uW = uint32_t(W);
   parallel_for(ctx.threads, n, 1 << 13, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
-      int p = 0;
-      layout.route(keys[k], &p, &row[size_t(k)]);
+      const int32_t key = keys[k];
+      int t = 0;
+      while (t + 1 < T && key >= layout.key_begin[t + 1]) ++t;
+      if (key < 0 || key >= K || layout.placement[t] == Placement::kReplicated) {
+        owner[size_t(k)] = -1;
+        continue;
+      }
+      const uint32_t x = uint32_t(key - layout.key_begin[t]);
+      const bool rw = layout.placement[t] == Placement::kRowWise;
+      const int p = rw ? int(x % uW) : layout.owner[t];
+      const int64_t local = rw ? int64_t(x / uW) : int64_t(x);
+      row[size_t(k)] =
+          int32_t((by_table ? first[size_t(t) * W + p] : layout.begin_on(t, p)) + local);
       owner[size_t(k)] = p;
     }
   });
+  bool bad = false;
+  for (int64_t k = 0; k < n; ++k) bad |= owner[size_t(k)] < 0;
+  if (bad)  // the first bad key, named
+    for (int64_t k = 0; k < n; ++k) {
+      NCF_CHECK(keys[k] >= 0 && keys[k] < K, op, ": keys[", k, "]=", keys[k], " outside [0, ", K,
+                ")");
+      NCF_CHECK(layout.placement[layout.table_of(keys[k])] != Placement::kReplicated, op, ": keys[",
+                k, "]=", keys[k], " belongs to a replicated table (never routed)");
+    }
+  // A stable counting sort by owner.
   std::fill(counts, counts + W, int64_t{0});
   for (int64_t k = 0; k < n; ++k) ++counts[owner[size_t(k)]];
   std::vector<int64_t> next(W, 0);
