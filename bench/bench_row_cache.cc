@@ -54,7 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("--lookahead", o.lookahead, "steps announced ahead")->check(CLI::Range(0, 64));
   app.add_option("--steps", o.steps, "steps (the second half timed)")
       ->check(CLI::Range(2, 1 << 20));
-  app.add_option("--budgets", o.budgets, "cache sizes in % of the rows")->check(CLI::Range(1, 100));
+  app.add_option("--budgets", o.budgets, "cache sizes in % of the rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 100));
   app.add_option("--repeats", o.repeats, "passes (the best is printed)")->check(CLI::Range(1, 100));
   app.add_flag("--sorted_input", o.sorted_input, "each list made ascending and distinct first");
   CLI11_PARSE(app, argc, argv);

@@ -127,8 +127,7 @@ void RowCache::place(int32_t row, int32_t slot, Moves* m) {
   ++counters_.loads;
 }
 
-void RowCache::evict(int32_t slot, Moves* m) {
-  const int32_t row = row_of_[size_t(slot)];
+void RowCache::evict(int32_t row, int32_t slot, Moves* m) {
   m->evict_slots.push_back(slot);
   m->evict_rows.push_back(row);
   row_[size_t(row)].slot = -1;
@@ -149,11 +148,13 @@ int32_t RowCache::take_slot(int32_t row, Moves* m) {
   }
   if (!lru_live_) rebuild_lru();  // the first time the free slots ran out
   while (!lru_.empty()) {
-    const auto [row, step] = lru_.front();
+    // The list's rows are far apart in row_: each is fetched this many pops before its turn.
+    if (lru_.size() > kAhead) __builtin_prefetch(&row_[size_t(lru_[kAhead].first)]);
+    const auto [victim, step] = lru_.front();
     lru_.pop_front();
-    if (!evictable(row, step)) continue;  // stale: back in the window, or already gone
-    const int32_t slot = row_[size_t(row)].slot;
-    evict(slot, m);
+    if (!evictable(victim, step)) continue;  // stale: back in the window, or already gone
+    const int32_t slot = row_[size_t(victim)].slot;
+    evict(victim, slot, m);
     return slot;
   }
   return -1;
@@ -163,6 +164,7 @@ void RowCache::load_pending(Moves* m) {
   for (Step& st : window_) {
     size_t k = 0;
     for (; k < st.missing.size(); ++k) {
+      if (k + kAhead < st.missing.size()) __builtin_prefetch(&row_[size_t(st.missing[k + kAhead])]);
       const int32_t r = st.missing[k];
       if (row_[size_t(r)].slot >= 0) continue;  // loaded for an earlier step meanwhile
       const int32_t slot = take_slot(r, m);
@@ -228,7 +230,7 @@ void RowCache::begin(int64_t s, Moves* m) {
       NCF_CHECK(next_victim < victims.size(), "row cache: no slot for row ", r, " of step ", s);
       const int32_t victim = victims[next_victim++];
       slot = row_[size_t(victim)].slot;
-      evict(slot, m);
+      evict(victim, slot, m);
       ++counters_.evicted_in_window;
     }
     place(r, slot, m);

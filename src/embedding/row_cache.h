@@ -120,7 +120,7 @@ class RowCache {
   // one is in the window, the announcements before it (each step keeps them).
   int64_t last_use(int32_t row) const;
   void place(int32_t row, int32_t slot, Moves* m);
-  void evict(int32_t slot, Moves* m);
+  void evict(int32_t row, int32_t slot, Moves* m);  // row_of_[slot] is row
   // begin()'s last resort: the resident rows of later steps outside step `cur`, the one
   // whose next use is farthest first (then the least recently used, then the lowest row).
   std::vector<int32_t> forced_victims(const Step& cur) const;
