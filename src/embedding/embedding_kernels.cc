@@ -78,8 +78,7 @@ void bucketize_by_owner(const ExecContext& ctx, const int32_t* keys, int64_t n,
   parallel_for(ctx.threads, n, 1 << 13, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int32_t key = keys[k];
-      int t = 0;
-      while (t + 1 < T && key >= layout.key_begin[t + 1]) ++t;
+      const int t = layout.table_of(key);
       if (key < 0 || key >= K || layout.placement[t] == Placement::kReplicated) {
         owner[size_t(k)] = -1;
         continue;
