@@ -2,8 +2,10 @@
 // step's announce (k steps ahead), begin and retire, on the ids a one-rank step of the
 // given shape lists (its positives' users, then its samples' items: positives with a
 // popular head, negatives uniform), repeats included, as the trainer hands them over.
-// Prints the mean microseconds per step of the second half of the steps (the first half
-// fills the cache) at each budget, the best of --repeats passes.
+// Each list is copied, inside the timed part, into memory the cache hands back from a
+// retired step (RowCache::spare_rows), as the collection builds it. Prints the mean
+// microseconds per step of the second half of the steps (the first half fills the cache)
+// at each budget, and of its three calls, the best of --repeats passes.
 // --sorted_input makes each list ascending and distinct inside the timed part first (a bit
 // set over the rows, scanned once), as the collection did before the cache took lists
 // with repeats: with this file copied into an older commit, the two side by side.
@@ -40,6 +42,17 @@ void sorted_unique(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>
     (*bits)[size_t(w)] = 0;
     for (; b != 0; b &= b - 1) v->push_back(int32_t(w * 64 + __builtin_ctzll(b)));
   }
+}
+
+// A list to fill: memory a retired step held where the cache hands it back (spare_rows),
+// else a new one (an older cache: this file copied into an older commit).
+template <typename Cache>
+auto spare_list(Cache& c, int) -> decltype(c.spare_rows()) {
+  return c.spare_rows();
+}
+template <typename Cache>
+std::vector<int32_t> spare_list(Cache&, long) {
+  return {};
 }
 
 }  // namespace
@@ -84,38 +97,53 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   for (int pct : o.budgets) {
     const int64_t slots = std::max<int64_t>(1, R * pct / 100);
-    double best = 0;
+    double best = 0, best_parts[3] = {0, 0, 0};
     ncf::RowCache::Counters c;
     for (int r = 0; r < o.repeats; ++r) {
       ncf::RowCache cache(R, slots);
       ncf::RowCache::Moves m;
-      std::vector<std::vector<int32_t>> lists = steps;  // announce takes each list over
       std::vector<uint64_t> bits;
       const int64_t S = o.steps, k = o.lookahead;
       auto announce = [&](int64_t s) {
-        if (o.sorted_input) sorted_unique(&lists[size_t(s)], R, &bits);
-        cache.announce(s, std::move(lists[size_t(s)]), &m);
+        // The list copied into memory a retired step held, as the collection fills it.
+        std::vector<int32_t> v = spare_list(cache, 0);
+        v.assign(steps[size_t(s)].begin(), steps[size_t(s)].end());
+        if (o.sorted_input) sorted_unique(&v, R, &bits);
+        cache.announce(s, std::move(v), &m);
       };
       for (int64_t s = 0; s < std::min(k, S); ++s) announce(s);
-      double timed = 0;
+      double timed = 0, parts[3] = {0, 0, 0};
       for (int64_t s = 0; s < S; ++s) {
         const auto t0 = Clock::now();
         if (s + k < S) announce(s + k);
         m.clear();
+        const auto t1 = Clock::now();
         cache.begin(s, &m);
         m.clear();
+        const auto t2 = Clock::now();
         cache.retire(s);
-        if (s >= S / 2) timed += std::chrono::duration<double>(Clock::now() - t0).count();
+        const auto t3 = Clock::now();
+        if (s >= S / 2) {
+          timed += std::chrono::duration<double>(t3 - t0).count();
+          parts[0] += std::chrono::duration<double>(t1 - t0).count();
+          parts[1] += std::chrono::duration<double>(t2 - t1).count();
+          parts[2] += std::chrono::duration<double>(t3 - t2).count();
+        }
       }
-      const double us = timed / double(S - S / 2) * 1e6;
-      if (r == 0 || us < best) best = us;
+      const double per = 1e6 / double(S - S / 2);
+      const double us = timed * per;
+      if (r == 0 || us < best) {
+        best = us;
+        for (int q = 0; q < 3; ++q) best_parts[q] = parts[q] * per;
+      }
       c = cache.counters();
     }
     std::printf(
-        "budget %3d%% (%lld slots): %.1f us a step; loads %lld, write-backs %lld, "
-        "evicted inside their window %lld, waits %lld\n",
-        pct, (long long)slots, best, (long long)c.loads, (long long)c.evictions,
-        (long long)c.evicted_in_window, (long long)c.waits);
+        "budget %3d%% (%lld slots): %.1f us a step (announce %.1f, begin %.1f, retire %.1f); "
+        "loads %lld, write-backs %lld, evicted inside their window %lld, waits %lld\n",
+        pct, (long long)slots, best, best_parts[0], best_parts[1], best_parts[2],
+        (long long)c.loads, (long long)c.evictions, (long long)c.evicted_in_window,
+        (long long)c.waits);
   }
   return 0;
 }

@@ -379,6 +379,7 @@ class EmbeddingCollection {
   std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;
   std::vector<int64_t> ann_perm_;
   std::vector<uint64_t> ann_bits_;
+  RowCache::Moves moves_;  // announce's and stage_step's, refilled at each call (kept alike)
 };
 
 }  // namespace ncf

@@ -90,7 +90,7 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
             " tables");
   ExecContext host;
   host.threads = ctx_.threads;
-  std::vector<int32_t> mine;
+  std::vector<int32_t> mine = cache_->spare_rows();  // memory a retired step's list held
   std::vector<int32_t>& routed = ann_routed_;
   std::vector<int32_t>& keys = ann_keys_;
   routed.clear();
@@ -152,7 +152,8 @@ void EmbeddingCollection::announce(const std::vector<TableIds>& host_ids) {
   if (!cache_) return;
   retire_looked();  // the last step's work is queued before anything announced now
   std::vector<int32_t> rows = owner_rows(host_ids);
-  RowCache::Moves m;
+  RowCache::Moves& m = moves_;
+  m.clear();
   cache_->announce(announced_, std::move(rows), &m);
   ++announced_;
   apply_moves(m, true);
@@ -178,7 +179,8 @@ bool EmbeddingCollection::stage_step() {
   // one the side stream is loading for a later step).
   tier_stream_->compute_waits(looked_);
   const int64_t forced = cache_->counters().evicted_in_window;
-  RowCache::Moves m;
+  RowCache::Moves& m = moves_;
+  m.clear();
   cache_->begin(looked_, &m);
   staged_ = true;
   if (!m.empty()) tier_stream_->compute_waits(INT64_MAX);

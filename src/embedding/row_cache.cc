@@ -10,6 +10,8 @@ namespace ncf {
 
 // A step's rows are far apart in row_: each is fetched this many rows before its turn.
 constexpr size_t kAhead = 16;
+// announce()'s and retire()'s passes do little per row, so they fetch further ahead.
+constexpr size_t kAheadPass = 64;
 
 void RowCache::Moves::clear() {
   evict_slots.clear();
@@ -56,6 +58,10 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   const int32_t s32 = int32_t(s);
   const size_t n = rows.size();
   Step st;
+  if (!spare_.empty()) {
+    st = std::move(spare_.back());
+    spare_.pop_back();
+  }
   st.s = s;
   st.prev.resize(n);
   st.missing.resize(n);
@@ -63,20 +69,23 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   // window (tally[0]), passes from an earlier step a of the window to s (tally[1 + a - lo]:
   // a's count of rows it is the last to touch drops), or was listed before in this step
   // (last announced step s: tally[1 + s - lo], a repeat, dropped from the list in place).
+  // Four tallies, taken in turn, so that runs of rows from the same step do not each wait
+  // for the last increment of one counter.
+  const size_t TW = window_.size() + 2;
   std::vector<int64_t>& tally = tally_;
-  tally.assign(window_.size() + 2, 0);
+  tally.assign(4 * TW, 0);
   const int64_t R = int64_t(row_.size());
   size_t j = 0, miss = 0;
   for (size_t k = 0; k < n; ++k) {
     const int32_t r = rows[k];
     NCF_CHECK(uint64_t(r) < uint64_t(R), "row cache: step ", s, " row[", k, "]=", r,
               " outside [0, ", R, ")");
-    if (k + kAhead < n && uint64_t(rows[k + kAhead]) < uint64_t(R))
-      __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
+    if (k + kAheadPass < n && uint64_t(rows[k + kAheadPass]) < uint64_t(R))
+      __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
     RowState& x = row_[size_t(r)];
     const int32_t a = x.last_ann;
     const size_t first = a != s32;  // 1 where r is not a repeat within the step
-    ++tally[a >= lo ? size_t(a - lo) + 1 : 0];
+    ++tally[(k & 3) * TW + (a >= lo ? size_t(a - lo) + 1 : 0)];
     rows[j] = r;  // j <= k: a place already read
     st.prev[j] = a;
     j += first;
@@ -87,6 +96,8 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   rows.resize(j);
   st.prev.resize(j);
   st.missing.resize(miss);
+  for (size_t q = 1; q < 4; ++q)
+    for (size_t w = 0; w < TW; ++w) tally[w] += tally[q * TW + w];
   window_rows_ += tally[0];
   for (size_t w = 0; w < window_.size(); ++w) window_[w].last_of -= tally[w + 1];
   st.last_of = int64_t(j);
@@ -94,6 +105,27 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   window_.push_back(std::move(st));
   note_window_size();
   load_pending(m);
+}
+
+std::vector<int32_t> RowCache::spare_rows() {
+  for (Step& st : spare_)
+    if (st.rows.capacity() > 0) {
+      std::vector<int32_t> v = std::move(st.rows);  // emptied by recycle()
+      st.rows = {};
+      return v;
+    }
+  return {};
+}
+
+void RowCache::recycle(Step&& st) {
+  if (spare_.size() >= 4) return;  // enough for the steps a window turns over
+  st.rows.clear();
+  st.prev.clear();
+  st.missing.clear();
+  st.by_row.clear();
+  st.last_of = 0;
+  st.begun = false;
+  spare_.push_back(std::move(st));
 }
 
 int64_t RowCache::index_in(const Step& st, int32_t row) {
@@ -164,7 +196,12 @@ void RowCache::load_pending(Moves* m) {
   for (Step& st : window_) {
     size_t k = 0;
     for (; k < st.missing.size(); ++k) {
-      if (k + kAhead < st.missing.size()) __builtin_prefetch(&row_[size_t(st.missing[k + kAhead])]);
+      if (k + kAhead < st.missing.size()) {
+        // The row's state, and its own slot's entry, which take_slot reads first.
+        const int32_t ahead = st.missing[k + kAhead];
+        __builtin_prefetch(&row_[size_t(ahead)]);
+        if (ahead < int32_t(row_of_.size())) __builtin_prefetch(&row_of_[size_t(ahead)]);
+      }
       const int32_t r = st.missing[k];
       if (row_[size_t(r)].slot >= 0) continue;  // loaded for an earlier step meanwhile
       const int32_t slot = take_slot(r, m);
@@ -265,7 +302,7 @@ void RowCache::retire(int64_t s) {
     size_t n = 0;
     for (size_t k = 0; k < rows.size(); ++k) {
       const int32_t r = rows[k];
-      if (k + kAhead < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAhead])]);
+      if (k + kAheadPass < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
       leaving[n] = r;
       n += size_t(row_[size_t(r)].last_ann == int32_t(s));
     }
@@ -274,6 +311,7 @@ void RowCache::retire(int64_t s) {
     for (int32_t r : leaving) lru_.emplace_back(r, int32_t(s));
   }
   retired_ = s;
+  recycle(std::move(window_.front()));
   window_.pop_front();
   // Stale entries (rows back in the window, or gone) are dropped once they outnumber the
   // slots, so the list stays within a few times the cache whatever the run's length.

@@ -63,6 +63,10 @@ class RowCache {
   // first after forget_window or drop_all, may start at any step after the last retired
   // one). Appends what it loads to *m.
   void announce(int64_t s, std::vector<int32_t> rows, Moves* m);
+  // An empty list whose memory a retired step held (or a new one), for the caller to fill
+  // with a later step's rows: a step's lists are large, and fresh ones would fault their
+  // pages in at every step.
+  std::vector<int32_t> spare_rows();
   // Step s, the oldest announced and not retired, is about to run: every one of its rows
   // becomes resident (appended to *m). Fails, naming the sizes, where step s's own rows
   // outnumber the slots.
@@ -127,6 +131,8 @@ class RowCache {
   void note_window_size();
   // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
   void rebuild_lru();
+  // A retired step kept in spare_ (its lists emptied, their memory kept), up to a few.
+  void recycle(Step&& st);
 
   // What the cache knows of one row, in one place: a step's rows are read and written
   // together, at random rows.
@@ -144,6 +150,7 @@ class RowCache {
   std::deque<std::pair<int32_t, int32_t>> lru_;
   bool lru_live_ = false;
   std::deque<Step> window_;
+  std::vector<Step> spare_;  // retired steps, emptied, their memory kept for the next ones
   // Scratch: announce()'s tally [window steps + 2], retire()'s rows leaving the window, and
   // a bit set over the rows (all zero between calls).
   std::vector<int64_t> tally_;
