@@ -100,6 +100,7 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     ASSERT_TRUE(t.is_object()) << all.output;
     EXPECT_EQ(t["waits"], 0) << w << ": every row fits, all loaded ahead";
     EXPECT_EQ(t["wait_seconds"], 0.0) << w << ": no step waited";
+    EXPECT_GT(t["host_seconds"], 0.0) << w << ": every step was announced, on the host clock";
     EXPECT_EQ(t["evictions"], 0) << w;
     // --lookahead_steps auto: with every row cached, k + 1 steps fit 90% of the cache for
     // some k >= 1 (a step touches at most 101 users and 505 items of 3,000 rows).

@@ -23,6 +23,8 @@ if t:
         gb = (t["loads"] + t["evictions"]) * t["cache_row_bytes"] / 1e9
         parts.append(f"waited {w:.3f} s ({1e3 * w / steps:.2f} ms/step), moved {gb:.3f} GB "
                      f"({gb / r['train_seconds']:.3f} GB/s of training)")
+    if "host_seconds" in t:
+        parts.append(f"host {1e3 * t['host_seconds'] / steps:.2f} ms/step announcing")
     if "lookahead_steps" in t:
         parts.append(f"k {t['lookahead_steps']}, copies {t['copy_in_gbps']:.1f} GB/s in, "
                      f"{t['copy_out_gbps']:.1f} GB/s out")

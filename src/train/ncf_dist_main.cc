@@ -307,11 +307,13 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
     std::printf(
         "       host tier (so far, the most of any rank): %lld rows loaded, %lld of them at "
         "step time in %lld of %lld steps (waited %.3f s); %lld written back, %lld of them "
-        "inside their window; largest window %lld rows, largest step %lld rows\n",
+        "inside their window; largest window %lld rows, largest step %lld rows; host time "
+        "announcing %.3f s (%.2f ms a step)\n",
         (long long)tier->loads, (long long)tier->waited_loads, (long long)tier->waits,
         (long long)tier->steps, r.tier_wait_seconds, (long long)tier->evictions,
         (long long)tier->evicted_in_window, (long long)tier->most_window_rows,
-        (long long)tier->most_step_rows);
+        (long long)tier->most_step_rows, r.tier_host_seconds,
+        tier->steps ? 1e3 * r.tier_host_seconds / double(tier->steps) : 0.0);
   std::fflush(stdout);
   if (metrics.is_open()) {
     nlohmann::json j = {{"epoch", e + 1},
@@ -340,6 +342,7 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
                         {"loads", tier->loads},
                         {"waited_loads", tier->waited_loads},
                         {"wait_seconds", r.tier_wait_seconds},
+                        {"host_seconds", r.tier_host_seconds},
                         {"evictions", tier->evictions},
                         {"evicted_in_window", tier->evicted_in_window},
                         {"most_window_rows", tier->most_window_rows},

@@ -649,7 +649,7 @@ void Trainer::tier_counters_over_ranks(EpochResult* r) {
   const std::vector<double> all = gather_all<double>(
       comm_, {double(c.steps), double(c.waits), double(c.loads), double(c.waited_loads),
               double(c.evictions), double(c.evicted_in_window), double(c.most_window_rows),
-              double(c.most_step_rows), tier_wait_seconds_});
+              double(c.most_step_rows), tier_wait_seconds_, tier_host_seconds_});
   const size_t K = all.size() / size_t(comm_.world());
   std::vector<double> most(K, 0.0);
   for (size_t p = 0; p < size_t(comm_.world()); ++p)
@@ -658,6 +658,7 @@ void Trainer::tier_counters_over_ranks(EpochResult* r) {
   r->host_tier = true;
   r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7)};
   r->tier_wait_seconds = most[8];
+  r->tier_host_seconds = most[9];
 }
 
 int64_t Trainer::choose_lookahead() {
@@ -685,6 +686,7 @@ int64_t Trainer::choose_lookahead() {
 }
 
 void Trainer::announce_step(const TrainBatch& b, Drawn* d) {
+  const Clock::time_point t0 = Clock::now();
   const int64_t n = int64_t(b.users.size());
   const int64_t B = n * (cfg_.num_neg + 1);
   d->users.resize(static_cast<size_t>(B));
@@ -698,6 +700,7 @@ void Trainer::announce_step(const TrainBatch& b, Drawn* d) {
                    b.slice_begin, n, cfg_.num_neg, cfg_.seed, b.epoch, d->users.data(),
                    d->items.data(), d->labels.data());
   tables_->announce({{b.users.data(), n}, {d->items.data(), B}});
+  tier_host_seconds_ += seconds_since(t0);
 }
 
 void Trainer::log_train_window(int64_t last, EpochResult* r) {

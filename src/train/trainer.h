@@ -53,10 +53,14 @@ struct EpochResult {
   int64_t intra_msgs = 0, intra_bytes = 0, inter_msgs = 0, inter_bytes = 0;
   bool stopped = false;  // a stop request ended the epoch early (checkpoint written)
   // With a host tier: its counters so far (row_cache.h), each the largest over the ranks,
-  // and the time steps spent waiting for their rows so far (StepPhase::kTierWait).
+  // the time steps spent waiting for their rows so far (StepPhase::kTierWait), and the
+  // host time the announcements took so far (the draw of the step's negatives, the ids'
+  // exchange to their owners, the cache's bookkeeping and the copies' enqueueing): on a GPU
+  // rank the host work beside the device's steps that the tier adds.
   bool host_tier = false;
   RowCache::Counters tier;
   double tier_wait_seconds = 0;
+  double tier_host_seconds = 0;
 };
 
 struct EvalResult {
@@ -249,6 +253,7 @@ class Trainer : public ScoringModel {
   static constexpr int64_t kMaxAutoLookahead = 4;
   std::vector<Drawn> drawn_;                     // by step % the lookahead's depth
   double tier_wait_seconds_ = 0;                 // this rank's StepPhase::kTierWait so far
+  double tier_host_seconds_ = 0;                 // this rank's time in announce_step so far
   int64_t lookahead_ = -1;                       // the host tier's k (negative: not decided yet)
   double copy_in_gbps_ = 0, copy_out_gbps_ = 0;  // probe_copies at start-up, this rank's
   std::unique_ptr<PositiveLists> positives_;
