@@ -2,9 +2,10 @@
 // and 4, a cache of every rank's rows, of 30%, of one window's rows and of the largest
 // step's rows gives every bit of the all-on-device run (each epoch's loss, HR and NDCG,
 // and the final parameters); with the window held, no row of a window is evicted and no
-// step waits; BF16 rows and lazy Adam too; a checkpoint written at one budget resumes at
-// another (and at another W) with the bits of the run that never had a budget; dense
-// Adam and a budget below one step's rows are refused with a message, every rank ending.
+// step waits; replicated tables too; BF16 rows and lazy Adam too; a checkpoint written at
+// one budget resumes at another (and at another W) with the bits of the run that never had
+// a budget; dense Adam and a budget below one step's rows are refused with a message, every
+// rank ending.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -131,6 +132,28 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
     EXPECT_GT(tier(least)["waits"], 0) << w;
     EXPECT_GT(tier(least)["wait_seconds"], 0.0) << w << ": the waits' loads were timed";
   }
+}
+
+// Replicated tables: every rank's copy takes the update of the rows any rank's batch
+// touched, so each rank announces the rows of every rank's ids there. With every table
+// replicated, and with users sharded by row beside replicated items, at W = 2 and 4: a cache
+// of every row, and one of the largest step's rows with ids announced 2 steps ahead (rows
+// of later steps leave and return), give the bits of the all-on-device run.
+TEST_F(HostTierRuns, ReplicatedTablesKeepTheirBitsAtEveryBudget) {
+  for (int W : {2, 4})
+    for (const std::string plan : {"replicated", "user=row,item=replicated"}) {
+      const std::string w = "W=" + std::to_string(W) + " " + plan;
+      const std::string flags = "--shard_plan " + plan;
+      const Run ref = train(W, flags);
+      const Run all = train(W, flags + " --device_table_budget 100%");
+      expect_same_bits(ref, all, w + " budget 100%");
+      const nlohmann::json t = tier(all);
+      ASSERT_TRUE(t.is_object()) << all.output;
+      const Run least = train(W, flags + " --lookahead_steps 2 --device_table_budget " +
+                                     bytes_for_rows(t, t["most_step_rows"].get<int64_t>()));
+      expect_same_bits(ref, least, w + " budget of the largest step");
+      EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
+    }
 }
 
 // One rank, FP32 rows, layer 0 by item: without a budget the step reads its item rows' MLP

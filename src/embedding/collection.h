@@ -217,8 +217,10 @@ class EmbeddingCollection {
   float* state_array(int array);  // params_, m_ or v_ on home_
   // The host tier's parts (collection_tier.cc).
   void allocate_cache(int64_t slots);
-  // This rank's flat rows that a step's ids touch, in a fixed order, with repeats (a row
-  // asked by several ranks or listed twice): the cache counts each once. Collective.
+  // This rank's flat rows that a step reads or updates, in a fixed order, with repeats (a
+  // row asked by several ranks or listed twice): the cache counts each once. Those of its
+  // routed tables that any rank's ids ask of it, and of its replicated copies the rows of
+  // every rank's ids (the allreduced gradient updates each copy at all of them). Collective.
   std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
   void retire_looked();
   void begin_lookup();
@@ -376,7 +378,8 @@ class EmbeddingCollection {
   bool step_open_ = false;  // a step's announced lookup came; its update has not ended
   // announce's host scratch (kept: fresh large vectors would fault their pages in each step)
   // and unique_in_order's bit set over the keys.
-  std::vector<int32_t> ann_keys_, ann_routed_, ann_send_, ann_recv_;
+  std::vector<int32_t> ann_keys_, ann_routed_, ann_owned_, ann_send_, ann_recv_, ann_shared_;
+  std::vector<int64_t> ann_shared_n_;
   std::vector<int64_t> ann_perm_;
   std::vector<uint64_t> ann_bits_;
   RowCache::Moves moves_;  // announce's and stage_step's, refilled at each call (kept alike)

@@ -93,7 +93,11 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   std::vector<int32_t> mine = cache_->spare_rows();  // memory a retired step's list held
   std::vector<int32_t>& routed = ann_routed_;
   std::vector<int32_t>& keys = ann_keys_;
+  std::vector<int32_t>& shared = ann_shared_;  // replicated tables' distinct rows, by table
+  std::vector<int64_t>& shared_n = ann_shared_n_;
   routed.clear();
+  shared.clear();
+  shared_n.assign(size_t(T), 0);
   for (int t = 0; t < T; ++t) {
     const int64_t n = host_ids[t].n;
     const size_t n0 = mine.size();
@@ -108,37 +112,60 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
       NCF_RETHROW(e, "table ", plan_.tables[t].name);
     }
     if (local_) continue;
-    if (!is_routed(t)) {  // this rank's own copy
+    if (!is_routed(t)) {
+      // This rank's own copy. Every rank's copy takes the update of the rows any rank's
+      // batch touched (the allreduced gradient), so each rank's rows of the table go to
+      // every other rank too: below, once each.
       const int64_t b = layout_.begin_on(lt_[t], rank_);
       for (int32_t r : keys) mine.push_back(int32_t(b + r));
+      unique_in_order(&keys, plan_.tables[t].num_rows, &ann_bits_);
+      shared.insert(shared.end(), keys.begin(), keys.end());
+      shared_n[size_t(t)] = int64_t(keys.size());
     } else {
       routed.insert(routed.end(), keys.begin(), keys.end());
     }
   }
-  if (any_routed()) {
-    // Each distinct routed key once to its owner, which learns the flat rows asked of it.
-    unique_in_order(&routed, layout_.num_keys(), &ann_bits_);
-    const int64_t nu = int64_t(routed.size());
-    const size_t W = static_cast<size_t>(W_);
-    std::vector<int64_t> sc(W), sd(W), rc(W), rd(W);
-    std::vector<int64_t>& perm = ann_perm_;
-    std::vector<int32_t>& send = ann_send_;
-    perm.resize(static_cast<size_t>(nu));
-    send.resize(static_cast<size_t>(nu));
-    bucketize_by_owner(host, routed.data(), nu, layout_, perm.data(), send.data(), sc.data());
-    comm_.exchange_counts(sc.data(), rc.data());
-    int64_t nr = 0;
-    for (int p = 0; p < W_; ++p) {
-      sd[size_t(p)] = p ? sd[size_t(p) - 1] + sc[size_t(p) - 1] : 0;
-      rd[size_t(p)] = nr;
-      nr += rc[size_t(p)];
+  if (local_) return mine;
+  // Each distinct routed key once to its owner, which learns the flat rows asked of it;
+  // each replicated table's distinct rows to every other rank, as its copy's flat rows.
+  unique_in_order(&routed, layout_.num_keys(), &ann_bits_);
+  const int64_t nu = int64_t(routed.size()), ns = int64_t(shared.size());
+  const size_t W = static_cast<size_t>(W_);
+  std::vector<int64_t> sc(W), sd(W), rc(W), rd(W), oc(W, 0);
+  std::vector<int64_t>& perm = ann_perm_;
+  std::vector<int32_t>& owned = ann_owned_;
+  std::vector<int32_t>& send = ann_send_;
+  perm.resize(static_cast<size_t>(nu));
+  owned.resize(static_cast<size_t>(nu));
+  if (nu > 0)
+    bucketize_by_owner(host, routed.data(), nu, layout_, perm.data(), owned.data(), oc.data());
+  send.resize(static_cast<size_t>(nu + (W_ - 1) * ns));
+  int64_t at = 0, from = 0;
+  for (int p = 0; p < W_; ++p) {
+    sd[size_t(p)] = at;
+    std::copy_n(owned.data() + from, oc[size_t(p)], send.data() + at);
+    at += oc[size_t(p)];
+    from += oc[size_t(p)];
+    if (p != rank_ && ns > 0) {
+      const int32_t* x = shared.data();
+      for (int t = 0; t < T; ++t) {
+        const int64_t b = layout_.begin_on(lt_[t], p);
+        for (int64_t k = 0; k < shared_n[size_t(t)]; ++k) send[size_t(at++)] = int32_t(b + *x++);
+      }
     }
-    std::vector<int32_t>& recv = ann_recv_;
-    recv.resize(static_cast<size_t>(nr));
-    all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
-                    rd.data(), DType::kInt32);
-    mine.insert(mine.end(), recv.begin(), recv.end());
+    sc[size_t(p)] = at - sd[size_t(p)];
   }
+  comm_.exchange_counts(sc.data(), rc.data());
+  int64_t nr = 0;
+  for (int p = 0; p < W_; ++p) {
+    rd[size_t(p)] = nr;
+    nr += rc[size_t(p)];
+  }
+  std::vector<int32_t>& recv = ann_recv_;
+  recv.resize(static_cast<size_t>(nr));
+  all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
+                  rd.data(), DType::kInt32);
+  mine.insert(mine.end(), recv.begin(), recv.end());
   return mine;  // with repeats (a row asked by several ranks, or a local id listed twice)
 }
 
