@@ -256,6 +256,79 @@ void check_all_collectives(Communicator& comm) {
   check_argument_errors(comm);
 }
 
+// host_all_to_all_v (the host path a device communicator takes for host buffers): none on a
+// host communicator. Where an implementation has one (here a communicator whose host path
+// is MPI's own all-to-all, standing in for NCCL's): the data and counters of all_to_all_v,
+// and no path (nothing done) past an int's counts or at W = 1.
+class HostPathMpi : public MpiCommunicator {
+ public:
+  using MpiCommunicator::MpiCommunicator;
+
+ protected:
+  bool has_host_all_to_all_v() const override { return true; }
+  void do_host_all_to_all_v(const void* send, const int64_t* send_counts,
+                            const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                            const int64_t* recv_displs, DType t) override {
+    do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  }
+};
+
+void check_host_all_to_all_v(Communicator& plain, const RankInfo& info) {
+  const int W = plain.world(), r = plain.rank();
+  const size_t w = size_t(W);
+  std::vector<int64_t> sc(w), sd(w), rc(w), rd(w);
+  int64_t ns = 0, nr = 0;
+  for (int p = 0; p < W; ++p) {
+    sc[size_t(p)] = a2a_count(r, p, 3);
+    sd[size_t(p)] = ns;
+    ns += sc[size_t(p)];
+    rc[size_t(p)] = a2a_count(p, r, 3);
+    rd[size_t(p)] = nr;
+    nr += rc[size_t(p)];
+  }
+  std::vector<int32_t> send(size_t(ns) + 1), want(size_t(nr) + 1), got(size_t(nr) + 1, -7);
+  for (int p = 0; p < W; ++p)
+    for (int64_t i = 0; i < sc[size_t(p)]; ++i)
+      send[size_t(sd[size_t(p)] + i)] = a2a_value<int32_t>(r, p, i, W);
+  const CommCounters c0 = plain.counters();
+  EXPECT_FALSE(plain.host_all_to_all_v(send.data(), sc.data(), sd.data(), got.data(), rc.data(),
+                                       rd.data(), DType::kInt32))
+      << "a host communicator has no host path of its own";
+  EXPECT_EQ(plain.counters().total_calls(), c0.total_calls());
+
+  HostPathMpi comm(info);
+  const CommCounters z = comm.counters();
+  comm.all_to_all_v(send.data(), sc.data(), sd.data(), want.data(), rc.data(), rd.data(),
+                    DType::kInt32);
+  const CommCounters a = comm.counters();
+  const bool took = comm.host_all_to_all_v(send.data(), sc.data(), sd.data(), got.data(), rc.data(),
+                                           rd.data(), DType::kInt32);
+  const CommCounters b = comm.counters();
+  if (W == 1) {
+    EXPECT_FALSE(took) << "W = 1: nothing to move";
+    EXPECT_EQ(b.total_calls(), a.total_calls());
+    return;
+  }
+  ASSERT_TRUE(took);
+  for (int64_t k = 0; k < nr; ++k) EXPECT_EQ(got[size_t(k)], want[size_t(k)]) << "element " << k;
+  EXPECT_EQ(got[size_t(nr)], -7) << "past the last block";
+  // Counted as the all_to_all_v before it was.
+  for (int k = 0; k < kCollectiveKinds; ++k) {
+    EXPECT_EQ(b.calls[k] - a.calls[k], a.calls[k] - z.calls[k]) << "kind " << k;
+    EXPECT_EQ(b.bytes[k] - a.bytes[k], a.bytes[k] - z.bytes[k]) << "kind " << k;
+  }
+  EXPECT_EQ(b.intra_msgs - a.intra_msgs, a.intra_msgs - z.intra_msgs);
+  EXPECT_EQ(b.intra_bytes - a.intra_bytes, a.intra_bytes - z.intra_bytes);
+  EXPECT_EQ(b.inter_msgs - a.inter_msgs, a.inter_msgs - z.inter_msgs);
+  EXPECT_GT(b.total_calls(), a.total_calls());
+  // A count past an int: no host path, nothing done (the caller stages).
+  std::vector<int64_t> big = sc;
+  big[size_t((r + 1) % W)] = int64_t{INT32_MAX} + 1;
+  EXPECT_FALSE(comm.host_all_to_all_v(send.data(), big.data(), sd.data(), got.data(), rc.data(),
+                                      rd.data(), DType::kInt32));
+  EXPECT_EQ(comm.counters().total_calls(), b.total_calls());
+}
+
 // ---- in-process tests (no MPI) ----------------------------------------------------
 
 TEST(CommSingle, AllCollectives) {
@@ -558,6 +631,7 @@ TEST(CommWorker, AllCollectives) {
     std::fflush(stdout);
     EXPECT_EQ(comm->rank(), info.rank);
     check_all_collectives(*comm);
+    check_host_all_to_all_v(*comm, info);
     return 0;
   });
   EXPECT_EQ(rc, 0);

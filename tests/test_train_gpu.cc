@@ -1,8 +1,9 @@
 // ncf_dist on a GPU, as real processes: the CUDA trainer follows the CPU
 // trainer's trajectory (fp32 GEMMs, and loosely with bf16 GEMMs), GPU ranks
 // sharing one GPU through --comm mpi, and NCCL ranks sharing it through host ids
-// of their own, follow the 1-rank run, and a checkpoint of NCCL ranks resumes on
-// one GPU rank and on CPU ranks. Skipped, visibly, without a usable GPU.
+// of their own, follow the 1-rank run, NCCL ranks with a host tier give the bits of the
+// same ranks without one, and a checkpoint of NCCL ranks resumes on one GPU rank and on
+// CPU ranks. Skipped, visibly, without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -254,6 +255,34 @@ TEST_F(TrainGpu, NcclRanksOverDeclaredNodesTakeTwoHopWithFlatsParameters) {
     return out;
   };
   expect_close(metrics("row_flat"), metrics("node_a"), 1e-5, "node dedup vs flat", 0.005);
+}
+
+// The host tier on NCCL ranks (two on the one GPU, flat, where each step's announced ids
+// go to their owners over MPI on the host; four in 2 declared nodes of 2, two-hop, where
+// they go through device staging): at a budget of 90% of the rows (a step of 1,005 samples
+// touches about 70% of a rank's rows of this set), with row-wise Adagrad, the losses, HR
+// and NDCG are those of the same ranks without a budget, to the bit, with rows evicted and
+// none inside its window.
+TEST_F(TrainGpu, NcclRanksWithAHostTierGiveTheBitsOfTheAllOnDeviceRun) {
+  const std::string data = dir_.file("data");
+  for (const std::string& shape : {std::string("2"), std::string("4 two_hop")}) {
+    const int W = shape[0] - '0';
+    const std::string flags =
+        "--device cuda --comm nccl --embedding_optimizer rowwise_adagrad --max_steps 30" +
+        std::string(W == 4 ? " --topology ranks_per_node=2 --exchange two_hop" : "");
+    std::string out;
+    auto all = train(nccl_on_one_gpu(W), data, flags);
+    auto tier = train(nccl_on_one_gpu(W), data, flags + " --device_table_budget 90%", "fp32", &out);
+    ASSERT_EQ(all.size(), 2u) << shape;
+    ASSERT_EQ(tier.size(), 2u) << shape << "\n" << out;
+    for (size_t e = 0; e < 2; ++e)
+      for (const char* k : {"loss", "hr", "ndcg"})
+        EXPECT_EQ(all[e][k], tier[e][k]) << "W " << shape << " epoch " << e + 1 << " " << k;
+    const nlohmann::json t = tier.back().value("host_tier", nlohmann::json());
+    ASSERT_TRUE(t.is_object()) << out;
+    EXPECT_GT(t["evictions"], 0) << shape << ": 90% of the rows cannot hold them all";
+    EXPECT_EQ(t["evicted_in_window"], 0) << shape;
+  }
 }
 
 TEST_F(TrainGpu, NcclRanksFollowOneRankWhenThereAreSeveralGpus) {

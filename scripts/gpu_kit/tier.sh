@@ -5,7 +5,8 @@
 #
 # Sourced by scripts/gpu_kit.sh: `run tier`: the host tier (--device_table_budget) on the GPU.
 # Its parity tests (the copy, map and rounding kernels, a collection with a 30% cache and one
-# of a step's rows against the all-on-device one), then BF16 rows with row-wise Adagrad on the
+# of a step's rows against the all-on-device one), NCCL ranks with a tier against the same
+# ranks without one, then BF16 rows with row-wise Adagrad on the
 # synthetic ml-20m set without a budget and at 100% and 90% of its rows, and on a synthetic
 # table of NCF_KIT_TIER_USERS users (30,000,000; 2.5 interactions each) without a budget and
 # at 25% and 5%: samples/s, the cache's loads and waits per step, the copy rates, and the
@@ -17,6 +18,13 @@ tier_parity_filter="Parity.TierOpsExact:Parity.StoreRowsBf16AtExact:Parity.HostT
 do_tier_parity() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_parity_gpu" --gtest_brief=1 \
     --gtest_filter="$tier_parity_filter"
+}
+# NCCL ranks on the one GPU with a host tier: W = 2 flat (the announced ids over MPI on the
+# host, no wait for the device) and W = 4 two-hop (through device staging), each against
+# the same ranks without a budget, to the bit.
+do_tier_nccl() {
+  ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \
+    --gtest_filter='TrainGpu.NcclRanksWithAHostTierGiveTheBitsOfTheAllOnDeviceRun'
 }
 tier_flags=(--precision bf16 --table_dtype bf16 --embedding_optimizer rowwise_adagrad
   --train_epochs 1 --no_eval --device cuda --progress off)
@@ -51,6 +59,7 @@ run_tier() {
   built || { record tier FAIL "no build in $build" 0; return 0; }
   big="$data/syn-tier-${NCF_KIT_TIER_USERS:-30000000}"
   stage tier_parity 1 120 fig_parity -- do_tier_parity
+  stage tier_nccl 1 180 fig_ctest_filter -- do_tier_nccl
   if [ "$have_gpu" = 1 ]; then
     stage data_ml20m 0 240 fig_tail -- do_m20_data
     stage data_tier_big 0 300 fig_tail -- do_big_data

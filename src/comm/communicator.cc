@@ -220,6 +220,35 @@ void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
   do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
 }
 
+bool Communicator::host_all_to_all_v(const void* send, const int64_t* send_counts,
+                                     const int64_t* send_displs, void* recv,
+                                     const int64_t* recv_counts, const int64_t* recv_displs,
+                                     DType t) {
+  if (!has_host_all_to_all_v() || world_ == 1 || exchange_ == ExchangeKind::kTwoHop) return false;
+  const int64_t* arrays[4] = {send_counts, send_displs, recv_counts, recv_displs};
+  for (const int64_t* a : arrays)
+    for (int p = 0; p < world_; ++p)
+      if (a[p] > INT32_MAX) return false;
+  CollectiveWatch watch("all_to_all_v (host)");
+  check_layout("send", send_counts, send_displs, world_, send);
+  check_layout("recv", recv_counts, recv_displs, world_, recv);
+  const int64_t es = int64_t(dtype_size(t));
+  int64_t out = 0;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) {
+      out += send_counts[p];
+      count_message(p, send_counts[p] * es);
+    }
+  count(CollectiveKind::kAllToAll, out * es);
+  do_host_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  return true;
+}
+
+void Communicator::do_host_all_to_all_v(const void*, const int64_t*, const int64_t*, void*,
+                                        const int64_t*, const int64_t*, DType) {
+  NCF_CHECK(false, "host_all_to_all_v: ", name(), " has no host path");
+}
+
 void Communicator::group_all_to_all_v(CommGroup g, const void* send, const int64_t* send_counts,
                                       const int64_t* send_displs, void* recv,
                                       const int64_t* recv_counts, const int64_t* recv_displs,
@@ -563,6 +592,11 @@ void staged_all_to_all_v(Communicator& comm, CommGroup g, Device buf_device, con
     device_copy(buf_device, recv, Device::kCpu, r, rb);
     return;
   }
+  // Host data, device communicator: by the host where the communicator can (no wait for
+  // the device's queued work), else through device staging.
+  if (g == CommGroup::kWorld && buf_device == Device::kCpu &&
+      comm.host_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t))
+    return;
   void* s = comm.device_staging(0, sb);
   void* r = comm.device_staging(1, rb);
   device_copy(comm.device(), s, buf_device, send, sb);

@@ -186,6 +186,15 @@ class Communicator {
   void barrier();
   // Waits until the collectives issued so far have completed (no-op on host).
   virtual void synchronize() {}
+  // all_to_all_v of HOST buffers on a communicator whose device() is a GPU, moved by the
+  // host beside it (NCCL: over its MPI communicator, one message per peer) and complete on
+  // return, without waiting for the device's queued work as a staged call does. False,
+  // having done nothing, where there is no such path (a host communicator, W = 1, the
+  // two-hop exchange, or a count or displacement past MPI's int): the caller stages.
+  // Counted like all_to_all_v. The *_on helpers take it for host buffers.
+  bool host_all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_displs,
+                         void* recv, const int64_t* recv_counts, const int64_t* recv_displs,
+                         DType t);
 
   const CommCounters& counters() const { return counters_; }
 
@@ -212,6 +221,13 @@ class Communicator {
   virtual void do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) = 0;
   virtual void do_all_reduce_sum(void* buf, size_t n, DType t) = 0;
   virtual void do_barrier() = 0;
+  // host_all_to_all_v's path, where the implementation has one (counts and displacements
+  // known to fit an int).
+  virtual bool has_host_all_to_all_v() const { return false; }
+  virtual void do_host_all_to_all_v(const void* send, const int64_t* send_counts,
+                                    const int64_t* send_displs, void* recv,
+                                    const int64_t* recv_counts, const int64_t* recv_displs,
+                                    DType t);
 
   // The node map the implementation was started with (its constructor calls it;
   // W entries).

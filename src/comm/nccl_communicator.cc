@@ -43,6 +43,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/bootstrap.h"
 #include "comm/collective_watch.h"
@@ -166,6 +167,24 @@ class NcclCommunicator : public Communicator {
       return;
     }
     MPI_CHECK(MPI_Alltoall(send_counts, 1, MPI_INT64_T, recv_counts, 1, MPI_INT64_T, mpi_));
+  }
+
+  // Host buffers (the host tier's announced ids, checkpoint chunks): MPI_Alltoallv on the
+  // host, no stream involved.
+  bool has_host_all_to_all_v() const override { return mpi_ != MPI_COMM_NULL; }
+  void do_host_all_to_all_v(const void* send, const int64_t* send_counts,
+                            const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                            const int64_t* recv_displs, DType dtype) override {
+    const size_t W = size_t(world());
+    std::vector<int> sc(W), sd(W), rc(W), rd(W);
+    for (size_t p = 0; p < W; ++p) {
+      sc[p] = int(send_counts[p]);  // host_all_to_all_v checked that each fits
+      sd[p] = int(send_displs[p]);
+      rc[p] = int(recv_counts[p]);
+      rd[p] = int(recv_displs[p]);
+    }
+    MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_dtype(dtype), recv, rc.data(),
+                            rd.data(), mpi_dtype(dtype), mpi_));
   }
 
   void do_all_reduce_sum(void* buf, size_t n, DType dtype) override {
