@@ -11,6 +11,8 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "test_util.h"
 
@@ -135,25 +137,25 @@ TEST_F(HostTierRuns, EveryBudgetAndWorldSizeGivesTheBitsOfTheAllOnDeviceRun) {
 }
 
 // Replicated tables: every rank's copy takes the update of the rows any rank's batch
-// touched, so each rank announces the rows of every rank's ids there. With every table
-// replicated, and with users sharded by row beside replicated items, at W = 2 and 4: a cache
+// touched, so each rank announces the rows of every rank's ids there. With users sharded by
+// row beside replicated items at W = 2, and every table replicated at W = 4: a cache
 // of every row, and one of the largest step's rows with ids announced 2 steps ahead (rows
 // of later steps leave and return), give the bits of the all-on-device run.
 TEST_F(HostTierRuns, ReplicatedTablesKeepTheirBitsAtEveryBudget) {
-  for (int W : {2, 4})
-    for (const std::string plan : {"replicated", "user=row,item=replicated"}) {
-      const std::string w = "W=" + std::to_string(W) + " " + plan;
-      const std::string flags = "--shard_plan " + plan;
-      const Run ref = train(W, flags);
-      const Run all = train(W, flags + " --device_table_budget 100%");
-      expect_same_bits(ref, all, w + " budget 100%");
-      const nlohmann::json t = tier(all);
-      ASSERT_TRUE(t.is_object()) << all.output;
-      const Run least = train(W, flags + " --lookahead_steps 2 --device_table_budget " +
-                                     bytes_for_rows(t, t["most_step_rows"].get<int64_t>()));
-      expect_same_bits(ref, least, w + " budget of the largest step");
-      EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
-    }
+  const std::pair<int, std::string> cases[] = {{2, "user=row,item=replicated"}, {4, "replicated"}};
+  for (const auto& [W, plan] : cases) {
+    const std::string w = "W=" + std::to_string(W) + " " + plan;
+    const std::string flags = "--shard_plan " + plan;
+    const Run ref = train(W, flags);
+    const Run all = train(W, flags + " --device_table_budget 100%");
+    expect_same_bits(ref, all, w + " budget 100%");
+    const nlohmann::json t = tier(all);
+    ASSERT_TRUE(t.is_object()) << all.output;
+    const Run least = train(W, flags + " --lookahead_steps 2 --device_table_budget " +
+                                   bytes_for_rows(t, t["most_step_rows"].get<int64_t>()));
+    expect_same_bits(ref, least, w + " budget of the largest step");
+    EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
+  }
 }
 
 // One rank, FP32 rows, layer 0 by item: without a budget the step reads its item rows' MLP
