@@ -209,6 +209,11 @@ void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
     two_hop_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
     return;
   }
+  count_flat_all_to_all_v(send_counts, t);
+  do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+}
+
+void Communicator::count_flat_all_to_all_v(const int64_t* send_counts, DType t) {
   const int64_t es = int64_t(dtype_size(t));
   int64_t out = 0;
   for (int p = 0; p < world_; ++p)
@@ -217,7 +222,6 @@ void Communicator::all_to_all_v(const void* send, const int64_t* send_counts,
       count_message(p, send_counts[p] * es);
     }
   count(CollectiveKind::kAllToAll, out * es);
-  do_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
 }
 
 bool Communicator::host_all_to_all_v(const void* send, const int64_t* send_counts,
@@ -232,14 +236,7 @@ bool Communicator::host_all_to_all_v(const void* send, const int64_t* send_count
   CollectiveWatch watch("all_to_all_v (host)");
   check_layout("send", send_counts, send_displs, world_, send);
   check_layout("recv", recv_counts, recv_displs, world_, recv);
-  const int64_t es = int64_t(dtype_size(t));
-  int64_t out = 0;
-  for (int p = 0; p < world_; ++p)
-    if (p != rank_) {
-      out += send_counts[p];
-      count_message(p, send_counts[p] * es);
-    }
-  count(CollectiveKind::kAllToAll, out * es);
+  count_flat_all_to_all_v(send_counts, t);
   do_host_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   return true;
 }

@@ -252,6 +252,8 @@ class Communicator {
   void count(CollectiveKind k, int64_t bytes);
   // One payload to world rank `peer` (self and empty ones are not messages).
   void count_message(int peer, int64_t bytes);
+  // A flat all-to-all-v's messages and bytes (all_to_all_v, host_all_to_all_v).
+  void count_flat_all_to_all_v(const int64_t* send_counts, DType t);
   void two_hop_all_to_all_v(const void* send, const int64_t* send_counts,
                             const int64_t* send_displs, void* recv, const int64_t* recv_counts,
                             const int64_t* recv_displs, DType t);

@@ -52,10 +52,7 @@ MpiCommunicator::MpiCommunicator(const RankInfo& info, MPI_Comm comm)
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   set_node_map(info.nodes);
-  sc_.resize(size);
-  sd_.resize(size);
-  rc_.resize(size);
-  rd_.resize(size);
+  ints_.resize(4 * size_t(size));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -100,8 +97,8 @@ void MpiCommunicator::do_group_all_to_all_v(CommGroup g, const void* send,
                                             const int64_t* send_counts, const int64_t* send_displs,
                                             void* recv, const int64_t* recv_counts,
                                             const int64_t* recv_displs, DType t) {
-  alltoallv(groups_.get(g), group_size(g), send, send_counts, send_displs, recv, recv_counts,
-            recv_displs, t);
+  mpi_all_to_all_v(groups_.get(g), group_size(g), send, send_counts, send_displs, recv, recv_counts,
+                   recv_displs, t, &ints_);
 }
 
 void MpiCommunicator::do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv,
@@ -113,20 +110,25 @@ void MpiCommunicator::do_all_to_all_v(const void* send, const int64_t* send_coun
                                       const int64_t* send_displs, void* recv,
                                       const int64_t* recv_counts, const int64_t* recv_displs,
                                       DType t) {
-  alltoallv(comm_, world(), send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  mpi_all_to_all_v(comm_, world(), send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                   t, &ints_);
 }
 
-void MpiCommunicator::alltoallv(MPI_Comm c, int W, const void* send, const int64_t* send_counts,
-                                const int64_t* send_displs, void* recv, const int64_t* recv_counts,
-                                const int64_t* recv_displs, DType t) {
-  for (int p = 0; p < W; ++p) {
-    sc_[p] = to_mpi_count(send_counts[p], "all_to_all_v send count");
-    sd_[p] = to_mpi_count(send_displs[p], "all_to_all_v send displacement");
-    rc_[p] = to_mpi_count(recv_counts[p], "all_to_all_v recv count");
-    rd_[p] = to_mpi_count(recv_displs[p], "all_to_all_v recv displacement");
+void mpi_all_to_all_v(MPI_Comm c, int G, const void* send, const int64_t* send_counts,
+                      const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                      const int64_t* recv_displs, DType t, std::vector<int>* ints) {
+  if (ints->size() < 4 * size_t(G)) ints->resize(4 * size_t(G));
+  int* sc = ints->data();
+  int* sd = sc + G;
+  int* rc = sd + G;
+  int* rd = rc + G;
+  for (int p = 0; p < G; ++p) {
+    sc[p] = to_mpi_count(send_counts[p], "all_to_all_v send count");
+    sd[p] = to_mpi_count(send_displs[p], "all_to_all_v send displacement");
+    rc[p] = to_mpi_count(recv_counts[p], "all_to_all_v recv count");
+    rd[p] = to_mpi_count(recv_displs[p], "all_to_all_v recv displacement");
   }
-  MPI_CHECK(MPI_Alltoallv(send, sc_.data(), sd_.data(), mpi_dtype(t), recv, rc_.data(), rd_.data(),
-                          mpi_dtype(t), c));
+  MPI_CHECK(MPI_Alltoallv(send, sc, sd, mpi_dtype(t), recv, rc, rd, mpi_dtype(t), c));
 }
 
 void MpiCommunicator::do_exchange_counts(const int64_t* send_counts, int64_t* recv_counts) {

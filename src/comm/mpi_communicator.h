@@ -19,6 +19,13 @@ struct RankInfo;
 int to_mpi_count(int64_t value, const char* what);
 MPI_Datatype mpi_dtype(DType t);
 
+// MPI_Alltoallv among the G members of `c` on host buffers, the int64 counts and
+// displacements converted by to_mpi_count. ints: the int copies (4·G), kept by the caller so
+// that a call allocates nothing once it has grown.
+void mpi_all_to_all_v(MPI_Comm c, int G, const void* send, const int64_t* send_counts,
+                      const int64_t* send_displs, void* recv, const int64_t* recv_counts,
+                      const int64_t* recv_displs, DType t, std::vector<int>* ints);
+
 // The node and rail groups of a two-hop exchange as MPI communicators split from
 // `parent` (collective over it), and the count exchange within one.
 class MpiGroups {
@@ -68,13 +75,9 @@ class MpiCommunicator : public Communicator {
   void do_group_exchange_counts(CommGroup g, const int64_t* send, int64_t* recv, int k) override;
 
  private:
-  void alltoallv(MPI_Comm c, int G, const void* send, const int64_t* send_counts,
-                 const int64_t* send_displs, void* recv, const int64_t* recv_counts,
-                 const int64_t* recv_displs, DType t);
   MPI_Comm comm_ = MPI_COMM_NULL;
   MpiGroups groups_;
-  // int copies of the int64 counts/displacements, kept to avoid allocating per call.
-  std::vector<int> sc_, sd_, rc_, rd_;  // [W] each
+  std::vector<int> ints_;  // mpi_all_to_all_v's int copies
 };
 
 }  // namespace ncf

@@ -48,7 +48,7 @@
 #include "comm/bootstrap.h"
 #include "comm/collective_watch.h"
 #include "comm/copy_blocks.h"
-#include "comm/mpi_communicator.h"  // MpiGroups
+#include "comm/mpi_communicator.h"  // MpiGroups, mpi_all_to_all_v
 #include "comm/peer_watch.h"
 #include "common/check.h"
 #include "common/cuda_context.h"
@@ -175,16 +175,8 @@ class NcclCommunicator : public Communicator {
   void do_host_all_to_all_v(const void* send, const int64_t* send_counts,
                             const int64_t* send_displs, void* recv, const int64_t* recv_counts,
                             const int64_t* recv_displs, DType dtype) override {
-    const size_t W = size_t(world());
-    std::vector<int> sc(W), sd(W), rc(W), rd(W);
-    for (size_t p = 0; p < W; ++p) {
-      sc[p] = int(send_counts[p]);  // host_all_to_all_v checked that each fits
-      sd[p] = int(send_displs[p]);
-      rc[p] = int(recv_counts[p]);
-      rd[p] = int(recv_displs[p]);
-    }
-    MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_dtype(dtype), recv, rc.data(),
-                            rd.data(), mpi_dtype(dtype), mpi_));
+    mpi_all_to_all_v(mpi_, world(), send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                     dtype, &host_ints_);
   }
 
   void do_all_reduce_sum(void* buf, size_t n, DType dtype) override {
@@ -348,6 +340,7 @@ class NcclCommunicator : public Communicator {
   std::mutex abort_mu_;
   std::string async_error_;       // the asynchronous error that aborted comm_
   MPI_Comm mpi_ = MPI_COMM_NULL;  // W > 1: counts, barrier
+  std::vector<int> host_ints_;    // mpi_all_to_all_v's int copies (host buffers)
   MpiGroups groups_;              // two-hop: the node and rail groups' counts
 };
 
