@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
   using Clock = std::chrono::steady_clock;
   for (int pct : o.budgets) {
     const int64_t slots = std::max<int64_t>(1, R * pct / 100);
-    double best = 0, best_parts[3] = {0, 0, 0};
+    double best = 0, best_parts[3] = {0, 0, 0}, slowest = 0;
+    int64_t slowest_step = 0;
     ncf::RowCache::Counters c;
     for (int r = 0; r < o.repeats; ++r) {
       ncf::RowCache cache(R, slots);
@@ -123,6 +124,11 @@ int main(int argc, char** argv) {
         const auto t2 = Clock::now();
         cache.retire(s);
         const auto t3 = Clock::now();
+        const double step_s = std::chrono::duration<double>(t3 - t0).count();
+        if (step_s > slowest) {
+          slowest = step_s;
+          slowest_step = s;
+        }
         if (s >= S / 2) {
           timed += std::chrono::duration<double>(t3 - t0).count();
           parts[0] += std::chrono::duration<double>(t1 - t0).count();
@@ -140,10 +146,11 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "budget %3d%% (%lld slots): %.1f us a step (announce %.1f, begin %.1f, retire %.1f); "
-        "loads %lld, write-backs %lld, evicted inside their window %lld, waits %lld\n",
+        "loads %lld, write-backs %lld, evicted inside their window %lld, waits %lld; slowest "
+        "step %.1f us (step %lld)\n",
         pct, (long long)slots, best, best_parts[0], best_parts[1], best_parts[2],
         (long long)c.loads, (long long)c.evictions, (long long)c.evicted_in_window,
-        (long long)c.waits);
+        (long long)c.waits, slowest * 1e6, (long long)slowest_step);
   }
   return 0;
 }

@@ -165,53 +165,58 @@ void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
 
 TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
   const int64_t R = 300;
-  for (int64_t C : {300, 120, 60, 31}) {
-    for (int k : {0, 1, 3}) {
-      std::mt19937 g(uint32_t(C * 7 + k));
-      RowCache cache(R, C);
-      NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
-      std::vector<std::vector<int32_t>> steps;
-      for (int s = 0; s < 40; ++s) steps.push_back(step_rows(g, R, 30));
-      RowCache::Moves m;
-      int64_t next = 0;
-      const std::string at = "C " + std::to_string(C) + " k " + std::to_string(k) + ": ";
-      for (int64_t s = 0; s < 40; ++s) {
-        for (; next <= std::min<int64_t>(39, s + k); ++next) {
-          // Filled, as the collection fills it, into memory a retired step's list held.
-          std::vector<int32_t> list = cache.spare_rows();
-          EXPECT_TRUE(list.empty());
-          list.insert(list.end(), steps[size_t(next)].begin(), steps[size_t(next)].end());
-          cache.announce(next, std::move(list), &m);
-          naive.announce(next, steps[size_t(next)]);
-          expect_same_contents(cache, naive, R, at + "announce", next);
-        }
-        cache.begin(s, &m);
-        naive.begin();
-        expect_same_contents(cache, naive, R, at + "begin", s);
-        ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
-        ASSERT_EQ(cache.mirrors(), C >= R) << at << "step " << s;
-        if (cache.mirrors()) {  // then every resident row is in its own slot
-          for (int32_t r = 0; r < R; ++r) {
-            if (cache.slot_of(r) >= 0) {
-              ASSERT_EQ(cache.slot_of(r), r) << at << "step " << s;
+  // Steps numbered from 0, and from 65525: the first forgotten window (at step 12) leaves
+  // resident rows last used on both sides of step 65535, whose list of evictable rows is
+  // rebuilt by a counting sort of their steps + 1, 16 bits at a time.
+  for (int64_t base : {0, 65525})
+    for (int64_t C : {300, 120, 60, 31}) {
+      for (int k : {0, 1, 3}) {
+        std::mt19937 g(uint32_t(C * 7 + k));
+        RowCache cache(R, C);
+        NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
+        std::vector<std::vector<int32_t>> steps;
+        for (int s = 0; s < 40; ++s) steps.push_back(step_rows(g, R, 30));
+        RowCache::Moves m;
+        int64_t next = 0;
+        const std::string at = "base " + std::to_string(base) + " C " + std::to_string(C) + " k " +
+                               std::to_string(k) + ": ";
+        for (int64_t s = 0; s < 40; ++s) {
+          for (; next <= std::min<int64_t>(39, s + k); ++next) {
+            // Filled, as the collection fills it, into memory a retired step's list held.
+            std::vector<int32_t> list = cache.spare_rows();
+            EXPECT_TRUE(list.empty());
+            list.insert(list.end(), steps[size_t(next)].begin(), steps[size_t(next)].end());
+            cache.announce(base + next, std::move(list), &m);
+            naive.announce(base + next, steps[size_t(next)]);
+            expect_same_contents(cache, naive, R, at + "announce", next);
+          }
+          cache.begin(base + s, &m);
+          naive.begin();
+          expect_same_contents(cache, naive, R, at + "begin", s);
+          ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
+          ASSERT_EQ(cache.mirrors(), C >= R) << at << "step " << s;
+          if (cache.mirrors()) {  // then every resident row is in its own slot
+            for (int32_t r = 0; r < R; ++r) {
+              if (cache.slot_of(r) >= 0) {
+                ASSERT_EQ(cache.slot_of(r), r) << at << "step " << s;
+              }
             }
           }
+          for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
+          cache.retire(base + s);
+          naive.retire();
+          // A stopped run forgets what it announced ahead; the same steps come again.
+          if (s % 13 == 12) {
+            cache.forget_window();
+            naive.forget();
+            EXPECT_EQ(cache.window_rows(), 0);
+            next = s + 1;
+          }
         }
-        for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
-        cache.retire(s);
-        naive.retire();
-        // A stopped run forgets what it announced ahead; the same steps come again.
-        if (s % 13 == 12) {
-          cache.forget_window();
-          naive.forget();
-          EXPECT_EQ(cache.window_rows(), 0);
-          next = s + 1;
-        }
+        EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << C << " " << k;
+        EXPECT_EQ(cache.counters().steps, 40);
       }
-      EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << C << " " << k;
-      EXPECT_EQ(cache.counters().steps, 40);
     }
-  }
 }
 
 // The moves say exactly what changed: replaying them on a slot table gives the contents.

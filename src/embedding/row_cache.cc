@@ -178,7 +178,7 @@ int32_t RowCache::take_slot(int32_t row, Moves* m) {
     free_.pop_back();
     if (row_of_[size_t(slot)] < 0) return slot;
   }
-  if (!lru_live_) rebuild_lru();  // the first time the free slots ran out
+  if (!lru_live_) rebuild_lru();  // a forgotten window left it out of date
   while (!lru_.empty()) {
     // The list's rows are far apart in row_: each is fetched this many pops before its turn.
     if (lru_.size() > kAhead) __builtin_prefetch(&row_[size_t(lru_[kAhead].first)]);
@@ -288,27 +288,80 @@ void RowCache::begin(int64_t s, Moves* m) {
   }
 }
 
+// Every set bit of b[words] as its index (64 w + bit), ascending, into out; the words
+// zeroed. Returns the end. Writes up to 2 places past it (out needs that room): a word's
+// first two bits are written whether it has them or not, so that the mostly empty or
+// single-bit words of a sparse set cost no mispredicted branch.
+static int32_t* drain_bits(uint64_t* b, int64_t words, int32_t* out) {
+  constexpr uint64_t kTop = uint64_t{1} << 63;  // makes ctz of an empty word defined (63)
+  for (int64_t w = 0; w < words; ++w) {
+    const uint64_t x0 = b[w];
+    b[w] = 0;
+    const int32_t base = int32_t(w * 64);
+    const uint64_t x1 = x0 & (x0 - 1), x2 = x1 & (x1 - 1);
+    out[0] = base + __builtin_ctzll(x0 | kTop);
+    out[1] = base + __builtin_ctzll(x1 | kTop);
+    out += int(x0 != 0) + int(x1 != 0);
+    for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
+  }
+  return out;
+}
+
+void RowCache::leaving_rows(const Step& st, std::vector<int32_t>* leaving) {
+  const std::vector<int32_t>& rows = st.rows;
+  const int32_t s = int32_t(st.s);
+  const int64_t words = (int64_t(row_.size()) + 63) / 64;
+  leaving->resize(rows.size());
+  if (words > 8 * int64_t(rows.size())) {
+    // Few rows beside the table: each row's own state says whether a later step took it.
+    size_t n = 0;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int32_t r = rows[k];
+      if (k + kAheadPass < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
+      (*leaving)[n] = r;
+      n += size_t(row_[size_t(r)].last_ann == s);
+    }
+    leaving->resize(n);
+    sort_distinct(leaving, int64_t(row_.size()), &bits_);
+    return;
+  }
+  // Else without reading the rows' state (at random among all rows): a row of step s stays
+  // in the window exactly where a later announced step touches it, and all of those are in
+  // the window (s is its oldest). So s's rows less theirs, in a bit set scanned in order
+  // (ascending). Of a later step's rows only those whose previous step is s need clearing:
+  // any other row of s it touches, a step between touched first.
+  if (int64_t(bits_.size()) < words) bits_.assign(size_t(words), 0);
+  uint64_t* b = bits_.data();
+  for (int32_t r : rows) b[size_t(r) >> 6] |= uint64_t{1} << (r & 63);
+  std::vector<int32_t>& taken = taken_;
+  for (size_t w = 1; w < window_.size(); ++w) {
+    const Step& later = window_[w];
+    // Their places first (a branch-free pass), then their bits cleared.
+    taken.resize(later.rows.size());
+    size_t n = 0;
+    for (size_t j = 0; j < later.rows.size(); ++j) {
+      taken[n] = later.rows[j];
+      n += size_t(later.prev[j] == s);
+    }
+    for (size_t j = 0; j < n; ++j) b[size_t(taken[j]) >> 6] &= ~(uint64_t{1} << (taken[j] & 63));
+  }
+  leaving->resize(rows.size() + 2);
+  leaving->resize(size_t(drain_bits(b, words, leaving->data()) - leaving->data()));
+}
+
 void RowCache::retire(int64_t s) {
   NCF_CHECK(!window_.empty() && window_.front().s == s && window_.front().begun, "row cache: step ",
             s, " retired before it ran");
   const Step& st = window_.front();
   // The rows whose last announced step is s leave the window.
   window_rows_ -= st.last_of;
-  if (lru_live_) {
-    // They join the least recently used end, the lowest row first.
-    const std::vector<int32_t>& rows = st.rows;
-    std::vector<int32_t>& leaving = leaving_;
-    leaving.resize(rows.size());
-    size_t n = 0;
-    for (size_t k = 0; k < rows.size(); ++k) {
-      const int32_t r = rows[k];
-      if (k + kAheadPass < rows.size()) __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
-      leaving[n] = r;
-      n += size_t(row_[size_t(r)].last_ann == int32_t(s));
-    }
-    leaving.resize(n);
-    sort_distinct(&leaving, int64_t(row_.size()), &bits_);
-    for (int32_t r : leaving) lru_.emplace_back(r, int32_t(s));
+  if (!mirrors()) {
+    // They join the least recently used end, the lowest row first. Kept from the first
+    // step, whether or not a slot was needed yet: built at once when the cache first
+    // filled, the list of a large cache's millions of resident rows stalled that step.
+    if (!lru_live_) rebuild_lru();  // after forget_window
+    leaving_rows(st, &leaving_);
+    for (int32_t r : leaving_) lru_.emplace_back(r, int32_t(s));
   }
   retired_ = s;
   recycle(std::move(window_.front()));
@@ -333,21 +386,44 @@ void RowCache::forget_window() {
   window_rows_ = 0;
   next_s_ = -1;
   lru_.clear();
-  lru_live_ = false;  // rebuilt when a slot is next needed and none is free
+  lru_live_ = false;  // rebuilt at the next retire, or when a slot is needed first
 }
 
 void RowCache::rebuild_lru() {
   // Every resident row outside the window, by (last use, row): the order retire() keeps.
-  // Outside the window a row's last announced step is its last use.
+  // Outside the window a row's last announced step is its last use (-1 for a row loaded
+  // only by forgotten steps). The rows in ascending order, in one pass over their states,
+  // then a stable counting sort by that step, 16 bits at a time (a comparison sort of a
+  // large cache's millions of rows took a second).
   const int64_t lo = window_.empty() ? INT64_MAX : window_.front().s;
-  std::vector<std::tuple<int32_t, int32_t>> order;
-  for (size_t slot = 0; slot < row_of_.size(); ++slot) {
-    const int32_t r = row_of_[slot];
-    if (r >= 0 && row_[size_t(r)].last_ann < lo) order.emplace_back(row_[size_t(r)].last_ann, r);
+  std::vector<std::pair<int32_t, uint32_t>> a(size_t(resident_) + 1), b;  // (row, step + 1)
+  size_t n = 0;
+  uint32_t most = 0;
+  for (size_t r = 0; r < row_.size(); ++r) {
+    const RowState x = row_[r];
+    const uint32_t key = uint32_t(x.last_ann + 1);
+    a[n] = {int32_t(r), key};
+    const bool take = x.slot >= 0 && x.last_ann < lo;
+    n += size_t(take);
+    most = std::max(most, take ? key : 0u);
   }
-  std::sort(order.begin(), order.end());
+  a.resize(n);
+  b.resize(n);
+  std::vector<size_t> start(size_t{1} << 16);
+  for (int shift = 0; shift < 32 && (shift == 0 || (most >> shift) != 0); shift += 16) {
+    std::fill(start.begin(), start.end(), size_t{0});
+    for (const auto& e : a) ++start[(e.second >> shift) & 0xffff];
+    size_t at = 0;
+    for (size_t& c : start) {
+      const size_t count = c;
+      c = at;
+      at += count;
+    }
+    for (const auto& e : a) b[start[(e.second >> shift) & 0xffff]++] = e;
+    a.swap(b);
+  }
   lru_.clear();
-  for (const auto& [last, r] : order) lru_.emplace_back(r, last);
+  for (const auto& [r, key] : a) lru_.emplace_back(r, int32_t(key) - 1);
   lru_live_ = true;
 }
 
@@ -359,7 +435,7 @@ void RowCache::drop_all() {
   free_.resize(size_t(C));
   for (int64_t k = 0; k < C; ++k) free_[size_t(k)] = int32_t(C - 1 - k);
   lru_.clear();
-  lru_live_ = false;
+  lru_live_ = true;  // exact: nothing is resident
   resident_ = 0;
   next_s_ = -1;
 }
@@ -383,12 +459,10 @@ void sort_distinct(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>
   if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
   uint64_t* b = bits->data();
   for (int32_t x : *v) b[size_t(x) >> 6] |= uint64_t{1} << (x & 63);
-  int32_t* out = v->data();
-  for (int64_t w = 0; w < words; ++w) {
-    uint64_t word = b[w];
-    b[w] = 0;
-    for (; word != 0; word &= word - 1) *out++ = int32_t(w * 64 + __builtin_ctzll(word));
-  }
+  const size_t n = v->size();
+  v->resize(n + 2);
+  drain_bits(b, words, v->data());
+  v->resize(n);
 }
 
 void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {

@@ -7,7 +7,8 @@
 // The rules:
 // - A row is "in the window" while some announced step that has not retired touches it:
 //   while the last announced step that touched it has not retired. Each row keeps that
-//   step's number only, so a step retires in constant time while free slots last.
+//   step's number only; a retiring step's rows that leave the window are its rows less
+//   those of the later announced steps.
 // - announce(s) loads the rows of step s that are not resident, in the order the step
 //   lists them (each row at its first listing), into free slots (a row's own slot, the
 //   one of its number, where that is free; else the lowest free one), then into the slots
@@ -128,6 +129,9 @@ class RowCache {
   // begin()'s last resort: the resident rows of later steps outside step `cur`, the one
   // whose next use is farthest first (then the least recently used, then the lowest row).
   std::vector<int32_t> forced_victims(const Step& cur) const;
+  // The rows of st (the window's oldest step) that leave the window when it retires (no
+  // later announced step touches them), ascending.
+  void leaving_rows(const Step& st, std::vector<int32_t>* leaving);
   void note_window_size();
   // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
   void rebuild_lru();
@@ -144,17 +148,17 @@ class RowCache {
   std::vector<int32_t> row_of_;  // [slots] row or -1
   std::vector<int32_t> free_;    // free slots, the lowest at the back (taken ones skipped)
   // Evictable rows (outside the window, resident) as (row, last use), in that order of
-  // (last use, row); stale entries skipped. Kept only once a slot had to be taken from a
-  // row (lru_live_): while free slots last (a budget that holds every row touched so far),
-  // retire() only counts.
+  // (last use, row); stale entries skipped. Kept by retire() from the start, except where
+  // the slots mirror the rows (nothing is ever evicted); rebuilt after forget_window
+  // (lru_live_ false until then).
   std::deque<std::pair<int32_t, int32_t>> lru_;
-  bool lru_live_ = false;
+  bool lru_live_ = true;
   std::deque<Step> window_;
   std::vector<Step> spare_;  // retired steps, emptied, their memory kept for the next ones
-  // Scratch: announce()'s tally [window steps + 2], retire()'s rows leaving the window, and
-  // a bit set over the rows (all zero between calls).
+  // Scratch: announce()'s tally [window steps + 2], retire()'s rows leaving the window and
+  // the rows later steps took from it, and a bit set over the rows (all zero between calls).
   std::vector<int64_t> tally_;
-  std::vector<int32_t> leaving_;
+  std::vector<int32_t> leaving_, taken_;
   std::vector<uint64_t> bits_;
   int64_t next_s_ = -1;   // the next step announce() accepts (-1: any above retired_)
   int64_t retired_ = -1;  // the last step retired: no step is numbered at or below it again
