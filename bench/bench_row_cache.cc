@@ -5,7 +5,8 @@
 // Each list is copied, inside the timed part, into memory the cache hands back from a
 // retired step (RowCache::spare_rows), as the collection builds it. Prints the mean
 // microseconds per step of the second half of the steps (the first half fills the cache)
-// at each budget, and of its three calls, the best of --repeats passes.
+// at each budget, and of its three calls, the best of --repeats passes; and the slowest
+// step of all, with its number (a one-time cost a mean hides).
 // --sorted_input makes each list ascending and distinct inside the timed part first (a bit
 // set over the rows, scanned once), as the collection did before the cache took lists
 // with repeats: with this file copied into an older commit, the two side by side.
