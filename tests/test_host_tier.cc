@@ -163,60 +163,74 @@ void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
   }
 }
 
+// S steps of `rows` ids over R rows, k ahead, through a cache of C slots and the written-out
+// rules side by side, step numbers from `base`; every `forget` steps the window is forgotten
+// (a stopped run) and the same steps come again. The first `narrow` steps take their ids
+// from the rows below `narrow_rows` only.
+void follow_rules(int64_t R, int64_t C, int k, int64_t base, int rows, int64_t S, int64_t forget,
+                  int64_t narrow = 0, int64_t narrow_rows = 0) {
+  std::mt19937 g(uint32_t(C * 7 + k));
+  RowCache cache(R, C);
+  NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
+  std::vector<std::vector<int32_t>> steps;
+  for (int64_t s = 0; s < S; ++s) steps.push_back(step_rows(g, s < narrow ? narrow_rows : R, rows));
+  RowCache::Moves m;
+  int64_t next = 0;
+  const std::string at =
+      "base " + std::to_string(base) + " C " + std::to_string(C) + " k " + std::to_string(k) + ": ";
+  for (int64_t s = 0; s < S; ++s) {
+    for (; next <= std::min<int64_t>(S - 1, s + k); ++next) {
+      // Filled, as the collection fills it, into memory a retired step's list held.
+      std::vector<int32_t> list = cache.spare_rows();
+      EXPECT_TRUE(list.empty());
+      list.insert(list.end(), steps[size_t(next)].begin(), steps[size_t(next)].end());
+      cache.announce(base + next, std::move(list), &m);
+      naive.announce(base + next, steps[size_t(next)]);
+      expect_same_contents(cache, naive, R, at + "announce", next);
+    }
+    cache.begin(base + s, &m);
+    naive.begin();
+    expect_same_contents(cache, naive, R, at + "begin", s);
+    ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
+    ASSERT_EQ(cache.mirrors(), C >= R) << at << "step " << s;
+    if (cache.mirrors()) {  // then every resident row is in its own slot
+      for (int32_t r = 0; r < R; ++r) {
+        if (cache.slot_of(r) >= 0) {
+          ASSERT_EQ(cache.slot_of(r), r) << at << "step " << s;
+        }
+      }
+    }
+    for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
+    cache.retire(base + s);
+    naive.retire();
+    if (s % forget == forget - 1) {
+      cache.forget_window();
+      naive.forget();
+      EXPECT_EQ(cache.window_rows(), 0);
+      next = s + 1;
+    }
+  }
+  EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << at;
+  EXPECT_EQ(cache.counters().steps, S);
+}
+
 TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
-  const int64_t R = 300;
   // Steps numbered from 0, and from 65525: the first forgotten window (at step 12) leaves
   // resident rows last used on both sides of step 65535, whose list of evictable rows is
   // rebuilt by a counting sort of their steps + 1, 16 bits at a time.
   for (int64_t base : {0, 65525})
-    for (int64_t C : {300, 120, 60, 31}) {
-      for (int k : {0, 1, 3}) {
-        std::mt19937 g(uint32_t(C * 7 + k));
-        RowCache cache(R, C);
-        NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
-        std::vector<std::vector<int32_t>> steps;
-        for (int s = 0; s < 40; ++s) steps.push_back(step_rows(g, R, 30));
-        RowCache::Moves m;
-        int64_t next = 0;
-        const std::string at = "base " + std::to_string(base) + " C " + std::to_string(C) + " k " +
-                               std::to_string(k) + ": ";
-        for (int64_t s = 0; s < 40; ++s) {
-          for (; next <= std::min<int64_t>(39, s + k); ++next) {
-            // Filled, as the collection fills it, into memory a retired step's list held.
-            std::vector<int32_t> list = cache.spare_rows();
-            EXPECT_TRUE(list.empty());
-            list.insert(list.end(), steps[size_t(next)].begin(), steps[size_t(next)].end());
-            cache.announce(base + next, std::move(list), &m);
-            naive.announce(base + next, steps[size_t(next)]);
-            expect_same_contents(cache, naive, R, at + "announce", next);
-          }
-          cache.begin(base + s, &m);
-          naive.begin();
-          expect_same_contents(cache, naive, R, at + "begin", s);
-          ASSERT_EQ(cache.window_rows(), naive.window_rows()) << at << "step " << s;
-          ASSERT_EQ(cache.mirrors(), C >= R) << at << "step " << s;
-          if (cache.mirrors()) {  // then every resident row is in its own slot
-            for (int32_t r = 0; r < R; ++r) {
-              if (cache.slot_of(r) >= 0) {
-                ASSERT_EQ(cache.slot_of(r), r) << at << "step " << s;
-              }
-            }
-          }
-          for (int32_t r : steps[size_t(s)]) ASSERT_GE(cache.slot_of(r), 0) << "step " << s;
-          cache.retire(base + s);
-          naive.retire();
-          // A stopped run forgets what it announced ahead; the same steps come again.
-          if (s % 13 == 12) {
-            cache.forget_window();
-            naive.forget();
-            EXPECT_EQ(cache.window_rows(), 0);
-            next = s + 1;
-          }
-        }
-        EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << C << " " << k;
-        EXPECT_EQ(cache.counters().steps, 40);
-      }
-    }
+    for (int64_t C : {300, 120, 60, 31})
+      for (int k : {0, 1, 3}) follow_rules(300, C, k, base, 30, 40, 13);
+}
+
+// Long enough that the list of evictable rows drops its stale entries (over 2 x C + 4096 of
+// them not yet taken: 250 steps over 280 rows, nothing evicted from the 290 slots, then
+// every row) and the entries taken from its front (over 4096, at 60 slots).
+TEST(RowCache, FollowsItsWrittenOutRulesOverLongRuns) {
+  for (int k : {1, 2}) {
+    follow_rules(300, 290, k, 0, 30, 500, 499, 250, 280);
+    follow_rules(300, 60, k, 0, 30, 500, 211);
+  }
 }
 
 // The moves say exactly what changed: replaying them on a slot table gives the contents.

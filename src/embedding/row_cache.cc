@@ -28,6 +28,10 @@ RowCache::RowCache(int64_t rows, int64_t slots) {
   row_of_.assign(size_t(slots), -1);
   free_.resize(size_t(slots));
   for (int64_t k = 0; k < slots; ++k) free_[size_t(k)] = int32_t(slots - 1 - k);
+  // The list of evictable rows holds at most 2 x slots + 4096 entries not yet taken, and a
+  // step adds at most its rows (no more than the slots): room for that, reserved (its pages
+  // are touched only as it fills), so that it never moves to a larger array inside a step.
+  if (!mirrors()) lru_.reserve(size_t(3 * slots + 8192));
 }
 
 bool RowCache::announced(int64_t s) const {
@@ -179,11 +183,11 @@ int32_t RowCache::take_slot(int32_t row, Moves* m) {
     if (row_of_[size_t(slot)] < 0) return slot;
   }
   if (!lru_live_) rebuild_lru();  // a forgotten window left it out of date
-  while (!lru_.empty()) {
+  while (lru_head_ < lru_.size()) {
     // The list's rows are far apart in row_: each is fetched this many pops before its turn.
-    if (lru_.size() > kAhead) __builtin_prefetch(&row_[size_t(lru_[kAhead].first)]);
-    const auto [victim, step] = lru_.front();
-    lru_.pop_front();
+    if (lru_head_ + kAhead < lru_.size())
+      __builtin_prefetch(&row_[size_t(lru_[lru_head_ + kAhead].first)]);
+    const auto [victim, step] = lru_[lru_head_++];
     if (!evictable(victim, step)) continue;  // stale: back in the window, or already gone
     const int32_t slot = row_[size_t(victim)].slot;
     evict(victim, slot, m);
@@ -361,19 +365,38 @@ void RowCache::retire(int64_t s) {
     // filled, the list of a large cache's millions of resident rows stalled that step.
     if (!lru_live_) rebuild_lru();  // after forget_window
     leaving_rows(st, &leaving_);
-    for (int32_t r : leaving_) lru_.emplace_back(r, int32_t(s));
+    if (lru_.size() + leaving_.size() > lru_.capacity()) drop_taken_lru();
+    const size_t at = lru_.size();
+    lru_.resize(at + leaving_.size());
+    for (size_t k = 0; k < leaving_.size(); ++k) lru_[at + k] = {leaving_[k], int32_t(s)};
   }
   retired_ = s;
   recycle(std::move(window_.front()));
   window_.pop_front();
   // Stale entries (rows back in the window, or gone) are dropped once they outnumber the
-  // slots, so the list stays within a few times the cache whatever the run's length.
-  if (lru_.size() > 2 * row_of_.size() + 4096) {
-    std::deque<std::pair<int32_t, int32_t>> live;
-    for (const auto& [r, step] : lru_)
-      if (evictable(r, step)) live.emplace_back(r, step);
-    lru_.swap(live);
+  // slots, so the list stays within a few times the cache whatever the run's length. Each
+  // entry's row is read at random: fetched a pass's distance ahead, the entries kept moved
+  // to the front in place without a branch. Else the entries already taken from the front
+  // are dropped once they outnumber the rest.
+  const size_t n = lru_.size();
+  if (n - lru_head_ > 2 * row_of_.size() + 4096) {
+    size_t kept = 0;
+    for (size_t k = lru_head_; k < n; ++k) {
+      if (k + kAheadPass < n) __builtin_prefetch(&row_[size_t(lru_[k + kAheadPass].first)]);
+      const std::pair<int32_t, int32_t> e = lru_[k];
+      lru_[kept] = e;
+      kept += size_t(evictable(e.first, e.second));
+    }
+    lru_.resize(kept);
+    lru_head_ = 0;
+  } else if (lru_head_ > 4096 && lru_head_ >= n - lru_head_) {
+    drop_taken_lru();
   }
+}
+
+void RowCache::drop_taken_lru() {
+  lru_.erase(lru_.begin(), lru_.begin() + std::ptrdiff_t(lru_head_));
+  lru_head_ = 0;
 }
 
 void RowCache::forget_window() {
@@ -386,6 +409,7 @@ void RowCache::forget_window() {
   window_rows_ = 0;
   next_s_ = -1;
   lru_.clear();
+  lru_head_ = 0;
   lru_live_ = false;  // rebuilt at the next retire, or when a slot is needed first
 }
 
@@ -422,8 +446,9 @@ void RowCache::rebuild_lru() {
     for (const auto& e : a) b[start[(e.second >> shift) & 0xffff]++] = e;
     a.swap(b);
   }
-  lru_.clear();
-  for (const auto& [r, key] : a) lru_.emplace_back(r, int32_t(key) - 1);
+  lru_.resize(a.size());
+  for (size_t k = 0; k < a.size(); ++k) lru_[k] = {a[k].first, int32_t(a[k].second) - 1};
+  lru_head_ = 0;
   lru_live_ = true;
 }
 
@@ -435,6 +460,7 @@ void RowCache::drop_all() {
   free_.resize(size_t(C));
   for (int64_t k = 0; k < C; ++k) free_[size_t(k)] = int32_t(C - 1 - k);
   lru_.clear();
+  lru_head_ = 0;
   lru_live_ = true;  // exact: nothing is resident
   resident_ = 0;
   next_s_ = -1;

@@ -135,6 +135,7 @@ class RowCache {
   void note_window_size();
   // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
   void rebuild_lru();
+  void drop_taken_lru();  // the entries before lru_head_ gone
   // A retired step kept in spare_ (its lists emptied, their memory kept), up to a few.
   void recycle(Step&& st);
 
@@ -151,7 +152,9 @@ class RowCache {
   // (last use, row); stale entries skipped. Kept by retire() from the start, except where
   // the slots mirror the rows (nothing is ever evicted); rebuilt after forget_window
   // (lru_live_ false until then).
-  std::deque<std::pair<int32_t, int32_t>> lru_;
+  // Taken from lru_head_ on, appended at the back: one array, its memory kept.
+  std::vector<std::pair<int32_t, int32_t>> lru_;
+  size_t lru_head_ = 0;
   bool lru_live_ = true;
   std::deque<Step> window_;
   std::vector<Step> spare_;  // retired steps, emptied, their memory kept for the next ones
