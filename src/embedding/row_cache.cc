@@ -29,9 +29,13 @@ RowCache::RowCache(int64_t rows, int64_t slots) {
   free_.resize(size_t(slots));
   for (int64_t k = 0; k < slots; ++k) free_[size_t(k)] = int32_t(slots - 1 - k);
   // The list of evictable rows holds at most 2 x slots + 4096 entries not yet taken, and a
-  // step adds at most its rows (no more than the slots): room for that, reserved (its pages
-  // are touched only as it fills), so that it never moves to a larger array inside a step.
-  if (!mirrors()) lru_.reserve(size_t(3 * slots + 8192));
+  // step adds at most its rows (no more than the slots): room for that, its pages touched
+  // now, so that no step moves it to a larger array or faults its fresh pages in (at the
+  // GPU kit's 25% budget those faults were half of each step's retire).
+  if (!mirrors()) {
+    lru_.resize(size_t(3 * slots + 8192));
+    lru_.clear();
+  }
 }
 
 bool RowCache::announced(int64_t s) const {
@@ -184,9 +188,15 @@ int32_t RowCache::take_slot(int32_t row, Moves* m) {
   }
   if (!lru_live_) rebuild_lru();  // a forgotten window left it out of date
   while (lru_head_ < lru_.size()) {
-    // The list's rows are far apart in row_: each is fetched this many pops before its turn.
-    if (lru_head_ + kAhead < lru_.size())
-      __builtin_prefetch(&row_[size_t(lru_[lru_head_ + kAhead].first)]);
+    // The list's rows are far apart in row_: each is fetched 2 x kAhead pops before its
+    // turn, and kAhead pops before it, by then at hand, its slot's entry, which an
+    // eviction writes.
+    if (lru_head_ + 2 * kAhead < lru_.size())
+      __builtin_prefetch(&row_[size_t(lru_[lru_head_ + 2 * kAhead].first)]);
+    if (lru_head_ + kAhead < lru_.size()) {
+      const int32_t near = row_[size_t(lru_[lru_head_ + kAhead].first)].slot;
+      if (near >= 0) __builtin_prefetch(&row_of_[size_t(near)]);
+    }
     const auto [victim, step] = lru_[lru_head_++];
     if (!evictable(victim, step)) continue;  // stale: back in the window, or already gone
     const int32_t slot = row_[size_t(victim)].slot;
