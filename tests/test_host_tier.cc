@@ -217,7 +217,7 @@ void follow_rules(int64_t R, int64_t C, int k, int64_t base, int rows, int64_t S
 TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
   // Steps numbered from 0, and from 65525: the first forgotten window (at step 12) leaves
   // resident rows last used on both sides of step 65535, whose list of evictable rows is
-  // rebuilt by a counting sort of their steps + 1, 16 bits at a time.
+  // rebuilt in order of those steps.
   for (int64_t base : {0, 65525})
     for (int64_t C : {300, 120, 60, 31})
       for (int k : {0, 1, 3}) follow_rules(300, C, k, base, 30, 40, 13);

@@ -325,9 +325,9 @@ void RowCache::leaving_rows(const Step& st, std::vector<int32_t>* leaving) {
   const std::vector<int32_t>& rows = st.rows;
   const int32_t s = int32_t(st.s);
   const int64_t words = (int64_t(row_.size()) + 63) / 64;
-  leaving->resize(rows.size());
   if (words > 8 * int64_t(rows.size())) {
     // Few rows beside the table: each row's own state says whether a later step took it.
+    leaving->resize(rows.size());
     size_t n = 0;
     for (size_t k = 0; k < rows.size(); ++k) {
       const int32_t r = rows[k];
@@ -425,40 +425,18 @@ void RowCache::forget_window() {
 
 void RowCache::rebuild_lru() {
   // Every resident row outside the window, by (last use, row): the order retire() keeps.
-  // Outside the window a row's last announced step is its last use (-1 for a row loaded
-  // only by forgotten steps). The rows in ascending order, in one pass over their states,
-  // then a stable counting sort by that step, 16 bits at a time (a comparison sort of a
-  // large cache's millions of rows took a second).
+  // Outside the window a row's last announced step is its last use. Only after a forgotten
+  // window (a stopped run): retire() keeps the list from the first step.
   const int64_t lo = window_.empty() ? INT64_MAX : window_.front().s;
-  std::vector<std::pair<int32_t, uint32_t>> a(size_t(resident_) + 1), b;  // (row, step + 1)
-  size_t n = 0;
-  uint32_t most = 0;
-  for (size_t r = 0; r < row_.size(); ++r) {
-    const RowState x = row_[r];
-    const uint32_t key = uint32_t(x.last_ann + 1);
-    a[n] = {int32_t(r), key};
-    const bool take = x.slot >= 0 && x.last_ann < lo;
-    n += size_t(take);
-    most = std::max(most, take ? key : 0u);
+  std::vector<std::pair<int32_t, int32_t>> order;  // (last use, row)
+  for (size_t slot = 0; slot < row_of_.size(); ++slot) {
+    const int32_t r = row_of_[slot];
+    if (r >= 0 && row_[size_t(r)].last_ann < lo) order.emplace_back(row_[size_t(r)].last_ann, r);
   }
-  a.resize(n);
-  b.resize(n);
-  std::vector<size_t> start(size_t{1} << 16);
-  for (int shift = 0; shift < 32 && (shift == 0 || (most >> shift) != 0); shift += 16) {
-    std::fill(start.begin(), start.end(), size_t{0});
-    for (const auto& e : a) ++start[(e.second >> shift) & 0xffff];
-    size_t at = 0;
-    for (size_t& c : start) {
-      const size_t count = c;
-      c = at;
-      at += count;
-    }
-    for (const auto& e : a) b[start[(e.second >> shift) & 0xffff]++] = e;
-    a.swap(b);
-  }
-  lru_.resize(a.size());
-  for (size_t k = 0; k < a.size(); ++k) lru_[k] = {a[k].first, int32_t(a[k].second) - 1};
+  std::sort(order.begin(), order.end());
+  lru_.clear();
   lru_head_ = 0;
+  for (const auto& [last, r] : order) lru_.emplace_back(r, last);
   lru_live_ = true;
 }
 
