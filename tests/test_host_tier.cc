@@ -5,18 +5,25 @@
 // for every optimizer that updates touched rows only, FP32 and BF16 rows, announced
 // ahead or not. The multi-rank runs (real mpirun, ncf_dist) are in test_host_tier_runs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
+#include "comm/bootstrap.h"
 #include "comm/single_communicator.h"
 #include "common/check.h"
 #include "embedding/collection.h"
+#include "embedding/plan.h"
 #include "embedding/row_cache.h"
 #include "embedding/tier_ops.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace {
@@ -524,6 +531,151 @@ TEST(HostTierCollection, ImportedRowsReplaceCachedOnes) {
   for (int64_t c = 0; c < e.num_chunks(0); ++c) e.import_chunk(0, 0, c, rows.data());
   e.lookup({{u.data(), 3}, {it.data(), 1}});
   for (int k = 0; k < 3 * kD; ++k) ASSERT_EQ(e.rows(0)[k], 0.25f) << k;
+}
+
+// ---- W > 1: this binary again, under mpirun -----------------------------------------
+
+// Steps of lookups and updates on every rank of comm, each rank's ids its own (hot ids
+// shared), gradients from the rows, replicated tables' gradients allreduced as the trainer
+// does; cache 0 = no tier, else each step's ids announced `ahead` steps before it. Returns
+// every step's looked-up rows, then the tables; *key_exchanges counts the exchanges of
+// counts and all-to-alls the run made, *step_rows the most rows of this rank a step touched
+// (with the tier).
+std::vector<float> mpi_steps(const EmbeddingPlan& plan, Communicator& comm, int64_t cache,
+                             int ahead, int64_t* key_exchanges, int64_t* step_rows = nullptr) {
+  ExecContext ctx;
+  EmbeddingCollection e(plan, comm, ctx, optimizer(EmbeddingOptimizer::kLazyAdam), plan.dedup,
+                        cache);
+  e.init(21);
+  const int steps = 10, r = comm.rank();
+  std::vector<std::vector<int32_t>> users, items;
+  std::mt19937 g(uint32_t(91 + 7 * r));
+  for (int s = 0; s < steps; ++s) {
+    users.emplace_back(size_t(30 + 4 * r + s % 3));
+    items.emplace_back(size_t(60 - 5 * r));
+    for (auto& x : users.back()) x = int32_t(g() % 3 == 0 ? g() % 5 : g() % kUsers);
+    for (auto& x : items.back()) x = int32_t(g() % 2 == 0 ? g() % 4 : g() % kItems);
+  }
+  auto ids = [&](int s) {
+    return std::vector<TableIds>{{users[size_t(s)].data(), int64_t(users[size_t(s)].size())},
+                                 {items[size_t(s)].data(), int64_t(items[size_t(s)].size())}};
+  };
+  const CommCounters before = comm.counters();
+  std::vector<float> out, rep(size_t(e.replicated_grad_floats()));
+  int announced = 0;
+  for (int s = 0; s < steps; ++s) {
+    for (; cache > 0 && announced <= std::min(steps - 1, s + ahead); ++announced)
+      e.announce(ids(announced));
+    e.lookup(ids(s));
+    for (int t = 0; t < 2; ++t) {
+      const int64_t n = ids(s)[size_t(t)].n;
+      const float* rows = e.rows(t);
+      out.insert(out.end(), rows, rows + n * kD);
+      float* gr = e.row_grads(t);
+      for (int64_t k = 0; k < n * kD; ++k) gr[k] = 0.5f * rows[k] - 0.002f * float(k % 5);
+    }
+    e.gradients_start(rep.empty() ? nullptr : rep.data());
+    if (!rep.empty()) comm.all_reduce_sum(rep.data(), rep.size(), DType::kFloat32);
+    e.gradients_finish(s + 1);
+    e.update_replicated(rep.data(), s + 1);
+  }
+  const CommCounters after = comm.counters();
+  if (step_rows) *step_rows = cache > 0 ? e.cache_counters()->most_step_rows : 0;
+  *key_exchanges = 0;
+  for (CollectiveKind k : {CollectiveKind::kCounts, CollectiveKind::kAllToAll})
+    *key_exchanges += after.calls[int(k)] - before.calls[int(k)];
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<float> table = e.gather_table(t);
+    out.insert(out.end(), table.begin(), table.end());
+  }
+  return out;
+}
+
+// On CPU ranks a step's announcement routes its keys as its lookup would (the distinct ones
+// with --dedup, bucketed by owner) and sends them to the owners, so the lookup exchanges no
+// keys of its own. Every step's rows and the final tables equal the run without a host
+// tier bit for bit, at a budget of every row and at a small one, for row-wise, table-wise
+// and replicated tables, with and without --dedup, at W = 3; the run makes exactly the
+// exchanges of the run without a tier (the step's exchange of keys became the
+// announcement's). A lookup whose ids are not those announced for it is refused on every
+// rank.
+TEST(HostTierMpi, AnnouncementsRouteTheStepsKeys) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  ASSERT_GT(n, 0);
+  const test::RunResult r =
+      test::run("NCF_HOST_TIER_WORKER=1 timeout -k 5 120 " + test::mpirun(3) + " " +
+                std::string(buf, size_t(n)) + " --gtest_filter=HostTierWorker.*");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
+  int done = 0;
+  for (size_t p = r.output.find("host tier worker: done"); p != std::string::npos;
+       p = r.output.find("host tier worker: done", p + 1))
+    ++done;
+  EXPECT_EQ(done, 3) << r.output;
+}
+
+TEST(HostTierWorker, RoutesAsTheLookup) {
+  if (!std::getenv("NCF_HOST_TIER_WORKER")) GTEST_SKIP() << "runs only inside HostTierMpi.*";
+  const int rc = run_main(0, nullptr, [](int& argc, char**& argv) {
+    const RankInfo info = bootstrap(&argc, &argv, true);
+    auto comm = make_communicator(info, Device::kCpu, "mpi");
+    const int W = info.world;
+    for (const std::string forced : {"row", "table", "user=row,item=replicated"})
+      for (bool dedup : {false, true}) {
+        PlanRequest req;
+        req.D = kD;
+        req.W = W;
+        req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
+                      {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
+        req.lookups_per_rank = 64;
+        req.optimizer = EmbeddingOptimizer::kLazyAdam;
+        req.forced = forced;
+        req.dedup = dedup ? "on" : "off";
+        const EmbeddingPlan plan = plan_tables(req);
+        const std::string what =
+            forced + (dedup ? " dedup" : "") + " rank " + std::to_string(info.rank);
+        int64_t x_ref = 0, x_all = 0, x_small = 0, step_rows = 0;
+        const std::vector<float> ref = mpi_steps(plan, *comm, 0, 0, &x_ref);
+        const std::vector<float> all =
+            mpi_steps(plan, *comm, kUsers + kItems, 2, &x_all, &step_rows);
+        // The largest step's rows (a rank that holds no rows still has a cache, of one):
+        // rows of the next step leave and come back.
+        const std::vector<float> small =
+            mpi_steps(plan, *comm, std::max<int64_t>(step_rows, 1), 1, &x_small);
+        EXPECT_EQ(ref.size(), all.size()) << what;
+        EXPECT_EQ(ref.size(), small.size()) << what;
+        EXPECT_EQ(std::memcmp(ref.data(), all.data(), ref.size() * 4), 0) << what << ", 100%";
+        EXPECT_EQ(std::memcmp(ref.data(), small.data(), ref.size() * 4), 0)
+            << what << ", the largest step's rows";
+        EXPECT_EQ(x_all, x_ref) << what;
+        EXPECT_EQ(x_small, x_ref) << what;
+      }
+    // Ids other than the announced ones: refused before any exchange, on every rank.
+    PlanRequest req;
+    req.D = kD;
+    req.W = W;
+    req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
+                  {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
+    req.forced = "row";
+    EmbeddingCollection e(plan_tables(req), *comm, ExecContext{},
+                          optimizer(EmbeddingOptimizer::kSgd), false, 200);
+    e.init(5);
+    std::vector<int32_t> u = {1, 2, 3}, it = {4, 5};
+    e.announce({{u.data(), 3}, {it.data(), 2}});
+    it[1] = 6;
+    try {
+      e.lookup({{u.data(), 3}, {it.data(), 2}});
+      ADD_FAILURE() << "a lookup of other ids than the announced ones went through";
+    } catch (const Error& err) {
+      const std::string m = err.what();
+      EXPECT_NE(m.find("ids are not the 5 announced for it"), std::string::npos) << m;
+    }
+    std::printf("host tier worker: done\n");
+    std::fflush(stdout);
+    return ::testing::Test::HasFailure() ? 1 : 0;
+  });
+  EXPECT_EQ(rc, 0);
 }
 
 }  // namespace

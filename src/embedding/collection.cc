@@ -306,6 +306,10 @@ void EmbeddingCollection::lookup_start(const std::vector<TableIds>& ids) {
   }
   if (local_) return;
   if (!any_routed()) return;
+  if (!home_mode_ && routes_ahead()) {  // announced: its keys were routed then
+    take_routing();
+    return;
+  }
 
   // The keys that travel: the unique ones (ascending) with --dedup, else all.
   const int32_t* travel = keys_.data();

@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -222,6 +223,25 @@ class EmbeddingCollection {
   // routed tables that any rank's ids ask of it, and of its replicated copies the rows of
   // every rank's ids (the allreduced gradient updates each copy at all of them). Collective.
   std::vector<int32_t> owner_rows(const std::vector<TableIds>& host_ids);
+  // A step's routed keys as its lookup exchanges them: the keys of every table in batch
+  // order, with --dedup the distinct ones and each batch position's index among them, their
+  // owner order and flat rows, and the flat rows each rank asks of this one. On CPU ranks
+  // (routes_ahead) a step's announcement works them out and sends them to the owners, and
+  // the step's lookup takes them instead of bucketing and exchanging its keys again: one
+  // exchange of keys per step, not two.
+  struct Routing {
+    Buffer<int32_t> keys, unique, send_rows, recv_rows;
+    Buffer<int64_t> inverse, perm;
+    std::vector<int64_t> send_counts, recv_counts;
+    int64_t n_total = 0, n_routed = 0, nu = 0, nr = 0;
+  };
+  bool routes_ahead() const;
+  // owner_rows where routes_ahead(): the step's Routing kept for its lookup, the rows for
+  // the cache appended to *mine.
+  void route_ahead(const std::vector<TableIds>& host_ids, std::vector<int32_t>* mine);
+  // The lookup of an announced step takes its Routing (its keys_ already made): the ids
+  // must be those announced.
+  void take_routing();
   void retire_looked();
   void begin_lookup();
   // The moves on the side stream (an announcement's) or on the compute stream (a step's own).
@@ -382,7 +402,9 @@ class EmbeddingCollection {
   std::vector<int64_t> ann_shared_n_;
   std::vector<int64_t> ann_perm_;
   std::vector<uint64_t> ann_bits_;
-  RowCache::Moves moves_;  // announce's and stage_step's, refilled at each call (kept alike)
+  RowCache::Moves moves_;         // announce's and stage_step's, refilled at each call (kept alike)
+  std::deque<Routing> routings_;  // the announced steps' not yet looked up, in order
+  std::vector<Routing> spare_routings_;  // their buffers, once a lookup has swapped them out
 };
 
 }  // namespace ncf

@@ -91,6 +91,10 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   ExecContext host;
   host.threads = ctx_.threads;
   std::vector<int32_t> mine = cache_->spare_rows();  // memory a retired step's list held
+  if (routes_ahead()) {
+    route_ahead(host_ids, &mine);
+    return mine;
+  }
   std::vector<int32_t>& routed = ann_routed_;
   std::vector<int32_t>& keys = ann_keys_;
   std::vector<int32_t>& shared = ann_shared_;  // replicated tables' distinct rows, by table
@@ -169,6 +173,161 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   return mine;  // with repeats (a row asked by several ranks, or a local id listed twice)
 }
 
+bool EmbeddingCollection::routes_ahead() const {
+  // On a GPU the lookup's keys are made and exchanged on the device, beside the host's
+  // announcements, and node-level de-duplication routes keys through the node.
+  return cache_ && ctx_.device == Device::kCpu && any_routed() && !node_dedup_;
+}
+
+void EmbeddingCollection::route_ahead(const std::vector<TableIds>& host_ids,
+                                      std::vector<int32_t>* mine) {
+  const int T = num_tables();
+  ExecContext host;
+  host.threads = ctx_.threads;
+  Routing r;
+  if (!spare_routings_.empty()) {
+    r = std::move(spare_routings_.back());
+    spare_routings_.pop_back();
+  } else {
+    for (Buffer<int32_t>* b : {&r.keys, &r.unique, &r.send_rows, &r.recv_rows})
+      *b = Buffer<int32_t>(Device::kCpu, 0);
+    for (Buffer<int64_t>* b : {&r.inverse, &r.perm}) *b = Buffer<int64_t>(Device::kCpu, 0);
+  }
+  // The batch as lookup_start lays it out: layout order, the routed tables first.
+  std::vector<int64_t> off(size_t(T), 0);
+  {
+    std::vector<int> table_of_layout(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) table_of_layout[size_t(lt_[t])] = t;
+    r.n_total = r.n_routed = 0;
+    for (int u = 0; u < T; ++u) {
+      const int t = table_of_layout[size_t(u)];
+      NCF_CHECK(host_ids[t].n >= 0, "embedding announce: table ", plan_.tables[t].name,
+                " n=", host_ids[t].n);
+      off[size_t(t)] = r.n_total;
+      r.n_total += host_ids[t].n;
+      if (is_routed(t)) r.n_routed += host_ids[t].n;
+    }
+  }
+  r.keys.reserve(size_t(r.n_total));
+  std::vector<int32_t>& shared = ann_shared_;  // replicated tables' distinct rows, by table
+  std::vector<int64_t>& shared_n = ann_shared_n_;
+  shared.clear();
+  shared_n.assign(size_t(T), 0);
+  for (int t = 0; t < T; ++t) {
+    const int64_t n = host_ids[t].n;
+    int32_t* keys = r.keys.data() + off[size_t(t)];
+    try {
+      ids_to_keys(host, host_ids[t].ids, n, is_routed(t) ? layout_.key_begin[lt_[t]] : 0,
+                  plan_.tables[t].num_rows, keys);
+    } catch (const Error& e) {
+      NCF_RETHROW(e, "table ", plan_.tables[t].name);
+    }
+    if (is_routed(t)) continue;
+    // This rank's own copy, and each rank's copy of the rows any rank's batch touched.
+    const int64_t b = layout_.begin_on(lt_[t], rank_);
+    for (int64_t k = 0; k < n; ++k) mine->push_back(int32_t(b + keys[k]));
+    ann_keys_.assign(keys, keys + n);
+    unique_in_order(&ann_keys_, plan_.tables[t].num_rows, &ann_bits_);
+    shared.insert(shared.end(), ann_keys_.begin(), ann_keys_.end());
+    shared_n[size_t(t)] = int64_t(ann_keys_.size());
+  }
+  // What the lookup would do with the routed keys (the same ops on the same host memory).
+  const int32_t* travel = r.keys.data();
+  r.nu = r.n_routed;
+  if (dedup_) {
+    r.unique.reserve(size_t(r.n_routed));
+    r.inverse.reserve(size_t(r.n_routed));
+    unique_ids(host, r.keys.data(), r.n_routed, r.unique.data(), r.inverse.data(), &r.nu,
+               layout_.num_keys());
+    travel = r.unique.data();
+  }
+  r.perm.reserve(size_t(r.nu));
+  r.send_rows.reserve(size_t(r.nu));
+  r.send_counts.assign(size_t(W_), 0);
+  bucketize_by_owner(host, travel, r.nu, layout_, r.perm.data(), r.send_rows.data(),
+                     r.send_counts.data());
+  // To each rank: how many routed rows, those rows, then the replicated tables' rows.
+  const int64_t ns = int64_t(shared.size());
+  const size_t W = static_cast<size_t>(W_);
+  std::vector<int64_t> sc(W), sd(W), rc(W), rd(W);
+  std::vector<int32_t>& send = ann_send_;
+  send.resize(size_t(r.nu + W_ + (W_ - 1) * ns));
+  int64_t at = 0, from = 0;
+  for (int p = 0; p < W_; ++p) {
+    const int64_t h = r.send_counts[size_t(p)];
+    sd[size_t(p)] = at;
+    send[size_t(at++)] = int32_t(h);
+    std::copy_n(r.send_rows.data() + from, h, send.data() + at);
+    at += h;
+    from += h;
+    if (p != rank_ && ns > 0) {
+      const int32_t* x = shared.data();
+      for (int t = 0; t < T; ++t) {
+        const int64_t b = layout_.begin_on(lt_[t], p);
+        for (int64_t k = 0; k < shared_n[size_t(t)]; ++k) send[size_t(at++)] = int32_t(b + *x++);
+      }
+    }
+    sc[size_t(p)] = at - sd[size_t(p)];
+  }
+  comm_.exchange_counts(sc.data(), rc.data());
+  int64_t nr = 0;
+  for (int p = 0; p < W_; ++p) {
+    rd[size_t(p)] = nr;
+    nr += rc[size_t(p)];
+  }
+  std::vector<int32_t>& recv = ann_recv_;
+  recv.resize(static_cast<size_t>(nr));
+  all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
+                  rd.data(), DType::kInt32);
+  r.recv_counts.assign(W, 0);
+  r.nr = 0;
+  for (int p = 0; p < W_; ++p) {
+    const int64_t h = rc[size_t(p)] > 0 ? recv[size_t(rd[size_t(p)])] : -1;
+    NCF_CHECK(h >= 0 && h < rc[size_t(p)], "embedding announce: rank ", p, " sent ", rc[size_t(p)],
+              " keys, of which ", h, " routed");
+    r.recv_counts[size_t(p)] = h;
+    r.nr += h;
+  }
+  r.recv_rows.reserve(size_t(r.nr));
+  int64_t to = 0;
+  for (int p = 0; p < W_; ++p) {
+    const int32_t* m = recv.data() + rd[size_t(p)] + 1;
+    std::copy_n(m, r.recv_counts[size_t(p)], r.recv_rows.data() + to);
+    to += r.recv_counts[size_t(p)];
+    mine->insert(mine->end(), m, m + rc[size_t(p)] - 1);  // routed, then replicated rows
+  }
+  routings_.push_back(std::move(r));
+}
+
+void EmbeddingCollection::take_routing() {
+  NCF_CHECK(!routings_.empty(), "embedding lookup: step ", looked_ - 1,
+            " was announced without its keys' routing");
+  Routing& r = routings_.front();
+  NCF_CHECK(r.n_total == n_total_ && r.n_routed == n_routed_ &&
+                std::equal(keys_.data(), keys_.data() + n_total_, r.keys.data()),
+            "embedding lookup: step ", looked_ - 1, "'s ids are not the ", r.n_total,
+            " announced for it (", n_total_, " ids)");
+  std::swap(unique_, r.unique);
+  std::swap(inverse_, r.inverse);
+  std::swap(perm_, r.perm);
+  std::swap(send_rows_, r.send_rows);
+  std::swap(recv_rows_, r.recv_rows);
+  nu_ = r.nu;
+  nr_ = r.nr;
+  send_counts_ = r.send_counts;
+  recv_counts_ = r.recv_counts;
+  int64_t s = 0, v = 0;
+  for (int p = 0; p < W_; ++p) {
+    send_displs_[size_t(p)] = s;
+    recv_displs_[size_t(p)] = v;
+    s += send_counts_[size_t(p)];
+    v += recv_counts_[size_t(p)];
+  }
+  ticket_ = 0;
+  spare_routings_.push_back(std::move(r));
+  routings_.pop_front();
+}
+
 void EmbeddingCollection::retire_looked() {
   if (!retire_due_) return;
   cache_->retire(looked_ - 1);
@@ -191,6 +350,8 @@ void EmbeddingCollection::forget_announced() {
   if (!cache_) return;
   retire_looked();
   cache_->forget_window();  // a staged step's rows stay resident, outside any window
+  for (Routing& r : routings_) spare_routings_.push_back(std::move(r));
+  routings_.clear();
   staged_ = false;
   step_open_ = false;
   announced_ = looked_;
