@@ -3,7 +3,8 @@
 // window evicted, no wait, once the budget holds a window), and the collection with a
 // cache of every size giving the bits of the all-on-device collection over many steps,
 // for every optimizer that updates touched rows only, FP32 and BF16 rows, announced
-// ahead or not. The multi-rank runs (real mpirun, ncf_dist) are in test_host_tier_runs.
+// ahead or not; then the collection on 3 MPI ranks (this binary under mpirun), where the
+// announcements route the steps' keys. The ncf_dist runs are in test_host_tier_runs.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
