@@ -17,12 +17,33 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/check.h"
 #include "common/philox.h"
 #include "common/step_timer.h"
 
 namespace ncf {
+namespace probe {
+struct Counts {
+  std::vector<int64_t> sc, rc, sd, rd;
+};
+void counts_and_offsets(Counts* c, const std::vector<int64_t>& a, const std::vector<int64_t>& b,
+                        int W);
+}  // namespace probe
+
+// GCC 12.2 (Debian 12's) at -O3 left the second running sum of toolchain_probe.cc's loop at
+// zero: its loop distribution read each count before the store of it. The project's flags
+// turn loop distribution off; this fails if they stop doing so on a compiler that has it.
+TEST(Toolchain, KeepsTwoRunningSumsBesideTheCountsTheyRead) {
+  probe::Counts c;
+  for (auto* v : {&c.sc, &c.rc, &c.sd, &c.rd}) v->assign(4, -1);
+  probe::counts_and_offsets(&c, {5, 6, 7, 8}, {7, 8, 9, 10}, 4);
+  EXPECT_EQ(c.sc, (std::vector<int64_t>{5, 6, 7, 8}));
+  EXPECT_EQ(c.rc, (std::vector<int64_t>{7, 8, 9, 10}));
+  EXPECT_EQ(c.sd, (std::vector<int64_t>{0, 5, 11, 18}));
+  EXPECT_EQ(c.rd, (std::vector<int64_t>{0, 7, 15, 24}));
+}
 
 TEST(Philox, KnownAnswerZeroKey) {
   // Random123 known-answer test for philox4x32-10, counter 0, key 0.
