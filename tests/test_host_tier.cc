@@ -25,6 +25,7 @@
 #include "embedding/row_cache.h"
 #include "embedding/tier_ops.h"
 #include "test_util.h"
+#include "train/config.h"
 
 namespace ncf {
 namespace {
@@ -532,6 +533,18 @@ TEST(HostTierCollection, ImportedRowsReplaceCachedOnes) {
   for (int64_t c = 0; c < e.num_chunks(0); ++c) e.import_chunk(0, 0, c, rows.data());
   e.lookup({{u.data(), 3}, {it.data(), 1}});
   for (int k = 0; k < 3 * kD; ++k) ASSERT_EQ(e.rows(0)[k], 0.25f) << k;
+}
+
+// Under --device_table_budget auto a GPU rank whose tables fit takes no cache, and one
+// whose tables do not takes one; the announcements are collective, so the tier is on every
+// rank or none: the ranks without a cache take one of every row (it mirrors them).
+TEST(HostTierDecision, EveryRankOrNone) {
+  EXPECT_EQ(agreed_cache_slots({0, 0, 0}, 1, 500), 0);
+  EXPECT_EQ(agreed_cache_slots({0, 40, 0}, 1, 500), 40);
+  EXPECT_EQ(agreed_cache_slots({0, 40, 0}, 0, 500), 500);
+  EXPECT_EQ(agreed_cache_slots({0, 40, 0}, 2, 0), 1) << "a rank without rows still has one slot";
+  EXPECT_EQ(agreed_cache_slots({7, 40, 3}, 2, 500), 3) << "each rank keeps its own budget";
+  EXPECT_THROW(agreed_cache_slots({1, 2}, 2, 5), Error);
 }
 
 // ---- W > 1: this binary again, under mpirun -----------------------------------------

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
 
 #include "common/device.h"
 #include "test_util.h"
@@ -283,6 +285,45 @@ TEST_F(TrainGpu, NcclRanksWithAHostTierGiveTheBitsOfTheAllOnDeviceRun) {
     EXPECT_GT(t["evictions"], 0) << shape << ": 90% of the rows cannot hold them all";
     EXPECT_EQ(t["evicted_in_window"], 0) << shape;
   }
+}
+
+// --device_table_budget auto where one rank's tables fit its share of the GPU and the other
+// rank's do not (table-wise: 20,000 users on rank 0, 131 items on rank 1, and a
+// --memory_limit_gb halfway between the two ranks' estimates, read from the start-up lines
+// of a run without it): the tier's announcements are collective, so rank 1 takes a cache
+// too, of every one of its rows, and the run ends with the bits of the run without a tier.
+TEST_F(TrainGpu, NcclRanksTakeTheHostTierTogetherUnderAuto) {
+  const std::string data = dir_.file("many_users");
+  auto r = run(bin("ncf_prep") +
+               " --synthetic custom --users 20000 --items 131 "
+               "--interactions 60000 --min_per_user 3 --eval_negatives 50 --record_rows 300 "
+               "--output " +
+               data);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string flags =
+      "--device cuda --comm nccl --embedding_optimizer rowwise_adagrad --max_steps 30 "
+      "--shard_plan table";
+  std::string out;
+  const auto all = train(nccl_on_one_gpu(2), data, flags, "fp32", &out);
+  double est[2] = {0, 0};
+  const std::regex line("rank ([01]): [^\\n]*estimated memory ([0-9.]+) MiB");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+       ++it)
+    est[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  ASSERT_GT(est[1], 0.0) << out;
+  ASSERT_GT(est[0], est[1] + 1.0) << "the user table's rank needs more\n" << out;
+  const std::string limit = std::to_string((est[0] + est[1]) / 2 / 1024);
+  const auto tier =
+      train(nccl_on_one_gpu(2), data,
+            flags + " --device_table_budget auto --memory_limit_gb " + limit, "fp32", &out);
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_EQ(tier.size(), 2u) << out;
+  for (size_t e = 0; e < 2; ++e)
+    for (const char* k : {"loss", "hr", "ndcg"})
+      EXPECT_EQ(all[e][k], tier[e][k]) << "epoch " << e + 1 << " " << k;
+  const nlohmann::json t = tier.back().value("host_tier", nlohmann::json());
+  ASSERT_TRUE(t.is_object()) << out;
+  EXPECT_LT(t["cache_rows"], 20000) << "rank 0's cache holds part of its users\n" << out;
 }
 
 TEST_F(TrainGpu, NcclRanksFollowOneRankWhenThereAreSeveralGpus) {

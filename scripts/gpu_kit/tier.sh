@@ -21,10 +21,11 @@ do_tier_parity() {
 }
 # NCCL ranks on the one GPU with a host tier: W = 2 flat (the announced ids over MPI on the
 # host, no wait for the device) and W = 4 two-hop (through device staging), each against
-# the same ranks without a budget, to the bit.
+# the same ranks without a budget, to the bit; and W = 2 under auto where only one rank's
+# tables do not fit (both ranks take the tier).
 do_tier_nccl() {
   ours env NCF_REQUIRE_GPU=1 "$build/tests/test_train_gpu" --gtest_brief=1 \
-    --gtest_filter='TrainGpu.NcclRanksWithAHostTierGiveTheBitsOfTheAllOnDeviceRun'
+    --gtest_filter='TrainGpu.NcclRanksWithAHostTierGiveTheBitsOfTheAllOnDeviceRun:TrainGpu.NcclRanksTakeTheHostTierTogetherUnderAuto'
 }
 tier_flags=(--precision bf16 --table_dtype bf16 --embedding_optimizer rowwise_adagrad
   --train_epochs 1 --no_eval --device cuda --progress off)

@@ -726,4 +726,14 @@ TableBudget parse_table_budget(const std::string& s) {
   return b;
 }
 
+int64_t agreed_cache_slots(const std::vector<int64_t>& slots_of_ranks, int rank, int64_t rows) {
+  NCF_CHECK(rank >= 0 && size_t(rank) < slots_of_ranks.size(), "agreed_cache_slots: rank ", rank,
+            " of ", slots_of_ranks.size());
+  const int64_t mine = slots_of_ranks[size_t(rank)];
+  if (mine > 0) return mine;
+  for (int64_t s : slots_of_ranks)
+    if (s > 0) return std::max<int64_t>(rows, 1);
+  return 0;
+}
+
 }  // namespace ncf

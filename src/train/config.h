@@ -151,4 +151,11 @@ struct TableBudget {
 };
 TableBudget parse_table_budget(const std::string& s);
 
+// The host tier is on every rank or on none: its announcements are collective. From every
+// rank's own decision (its cache in rows, 0 for none: under auto a GPU rank whose tables fit
+// takes none), this rank's cache: its own, or, where another rank took one and it did not,
+// every one of its rows (at least one), a cache that mirrors the rows and leaves the steps
+// as they are.
+int64_t agreed_cache_slots(const std::vector<int64_t>& slots_of_ranks, int rank, int64_t rows);
+
 }  // namespace ncf
