@@ -236,6 +236,15 @@ class EmbeddingCollection {
     int64_t n_total = 0, n_routed = 0, nu = 0, nr = 0;
   };
   bool routes_ahead() const;
+  // Table t (replicated) of an announcement, its rows *keys: this rank's copy's rows into
+  // *mine, and the distinct ones (left in *keys) kept in ann_shared_ for every other rank.
+  void share_replicated(int t, std::vector<int32_t>* keys, std::vector<int32_t>* mine);
+  // An announcement's exchange: to each rank p its counts[p] flat rows of owned (rank order),
+  // behind a one-int header saying how many where `header`, then (to other ranks) the
+  // replicated tables' rows in ann_shared_ as that rank's flat rows. What arrives is in
+  // ann_recv_, (*rc)[p] entries from rank p at (*rd)[p]. Collective.
+  void send_to_owners(const int32_t* owned, const int64_t* counts, bool header,
+                      std::vector<int64_t>* rc, std::vector<int64_t>* rd);
   // owner_rows where routes_ahead(): the step's Routing kept for its lookup, the rows for
   // the cache appended to *mine.
   void route_ahead(const std::vector<TableIds>& host_ids, std::vector<int32_t>* mine);

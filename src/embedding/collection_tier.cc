@@ -97,11 +97,9 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   }
   std::vector<int32_t>& routed = ann_routed_;
   std::vector<int32_t>& keys = ann_keys_;
-  std::vector<int32_t>& shared = ann_shared_;  // replicated tables' distinct rows, by table
-  std::vector<int64_t>& shared_n = ann_shared_n_;
   routed.clear();
-  shared.clear();
-  shared_n.assign(size_t(T), 0);
+  ann_shared_.clear();
+  ann_shared_n_.assign(size_t(T), 0);
   for (int t = 0; t < T; ++t) {
     const int64_t n = host_ids[t].n;
     const size_t n0 = mine.size();
@@ -117,14 +115,7 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
     }
     if (local_) continue;
     if (!is_routed(t)) {
-      // This rank's own copy. Every rank's copy takes the update of the rows any rank's
-      // batch touched (the allreduced gradient), so each rank's rows of the table go to
-      // every other rank too: below, once each.
-      const int64_t b = layout_.begin_on(lt_[t], rank_);
-      for (int32_t r : keys) mine.push_back(int32_t(b + r));
-      unique_in_order(&keys, plan_.tables[t].num_rows, &ann_bits_);
-      shared.insert(shared.end(), keys.begin(), keys.end());
-      shared_n[size_t(t)] = int64_t(keys.size());
+      share_replicated(t, &keys, &mine);
     } else {
       routed.insert(routed.end(), keys.begin(), keys.end());
     }
@@ -133,44 +124,71 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
   // Each distinct routed key once to its owner, which learns the flat rows asked of it;
   // each replicated table's distinct rows to every other rank, as its copy's flat rows.
   unique_in_order(&routed, layout_.num_keys(), &ann_bits_);
-  const int64_t nu = int64_t(routed.size()), ns = int64_t(shared.size());
-  const size_t W = static_cast<size_t>(W_);
-  std::vector<int64_t> sc(W), sd(W), rc(W), rd(W), oc(W, 0);
+  const int64_t nu = int64_t(routed.size());
+  std::vector<int64_t> oc(size_t(W_), 0), rc, rd;
   std::vector<int64_t>& perm = ann_perm_;
   std::vector<int32_t>& owned = ann_owned_;
-  std::vector<int32_t>& send = ann_send_;
   perm.resize(static_cast<size_t>(nu));
   owned.resize(static_cast<size_t>(nu));
   if (nu > 0)
     bucketize_by_owner(host, routed.data(), nu, layout_, perm.data(), owned.data(), oc.data());
-  send.resize(static_cast<size_t>(nu + (W_ - 1) * ns));
+  send_to_owners(owned.data(), oc.data(), false, &rc, &rd);
+  mine.insert(mine.end(), ann_recv_.begin(), ann_recv_.end());
+  return mine;  // with repeats (a row asked by several ranks, or a local id listed twice)
+}
+
+void EmbeddingCollection::share_replicated(int t, std::vector<int32_t>* keys,
+                                           std::vector<int32_t>* mine) {
+  // This rank's own copy. Every rank's copy takes the update of the rows any rank's batch
+  // touched (the allreduced gradient), so each rank's rows of the table go to every other
+  // rank too (send_to_owners), once each.
+  const int64_t b = layout_.begin_on(lt_[t], rank_);
+  for (int32_t r : *keys) mine->push_back(int32_t(b + r));
+  unique_in_order(keys, plan_.tables[t].num_rows, &ann_bits_);
+  ann_shared_.insert(ann_shared_.end(), keys->begin(), keys->end());
+  ann_shared_n_[size_t(t)] = int64_t(keys->size());
+}
+
+void EmbeddingCollection::send_to_owners(const int32_t* owned, const int64_t* counts, bool header,
+                                         std::vector<int64_t>* rc, std::vector<int64_t>* rd) {
+  const int T = num_tables();
+  const size_t W = static_cast<size_t>(W_);
+  int64_t nu = 0;
+  for (size_t p = 0; p < W; ++p) nu += counts[p];
+  const int64_t ns = int64_t(ann_shared_.size());
+  std::vector<int64_t> sc(W), sd(W);
+  rc->assign(W, 0);
+  rd->assign(W, 0);
+  std::vector<int32_t>& send = ann_send_;
+  send.resize(size_t(nu + (header ? W_ : 0) + (W_ - 1) * ns));
   int64_t at = 0, from = 0;
   for (int p = 0; p < W_; ++p) {
+    const int64_t h = counts[p];
     sd[size_t(p)] = at;
-    std::copy_n(owned.data() + from, oc[size_t(p)], send.data() + at);
-    at += oc[size_t(p)];
-    from += oc[size_t(p)];
+    if (header) send[size_t(at++)] = int32_t(h);
+    std::copy_n(owned + from, h, send.data() + at);
+    at += h;
+    from += h;
     if (p != rank_ && ns > 0) {
-      const int32_t* x = shared.data();
+      const int32_t* x = ann_shared_.data();
       for (int t = 0; t < T; ++t) {
         const int64_t b = layout_.begin_on(lt_[t], p);
-        for (int64_t k = 0; k < shared_n[size_t(t)]; ++k) send[size_t(at++)] = int32_t(b + *x++);
+        for (int64_t k = 0; k < ann_shared_n_[size_t(t)]; ++k)
+          send[size_t(at++)] = int32_t(b + *x++);
       }
     }
     sc[size_t(p)] = at - sd[size_t(p)];
   }
-  comm_.exchange_counts(sc.data(), rc.data());
+  comm_.exchange_counts(sc.data(), rc->data());
   int64_t nr = 0;
-  for (int p = 0; p < W_; ++p) {
-    rd[size_t(p)] = nr;
-    nr += rc[size_t(p)];
+  for (size_t p = 0; p < W; ++p) {
+    (*rd)[p] = nr;
+    nr += (*rc)[p];
   }
   std::vector<int32_t>& recv = ann_recv_;
   recv.resize(static_cast<size_t>(nr));
-  all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
-                  rd.data(), DType::kInt32);
-  mine.insert(mine.end(), recv.begin(), recv.end());
-  return mine;  // with repeats (a row asked by several ranks, or a local id listed twice)
+  all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc->data(),
+                  rd->data(), DType::kInt32);
 }
 
 bool EmbeddingCollection::routes_ahead() const {
@@ -209,10 +227,8 @@ void EmbeddingCollection::route_ahead(const std::vector<TableIds>& host_ids,
     }
   }
   r.keys.reserve(size_t(r.n_total));
-  std::vector<int32_t>& shared = ann_shared_;  // replicated tables' distinct rows, by table
-  std::vector<int64_t>& shared_n = ann_shared_n_;
-  shared.clear();
-  shared_n.assign(size_t(T), 0);
+  ann_shared_.clear();
+  ann_shared_n_.assign(size_t(T), 0);
   for (int t = 0; t < T; ++t) {
     const int64_t n = host_ids[t].n;
     int32_t* keys = r.keys.data() + off[size_t(t)];
@@ -223,13 +239,8 @@ void EmbeddingCollection::route_ahead(const std::vector<TableIds>& host_ids,
       NCF_RETHROW(e, "table ", plan_.tables[t].name);
     }
     if (is_routed(t)) continue;
-    // This rank's own copy, and each rank's copy of the rows any rank's batch touched.
-    const int64_t b = layout_.begin_on(lt_[t], rank_);
-    for (int64_t k = 0; k < n; ++k) mine->push_back(int32_t(b + keys[k]));
     ann_keys_.assign(keys, keys + n);
-    unique_in_order(&ann_keys_, plan_.tables[t].num_rows, &ann_bits_);
-    shared.insert(shared.end(), ann_keys_.begin(), ann_keys_.end());
-    shared_n[size_t(t)] = int64_t(ann_keys_.size());
+    share_replicated(t, &ann_keys_, mine);
   }
   // What the lookup would do with the routed keys (the same ops on the same host memory).
   const int32_t* travel = r.keys.data();
@@ -247,39 +258,10 @@ void EmbeddingCollection::route_ahead(const std::vector<TableIds>& host_ids,
   bucketize_by_owner(host, travel, r.nu, layout_, r.perm.data(), r.send_rows.data(),
                      r.send_counts.data());
   // To each rank: how many routed rows, those rows, then the replicated tables' rows.
-  const int64_t ns = int64_t(shared.size());
-  const size_t W = static_cast<size_t>(W_);
-  std::vector<int64_t> sc(W), sd(W), rc(W), rd(W);
-  std::vector<int32_t>& send = ann_send_;
-  send.resize(size_t(r.nu + W_ + (W_ - 1) * ns));
-  int64_t at = 0, from = 0;
-  for (int p = 0; p < W_; ++p) {
-    const int64_t h = r.send_counts[size_t(p)];
-    sd[size_t(p)] = at;
-    send[size_t(at++)] = int32_t(h);
-    std::copy_n(r.send_rows.data() + from, h, send.data() + at);
-    at += h;
-    from += h;
-    if (p != rank_ && ns > 0) {
-      const int32_t* x = shared.data();
-      for (int t = 0; t < T; ++t) {
-        const int64_t b = layout_.begin_on(lt_[t], p);
-        for (int64_t k = 0; k < shared_n[size_t(t)]; ++k) send[size_t(at++)] = int32_t(b + *x++);
-      }
-    }
-    sc[size_t(p)] = at - sd[size_t(p)];
-  }
-  comm_.exchange_counts(sc.data(), rc.data());
-  int64_t nr = 0;
-  for (int p = 0; p < W_; ++p) {
-    rd[size_t(p)] = nr;
-    nr += rc[size_t(p)];
-  }
-  std::vector<int32_t>& recv = ann_recv_;
-  recv.resize(static_cast<size_t>(nr));
-  all_to_all_v_on(comm_, Device::kCpu, send.data(), sc.data(), sd.data(), recv.data(), rc.data(),
-                  rd.data(), DType::kInt32);
-  r.recv_counts.assign(W, 0);
+  std::vector<int64_t> rc, rd;
+  send_to_owners(r.send_rows.data(), r.send_counts.data(), true, &rc, &rd);
+  const std::vector<int32_t>& recv = ann_recv_;
+  r.recv_counts.assign(size_t(W_), 0);
   r.nr = 0;
   for (int p = 0; p < W_; ++p) {
     const int64_t h = rc[size_t(p)] > 0 ? recv[size_t(rd[size_t(p)])] : -1;
