@@ -147,21 +147,16 @@ int64_t check_rank_memory(const TrainConfig& cfg, const DatasetMeta& meta,
   const int64_t limit = cfg.memory_limit_gb > 0
                             ? int64_t(cfg.memory_limit_gb * double(1ull << 30))
                             : mem.free / (on_gpu ? mem.sharing : std::max(1, comm.local_world()));
-  *cache_slots = decide_cache_slots(cfg, plan, r, kind, est, limit, on_gpu, tier);
-  {
-    int64_t rows = 0;
-    for (const TableSpec& t : plan.tables) rows += table_rank_rows(t, r, plan.W);
-    const int64_t own = *cache_slots;
-    *cache_slots = agreed_cache_slots(gather_all<int64_t>(comm, {own}), r, rows);
-    if (*cache_slots != own)
-      *tier = "host tier: every one of rank " + std::to_string(r) + "'s " + std::to_string(rows) +
-              " rows cached on the GPU, whose tables fit, because another rank's do not "
-              "(--device_table_budget auto; the host tier is on every rank or none)";
-  }
+  const int64_t own = decide_cache_slots(cfg, plan, r, kind, est, limit, on_gpu, tier);
+  int64_t rows = 0;
+  for (const TableSpec& t : plan.tables) rows += table_rank_rows(t, r, plan.W);
+  *cache_slots = agreed_cache_slots(gather_all<int64_t>(comm, {own}), r, rows);
+  if (*cache_slots != own)
+    *tier = "host tier: every one of rank " + std::to_string(r) + "'s " + std::to_string(rows) +
+            " rows cached on the GPU, whose tables fit, because another rank's do not "
+            "(--device_table_budget auto; the host tier is on every rank or none)";
   if (*cache_slots > 0 && on_gpu) {
     // The device holds the cache instead of the tables (the home arrays are host memory).
-    int64_t rows = 0;
-    for (const TableSpec& t : plan.tables) rows += table_rank_rows(t, r, plan.W);
     const double share = rows ? std::min(1.0, double(*cache_slots) / double(rows)) : 1.0;
     for (int64_t& b : est.tables) b = int64_t(double(b) * share);
   }
