@@ -489,19 +489,12 @@ TEST(CommBootstrap, DetectsTheLauncherFromItsVariables) {
 
 // ---- multi-process tests: this binary again, under mpirun --------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
-  return std::string(buf, n);
-}
-
 // `timeout` first so that a hang fails the test instead of the test run; `env` lets the
 // VAR=value prefix of test::mpirun follow it.
 std::string worker_command(int np, const std::string& worker, const std::string& extra_env) {
   std::string launch = np > 0 ? "env " + test::mpirun(np) + " " : "";
-  return "NCF_COMM_WORKER=" + worker + " " + extra_env + " timeout -k 5 60 " + launch + self_exe() +
-         " --gtest_filter=CommWorker.*";
+  return "NCF_COMM_WORKER=" + worker + " " + extra_env + " timeout -k 5 60 " + launch +
+         test::self_exe() + " --gtest_filter=CommWorker.*";
 }
 
 int count_of(const std::string& s, const std::string& what) {

@@ -174,13 +174,6 @@ TEST(GpuIdentity, WithoutMpiTheRankIsAlone) {
 
 // ---- the gather over a real node communicator -----------------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
-  return std::string(buf, size_t(n));
-}
-
 // Made-up bus ids: local ranks 2k and 2k + 1 on one GPU ("pairs"), or one each.
 std::string fake_id(int local_rank, bool pairs) {
   char id[32];
@@ -195,7 +188,7 @@ TEST_P(GpuIdentityMpi, NodeRanksGatherTheirGpuIds) {
   const int np = 4;
   const test::RunResult r =
       test::run("NCF_GPU_ID_WORKER=" + layout + " timeout -k 5 60 env " + test::mpirun(np) + " " +
-                self_exe() + " --gtest_filter=GpuIdentityWorker.*");
+                test::self_exe() + " --gtest_filter=GpuIdentityWorker.*");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int k = 0; k < np; ++k)
     EXPECT_NE(r.output.find("gpu identity worker: rank " + std::to_string(k) + " of " +

@@ -6,7 +6,6 @@
 // ahead or not; then the collection on 3 MPI ranks (this binary under mpirun), where the
 // announcements route the steps' keys. The ncf_dist runs are in test_host_tier_runs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,14 +13,12 @@
 #include <map>
 #include <random>
 #include <set>
-#include <stdexcept>
 #include <vector>
 
 #include "comm/bootstrap.h"
 #include "comm/single_communicator.h"
 #include "common/check.h"
 #include "embedding/collection.h"
-#include "embedding/plan.h"
 #include "embedding/row_cache.h"
 #include "embedding/tier_ops.h"
 #include "test_util.h"
@@ -614,12 +611,8 @@ std::vector<float> mpi_steps(const EmbeddingPlan& plan, Communicator& comm, int6
 // announcement's). A lookup whose ids are not those announced for it is refused on every
 // rank.
 TEST(HostTierMpi, AnnouncementsRouteTheStepsKeys) {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  ASSERT_GT(n, 0);
-  const test::RunResult r =
-      test::run("NCF_HOST_TIER_WORKER=1 timeout -k 5 120 " + test::mpirun(3) + " " +
-                std::string(buf, size_t(n)) + " --gtest_filter=HostTierWorker.*");
+  const test::RunResult r = test::run("NCF_HOST_TIER_WORKER=1 timeout -k 5 120 " + test::mpirun(3) +
+                                      " " + test::self_exe() + " --gtest_filter=HostTierWorker.*");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
   int done = 0;
@@ -637,16 +630,7 @@ TEST(HostTierWorker, RoutesAsTheLookup) {
     const int W = info.world;
     for (const std::string forced : {"row", "table", "user=row,item=replicated"})
       for (bool dedup : {false, true}) {
-        PlanRequest req;
-        req.D = kD;
-        req.W = W;
-        req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
-                      {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
-        req.lookups_per_rank = 64;
-        req.optimizer = EmbeddingOptimizer::kLazyAdam;
-        req.forced = forced;
-        req.dedup = dedup ? "on" : "off";
-        const EmbeddingPlan plan = plan_tables(req);
+        const EmbeddingPlan plan = test::user_item_plan(kUsers, kItems, kD, W, forced, dedup);
         const std::string what =
             forced + (dedup ? " dedup" : "") + " rank " + std::to_string(info.rank);
         int64_t x_ref = 0, x_all = 0, x_small = 0, step_rows = 0;
@@ -666,14 +650,8 @@ TEST(HostTierWorker, RoutesAsTheLookup) {
         EXPECT_EQ(x_small, x_ref) << what;
       }
     // Ids other than the announced ones: refused before any exchange, on every rank.
-    PlanRequest req;
-    req.D = kD;
-    req.W = W;
-    req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
-                  {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
-    req.forced = "row";
-    EmbeddingCollection e(plan_tables(req), *comm, ExecContext{},
-                          optimizer(EmbeddingOptimizer::kSgd), false, 200);
+    EmbeddingCollection e(test::user_item_plan(kUsers, kItems, kD, W, "row", false), *comm,
+                          ExecContext{}, optimizer(EmbeddingOptimizer::kSgd), false, 200);
     e.init(5);
     std::vector<int32_t> u = {1, 2, 3}, it = {4, 5};
     e.announce({{u.data(), 3}, {it.data(), 2}});

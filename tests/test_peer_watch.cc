@@ -30,13 +30,6 @@
 namespace ncf {
 namespace {
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
-  return std::string(buf, size_t(n));
-}
-
 std::string host_name() {
   char host[256] = "";
   gethostname(host, sizeof host - 1);
@@ -52,8 +45,8 @@ int count_of(const std::string& text, const std::string& what) {
 // `timeout` around mpirun: a rank the watch fails to end makes the test fail, not hang.
 std::string job(int np, const std::string& worker, const std::string& env, bool recovery = true) {
   return "NCF_PEER_WORKER=" + worker + " " + env + " timeout -k 5 90 " + test::mpirun(np) +
-         (recovery ? " --enable-recovery" : "") + " " + self_exe() + " --gtest_filter=PeerWorker." +
-         worker + " 2>&1";
+         (recovery ? " --enable-recovery" : "") + " " + test::self_exe() +
+         " --gtest_filter=PeerWorker." + worker + " 2>&1";
 }
 
 TEST(PeerWatch, AKilledRankIsNamedByEveryOtherRankInItsOwnWords) {

@@ -129,20 +129,13 @@ TEST(DeclaredNodes, TwoHopOverDeclaredNodesEndsWithFlatsParameters) {
 
 // ---- multi-process: this binary again, under mpirun ------------------------------
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
-  return std::string(buf, size_t(n));
-}
-
 class TwoHopMpi : public ::testing::TestWithParam<int> {
  protected:
   // This binary's worker tests `worker`.* on np ranks under mpirun: they must all
   // pass; returns how many times `line` appears in the job's output.
   static int run_workers(int np, const std::string& worker, const std::string& line) {
     test::RunResult r = test::run("NCF_TWO_HOP_WORKER=1 timeout -k 5 120 env " + test::mpirun(np) +
-                                  " " + self_exe() + " --gtest_filter=" + worker + ".*");
+                                  " " + test::self_exe() + " --gtest_filter=" + worker + ".*");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output.find("[  FAILED  ]"), std::string::npos) << r.output;
     int n = 0;
@@ -332,15 +325,7 @@ constexpr int64_t kUsers = 157, kItems = 83;
 constexpr int kD = 5, kSteps = 4;
 
 EmbeddingPlan plan_for(const std::string& forced, int W, bool dedup) {
-  PlanRequest req;
-  req.D = kD;
-  req.W = W;
-  req.tables = {{"user", kUsers, Placement::kRowWise, 0, 1, 0.01f},
-                {"item", kItems, Placement::kRowWise, 0, 2, 0.01f}};
-  req.lookups_per_rank = 64;
-  req.forced = forced;
-  req.dedup = dedup ? "on" : "off";
-  return plan_tables(req);
+  return test::user_item_plan(kUsers, kItems, kD, W, forced, dedup);
 }
 
 // Both tables after kSteps steps of lookups with hot ids (shared across the

@@ -165,6 +165,26 @@ struct MpiSessionBase {
 
 }  // namespace
 
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("readlink /proc/self/exe failed");
+  return std::string(buf, size_t(n));
+}
+
+EmbeddingPlan user_item_plan(int64_t users, int64_t items, int D, int W, const std::string& forced,
+                             bool dedup) {
+  PlanRequest req;
+  req.D = D;
+  req.W = W;
+  req.tables = {{"user", users, Placement::kRowWise, 0, 1, 0.01f},
+                {"item", items, Placement::kRowWise, 0, 2, 0.01f}};
+  req.lookups_per_rank = 64;
+  req.forced = forced;
+  req.dedup = dedup ? "on" : "off";
+  return plan_tables(req);
+}
+
 std::string mpirun(int np, const std::string& bind) {
   static const MpiSessionBase base;
   // HWLOC_COMPONENTS: no PCI or I/O devices in the topology hwloc loads in mpirun and

@@ -10,6 +10,7 @@
 
 #include "common/cuda_context.h"
 #include "common/device.h"
+#include "embedding/plan.h"
 #include "model/neumf.h"
 #include "model/ops.h"
 
@@ -47,6 +48,13 @@ std::string bin(const std::string& name);
 // few cores, where a spinning rank starves the one it waits for and a run that takes
 // seconds took minutes, past its safety-net timeout (as tests/cluster/ does).
 std::string mpirun(int np, const std::string& bind = "none");
+// This test program's own path (/proc/self/exe): its worker tests run under mpirun.
+std::string self_exe();
+// Two tables of width D for W ranks, "user" (users rows, init tag 1) and "item" (items rows,
+// tag 2), placed by `forced` (--shard_plan) and de-duplicated or not: the embedding
+// collection tests across ranks.
+EmbeddingPlan user_item_plan(int64_t users, int64_t items, int D, int W, const std::string& forced,
+                             bool dedup);
 // The tests' Python, as tests/CMakeLists.txt found it: Debian's /usr/bin/python3 where
 // there is one, else python3 on PATH.
 const std::string& python3();
