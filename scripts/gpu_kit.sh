@@ -10,7 +10,7 @@
 #                                      there, from the repository root: unpack .gpu-kit into a
 #                                      prefix under .gpu-kit/, configure and build build-gpu/
 #                                      for that GPU, run the stages, record the results
-#   bash scripts/gpu_kit.sh rehearse [build|tests|bench|step|all]
+#   bash scripts/gpu_kit.sh rehearse [build|tests|bench|step|tier|all]
 #                                      here, as root: `run` inside a clean Debian 12 root
 #                                      (debootstrap minbase + build-essential, cmake, python3),
 #                                      /usr/local/cuda bind-mounted, no network, no GPU
@@ -74,7 +74,7 @@ main() {
     pack) cmd_pack ;;
     run) shift; cmd_run "$@" ;;
     rehearse) shift; cmd_rehearse "$@" ;;
-    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|all] | rehearse [same]" ;;
+    *) die "usage: bash scripts/gpu_kit.sh pack | run [build|tests|bench|step|tier|all] | rehearse [same]" ;;
   esac
 }
 # main and exit on one line: bash has read all of it, and each stage file whole (source reads

@@ -40,7 +40,7 @@ debian_mirror() {  # the first Debian (not security) URI of this machine's apt s
 
 cmd_rehearse() {
   local what=${1:-all}
-  case "$what" in build | tests | bench | step | all) ;; *) die "rehearse: unknown '$what' (build, tests, bench, step, all)" ;; esac
+  case "$what" in build | tests | bench | step | tier | all) ;; *) die "rehearse: unknown '$what' (build, tests, bench, step, tier, all)" ;; esac
   [ "$(id -u)" = 0 ] || die "rehearse needs root (debootstrap, mount, chroot)"
   [ -f "$kit/manifest.txt" ] || die "no .gpu-kit: run 'bash scripts/gpu_kit.sh pack' first"
   local rootfs="${NCF_KIT_ROOTFS:-$root/.gpu-kit-root/bookworm}"
