@@ -78,7 +78,7 @@ $prog: packed $(wc -l <"$kit/debs/../manifest.txt" | awk '{print $1 - 2}') Debia
 Bring along the checkout plus this one git-ignored path:
   .gpu-kit
 On the GPU machine, from the repository root:
-  bash scripts/gpu_kit.sh run            # or: run build, run tests, run bench, run step
+  bash scripts/gpu_kit.sh run            # or: run build, run tests, run bench, run step, run tier
 EOF
 }
 
