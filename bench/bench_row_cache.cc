@@ -1,11 +1,13 @@
 // The host tier's bookkeeping alone (embedding/row_cache.h), without rows to copy: each
 // step's announce (k steps ahead), begin and retire, on the ids a one-rank step of the
 // given shape lists (its positives' users, then its samples' items: positives with a
-// popular head, negatives uniform), repeats included, as the trainer hands them over.
-// Each list is copied, inside the timed part, into memory the cache hands back from a
-// retired step (RowCache::spare_rows), as the collection builds it. Prints the mean
-// microseconds per step of the second half of the steps (the first half fills the cache)
-// at each budget, and of its three calls, the best of --repeats passes; and the slowest
+// popular head, negatives uniform). Each list is copied, inside the timed part, into memory
+// the cache hands back from a retired step (RowCache::spare_rows), and each table's part
+// loses its repeats where the table has at most 4 x its ids' rows (drop_repeats_where_dense:
+// the item part at any real shape), as a one-rank collection builds it; --raw_lists hands
+// the cache the repeats too, as the collection did before, so one binary runs both. Prints
+// the mean microseconds per step of the second half of the steps (the first half fills the
+// cache) at each budget, and of its three calls, the best of --repeats passes; and the slowest
 // step of all, with its number (a one-time cost a mean hides).
 // --sorted_input makes each list ascending and distinct inside the timed part first (a bit
 // set over the rows, scanned once), as the collection did before the cache took lists
@@ -13,7 +15,7 @@
 //
 //   bench_row_cache [--users 200000] [--items 100000] [--positives 1638] [--negatives 4]
 //                   [--lookahead 2] [--steps 4000] [--budgets 100,30,10] [--repeats 3]
-//                   [--sorted_input]
+//                   [--sorted_input] [--raw_lists]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -29,7 +31,7 @@ struct Options {
   long long users = 200000, items = 100000;
   int positives = 1638, negatives = 4, lookahead = 2, steps = 4000, repeats = 3;
   std::vector<int> budgets{100, 30, 10};
-  bool sorted_input = false;
+  bool sorted_input = false, raw_lists = false;
 };
 
 // v ascending and distinct, values in [0, bound): a bit set scanned once.
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100));
   app.add_option("--repeats", o.repeats, "passes (the best is printed)")->check(CLI::Range(1, 100));
   app.add_flag("--sorted_input", o.sorted_input, "each list made ascending and distinct first");
+  app.add_flag("--raw_lists", o.raw_lists, "each list with its repeats (no per-table drop)");
   CLI11_PARSE(app, argc, argv);
   if (o.users + o.items > INT32_MAX) {
     std::fprintf(stderr, "bench_row_cache: --users + --items = %lld rows, over 2^31 - 1\n",
@@ -83,7 +86,10 @@ int main(int argc, char** argv) {
   const int64_t per_step = int64_t(o.positives) * (2 + o.negatives);
   std::printf("rows %lld (users %lld, items %lld), ids a step %lld, lookahead %d, steps %d%s\n",
               (long long)R, o.users, o.items, (long long)per_step, o.lookahead, o.steps,
-              o.sorted_input ? ", lists made ascending and distinct first" : "");
+              o.sorted_input ? ", lists made ascending and distinct first"
+              : o.raw_lists
+                  ? ", lists with their repeats"
+                  : ", each table's repeats dropped where it has at most 4 x its ids' rows");
   std::mt19937_64 g(1);
   std::vector<std::vector<int32_t>> steps(size_t(o.steps));
   for (auto& v : steps) {
@@ -110,7 +116,17 @@ int main(int argc, char** argv) {
         // The list copied into memory a retired step held, as the collection fills it.
         std::vector<int32_t> v = spare_list(cache, 0);
         v.assign(steps[size_t(s)].begin(), steps[size_t(s)].end());
-        if (o.sorted_input) sorted_unique(&v, R, &bits);
+        if (o.sorted_input) {
+          sorted_unique(&v, R, &bits);
+        } else if (!o.raw_lists) {
+          // The users' part (the first `positives` ids), then the items' part.
+          const int64_t n = int64_t(v.size()), nu = o.positives;
+          const int64_t ku = ncf::drop_repeats_where_dense(v.data(), nu, 0, o.users, &bits);
+          const int64_t ki =
+              ncf::drop_repeats_where_dense(v.data() + nu, n - nu, o.users, o.items, &bits);
+          std::copy(v.begin() + nu, v.begin() + nu + ki, v.begin() + ku);
+          v.resize(size_t(ku + ki));
+        }
         cache.announce(s, std::move(v), &m);
       };
       for (int64_t s = 0; s < std::min(k, S); ++s) announce(s);

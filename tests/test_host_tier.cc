@@ -337,6 +337,105 @@ TEST(RowLists, UniqueInOrderAndSortDistinctAgainstSets) {
   }
 }
 
+// A table's part of a list: its repeats dropped (each row at its first listing) exactly
+// where the table has at most 4 x its ids' rows, else left as it is; the scratch all zero
+// after; an id outside the table refused.
+TEST(RowLists, DropRepeatsWhereDenseAgainstFirstListings) {
+  std::mt19937 g(13);
+  std::vector<uint64_t> bits;
+  for (int64_t base : {int64_t{0}, int64_t{1000003}}) {
+    for (int64_t rows : {int64_t{1}, int64_t{64}, int64_t{1000}, int64_t{70000}}) {
+      for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{249}, int64_t{250},
+                        int64_t{999}, int64_t{5000}}) {
+        std::vector<int32_t> v;
+        for (int64_t k = 0; k < n; ++k)
+          v.push_back(int32_t(
+              base + int64_t(g() % uint64_t(g() % 4 == 0 ? std::min<int64_t>(5, rows) : rows))));
+        std::vector<int32_t> u = v;
+        const int64_t kept = drop_repeats_where_dense(u.data(), n, base, rows, &bits);
+        u.resize(size_t(kept));
+        EXPECT_EQ(u, 4 * n >= rows ? first_listings(v) : v) << base << " " << rows << " " << n;
+        for (uint64_t w : bits) ASSERT_EQ(w, 0u) << base << " " << rows << " " << n;
+      }
+    }
+  }
+  std::vector<int32_t> high{4, 5, 6}, low{4, 3, 5};  // rows 4 and 5
+  EXPECT_THROW(drop_repeats_where_dense(high.data(), 3, 4, 2, &bits), Error);
+  EXPECT_THROW(drop_repeats_where_dense(low.data(), 3, 4, 2, &bits), Error);
+}
+
+// The cache does the same with each table's repeats dropped first as with the whole list:
+// every call's moves and the counters, at a budget of every row, one that evicts and the
+// largest step's rows.
+TEST(RowCache, TablesWithoutTheirRepeatsMoveTheSameRows) {
+  const int64_t users = 600, items = 40;  // an item table touched many times a step
+  std::mt19937 g(17);
+  std::vector<std::vector<int32_t>> steps;
+  for (int s = 0; s < 50; ++s) {
+    std::vector<int32_t> v;
+    for (int k = 0; k < 30; ++k) v.push_back(int32_t(g() % uint64_t(users)));
+    for (int k = 0; k < 120; ++k) v.push_back(int32_t(users + int64_t(g() % uint64_t(items))));
+    steps.push_back(v);
+  }
+  std::vector<uint64_t> bits;
+  auto dropped = [&](std::vector<int32_t> v) {
+    const int64_t ku = drop_repeats_where_dense(v.data(), 30, 0, users, &bits);
+    const int64_t ki = drop_repeats_where_dense(v.data() + 30, 120, users, items, &bits);
+    EXPECT_EQ(ku, 30) << "600 user rows for 30 ids: left as they are";
+    EXPECT_LE(ki, items);
+    std::copy(v.begin() + 30, v.begin() + 30 + ki, v.begin() + ku);
+    v.resize(size_t(ku + ki));
+    return v;
+  };
+  int64_t most = 0;  // the largest step's rows, from the first pass: the smallest budget
+  for (int64_t C : {int64_t{640}, int64_t{200}, int64_t{-1}}) {
+    if (C < 0) C = most;
+    const int k = 2;
+    RowCache whole(users + items, C), each(users + items, C);
+    auto same = [&](const RowCache::Moves& a, const RowCache::Moves& b, int64_t s) {
+      ASSERT_EQ(a.evict_slots, b.evict_slots) << C << " step " << s;
+      ASSERT_EQ(a.evict_rows, b.evict_rows) << C << " step " << s;
+      ASSERT_EQ(a.load_rows, b.load_rows) << C << " step " << s;
+      ASSERT_EQ(a.load_slots, b.load_slots) << C << " step " << s;
+    };
+    RowCache::Moves ma, mb;
+    for (int64_t s = 0; s < 50 + k; ++s) {
+      if (s < 50) {
+        ma.clear();
+        mb.clear();
+        whole.announce(s, steps[size_t(s)], &ma);
+        each.announce(s, dropped(steps[size_t(s)]), &mb);
+        same(ma, mb, s);
+      }
+      const int64_t b = s - k;
+      if (b < 0) continue;
+      ma.clear();
+      mb.clear();
+      whole.begin(b, &ma);
+      each.begin(b, &mb);
+      same(ma, mb, b);
+      whole.retire(b);
+      each.retire(b);
+    }
+    const RowCache::Counters &a = whole.counters(), &b = each.counters();
+    most = a.most_step_rows;
+    EXPECT_EQ(a.loads, b.loads) << C;
+    EXPECT_EQ(a.waits, b.waits) << C;
+    EXPECT_EQ(a.evictions, b.evictions) << C;
+    EXPECT_EQ(a.evicted_in_window, b.evicted_in_window) << C;
+    EXPECT_EQ(a.most_window_rows, b.most_window_rows) << C;
+    EXPECT_EQ(a.most_step_rows, b.most_step_rows) << C;
+    // What each budget exercises: rows left the cache below 640; at the largest step's
+    // rows (under a window) begin() evicted rows of later steps.
+    if (C < users + items) {
+      EXPECT_GT(a.evictions, 0) << C;
+    }
+    if (C < 200) {
+      EXPECT_GT(a.evicted_in_window, 0) << C;
+    }
+  }
+}
+
 // ---- the ops, against loops ------------------------------------------------------------
 
 TEST(TierOps, CopyMapAndAssignAgainstLoops) {

@@ -113,7 +113,15 @@ std::vector<int32_t> EmbeddingCollection::owner_rows(const std::vector<TableIds>
     } catch (const Error& e) {
       NCF_RETHROW(e, "table ", plan_.tables[t].name);
     }
-    if (local_) continue;
+    if (local_) {
+      // An item table's ids repeat its rows many times over: dropped here, through a bit
+      // set of the table's rows, rather than by the cache's pass over every id's state.
+      const int64_t kept =
+          drop_repeats_where_dense(mine.data() + n0, std::max<int64_t>(n, 0),
+                                   layout_.key_begin[lt_[t]], layout_.num_rows(lt_[t]), &ann_bits_);
+      mine.resize(n0 + size_t(kept));
+      continue;
+    }
     if (!is_routed(t)) {
       share_replicated(t, &keys, &mine);
     } else {

@@ -502,4 +502,25 @@ void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_
   for (int32_t r : *v) b[size_t(r) >> 6] = 0;  // the scratch all zero again
 }
 
+int64_t drop_repeats_where_dense(int32_t* v, int64_t n, int64_t base, int64_t rows,
+                                 std::vector<uint64_t>* bits) {
+  if (rows <= 0 || 4 * n < rows) return n;
+  const int64_t words = (rows + 63) / 64;
+  if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
+  uint64_t* b = bits->data();
+  int64_t j = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const int32_t r = v[k];
+    const uint64_t i = uint64_t(int64_t(r) - base);
+    NCF_CHECK(i < uint64_t(rows), "row cache: row ", r, " outside [", base, ", ", base + rows, ")");
+    const uint64_t bit = uint64_t{1} << (i & 63);
+    uint64_t& word = b[i >> 6];
+    v[j] = r;  // j <= k: a place already read
+    j += (word & bit) == 0;
+    word |= bit;
+  }
+  for (int64_t k = 0; k < j; ++k) b[uint64_t(int64_t(v[k]) - base) >> 6] = 0;
+  return j;
+}
+
 }  // namespace ncf

@@ -177,5 +177,15 @@ void sort_distinct(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>
 // bit set where the bound is small beside v; else (a bit set would be mostly empty)
 // sorted ascending. Either way a function of v and bound only. bits: as above.
 void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits);
+// One table's part of a step's list for RowCache::announce, v[0, n) (values in
+// [base, base + rows)), without its repeats where they abound: where the table has at
+// most 4 n rows (an item table, whose rows a step touches many times over), each at its
+// first place, in order, through a bit set over the table's rows (at most an eighth of
+// the list's bytes, so it stays in the core's caches); else (a user table of many more
+// rows than a step lists) left as it is. The cache keeps each row at its first listing,
+// so what it does is the same either way: this only spares it a pass over the repeats'
+// states, at random among all rows. Returns the new length. bits: as above.
+int64_t drop_repeats_where_dense(int32_t* v, int64_t n, int64_t base, int64_t rows,
+                                 std::vector<uint64_t>* bits);
 
 }  // namespace ncf
