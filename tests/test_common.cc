@@ -1,6 +1,7 @@
 // Philox determinism and distribution sanity; every check of check.h names the
 // expression, file:line and rank in what it throws; the step timer's phase
-// bookkeeping on a CPU context.
+// bookkeeping on a CPU context; a program re-executed through /proc/self/exe keeps its
+// name.
 #include <gtest/gtest.h>
 
 #ifdef NCF_WITH_CUDA
@@ -10,7 +11,10 @@
 #include <nccl.h>
 #endif
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -19,9 +23,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/blas_setup.h"
 #include "common/check.h"
 #include "common/philox.h"
 #include "common/step_timer.h"
+#include "test_util.h"
 
 namespace ncf {
 namespace probe {
@@ -283,6 +289,49 @@ TEST(StepTimer, MisuseIsAnError) {
   EXPECT_THROW(t.mark(StepPhase::kCompute), Error);
   t.end();
   EXPECT_THROW(t.mark(StepPhase::kCompute), Error);
+}
+
+namespace {
+std::string own_comm() {
+  std::ifstream f("/proc/self/comm");
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+}  // namespace
+
+// Run by the next test, started through /proc/PID/exe: writes its name, then its name
+// after name_after_own_binary, to $NCF_TEST_NAME_OUT.
+TEST(ProcessNameWorker, WritesItsNameBeforeAndAfter) {
+  const char* out = std::getenv("NCF_TEST_NAME_OUT");
+  if (!out) GTEST_SKIP() << "run by ProcessName.AProgramStartedThroughProcExeTakesItsFileName";
+  std::ofstream f(out);
+  f << own_comm() << "\n";
+  name_after_own_binary();
+  f << own_comm() << "\n";
+}
+
+// ncf_dist re-executes itself through /proc/self/exe where OpenBLAS picked generic
+// kernels (a hypervisor's CPU model): such a process is named "exe", and ps, pgrep and
+// pkill no longer find it as ncf_dist. It takes its binary's file name back; one started
+// under its own name keeps it.
+TEST(ProcessName, AProgramStartedThroughProcExeTakesItsFileName) {
+  const std::string out = ::testing::TempDir() + "process_name_" + std::to_string(getpid());
+  const std::string cmd = "NCF_TEST_NAME_OUT=" + out + " /proc/" + std::to_string(getpid()) +
+                          "/exe --gtest_filter=ProcessNameWorker.* >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(out);
+  std::string before, after;
+  std::getline(f, before);
+  std::getline(f, after);
+  std::remove(out.c_str());
+  std::string file = test::self_exe();
+  file = file.substr(file.rfind('/') + 1).substr(0, 15);
+  EXPECT_EQ(before, "exe") << "started through /proc/PID/exe, as ncf_dist re-executes itself";
+  EXPECT_EQ(after, file);
+  const std::string mine = own_comm();
+  name_after_own_binary();
+  EXPECT_EQ(own_comm(), mine) << "a process started under its own name keeps it";
 }
 
 }  // namespace ncf
