@@ -479,40 +479,20 @@ void sort_distinct(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>
   v->resize(n);
 }
 
-void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {
+// v[0, n) (values in [base, base + bound)) without repeats, each at its first place, in
+// order, through a bit set over the bound; the scratch all zero again. Returns the new
+// length.
+static int64_t keep_first_listings(int32_t* v, int64_t n, int64_t base, int64_t bound,
+                                   std::vector<uint64_t>* bits) {
   const int64_t words = (bound + 63) / 64;
-  if (words > 8 * int64_t(v->size())) {
-    std::sort(v->begin(), v->end());
-    v->erase(std::unique(v->begin(), v->end()), v->end());
-    return;
-  }
-  if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
-  uint64_t* b = bits->data();
-  int32_t* x = v->data();
-  size_t j = 0;
-  for (size_t k = 0; k < v->size(); ++k) {
-    const int32_t r = x[k];
-    const uint64_t bit = uint64_t{1} << (r & 63);
-    uint64_t& word = b[size_t(r) >> 6];
-    x[j] = r;
-    j += (word & bit) == 0;
-    word |= bit;
-  }
-  v->resize(j);
-  for (int32_t r : *v) b[size_t(r) >> 6] = 0;  // the scratch all zero again
-}
-
-int64_t drop_repeats_where_dense(int32_t* v, int64_t n, int64_t base, int64_t rows,
-                                 std::vector<uint64_t>* bits) {
-  if (rows <= 0 || 4 * n < rows) return n;
-  const int64_t words = (rows + 63) / 64;
   if (int64_t(bits->size()) < words) bits->assign(size_t(words), 0);
   uint64_t* b = bits->data();
   int64_t j = 0;
   for (int64_t k = 0; k < n; ++k) {
     const int32_t r = v[k];
     const uint64_t i = uint64_t(int64_t(r) - base);
-    NCF_CHECK(i < uint64_t(rows), "row cache: row ", r, " outside [", base, ", ", base + rows, ")");
+    NCF_CHECK(i < uint64_t(bound), "row cache: row ", r, " outside [", base, ", ", base + bound,
+              ")");
     const uint64_t bit = uint64_t{1} << (i & 63);
     uint64_t& word = b[i >> 6];
     v[j] = r;  // j <= k: a place already read
@@ -521,6 +501,21 @@ int64_t drop_repeats_where_dense(int32_t* v, int64_t n, int64_t base, int64_t ro
   }
   for (int64_t k = 0; k < j; ++k) b[uint64_t(int64_t(v[k]) - base) >> 6] = 0;
   return j;
+}
+
+void unique_in_order(std::vector<int32_t>* v, int64_t bound, std::vector<uint64_t>* bits) {
+  if ((bound + 63) / 64 > 8 * int64_t(v->size())) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+    return;
+  }
+  v->resize(size_t(keep_first_listings(v->data(), int64_t(v->size()), 0, bound, bits)));
+}
+
+int64_t drop_repeats_where_dense(int32_t* v, int64_t n, int64_t base, int64_t rows,
+                                 std::vector<uint64_t>* bits) {
+  if (rows <= 0 || 4 * n < rows) return n;
+  return keep_first_listings(v, n, base, rows, bits);
 }
 
 }  // namespace ncf
