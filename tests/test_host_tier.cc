@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <vector>
@@ -173,10 +174,13 @@ void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
 // rules side by side, step numbers from `base`; every `forget` steps the window is forgotten
 // (a stopped run) and the same steps come again. The first `narrow` steps take their ids
 // from the rows below `narrow_rows` only.
+// threads > 0: the cache's passes split over that many threads from 4 rows on, so that
+// these small steps take them.
 void follow_rules(int64_t R, int64_t C, int k, int64_t base, int rows, int64_t S, int64_t forget,
-                  int64_t narrow = 0, int64_t narrow_rows = 0) {
+                  int64_t narrow = 0, int64_t narrow_rows = 0, int threads = 0) {
   std::mt19937 g(uint32_t(C * 7 + k));
   RowCache cache(R, C);
+  if (threads > 0) cache.set_threads(threads, 4, 1);
   NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
   std::vector<std::vector<int32_t>> steps;
   for (int64_t s = 0; s < S; ++s) steps.push_back(step_rows(g, s < narrow ? narrow_rows : R, rows));
@@ -218,6 +222,11 @@ void follow_rules(int64_t R, int64_t C, int k, int64_t base, int rows, int64_t S
   }
   EXPECT_EQ(cache.counters().evicted_in_window, naive.evicted_in_window) << at;
   EXPECT_EQ(cache.counters().steps, S);
+  if (threads > 0) {
+    EXPECT_GT(cache.counters().parallel_passes, 0) << at;
+  } else {
+    EXPECT_EQ(cache.counters().parallel_passes, 0) << at;
+  }
 }
 
 TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
@@ -227,6 +236,15 @@ TEST(RowCache, FollowsItsWrittenOutRulesAtEveryBudget) {
   for (int64_t base : {0, 65525})
     for (int64_t C : {300, 120, 60, 31})
       for (int k : {0, 1, 3}) follow_rules(300, C, k, base, 30, 40, 13);
+}
+
+// The same on several threads (and the parallel passes on one): each row's listings read
+// in order by one thread, the slots chosen in order by the caller.
+TEST(RowCache, FollowsItsWrittenOutRulesOnSeveralThreads) {
+  for (int threads : {1, 3})
+    for (int64_t C : {300, 120, 31})
+      for (int k : {0, 2}) follow_rules(300, C, k, 0, 30, 40, 13, 0, 0, threads);
+  follow_rules(300, 60, 1, 0, 30, 500, 211, 0, 0, 2);
 }
 
 // Long enough that the list of evictable rows drops its stale entries (over 2 x C + 4096 of
@@ -432,6 +450,105 @@ TEST(RowCache, TablesWithoutTheirRepeatsMoveTheSameRows) {
     }
     if (C < 200) {
       EXPECT_GT(a.evicted_in_window, 0) << C;
+    }
+  }
+}
+
+// Steps of a real shape's proportions (users' ids mostly distinct, items' repeated many
+// times over), through caches whose passes run on 1 thread and, split, on 1, 2 and 3:
+// every call's moves, the counters and the final contents are the same, at a budget of
+// every row, two that evict, and the largest step's rows; a window forgotten midway.
+TEST(RowCache, EveryThreadCountMakesTheSameMoves) {
+  const int64_t users = 45000, items = 5000, R = users + items;
+  const int k = 2, S = 60, forget_at = 23;
+  std::mt19937 g(19);
+  std::vector<std::vector<int32_t>> steps;
+  for (int s = 0; s < S; ++s) {
+    std::vector<int32_t> v;
+    for (int j = 0; j < 1500; ++j) v.push_back(int32_t(g() % uint64_t(users)));
+    for (int j = 0; j < 6000; ++j)
+      v.push_back(int32_t(users + int64_t(g() % 4 == 0 ? g() % 50 : g() % uint64_t(items))));
+    steps.push_back(v);
+  }
+  int64_t most = 0;
+  for (int64_t C : {R, R * 3 / 10, R / 10, int64_t{-1}}) {
+    if (C < 0) C = most;
+    struct Run {
+      int threads, from;
+      std::unique_ptr<RowCache> cache;
+      RowCache::Moves m;
+    };
+    std::vector<Run> runs;
+    for (auto [threads, from] : {std::pair{1, 4}, {1, 1}, {2, 1}, {3, 1}}) {
+      runs.push_back({threads, from, std::make_unique<RowCache>(R, C), {}});
+      runs.back().cache->set_threads(threads, 256, from);
+    }
+    const std::string at = "C " + std::to_string(C);
+    auto all = [&](const auto& call, int64_t s) {
+      for (Run& r : runs) {
+        r.m.clear();
+        call(*r.cache, &r.m);
+      }
+      for (size_t q = 1; q < runs.size(); ++q) {
+        const std::string who =
+            at + " threads " + std::to_string(runs[q].threads) + " step " + std::to_string(s);
+        ASSERT_EQ(runs[q].m.evict_slots, runs[0].m.evict_slots) << who;
+        ASSERT_EQ(runs[q].m.evict_rows, runs[0].m.evict_rows) << who;
+        ASSERT_EQ(runs[q].m.load_rows, runs[0].m.load_rows) << who;
+        ASSERT_EQ(runs[q].m.load_slots, runs[0].m.load_slots) << who;
+      }
+    };
+    int64_t next = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      for (; next <= std::min<int64_t>(S - 1, s + k); ++next)
+        all([&](RowCache& c, RowCache::Moves* m) { c.announce(next, steps[size_t(next)], m); },
+            next);
+      all([&](RowCache& c, RowCache::Moves* m) { c.begin(s, m); }, s);
+      for (Run& r : runs) r.cache->retire(s);
+      if (s == forget_at) {
+        for (Run& r : runs) r.cache->forget_window();
+        next = s + 1;
+      }
+    }
+    const RowCache::Counters& a = runs[0].cache->counters();
+    most = a.most_step_rows;
+    EXPECT_EQ(a.parallel_passes, 0) << at;
+    for (size_t q = 1; q < runs.size(); ++q) {
+      const RowCache::Counters& b = runs[q].cache->counters();
+      EXPECT_GT(b.parallel_passes, 0) << at;
+      EXPECT_EQ(a.loads, b.loads) << at;
+      EXPECT_EQ(a.waits, b.waits) << at;
+      EXPECT_EQ(a.evictions, b.evictions) << at;
+      EXPECT_EQ(a.evicted_in_window, b.evicted_in_window) << at;
+      EXPECT_EQ(a.most_window_rows, b.most_window_rows) << at;
+      for (int32_t r = 0; r < R; ++r)
+        ASSERT_EQ(runs[q].cache->slot_of(r), runs[0].cache->slot_of(r)) << at << " row " << r;
+    }
+    if (C < R) {
+      EXPECT_GT(a.evictions, 0) << at;
+    }
+    if (C == most) {
+      EXPECT_GT(a.evicted_in_window, 0) << at;
+    }
+  }
+}
+
+// A row outside the table is refused by the passes on several threads as on one, naming
+// its place and value, before any row's state changes.
+TEST(RowCache, ARowOutsideTheTableIsRefusedOnSeveralThreads) {
+  for (int threads : {1, 3}) {
+    RowCache cache(1000, 100);
+    cache.set_threads(threads, 4, threads == 1 ? 4 : 1);
+    RowCache::Moves m;
+    std::vector<int32_t> rows;
+    for (int j = 0; j < 40; ++j) rows.push_back(j * 7);
+    rows[29] = 1000;
+    try {
+      cache.announce(0, rows, &m);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("row[29]=1000 outside [0, 1000)"), std::string::npos)
+          << e.what();
     }
   }
 }

@@ -206,5 +206,58 @@ TEST_F(HostTierRuns, DenseAdamAndABudgetBelowOneStepAreRefused) {
   EXPECT_NE(r.output.find("12X"), std::string::npos) << r.output;
 }
 
+// Steps large enough that a rank with 4 threads splits the cache's passes over them (over
+// RowCache::kParallelGrain rows a step: 8,192 users and 40,960 ids of 300,000 items), at
+// W = 1 and 2: at 30%, at 100%, and at the largest step's rows announced 2 ahead (rows of
+// later steps evicted and loaded again), the bits of the run without a budget, and of the
+// same budget with the passes on one thread.
+TEST_F(HostTierRuns, PassesSplitOverThreadsKeepTheBits) {
+  TempDir d;
+  auto prep = run(bin("ncf_prep") +
+                  " --synthetic custom --users 30000 --items 300000 --interactions 300000 "
+                  "--min_per_user 2 --eval_negatives 20 --seed 7 --output " +
+                  d.file("data"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  for (int W : {1, 2}) {
+    const std::string w = "W=" + std::to_string(W);
+    auto big = [&](int threads, const std::string& budget) {
+      TempDir t;
+      const std::string cmd =
+          test::mpirun(W) + " " + bin("ncf_dist") + " --device cpu --data_dir " + d.file("data") +
+          " --batch_size " + std::to_string(40960 * W) +
+          " --train_epochs 1 --max_steps 5 --embedding_optimizer rowwise_adagrad --progress off"
+          " --threads " +
+          std::to_string(threads) + " " + budget + " --metrics_json " + t.file("m.jsonl") +
+          " --save_params " + t.file("p.bin");
+      auto r = run("timeout 300 " + cmd);
+      Run out;
+      out.output = r.output;
+      EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+      std::ifstream f(t.file("m.jsonl"));
+      std::string line;
+      while (std::getline(f, line)) out.epochs.push_back(nlohmann::json::parse(line));
+      if (r.exit_code == 0) out.params = test::read_file(t.file("p.bin"));
+      return out;
+    };
+    const Run ref = big(4, "");
+    const Run split = big(4, "--device_table_budget 30%");
+    expect_same_bits(ref, split, w + " 30%, 4 threads");
+    EXPECT_GT(tier(split)["split_passes"], 0) << w << ": the passes were split";
+    EXPECT_GT(tier(split)["evictions"], 0) << w;
+    const Run one = big(1, "--device_table_budget 30%");
+    expect_same_bits(ref, one, w + " 30%, 1 thread");
+    EXPECT_EQ(tier(one)["split_passes"], 0) << w;
+    for (const char* k : {"loads", "evictions", "waits", "most_window_rows"})
+      EXPECT_EQ(tier(split)[k], tier(one)[k]) << w << " " << k;
+    expect_same_bits(ref, big(4, "--device_table_budget 100%"), w + " 100%, 4 threads");
+    const nlohmann::json t = tier(split);
+    const Run least = big(4, "--lookahead_steps 2 --device_table_budget " +
+                                 bytes_for_rows(t, t["most_step_rows"].get<int64_t>()));
+    expect_same_bits(ref, least, w + " the largest step, 4 threads");
+    EXPECT_GT(tier(least)["evicted_in_window"], 0) << w;
+    EXPECT_GT(tier(least)["split_passes"], 0) << w;
+  }
+}
+
 }  // namespace
 }  // namespace ncf

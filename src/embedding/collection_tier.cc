@@ -52,6 +52,7 @@ void EmbeddingCollection::allocate_cache(int64_t slots) {
   moves_dev_ = Buffer<int32_t>(dev, 0);
   side_moves_dev_ = Buffer<int32_t>(dev, 0);
   cache_ = std::make_unique<RowCache>(R_, C);
+  cache_->set_threads(ctx_.threads);
   tier_stream_ = std::make_unique<TierStream>(ctx_);
   const std::vector<int32_t> none(slot_map_.size(), -1);
   device_copy(dev, slot_map_.data(), Device::kCpu, none.data(), none.size() * 4);

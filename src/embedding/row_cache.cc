@@ -2,9 +2,11 @@
 #include "embedding/row_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 
 #include "common/check.h"
+#include "common/parallel.h"
 
 namespace ncf {
 
@@ -18,6 +20,14 @@ void RowCache::Moves::clear() {
   evict_rows.clear();
   load_rows.clear();
   load_slots.clear();
+}
+
+void RowCache::set_threads(int threads, int64_t grain, int from) {
+  NCF_CHECK(threads >= 1 && grain >= 1 && from >= 1, "row cache: ", threads, " threads, grain ",
+            grain, ", from ", from);
+  threads_ = threads;
+  grain_ = grain;
+  from_ = from;
 }
 
 RowCache::RowCache(int64_t rows, int64_t slots) {
@@ -71,41 +81,66 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
     spare_.pop_back();
   }
   st.s = s;
+  // Fresh (see Step) where no earlier step of the window has rows left to load.
+  st.fresh = true;
+  for (const Step& e : window_) st.fresh = st.fresh && e.missing.empty();
   st.prev.resize(n);
   st.missing.resize(n);
-  // One pass, without a branch on the data: each row's state says whether it enters the
-  // window (tally[0]), passes from an earlier step a of the window to s (tally[1 + a - lo]:
-  // a's count of rows it is the last to touch drops), or was listed before in this step
-  // (last announced step s: tally[1 + s - lo], a repeat, dropped from the list in place).
-  // Four tallies, taken in turn, so that runs of rows from the same step do not each wait
-  // for the last increment of one counter.
   const size_t TW = window_.size() + 2;
   std::vector<int64_t>& tally = tally_;
-  tally.assign(4 * TW, 0);
-  const int64_t R = int64_t(row_.size());
   size_t j = 0, miss = 0;
-  for (size_t k = 0; k < n; ++k) {
-    const int32_t r = rows[k];
-    NCF_CHECK(uint64_t(r) < uint64_t(R), "row cache: step ", s, " row[", k, "]=", r,
-              " outside [0, ", R, ")");
-    if (k + kAheadPass < n && uint64_t(rows[k + kAheadPass]) < uint64_t(R))
-      __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
-    RowState& x = row_[size_t(r)];
-    const int32_t a = x.last_ann;
-    const size_t first = a != s32;  // 1 where r is not a repeat within the step
-    ++tally[(k & 3) * TW + (a >= lo ? size_t(a - lo) + 1 : 0)];
-    rows[j] = r;  // j <= k: a place already read
-    st.prev[j] = a;
-    j += first;
-    st.missing[miss] = r;
-    miss += first & size_t(x.slot < 0);
-    x.last_ann = s32;
+  // A step whose pass is split keeps, where the cache evicts, the bit set of the rows whose
+  // last announced step it is; a later step's pass on one thread does not keep it up to
+  // date, so such a pass marks the earlier steps' sets stale (retire then finds the rows
+  // leaving the window as it does without one).
+  const bool split = parallel(int64_t(n));
+  st.bits_live = split && !mirrors();
+  if (st.bits_live) {
+    const size_t words = (row_.size() + 63) / 64;
+    if (st.last_bits.size() != words) st.last_bits.assign(words, 0);
+  } else {
+    for (Step& e : window_)
+      if (e.bits_live) {
+        e.bits_live = false;
+        e.bits_stale = true;
+      }
   }
-  rows.resize(j);
-  st.prev.resize(j);
-  st.missing.resize(miss);
-  for (size_t q = 1; q < 4; ++q)
-    for (size_t w = 0; w < TW; ++w) tally[w] += tally[q * TW + w];
+  if (split) {
+    announce_pass_parallel(s32, lo, &rows, &st);
+    j = rows.size();
+    miss = st.missing.size();
+  } else {
+    // One pass, without a branch on the data: each row's state says whether it enters the
+    // window (tally[0]), passes from an earlier step a of the window to s (tally[1 + a - lo]:
+    // a's count of rows it is the last to touch drops), or was listed before in this step
+    // (last announced step s: tally[1 + s - lo], a repeat, dropped from the list in place).
+    // Four tallies, taken in turn, so that runs of rows from the same step do not each wait
+    // for the last increment of one counter.
+    tally.assign(4 * TW, 0);
+    const int64_t R = int64_t(row_.size());
+    for (size_t k = 0; k < n; ++k) {
+      const int32_t r = rows[k];
+      NCF_CHECK(uint64_t(r) < uint64_t(R), "row cache: step ", s, " row[", k, "]=", r,
+                " outside [0, ", R, ")");
+      if (k + kAheadPass < n && uint64_t(rows[k + kAheadPass]) < uint64_t(R))
+        __builtin_prefetch(&row_[size_t(rows[k + kAheadPass])]);
+      RowState& x = row_[size_t(r)];
+      const int32_t a = x.last_ann;
+      const size_t first = a != s32;  // 1 where r is not a repeat within the step
+      ++tally[(k & 3) * TW + (a >= lo ? size_t(a - lo) + 1 : 0)];
+      rows[j] = r;  // j <= k: a place already read
+      st.prev[j] = a;
+      j += first;
+      st.missing[miss] = r;
+      miss += first & size_t(x.slot < 0);
+      x.last_ann = s32;
+    }
+    rows.resize(j);
+    st.prev.resize(j);
+    st.missing.resize(miss);
+    for (size_t q = 1; q < 4; ++q)
+      for (size_t w = 0; w < TW; ++w) tally[w] += tally[q * TW + w];
+  }
   window_rows_ += tally[0];
   for (size_t w = 0; w < window_.size(); ++w) window_[w].last_of -= tally[w + 1];
   st.last_of = int64_t(j);
@@ -113,6 +148,184 @@ void RowCache::announce(int64_t s, std::vector<int32_t> rows, Moves* m) {
   window_.push_back(std::move(st));
   note_window_size();
   load_pending(m);
+}
+
+void RowCache::announce_pass_parallel(int32_t s32, int64_t lo, std::vector<int32_t>* rows_in,
+                                      Step* st) {
+  ++counters_.parallel_passes;
+  // The hot loops read and write through local pointers and bounds: a byte written through
+  // a member vector may alias anything, and the compiler would reload them at every row.
+  std::vector<int32_t>& rows = *rows_in;
+  const int64_t n = int64_t(rows.size()), R = int64_t(row_.size());
+  const int B = threads_;  // buckets of rows, and chunks of the list
+  const size_t TW = window_.size() + 2;
+  std::vector<int64_t> bound(size_t(B) + 1);  // chunk c of the list: [bound[c], bound[c + 1])
+  for (int c = 0; c <= B; ++c) bound[size_t(c)] = n * c / B;
+  const int32_t* in = rows.data();
+  RowState* state = row_.data();
+  // 1. Each chunk of the list counts its rows per bucket (and finds any row out of range).
+  std::vector<int64_t>& counts = counts_;
+  counts.assign(size_t(B) * size_t(B) + size_t(B), 0);
+  int64_t* bad = counts.data() + size_t(B) * size_t(B);  // [chunk]: its first bad place + 1
+  parallel_for(threads_, B, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<int64_t> mine(static_cast<size_t>(B));
+    for (int64_t c = c0; c < c1; ++c) {
+      std::fill(mine.begin(), mine.end(), 0);
+      int64_t* m = mine.data();
+      const int64_t k0 = bound[size_t(c)], k1 = bound[size_t(c) + 1];
+      int64_t out_of_range = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        const int32_t r = in[k];
+        out_of_range |= int64_t(uint64_t(r) >= uint64_t(R));
+        ++m[bucket_of(r, B)];
+      }
+      if (out_of_range)
+        for (int64_t k = k0; k < k1 && bad[c] == 0; ++k)
+          if (uint64_t(in[k]) >= uint64_t(R)) bad[c] = k + 1;
+      std::copy(mine.begin(), mine.end(), counts.begin() + std::ptrdiff_t(c * B));
+    }
+  });
+  for (int c = 0; c < B; ++c) {
+    const int64_t k = bad[c] - 1;
+    NCF_CHECK(k < 0, "row cache: step ", s32, " row[", k,
+              "]=", rows[size_t(std::max<int64_t>(k, 0))], " outside [0, ", R, ")");
+  }
+  // 2. The places grouped by bucket, ascending within each: bucket b's run starts at
+  // start[b]; chunk c writes its places of bucket b from counts[c][b] on.
+  std::vector<int64_t> start(size_t(B) + 1, 0);
+  {
+    int64_t at = 0;
+    for (int b = 0; b < B; ++b) {
+      start[size_t(b)] = at;
+      for (int c = 0; c < B; ++c) {
+        const int64_t k = counts[size_t(c * B + b)];
+        counts[size_t(c * B + b)] = at;
+        at += k;
+      }
+    }
+    start[size_t(B)] = at;
+  }
+  order_.resize(size_t(n));
+  inv_.resize(size_t(n));
+  prev_out_.resize(size_t(n));
+  flag_.resize(size_t(n));
+  int32_t* order = order_.data();
+  int32_t* inv = inv_.data();
+  int32_t* prev = prev_out_.data();
+  uint8_t* flag = flag_.data();
+  parallel_for(threads_, B, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<int64_t> mine(static_cast<size_t>(B));
+    for (int64_t c = c0; c < c1; ++c) {
+      std::copy(counts.begin() + std::ptrdiff_t(c * B), counts.begin() + std::ptrdiff_t(c * B + B),
+                mine.begin());
+      int64_t* at = mine.data();
+      const int64_t k1 = bound[size_t(c) + 1];
+      for (int64_t k = bound[size_t(c)]; k < k1; ++k) {
+        const int64_t i = at[bucket_of(in[k], B)]++;
+        order[i] = int32_t(k);
+        inv[k] = int32_t(i);
+      }
+    }
+  });
+  // 3. Each bucket's rows in the order listed, as the one-thread pass reads them: the
+  // row's state, its tally, whether it is a first listing (bit 0) and missing (bit 1),
+  // written in the bucket's order (each thread its own lines; inv finds them by place).
+  std::vector<int64_t>& tally = tally_;
+  tally.assign(size_t(B) * TW, 0);
+  // The step's own bit set, and the window's steps' (null where not kept): a bucket's rows
+  // are whole cache lines of each, so that each thread writes its own words only.
+  uint64_t* own_bits = st->bits_live ? st->last_bits.data() : nullptr;
+  std::vector<uint64_t*> prev_bits(window_.size(), nullptr);
+  for (size_t w = 0; w < window_.size(); ++w)
+    if (window_[w].bits_live) prev_bits[w] = window_[w].last_bits.data();
+  // Each bucket also counts its first listings and missing rows per chunk of the list
+  // (its places ascend, so the chunk only moves on): [bucket][chunk].
+  std::vector<int64_t> kept_in(size_t(B) * size_t(B), 0), missed_in(size_t(B) * size_t(B), 0);
+  parallel_for(threads_, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<int64_t> local(TW);  // not the shared array: its lines would bounce
+    std::vector<int64_t> local_kept(static_cast<size_t>(B)), local_missed(static_cast<size_t>(B));
+    int64_t* t = local.data();
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill(local.begin(), local.end(), 0);
+      std::fill(local_kept.begin(), local_kept.end(), 0);
+      std::fill(local_missed.begin(), local_missed.end(), 0);
+      int64_t c = 0, c_end = bound[1];
+      const int64_t e = start[size_t(b) + 1];
+      for (int64_t i = start[size_t(b)]; i < e; ++i) {
+        if (i + int64_t(kAheadPass) < e)
+          __builtin_prefetch(&state[in[order[i + int64_t(kAheadPass)]]]);
+        const int32_t k = order[i];
+        const int32_t r = in[k];
+        RowState& x = state[r];
+        const int32_t a = x.last_ann;
+        const int first = a != s32;
+        ++t[a >= lo ? size_t(a - lo) + 1 : 0];
+        if (own_bits) {
+          // The row's last announced step is s now, no longer a (in the window, or not).
+          const uint64_t bit = uint64_t{1} << (r & 63);
+          own_bits[size_t(r) >> 6] |= bit;
+          if (a >= lo && a != s32 && prev_bits[size_t(a - lo)])
+            prev_bits[size_t(a - lo)][size_t(r) >> 6] &= ~bit;
+        }
+        const int missing = first & int(x.slot < 0);
+        prev[i] = a;
+        flag[i] = uint8_t(first | (missing << 1));
+        x.last_ann = s32;
+        while (k >= c_end) c_end = bound[size_t(++c) + 1];
+        local_kept[size_t(c)] += first;
+        local_missed[size_t(c)] += missing;
+      }
+      std::copy(local.begin(), local.end(), tally.begin() + std::ptrdiff_t(size_t(b) * TW));
+      std::copy(local_kept.begin(), local_kept.end(), kept_in.begin() + std::ptrdiff_t(b * B));
+      std::copy(local_missed.begin(), local_missed.end(),
+                missed_in.begin() + std::ptrdiff_t(b * B));
+    }
+  });
+  for (int b = 1; b < B; ++b)
+    for (size_t w = 0; w < TW; ++w) tally[w] += tally[size_t(b) * TW + w];
+  // 4. The first listings and the missing rows, in the order listed: each chunk writes
+  // them from its offsets (without a branch, as the one-thread pass).
+  std::vector<int64_t> kept(size_t(B) + 1, 0), missed(size_t(B) + 1, 0);
+  for (int c = 0; c < B; ++c)
+    for (int q = 0; q < B; ++q) {
+      kept[size_t(c) + 1] += kept_in[size_t(q * B + c)];
+      missed[size_t(c) + 1] += missed_in[size_t(q * B + c)];
+    }
+  for (int c = 0; c < B; ++c) {
+    kept[size_t(c) + 1] += kept[size_t(c)];
+    missed[size_t(c) + 1] += missed[size_t(c)];
+  }
+  // As long as the list it replaces: the two change places, and the list goes back to the
+  // caller for a later step's rows (a shorter one would be reallocated, its pages faulted).
+  rows_out_.reserve(size_t(n));
+  rows_out_.resize(size_t(kept[size_t(B)]));
+  st->prev.resize(size_t(kept[size_t(B)]));
+  st->missing.resize(size_t(missed[size_t(B)]));
+  int32_t* out_rows = rows_out_.data();
+  int32_t* out_prev = st->prev.data();
+  int32_t* out_miss = st->missing.data();
+  parallel_for(threads_, B, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      // Each place is written whether its row is kept or not, and taken only where it is
+      // (the next row overwrites it otherwise); a chunk writes only its own places.
+      int64_t j = kept[size_t(c)], q = missed[size_t(c)];
+      const int64_t j_end = kept[size_t(c) + 1], q_end = missed[size_t(c) + 1];
+      const int64_t k1 = bound[size_t(c) + 1];
+      for (int64_t k = bound[size_t(c)]; k < k1 && (j < j_end || q < q_end); ++k) {
+        const int32_t i = inv[k];
+        const uint8_t f = flag[i];
+        const int32_t r = in[k];
+        if (j < j_end) {
+          out_rows[j] = r;
+          out_prev[j] = prev[i];
+        }
+        j += f & 1;
+        if (q < q_end) out_miss[q] = r;
+        q += f >> 1;
+      }
+    }
+  });
+  std::swap(rows, rows_out_);  // the list's old memory kept for the next step's
 }
 
 std::vector<int32_t> RowCache::spare_rows() {
@@ -131,8 +344,14 @@ void RowCache::recycle(Step&& st) {
   st.prev.clear();
   st.missing.clear();
   st.by_row.clear();
+  if (st.bits_live || st.bits_stale) {
+    // Drained by retire where live; else some bits may be left: all cleared.
+    if (st.bits_stale) std::fill(st.last_bits.begin(), st.last_bits.end(), 0);
+    st.bits_live = st.bits_stale = false;
+  }
   st.last_of = 0;
   st.begun = false;
+  st.fresh = false;
   spare_.push_back(std::move(st));
 }
 
@@ -208,6 +427,12 @@ int32_t RowCache::take_slot(int32_t row, Moves* m) {
 
 void RowCache::load_pending(Moves* m) {
   for (Step& st : window_) {
+    if (st.missing.empty()) continue;
+    if (st.fresh && parallel(int64_t(st.missing.size()))) {
+      load_fresh_parallel(st, m);
+      if (!st.missing.empty()) return;  // the steps load in order
+      continue;
+    }
     size_t k = 0;
     for (; k < st.missing.size(); ++k) {
       if (k + kAhead < st.missing.size()) {
@@ -225,6 +450,163 @@ void RowCache::load_pending(Moves* m) {
     st.missing.erase(st.missing.begin(), st.missing.begin() + std::ptrdiff_t(k));
     if (!st.missing.empty()) return;  // the steps load in order
   }
+}
+
+void RowCache::load_fresh_parallel(Step& st, Moves* m) {
+  ++counters_.parallel_passes;
+  const int64_t n = int64_t(st.missing.size());
+  const int32_t C = int32_t(row_of_.size());
+  const int32_t* miss = st.missing.data();
+  // 1. Whether each row's own slot is free before the pass (the pass writes no state until
+  // its end). A slot free then stays free until this pass takes it (an evicted row's slot
+  // goes at once to the row that evicted it), which taken_bits_ records. The rows
+  // themselves are not resident: a fresh step's missing rows were not when it was
+  // announced, and no step loads any of them before it.
+  flag_.resize(size_t(n));
+  parallel_for(threads_, n, grain_ / 4, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      if (k + int64_t(kAhead) < k1 && miss[k + int64_t(kAhead)] < C)
+        __builtin_prefetch(&row_of_[size_t(miss[k + int64_t(kAhead)])]);
+      const int32_t r = miss[k];
+      flag_[size_t(k)] = r < C && row_of_[size_t(r)] < 0;
+    }
+  });
+  if (int64_t(taken_bits_.size()) * 64 < int64_t(C)) taken_bits_.assign(size_t((C + 63) / 64), 0);
+  uint64_t* taken = taken_bits_.data();
+  const auto take = [&](int32_t slot) {
+    taken[size_t(slot) >> 6] |= uint64_t{1} << (slot & 63);
+    taken_slots_.push_back(slot);
+  };
+  const auto is_taken = [&](int32_t slot) { return (taken[size_t(slot) >> 6] >> (slot & 63)) & 1; };
+  // 2. The choices, in order. The list of evictable rows is read in blocks by all
+  // threads: the entries that still stand for an evictable row, their rows, slots and
+  // places in the list. Whether an entry stands does not change within the pass: a row it
+  // evicts is not evicted again (its entry is the one that names its last step), and the
+  // rows it loads are in the window (their entries name a step that retired, not their
+  // last).
+  const size_t l0 = m->load_rows.size(), e0 = m->evict_rows.size();
+  m->load_rows.resize(l0 + size_t(n));
+  m->load_slots.resize(l0 + size_t(n));
+  m->evict_rows.resize(e0 + size_t(n));
+  m->evict_slots.resize(e0 + size_t(n));
+  int32_t* out_lr = m->load_rows.data() + l0;
+  int32_t* out_ls = m->load_slots.data() + l0;
+  int32_t* out_er = m->evict_rows.data() + e0;
+  int32_t* out_es = m->evict_slots.data() + e0;
+  int64_t nl = 0, ne = 0;
+  int64_t v = 0, nv = 0;       // the victims read: [v, nv) not yet taken
+  size_t scanned = lru_head_;  // the list read up to here
+  const auto read_victims = [&](int64_t want) {
+    // Entries [scanned, scanned + want) of the list, in chunks: each chunk's victims in
+    // order, then gathered in the list's order.
+    const size_t from = scanned, to = std::min(lru_.size(), scanned + size_t(want));
+    scanned = to;
+    const int64_t len = int64_t(to - from);
+    const int C = threads_;
+    std::vector<int64_t> found(size_t(C) + 1, 0);
+    victim_entry_.resize(size_t(len));
+    victim_slot_.resize(size_t(len));
+    int64_t* entry = victim_entry_.data();
+    int32_t* vslot = victim_slot_.data();
+    const std::pair<int32_t, int32_t>* list = lru_.data();
+    const RowState* state = row_.data();
+    parallel_for(threads_, C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t i0 = len * c / C, i1 = len * (c + 1) / C;
+        int64_t j = i0;  // this chunk's victims first gather at its own start
+        for (int64_t i = i0; i < i1; ++i) {
+          if (i + int64_t(kAheadPass) < i1)
+            __builtin_prefetch(&state[list[from + size_t(i) + kAheadPass].first]);
+          const auto [victim, step] = list[from + size_t(i)];
+          const RowState x = state[victim];
+          entry[j] = int64_t(from) + i;
+          vslot[j] = x.slot;
+          j += x.last_ann == step && x.slot >= 0;  // evictable()
+        }
+        found[size_t(c) + 1] = j - i0;
+      }
+    });
+    // The chunks' victims moved together, in order (each to at most its own start).
+    int64_t at = 0;
+    for (int c = 0; c < C; ++c) {
+      const int64_t i0 = len * c / C;
+      std::memmove(entry + at, entry + i0, size_t(found[size_t(c) + 1]) * sizeof(int64_t));
+      std::memmove(vslot + at, vslot + i0, size_t(found[size_t(c) + 1]) * sizeof(int32_t));
+      at += found[size_t(c) + 1];
+    }
+    v = 0;
+    nv = at;
+  };
+  int64_t k = 0;
+  for (; k < n; ++k) {
+    const int32_t r = miss[k];
+    int32_t slot = -1;
+    if (flag_[size_t(k)] && !is_taken(r)) {
+      slot = r;
+      take(slot);
+    }
+    while (slot < 0 && !free_.empty()) {
+      const int32_t free_slot = free_.back();
+      free_.pop_back();
+      if (row_of_[size_t(free_slot)] < 0 && !is_taken(free_slot)) {
+        slot = free_slot;
+        take(slot);
+      }
+    }
+    if (slot < 0) {
+      if (!lru_live_) {
+        rebuild_lru();  // from the states before the pass: the same list (see rebuild_lru)
+        scanned = lru_head_;
+        v = nv = 0;
+      }
+      while (v == nv && scanned < lru_.size())
+        read_victims(std::max<int64_t>(n - k + int64_t(kAheadPass), 4096));
+      if (v == nv) {
+        lru_head_ = lru_.size();  // every entry read, none left standing
+        break;                    // no slot: the rest waits
+      }
+      slot = victim_slot_[size_t(v)];
+      out_er[ne] = lru_[size_t(victim_entry_[size_t(v)])].first;
+      out_es[ne] = slot;
+      ++ne;
+      lru_head_ = size_t(victim_entry_[size_t(v)]) + 1;
+      ++v;
+    }
+    out_lr[nl] = r;
+    out_ls[nl] = slot;
+    ++nl;
+  }
+  m->load_rows.resize(l0 + size_t(nl));
+  m->load_slots.resize(l0 + size_t(nl));
+  m->evict_rows.resize(e0 + size_t(ne));
+  m->evict_slots.resize(e0 + size_t(ne));
+  for (int32_t slot : taken_slots_) taken[size_t(slot) >> 6] = 0;
+  taken_slots_.clear();
+  // 3. The new states: the evicted rows leave their slots, the loaded rows take theirs (each
+  // slot an evicted row left is the one the next load takes; no row is both).
+  const int32_t* lr = m->load_rows.data() + l0;
+  const int32_t* ls = m->load_slots.data() + l0;
+  const int32_t* er = m->evict_rows.data() + e0;
+  parallel_for(threads_, nl + ne, grain_ / 4, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if (i < nl) {
+        if (i + int64_t(kAhead) < std::min(i1, nl)) {
+          __builtin_prefetch(&row_[size_t(lr[i + int64_t(kAhead)])], 1);
+          __builtin_prefetch(&row_of_[size_t(ls[i + int64_t(kAhead)])], 1);
+        }
+        row_[size_t(lr[i])].slot = ls[i];
+        row_of_[size_t(ls[i])] = lr[i];
+      } else {
+        const int64_t j = i - nl;
+        if (i + int64_t(kAhead) < i1) __builtin_prefetch(&row_[size_t(er[j + int64_t(kAhead)])], 1);
+        row_[size_t(er[j])].slot = -1;
+      }
+    }
+  });
+  resident_ += nl - ne;
+  counters_.loads += nl;
+  counters_.evictions += ne;
+  st.missing.erase(st.missing.begin(), st.missing.begin() + std::ptrdiff_t(k));
 }
 
 std::vector<int32_t> RowCache::forced_victims(const Step& cur) const {
@@ -293,6 +675,7 @@ void RowCache::begin(int64_t s, Moves* m) {
       if (st.s <= s) continue;
       for (size_t v = 0; v < next_victim; ++v)
         if (index_in(st, victims[v]) >= 0) st.missing.push_back(victims[v]);
+      st.fresh = false;
     }
   }
   cur.begun = true;
@@ -319,6 +702,38 @@ static int32_t* drain_bits(uint64_t* b, int64_t words, int32_t* out) {
     for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
   }
   return out;
+}
+
+// The set bits of x, without the library call the baseline x86-64 build makes of
+// __builtin_popcountll.
+static inline int64_t bit_count(uint64_t x) {
+  x -= (x >> 1) & 0x5555555555555555ull;
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return int64_t((x * 0x0101010101010101ull) >> 56);
+}
+
+// Words [w0, w1) of b drained as drain_bits does, into out[0, end - out): exactly as many
+// places as their bits. Without a branch on the data while 66 places or more are left (a
+// word's bits and the two writes past them), the last words bit by bit.
+static void drain_bits_within(uint64_t* b, int64_t w0, int64_t w1, int32_t* out, int32_t* end) {
+  constexpr uint64_t kTop = uint64_t{1} << 63;
+  int64_t w = w0;
+  for (; w < w1 && end - out >= 66; ++w) {
+    const uint64_t x0 = b[w];
+    b[w] = 0;
+    const int32_t base = int32_t(w * 64);
+    const uint64_t x1 = x0 & (x0 - 1), x2 = x1 & (x1 - 1);
+    out[0] = base + __builtin_ctzll(x0 | kTop);
+    out[1] = base + __builtin_ctzll(x1 | kTop);
+    out += int(x0 != 0) + int(x1 != 0);
+    for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
+  }
+  for (; w < w1; ++w) {
+    const int32_t base = int32_t(w * 64);
+    for (uint64_t x = b[w]; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
+    b[w] = 0;
+  }
 }
 
 void RowCache::leaving_rows(const Step& st, std::vector<int32_t>* leaving) {
@@ -363,6 +778,33 @@ void RowCache::leaving_rows(const Step& st, std::vector<int32_t>* leaving) {
   leaving->resize(size_t(drain_bits(b, words, leaving->data()) - leaving->data()));
 }
 
+void RowCache::drain_last_bits(Step& st, std::vector<int32_t>* leaving) {
+  // Chunks of words, each counted, then drained from the count before it (ascending), the
+  // words zeroed for the step's next use.
+  ++counters_.parallel_passes;
+  uint64_t* b = st.last_bits.data();
+  const int64_t words = int64_t(st.last_bits.size());
+  const int C = threads_;
+  std::vector<int64_t> at(size_t(C) + 1, 0);
+  const auto chunk = [&](int64_t c) { return words * c / C; };
+  parallel_for(threads_, C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t bits = 0;
+      const int64_t w1 = chunk(c + 1);
+      for (int64_t w = chunk(c); w < w1; ++w) bits += bit_count(b[w]);
+      at[size_t(c) + 1] = bits;
+    }
+  });
+  for (int c = 0; c < C; ++c) at[size_t(c) + 1] += at[size_t(c)];
+  leaving->resize(size_t(at[size_t(C)]));
+  int32_t* out = leaving->data();
+  parallel_for(threads_, C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      drain_bits_within(b, chunk(c), chunk(c + 1), out + at[size_t(c)], out + at[size_t(c) + 1]);
+  });
+  st.bits_live = false;  // drained: all zero
+}
+
 void RowCache::retire(int64_t s) {
   NCF_CHECK(!window_.empty() && window_.front().s == s && window_.front().begun, "row cache: step ",
             s, " retired before it ran");
@@ -374,7 +816,10 @@ void RowCache::retire(int64_t s) {
     // step, whether or not a slot was needed yet: built at once when the cache first
     // filled, the list of a large cache's millions of resident rows stalled that step.
     if (!lru_live_) rebuild_lru();  // after forget_window
-    leaving_rows(st, &leaving_);
+    if (st.bits_live)
+      drain_last_bits(window_.front(), &leaving_);
+    else
+      leaving_rows(st, &leaving_);
     if (lru_.size() + leaving_.size() > lru_.capacity()) drop_taken_lru();
     const size_t at = lru_.size();
     lru_.resize(at + leaving_.size());

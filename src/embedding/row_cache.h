@@ -57,7 +57,21 @@ class RowCache {
     int64_t evicted_in_window = 0;  // of them, rows a later announced step needed
     int64_t most_window_rows = 0;   // the largest number of distinct rows in the window
     int64_t most_step_rows = 0;     // the most rows one step touched: the smallest budget
+    int64_t parallel_passes = 0;    // passes split over threads (set_threads)
   };
+
+  // Splits the passes of the larger calls (announce, the loads of a step announced when no
+  // earlier one had rows left to load, retire) over `threads` threads of the process's
+  // pool (common/parallel.h), where there are at least `from` of them and the pass has at
+  // least `grain` rows. The rows are dealt to the threads by blocks, each row's listings
+  // to one thread, read in order, and the choices of slots stay on the caller: what the
+  // cache does is the same at every thread count. Split, a step's rows are read in more
+  // passes than on one thread (announce and the loads about 1.4 times the work, measured
+  // on one thread; retire less, from bits the split passes keep per step), so they split
+  // from 4 threads on; tests and bench_row_cache lower both.
+  void set_threads(int threads, int64_t grain = kParallelGrain, int from = kParallelFrom);
+  static constexpr int64_t kParallelGrain = 32768;
+  static constexpr int kParallelFrom = 4;
 
   // Step s touches `rows` (each in [0, rows), in any order, repeats allowed: a row counts at
   // its first listing); s is one past the last announced step (the first call, and the
@@ -104,6 +118,15 @@ class RowCache {
     std::vector<int32_t> missing;  // to load, in order (may hold rows since loaded, repeats)
     int64_t last_of = 0;           // rows whose last announced step is s
     bool begun = false;
+    // missing holds distinct rows that no other step will load before this one: announced
+    // when no earlier step had rows to load, and nothing appended since.
+    bool fresh = false;
+    // Where its pass was split and the cache evicts: the rows whose last announced step is
+    // this one (the rows that leave the window when it retires), a bit each, kept by the
+    // later steps' split passes; stale where a later pass ran on one thread (then zeroed
+    // before reuse). All zero whenever neither flag is set.
+    std::vector<uint64_t> last_bits;
+    bool bits_live = false, bits_stale = false;
     // (row, its index in rows), ascending: made only when asked (forced evictions).
     mutable std::vector<std::pair<int32_t, int32_t>> by_row;
   };
@@ -112,6 +135,23 @@ class RowCache {
   // Loads the missing rows of the window's steps in order into free or evictable slots;
   // stops at the first step that cannot be completed.
   void load_pending(Moves* m);
+  // load_pending for a fresh step (the first with rows to load) in three passes: whether
+  // its rows' own slots are free and which entries of the list of evictable rows still
+  // stand, read by all threads; the slots chosen in order on the caller, from those reads
+  // and sequential arrays only; the new states written by all threads. The same choices as
+  // take_slot() makes one row at a time.
+  void load_fresh_parallel(Step& st, Moves* m);
+  // announce()'s pass over the rows on all threads (see announce()); returns the rows kept
+  // and the missing ones' count through st, the tally into tally_.
+  void announce_pass_parallel(int32_t s32, int64_t lo, std::vector<int32_t>* rows, Step* st);
+  // The rows' thread: blocks of 512 rows dealt out by a multiplicative hash (each row's
+  // listings on one thread; neighbouring rows, which share cache lines, on the same one;
+  // no division, which would cost more than the row's own work).
+  static int bucket_of(int32_t r, int buckets) {
+    const uint32_t h = (uint32_t(r) >> 9) * 0x9E3779B1u;
+    return int((uint64_t(h) * uint64_t(buckets)) >> 32);
+  }
+  bool parallel(int64_t n) const { return threads_ >= from_ && n >= grain_; }
   // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
   int32_t take_slot(int32_t row, Moves* m);
   // Whether lru_'s entry (row, step) still stands for an evictable row: its last announced
@@ -132,6 +172,8 @@ class RowCache {
   // The rows of st (the window's oldest step) that leave the window when it retires (no
   // later announced step touches them), ascending.
   void leaving_rows(const Step& st, std::vector<int32_t>* leaving);
+  // The rows of st's bit set (bits_live), ascending, on all threads; the set left zero.
+  void drain_last_bits(Step& st, std::vector<int32_t>* leaving);
   void note_window_size();
   // lru_ from scratch, from every resident row outside the window; lru_live_ from then on.
   void rebuild_lru();
@@ -163,6 +205,17 @@ class RowCache {
   std::vector<int64_t> tally_;
   std::vector<int32_t> leaving_, taken_;
   std::vector<uint64_t> bits_;
+  // The split passes' scratch: a step's places grouped by bucket and back, their results,
+  // per-chunk counts, the kept rows of a step, the loads' own-slot reads (flag_), the
+  // standing entries of the evictable list read ahead, and the slots a pass took.
+  int threads_ = 1, from_ = kParallelFrom;
+  int64_t grain_ = kParallelGrain;
+  std::vector<int32_t> order_, inv_, prev_out_, rows_out_;
+  std::vector<uint8_t> flag_;
+  std::vector<int64_t> counts_;
+  std::vector<int32_t> victim_slot_, taken_slots_;
+  std::vector<int64_t> victim_entry_;
+  std::vector<uint64_t> taken_bits_;
   int64_t next_s_ = -1;   // the next step announce() accepts (-1: any above retired_)
   int64_t retired_ = -1;  // the last step retired: no step is numbered at or below it again
   int64_t resident_ = 0;

@@ -347,6 +347,7 @@ void report_epoch(const TrainConfig& cfg, const DatasetMeta& meta, const RankInf
                         {"evicted_in_window", tier->evicted_in_window},
                         {"most_window_rows", tier->most_window_rows},
                         {"most_step_rows", tier->most_step_rows},
+                        {"split_passes", tier->parallel_passes},
                         {"lookahead_steps", trainer.lookahead()},
                         {"copy_in_gbps", trainer.copy_in_gbps()},
                         {"copy_out_gbps", trainer.copy_out_gbps()},

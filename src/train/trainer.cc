@@ -654,16 +654,17 @@ void Trainer::tier_counters_over_ranks(EpochResult* r) {
   const std::vector<double> all = gather_all<double>(
       comm_, {double(c.steps), double(c.waits), double(c.loads), double(c.waited_loads),
               double(c.evictions), double(c.evicted_in_window), double(c.most_window_rows),
-              double(c.most_step_rows), tier_wait_seconds_, tier_host_seconds_});
+              double(c.most_step_rows), double(c.parallel_passes), tier_wait_seconds_,
+              tier_host_seconds_});
   const size_t K = all.size() / size_t(comm_.world());
   std::vector<double> most(K, 0.0);
   for (size_t p = 0; p < size_t(comm_.world()); ++p)
     for (size_t k = 0; k < K; ++k) most[k] = std::max(most[k], all[p * K + k]);
   auto n = [&](int k) { return int64_t(most[size_t(k)]); };
   r->host_tier = true;
-  r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7)};
-  r->tier_wait_seconds = most[8];
-  r->tier_host_seconds = most[9];
+  r->tier = {n(0), n(1), n(2), n(3), n(4), n(5), n(6), n(7), n(8)};
+  r->tier_wait_seconds = most[9];
+  r->tier_host_seconds = most[10];
 }
 
 int64_t Trainer::choose_lookahead() {
