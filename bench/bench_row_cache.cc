@@ -9,15 +9,18 @@
 // the mean microseconds per step of the second half of the steps (the first half fills the
 // cache) at each budget, and of its three calls, the best of --repeats passes; and the slowest
 // step of all, with its number (a one-time cost a mean hides). --threads splits the cache's
-// passes over that many threads (RowCache::set_threads; the ncf_dist rank's own threads),
-// which changes no move: the counters printed are the same at every count.
+// passes over that many threads (RowCache::set_threads, as an ncf_dist rank does with its
+// own), from --parallel_from threads on (4, as ncf_dist; 1 runs the split passes on one
+// thread), where the table has --parallel_spread times a pass's rows (16, as ncf_dist): no
+// move changes, so the counters printed are the same at every count.
 // --sorted_input makes each list ascending and distinct inside the timed part first (a bit
 // set over the rows, scanned once), as the collection did before the cache took lists
 // with repeats: with this file copied into an older commit, the two side by side.
 //
 //   bench_row_cache [--users 200000] [--items 100000] [--positives 1638] [--negatives 4]
 //                   [--lookahead 2] [--steps 4000] [--budgets 100,30,10] [--repeats 3]
-//                   [--sorted_input] [--raw_lists] [--threads 1]
+//                   [--sorted_input] [--raw_lists] [--threads 1] [--parallel_from 4]
+//                   [--parallel_spread 16]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -33,6 +36,7 @@ struct Options {
   long long users = 200000, items = 100000;
   int positives = 1638, negatives = 4, lookahead = 2, steps = 4000, repeats = 3, threads = 1,
       parallel_from = ncf::RowCache::kParallelFrom;
+  long long parallel_spread = ncf::RowCache::kParallelSpread;
   std::vector<int> budgets{100, 30, 10};
   bool sorted_input = false, raw_lists = false;
 };
@@ -83,6 +87,9 @@ int main(int argc, char** argv) {
   app.add_option("--parallel_from", o.parallel_from,
                  "the fewest threads that take the parallel passes (1: even one)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--parallel_spread", o.parallel_spread,
+                 "split only where the table has this many times a pass's rows (0: always)")
+      ->check(CLI::Range(0LL, 1LL << 30));
   app.add_flag("--raw_lists", o.raw_lists, "each list with its repeats (no per-table drop)");
   CLI11_PARSE(app, argc, argv);
   if (o.users + o.items > INT32_MAX) {
@@ -117,7 +124,8 @@ int main(int argc, char** argv) {
     ncf::RowCache::Counters c;
     for (int r = 0; r < o.repeats; ++r) {
       ncf::RowCache cache(R, slots);
-      cache.set_threads(o.threads, ncf::RowCache::kParallelGrain, o.parallel_from);
+      cache.set_threads(o.threads, ncf::RowCache::kParallelGrain, o.parallel_from,
+                        o.parallel_spread);
       ncf::RowCache::Moves m;
       std::vector<uint64_t> bits;
       const int64_t S = o.steps, k = o.lookahead;

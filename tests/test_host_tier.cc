@@ -174,13 +174,13 @@ void expect_same_contents(const RowCache& c, const NaiveCache& n, int64_t R,
 // rules side by side, step numbers from `base`; every `forget` steps the window is forgotten
 // (a stopped run) and the same steps come again. The first `narrow` steps take their ids
 // from the rows below `narrow_rows` only.
-// threads > 0: the cache's passes split over that many threads from 4 rows on, so that
-// these small steps take them.
+// threads > 0: the cache's passes split over that many threads from 4 rows on, whatever
+// the table's size, so that these small steps take them.
 void follow_rules(int64_t R, int64_t C, int k, int64_t base, int rows, int64_t S, int64_t forget,
                   int64_t narrow = 0, int64_t narrow_rows = 0, int threads = 0) {
   std::mt19937 g(uint32_t(C * 7 + k));
   RowCache cache(R, C);
-  if (threads > 0) cache.set_threads(threads, 4, 1);
+  if (threads > 0) cache.set_threads(threads, 4, 1, 0);
   NaiveCache naive{C, {}, {}, {}, {}, 0, {}};
   std::vector<std::vector<int32_t>> steps;
   for (int64_t s = 0; s < S; ++s) steps.push_back(step_rows(g, s < narrow ? narrow_rows : R, rows));
@@ -481,7 +481,7 @@ TEST(RowCache, EveryThreadCountMakesTheSameMoves) {
     std::vector<Run> runs;
     for (auto [threads, from] : {std::pair{1, 4}, {1, 1}, {2, 1}, {3, 1}}) {
       runs.push_back({threads, from, std::make_unique<RowCache>(R, C), {}});
-      runs.back().cache->set_threads(threads, 256, from);
+      runs.back().cache->set_threads(threads, 256, from, 0);
     }
     const std::string at = "C " + std::to_string(C);
     auto all = [&](const auto& call, int64_t s) {
@@ -538,7 +538,7 @@ TEST(RowCache, EveryThreadCountMakesTheSameMoves) {
 TEST(RowCache, ARowOutsideTheTableIsRefusedOnSeveralThreads) {
   for (int threads : {1, 3}) {
     RowCache cache(1000, 100);
-    cache.set_threads(threads, 4, threads == 1 ? 4 : 1);
+    cache.set_threads(threads, 4, threads == 1 ? 4 : 1, 0);
     RowCache::Moves m;
     std::vector<int32_t> rows;
     for (int j = 0; j < 40; ++j) rows.push_back(j * 7);

@@ -22,12 +22,13 @@ void RowCache::Moves::clear() {
   load_slots.clear();
 }
 
-void RowCache::set_threads(int threads, int64_t grain, int from) {
-  NCF_CHECK(threads >= 1 && grain >= 1 && from >= 1, "row cache: ", threads, " threads, grain ",
-            grain, ", from ", from);
+void RowCache::set_threads(int threads, int64_t grain, int from, int64_t spread) {
+  NCF_CHECK(threads >= 1 && grain >= 1 && from >= 1 && spread >= 0, "row cache: ", threads,
+            " threads, grain ", grain, ", from ", from, ", spread ", spread);
   threads_ = threads;
   grain_ = grain;
   from_ = from;
+  spread_ = spread;
 }
 
 RowCache::RowCache(int64_t rows, int64_t slots) {
@@ -457,6 +458,26 @@ void RowCache::load_fresh_parallel(Step& st, Moves* m) {
   const int64_t n = int64_t(st.missing.size());
   const int32_t C = int32_t(row_of_.size());
   const int32_t* miss = st.missing.data();
+  if (mirrors()) {
+    // Each row loads into its own slot, which no other row takes: in order, nothing
+    // evicted, only the states to write.
+    m->load_rows.insert(m->load_rows.end(), miss, miss + n);
+    m->load_slots.insert(m->load_slots.end(), miss, miss + n);
+    parallel_for(threads_, n, grain_ / 4, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        if (k + int64_t(kAhead) < k1) {
+          __builtin_prefetch(&row_[size_t(miss[k + int64_t(kAhead)])], 1);
+          __builtin_prefetch(&row_of_[size_t(miss[k + int64_t(kAhead)])], 1);
+        }
+        row_[size_t(miss[k])].slot = miss[k];
+        row_of_[size_t(miss[k])] = miss[k];
+      }
+    });
+    resident_ += n;
+    counters_.loads += n;
+    st.missing.clear();
+    return;
+  }
   // 1. Whether each row's own slot is free before the pass (the pass writes no state until
   // its end). A slot free then stays free until this pass takes it (an evicted row's slot
   // goes at once to the row that evicted it), which taken_bits_ records. The rows

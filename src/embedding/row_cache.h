@@ -62,16 +62,21 @@ class RowCache {
 
   // Splits the passes of the larger calls (announce, the loads of a step announced when no
   // earlier one had rows left to load, retire) over `threads` threads of the process's
-  // pool (common/parallel.h), where there are at least `from` of them and the pass has at
-  // least `grain` rows. The rows are dealt to the threads by blocks, each row's listings
-  // to one thread, read in order, and the choices of slots stay on the caller: what the
-  // cache does is the same at every thread count. Split, a step's rows are read in more
-  // passes than on one thread (announce and the loads about 1.4 times the work, measured
-  // on one thread; retire less, from bits the split passes keep per step), so they split
-  // from 4 threads on; tests and bench_row_cache lower both.
-  void set_threads(int threads, int64_t grain = kParallelGrain, int from = kParallelFrom);
+  // pool (common/parallel.h), where there are at least `from` of them, the pass has at
+  // least `grain` rows and the rank has at least `spread` times as many rows as the pass:
+  // rows far apart, whose states miss the caches, which several cores wait for together
+  // (a pass over rows packed close, as a step's over ml-20m's 165,237, stays on one core,
+  // where threads would write the same cache lines). The rows are dealt to the threads by
+  // blocks, each row's listings to one thread, read in order, and the choices of slots
+  // stay on the caller: what the cache does is the same at every thread count. Split, a
+  // step's rows are read in more passes than on one thread (announce and the loads about
+  // 1.4 times the work, measured on one thread; retire less, from bits the split passes
+  // keep per step), so they split from 4 threads on; tests and bench_row_cache lower these.
+  void set_threads(int threads, int64_t grain = kParallelGrain, int from = kParallelFrom,
+                   int64_t spread = kParallelSpread);
   static constexpr int64_t kParallelGrain = 32768;
   static constexpr int kParallelFrom = 4;
+  static constexpr int64_t kParallelSpread = 16;
 
   // Step s touches `rows` (each in [0, rows), in any order, repeats allowed: a row counts at
   // its first listing); s is one past the last announced step (the first call, and the
@@ -151,7 +156,9 @@ class RowCache {
     const uint32_t h = (uint32_t(r) >> 9) * 0x9E3779B1u;
     return int((uint64_t(h) * uint64_t(buckets)) >> 32);
   }
-  bool parallel(int64_t n) const { return threads_ >= from_ && n >= grain_; }
+  bool parallel(int64_t n) const {
+    return threads_ >= from_ && n >= grain_ && int64_t(row_.size()) >= spread_ * n;
+  }
   // A slot for `row`: a free one or an evictable row's (written back into *m); -1 if none.
   int32_t take_slot(int32_t row, Moves* m);
   // Whether lru_'s entry (row, step) still stands for an evictable row: its last announced
@@ -209,7 +216,7 @@ class RowCache {
   // per-chunk counts, the kept rows of a step, the loads' own-slot reads (flag_), the
   // standing entries of the evictable list read ahead, and the slots a pass took.
   int threads_ = 1, from_ = kParallelFrom;
-  int64_t grain_ = kParallelGrain;
+  int64_t grain_ = kParallelGrain, spread_ = kParallelSpread;
   std::vector<int32_t> order_, inv_, prev_out_, rows_out_;
   std::vector<uint8_t> flag_;
   std::vector<int64_t> counts_;
