@@ -10,7 +10,8 @@
 # synthetic ml-20m set without a budget and at 100% and 90% of its rows, and on a synthetic
 # table of NCF_KIT_TIER_USERS users (30,000,000; 2.5 interactions each) without a budget and
 # at 25% and 5%: samples/s, the cache's loads and waits per step, the copy rates, and the
-# losses against the all-on-device run's. ml-20m-mlperf's step (1,048,576 samples) touches
+# losses against the all-on-device run's; then the bookkeeping of that table's step alone, on
+# one CPU thread and on all (no GPU needed). ml-20m-mlperf's step (1,048,576 samples) touches
 # about 102,000 of ml-20m's 165,237 rows (62%, measured on CPU ranks): no budget below that
 # holds one step (ncf_dist refuses it), and at 90% each step loads what the last evicted.
 
@@ -61,6 +62,19 @@ do_big_data() {
     --output "$big"
 }
 
+# The host tier's bookkeeping alone at the table's step (bench_row_cache: 1,258,290 ids a
+# step over the table's rows, no rows copied), its passes on one thread and split over all
+# of this machine's (RowCache::set_threads, as a rank alone on the machine runs them): the
+# host time that each step of tier_big_25 and tier_big_5 must hide behind the GPU's.
+do_host_bookkeeping() {
+  local t
+  for t in 1 "$(nproc)"; do
+    ours "$build/bench/bench_row_cache" --users "${NCF_KIT_TIER_USERS:-30000000}" --items 100000 \
+      --positives 209715 --negatives 4 --lookahead 2 --budgets 100,25,5 --steps 100 \
+      --repeats 1 --threads "$t"
+  done
+}
+
 run_tier() {
   built || { record tier FAIL "no build in $build" 0; return 0; }
   big="$data/syn-tier-${NCF_KIT_TIER_USERS:-30000000}"
@@ -80,4 +94,5 @@ run_tier() {
     stage "tier_big_$b" 1 180 fig_tier -- tier_train "$big" "tier_big_$b" 100 \
       --batch_size 1048576 --device_table_budget "$b%"
   done
+  stage host_bookkeeping 0 150 fig_tail -- do_host_bookkeeping
 }
