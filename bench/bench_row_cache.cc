@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
               : o.raw_lists
                   ? ", lists with their repeats"
                   : ", each table's repeats dropped where it has at most 4 x its ids' rows");
+  std::printf("passes on %d thread%s (split from %d threads, where the rows are %lld x a pass's)\n",
+              o.threads, o.threads == 1 ? "" : "s", o.parallel_from, o.parallel_spread);
   std::mt19937_64 g(1);
   std::vector<std::vector<int32_t>> steps(size_t(o.steps));
   for (auto& v : steps) {

@@ -69,6 +69,7 @@ do_big_data() {
 do_host_bookkeeping() {
   local t
   for t in 1 "$(nproc)"; do
+    echo "## $t thread(s)"
     ours "$build/bench/bench_row_cache" --users "${NCF_KIT_TIER_USERS:-30000000}" --items 100000 \
       --positives 209715 --negatives 4 --lookahead 2 --budgets 100,25,5 --steps 100 \
       --repeats 1 --threads "$t"
