@@ -47,7 +47,9 @@ do_nccl_stop() {
     sleep 0.2
   done
   for p in $(pgrep -f "$build/src/ncf_dist"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && r1=$p
+    # (grep reads a process substitution: in a pipe, its early exit on a match could cut tr
+    # off with SIGPIPE, which pipefail would count against the match.)
+    grep -qx 'OMPI_COMM_WORLD_RANK=1' < <(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null) && r1=$p
   done
   if [ -z "$r1" ]; then
     echo "rank 1 not found (the run: $(tail -n 3 "$log" | tr '\n' ' '))"

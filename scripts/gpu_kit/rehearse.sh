@@ -89,8 +89,12 @@ cmd_rehearse() {
       bash -c "cd \"\$0\" && bash scripts/gpu_kit.sh run \"\$1\"" "$4" "$5"' \
     "$rootfs" "$inner" "$root/build-kit/rehearsal" "${NCF_KIT_BUDGET:-7200}" "$root" "$what" || rc=$?
   note "rehearsal finished in $(($(date +%s) - t0)) s, exit $rc"
-  # The archive is what a device call brings back: it must hold every stage's log.
-  if ! tar tzf "$inner/results.tgz" 2>/dev/null | grep -q '^\./build\.log$'; then
+  # The archive is what a device call brings back: it must hold every stage's log. (Its
+  # listing read whole first: grep -q leaving at the first match would cut tar off with
+  # SIGPIPE, which pipefail counts as a failure whenever tar had more names to write.)
+  local listing
+  listing="$(tar tzf "$inner/results.tgz" 2>/dev/null || true)"
+  if ! grep -qx '\./build\.log' <<<"$listing"; then
     note "no build.log in $inner/results.tgz (NCF_KIT_ARCHIVE)"
     rc=1
   fi
