@@ -706,22 +706,27 @@ void RowCache::begin(int64_t s, Moves* m) {
   }
 }
 
-// Every set bit of b[words] as its index (64 w + bit), ascending, into out; the words
-// zeroed. Returns the end. Writes up to 2 places past it (out needs that room): a word's
+// The set bits of word b[w] as their indices (64 w + bit), ascending, into out; the word
+// zeroed. Returns the end. Writes up to 2 places past it (out needs that room): the word's
 // first two bits are written whether it has them or not, so that the mostly empty or
 // single-bit words of a sparse set cost no mispredicted branch.
-static int32_t* drain_bits(uint64_t* b, int64_t words, int32_t* out) {
+static inline int32_t* drain_word(uint64_t* b, int64_t w, int32_t* out) {
   constexpr uint64_t kTop = uint64_t{1} << 63;  // makes ctz of an empty word defined (63)
-  for (int64_t w = 0; w < words; ++w) {
-    const uint64_t x0 = b[w];
-    b[w] = 0;
-    const int32_t base = int32_t(w * 64);
-    const uint64_t x1 = x0 & (x0 - 1), x2 = x1 & (x1 - 1);
-    out[0] = base + __builtin_ctzll(x0 | kTop);
-    out[1] = base + __builtin_ctzll(x1 | kTop);
-    out += int(x0 != 0) + int(x1 != 0);
-    for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
-  }
+  const uint64_t x0 = b[w];
+  b[w] = 0;
+  const int32_t base = int32_t(w * 64);
+  const uint64_t x1 = x0 & (x0 - 1), x2 = x1 & (x1 - 1);
+  out[0] = base + __builtin_ctzll(x0 | kTop);
+  out[1] = base + __builtin_ctzll(x1 | kTop);
+  out += int(x0 != 0) + int(x1 != 0);
+  for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
+  return out;
+}
+
+// Every set bit of b[words], as drain_word does, word by word. Returns the end; writes up
+// to 2 places past it.
+static int32_t* drain_bits(uint64_t* b, int64_t words, int32_t* out) {
+  for (int64_t w = 0; w < words; ++w) out = drain_word(b, w, out);
   return out;
 }
 
@@ -738,18 +743,8 @@ static inline int64_t bit_count(uint64_t x) {
 // places as their bits. Without a branch on the data while 66 places or more are left (a
 // word's bits and the two writes past them), the last words bit by bit.
 static void drain_bits_within(uint64_t* b, int64_t w0, int64_t w1, int32_t* out, int32_t* end) {
-  constexpr uint64_t kTop = uint64_t{1} << 63;
   int64_t w = w0;
-  for (; w < w1 && end - out >= 66; ++w) {
-    const uint64_t x0 = b[w];
-    b[w] = 0;
-    const int32_t base = int32_t(w * 64);
-    const uint64_t x1 = x0 & (x0 - 1), x2 = x1 & (x1 - 1);
-    out[0] = base + __builtin_ctzll(x0 | kTop);
-    out[1] = base + __builtin_ctzll(x1 | kTop);
-    out += int(x0 != 0) + int(x1 != 0);
-    for (uint64_t x = x2; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
-  }
+  for (; w < w1 && end - out >= 66; ++w) out = drain_word(b, w, out);
   for (; w < w1; ++w) {
     const int32_t base = int32_t(w * 64);
     for (uint64_t x = b[w]; x != 0; x &= x - 1) *out++ = base + __builtin_ctzll(x);
